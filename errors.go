@@ -1,0 +1,155 @@
+package idemhttp
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Sentinel errors. Each says why a call stopped; test for them with
+// [errors.Is]. The typed errors [*GiveUpError] and [*KeyMismatchError] carry
+// the facts and unwrap to one of these.
+var (
+	// ErrInvalidRequest: the request cannot be sent as given (nil request,
+	// nil URL, a bad operation id). Returned before anything is sent.
+	ErrInvalidRequest = errors.New("invalid request")
+
+	// ErrInvalidKey: a caller-supplied key (or DeriveKey's input) breaks the
+	// key rules of [ValidateKey]. Returned before anything is sent.
+	ErrInvalidKey = errors.New("invalid idempotency key")
+
+	// ErrKeyConflict: the request's key header and [WithKey] name different
+	// keys. Returned before anything is sent.
+	ErrKeyConflict = errors.New("conflicting idempotency keys")
+
+	// ErrNotReplayable: the body has no GetBody and is larger than
+	// [Policy.MaxBodyBytes], so a retry could not resend it byte for byte.
+	// Returned before anything is sent.
+	ErrNotReplayable = errors.New("request body cannot be replayed")
+
+	// ErrKeyMismatch: the key was already used with a different request
+	// (IETF 422, or Stripe's 400 idempotency_error), or, with a journal or
+	// WithOperation, the same operation was started with another body. Never
+	// retried: it is a bug in the caller, and a retry cannot fix it.
+	ErrKeyMismatch = errors.New("idempotency key reused with a different request")
+
+	// ErrKeyRequired: the server answered 400 because the request carried no
+	// idempotency key (IETF draft): add the method to [Policy.KeyMethods].
+	ErrKeyRequired = errors.New("server requires an idempotency key")
+
+	// ErrInProgress: the server kept answering 409 because a request with the
+	// same key was still being processed, until attempts ran out. The
+	// operation may yet complete: resend later with the same key.
+	ErrInProgress = errors.New("request with this key still in progress")
+
+	// ErrExhausted: every attempt the policy allows failed.
+	ErrExhausted = errors.New("retries exhausted")
+
+	// ErrBudgetExhausted: the client's retry budget refused a retry, because
+	// recent attempts through the same client mostly failed (an outage
+	// should not be multiplied by retries).
+	ErrBudgetExhausted = errors.New("retry budget exhausted")
+
+	// ErrRetryAfterTooLong: the server asked for a wait (Retry-After) longer
+	// than [Policy.MaxRetryAfter] or past the context deadline; the client
+	// stopped at once instead of sleeping. [GiveUpError.RetryAfter] holds the
+	// server's delay.
+	ErrRetryAfterTooLong = errors.New("server asked to wait too long")
+
+	// ErrKeyExpired: a journaled operation is older than the server's key
+	// retention ([Policy.Retention]); resending it could run it twice, so it
+	// was not resent. Decide by reconciling with the server.
+	ErrKeyExpired = errors.New("idempotency key older than the server's retention")
+
+	// ErrNotFound: the journal has no entry for that key or operation.
+	ErrNotFound = errors.New("journal entry not found")
+)
+
+// snippetLen bounds how much of a response body an error keeps.
+const snippetLen = 512
+
+// GiveUpError reports a request that the client stopped trying: the reason
+// is one of the sentinels ([ErrExhausted], [ErrInProgress],
+// [ErrBudgetExhausted], [ErrRetryAfterTooLong], [ErrKeyRequired]) or the
+// context's error when the deadline or a cancellation ended the wait.
+// errors.Is matches both the reason and the last attempt's error.
+//
+// No response accompanies a GiveUpError: the last response body, if any,
+// was drained and closed; its first bytes are in Body.
+type GiveUpError struct {
+	Method string // request method
+	URL    string // request URL, with any password redacted
+	Key    string // idempotency key sent, "" if the request had none
+
+	Attempts   int           // attempts made, including the first
+	LastStatus int           // status of the last response, 0 if the last attempt got none
+	Body       []byte        // first bytes (at most 512) of the last response body
+	RetryAfter time.Duration // the server's last Retry-After hint, 0 if none
+
+	Reason error // why the client stopped: a sentinel or a context error
+	Err    error // the last attempt's error, nil if it got a response
+}
+
+// Error describes the give-up in one line.
+func (e *GiveUpError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "idemhttp: %s %s: gave up after %d attempt", e.Method, e.URL, e.Attempts)
+	if e.Attempts != 1 {
+		b.WriteByte('s')
+	}
+	if e.Key != "" {
+		fmt.Fprintf(&b, " (key %s)", e.Key)
+	}
+	fmt.Fprintf(&b, ": %v", e.Reason)
+	if e.RetryAfter > 0 {
+		fmt.Fprintf(&b, " (Retry-After %s)", e.RetryAfter)
+	}
+	if e.LastStatus != 0 {
+		fmt.Fprintf(&b, ": last status %d", e.LastStatus)
+	}
+	if e.Err != nil {
+		fmt.Fprintf(&b, ": %v", e.Err)
+	}
+	return b.String()
+}
+
+// Unwrap returns the reason and the last attempt's error, so that
+// [errors.Is] matches either.
+func (e *GiveUpError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{e.Reason}
+	}
+	return []error{e.Reason, e.Err}
+}
+
+// KeyMismatchError reports that the server refused a key because it was
+// first used with a different request (IETF: 422; Stripe: 400 with
+// error.type "idempotency_error"), or that a journaled operation was started
+// again with a different body. It matches [ErrKeyMismatch]. Never retried.
+type KeyMismatchError struct {
+	Key        string // the key sent
+	Operation  string // operation id, when the mismatch was found locally
+	StatusCode int    // the server's status; 0 when found locally
+	Body       []byte // first bytes (at most 512) of the server's body
+}
+
+// Error describes the mismatch.
+func (e *KeyMismatchError) Error() string {
+	if e.StatusCode == 0 {
+		return fmt.Sprintf("idemhttp: %v: operation %q (key %s) was started with a different request", ErrKeyMismatch, e.Operation, e.Key)
+	}
+	return fmt.Sprintf("idemhttp: %v: key %s: server answered %d: %s", ErrKeyMismatch, e.Key, e.StatusCode, oneLine(e.Body))
+}
+
+// Is reports whether target is [ErrKeyMismatch].
+func (e *KeyMismatchError) Is(target error) bool { return target == ErrKeyMismatch }
+
+// oneLine renders a body snippet for an error message on a single line.
+func oneLine(b []byte) string {
+	s := strings.Join(strings.Fields(string(b)), " ")
+	if s == "" {
+		return "(empty body)"
+	}
+	return s
+}
