@@ -1,8 +1,13 @@
 package idemhttp
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"io"
 	"net/http"
+	"slices"
+	"sync"
 	"time"
 )
 
@@ -78,4 +83,200 @@ type Journal interface {
 	// how many it deleted. Pending and abandoned entries are never pruned:
 	// they describe operations whose outcome nobody knows yet.
 	Prune(ctx context.Context, cutoff time.Time) (int, error)
+}
+
+// memJournal is the Journal a Client uses when it has none and a call
+// names an operation: keys live for the life of the Client, so an
+// operation retried by the caller reuses its key and a changed body is
+// refused locally. Done entries older than the retention are pruned as
+// new ones arrive.
+type memJournal struct {
+	retention time.Duration
+	mu        sync.Mutex
+	byKey     map[string]*Entry
+	byOp      map[string]string
+	inserts   int
+}
+
+func newMemJournal(retention time.Duration) *memJournal {
+	return &memJournal{retention: retention, byKey: make(map[string]*Entry), byOp: make(map[string]string)}
+}
+
+var _ Journal = (*memJournal)(nil)
+
+// memPruneEvery is how many inserts pass between prunes of a memJournal.
+const memPruneEvery = 1024
+
+func (m *memJournal) Begin(_ context.Context, e *Entry) (*Entry, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if old, ok := m.byKey[e.Key]; ok {
+		return cloneEntry(old), nil
+	}
+	if e.Operation != "" {
+		if k, ok := m.byOp[e.Operation]; ok {
+			return cloneEntry(m.byKey[k]), nil
+		}
+	}
+	m.inserts++
+	if m.inserts%memPruneEvery == 0 {
+		m.pruneLocked(e.Created.Add(-m.retention))
+	}
+	m.byKey[e.Key] = cloneEntry(e)
+	if e.Operation != "" {
+		m.byOp[e.Operation] = e.Key
+	}
+	return nil, nil
+}
+
+func (m *memJournal) Finish(_ context.Context, key string, o Outcome) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.byKey[key]
+	if !ok {
+		return fmt.Errorf("finish %s: %w", key, ErrNotFound)
+	}
+	e.State, e.LastStatus, e.Updated = o.State, o.Status, o.At
+	e.Attempts += o.Attempts
+	return nil
+}
+
+func (m *memJournal) Get(_ context.Context, key string) (*Entry, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.byKey[key]
+	if !ok {
+		return nil, fmt.Errorf("get %s: %w", key, ErrNotFound)
+	}
+	return cloneEntry(e), nil
+}
+
+func (m *memJournal) Pending(context.Context) ([]*Entry, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*Entry
+	for _, e := range m.byKey {
+		if e.State == StatePending {
+			out = append(out, cloneEntry(e))
+		}
+	}
+	slices.SortFunc(out, func(a, b *Entry) int { return a.Created.Compare(b.Created) })
+	return out, nil
+}
+
+func (m *memJournal) Prune(_ context.Context, cutoff time.Time) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.pruneLocked(cutoff), nil
+}
+
+func (m *memJournal) pruneLocked(cutoff time.Time) int {
+	n := 0
+	for k, e := range m.byKey {
+		if e.State == StateDone && e.Updated.Before(cutoff) {
+			delete(m.byKey, k)
+			if e.Operation != "" {
+				delete(m.byOp, e.Operation)
+			}
+			n++
+		}
+	}
+	return n
+}
+
+// cloneEntry copies e so callers cannot alias a journal's state.
+func cloneEntry(e *Entry) *Entry {
+	c := *e
+	c.Header = e.Header.Clone()
+	c.Body = bytes.Clone(e.Body)
+	return &c
+}
+
+// ResumeResult is the outcome of resending one pending entry.
+type ResumeResult struct {
+	Entry      *Entry      // the entry as it was before the resend
+	StatusCode int         // the response status, 0 if none
+	Header     http.Header // the response headers, nil if none
+	Body       []byte      // the response body, up to Policy.MaxBodyBytes
+	Replayed   bool        // the server replayed a stored response
+	Err        error       // why the entry was not resolved, nil if it was
+}
+
+// Resume resends every pending entry of the journal (c.Journal, or the
+// in-memory one) with its original key and body, one at a time, oldest
+// first, and reports each outcome. Credentials come from
+// [Client.PrepareRequest], never from the journal.
+//
+// An entry older than [Policy.Retention] is not resent: the server may have
+// forgotten its key, so a resend could run the operation twice. It is
+// marked abandoned and reported with an error wrapping [ErrKeyExpired]. An
+// entry whose body was not stored cannot be resent either ([ErrNotReplayable]).
+// Done entries older than the retention are pruned.
+//
+// The error is non-nil only when the journal itself fails; per-entry
+// failures are in the results. Cancelling ctx stops the loop; entries not
+// reached stay pending.
+func (c *Client) Resume(ctx context.Context) ([]ResumeResult, error) {
+	c.init()
+	j := c.Journal
+	if j == nil {
+		j = c.mem
+	}
+	now := time.Now()
+	if _, err := j.Prune(ctx, now.Add(-c.pol.retention)); err != nil {
+		return nil, fmt.Errorf("idemhttp: resume: prune: %w", err)
+	}
+	pending, err := j.Pending(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp: resume: %w", err)
+	}
+	results := make([]ResumeResult, 0, len(pending))
+	for _, e := range pending {
+		if err := ctx.Err(); err != nil {
+			return results, err
+		}
+		results = append(results, c.resumeOne(ctx, j, e, now))
+	}
+	return results, nil
+}
+
+func (c *Client) resumeOne(ctx context.Context, j Journal, e *Entry, now time.Time) ResumeResult {
+	r := ResumeResult{Entry: e}
+	if now.Sub(e.Created) > c.pol.retention {
+		if err := j.Finish(ctx, e.Key, Outcome{State: StateAbandoned, Status: e.LastStatus, At: now}); err != nil {
+			r.Err = fmt.Errorf("idemhttp: resume %s: %w", e.Key, err)
+			return r
+		}
+		r.Err = fmt.Errorf("idemhttp: resume %s (created %s): %w", e.Key, e.Created.Format(time.RFC3339), ErrKeyExpired)
+		return r
+	}
+	if e.Body == nil && Fingerprint(e.Method, e.URL, nil) != e.Fingerprint {
+		r.Err = fmt.Errorf("idemhttp: resume %s: %w: the journal does not store bodies", e.Key, ErrNotReplayable)
+		return r
+	}
+	rctx := WithKey(ctx, e.Key)
+	if e.Operation != "" {
+		rctx = WithOperation(rctx, e.Operation)
+	}
+	var body io.Reader
+	if e.Body != nil {
+		body = bytes.NewReader(e.Body)
+	}
+	req, err := http.NewRequestWithContext(rctx, e.Method, e.URL, body)
+	if err != nil {
+		r.Err = fmt.Errorf("idemhttp: resume %s: %w: %w", e.Key, ErrInvalidRequest, err)
+		return r
+	}
+	for k, v := range e.Header {
+		req.Header[k] = v
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		r.Err = err
+		return r
+	}
+	defer resp.Body.Close()
+	r.StatusCode, r.Header, r.Replayed = resp.StatusCode, resp.Header, Replayed(resp)
+	r.Body, r.Err = io.ReadAll(io.LimitReader(resp.Body, c.pol.maxBody))
+	return r
 }

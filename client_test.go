@@ -1,0 +1,805 @@
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httptrace"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+const chargeBody = `{"amount":1000,"currency":"usd"}`
+
+func TestZeroValueClientWorks(t *testing.T) {
+	srv := newScripted(t, reply(200, "ok"))
+	var c Client
+	req, err := http.NewRequest(http.MethodGet, srv.URL, nil)
+	require.NoError(t, err)
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	assert.Equal(t, "ok", string(b))
+	assert.Empty(t, srv.Hits()[0].Key, "GET gets no key by default")
+}
+
+// The key must exist before the first attempt and be identical, with a
+// byte-identical body, on every retry: whatever caused the retry.
+func TestSameKeyAndBodyOnEveryAttempt(t *testing.T) {
+	tests := []struct {
+		name string
+		give []step
+	}{
+		{"status 503", []step{reply(503, ""), reply(503, ""), reply(200, "{}")}},
+		{"status 409", []step{reply(409, ""), reply(200, "{}")}},
+		{"status 500", []step{reply(500, ""), reply(200, "{}")}},
+		{"connection dropped", []step{drop, drop, reply(200, "{}")}},
+		{"attempt timeout", []step{stall, reply(200, "{}")}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newScripted(t, tt.give...)
+			c := &Client{Policy: fast(), HTTPClient: &http.Client{Timeout: 200 * time.Millisecond}}
+			resp, err := c.Do(post(t, srv.URL, chargeBody))
+			require.NoError(t, err)
+			resp.Body.Close()
+
+			hits := srv.Hits()
+			require.Len(t, hits, len(tt.give))
+			assert.NoError(t, ValidateKey(hits[0].Key))
+			for _, h := range hits {
+				assert.Equal(t, hits[0].Key, h.Key)
+				assert.Equal(t, chargeBody, h.Body)
+			}
+			info, ok := ResponseInfo(resp)
+			require.True(t, ok)
+			assert.Equal(t, hits[0].Key, info.Key)
+			assert.Equal(t, len(tt.give), info.Attempts)
+		})
+	}
+}
+
+// TestContract walks DESIGN §2's table row by row.
+func TestContract(t *testing.T) {
+	stripeMismatch := `{"error":{"type":"idempotency_error","message":"Keys for idempotent requests can only be used with the same parameters they were first used with."}}`
+	keyMissing := `{"type":"https://example.com/idempotency","title":"Idempotency-Key is missing"}`
+	tests := []struct {
+		name         string
+		givePolicy   *Policy
+		giveMethod   string
+		giveSteps    []step
+		wantAttempts int
+		wantStatus   int   // when a response is returned
+		wantErr      error // when an error is returned
+	}{
+		{"2xx done", fast(), "POST", []step{reply(201, "{}")}, 1, 201, nil},
+		{"409 then ok", fast(), "POST", []step{reply(409, ""), reply(200, "{}")}, 2, 200, nil},
+		{"409 never clears", fast(), "POST", []step{reply(409, "")}, 4, 0, ErrInProgress},
+		{"422 mismatch", fast(), "POST", []step{reply(422, `{"title":"key reused"}`)}, 1, 0, ErrKeyMismatch},
+		{"stripe 400 idempotency_error", fast(), "POST", []step{reply(400, stripeMismatch)}, 1, 0, ErrKeyMismatch},
+		{"plain 400 returned", fast(), "POST", []step{reply(400, `{"error":{"type":"invalid_request_error"}}`)}, 1, 400, nil},
+		{"400 key missing", &Policy{KeyMethods: []string{}}, "POST", []step{reply(400, keyMissing, "Content-Type", "application/problem+json")}, 1, 0, ErrKeyRequired},
+		{"429 retried", fast(), "POST", []step{reply(429, "", "Retry-After", "0"), reply(200, "{}")}, 2, 200, nil},
+		{"429 retried without key", &Policy{KeyMethods: []string{}, BaseDelay: time.Millisecond}, "POST", []step{reply(429, ""), reply(200, "{}")}, 2, 200, nil},
+		{"503 retried", fast(), "POST", []step{reply(503, "", "Retry-After", "0"), reply(200, "{}")}, 2, 200, nil},
+		{"500 retried", fast(), "POST", []step{reply(500, ""), reply(200, "{}")}, 2, 200, nil},
+		{"502 retried", fast(), "POST", []step{reply(502, ""), reply(200, "{}")}, 2, 200, nil},
+		{"504 retried", fast(), "POST", []step{reply(504, ""), reply(200, "{}")}, 2, 200, nil},
+		{"500 exhausted", fast(), "POST", []step{reply(500, "boom")}, 4, 0, ErrExhausted},
+		{"500 without key not retried", &Policy{KeyMethods: []string{}}, "POST", []step{reply(500, "")}, 1, 500, nil},
+		{"503 without key not retried", &Policy{KeyMethods: []string{}}, "POST", []step{reply(503, "")}, 1, 503, nil},
+		{"500 on GET retried", fast(), "GET", []step{reply(500, ""), reply(200, "{}")}, 2, 200, nil},
+		{"replayed 500 not retried", fast(), "POST", []step{reply(500, "", "Idempotent-Replayed", "true")}, 1, 500, nil},
+		{"replayed 409 not retried", fast(), "POST", []step{reply(409, "", "Idempotency-Replayed", "true")}, 1, 409, nil},
+		{"404 returned", fast(), "POST", []step{reply(404, "")}, 1, 404, nil},
+		{"409 without key returned", &Policy{KeyMethods: []string{}}, "POST", []step{reply(409, "")}, 1, 409, nil},
+		{"stripe should-retry false", stripeFast(), "POST", []step{reply(500, "", "Stripe-Should-Retry", "false")}, 1, 500, nil},
+		{"stripe should-retry true on 400", stripeFast(), "POST", []step{reply(400, "", "Stripe-Should-Retry", "true"), reply(200, "{}")}, 2, 200, nil},
+		{"should-retry ignored by default", fast(), "POST", []step{reply(500, "", "Stripe-Should-Retry", "false"), reply(200, "{}")}, 2, 200, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newScripted(t, tt.giveSteps...)
+			c := &Client{Policy: tt.givePolicy}
+			req, err := http.NewRequest(tt.giveMethod, srv.URL, strings.NewReader(chargeBody))
+			require.NoError(t, err)
+			resp, err := c.Do(req)
+
+			assert.Len(t, srv.Hits(), tt.wantAttempts)
+			if tt.wantErr != nil {
+				assert.ErrorIs(t, err, tt.wantErr)
+				assert.Nil(t, resp, "never a response and an error")
+				return
+			}
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			assert.Equal(t, tt.wantStatus, resp.StatusCode)
+			info, _ := ResponseInfo(resp)
+			assert.Equal(t, tt.wantAttempts, info.Attempts)
+		})
+	}
+}
+
+func stripeFast() *Policy {
+	p := StripePolicy()
+	p.BaseDelay, p.MaxDelay = time.Millisecond, 2*time.Millisecond
+	return p
+}
+
+func TestGiveUpErrorCarriesFacts(t *testing.T) {
+	body := strings.Repeat("x", 2000)
+	srv := newScripted(t, reply(503, body))
+	c := &Client{Policy: &Policy{MaxAttempts: 3, BaseDelay: time.Millisecond}}
+	resp, err := c.Do(post(t, srv.URL, chargeBody))
+	require.Nil(t, resp)
+
+	var g *GiveUpError
+	require.ErrorAs(t, err, &g)
+	assert.ErrorIs(t, err, ErrExhausted)
+	assert.Equal(t, 3, g.Attempts)
+	assert.Equal(t, 503, g.LastStatus)
+	assert.Equal(t, srv.Hits()[0].Key, g.Key)
+	assert.Len(t, g.Body, snippetLen, "snippet is bounded")
+	assert.Equal(t, "POST", g.Method)
+	assert.Contains(t, err.Error(), "gave up after 3 attempts")
+}
+
+func TestKeyMismatchErrorCarriesFacts(t *testing.T) {
+	srv := newScripted(t, reply(422, `{"title":"Idempotency-Key reused with another payload"}`))
+	var c Client
+	_, err := c.Do(post(t, srv.URL, chargeBody))
+	var m *KeyMismatchError
+	require.ErrorAs(t, err, &m)
+	assert.Equal(t, 422, m.StatusCode)
+	assert.Equal(t, srv.Hits()[0].Key, m.Key)
+	assert.Contains(t, string(m.Body), "reused")
+}
+
+// A plain 400 is returned to the caller whole, even though the client read
+// its beginning to look for Stripe's idempotency_error.
+func TestPeekedBodyIsReturnedWhole(t *testing.T) {
+	body := `{"error":{"type":"card_error","pad":"` + strings.Repeat("p", 3*peekLen) + `"}}`
+	srv := newScripted(t, reply(400, body))
+	var c Client
+	resp, err := c.Do(post(t, srv.URL, chargeBody))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	got, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, body, string(got))
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		give   string
+		want   time.Duration
+		wantOK bool
+	}{
+		{"", 0, false},
+		{"0", 0, true},
+		{"5", 5 * time.Second, true},
+		{" 7 ", 7 * time.Second, true},
+		{"-1", 0, false},
+		{"1.5", 0, false},
+		{"abc", 0, false},
+		{"5s", 0, false},
+		{"99999999999999999999999", time.Duration(1<<63 - 1), true},
+		{"9223372036854775807", time.Duration(1<<63 - 1), true},
+		{"Sun, 29 Nov 2026 12:00:30 GMT", 30 * time.Second, true},         // IMF-fixdate
+		{"Sunday, 29-Nov-26 12:01:00 GMT", time.Minute, true},             // RFC 850
+		{"Sun Nov 29 12:00:10 2026", 10 * time.Second, true},              // ANSI C asctime
+		{"Sun, 29 Nov 2026 11:00:00 GMT", 0, true},                        // past: no wait
+		{"Sun, 29 Nov 2026 25:00:00 GMT", 0, false},                       // not a date
+		{"Fri, 31 Dec 9999 23:59:59 GMT", time.Duration(1<<63 - 1), true}, // saturates
+	}
+	for _, tt := range tests {
+		t.Run(tt.give, func(t *testing.T) {
+			got, ok := parseRetryAfter(tt.give, now)
+			assert.Equal(t, tt.wantOK, ok)
+			assert.Equal(t, tt.want, got)
+		})
+	}
+}
+
+func TestRetryAfterHonoured(t *testing.T) {
+	srv := newScripted(t, reply(503, "", "Retry-After", "1"), reply(200, "{}"))
+	var events []RetryEvent
+	c := &Client{Policy: fast(), OnRetry: func(e RetryEvent) { events = append(events, e) }}
+	resp, err := c.Do(post(t, srv.URL, chargeBody))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Len(t, events, 1)
+	assert.Equal(t, time.Second, events[0].Delay, "Retry-After wins over the backoff")
+	assert.Equal(t, ReasonUnavailable, events[0].Reason)
+	assert.Equal(t, 2, events[0].Attempt)
+	assert.Equal(t, 503, events[0].Status)
+	assert.Equal(t, srv.Hits()[0].Key, events[0].Key)
+}
+
+func TestRetryAfterTooLongStopsAtOnce(t *testing.T) {
+	tests := []struct {
+		name       string
+		giveHeader string
+		giveCtx    time.Duration // 0: no deadline
+		wantDelay  time.Duration
+		wantAlso   error
+	}{
+		{"past the cap", "3600", 0, time.Hour, nil},
+		{"huge", "18446744073709551616", 0, time.Duration(1<<63 - 1), nil},
+		{"past the deadline", "30", 5 * time.Second, 30 * time.Second, context.DeadlineExceeded},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newScripted(t, reply(429, "slow down", "Retry-After", tt.giveHeader))
+			ctx := context.Background()
+			if tt.giveCtx > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tt.giveCtx)
+				defer cancel()
+			}
+			var c Client
+			req := post(t, srv.URL, chargeBody).WithContext(ctx)
+			resp, err := c.Do(req)
+			require.Nil(t, resp)
+			assert.ErrorIs(t, err, ErrRetryAfterTooLong)
+			if tt.wantAlso != nil {
+				assert.ErrorIs(t, err, tt.wantAlso)
+			}
+			var g *GiveUpError
+			require.ErrorAs(t, err, &g)
+			assert.Equal(t, tt.wantDelay, g.RetryAfter)
+			assert.Equal(t, 429, g.LastStatus)
+			assert.Len(t, srv.Hits(), 1)
+			assert.NoError(t, ctx.Err(), "returned before the deadline, not at it")
+		})
+	}
+}
+
+func TestGarbageRetryAfterFallsBackToBackoff(t *testing.T) {
+	for _, give := range []string{"soon", "-5", "1e3", "Sun, 99 Nov 2026 12:00:00 GMT"} {
+		t.Run(give, func(t *testing.T) {
+			srv := newScripted(t, reply(503, "", "Retry-After", give), reply(200, "{}"))
+			var delays []time.Duration
+			c := &Client{Policy: fast(), OnRetry: func(e RetryEvent) { delays = append(delays, e.Delay) }}
+			resp, err := c.Do(post(t, srv.URL, chargeBody))
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Len(t, delays, 1)
+			assert.LessOrEqual(t, delays[0], 2*time.Millisecond)
+		})
+	}
+}
+
+// When the next wait would cross the deadline, Do returns at once with the
+// last attempt's outcome joined to the deadline.
+func TestDeadlineStopsBeforeWaiting(t *testing.T) {
+	srv := newScripted(t, reply(503, "down"))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c := &Client{Policy: &Policy{BaseDelay: time.Minute, MaxDelay: time.Minute}}
+	resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+	require.Nil(t, resp)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	var g *GiveUpError
+	require.ErrorAs(t, err, &g)
+	assert.Equal(t, 503, g.LastStatus)
+	assert.Equal(t, 1, g.Attempts)
+	assert.NoError(t, ctx.Err(), "returned before the deadline passed")
+}
+
+func TestDeadlineKeepsLastTransportError(t *testing.T) {
+	addr := deadAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c := &Client{Policy: &Policy{BaseDelay: time.Minute, MaxDelay: time.Minute}}
+	_, err := c.Do(post(t, "http://"+addr, chargeBody).WithContext(ctx))
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.ErrorIs(t, err, syscall.ECONNREFUSED)
+}
+
+func TestCancelEndsWaitAtOnce(t *testing.T) {
+	srv := newScripted(t, reply(503, ""))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := &Client{
+		Policy:  &Policy{BaseDelay: time.Hour, MaxDelay: time.Hour},
+		OnRetry: func(RetryEvent) { cancel() }, // cancel as the wait begins
+	}
+	resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+	require.Nil(t, resp)
+	assert.ErrorIs(t, err, context.Canceled)
+	var g *GiveUpError
+	require.ErrorAs(t, err, &g)
+	assert.Equal(t, 503, g.LastStatus)
+	assert.Equal(t, 1, g.Attempts)
+}
+
+// deadAddr returns a loopback address nobody listens on.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}
+
+func TestTransportErrors(t *testing.T) {
+	noKeys := func() *Policy { return &Policy{KeyMethods: []string{}, BaseDelay: time.Millisecond} }
+	tests := []struct {
+		name         string
+		givePolicy   *Policy
+		giveMethod   string
+		giveSteps    []step // nil: connection refused
+		wantAttempts int    // requests the server saw
+		wantOK       bool
+		wantGiveUp   bool
+	}{
+		{"refused POST without key is retried", noKeys(), "POST", nil, 0, false, true},
+		{"dropped POST without key is not retried", noKeys(), "POST", []step{drop, reply(200, "")}, 1, false, false},
+		{"timed-out POST without key is not retried", noKeys(), "POST", []step{stall, reply(200, "")}, 1, false, false},
+		{"dropped keyed POST is retried", fast(), "POST", []step{drop, reply(200, "")}, 2, true, false},
+		{"dropped GET is retried", noKeys(), "GET", []step{drop, reply(200, "")}, 2, true, false},
+		{"dropped PUT is retried", noKeys(), "PUT", []step{drop, reply(200, "")}, 2, true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			target := "http://" + deadAddr(t)
+			var srv *scripted
+			if tt.giveSteps != nil {
+				srv = newScripted(t, tt.giveSteps...)
+				target = srv.URL
+			}
+			c := &Client{Policy: tt.givePolicy, HTTPClient: &http.Client{Timeout: 200 * time.Millisecond}}
+			req, err := http.NewRequest(tt.giveMethod, target, strings.NewReader(chargeBody))
+			require.NoError(t, err)
+			resp, err := c.Do(req)
+			if srv != nil {
+				assert.Len(t, srv.Hits(), tt.wantAttempts)
+			}
+			if tt.wantOK {
+				require.NoError(t, err)
+				resp.Body.Close()
+				return
+			}
+			require.Error(t, err)
+			assert.Nil(t, resp)
+			var g *GiveUpError
+			assert.Equal(t, tt.wantGiveUp, errors.As(err, &g), "typed give-up vs untouched net/http error: %v", err)
+			var ue *url.Error
+			assert.ErrorAs(t, err, &ue, "the transport error is reachable")
+		})
+	}
+}
+
+func TestRefusedIsClassifiedNotSent(t *testing.T) {
+	var reasons []RetryReason
+	c := &Client{Policy: &Policy{MaxAttempts: 2, BaseDelay: time.Millisecond}, OnRetry: func(e RetryEvent) { reasons = append(reasons, e.Reason) }}
+	_, err := c.Do(post(t, "http://"+deadAddr(t), chargeBody))
+	assert.ErrorIs(t, err, ErrExhausted)
+	assert.ErrorIs(t, err, syscall.ECONNREFUSED)
+	assert.Equal(t, []RetryReason{ReasonNotSent}, reasons)
+}
+
+func TestClassifyError(t *testing.T) {
+	tests := []struct {
+		name string
+		give error
+		want errClass
+	}{
+		{"dns", &url.Error{Op: "Post", Err: &net.DNSError{Err: "no such host", Name: "x.invalid"}}, errNotSent},
+		{"dial", &url.Error{Op: "Post", Err: &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}}, errNotSent},
+		{"refused bare", syscall.ECONNREFUSED, errNotSent},
+		{"reset on read", &url.Error{Op: "Post", Err: &net.OpError{Op: "read", Err: syscall.ECONNRESET}}, errUnknown},
+		{"eof", &url.Error{Op: "Post", Err: io.EOF}, errUnknown},
+		{"unexpected eof", io.ErrUnexpectedEOF, errUnknown},
+		{"text mentioning refused", errors.New("connection refused"), errUnknown},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, classifyError(tt.give))
+		})
+	}
+}
+
+func TestBadCertificateIsNotRetried(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	srv.StartTLS()
+	defer srv.Close()
+	var retries atomic.Int32
+	// The default transport does not trust httptest's certificate.
+	c := &Client{Policy: fast(), OnRetry: func(RetryEvent) { retries.Add(1) }}
+	resp, err := c.Do(post(t, srv.URL, chargeBody))
+	require.Error(t, err)
+	assert.Nil(t, resp)
+	assert.Zero(t, retries.Load())
+	assert.Equal(t, errPermanent, classifyError(err))
+}
+
+func TestBadInputIsRefusedBeforeSending(t *testing.T) {
+	srv := newScripted(t, reply(200, ""))
+	big := strings.Repeat("b", 100)
+	tests := []struct {
+		name    string
+		give    func() *http.Request
+		wantErr error
+	}{
+		{"nil request", func() *http.Request { return nil }, ErrInvalidRequest},
+		{"nil URL", func() *http.Request { r := post(t, srv.URL, ""); r.URL = nil; return r }, ErrInvalidRequest},
+		{"invalid header key", func() *http.Request {
+			r := post(t, srv.URL, "")
+			r.Header.Set("Idempotency-Key", "bad\x01key")
+			return r
+		}, ErrInvalidKey},
+		{"too long key", func() *http.Request {
+			return post(t, srv.URL, "").WithContext(WithKey(context.Background(), strings.Repeat("k", 256)))
+		}, ErrInvalidKey},
+		{"conflicting keys", func() *http.Request {
+			r := post(t, srv.URL, "").WithContext(WithKey(context.Background(), "key-a"))
+			r.Header.Set("Idempotency-Key", "key-b")
+			return r
+		}, ErrKeyConflict},
+		{"bad operation id", func() *http.Request {
+			return post(t, srv.URL, "").WithContext(WithOperation(context.Background(), ""))
+		}, ErrInvalidRequest},
+		{"unreplayable body", func() *http.Request {
+			r, _ := http.NewRequest("POST", srv.URL, io.NopCloser(strings.NewReader(big))) // no GetBody
+			return r
+		}, ErrNotReplayable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &Client{Policy: &Policy{MaxBodyBytes: 10}}
+			resp, err := c.Do(tt.give())
+			assert.Nil(t, resp)
+			assert.ErrorIs(t, err, tt.wantErr)
+			assert.Empty(t, srv.Hits(), "nothing sent")
+		})
+	}
+}
+
+func TestCallerKeyIsKept(t *testing.T) {
+	tests := []struct {
+		name       string
+		givePolicy *Policy
+		giveHeader string
+		giveCtxKey string
+		wantWire   string
+	}{
+		{"header", nil, "order-42", "", "order-42"},
+		{"quoted header", nil, `"order-42"`, "", "order-42"},
+		{"WithKey", nil, "", "order-43", "order-43"},
+		{"both agree", nil, "order-44", "order-44", "order-44"},
+		{"sent quoted", &Policy{QuoteKey: true}, "", "order-45", `"order-45"`},
+		{"custom header", &Policy{KeyHeader: "x-request-key"}, "", "order-46", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newScripted(t, reply(500, ""), reply(200, ""))
+			c := &Client{Policy: tt.givePolicy}
+			if c.Policy == nil {
+				c.Policy = fast()
+			}
+			c.Policy.BaseDelay = time.Millisecond
+			ctx := context.Background()
+			if tt.giveCtxKey != "" {
+				ctx = WithKey(ctx, tt.giveCtxKey)
+			}
+			req := post(t, srv.URL, chargeBody).WithContext(ctx)
+			if tt.giveHeader != "" {
+				req.Header.Set("Idempotency-Key", tt.giveHeader)
+			}
+			before := req.Header.Clone()
+			resp, err := c.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			hits := srv.Hits()
+			require.Len(t, hits, 2)
+			for _, h := range hits {
+				assert.Equal(t, tt.wantWire, h.Key)
+			}
+			assert.Equal(t, before, req.Header, "the caller's request is not modified")
+		})
+	}
+}
+
+func TestCustomHeaderCarriesKey(t *testing.T) {
+	srv := newScripted(t, reply(200, ""))
+	c := &Client{Policy: &Policy{KeyHeader: "X-Request-Key"}}
+	resp, err := c.Do(post(t, srv.URL, chargeBody))
+	require.NoError(t, err)
+	resp.Body.Close()
+	h := srv.Hits()[0]
+	assert.Empty(t, h.Key)
+	assert.NoError(t, ValidateKey(h.Header.Get("X-Request-Key")))
+}
+
+// The budget keeps a full outage from being multiplied by retries.
+func TestBudgetUnderFullOutage(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(503)
+	}))
+	defer srv.Close()
+	c := &Client{Policy: &Policy{BaseDelay: time.Microsecond, MaxDelay: time.Microsecond}}
+	const calls = 1000
+	var refused atomic.Int64
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for range calls {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			resp, err := c.Do(post(t, srv.URL, chargeBody))
+			if resp != nil {
+				resp.Body.Close()
+			}
+			if errors.Is(err, ErrBudgetExhausted) {
+				refused.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	perCall := float64(hits.Load()) / calls
+	t.Logf("attempts per call under full outage: %.3f; refused by budget: %d", perCall, refused.Load())
+	assert.LessOrEqual(t, perCall, 1.2)
+	assert.Greater(t, refused.Load(), int64(calls/2))
+}
+
+func TestBudgetNeverRefusesWithoutFaults(t *testing.T) {
+	srv := newScripted(t, reply(200, ""))
+	c := &Client{}
+	for range 1000 {
+		resp, err := c.Do(post(t, srv.URL, chargeBody))
+		require.NoError(t, err)
+		resp.Body.Close()
+	}
+	assert.Len(t, srv.Hits(), 1000)
+	assert.Equal(t, int64(500), c.budget.tokens.Load())
+}
+
+func TestBudgetRefillsOnSuccess(t *testing.T) {
+	b := newBudget(Budget{Capacity: 10, RetryCost: 5, TimeoutCost: 10})
+	cost, ok := b.withdraw(false)
+	assert.True(t, ok)
+	assert.Equal(t, int64(5), cost)
+	_, ok = b.withdraw(true)
+	assert.False(t, ok, "5 tokens cannot pay a timeout's 10")
+	b.deposit(100)
+	assert.Equal(t, int64(10), b.tokens.Load(), "never past capacity")
+	assert.Nil(t, newBudget(Budget{Disabled: true}))
+	_, ok = (*budget)(nil).withdraw(true)
+	assert.True(t, ok, "a disabled budget always pays")
+}
+
+// closeCounter counts CloseIdleConnections calls reaching a caller's
+// transport.
+type closeCounter struct {
+	http.RoundTripper
+	closes atomic.Int32
+}
+
+func (c *closeCounter) CloseIdleConnections() { c.closes.Add(1) }
+
+func TestNeverClosesCallersIdleConnections(t *testing.T) {
+	srv := newScripted(t, reply(500, ""))
+	rt := &closeCounter{RoundTripper: http.DefaultTransport}
+	c := &Client{Policy: fast(), HTTPClient: &http.Client{Transport: rt}}
+	_, err := c.Do(post(t, srv.URL, chargeBody))
+	assert.ErrorIs(t, err, ErrExhausted)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	c2 := &Client{Policy: &Policy{BaseDelay: time.Hour}, HTTPClient: &http.Client{Transport: rt}, OnRetry: func(RetryEvent) { cancel() }}
+	_, err = c2.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+	assert.ErrorIs(t, err, context.Canceled)
+	c2.StandardClient().CloseIdleConnections()
+	assert.Zero(t, rt.closes.Load())
+}
+
+// Discarded bodies are drained so the retries reuse one connection.
+func TestRetriesReuseTheConnection(t *testing.T) {
+	srv := newScripted(t, reply(503, strings.Repeat("e", 8<<10)), reply(503, "again"), reply(200, "ok"))
+	var conns, reused atomic.Int32
+	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) {
+		conns.Add(1)
+		if i.Reused {
+			reused.Add(1)
+		}
+	}}
+	c := &Client{Policy: fast(), HTTPClient: &http.Client{Transport: &http.Transport{}}}
+	defer c.HTTPClient.CloseIdleConnections()
+	req := post(t, srv.URL, chargeBody)
+	resp, err := c.Do(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, int32(3), conns.Load())
+	assert.Equal(t, int32(2), reused.Load())
+}
+
+func TestResponseInfo(t *testing.T) {
+	srv := newScripted(t, reply(409, ""), reply(200, "{}", "Idempotent-Replayed", "true"))
+	c := &Client{Policy: fast()}
+	ctx := WithOperation(context.Background(), "order-1")
+	resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	info, ok := ResponseInfo(resp)
+	require.True(t, ok)
+	assert.Equal(t, Info{Key: srv.Hits()[0].Key, Operation: "order-1", Attempts: 2, Replayed: true}, info)
+
+	_, ok = ResponseInfo(&http.Response{Request: httptest.NewRequest("GET", "/", nil)})
+	assert.False(t, ok)
+	_, ok = ResponseInfo(nil)
+	assert.False(t, ok)
+}
+
+func TestReplayed(t *testing.T) {
+	tests := []struct {
+		give http.Header
+		want bool
+	}{
+		{http.Header{"Idempotent-Replayed": {"true"}}, true},
+		{http.Header{"Idempotency-Replayed": {"TRUE"}}, true},
+		{http.Header{"Idempotency-Replay": {"true"}}, true},
+		{http.Header{"Idempotent-Replayed": {"false"}}, false},
+		{http.Header{}, false},
+	}
+	for _, tt := range tests {
+		assert.Equal(t, tt.want, Replayed(&http.Response{Header: tt.give}), "%v", tt.give)
+	}
+	assert.False(t, Replayed(nil))
+}
+
+func TestStandardClientKeepsSDKKey(t *testing.T) {
+	srv := newScripted(t, reply(503, ""), reply(200, "{}"))
+	c := &Client{Policy: fast()}
+	sdk := c.StandardClient()
+	req := post(t, srv.URL, chargeBody)
+	req.Header.Set("Idempotency-Key", "sdk-key-1")
+	resp, err := sdk.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	for _, h := range srv.Hits() {
+		assert.Equal(t, "sdk-key-1", h.Key)
+	}
+	info, ok := ResponseInfo(resp)
+	require.True(t, ok)
+	assert.Equal(t, 2, info.Attempts)
+}
+
+func TestStandardClientErrorsStayTyped(t *testing.T) {
+	srv := newScripted(t, reply(422, ""))
+	var c Client
+	_, err := c.StandardClient().Do(post(t, srv.URL, chargeBody))
+	var ue *url.Error
+	require.ErrorAs(t, err, &ue)
+	assert.ErrorIs(t, err, ErrKeyMismatch)
+}
+
+func TestOperationReusesKeyInMemory(t *testing.T) {
+	srv := newScripted(t, reply(200, "{}"))
+	var c Client
+	ctx := WithOperation(context.Background(), "invoice-7")
+	for range 2 {
+		resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+		require.NoError(t, err)
+		resp.Body.Close()
+	}
+	hits := srv.Hits()
+	require.Len(t, hits, 2)
+	assert.Equal(t, hits[0].Key, hits[1].Key)
+
+	resp, err := c.Do(post(t, srv.URL, `{"amount":9999}`).WithContext(ctx))
+	assert.Nil(t, resp)
+	var m *KeyMismatchError
+	require.ErrorAs(t, err, &m)
+	assert.Equal(t, "invoice-7", m.Operation)
+	assert.Equal(t, hits[0].Key, m.Key)
+	assert.Len(t, srv.Hits(), 2, "refused locally, not sent")
+}
+
+func TestResumeInMemoryResendsWithSameKey(t *testing.T) {
+	srv := newScripted(t, reply(503, ""), reply(503, ""), reply(200, `{"id":"ch_1"}`))
+	c := &Client{Policy: &Policy{MaxAttempts: 2, BaseDelay: time.Millisecond}}
+	ctx := WithOperation(context.Background(), "order-9")
+	_, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+	require.ErrorIs(t, err, ErrExhausted)
+
+	results, err := c.Resume(context.Background())
+	require.NoError(t, err)
+	require.Len(t, results, 1)
+	assert.NoError(t, results[0].Err)
+	assert.Equal(t, 200, results[0].StatusCode)
+	assert.Equal(t, `{"id":"ch_1"}`, string(results[0].Body))
+	hits := srv.Hits()
+	require.Len(t, hits, 3)
+	assert.Equal(t, hits[0].Key, hits[2].Key)
+	assert.Equal(t, chargeBody, hits[2].Body)
+
+	results, err = c.Resume(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, results, "done entries are not resent")
+}
+
+func TestPrepareRequestAddsCredentials(t *testing.T) {
+	srv := newScripted(t, reply(200, ""))
+	c := &Client{PrepareRequest: func(r *http.Request) error {
+		r.Header.Set("Authorization", "Bearer sk_test_123")
+		return nil
+	}}
+	req := post(t, srv.URL, chargeBody)
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, "Bearer sk_test_123", srv.Hits()[0].Header.Get("Authorization"))
+	assert.Empty(t, req.Header.Get("Authorization"), "the caller's request is not modified")
+
+	c2 := &Client{PrepareRequest: func(*http.Request) error { return errors.New("vault sealed") }}
+	_, err = c2.Do(post(t, srv.URL, chargeBody))
+	assert.ErrorContains(t, err, "vault sealed")
+	assert.Len(t, srv.Hits(), 1)
+}
+
+func TestLoggerRecordsRetriesWithoutSecrets(t *testing.T) {
+	srv := newScripted(t, reply(503, "internal detail"), reply(200, ""))
+	var buf bytes.Buffer
+	c := &Client{Policy: fast(), Logger: slog.New(slog.NewJSONHandler(&buf, nil))}
+	req := post(t, "http://user:hunter2@"+strings.TrimPrefix(srv.URL, "http://"), chargeBody)
+	req.Header.Set("Authorization", "Bearer sk_live_secret")
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	out := buf.String()
+	assert.Contains(t, out, `"msg":"idemhttp: retrying"`)
+	assert.Contains(t, out, srv.Hits()[0].Key)
+	assert.Contains(t, out, `"reason":"unavailable"`)
+	for _, secret := range []string{"hunter2", "sk_live_secret", "internal detail", "amount"} {
+		assert.NotContains(t, out, secret)
+	}
+}
+
+func TestConcurrentCallsGetDistinctKeys(t *testing.T) {
+	srv := newScripted(t, reply(200, ""))
+	c := &Client{Policy: fast()}
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Go(func() {
+			req, _ := http.NewRequest("POST", srv.URL, strings.NewReader(chargeBody))
+			resp, err := c.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+	seen := map[string]bool{}
+	for _, h := range srv.Hits() {
+		seen[h.Key] = true
+	}
+	assert.Len(t, seen, 50)
+}
