@@ -197,22 +197,29 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		key = NewKey()
 	}
 
-	info := &callInfo{key: key, operation: op}
-	out := req.WithContext(context.WithValue(ctx, callCtxKey, info))
-	if keyed || c.PrepareRequest != nil {
-		hv := FormatKeyHeader(key, p.quoteKey)
-		if c.PrepareRequest != nil || req.Header.Get(p.keyHeader) != hv {
-			out.Header = req.Header.Clone()
-			if out.Header == nil {
-				out.Header = make(http.Header)
-			}
-			if keyed {
+	a := &attempt{c: c, p: p, key: key, operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method)}
+	out := req.WithContext(context.WithValue(ctx, callCtxKey, a))
+	a.req = out
+	if c.PrepareRequest != nil {
+		out.Header = req.Header.Clone()
+	}
+	if keyed {
+		if hv := FormatKeyHeader(key, p.quoteKey); req.Header.Get(p.keyHeader) != hv {
+			if c.PrepareRequest == nil {
+				out.Header = withHeader(req.Header, p.keyHeader, hv)
+			} else {
 				out.Header.Set(p.keyHeader, hv)
 			}
 		}
 	}
 	if c.PrepareRequest != nil {
+		if out.Header == nil {
+			out.Header = make(http.Header)
+		}
 		if err := c.PrepareRequest(out); err != nil {
+			if getBody != nil {
+				closeBody(req)
+			}
 			c.record(ctx, j, entry, StatePending, 0, 0)
 			return nil, fmt.Errorf("idemhttp: prepare request: %w", err)
 		}
@@ -225,27 +232,35 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		case body != nil:
 			err = rreq.SetBody(body)
 		case getBody != nil:
-			err = rreq.SetBody(retryablehttp.ReaderFunc(func() (io.Reader, error) { return getBody() }))
+			a.firstBody, a.getBody = req.Body, getBody
+			a.probing = true // SetBody reads the body once to measure it
+			err = rreq.SetBody(retryablehttp.ReaderFunc(a.body))
+			a.probing = false
 			rreq.ContentLength = req.ContentLength
 		}
 	}
 	if err != nil {
+		if getBody != nil {
+			closeBody(req)
+		}
 		c.record(ctx, j, entry, StatePending, 0, 0)
 		return nil, fmt.Errorf("idemhttp: %w: body: %w", ErrNotReplayable, err)
 	}
 
-	a := &attempt{c: c, p: p, info: info, req: out, keyed: keyed, safe: keyed || idempotentMethod(req.Method)}
 	a.engine = retryablehttp.Client{
 		HTTPClient:   c.hc,
 		RetryMax:     p.maxAttempts, // checkRetry stops first; this is a backstop
-		CheckRetry:   a.checkRetry,
-		Backoff:      a.backoffDelay,
-		PrepareRetry: a.prepareRetry,
-		ErrorHandler: a.errorHandler,
+		CheckRetry:   engineCheckRetry,
+		Backoff:      engineBackoff,
+		PrepareRetry: enginePrepareRetry,
+		ErrorHandler: engineErrorHandler,
 	}
 	resp, err := a.finish(a.engine.Do(rreq))
+	if a.firstBody != nil {
+		_ = a.firstBody.Close() // never sent; net/http would have closed it
+	}
 	if entry != nil {
-		c.record(ctx, j, entry, outcomeState(err), a.lastStatus, info.attempts)
+		c.record(ctx, j, entry, outcomeState(err), a.lastStatus, a.attempts)
 	}
 	return resp, err
 }
@@ -275,13 +290,13 @@ func (c *Client) callerKey(ctx context.Context, req *http.Request) (string, erro
 
 // replayableBody makes req's body resendable: GetBody when the request has
 // one (and no journal needs the bytes), else the body read into memory,
-// up to maxBody. The original Body is closed either way.
+// up to maxBody, and closed. With GetBody, req.Body stays open: the first
+// attempt sends it, as net/http would.
 func replayableBody(req *http.Request, needBytes bool, maxBody int64) ([]byte, func() (io.ReadCloser, error), error) {
 	if req.Body == nil || req.Body == http.NoBody {
 		return nil, nil, nil
 	}
 	if req.GetBody != nil && !needBytes {
-		closeBody(req)
 		return nil, req.GetBody, nil
 	}
 	defer closeBody(req)
@@ -300,6 +315,18 @@ func replayableBody(req *http.Request, needBytes bool, maxBody int64) ([]byte, f
 		return nil, nil, nil
 	}
 	return buf.Bytes(), nil, nil
+}
+
+// withHeader returns a copy of h with name set to v. The copy shares h's
+// value slices, which nothing downstream mutates; copying them too would
+// cost an allocation per request for nothing.
+func withHeader(h http.Header, name, v string) http.Header {
+	out := make(http.Header, len(h)+1)
+	for k, vv := range h {
+		out[k] = vv
+	}
+	out[name] = []string{v}
+	return out
 }
 
 func closeBody(req *http.Request) {

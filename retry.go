@@ -41,12 +41,17 @@ import (
 // idempotency error.
 const peekLen = 4 << 10
 
-// attempt is the state of one Do call across its attempts.
+// attempt is the state of one Do call across its attempts. It rides in
+// the outgoing request's context, which is how the engine's hooks (plain
+// functions, so a call allocates no closures) and ResponseInfo find it.
 type attempt struct {
-	c    *Client
-	p    *policy
-	info *callInfo
-	req  *http.Request // the outgoing request, for logging and events
+	c   *Client
+	p   *policy
+	req *http.Request // the outgoing request, for logging and events
+
+	key       string // idempotency key sent, "" if none
+	operation string // operation id, "" if none
+	attempts  int    // attempts made so far
 
 	keyed bool // carries a key: retries are safe whatever the method
 	safe  bool // keyed or an idempotent method
@@ -54,21 +59,52 @@ type attempt struct {
 	lastStatus int
 	lastErr    error
 	retryAfter time.Duration
-	delay      time.Duration
 	charged    int64 // budget tokens this call withdrew
 	waiting    bool  // a retry was decided and its wait has not ended
 	bo         *backoff.ExponentialBackOff
 
+	// A body with GetBody: the first attempt sends the caller's Body, later
+	// ones a fresh copy from GetBody, so a request that succeeds at once
+	// costs no copies. probing is set while the engine measures the body.
+	firstBody io.ReadCloser
+	getBody   func() (io.ReadCloser, error)
+	probing   bool
+
 	engine retryablehttp.Client
 }
 
-// callInfo is what ResponseInfo reports; it rides in the outgoing request's
-// context so it can be found from resp.Request.
-type callInfo struct {
-	key       string
-	operation string
-	attempts  int
+// body is the engine's ReaderFunc for a request with GetBody.
+func (a *attempt) body() (io.Reader, error) {
+	if a.probing {
+		return http.NoBody, nil // Do sets ContentLength from the request
+	}
+	if b := a.firstBody; b != nil {
+		a.firstBody = nil
+		return b, nil
+	}
+	return a.getBody()
 }
+
+// attemptFrom returns the call state riding in ctx.
+func attemptFrom(ctx context.Context) *attempt {
+	a, _ := ctx.Value(callCtxKey).(*attempt)
+	return a
+}
+
+// The engine's hooks. Each finds its call through the request context;
+// the delay travels in the engine's RetryWaitMin, which checkRetry sets.
+var (
+	engineCheckRetry = func(ctx context.Context, resp *http.Response, err error) (bool, error) {
+		return attemptFrom(ctx).checkRetry(ctx, resp, err)
+	}
+	engineBackoff = func(delay, _ time.Duration, _ int, _ *http.Response) time.Duration {
+		return delay
+	}
+	enginePrepareRetry = func(r *http.Request) error {
+		attemptFrom(r.Context()).waiting = false
+		return nil
+	}
+)
 
 // Info describes how a response was obtained. See [ResponseInfo].
 type Info struct {
@@ -85,11 +121,11 @@ func ResponseInfo(resp *http.Response) (info Info, ok bool) {
 	if resp == nil || resp.Request == nil {
 		return Info{}, false
 	}
-	ci, ok := resp.Request.Context().Value(callCtxKey).(*callInfo)
-	if !ok {
+	a := attemptFrom(resp.Request.Context())
+	if a == nil {
 		return Info{}, false
 	}
-	return Info{Key: ci.key, Operation: ci.operation, Attempts: ci.attempts, Replayed: Replayed(resp)}, true
+	return Info{Key: a.key, Operation: a.operation, Attempts: a.attempts, Replayed: Replayed(resp)}, true
 }
 
 // RetryEvent describes a retry about to happen. See [Client.OnRetry].
@@ -108,7 +144,7 @@ type RetryEvent struct {
 // checkRetry is the engine's CheckRetry: it classifies the attempt, decides
 // whether to retry, and computes the wait.
 func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
-	a.info.attempts++
+	a.attempts++
 	a.waiting = false
 	if err != nil {
 		a.lastStatus, a.lastErr = 0, err
@@ -136,14 +172,14 @@ func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error
 	case vRetry:
 		return a.retry(ctx, reason, resp, false)
 	case vMismatch:
-		return false, &KeyMismatchError{Key: a.info.key, StatusCode: resp.StatusCode, Body: snippet(resp)}
+		return false, &KeyMismatchError{Key: a.key, StatusCode: resp.StatusCode, Body: snippet(resp)}
 	case vKeyRequired:
 		return false, a.giveUp(ErrKeyRequired, resp)
 	}
 	if resp.StatusCode < 300 {
 		if a.charged > 0 {
 			a.c.budget.deposit(a.charged)
-		} else if a.info.attempts == 1 {
+		} else if a.attempts == 1 {
 			a.c.budget.deposit(1)
 		}
 	}
@@ -161,7 +197,7 @@ func (a *attempt) retry(ctx context.Context, reason RetryReason, resp *http.Resp
 			a.retryAfter, hinted = d, true
 		}
 	}
-	if a.info.attempts >= a.p.maxAttempts {
+	if a.attempts >= a.p.maxAttempts {
 		sentinel := ErrExhausted
 		if reason == ReasonInProgress {
 			sentinel = ErrInProgress
@@ -206,7 +242,7 @@ func (a *attempt) retry(ctx context.Context, reason RetryReason, resp *http.Resp
 		// error page is often larger, and the connection is worth keeping.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
 	}
-	a.delay = delay
+	a.engine.RetryWaitMin = delay
 	a.waiting = true
 	a.c.notifyRetry(ctx, a, reason)
 	return true, nil
@@ -223,8 +259,8 @@ func (a *attempt) giveUpJoin(reason, also error, resp *http.Response) *GiveUpErr
 	e := &GiveUpError{
 		Method:     a.req.Method,
 		URL:        a.req.URL.Redacted(),
-		Key:        a.info.key,
-		Attempts:   a.info.attempts,
+		Key:        a.key,
+		Attempts:   a.attempts,
 		LastStatus: a.lastStatus,
 		RetryAfter: a.retryAfter,
 		Reason:     reason,
@@ -239,21 +275,11 @@ func (a *attempt) giveUpJoin(reason, also error, resp *http.Response) *GiveUpErr
 	return e
 }
 
-// backoffDelay is the engine's Backoff: the delay checkRetry chose.
-func (a *attempt) backoffDelay(_, _ time.Duration, _ int, _ *http.Response) time.Duration {
-	return a.delay
-}
-
-// prepareRetry is the engine's PrepareRetry, run after a wait completed.
-func (a *attempt) prepareRetry(*http.Request) error {
-	a.waiting = false
-	return nil
-}
-
-// errorHandler is the engine's ErrorHandler: the engine stops here with the
-// error checkRetry returned (or the untouched transport error). It closes
-// the last response, so a response and an error never travel together.
-func (a *attempt) errorHandler(resp *http.Response, err error, _ int) (*http.Response, error) {
+// engineErrorHandler is the engine's ErrorHandler: the engine stops here
+// with the error checkRetry returned (or the untouched transport error).
+// It closes the last response, so a response and an error never travel
+// together.
+func engineErrorHandler(resp *http.Response, err error, _ int) (*http.Response, error) {
 	if resp != nil {
 		drain(resp.Body)
 	}
@@ -284,10 +310,10 @@ func (c *Client) notifyRetry(ctx context.Context, a *attempt, reason RetryReason
 	ev := RetryEvent{
 		Method:    a.req.Method,
 		URL:       a.req.URL.Redacted(),
-		Key:       a.info.key,
-		Operation: a.info.operation,
-		Attempt:   a.info.attempts + 1,
-		Delay:     a.delay,
+		Key:       a.key,
+		Operation: a.operation,
+		Attempt:   a.attempts + 1,
+		Delay:     a.engine.RetryWaitMin,
 		Reason:    reason,
 		Status:    a.lastStatus,
 		Err:       a.lastErr,

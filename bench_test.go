@@ -1,0 +1,68 @@
+package idemhttp
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/hashicorp/go-retryablehttp"
+)
+
+// BenchmarkDo sends the same 1 KiB JSON POST to one loopback server through
+// raw net/http, go-retryablehttp and idemhttp, each with its own transport
+// of identical settings, so the sub-benchmarks differ only in the client.
+func BenchmarkDo(b *testing.B) {
+	payload := bytes.Repeat([]byte(`{"k":"v"},`), 103)[:1024]
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"id":"ch_1","status":"succeeded"}`))
+	}))
+	defer srv.Close()
+	newHTTP := func() *http.Client {
+		return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	}
+	send := func(b *testing.B, do func(*http.Request) (*http.Response, error)) {
+		b.ReportAllocs()
+		for b.Loop() {
+			req, err := http.NewRequest(http.MethodPost, srv.URL, bytes.NewReader(payload))
+			if err != nil {
+				b.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := do(req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}
+
+	b.Run("raw", func(b *testing.B) {
+		hc := newHTTP()
+		defer hc.CloseIdleConnections()
+		send(b, hc.Do)
+	})
+	b.Run("retryablehttp", func(b *testing.B) {
+		hc := newHTTP()
+		defer hc.CloseIdleConnections()
+		rc := retryablehttp.NewClient()
+		rc.HTTPClient, rc.Logger = hc, nil
+		send(b, func(r *http.Request) (*http.Response, error) {
+			rr, err := retryablehttp.FromRequest(r)
+			if err != nil {
+				return nil, err
+			}
+			return rc.Do(rr)
+		})
+	})
+	b.Run("idemhttp", func(b *testing.B) {
+		hc := newHTTP()
+		defer hc.CloseIdleConnections()
+		c := &Client{HTTPClient: hc}
+		send(b, c.Do)
+	})
+}
