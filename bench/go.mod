@@ -1,0 +1,20 @@
+module github.com/idemkit/idemhttp/bench
+
+go 1.26
+
+require (
+	github.com/idemkit/idemhttp v0.0.0
+	github.com/stretchr/testify v1.12.1
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
+	github.com/hashicorp/go-retryablehttp v0.7.8 // indirect
+	github.com/stripe/stripe-go/v82 v82.5.1
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+)
+
+replace github.com/idemkit/idemhttp => ../
