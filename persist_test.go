@@ -1,0 +1,279 @@
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// recJournal is a memJournal that logs the order of journal writes
+// against server-side events, and can be made to fail.
+type recJournal struct {
+	*memJournal
+	mu        sync.Mutex
+	events    []string
+	failBegin error
+	failFin   error
+}
+
+func newRecJournal() *recJournal { return &recJournal{memJournal: newMemJournal(24 * time.Hour)} }
+
+func (r *recJournal) log(ev string) {
+	r.mu.Lock()
+	r.events = append(r.events, ev)
+	r.mu.Unlock()
+}
+
+func (r *recJournal) Events() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.events...)
+}
+
+func (r *recJournal) Begin(ctx context.Context, e *Entry) (*Entry, error) {
+	if r.failBegin != nil {
+		return nil, r.failBegin
+	}
+	old, err := r.memJournal.Begin(ctx, e)
+	r.log("begin")
+	return old, err
+}
+
+func (r *recJournal) Finish(ctx context.Context, key string, o Outcome) error {
+	if r.failFin != nil {
+		return r.failFin
+	}
+	r.log("finish:" + string(o.State))
+	return r.memJournal.Finish(ctx, key, o)
+}
+
+func TestJournalEntryIsWrittenBeforeTheFirstAttempt(t *testing.T) {
+	j := newRecJournal()
+	srv := newScripted(t, func(w http.ResponseWriter, r *http.Request) {
+		j.log("request")
+		w.WriteHeader(200)
+	})
+	c := &Client{Journal: j}
+	resp, err := c.Do(post(t, srv.URL, chargeBody))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, []string{"begin", "request", "finish:done"}, j.Events())
+
+	e, err := j.Get(context.Background(), srv.Hits()[0].Key)
+	require.NoError(t, err)
+	assert.Equal(t, StateDone, e.State)
+	assert.Equal(t, 1, e.Attempts)
+	assert.Equal(t, 200, e.LastStatus)
+	assert.Equal(t, chargeBody, string(e.Body))
+	assert.Equal(t, Fingerprint("POST", srv.URL, []byte(chargeBody)), e.Fingerprint)
+}
+
+func TestJournalStates(t *testing.T) {
+	tests := []struct {
+		name      string
+		giveSteps []step
+		wantState State
+		wantErr   error
+	}{
+		{"2xx is done", []step{reply(201, "")}, StateDone, nil},
+		{"404 is done", []step{reply(404, "")}, StateDone, nil},
+		{"replayed 500 is done", []step{reply(500, "", "Idempotent-Replayed", "true")}, StateDone, nil},
+		{"mismatch is done", []step{reply(422, "")}, StateDone, ErrKeyMismatch},
+		{"exhausted stays pending", []step{reply(503, "")}, StatePending, ErrExhausted},
+		{"409 forever stays pending", []step{reply(409, "")}, StatePending, ErrInProgress},
+		{"lost responses stay pending", []step{drop}, StatePending, ErrExhausted},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			j := newRecJournal()
+			srv := newScripted(t, tt.giveSteps...)
+			c := &Client{Journal: j, Policy: &Policy{MaxAttempts: 2, BaseDelay: time.Millisecond}}
+			resp, err := c.Do(post(t, srv.URL, chargeBody))
+			if tt.wantErr != nil {
+				assert.ErrorIs(t, err, tt.wantErr)
+			} else {
+				require.NoError(t, err)
+				resp.Body.Close()
+			}
+			e, err := j.Get(context.Background(), srv.Hits()[0].Key)
+			require.NoError(t, err)
+			assert.Equal(t, tt.wantState, e.State)
+			assert.Equal(t, len(srv.Hits()), e.Attempts)
+		})
+	}
+}
+
+func TestJournalNeverHoldsSecrets(t *testing.T) {
+	j := newRecJournal()
+	srv := newScripted(t, reply(200, ""))
+	c := &Client{Journal: j, SecretHeaders: []string{"X-Api-Key"}, PrepareRequest: func(r *http.Request) error {
+		r.Header.Set("X-Signature", "sig-from-hook")
+		return nil
+	}}
+	req := post(t, "http://user:pa55word@"+strings.TrimPrefix(srv.URL, "http://")+"/v1/charges", chargeBody)
+	req.Header.Set("Authorization", "Bearer sk_live_secret")
+	req.Header.Set("Cookie", "session=secret-cookie")
+	req.Header.Set("Proxy-Authorization", "Basic cHJveHk6c2VjcmV0")
+	req.Header.Set("X-Api-Key", "custom-secret")
+	req.Header.Set("X-Trace", "kept")
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+
+	h := srv.Hits()[0]
+	assert.Equal(t, "Bearer sk_live_secret", h.Header.Get("Authorization"), "the server still gets credentials")
+	assert.Equal(t, "sig-from-hook", h.Header.Get("X-Signature"))
+	e, err := j.Get(context.Background(), h.Key)
+	require.NoError(t, err)
+	assert.Equal(t, http.Header{"Content-Type": {"application/json"}, "X-Trace": {"kept"}}, e.Header)
+	assert.NotContains(t, e.URL, "pa55word")
+}
+
+func TestJournalBeginFailureSendsNothing(t *testing.T) {
+	j := newRecJournal()
+	j.failBegin = errors.New("disk full")
+	srv := newScripted(t, reply(200, ""))
+	c := &Client{Journal: j}
+	resp, err := c.Do(post(t, srv.URL, chargeBody))
+	assert.Nil(t, resp)
+	assert.ErrorContains(t, err, "disk full")
+	assert.Empty(t, srv.Hits())
+}
+
+func TestJournalFinishFailureIsLoggedNotReturned(t *testing.T) {
+	j := newRecJournal()
+	j.failFin = errors.New("disk full")
+	srv := newScripted(t, reply(200, ""))
+	var buf bytes.Buffer
+	c := &Client{Journal: j, Logger: slog.New(slog.NewTextHandler(&buf, nil))}
+	resp, err := c.Do(post(t, srv.URL, chargeBody))
+	require.NoError(t, err, "the charge went through; the caller must know")
+	resp.Body.Close()
+	assert.Contains(t, buf.String(), "journal finish failed")
+	e, err := j.Get(context.Background(), srv.Hits()[0].Key)
+	require.NoError(t, err)
+	assert.Equal(t, StatePending, e.State, "Resume will resolve it with the same key")
+}
+
+func TestOperationRerunReusesJournaledKey(t *testing.T) {
+	j := newRecJournal()
+	srv := newScripted(t, reply(503, ""), reply(200, "{}", "Idempotent-Replayed", "true"))
+	ctx := WithOperation(context.Background(), "batch-line-17")
+	first := &Client{Journal: j, Policy: &Policy{MaxAttempts: 1}}
+	_, err := first.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+	require.ErrorIs(t, err, ErrExhausted)
+
+	second := &Client{Journal: j} // a new process, same journal
+	resp, err := second.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+	require.NoError(t, err)
+	resp.Body.Close()
+	hits := srv.Hits()
+	assert.Equal(t, hits[0].Key, hits[1].Key)
+	e, err := j.Get(context.Background(), hits[0].Key)
+	require.NoError(t, err)
+	assert.Equal(t, 2, e.Attempts, "attempts add up across processes")
+	assert.Equal(t, StateDone, e.State)
+
+	_, err = second.Do(post(t, srv.URL, `{"amount":1}`).WithContext(ctx))
+	assert.ErrorIs(t, err, ErrKeyMismatch)
+	_, err = second.Do(post(t, srv.URL, chargeBody).WithContext(WithKey(ctx, "another-key")))
+	assert.ErrorIs(t, err, ErrKeyConflict)
+	assert.Len(t, srv.Hits(), 2)
+}
+
+func TestExpiredEntriesAreNotResent(t *testing.T) {
+	j := newRecJournal()
+	srv := newScripted(t, reply(200, ""))
+	old := time.Now().Add(-25 * time.Hour)
+	_, err := j.Begin(context.Background(), &Entry{
+		Operation: "stale-op", Key: "stale-key", Method: "POST", URL: srv.URL, Body: []byte(chargeBody),
+		Fingerprint: Fingerprint("POST", srv.URL, []byte(chargeBody)), Created: old, Updated: old, State: StatePending,
+	})
+	require.NoError(t, err)
+	c := &Client{Journal: j}
+
+	results, err := c.Resume(context.Background())
+	require.NoError(t, err)
+	require.Len(t, results, 1)
+	assert.ErrorIs(t, results[0].Err, ErrKeyExpired)
+	assert.Empty(t, srv.Hits(), "an expired key is never blindly resent")
+	e, err := j.Get(context.Background(), "stale-key")
+	require.NoError(t, err)
+	assert.Equal(t, StateAbandoned, e.State)
+
+	_, err = c.Do(post(t, srv.URL, chargeBody).WithContext(WithOperation(context.Background(), "stale-op")))
+	assert.ErrorIs(t, err, ErrKeyExpired)
+	assert.Empty(t, srv.Hits())
+}
+
+func TestResumeWithoutStoredBodyRefuses(t *testing.T) {
+	j := newRecJournal()
+	srv := newScripted(t, reply(200, ""))
+	now := time.Now()
+	_, err := j.Begin(context.Background(), &Entry{
+		Key: "k-nobody", Method: "POST", URL: srv.URL,
+		Fingerprint: Fingerprint("POST", srv.URL, []byte(chargeBody)), Created: now, Updated: now, State: StatePending,
+	})
+	require.NoError(t, err)
+	results, err := (&Client{Journal: j}).Resume(context.Background())
+	require.NoError(t, err)
+	require.Len(t, results, 1)
+	assert.ErrorIs(t, results[0].Err, ErrNotReplayable)
+	assert.Empty(t, srv.Hits())
+}
+
+func TestResumeTakesCredentialsFromTheLiveClient(t *testing.T) {
+	j := newRecJournal()
+	srv := newScripted(t, reply(503, ""), reply(200, "{}"))
+	req := post(t, srv.URL, chargeBody)
+	req.Header.Set("Authorization", "Bearer sk_old")
+	_, err := (&Client{Journal: j, Policy: &Policy{MaxAttempts: 1}}).Do(req)
+	require.ErrorIs(t, err, ErrExhausted)
+
+	live := &Client{Journal: j, PrepareRequest: func(r *http.Request) error {
+		r.Header.Set("Authorization", "Bearer sk_rotated")
+		return nil
+	}}
+	results, err := live.Resume(context.Background())
+	require.NoError(t, err)
+	require.Len(t, results, 1)
+	require.NoError(t, results[0].Err)
+	hits := srv.Hits()
+	require.Len(t, hits, 2)
+	assert.Equal(t, hits[0].Key, hits[1].Key)
+	assert.Equal(t, "Bearer sk_rotated", hits[1].Header.Get("Authorization"))
+	assert.Equal(t, "application/json", hits[1].Header.Get("Content-Type"), "safe headers come from the journal")
+}
+
+func TestMemJournalPrunesOnlyOldDoneEntries(t *testing.T) {
+	m := newMemJournal(time.Hour)
+	ctx := context.Background()
+	old := time.Now().Add(-2 * time.Hour)
+	for _, e := range []*Entry{
+		{Key: "done-old", Operation: "a", State: StateDone, Updated: old},
+		{Key: "pending-old", State: StatePending, Updated: old},
+		{Key: "abandoned-old", State: StateAbandoned, Updated: old},
+		{Key: "done-new", State: StateDone, Updated: time.Now()},
+	} {
+		_, err := m.Begin(ctx, e)
+		require.NoError(t, err)
+	}
+	n, err := m.Prune(ctx, time.Now().Add(-time.Hour))
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	_, err = m.Get(ctx, "done-old")
+	assert.ErrorIs(t, err, ErrNotFound)
+	assert.ErrorIs(t, m.Finish(ctx, "done-old", Outcome{}), ErrNotFound)
+	existing, err := m.Begin(ctx, &Entry{Key: "fresh", Operation: "a"})
+	require.NoError(t, err)
+	assert.Nil(t, existing, "the pruned operation is free again")
+}
