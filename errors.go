@@ -66,6 +66,22 @@ var (
 	ErrNotFound = errors.New("journal entry not found")
 )
 
+// Errors of the file journal.
+var (
+	// ErrJournalLocked: another FileJournal (in this process or another)
+	// has the journal file open. Two writers would each believe they own
+	// the pending keys, so the second open fails at once instead of waiting.
+	ErrJournalLocked = errors.New("journal file is locked: another journal has it open")
+
+	// ErrJournalCorrupt: the journal file or one of its entries is damaged
+	// (truncated, overwritten, a failed disk). Nothing was guessed: restore
+	// the file from a backup, or inspect and delete the damaged entries.
+	ErrJournalCorrupt = errors.New("journal file is corrupt")
+
+	// ErrJournalClosed: the FileJournal was closed.
+	ErrJournalClosed = errors.New("journal is closed")
+)
+
 // snippetLen bounds how much of a response body an error keeps.
 const snippetLen = 512
 

@@ -49,7 +49,7 @@ type Entry struct {
 // Outcome is what [Journal.Finish] records at the end of a call.
 type Outcome struct {
 	State    State     // the entry's new state
-	Status   int       // status of the last response, 0 if none
+	Status   int       // status of the last response, 0 if none; replaces Entry.LastStatus
 	Attempts int       // attempts this call made; added to Entry.Attempts
 	At       time.Time // when the call ended
 }
@@ -63,9 +63,9 @@ type Outcome struct {
 // every implementation must pass.
 type Journal interface {
 	// Begin records e as pending and makes it durable before returning,
-	// unless the journal already holds an entry with e.Key or, when
-	// e.Operation is not empty, with e.Operation. Then Begin writes nothing
-	// and returns that entry. The check and the write are one atomic step,
+	// unless the journal already holds an entry with e.Operation (when not
+	// empty) or, failing that, with e.Key. Then Begin writes nothing and
+	// returns that entry (the operation's, when both exist). The check and the write are one atomic step,
 	// so concurrent calls for one operation agree on a single key.
 	Begin(ctx context.Context, e *Entry) (existing *Entry, err error)
 
@@ -110,13 +110,13 @@ const memPruneEvery = 1024
 func (m *memJournal) Begin(_ context.Context, e *Entry) (*Entry, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if old, ok := m.byKey[e.Key]; ok {
-		return cloneEntry(old), nil
-	}
 	if e.Operation != "" {
 		if k, ok := m.byOp[e.Operation]; ok {
 			return cloneEntry(m.byKey[k]), nil
 		}
+	}
+	if old, ok := m.byKey[e.Key]; ok {
+		return cloneEntry(old), nil
 	}
 	m.inserts++
 	if m.inserts%memPruneEvery == 0 {

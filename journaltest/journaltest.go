@@ -1,0 +1,393 @@
+// Package journaltest is the conformance suite for implementations of
+// [idemhttp.Journal]: every journal, embedded or in a nested module
+// (PostgreSQL, Redis), must pass [Run] unchanged.
+//
+//	func TestConformance(t *testing.T) {
+//		journaltest.Run(t, func(t *testing.T) idemhttp.Journal {
+//			j, err := idemhttp.OpenFileJournal(filepath.Join(t.TempDir(), "journal"), nil)
+//			require.NoError(t, err)
+//			t.Cleanup(func() { _ = j.Close() })
+//			return j
+//		})
+//	}
+package journaltest
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idemhttp"
+)
+
+// Run runs the conformance suite against the journals open returns, one
+// subtest at a time. open must return a new, empty journal in its default
+// configuration (storing bodies) each time it is called, and release it
+// with t.Cleanup. Times in the suite are whole milliseconds in UTC, so an
+// implementation that stores microseconds passes; times read back are
+// compared with [time.Time.Equal].
+func Run(t *testing.T, open func(t *testing.T) idemhttp.Journal) {
+	t.Helper()
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, j idemhttp.Journal)
+	}{
+		{"BeginStoresEntry", testBeginStoresEntry},
+		{"BeginExistingKey", testBeginExistingKey},
+		{"BeginExistingOperation", testBeginExistingOperation},
+		{"BeginConcurrentOneWinner", testBeginConcurrentOneWinner},
+		{"BeginCancelled", testBeginCancelled},
+		{"BeginDoesNotModifyEntry", testBeginDoesNotModifyEntry},
+		{"FinishRecordsOutcome", testFinishRecordsOutcome},
+		{"FinishUnknownKey", testFinishUnknownKey},
+		{"GetUnknownKey", testGetUnknownKey},
+		{"GetReturnsCopy", testGetReturnsCopy},
+		{"PendingOldestFirst", testPendingOldestFirst},
+		{"Prune", testPrune},
+		{"HeadersRoundTrip", testHeadersRoundTrip},
+		{"SecretsNeverStored", testSecretsNeverStored},
+		{"EmptyBodyIsNotNoBody", testEmptyBodyIsNotNoBody},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.fn(t, open(t))
+		})
+	}
+}
+
+// base is the time every fixture is relative to.
+var base = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// at returns base plus n seconds.
+func at(n int) time.Time { return base.Add(time.Duration(n) * time.Second) }
+
+// entry returns a pending entry for key with every field set.
+func entry(key, operation string, created time.Time) *idemhttp.Entry {
+	return &idemhttp.Entry{
+		Operation:   operation,
+		Key:         key,
+		Method:      http.MethodPost,
+		URL:         "https://api.example.com/v1/charges",
+		Header:      http.Header{"Content-Type": {"application/json"}},
+		Body:        []byte(`{"amount":100,"key":"` + key + `"}`),
+		Fingerprint: "fp-" + key,
+		Created:     created,
+		Updated:     created,
+		State:       idemhttp.StatePending,
+	}
+}
+
+// assertEntry checks got field by field against want, comparing times
+// with Equal so that the location and monotonic reading do not matter.
+func assertEntry(t *testing.T, want, got *idemhttp.Entry) {
+	t.Helper()
+	require.NotNil(t, got)
+	assert.Equal(t, want.Operation, got.Operation, "Operation")
+	assert.Equal(t, want.Key, got.Key, "Key")
+	assert.Equal(t, want.Method, got.Method, "Method")
+	assert.Equal(t, want.URL, got.URL, "URL")
+	assert.Equal(t, want.Header, got.Header, "Header")
+	assert.Equal(t, want.Body, got.Body, "Body")
+	assert.Equal(t, want.Fingerprint, got.Fingerprint, "Fingerprint")
+	assert.True(t, want.Created.Equal(got.Created), "Created: want %v, got %v", want.Created, got.Created)
+	assert.True(t, want.Updated.Equal(got.Updated), "Updated: want %v, got %v", want.Updated, got.Updated)
+	assert.Equal(t, want.Attempts, got.Attempts, "Attempts")
+	assert.Equal(t, want.LastStatus, got.LastStatus, "LastStatus")
+	assert.Equal(t, want.State, got.State, "State")
+}
+
+// keys returns the keys of es, in order.
+func keys(es []*idemhttp.Entry) []string {
+	out := make([]string, 0, len(es))
+	for _, e := range es {
+		out = append(out, e.Key)
+	}
+	return out
+}
+
+func begin(t *testing.T, j idemhttp.Journal, e *idemhttp.Entry) {
+	t.Helper()
+	existing, err := j.Begin(context.Background(), e)
+	require.NoError(t, err)
+	require.Nil(t, existing, "Begin of a new key returned an existing entry")
+}
+
+func testBeginStoresEntry(t *testing.T, j idemhttp.Journal) {
+	ctx := context.Background()
+	e := entry("k1", "op-1", at(0))
+	begin(t, j, e)
+
+	got, err := j.Get(ctx, "k1")
+	require.NoError(t, err)
+	assertEntry(t, e, got)
+
+	pending, err := j.Pending(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"k1"}, keys(pending))
+}
+
+func testBeginExistingKey(t *testing.T, j idemhttp.Journal) {
+	ctx := context.Background()
+	first := entry("k1", "", at(0))
+	begin(t, j, first)
+
+	again := entry("k1", "", at(5))
+	again.Body = []byte("different")
+	existing, err := j.Begin(ctx, again)
+	require.NoError(t, err)
+	assertEntry(t, first, existing)
+
+	got, err := j.Get(ctx, "k1")
+	require.NoError(t, err)
+	assertEntry(t, first, got)
+}
+
+func testBeginExistingOperation(t *testing.T, j idemhttp.Journal) {
+	ctx := context.Background()
+	first := entry("k1", "order-42", at(0))
+	begin(t, j, first)
+
+	existing, err := j.Begin(ctx, entry("k2", "order-42", at(5)))
+	require.NoError(t, err)
+	assertEntry(t, first, existing)
+
+	_, err = j.Get(ctx, "k2")
+	assert.ErrorIs(t, err, idemhttp.ErrNotFound, "the losing key must not be stored")
+}
+
+func testBeginConcurrentOneWinner(t *testing.T, j idemhttp.Journal) {
+	const n = 50
+	ctx := context.Background()
+	var (
+		wg       sync.WaitGroup
+		start    = make(chan struct{})
+		existing = make([]*idemhttp.Entry, n)
+		errs     = make([]error, n)
+	)
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			existing[i], errs[i] = j.Begin(ctx, entry(fmt.Sprintf("key-%02d", i), "contended", at(i)))
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	var winners []string
+	for i := range n {
+		require.NoError(t, errs[i], "Begin %d", i)
+		if existing[i] == nil {
+			winners = append(winners, fmt.Sprintf("key-%02d", i))
+		}
+	}
+	require.Len(t, winners, 1, "exactly one Begin must store its key")
+	for i := range n {
+		if existing[i] != nil {
+			assert.Equal(t, winners[0], existing[i].Key, "Begin %d saw another key", i)
+		}
+	}
+	pending, err := j.Pending(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, winners, keys(pending))
+}
+
+func testBeginCancelled(t *testing.T, j idemhttp.Journal) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := j.Begin(ctx, entry("k1", "", at(0)))
+	assert.ErrorIs(t, err, context.Canceled)
+
+	_, err = j.Get(context.Background(), "k1")
+	assert.ErrorIs(t, err, idemhttp.ErrNotFound)
+}
+
+func testBeginDoesNotModifyEntry(t *testing.T, j idemhttp.Journal) {
+	e := entry("k1", "", at(0))
+	e.Header.Set("Authorization", "Bearer sk_live_secret")
+	want := *e
+	want.Header = e.Header.Clone()
+	want.Body = append([]byte(nil), e.Body...)
+
+	begin(t, j, e)
+	assert.Equal(t, &want, e)
+}
+
+func testFinishRecordsOutcome(t *testing.T, j idemhttp.Journal) {
+	ctx := context.Background()
+	e := entry("k1", "", at(0))
+	begin(t, j, e)
+
+	require.NoError(t, j.Finish(ctx, "k1", idemhttp.Outcome{State: idemhttp.StatePending, Status: 503, Attempts: 2, At: at(10)}))
+	require.NoError(t, j.Finish(ctx, "k1", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 3, At: at(20)}))
+
+	want := *e
+	want.Attempts, want.LastStatus, want.State, want.Updated = 5, 201, idemhttp.StateDone, at(20)
+	got, err := j.Get(ctx, "k1")
+	require.NoError(t, err)
+	assertEntry(t, &want, got)
+
+	pending, err := j.Pending(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, pending)
+}
+
+func testFinishUnknownKey(t *testing.T, j idemhttp.Journal) {
+	err := j.Finish(context.Background(), "nope", idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1, At: at(0)})
+	assert.ErrorIs(t, err, idemhttp.ErrNotFound)
+}
+
+func testGetUnknownKey(t *testing.T, j idemhttp.Journal) {
+	_, err := j.Get(context.Background(), "nope")
+	assert.ErrorIs(t, err, idemhttp.ErrNotFound)
+}
+
+func testGetReturnsCopy(t *testing.T, j idemhttp.Journal) {
+	ctx := context.Background()
+	e := entry("k1", "", at(0))
+	begin(t, j, e)
+
+	got, err := j.Get(ctx, "k1")
+	require.NoError(t, err)
+	got.Body[0] = 'X'
+	got.Header.Set("Content-Type", "text/plain")
+	got.State = idemhttp.StateDone
+
+	again, err := j.Get(ctx, "k1")
+	require.NoError(t, err)
+	assertEntry(t, e, again)
+}
+
+func testPendingOldestFirst(t *testing.T, j idemhttp.Journal) {
+	ctx := context.Background()
+	tests := []struct {
+		give *idemhttp.Entry
+		end  idemhttp.State // "" leaves the entry as Begin stored it
+	}{
+		{give: entry("c", "", at(30))},
+		{give: entry("a", "", at(10))},
+		{give: entry("done", "", at(5)), end: idemhttp.StateDone},
+		{give: entry("abandoned", "", at(6)), end: idemhttp.StateAbandoned},
+		{give: entry("b", "", at(20))},
+		{give: entry("retried", "", at(15)), end: idemhttp.StatePending},
+	}
+	for _, tt := range tests {
+		begin(t, j, tt.give)
+		if tt.end != "" {
+			require.NoError(t, j.Finish(ctx, tt.give.Key, idemhttp.Outcome{State: tt.end, Attempts: 1, At: at(100)}))
+		}
+	}
+
+	pending, err := j.Pending(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"a", "retried", "b", "c"}, keys(pending))
+}
+
+func testPrune(t *testing.T, j idemhttp.Journal) {
+	ctx := context.Background()
+	cutoff := at(100)
+	tests := []struct {
+		give     string
+		state    idemhttp.State // "" leaves the entry pending
+		updated  time.Time
+		wantKept bool
+	}{
+		{give: "done-old", state: idemhttp.StateDone, updated: at(50), wantKept: false},
+		{give: "done-just-before", state: idemhttp.StateDone, updated: at(99), wantKept: false},
+		{give: "done-at-cutoff", state: idemhttp.StateDone, updated: cutoff, wantKept: true},
+		{give: "done-new", state: idemhttp.StateDone, updated: at(150), wantKept: true},
+		{give: "pending-old", updated: at(1), wantKept: true},
+		{give: "pending-retried-old", state: idemhttp.StatePending, updated: at(50), wantKept: true},
+		{give: "abandoned-old", state: idemhttp.StateAbandoned, updated: at(50), wantKept: true},
+	}
+	for _, tt := range tests {
+		begin(t, j, entry(tt.give, "op-"+tt.give, at(1)))
+		if tt.state != "" {
+			require.NoError(t, j.Finish(ctx, tt.give, idemhttp.Outcome{State: tt.state, Status: 200, Attempts: 1, At: tt.updated}))
+		}
+	}
+
+	n, err := j.Prune(ctx, cutoff)
+	require.NoError(t, err)
+	assert.Equal(t, 2, n)
+	for _, tt := range tests {
+		_, err := j.Get(ctx, tt.give)
+		if tt.wantKept {
+			assert.NoError(t, err, tt.give)
+		} else {
+			assert.ErrorIs(t, err, idemhttp.ErrNotFound, tt.give)
+		}
+	}
+
+	// A pruned operation is forgotten: beginning it again stores the new key.
+	existing, err := j.Begin(ctx, entry("k-new", "op-done-old", at(200)))
+	require.NoError(t, err)
+	assert.Nil(t, existing)
+
+	n, err = j.Prune(ctx, cutoff)
+	require.NoError(t, err)
+	assert.Zero(t, n, "a second prune finds nothing")
+}
+
+func testHeadersRoundTrip(t *testing.T, j idemhttp.Journal) {
+	e := entry("k1", "", at(0))
+	e.Header = http.Header{
+		"Content-Type":    {"application/json"},
+		"Idempotency-Key": {"k1"},
+		"X-Multi":         {"one", "two", "three"},
+		"X-Empty-Value":   {""},
+		"Stripe-Version":  {"2024-06-20"},
+	}
+	begin(t, j, e)
+
+	got, err := j.Get(context.Background(), "k1")
+	require.NoError(t, err)
+	assert.Equal(t, e.Header, got.Header)
+}
+
+func testSecretsNeverStored(t *testing.T, j idemhttp.Journal) {
+	ctx := context.Background()
+	e := entry("k1", "op-1", at(0))
+	e.Header = http.Header{
+		"Authorization":       {"Bearer sk_live_secret"},
+		"Cookie":              {"s=secret"},
+		"Proxy-Authorization": {"Basic c2VjcmV0"},
+		"authorization":       {"Bearer non-canonical"},
+		"Content-Type":        {"application/json"},
+	}
+	begin(t, j, e)
+
+	got, err := j.Get(ctx, "k1")
+	require.NoError(t, err)
+	assert.Equal(t, http.Header{"Content-Type": {"application/json"}}, got.Header)
+
+	existing, err := j.Begin(ctx, entry("k2", "op-1", at(1)))
+	require.NoError(t, err)
+	require.NotNil(t, existing)
+	assert.Equal(t, http.Header{"Content-Type": {"application/json"}}, existing.Header)
+}
+
+func testEmptyBodyIsNotNoBody(t *testing.T, j idemhttp.Journal) {
+	ctx := context.Background()
+	tests := []struct {
+		give []byte
+		want []byte
+	}{
+		{give: nil, want: nil},
+		{give: []byte{}, want: []byte{}},
+		{give: []byte{0, 1, 2, 0xff}, want: []byte{0, 1, 2, 0xff}},
+	}
+	for i, tt := range tests {
+		e := entry(fmt.Sprintf("k%d", i), "", at(i))
+		e.Body = tt.give
+		begin(t, j, e)
+		got, err := j.Get(ctx, e.Key)
+		require.NoError(t, err)
+		assert.Equal(t, tt.want, got.Body, "body %d", i)
+	}
+}
