@@ -159,6 +159,10 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	c.init()
 	p := &c.pol
 	ctx := req.Context()
+	if err := ctx.Err(); err != nil {
+		closeBody(req)
+		return nil, err // nothing sent, nothing journaled
+	}
 
 	key, err := c.callerKey(ctx, req)
 	if err != nil {

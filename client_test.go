@@ -803,3 +803,16 @@ func TestConcurrentCallsGetDistinctKeys(t *testing.T) {
 	}
 	assert.Len(t, seen, 50)
 }
+
+func TestDoneContextSendsNothing(t *testing.T) {
+	srv := newScripted(t, reply(200, ""))
+	j := newRecJournal()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	c := &Client{Journal: j}
+	resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+	assert.Nil(t, resp)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.Empty(t, srv.Hits())
+	assert.Empty(t, j.Events(), "nothing journaled")
+}
