@@ -1,0 +1,121 @@
+package idemserver
+
+import (
+	"bufio"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+)
+
+// recorder passes a handler's response through to the client while writing
+// the record a replay needs: the head (status and header, encoded when the
+// header is sent) followed by the body as it is written, up to a limit.
+// Passing through, rather than buffering and sending at the end, keeps the
+// handler's streaming and flushing behaviour intact; encoding at once,
+// rather than cloning the header, saves the copy a store would make anyway.
+type recorder struct {
+	rw          http.ResponseWriter
+	record      []byte // head, then body; nil once the body overflows
+	bodyStart   int    // where the body starts in record
+	limit       int    // most body bytes kept
+	status      int    // final status, 0 until the header is sent
+	overflow    bool   // the body exceeded limit: not storable
+	hijacked    bool   // the handler took the connection: not storable
+	wroteHeader bool
+}
+
+var (
+	_ http.ResponseWriter = (*recorder)(nil)
+	_ http.Flusher        = (*recorder)(nil)
+	_ http.Hijacker       = (*recorder)(nil)
+)
+
+func (c *recorder) Header() http.Header { return c.rw.Header() }
+
+func (c *recorder) WriteHeader(code int) {
+	if c.wroteHeader {
+		c.rw.WriteHeader(code) // let net/http report the superfluous call
+		return
+	}
+	// 1xx informational responses (103 Early Hints) precede the final one;
+	// 101 Switching Protocols ends HTTP on the connection, like a hijack.
+	if code >= 100 && code <= 199 {
+		c.hijacked = c.hijacked || code == http.StatusSwitchingProtocols
+		c.rw.WriteHeader(code)
+		return
+	}
+	c.snapshot(code)
+	c.rw.WriteHeader(code)
+}
+
+// snapshot records the final status and the header as net/http sends it
+// (later changes to the header map are not sent, so not recorded either).
+func (c *recorder) snapshot(code int) {
+	c.wroteHeader = true
+	c.status = code
+	if code < 100 || code > 999 {
+		return // net/http panics on it; the panic releases the key
+	}
+	h := c.rw.Header()
+	hint := 0 // unknown: let append size it, and takeRecord trim it
+	if n, err := strconv.Atoi(h.Get("Content-Length")); err == nil && n >= 0 {
+		hint = n
+	}
+	c.record = encodeHead(code, h, min(hint, c.limit), true)
+	c.bodyStart = len(c.record)
+}
+
+func (c *recorder) Write(p []byte) (int, error) {
+	if !c.wroteHeader {
+		c.WriteHeader(http.StatusOK)
+	}
+	if !c.overflow {
+		if len(c.record)-c.bodyStart+len(p) > c.limit {
+			c.overflow = true
+			c.record = nil
+		} else {
+			c.record = append(c.record, p...)
+		}
+	}
+	return c.rw.Write(p)
+}
+
+// finish completes the record once the handler has returned: a handler that
+// wrote nothing sends 200 with the header it set, as net/http does.
+func (c *recorder) finish() {
+	if !c.wroteHeader {
+		c.snapshot(http.StatusOK)
+	}
+}
+
+// storable reports whether the response was captured whole.
+func (c *recorder) storable() bool { return !c.overflow && !c.hijacked && c.record != nil }
+
+// takeRecord returns the finished record for a store to keep, trimmed of
+// growth slack worth copying to be rid of: it may be kept for a day.
+func (c *recorder) takeRecord() []byte {
+	if cap(c.record)-len(c.record) > len(c.record)/4 {
+		return slices.Clone(c.record)
+	}
+	return c.record
+}
+
+// Flush sends what the handler wrote so far, when the connection supports it.
+func (c *recorder) Flush() {
+	if !c.wroteHeader {
+		c.WriteHeader(http.StatusOK)
+	}
+	_ = http.NewResponseController(c.rw).Flush() // http.Flusher has no error to report
+}
+
+// Hijack hands the connection to the handler. What it sends then bypasses
+// the recorder, so the response cannot be stored and the key is released.
+func (c *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c.hijacked = true
+	return http.NewResponseController(c.rw).Hijack()
+}
+
+// Unwrap lets [http.ResponseController] reach the connection's other
+// controls (deadlines, full duplex).
+func (c *recorder) Unwrap() http.ResponseWriter { return c.rw }

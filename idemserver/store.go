@@ -1,0 +1,119 @@
+package idemserver
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrClaimLost is returned by [Store.Complete] and [Store.Release] when the
+// token no longer holds an in-progress claim on the key: the claim's lock
+// timed out (and perhaps a newer request claimed the key), or the claim was
+// already completed or released. A stale request can therefore never
+// overwrite or free a newer request's claim.
+var ErrClaimLost = errors.New("idemserver: claim lost")
+
+// ClaimState says what [Store.Claim] found under a key.
+type ClaimState int
+
+// The outcomes of [Store.Claim].
+const (
+	// Claimed: no live record held the key (none, an expired one, or an
+	// in-progress one whose lock timed out), so the store recorded a new
+	// in-progress claim owned by the caller's token. The caller runs the
+	// request, then calls Complete or Release with that token.
+	Claimed ClaimState = iota + 1
+	// InProgress: another claim holds the key and its lock has not timed out.
+	InProgress
+	// Completed: a response is stored under the key.
+	Completed
+)
+
+// String returns the state's name.
+func (s ClaimState) String() string {
+	switch s {
+	case Claimed:
+		return "claimed"
+	case InProgress:
+		return "in progress"
+	case Completed:
+		return "completed"
+	}
+	return "unknown"
+}
+
+// Claim describes the caller's claim on a key, for [Store.Claim].
+type Claim struct {
+	// Token identifies this claim. It must be unique per request; the
+	// store compares it in Complete and Release.
+	Token string
+	// Fingerprint identifies the request (method, path, query, body hash).
+	// The store keeps it with the record and returns it to later claimers,
+	// which compare it with their own.
+	Fingerprint string
+	// LockTimeout is how long the claim holds the key without Complete or
+	// Release; it must be positive. After that the claim counts as
+	// abandoned (a crashed server) and the next Claim takes the key over.
+	LockTimeout time.Duration
+}
+
+// ClaimResult is what [Store.Claim] found.
+type ClaimResult struct {
+	// State is Claimed, InProgress or Completed.
+	State ClaimState
+	// Fingerprint is the fingerprint of the request that first claimed the
+	// key; empty when State is Claimed.
+	Fingerprint string
+	// Record is the stored response when State is Completed, as it was
+	// given to Complete; nil otherwise. It may share memory with the
+	// store: the caller must not modify it.
+	Record []byte
+}
+
+// Store keeps idempotency records: one per key, either an in-progress claim
+// or a completed response. It is shared by every server instance that
+// handles the same keys, and must be safe for concurrent use. [MemoryStore]
+// is the in-process implementation; package storetest holds the
+// conformance suite every implementation must pass.
+//
+// A completed response is an opaque, non-empty byte string to the store
+// (the record format of [Response.MarshalBinary], which the middleware
+// writes and reads), so a store is a key-value store with claim semantics
+// and never parses HTTP.
+//
+// Keys are opaque strings of any bytes (the middleware combines the
+// principal's scope with the idempotency key); a store that cannot hold some
+// bytes must encode keys, for instance in hex. Durations are relative, so a
+// store may measure them with its own clock: Redis with PX, PostgreSQL with
+// now(). A sketch of both:
+//
+//   - Redis: Claim is SET key claim NX PX lockTimeout, then GET if the key
+//     exists (or one Lua script doing both); Complete and Release are Lua
+//     scripts that compare the stored token before SET ... PX ttl or DEL.
+//   - PostgreSQL: Claim is INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE
+//     the existing row has expired (its lock or its TTL) RETURNING, then a
+//     SELECT when nothing was returned; Complete is UPDATE ... WHERE key and
+//     token match and the lock is live; Release is DELETE ... WHERE the same.
+//
+// Read from the primary only: a replica that lags lets two requests claim
+// the same key.
+type Store interface {
+	// Claim atomically looks up key. If no live record holds it, Claim
+	// records an in-progress claim from c, locked for c.LockTimeout, and
+	// returns State Claimed. Otherwise it changes nothing and returns
+	// InProgress or Completed with the existing record's fingerprint. An
+	// error means nothing is known: the caller must not run the request.
+	Claim(ctx context.Context, key string, c Claim) (ClaimResult, error)
+
+	// Complete stores record under key, replacing the in-progress claim
+	// held by token, and keeps it for ttl (positive) from now. It returns
+	// ErrClaimLost if token no longer holds a live claim on key. The store
+	// may keep record itself: the caller must not modify it afterwards.
+	Complete(ctx context.Context, key, token string, record []byte, ttl time.Duration) error
+
+	// Release deletes the in-progress claim on key held by token, so that
+	// the next request with the key runs again. It returns ErrClaimLost if
+	// token no longer holds a live claim on key; a completed record is
+	// never released.
+	Release(ctx context.Context, key, token string) error
+}
