@@ -110,13 +110,19 @@ var (
 type Info struct {
 	Key       string // idempotency key sent, "" if none
 	Operation string // operation id from WithOperation, "" if none
-	Attempts  int    // attempts made, the first included
-	Replayed  bool   // the server replayed a stored response
+	Attempts  int    // attempts made, the first included; see below
+
+	Replayed bool // the server replayed a stored response
 }
 
 // ResponseInfo reports the key, operation, attempt count and replay flag of
 // a response returned by [Client.Do] (or by a [Client.StandardClient]). ok
 // is false for a response that did not come through a Client.
+//
+// Attempts counts the attempts idemhttp made. Within one attempt,
+// net/http's Transport may itself resend a request that carries an
+// Idempotency-Key header once, when a reused pooled connection turns out
+// to be dead; that resend is safe (same key, same body) and not counted.
 func ResponseInfo(resp *http.Response) (info Info, ok bool) {
 	if resp == nil || resp.Request == nil {
 		return Info{}, false
