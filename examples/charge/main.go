@@ -54,7 +54,7 @@ func run(w io.Writer, n int, seed uint64) error {
 		HTTPClient: &http.Client{Timeout: 300 * time.Millisecond}, // per attempt
 		Policy: &idemhttp.Policy{
 			HonorShouldRetry: true,
-			MaxAttempts:      6,
+			MaxAttempts:      8, // MaxPerOperation 2 faults spoil at most 6 requests (two 409 bursts)
 			BaseDelay:        20 * time.Millisecond,
 			MaxDelay:         200 * time.Millisecond,
 		},
