@@ -1,0 +1,323 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idemhttp"
+)
+
+const batchSynopsis = `Usage: idemctl batch -url URL -in FILE -journal FILE [-concurrency N] [-key-secret-env VAR]
+                     [-header 'Name: value' ...] [-header-env 'Name=VAR' ...] [flags]
+
+Sends one request per input line through idemhttp: each operation gets an
+idempotency key before its first attempt, journaled durably, and keeps it
+across retries and reruns. Running the same command again after a crash,
+Ctrl-C or failures resends the pending operations with their keys and skips
+the done ones, so no operation runs twice.
+
+` + inputFormat + `
+Output: one JSON line per operation on stdout:
+  {"id":"charge-0001","line":1,"key":"...","result":"ok","source":"run","status":200,"attempts":1,"state":"done","response":{...}}
+  result: ok (2xx), failed (a definite failure), pending (outcome unknown: rerun to resend with the same key)
+  source: run (sent from the input), resume (pending from an earlier run), journal (done earlier: skipped)
+Progress and a summary go to stderr.
+
+Headers given with -header or -header-env are credentials: added to each
+request at send time, never written to the journal or printed. URLs are
+journaled: keep credentials out of -url and of paths' queries.
+
+SIGINT or SIGTERM: no new operation starts; those in flight finish (up to
+-grace) and are recorded; exit 130. A second Ctrl-C quits at once; the
+journal still holds every key.
+
+Exit codes: 0 all ok; 1 some failed or pending; 2 usage; 3 journal error;
+4 input error (malformed lines are listed on stderr, the others still run);
+5 server never reached; 130 interrupted.
+`
+
+// batchOptions are the batch command's settings.
+type batchOptions struct {
+	base        *url.URL
+	in          string
+	journal     string
+	concurrency int
+	keySecret   []byte // nil: keys minted and journaled
+	creds       credentialFlags
+	timeout     time.Duration
+	attempts    int
+	grace       time.Duration
+	progress    string
+}
+
+func batchCommand(ctx context.Context, args []string, e env) error {
+	o := &batchOptions{creds: credentialFlags{getenv: e.getenv}}
+	fs := newFlagSet("batch", batchSynopsis, e.stderr)
+	rawURL := fs.String("url", "", "`URL` of the requests; an input line's path is resolved against it")
+	fs.StringVar(&o.in, "in", "", "input `FILE` (JSON Lines); - reads stdin")
+	fs.StringVar(&o.journal, "journal", "", "journal `FILE`, created if missing: keys and outcomes across runs")
+	fs.IntVar(&o.concurrency, "concurrency", 8, "operations in flight at once")
+	secretEnv := fs.String("key-secret-env", "", "derive each key from the operation id with HMAC-SHA256 keyed by environment variable `VAR`\n(at least 16 bytes), so reruns send the same keys even without the journal;\nwithout it, keys are random and kept in the journal")
+	o.creds.register(fs)
+	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "timeout of one attempt")
+	fs.IntVar(&o.attempts, "attempts", 0, "attempts per operation, the first included; 0 means idemhttp's default (4)")
+	fs.DurationVar(&o.grace, "grace", 10*time.Second, "after SIGINT or SIGTERM, how long operations in flight may take to finish")
+	fs.StringVar(&o.progress, "progress", "auto", "progress on stderr: auto (a bar on a terminal, else lines), bar, lines or none")
+	rest, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := o.validate(rest, *rawURL, *secretEnv, e.getenv); err != nil {
+		return err
+	}
+	return runBatch(ctx, o, e)
+}
+
+// validate checks the flags and fills in the parsed values.
+func (o *batchOptions) validate(rest []string, rawURL, secretEnv string, getenv func(string) string) error {
+	if len(rest) > 0 {
+		return fail(exitUsage, "unexpected argument %q (flags only; see -h)", rest[0])
+	}
+	base, err := parseBaseURL(rawURL)
+	if err != nil {
+		return fail(exitUsage, "%v", err)
+	}
+	o.base = base
+	switch {
+	case o.in == "":
+		return fail(exitUsage, "-in is required")
+	case o.journal == "":
+		return fail(exitUsage, "-journal is required")
+	case o.concurrency < 1:
+		return fail(exitUsage, "-concurrency must be at least 1")
+	case o.timeout <= 0:
+		return fail(exitUsage, "-timeout must be positive")
+	case o.attempts < 0:
+		return fail(exitUsage, "-attempts must not be negative")
+	case o.grace < 0:
+		return fail(exitUsage, "-grace must not be negative")
+	case o.progress != "auto" && o.progress != "bar" && o.progress != "lines" && o.progress != "none":
+		return fail(exitUsage, "-progress must be auto, bar, lines or none")
+	}
+	if err := o.creds.check(); err != nil {
+		return err
+	}
+	if secretEnv != "" {
+		v := getenv(secretEnv)
+		if v == "" {
+			return fail(exitUsage, "-key-secret-env: environment variable %s is empty or unset", secretEnv)
+		}
+		// DeriveKey refuses short secrets; find out now, not per line.
+		if _, err := idemhttp.DeriveKey([]byte(v), "check"); err != nil {
+			return fail(exitUsage, "-key-secret-env: the secret in %s is too short: at least 16 bytes are needed", secretEnv)
+		}
+		o.keySecret = []byte(v)
+	}
+	return nil
+}
+
+// runBatch runs the batch: resume what an earlier run left pending, skip
+// what it finished, send the rest with o.concurrency workers.
+func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
+	ops, bad, err := loadInput(o.in, o.base, e.stdin)
+	if err != nil {
+		return err
+	}
+	for _, b := range bad {
+		fmt.Fprintf(e.stderr, "idemctl batch: %s:%d: %v\n", o.in, b.Line, b.Err)
+	}
+	inputErrs := len(bad)
+
+	fj, err := openJournal(o.journal, false, o.creds.names())
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := fj.Close(); cerr != nil && err == nil {
+			err = fail(exitJournal, "close journal: %v", cerr)
+		}
+	}()
+
+	pending, err := fj.Pending(context.Background())
+	if err != nil {
+		return describeJournalErr(o.journal, err)
+	}
+	byID := make(map[string]operation, len(ops))
+	for _, op := range ops {
+		byID[op.ID] = op
+	}
+	// Client.Resume resends pending entries one at a time. Those of this
+	// input's operations go with the input instead, concurrently: Do finds
+	// the pending entry by operation id and resends it with its key, as
+	// Resume would. Resume keeps the rest (other inputs' entries, changed
+	// lines, entries past the key retention, which it marks abandoned).
+	// The total counts every operation either path reports.
+	withInput := make(map[string]bool)
+	total := len(ops)
+	for _, p := range pending {
+		if op, ok := byID[p.Operation]; ok && o.resendable(op, p) {
+			withInput[p.Key] = true
+			continue
+		}
+		if _, ok := byID[p.Operation]; !ok {
+			total++
+		}
+	}
+
+	r := newRunner(runnerConfig{
+		name: "batch", path: o.journal, fj: fj, concurrency: o.concurrency, timeout: o.timeout,
+		attempts: o.attempts, creds: &o.creds, progress: o.progress, total: total, env: e,
+	})
+	defer r.close()
+	for _, op := range ops {
+		r.lines[op.ID] = op.Line
+	}
+	r.gate.hide = func(e *idemhttp.Entry) bool { return withInput[e.Key] }
+	opCtx, stop := r.watch(ctx, o.grace)
+	defer stop()
+
+	resumed, err := r.resume(opCtx)
+	if err != nil {
+		return err
+	}
+
+	// What the journal says after resuming decides what to send.
+	entries, err := fj.Entries(context.Background())
+	if err != nil {
+		return describeJournalErr(o.journal, err)
+	}
+	byOp := make(map[string]*idemhttp.Entry, len(entries))
+	for _, en := range entries {
+		if en.Operation != "" {
+			byOp[en.Operation] = en
+		}
+	}
+	var todo []operation
+	for _, op := range ops {
+		en := byOp[op.ID]
+		if en != nil && en.Fingerprint != fingerprint(op) {
+			// The journal's request stands: it may have run. A changed
+			// request is a new operation and needs a new id.
+			inputErrs++
+			r.prog.printf("idemctl batch: %s:%d: operation %q differs (method, URL or body) from the request journaled under key %s; the journaled one stands: give a new operation a new id\n",
+				o.in, op.Line, op.ID, en.Key)
+		}
+		switch {
+		case resumed[op.ID]:
+			// Reported by resume.
+		case en == nil:
+			todo = append(todo, op)
+		case en.State == idemhttp.StatePending:
+			// Left pending by an earlier run: resent with its key. (Or
+			// one Resume did not reach because a signal came: sendAll
+			// starts nothing then.)
+			op.resume = true
+			todo = append(todo, op)
+		default:
+			r.report(skippedResult(op, en))
+		}
+	}
+
+	r.sendAll(ctx, opCtx, todo, o)
+	stop()
+	return r.summary(ctx, total, inputErrs)
+}
+
+// keyRetention is how long the server keeps keys: idemhttp's default
+// Policy.Retention, which the batch's client uses.
+const keyRetention = 24 * time.Hour
+
+// resendable reports whether the pending entry p of op can be resent by
+// sending op: it is the same request under the key op would use, and
+// young enough that the server still knows the key.
+func (o *batchOptions) resendable(op operation, p *idemhttp.Entry) bool {
+	if p.Fingerprint != fingerprint(op) || time.Since(p.Created) >= keyRetention {
+		return false
+	}
+	if o.keySecret != nil {
+		if key, err := idemhttp.DeriveKey(o.keySecret, op.ID); err != nil || key != p.Key {
+			return false
+		}
+	}
+	return true
+}
+
+// sendAll sends ops with o.concurrency workers, starting none once ctx
+// (the signal) is done.
+func (r *runner) sendAll(ctx, opCtx context.Context, ops []operation, o *batchOptions) {
+	work := make(chan operation)
+	var wg sync.WaitGroup
+	for range min(o.concurrency, len(ops)) {
+		wg.Go(func() {
+			for op := range work {
+				r.do(opCtx, op, o.keySecret)
+			}
+		})
+	}
+feed:
+	for _, op := range ops {
+		if ctx.Err() != nil || r.gate.stopping.Load() {
+			break
+		}
+		select {
+		case work <- op:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(work)
+	wg.Wait()
+}
+
+// skippedResult reports an operation that an earlier run finished.
+func skippedResult(op operation, en *idemhttp.Entry) *result {
+	res := &result{
+		ID:       op.ID,
+		Line:     op.Line,
+		Key:      en.Key,
+		Source:   sourceJournal,
+		Status:   en.LastStatus,
+		Skipped:  true,
+		Attempts: en.Attempts,
+		State:    en.State,
+	}
+	if en.State == idemhttp.StateAbandoned {
+		res.Error = "abandoned: it stayed pending longer than the server keeps keys, so it was not resent; check with the server whether it ran"
+	}
+	res.classify()
+	return res
+}
+
+// fingerprint is the fingerprint the client journals for op, to tell
+// whether the input still describes the journaled request.
+func fingerprint(op operation) string {
+	u, err := url.Parse(op.URL)
+	if err != nil {
+		return ""
+	}
+	u.User = nil // the client fingerprints the URL without credentials
+	return idemhttp.Fingerprint(op.Method, u.String(), op.Body)
+}
+
+// loadInput reads the input file ("-": stdin).
+func loadInput(path string, base *url.URL, stdin io.Reader) ([]operation, []lineError, error) {
+	var in io.Reader = stdin
+	if path != "-" {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, nil, fail(exitInput, "input: %v", err)
+		}
+		defer f.Close()
+		in = f
+	}
+	ops, bad, err := readInput(in, base)
+	if err != nil {
+		return nil, nil, fail(exitInput, "read input %s: %v", path, err)
+	}
+	return ops, bad, nil
+}

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"errors"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idemhttp"
+)
+
+// openJournal opens the journal at path and turns the library's errors into
+// messages an operator can act on, with exit code 3. With mustExist, a
+// missing file is an error instead of a new, empty journal: a typo in
+// -journal must not read as "nothing pending". secret names headers the
+// journal must never store, on top of the standard credentials.
+func openJournal(path string, mustExist bool, secret []string) (*idemhttp.FileJournal, error) {
+	if path == "" {
+		return nil, fail(exitUsage, "-journal is required")
+	}
+	if mustExist {
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return nil, fail(exitJournal, "journal %s does not exist", path)
+		}
+	}
+	j, err := idemhttp.OpenFileJournal(path, &idemhttp.JournalOptions{SecretHeaders: secret})
+	switch {
+	case err == nil:
+		return j, nil
+	case errors.Is(err, idemhttp.ErrJournalLocked):
+		return nil, fail(exitJournal, "journal %s is in use by another process (another idemctl batch or resume?): wait for it to finish, or use another -journal file", path)
+	case errors.Is(err, idemhttp.ErrJournalCorrupt):
+		return nil, fail(exitJournal, "journal %s is damaged: %v\nRestore it from a backup: its pending operations must be resent with their own keys, never new ones", path, err)
+	default:
+		return nil, fail(exitJournal, "open journal: %v", err)
+	}
+}
+
+// counter counts attempts and the responses they got, below the retry
+// loop, so it sees every attempt of every client alike.
+type counter struct {
+	rt        http.RoundTripper
+	attempts  atomic.Int64
+	responses atomic.Int64
+}
+
+// RoundTrip counts and sends one attempt.
+func (c *counter) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.attempts.Add(1)
+	resp, err := c.rt.RoundTrip(r)
+	if resp != nil {
+		c.responses.Add(1)
+	}
+	return resp, err
+}
+
+// newTransport returns a transport of its own, so the command can close
+// its idle connections when done, with a pool sized for concurrency.
+func newTransport(concurrency int) *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = max(100, concurrency)
+	t.MaxIdleConnsPerHost = max(2, concurrency)
+	return t
+}
+
+// clientConfig is what the batch and resume commands share.
+type clientConfig struct {
+	journal  idemhttp.Journal
+	rt       http.RoundTripper
+	timeout  time.Duration // per attempt
+	attempts int           // 0 means the policy's default
+	creds    *credentialFlags
+}
+
+// newClient returns an idemhttp client whose credentials come only from
+// PrepareRequest, so they never reach the journal, and are listed as
+// secret for good measure.
+func newClient(cfg clientConfig) *idemhttp.Client {
+	c := &idemhttp.Client{
+		HTTPClient: &http.Client{Transport: cfg.rt, Timeout: cfg.timeout},
+		Journal:    cfg.journal,
+		Policy:     &idemhttp.Policy{MaxAttempts: cfg.attempts},
+	}
+	if h := cfg.creds.headers; len(h) > 0 {
+		c.SecretHeaders = cfg.creds.names()
+		c.PrepareRequest = func(r *http.Request) error {
+			for k, vv := range h {
+				r.Header[k] = slices.Clone(vv)
+			}
+			return nil
+		}
+	}
+	return c
+}
+
+// neverConnected reports whether err says the request never reached a
+// server: the dial failed (connection refused, unknown host, no route).
+func neverConnected(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	var dns *net.DNSError
+	return errors.As(err, &dns)
+}
+
+// describeJournalErr adds what to do to a journal failure in the middle
+// of a command.
+func describeJournalErr(path string, err error) error {
+	if errors.Is(err, idemhttp.ErrJournalCorrupt) {
+		return fail(exitJournal, "journal %s is damaged: %v", path, err)
+	}
+	return fail(exitJournal, "journal %s: %v", path, err)
+}

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/hashicorp/go-retryablehttp"
+	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/idemtest"
+)
+
+// demoTwoRuns is the baselines' batch job: a first run crashes half way;
+// the rerun resends every charge the first did not see succeed, as a job
+// that records completions (say, in its database) would. Without a key
+// the rerun has no other way to know what the server did.
+func demoTwoRuns(ctx context.Context, o *demoOptions, ops []demoOp, st *demoStats, send func(context.Context, demoOp) bool) {
+	ok := pool(ctx, ops, o.concurrency, o.crashAt(), func() {}, send)
+	var rest []demoOp
+	for i, op := range ops {
+		if !ok[i] {
+			rest = append(rest, op)
+		}
+	}
+	for _, good := range pool(ctx, rest, o.concurrency, 0, nil, send) {
+		if !good {
+			st.failed++
+		}
+	}
+}
+
+// demoPlain sends each charge once per run with net/http, as most code
+// does: no key, no retry.
+func demoPlain(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemtest.Server, st *demoStats) error {
+	tr := newTransport(o.concurrency)
+	defer tr.CloseIdleConnections()
+	cnt := &counter{rt: tr}
+	hc := &http.Client{Transport: cnt, Timeout: o.timeout}
+	demoTwoRuns(ctx, o, ops, st, func(ctx context.Context, op demoOp) bool {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/charges", bytes.NewReader(op.body))
+		if err != nil {
+			return false
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			return false
+		}
+		drainClose(resp)
+		return resp.StatusCode < 300
+	})
+	st.attempts = cnt.attempts.Load()
+	return nil
+}
+
+// retryReasonKey carries, in a request's context, the reason the
+// retryablehttp client is about to retry it, from CheckRetry to
+// PrepareRetry, which runs only when a retry really happens.
+type retryReasonKey struct{}
+
+// demoRetryable sends each charge with go-retryablehttp: its default retry
+// policy (connection errors, 429 and 5xx; at most 4 retries) and backoff
+// (which honours Retry-After on 429 and 503), with the demo's short timeout
+// and tiny waits instead of its 1-30 s, and no key, as its users send.
+func demoRetryable(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemtest.Server, st *demoStats) error {
+	tr := newTransport(o.concurrency)
+	defer tr.CloseIdleConnections()
+	cnt := &counter{rt: tr}
+	rc := retryablehttp.NewClient()
+	rc.HTTPClient = &http.Client{Transport: cnt, Timeout: o.timeout}
+	rc.Logger = nil // its default logs every attempt to stderr
+	rc.RetryWaitMin = time.Millisecond
+	rc.RetryWaitMax = 10 * time.Millisecond
+	rc.CheckRetry = func(ctx context.Context, resp *http.Response, err error) (bool, error) {
+		retry, cerr := retryablehttp.DefaultRetryPolicy(ctx, resp, err)
+		if retry {
+			*ctx.Value(retryReasonKey{}).(*idemhttp.RetryReason) = baselineReason(resp, err)
+		}
+		return retry, cerr
+	}
+	rc.PrepareRetry = func(r *http.Request) error {
+		st.retry(*r.Context().Value(retryReasonKey{}).(*idemhttp.RetryReason))
+		return nil
+	}
+	demoTwoRuns(ctx, o, ops, st, func(ctx context.Context, op demoOp) bool {
+		ctx = context.WithValue(ctx, retryReasonKey{}, new(idemhttp.RetryReason))
+		req, err := retryablehttp.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/charges", op.body)
+		if err != nil {
+			return false
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := rc.Do(req)
+		if err != nil {
+			return false
+		}
+		drainClose(resp)
+		return resp.StatusCode < 300
+	})
+	st.attempts = cnt.attempts.Load()
+	return nil
+}
+
+// baselineReason names a retryablehttp retry with idemhttp's reasons, so
+// the table compares like with like.
+func baselineReason(resp *http.Response, err error) idemhttp.RetryReason {
+	switch {
+	case err != nil && neverConnected(err):
+		return idemhttp.ReasonNotSent
+	case err != nil || resp == nil:
+		return idemhttp.ReasonUnknownOutcome
+	case resp.StatusCode == http.StatusTooManyRequests:
+		return idemhttp.ReasonRateLimited
+	case resp.StatusCode == http.StatusServiceUnavailable:
+		return idemhttp.ReasonUnavailable
+	}
+	return idemhttp.ReasonServerError
+}

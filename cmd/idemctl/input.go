@@ -1,0 +1,207 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/idemkit/idemhttp"
+)
+
+// maxLineBytes bounds an input line: the library refuses bodies above
+// 8 MiB (Policy.MaxBodyBytes), and a line is a body plus a little.
+const maxLineBytes = 8<<20 + 64<<10
+
+// inputFormat documents the batch input, for the usage text and README.md.
+const inputFormat = `Input: one JSON object per line (JSON Lines); blank lines and lines starting with # are skipped.
+  {"id":"charge-0001","body":{"amount":1000,"currency":"usd"}}
+  {"id":"refund-0002","method":"POST","path":"/v1/refunds","body":{"charge":"ch_1"}}
+Fields:
+  id      required: the operation id, 1-255 printable ASCII, unique in the file. It names the
+          operation across reruns: its key is derived from it (-key-secret-env) or kept in the journal.
+  body    optional: any JSON value, sent compacted as application/json. Absent or null: no body.
+  method  optional: the HTTP method, POST by default.
+  path    optional: a path with an optional ?query, resolved against -url as a link is:
+          "/v1/refunds" replaces -url's path, "refunds" its last segment. Absent: -url itself.
+          Always on -url's server: credentials never go elsewhere.
+`
+
+// operation is one valid input line.
+type operation struct {
+	Line   int    // 1-based line number in the input
+	ID     string // the operation id
+	Method string // HTTP method
+	URL    string // absolute request URL
+	Body   []byte // compacted JSON, nil for no body
+
+	// resume is set when an earlier run left the operation pending: the
+	// send resends it with its journaled key.
+	resume bool
+}
+
+// lineError is a malformed input line.
+type lineError struct {
+	Line int
+	Err  error
+}
+
+func (e lineError) Error() string { return fmt.Sprintf("line %d: %v", e.Line, e.Err) }
+
+// inputLine is the JSON shape of a line.
+type inputLine struct {
+	ID     string          `json:"id"`
+	Method string          `json:"method"`
+	Path   string          `json:"path"`
+	Body   json.RawMessage `json:"body"`
+}
+
+// readInput reads the operations in r, resolving paths against base. A
+// malformed line is reported in bad and skipped; the others are kept, so
+// one typo does not hold up a batch. err is non-nil only when r itself
+// fails.
+func readInput(r io.Reader, base *url.URL) (ops []operation, bad []lineError, err error) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	seen := make(map[string]int)
+	for n := 1; ; n++ {
+		line, tooLong, err := readLine(br)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return ops, bad, err
+		}
+		if tooLong {
+			bad = append(bad, lineError{n, fmt.Errorf("longer than %d bytes", maxLineBytes)})
+		} else if t := bytes.TrimSpace(line); len(t) > 0 && t[0] != '#' {
+			op, lerr := parseLine(t, base)
+			switch {
+			case lerr != nil:
+				bad = append(bad, lineError{n, lerr})
+			case seen[op.ID] != 0:
+				bad = append(bad, lineError{n, fmt.Errorf("id %q already used on line %d", op.ID, seen[op.ID])})
+			default:
+				op.Line = n
+				seen[op.ID] = n
+				ops = append(ops, op)
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			return ops, bad, nil
+		}
+	}
+}
+
+// readLine returns the next line without its end, reading and dropping
+// whatever exceeds maxLineBytes so that the lines after a huge one keep
+// their numbers.
+func readLine(br *bufio.Reader) (line []byte, tooLong bool, err error) {
+	var buf []byte
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if !tooLong {
+			if len(buf)+len(chunk) > maxLineBytes {
+				tooLong, buf = true, nil
+			} else {
+				buf = append(buf, chunk...)
+			}
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		return bytes.TrimRight(buf, "\r\n"), tooLong, err
+	}
+}
+
+// parseLine decodes and validates one line.
+func parseLine(b []byte, base *url.URL) (operation, error) {
+	var in inputLine
+	dec := json.NewDecoder(bytes.NewReader(b))
+	// A misspelt field ("bdy") must not silently send an empty request.
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		return operation{}, fmt.Errorf("not a JSON object of id, body, method, path: %w", err)
+	}
+	if dec.More() {
+		return operation{}, errors.New("more than one JSON value on the line")
+	}
+	if in.ID == "" {
+		return operation{}, errors.New(`missing "id"`)
+	}
+	// The id becomes the journal's operation id, which follows the key
+	// rules: stored, printed, compared byte for byte.
+	if err := idemhttp.ValidateKey(in.ID); err != nil {
+		return operation{}, fmt.Errorf("id %q: %w", in.ID, err)
+	}
+	op := operation{ID: in.ID, Method: http.MethodPost}
+	if in.Method != "" {
+		if !validHeaderName(in.Method) { // a method is a token too
+			return operation{}, fmt.Errorf("method %q is not a valid HTTP method", in.Method)
+		}
+		op.Method = strings.ToUpper(in.Method)
+	}
+	u, err := resolve(base, in.Path)
+	if err != nil {
+		return operation{}, err
+	}
+	op.URL = u
+	if len(in.Body) > 0 && !bytes.Equal(in.Body, []byte("null")) {
+		// Compacted, so reformatting the file between runs does not
+		// change the request and trip the journal's fingerprint check.
+		var c bytes.Buffer
+		if err := json.Compact(&c, in.Body); err != nil {
+			return operation{}, fmt.Errorf("body: %w", err)
+		}
+		op.Body = c.Bytes()
+	}
+	return op, nil
+}
+
+// resolve resolves path (with an optional query) against base as a link
+// is (RFC 3986): "/v1/refunds" replaces base's path, "refunds" replaces
+// its last segment. A scheme or host is refused, so an input file can never
+// send the credentials of -header to another server.
+func resolve(base *url.URL, path string) (string, error) {
+	if path == "" {
+		return base.String(), nil
+	}
+	rel, err := url.Parse(path)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return "", fmt.Errorf("path %q: %w", path, err)
+	}
+	if rel.Scheme != "" || rel.Host != "" || rel.User != nil || rel.Fragment != "" || strings.HasPrefix(path, "//") {
+		return "", fmt.Errorf("path %q: want a path with an optional query, on -url's server", path)
+	}
+	return base.ResolveReference(rel).String(), nil
+}
+
+// parseBaseURL validates -url.
+func parseBaseURL(s string) (*url.URL, error) {
+	if s == "" {
+		return nil, errors.New("-url is required")
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		// url.Error quotes the whole URL, password included.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("-url is not a valid URL: %w", err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("-url %s: want an absolute http or https URL", u.Redacted())
+	}
+	if u.User != nil {
+		// The journal stores URLs without passwords, so a resend would
+		// go without them; and they belong out of the process list.
+		return nil, fmt.Errorf("-url %s: credentials in the URL are not supported: pass them with -header-env 'Authorization=VAR'", u.Redacted())
+	}
+	return u, nil
+}

@@ -1,0 +1,194 @@
+package main
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idemhttp/idemtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The journal commands on a real journal: a batch during an outage leaves
+// every operation pending; pending and inspect show them; after the outage
+// resume resolves them, sending the credentials again; prune empties the
+// journal. One operation at a time, so the journal's order (by creation)
+// is the input's.
+func TestJournalCommands(t *testing.T) {
+	srv, endOutage := outageServer(t)
+	proxyURL, seen := recordingProxy(t, srv.URL)
+	dir := t.TempDir()
+	in := writeInput(t, dir, 5)
+	journal := filepath.Join(dir, "journal")
+
+	batch := runIn("batch", "-url", proxyURL, "-in", in, "-journal", journal, "-attempts", "1", "-concurrency", "1", "-progress", "none")
+	require.Equal(t, exitFailed, batch.code, batch.stderr)
+	assert.Contains(t, batch.stderr, "5 pending")
+	assert.Contains(t, batch.stderr, "rerun the same command to resend the 5 pending operations")
+
+	t.Run("pending table", func(t *testing.T) {
+		out := runIn("pending", "-journal", journal)
+
+		require.Equal(t, exitOK, out.code, out.stderr)
+		lines := strings.Split(strings.TrimSpace(out.stdout), "\n")
+		require.Len(t, lines, 6)
+		assert.Equal(t, []string{"OPERATION", "KEY", "METHOD", "URL", "AGE", "ATTEMPTS", "STATUS", "STATE"}, strings.Fields(lines[0]))
+		row := strings.Fields(lines[1])
+		require.Len(t, row, 8)
+		assert.Equal(t, opID(0), row[0])
+		assert.Equal(t, []string{"POST", proxyURL + "/v1/charges"}, row[2:4])
+		assert.Equal(t, []string{"1", "503", "pending"}, row[5:])
+	})
+
+	var key string
+	t.Run("pending json", func(t *testing.T) {
+		out := runIn("pending", "-json", "-journal", journal)
+
+		require.Equal(t, exitOK, out.code, out.stderr)
+		lines := strings.Split(strings.TrimSpace(out.stdout), "\n")
+		require.Len(t, lines, 5)
+		var v entryView
+		require.NoError(t, json.Unmarshal([]byte(lines[2]), &v))
+		assert.Equal(t, opID(2), v.Operation)
+		assert.Equal(t, "pending", string(v.State))
+		assert.Equal(t, 503, v.LastStatus)
+		assert.Empty(t, v.Body, "bodies only in inspect")
+		key = v.Key
+	})
+
+	t.Run("inspect by operation", func(t *testing.T) {
+		out := runIn("inspect", "-journal", journal, opID(2))
+
+		require.Equal(t, exitOK, out.code, out.stderr)
+		assert.Regexp(t, `(?m)^key +`+key+`$`, out.stdout)
+		assert.Regexp(t, `(?m)^state +pending$`, out.stdout)
+		assert.Regexp(t, `(?m)^last status +503$`, out.stdout)
+		assert.Regexp(t, `(?m)^header +Content-Type: application/json$`, out.stdout)
+		assert.Regexp(t, `(?m)^body +\{"amount":102,"currency":"usd","operation":"op-002"\}$`, out.stdout)
+	})
+
+	t.Run("inspect by key as JSON, flags after the key", func(t *testing.T) {
+		out := runIn("inspect", key, "-journal", journal, "-json")
+
+		require.Equal(t, exitOK, out.code, out.stderr)
+		var v entryView
+		require.NoError(t, json.Unmarshal([]byte(out.stdout), &v))
+		assert.Equal(t, opID(2), v.Operation)
+		assert.JSONEq(t, `{"amount":102,"currency":"usd","operation":"op-002"}`, string(v.Body))
+	})
+
+	endOutage()
+	before := len(seen())
+
+	t.Run("resume", func(t *testing.T) {
+		out := runIn("resume", "-journal", journal, "-header", "Authorization: Bearer sk_TOPSECRET", "-progress", "none")
+
+		require.Equal(t, exitOK, out.code, out.stderr)
+		res := results(t, out.stdout)
+		assertComplete(t, res, 5)
+		assert.Equal(t, sourceResume, res[opID(4)].Source)
+		assert.Equal(t, 2, res[opID(4)].Attempts, "attempts count across runs")
+		assertOnce(t, srv, 5)
+		for _, h := range seen()[before:] {
+			assert.Equal(t, "Bearer sk_TOPSECRET", h.Get("Authorization"), "resume adds the credentials again")
+		}
+	})
+
+	t.Run("nothing pending", func(t *testing.T) {
+		out := runIn("pending", "-journal", journal)
+
+		require.Equal(t, exitOK, out.code)
+		assert.Empty(t, out.stdout)
+		assert.Contains(t, out.stderr, "nothing pending")
+		all := runIn("pending", "-all", "-journal", journal)
+		assert.Equal(t, 5, strings.Count(all.stdout, " done\n"))
+	})
+
+	t.Run("prune", func(t *testing.T) {
+		kept := runIn("prune", "-journal", journal)
+		require.Equal(t, exitOK, kept.code, kept.stderr)
+		assert.Equal(t, "pruned 0 done entries last updated more than 24h0m0s ago\n", kept.stdout)
+
+		out := runIn("prune", "-journal", journal, "-older", "0s")
+
+		require.Equal(t, exitOK, out.code, out.stderr)
+		assert.Equal(t, "pruned 5 done entries last updated more than 0s ago\n", out.stdout)
+		assert.Contains(t, out.stderr, "rerunning those operations with journaled keys would send new keys")
+	})
+
+	t.Run("inspect finds nothing", func(t *testing.T) {
+		out := runIn("inspect", "-journal", journal, opID(2))
+
+		assert.Equal(t, exitFailed, out.code)
+		assert.Contains(t, out.stderr, `no entry with key or operation "op-002"`)
+	})
+}
+
+// outageServer starts a fake API that answers 503 to everything until
+// endOutage is called.
+func outageServer(t *testing.T) (srv *idemtest.Server, endOutage func()) {
+	t.Helper()
+	var now atomic.Int64
+	start := time.Now()
+	now.Store(start.UnixNano())
+	srv = idemtest.NewServer(&idemtest.Options{
+		Now:    func() time.Time { return time.Unix(0, now.Load()) },
+		Faults: idemtest.Faults{Outages: []idemtest.Window{{Start: 0, End: time.Hour}}},
+	})
+	t.Cleanup(srv.Close)
+	return srv, func() { now.Store(start.Add(2 * time.Hour).UnixNano()) }
+}
+
+func TestUsageErrors(t *testing.T) {
+	dir := t.TempDir()
+	in := writeInput(t, dir, 1)
+	journal := filepath.Join(dir, "journal")
+	missing := filepath.Join(dir, "missing")
+	batch := []string{"batch", "-url", "http://127.0.0.1:1/v1", "-in", in, "-journal", journal}
+	env := map[string]string{"SHORT": "abc"}
+	tests := []struct {
+		name     string
+		give     []string
+		wantCode int
+		want     string // in stderr
+	}{
+		{"no command", nil, exitUsage, "Usage:"},
+		{"unknown command", []string{"frobnicate"}, exitUsage, `unknown command "frobnicate"`},
+		{"help", []string{"help"}, exitOK, ""},
+		{"batch help", []string{"batch", "-h"}, exitOK, "Input: one JSON object per line"},
+		{"unknown flag", []string{"batch", "-frobnicate"}, exitUsage, "flag provided but not defined: -frobnicate"},
+		{"no url", []string{"batch", "-in", in, "-journal", journal}, exitUsage, "-url is required"},
+		{"bad url", []string{"batch", "-url", "ftp://x", "-in", in, "-journal", journal}, exitUsage, "want an absolute http or https URL"},
+		{"no input", []string{"batch", "-url", "http://x", "-journal", journal}, exitUsage, "-in is required"},
+		{"no journal", []string{"batch", "-url", "http://x", "-in", in}, exitUsage, "-journal is required"},
+		{"extra argument", append(batch, "extra"), exitUsage, `unexpected argument "extra"`},
+		{"concurrency", append(batch, "-concurrency", "0"), exitUsage, "-concurrency must be at least 1"},
+		{"progress", append(batch, "-progress", "fancy"), exitUsage, "-progress must be"},
+		{"unset secret", append(batch, "-key-secret-env", "UNSET"), exitUsage, "environment variable UNSET is empty or unset"},
+		{"short secret", append(batch, "-key-secret-env", "SHORT"), exitUsage, "at least 16 bytes"},
+		{"bad header", append(batch, "-header", "Authorization Bearer sk_TOPSECRET"), exitUsage, "(value not shown)"},
+		{"missing input", []string{"batch", "-url", "http://x", "-in", missing, "-journal", journal}, exitInput, "no such file"},
+		{"journal in a missing folder", []string{"batch", "-url", "http://x", "-in", in, "-journal", filepath.Join(missing, "j")}, exitJournal, "open journal"},
+		{"pending without journal", []string{"pending"}, exitUsage, "-journal is required"},
+		{"pending missing journal", []string{"pending", "-journal", missing}, exitJournal, "does not exist"},
+		{"resume missing journal", []string{"resume", "-journal", missing}, exitJournal, "does not exist"},
+		{"prune missing journal", []string{"prune", "-journal", missing}, exitJournal, "does not exist"},
+		{"prune negative", []string{"prune", "-journal", journal, "-older", "-1h"}, exitUsage, "-older must not be negative"},
+		{"inspect without key", []string{"inspect", "-journal", journal}, exitUsage, "want exactly one KEY or OPERATION"},
+		{"demo n", []string{"demo", "-n", "0"}, exitUsage, "-n must be at least 1"},
+		{"demo rate", []string{"demo", "-slow", "2"}, exitUsage, "fault rates must be between 0 and 1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out := runInProcess(t.Context(), env, tt.give...)
+
+			assert.Equal(t, tt.wantCode, out.code, out.stderr)
+			assert.Contains(t, out.stderr, tt.want)
+			assert.NotContains(t, out.stderr, "TOPSECRET")
+		})
+	}
+}
