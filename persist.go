@@ -240,6 +240,19 @@ func (c *Client) Resume(ctx context.Context) ([]ResumeResult, error) {
 	return results, nil
 }
 
+// ResumeEntry resends one pending entry of the client's journal, as
+// [Client.Resume] does for each: with its key and stored body, never past
+// the retention ([ErrKeyExpired]). Use it to resume entries concurrently,
+// or entries a worker claimed from a shared journal.
+func (c *Client) ResumeEntry(ctx context.Context, e *Entry) ResumeResult {
+	c.init()
+	j := c.Journal
+	if j == nil {
+		j = c.mem
+	}
+	return c.resumeOne(ctx, j, e, time.Now())
+}
+
 func (c *Client) resumeOne(ctx context.Context, j Journal, e *Entry, now time.Time) ResumeResult {
 	r := ResumeResult{Entry: e}
 	if now.Sub(e.Created) > c.pol.retention {

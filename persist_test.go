@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -276,4 +277,35 @@ func TestMemJournalPrunesOnlyOldDoneEntries(t *testing.T) {
 	existing, err := m.Begin(ctx, &Entry{Key: "fresh", Operation: "a"})
 	require.NoError(t, err)
 	assert.Nil(t, existing, "the pruned operation is free again")
+}
+
+func TestResumeEntryConcurrently(t *testing.T) {
+	j := newRecJournal()
+	srv := newScripted(t, reply(200, "{}"))
+	now := time.Now()
+	for i := range 8 {
+		body := []byte(fmt.Sprintf(`{"n":%d}`, i))
+		_, err := j.Begin(context.Background(), &Entry{
+			Key: fmt.Sprintf("k-%d", i), Method: "POST", URL: srv.URL, Body: body,
+			Fingerprint: Fingerprint("POST", srv.URL, body), Created: now, Updated: now, State: StatePending,
+		})
+		require.NoError(t, err)
+	}
+	c := &Client{Journal: j}
+	pending, err := j.Pending(context.Background())
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	results := make([]ResumeResult, len(pending))
+	for i, e := range pending {
+		wg.Go(func() { results[i] = c.ResumeEntry(context.Background(), e) })
+	}
+	wg.Wait()
+	for _, r := range results {
+		assert.NoError(t, r.Err)
+		assert.Equal(t, 200, r.StatusCode)
+	}
+	left, err := j.Pending(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, left)
+	assert.Len(t, srv.Hits(), 8)
 }
