@@ -1,0 +1,136 @@
+package postgres_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/contrib/postgres"
+	"github.com/idemkit/idemhttp/idemserver"
+)
+
+// The examples need a PostgreSQL server, so they are compiled but not run.
+
+// Every instance of a service shares the store, so that a retry landing on
+// another instance finds the first request's claim or response.
+func ExampleNewStore() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // the primary
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	// Expired records are invisible at once; call store.Prune now and
+	// then (from a timer or a cron job) to reclaim their space.
+	store := postgres.NewStore(pool)
+
+	mw := &idemserver.Middleware{
+		Store:     store,
+		Principal: func(r *http.Request) string { return r.Header.Get("X-Account") },
+	}
+	http.Handle("POST /v1/charges", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	})))
+	log.Fatal(http.ListenAndServe(":8080", nil))
+}
+
+// A producer loads a batch into the journal; any number of workers then
+// work through it. Entries carry everything a worker needs to send them.
+func ExampleJournal_Enqueue() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	j := postgres.NewJournal(pool, nil)
+	for _, order := range []string{"order-1", "order-2", "order-3"} {
+		url := "https://api.example.com/v1/charges"
+		body := []byte(`{"amount":1099,"order":"` + order + `"}`)
+		_, err := j.Enqueue(ctx, &idemhttp.Entry{
+			Operation:   order, // enqueueing the batch twice adds nothing
+			Key:         idemhttp.NewKey(),
+			Method:      http.MethodPost,
+			URL:         url,
+			Header:      http.Header{"Content-Type": {"application/json"}},
+			Body:        body,
+			Fingerprint: idemhttp.Fingerprint(http.MethodPost, url, body),
+		})
+		if err != nil {
+			log.Fatal(err)
+		}
+	}
+}
+
+// A worker claims pending entries with a lease and sends each with its
+// own key, operation and body. When a worker dies, its entries' leases
+// expire and another worker resends them with the same keys.
+func ExampleJournal_ClaimPending() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	j := postgres.NewJournal(pool, &postgres.JournalOptions{Lease: 2 * time.Minute})
+	client := &idemhttp.Client{
+		Journal: j, // records each outcome, which ends the lease
+		PrepareRequest: func(r *http.Request) error {
+			r.Header.Set("Authorization", "Bearer "+os.Getenv("API_KEY")) // never journaled
+			return nil
+		},
+	}
+	for {
+		entries, err := j.ClaimPending(ctx, 16)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if len(entries) == 0 {
+			pending, err := j.Pending(ctx)
+			if err != nil {
+				log.Fatal(err)
+			}
+			if len(pending) == 0 {
+				return // the batch is done
+			}
+			time.Sleep(time.Second) // others hold the rest; a dead one's leases will expire
+			continue
+		}
+		for _, e := range entries {
+			rctx := idemhttp.WithKey(ctx, e.Key)
+			if e.Operation != "" {
+				rctx = idemhttp.WithOperation(rctx, e.Operation)
+			}
+			req, err := http.NewRequestWithContext(rctx, e.Method, e.URL, bytes.NewReader(e.Body))
+			if err != nil {
+				log.Fatal(err)
+			}
+			for name, vals := range e.Header {
+				req.Header[name] = vals
+			}
+			resp, err := client.Do(req)
+			switch {
+			case errors.Is(err, idemhttp.ErrKeyExpired):
+				// The server has forgotten the key: resending could run the
+				// operation twice. Leave it to a person.
+				_ = j.Finish(ctx, e.Key, idemhttp.Outcome{State: idemhttp.StateAbandoned})
+			case err != nil:
+				log.Printf("%s: %v (retried after the lease)", e.Operation, err)
+			default:
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}
+	}
+}

@@ -1,0 +1,268 @@
+package postgres_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/contrib/postgres"
+	"github.com/idemkit/idemhttp/idemserver"
+)
+
+// The fleet test runs worker processes (this test binary, re-executed)
+// that share one batch in a PostgreSQL journal, kills one mid-request,
+// and checks that every operation ran exactly once.
+
+// Environment of a worker process.
+const (
+	fleetURLEnv    = "IDEMTEST_FLEET_URL"    // connection string
+	fleetSchemaEnv = "IDEMTEST_FLEET_SCHEMA" // the test's schema
+	fleetServerEnv = "IDEMTEST_FLEET_SERVER" // base URL of the API
+	fleetWorkerEnv = "IDEMTEST_FLEET_WORKER" // worker name
+)
+
+// fleetLease is the workers' lease: a killed worker's entries wait this
+// long before another worker resends them.
+const fleetLease = time.Second
+
+// TestFleetWorker is a worker process of TestFleet; it is skipped unless
+// TestFleet started it.
+func TestFleetWorker(t *testing.T) {
+	url, server, worker := os.Getenv(fleetURLEnv), os.Getenv(fleetServerEnv), os.Getenv(fleetWorkerEnv)
+	if url == "" {
+		t.Skip("helper process: run by TestFleet")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := (&testSchema{url: url, name: os.Getenv(fleetSchemaEnv)}).pool(t, 2)
+	j := postgres.NewJournal(pool, &postgres.JournalOptions{Worker: worker, Lease: fleetLease})
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	c := &idemhttp.Client{
+		HTTPClient: &http.Client{Transport: tr, Timeout: 5 * time.Second},
+		Journal:    j,
+		Policy: &idemhttp.Policy{
+			MaxAttempts: 20, BaseDelay: 5 * time.Millisecond, MaxDelay: 50 * time.Millisecond,
+			Budget: idemhttp.Budget{Disabled: true},
+		},
+		PrepareRequest: func(r *http.Request) error {
+			r.Header.Set("X-Worker", worker)
+			return nil
+		},
+	}
+	require.True(t, strings.HasPrefix(server, "http://"))
+	require.NoError(t, work(ctx, j, c))
+}
+
+// work is a worker's loop: claim a few pending entries, send each, and
+// stop when no entry is pending, leased or not.
+func work(ctx context.Context, j *postgres.Journal, c *idemhttp.Client) error {
+	for {
+		entries, err := j.ClaimPending(ctx, 4)
+		if err != nil {
+			return err
+		}
+		if len(entries) == 0 {
+			pending, err := j.Pending(ctx)
+			if err != nil || len(pending) == 0 {
+				return err
+			}
+			// Entries leased by other workers, alive or dead: look again
+			// soon. (A production loop might LISTEN for a NOTIFY instead.)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(20 * time.Millisecond):
+			}
+			continue
+		}
+		for _, e := range entries {
+			if err := resend(ctx, j, c, e); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// resend sends a claimed entry through c with its own key, operation and
+// body; c's journal records the outcome, which ends the lease. It returns
+// an error only when the journal fails; a failed call leaves the entry
+// pending, and another claim retries it once the lease expires.
+func resend(ctx context.Context, j *postgres.Journal, c *idemhttp.Client, e *idemhttp.Entry) error {
+	rctx := idemhttp.WithKey(ctx, e.Key)
+	if e.Operation != "" {
+		rctx = idemhttp.WithOperation(rctx, e.Operation)
+	}
+	req, err := http.NewRequestWithContext(rctx, e.Method, e.URL, bytes.NewReader(e.Body))
+	if err != nil {
+		return j.Finish(ctx, e.Key, idemhttp.Outcome{State: idemhttp.StateAbandoned, At: time.Now()})
+	}
+	for name, vals := range e.Header {
+		req.Header[name] = vals
+	}
+	resp, err := c.Do(req)
+	switch {
+	case errors.Is(err, idemhttp.ErrKeyExpired):
+		// The server has forgotten the key: resending could run the
+		// operation twice. Leave it to a person.
+		return j.Finish(ctx, e.Key, idemhttp.Outcome{State: idemhttp.StateAbandoned, At: time.Now()})
+	case err != nil:
+		return nil
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.Body.Close()
+}
+
+// victim tracks requests from the worker the test kills: after a few, the
+// next one is held in the handler until the worker is dead.
+type victim struct {
+	name    string
+	after   int
+	mu      sync.Mutex
+	seen    int
+	holding chan struct{} // closed when a request is held
+	killed  chan struct{} // closed by the test once the worker is dead
+}
+
+func (v *victim) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Worker") == v.name {
+			v.mu.Lock()
+			v.seen++
+			hold := v.seen == v.after
+			v.mu.Unlock()
+			if hold {
+				close(v.holding)
+				<-v.killed
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func TestFleet(t *testing.T) {
+	const (
+		workers = 4
+		ops     = 120
+	)
+	s := newSchema(t)
+	e := newEffects()
+	v := &victim{name: "worker-0", after: 5, holding: make(chan struct{}), killed: make(chan struct{})}
+	var killOnce sync.Once
+	markKilled := func() { killOnce.Do(func() { close(v.killed) }) }
+	defer markKilled()
+	// The effect runs inside the middleware, after the hold: the killed
+	// worker's request completes on the server, and its response is
+	// stored for whoever resends it.
+	mw := &idemserver.Middleware{Required: true}
+	srv := httptest.NewServer(v.wrap(mw.Wrap(e)))
+	t.Cleanup(srv.Close)
+
+	ctx := context.Background()
+	producer := postgres.NewJournal(s.pool(t, 0), nil)
+	url := srv.URL + "/charges"
+	now := time.Now()
+	for i := range ops {
+		op := fmt.Sprintf("op-%03d", i)
+		body := []byte(op)
+		existing, err := producer.Enqueue(ctx, &idemhttp.Entry{
+			Operation:   op,
+			Key:         idemhttp.NewKey(),
+			Method:      http.MethodPost,
+			URL:         url,
+			Header:      http.Header{"Content-Type": {"text/plain"}},
+			Body:        body,
+			Fingerprint: idemhttp.Fingerprint(http.MethodPost, url, body),
+			Created:     now.Add(time.Duration(i) * time.Millisecond),
+		})
+		require.NoError(t, err)
+		require.Nil(t, existing)
+	}
+
+	cmds := make([]*exec.Cmd, workers)
+	outs := make([]*bytes.Buffer, workers)
+	exited := make([]chan error, workers)
+	reaped := make([]bool, workers)
+	reap := func(i int) error {
+		reaped[i] = true
+		return <-exited[i]
+	}
+	for i := range cmds {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestFleetWorker$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), fleetURLEnv+"="+s.url, fleetSchemaEnv+"="+s.name,
+			fleetServerEnv+"="+srv.URL, fleetWorkerEnv+"="+fmt.Sprint("worker-", i))
+		outs[i] = &bytes.Buffer{}
+		cmd.Stdout, cmd.Stderr = outs[i], outs[i]
+		require.NoError(t, cmd.Start())
+		cmds[i], exited[i] = cmd, make(chan error, 1)
+		go func() { exited[i] <- cmd.Wait() }()
+	}
+	// On any failure below, no worker outlives the test.
+	defer func() {
+		for i, cmd := range cmds {
+			if !reaped[i] {
+				_ = cmd.Process.Kill()
+				_ = reap(i)
+			}
+		}
+	}()
+
+	select {
+	case <-v.holding:
+	case err := <-exited[0]:
+		reaped[0] = true
+		require.FailNow(t, "worker-0 exited before it was killed", "%v:\n%s", err, outs[0])
+	case <-time.After(45 * time.Second):
+		require.FailNow(t, "worker-0 never made its request")
+	}
+	require.NoError(t, cmds[0].Process.Kill()) // SIGKILL, mid-request
+	err := reap(0)
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit)
+	assert.False(t, exit.Exited(), "worker-0 died of its signal")
+	markKilled()
+
+	for i := 1; i < workers; i++ {
+		select {
+		case err := <-exited[i]:
+			reaped[i] = true
+			assert.NoError(t, err, "worker-%d:\n%s", i, outs[i])
+		case <-time.After(45 * time.Second):
+			require.FailNow(t, "a worker did not finish", "worker-%d", i)
+		}
+	}
+
+	duplicates, lost := 0, 0
+	for i := range ops {
+		switch n := e.count(fmt.Sprintf("op-%03d", i)); {
+		case n == 0:
+			lost++
+		case n > 1:
+			duplicates += n - 1
+		}
+	}
+	assert.Zero(t, duplicates, "operations run more than once")
+	assert.Zero(t, lost, "operations never run")
+
+	pending, err := producer.Pending(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, keysOf(pending))
+	var done int
+	require.NoError(t, s.admin(t).QueryRow(ctx,
+		"SELECT count(*) FROM "+s.name+".idemhttp_journal WHERE state = 'done'").Scan(&done))
+	assert.Equal(t, ops, done)
+}

@@ -1,0 +1,53 @@
+-- Schema of github.com/idemkit/idemhttp/contrib/postgres, version 1.
+--
+-- Migrate applies this file in one transaction under an advisory lock. Every
+-- statement is idempotent, so it may also be applied by hand (psql -f
+-- schema.sql) or copied into a migration tool. The tables go into the first
+-- schema on the connection's search_path; to keep several stores apart in
+-- one database, give each its own schema and search_path.
+
+-- idemhttp_keys holds the records of Store, the idemserver.Store: one row per
+-- key, either an in-progress claim (record IS NULL) or a completed response.
+-- Keys, tokens and fingerprints are opaque byte strings to the store (the
+-- middleware folds the principal's scope into the key), hence bytea: text
+-- could hold neither NUL nor invalid UTF-8.
+CREATE TABLE IF NOT EXISTS idemhttp_keys (
+    key         bytea       PRIMARY KEY,
+    token       bytea       NOT NULL,  -- the token of the request that claimed the key
+    fingerprint bytea       NOT NULL,  -- the first claimer's request fingerprint
+    record      bytea,                 -- the stored response once completed; NULL while in progress
+    expires_at  timestamptz NOT NULL   -- lock expiry while in progress, TTL expiry once completed
+);
+
+-- Store.Prune deletes by expiry without reading the whole table.
+CREATE INDEX IF NOT EXISTS idemhttp_keys_expires_at ON idemhttp_keys (expires_at);
+
+-- idemhttp_journal holds the entries of Journal, an idemhttp.Journal shared
+-- by a fleet of workers. Keys and operation ids are printable ASCII (the
+-- journal validates them), so text.
+CREATE TABLE IF NOT EXISTS idemhttp_journal (
+    key              text        PRIMARY KEY,
+    operation        text,                            -- NULL when the entry has none
+    method           text        NOT NULL,
+    url              text        NOT NULL,            -- without any password
+    header           jsonb       NOT NULL DEFAULT '{}', -- never Authorization, Cookie, Proxy-Authorization
+    body             bytea,                           -- NULL when not stored; '' when stored and empty
+    fingerprint      text        NOT NULL,
+    state            text        NOT NULL CHECK (state IN ('pending', 'done', 'abandoned')),
+    created_at       timestamptz NOT NULL,
+    updated_at       timestamptz NOT NULL,
+    attempts         integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    last_status      integer     NOT NULL DEFAULT 0,
+    lease_owner      text,                            -- the worker holding the entry, if any
+    lease_expires_at timestamptz                      -- when the lease ends; NULL when not leased
+);
+
+-- One key per operation. NULLs are distinct, so entries without an
+-- operation never conflict here.
+CREATE UNIQUE INDEX IF NOT EXISTS idemhttp_journal_operation ON idemhttp_journal (operation);
+
+-- Pending and ClaimPending read pending entries oldest first; Prune reads
+-- done entries by age. Partial indexes stay small however many done
+-- entries the retention keeps.
+CREATE INDEX IF NOT EXISTS idemhttp_journal_pending ON idemhttp_journal (created_at, key) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS idemhttp_journal_done ON idemhttp_journal (updated_at) WHERE state = 'done';

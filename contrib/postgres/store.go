@@ -1,0 +1,205 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idemhttp/idemserver"
+)
+
+var _ idemserver.Store = (*Store)(nil)
+
+// Store is an [idemserver.Store] in the idemhttp_keys table, shared by
+// every server instance that uses the same database, so that a retry that
+// lands on another instance still finds the first request's claim or
+// response.
+//
+// Time is the database's: lock timeouts and TTLs are measured with now() on
+// the server, so the instances' clocks need not agree. Expired rows are
+// invisible at once (a Claim takes them over) and deleted by [Store.Prune].
+//
+// A Store is safe for concurrent use. Create it with [NewStore] after
+// [Migrate] has created the table.
+type Store struct {
+	db DB
+}
+
+// NewStore returns a Store on db, which must reach the primary (see the
+// package documentation).
+func NewStore(db DB) *Store {
+	return &Store{db: db}
+}
+
+// claimSQL records a claim unless a live row holds the key. ON CONFLICT DO
+// UPDATE ... WHERE takes over a row whose lock or TTL has expired, and locks
+// the conflicting row even when its WHERE is false, so the row cannot change
+// before lookupSQL reads it in the same transaction.
+const claimSQL = `
+INSERT INTO idemhttp_keys AS k (key, token, fingerprint, record, expires_at)
+VALUES ($1, $2, $3, NULL, now() + $4::interval)
+ON CONFLICT (key) DO UPDATE
+SET token = excluded.token, fingerprint = excluded.fingerprint, record = NULL, expires_at = excluded.expires_at
+WHERE k.expires_at <= now()
+RETURNING true`
+
+// lookupSQL reads the row claimSQL left alone. It is a separate statement,
+// not a CTE, because under READ COMMITTED a statement's snapshot may miss
+// a row that a concurrent transaction committed while claimSQL waited for
+// it; the next statement's snapshot sees it.
+const lookupSQL = `SELECT token, fingerprint, record FROM idemhttp_keys WHERE key = $1`
+
+// Claim implements [idemserver.Store.Claim] in one round trip: claimSQL
+// and lookupSQL go in one pipeline, which PostgreSQL runs as one implicit
+// transaction.
+//
+// A Claim whose connection turns out dead is sent again (see [retry]).
+// Should the first try have committed after all, the second finds a row
+// holding its own token, which it reports as Claimed: tokens are unique per
+// request, so no other request can have written it.
+func (s *Store) Claim(ctx context.Context, key string, c idemserver.Claim) (idemserver.ClaimResult, error) {
+	if c.LockTimeout <= 0 {
+		return idemserver.ClaimResult{}, errors.New("idemhttp/postgres: claim: lock timeout must be positive")
+	}
+	var res idemserver.ClaimResult
+	err := retry(ctx, func() error {
+		b := &pgx.Batch{}
+		b.Queue(claimSQL, []byte(key), []byte(c.Token), []byte(c.Fingerprint), c.LockTimeout)
+		b.Queue(lookupSQL, []byte(key))
+		br := s.db.SendBatch(ctx, b)
+		var err error
+		res, err = readClaim(br, c.Token)
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+		return err
+	})
+	if err != nil {
+		return idemserver.ClaimResult{}, fmt.Errorf("idemhttp/postgres: claim: %w", err)
+	}
+	return res, nil
+}
+
+func readClaim(br pgx.BatchResults, token string) (idemserver.ClaimResult, error) {
+	var claimed bool
+	switch err := br.QueryRow().Scan(&claimed); {
+	case err == nil:
+		return idemserver.ClaimResult{State: idemserver.Claimed}, nil
+	case !errors.Is(err, pgx.ErrNoRows):
+		return idemserver.ClaimResult{}, err
+	}
+	var held, fp, record []byte
+	if err := br.QueryRow().Scan(&held, &fp, &record); err != nil {
+		// ErrNoRows cannot happen: claimSQL locked the row it conflicted
+		// with. Any error means nothing is known.
+		return idemserver.ClaimResult{}, err
+	}
+	switch {
+	case record != nil:
+		return idemserver.ClaimResult{State: idemserver.Completed, Fingerprint: string(fp), Record: record}, nil
+	case string(held) == token:
+		return idemserver.ClaimResult{State: idemserver.Claimed}, nil
+	}
+	return idemserver.ClaimResult{State: idemserver.InProgress, Fingerprint: string(fp)}, nil
+}
+
+// Complete implements [idemserver.Store.Complete]. An empty record is
+// refused: it would read back as a claim still in progress.
+//
+// A completed row keeps its token, so that a Complete sent again after a
+// dead connection (see [retry]) can tell its own earlier success, which
+// it reports as success, from a lost claim.
+func (s *Store) Complete(ctx context.Context, key, token string, record []byte, ttl time.Duration) error {
+	if len(record) == 0 {
+		return errors.New("idemhttp/postgres: complete: empty record")
+	}
+	tries := 0
+	var done bool
+	err := retry(ctx, func() error {
+		tries++
+		tag, err := s.db.Exec(ctx, `
+UPDATE idemhttp_keys SET record = $3, expires_at = now() + $4::interval
+WHERE key = $1 AND token = $2 AND record IS NULL AND expires_at > now()`,
+			[]byte(key), []byte(token), record, ttl)
+		if err != nil {
+			return err
+		}
+		done = tag.RowsAffected() == 1
+		if done || tries == 1 {
+			return nil
+		}
+		err = s.db.QueryRow(ctx, `
+SELECT true FROM idemhttp_keys WHERE key = $1 AND token = $2 AND record IS NOT NULL`,
+			[]byte(key), []byte(token)).Scan(&done)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("idemhttp/postgres: complete: %w", err)
+	}
+	if !done {
+		return idemserver.ErrClaimLost
+	}
+	return nil
+}
+
+// Release implements [idemserver.Store.Release]. A Release sent again
+// after a dead connection, whose first try deleted the claim after all,
+// reports ErrClaimLost; the key is free either way.
+func (s *Store) Release(ctx context.Context, key, token string) error {
+	var n int64
+	err := retry(ctx, func() error {
+		tag, err := s.db.Exec(ctx, `
+DELETE FROM idemhttp_keys
+WHERE key = $1 AND token = $2 AND record IS NULL AND expires_at > now()`,
+			[]byte(key), []byte(token))
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("idemhttp/postgres: release: %w", err)
+	}
+	if n == 0 {
+		return idemserver.ErrClaimLost
+	}
+	return nil
+}
+
+// pruneChunk bounds the rows one Prune statement deletes, so that a prune
+// after a long pause holds its row locks and its WAL burst briefly.
+const pruneChunk = 5000
+
+// Prune deletes every expired row (completed responses past their TTL,
+// claims past their lock timeout) and returns how many it deleted. Expired
+// rows are already invisible to Claim; Prune only reclaims their space, so
+// run it now and then (every few minutes, from one instance or all: rows
+// another Prune has locked are skipped). It deletes in chunks of 5000 rows;
+// if ctx ends between chunks it returns the count so far with ctx's error.
+func (s *Store) Prune(ctx context.Context) (int64, error) {
+	var total int64
+	for {
+		var tag pgconn.CommandTag
+		err := retry(ctx, func() (err error) {
+			tag, err = s.db.Exec(ctx, `
+WITH doomed AS MATERIALIZED (
+    SELECT key FROM idemhttp_keys WHERE expires_at <= now()
+    LIMIT $1 FOR UPDATE SKIP LOCKED)
+DELETE FROM idemhttp_keys k USING doomed d
+WHERE k.key = d.key AND k.expires_at <= now()`, pruneChunk)
+			return err
+		})
+		if err != nil {
+			return total, fmt.Errorf("idemhttp/postgres: prune: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < pruneChunk {
+			return total, nil
+		}
+	}
+}

@@ -1,0 +1,56 @@
+// Package redis keeps idemserver's idempotency records in Redis: [Store],
+// an [idemserver.Store] that every instance of a service shares.
+//
+// It lives in its own module so that idemhttp's core does not depend on
+// go-redis. Import it under another name, since go-redis is package redis
+// too:
+//
+//	import (
+//		goredis "github.com/redis/go-redis/v9"
+//		idemredis "github.com/idemkit/idemhttp/contrib/redis"
+//	)
+//
+//	rdb := goredis.NewClient(&goredis.Options{Addr: "redis-primary:6379"})
+//	mw := &idemserver.Middleware{Store: idemredis.NewStore(rdb, nil), Principal: accountOf}
+//
+// # Commands
+//
+// Each key ("idemhttp:" and the middleware's scoped key) holds one string.
+// Claim is a single SET key claim NX PX lockTimeout GET (Redis 7.0 or
+// later): it records the claim, or returns what the key holds, in one
+// atomic command. Complete and Release are Lua scripts, so that the token
+// check and the write are atomic: Complete replaces the claim held by the
+// token with the response (SET ... PX ttl), keeping the first request's
+// fingerprint; Release deletes the claim held by the token. Expiry is
+// Redis's own, so nothing needs pruning and the servers' clocks need not
+// agree. Keys are single, so Redis Cluster and Ring shard them freely.
+//
+// # The primary only
+//
+// Claims and the reads that follow them must go to the primary, never to a
+// replica. Replication is asynchronous: a replica that lags by a few
+// milliseconds does not yet have a claim or a response the primary has
+// accepted, so a client's fast retry that read from it would find the key
+// free and run the effect a second time. The Store never sends a read-only
+// command (Claim's GET is part of its SET, and the scripts run with EVALSHA,
+// not EVALSHA_RO), so go-redis routes every call to the primary even with
+// ReadOnly or RouteByLatency set on a ClusterClient; do not give it a
+// client connected to a replica.
+//
+// # Durability
+//
+// Records are as durable as the Redis that holds them. A Redis that
+// restarts empty (no persistence) forgets every claim and response: the
+// retries of those keys run their effects again. Run the store's Redis
+// with appendonly yes (appendfsync always loses nothing; everysec, up to
+// a second), and remember that a failover to a replica may lose the writes
+// it had not yet received.
+//
+// While Redis is unreachable, Claim fails and the middleware answers 503
+// with Retry-After; a response whose Complete fails is still sent to its
+// caller but not stored, and its key is free again after the lock timeout.
+// go-redis resends a command whose connection failed (its MaxRetries): a
+// resent Claim recognises its own earlier claim; a resent Complete whose
+// first run succeeded reports [idemserver.ErrClaimLost], though the
+// response is stored.
+package redis

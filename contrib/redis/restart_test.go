@@ -1,0 +1,171 @@
+package redis_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	idemredis "github.com/idemkit/idemhttp/contrib/redis"
+	"github.com/idemkit/idemhttp/idemserver"
+)
+
+// privateRedis is a redis-server of the test's own, on a unix socket in
+// a temporary directory, so that the test can crash and restart it
+// without disturbing the shared server other tests use. It keeps an
+// append-only file synced on every write, as a store that must survive
+// restarts should.
+type privateRedis struct {
+	t    *testing.T
+	dir  string
+	sock string
+	cmd  *exec.Cmd
+	out  bytes.Buffer
+}
+
+func startPrivateRedis(t *testing.T) *privateRedis {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("redis-server is not installed: on CI, run .ci/services.sh first")
+		}
+		t.Skip("redis-server is not installed (bash .ci/services.sh installs it)")
+	}
+	// A short directory: unix socket paths are limited to 107 bytes.
+	dir, err := os.MkdirTemp("", "idemredis")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	r := &privateRedis{t: t, dir: dir, sock: filepath.Join(dir, "redis.sock")}
+	r.start()
+	t.Cleanup(r.kill)
+	return r
+}
+
+func (r *privateRedis) start() {
+	r.t.Helper()
+	r.cmd = exec.Command("redis-server",
+		"--port", "0", "--unixsocket", r.sock, "--unixsocketperm", "700",
+		"--dir", r.dir, "--save", "", "--appendonly", "yes", "--appendfsync", "always")
+	r.cmd.Stdout, r.cmd.Stderr = &r.out, &r.out
+	require.NoError(r.t, r.cmd.Start())
+	c := goredis.NewClient(&goredis.Options{Network: "unix", Addr: r.sock, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Ping(context.Background()).Err() != nil {
+		require.True(r.t, time.Now().Before(deadline), "redis-server did not start:\n%s", r.out.String())
+		time.Sleep(5 * time.Millisecond) // polling for readiness, not ordering
+	}
+}
+
+// kill crashes the server (SIGKILL) and waits for it to exit.
+func (r *privateRedis) kill() {
+	if r.cmd == nil {
+		return
+	}
+	_ = r.cmd.Process.Kill()
+	_ = r.cmd.Wait()
+	r.cmd = nil
+}
+
+func (r *privateRedis) client(t *testing.T) *goredis.Client {
+	// One dial attempt per command instead of five: while the server is
+	// down, a request should fail in milliseconds, not seconds.
+	c := goredis.NewClient(&goredis.Options{Network: "unix", Addr: r.sock, DialTimeout: time.Second, DialerRetries: 1})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// TestServerRestart crashes and restarts Redis under the middleware: in
+// flight, between requests, and for longer than the lock timeout. Requests
+// fail with a clear 503 while it is down, responses go to their own
+// callers, and no key stays claimed past the lock timeout.
+func TestServerRestart(t *testing.T) {
+	const lockTimeout = 2 * time.Second
+	r := startPrivateRedis(t)
+	store := idemredis.NewStore(r.client(t), nil)
+	e := newEffects()
+	var log syncBuffer
+	srv := serve(t, store, e, lockTimeout, &log)
+
+	// Ten requests claim their keys; the server crashes and comes back
+	// while their handlers run; their responses are then stored.
+	const n = 10
+	started, release := e.hold(n)
+	replies := make(chan reply, n)
+	for i := range n {
+		go func() { replies <- post(srv, "a", fmt.Sprint("key-", i), fmt.Sprint("op-", i)) }()
+	}
+	for range n {
+		<-started
+	}
+	r.kill()
+	r.start()
+	release()
+	for range n {
+		got := <-replies
+		require.NoError(t, got.err)
+		assert.Equal(t, http.StatusCreated, got.status)
+		assert.False(t, got.replayed)
+	}
+	require.NotContains(t, log.String(), "not stored", "the claims survived the restart, so every response is stored")
+
+	// After another crash and restart, every key replays its own
+	// response; another tenant's same keys run their own operations.
+	r.kill()
+	r.start()
+	for i := range n {
+		got := post(srv, "a", fmt.Sprint("key-", i), fmt.Sprint("op-", i))
+		assert.Equal(t, reply{status: http.StatusCreated, replayed: true, body: created(fmt.Sprint("op-", i), 1)}, got)
+		got = post(srv, "b", fmt.Sprint("key-", i), fmt.Sprint("op-b-", i))
+		assert.Equal(t, reply{status: http.StatusCreated, body: created(fmt.Sprint("op-b-", i), 1)}, got)
+	}
+
+	// While the server is down, requests get a 503 problem and nothing
+	// runs.
+	r.kill()
+	got := post(srv, "a", "key-down", "op-down")
+	assert.Equal(t, reply{status: http.StatusServiceUnavailable, body: idemserver.TypeStoreUnavailable}, got)
+	assert.Zero(t, e.count("op-down"))
+	assert.Contains(t, log.String(), "idemhttp/redis: claim")
+
+	// A request whose handler finishes while the server is down cannot
+	// store its response: the caller still gets it, and the key is
+	// claimed until the lock timeout, then free again. (The retry then
+	// runs the operation a second time: the middleware's documented cost
+	// of an unstored response.)
+	r.start()
+	started, release = e.hold(1)
+	inflight := make(chan reply, 1)
+	go func() { inflight <- post(srv, "a", "key-stuck", "op-stuck") }()
+	<-started
+	claimedAt := time.Now()
+	r.kill()
+	release()
+	got = <-inflight
+	assert.Equal(t, reply{status: http.StatusCreated, body: created("op-stuck", 1)}, got)
+	assert.Contains(t, log.String(), "response not stored")
+	r.start()
+	// Checked only when the claim is surely live: a loaded machine may
+	// take longer than the lock timeout to get here.
+	if time.Since(claimedAt) < lockTimeout/2 {
+		got = post(srv, "a", "key-stuck", "op-stuck")
+		assert.Equal(t, reply{status: http.StatusConflict, body: idemserver.TypeInProgress}, got, "the claim survived the crash")
+	}
+	require.Eventually(t, func() bool {
+		return post(srv, "a", "key-stuck", "op-stuck").status == http.StatusCreated
+	}, 10*lockTimeout, 50*time.Millisecond, "the key must be free after the lock timeout")
+	assert.Equal(t, 2, e.count("op-stuck"))
+
+	for i := range n {
+		assert.Equal(t, 1, e.count(fmt.Sprint("op-", i)), "op-%d", i)
+	}
+}
