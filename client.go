@@ -29,7 +29,8 @@ import (
 // reused: its retry budget and in-memory operation keys live in it. Set the
 // fields before the first request; changes after that are not seen.
 type Client struct {
-	// HTTPClient sends each attempt; its Timeout bounds a single attempt.
+	// HTTPClient sends each attempt; its Timeout bounds a single attempt,
+	// reading its response body included.
 	// nil means a client sharing one pooled Transport with 10 s dial and
 	// TLS handshake timeouts and a 60 s response-header timeout. The
 	// Client never closes HTTPClient's idle connections.
@@ -88,11 +89,13 @@ func (c *Client) init() {
 		if rt == nil {
 			rt = http.DefaultTransport
 		}
+		// The engine's client has no Timeout: net/http enforces one on a
+		// RoundTripper it does not know (ours) with a goroutine and a
+		// timer per request. attemptTransport applies it instead.
 		c.hc = &http.Client{
-			Transport:     idleKeeper{rt},
+			Transport:     attemptTransport{rt: rt, timeout: base.Timeout},
 			CheckRedirect: base.CheckRedirect,
 			Jar:           base.Jar,
-			Timeout:       base.Timeout,
 		}
 		c.mem = newMemJournal(c.pol.retention)
 	})
@@ -118,12 +121,45 @@ var defaultTransport = sync.OnceValue(func() http.RoundTripper {
 	}
 })
 
-// idleKeeper hides the wrapped RoundTripper's CloseIdleConnections from
-// the retry engine, which calls it on every failure: a caller's shared
-// connection pool is not ours to drain.
-type idleKeeper struct{ rt http.RoundTripper }
+// attemptTransport sends one attempt through the caller's RoundTripper.
+//
+// It hides that RoundTripper's CloseIdleConnections from the retry engine,
+// which calls it on every failure: a caller's shared connection pool is not
+// ours to drain. And it bounds the attempt by the caller's
+// http.Client.Timeout, from sending until the response body is closed, as
+// http.Client does; the error then satisfies errors.Is(err,
+// context.DeadlineExceeded) and net.Error's Timeout, as http.Client's does.
+// Each redirect hop gets the full timeout.
+type attemptTransport struct {
+	rt      http.RoundTripper
+	timeout time.Duration
+}
 
-func (k idleKeeper) RoundTrip(r *http.Request) (*http.Response, error) { return k.rt.RoundTrip(r) }
+func (t attemptTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if t.timeout <= 0 {
+		return t.rt.RoundTrip(r)
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), t.timeout)
+	resp, err := t.rt.RoundTrip(r.WithContext(ctx))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+// cancelBody ends an attempt's timeout when its body is closed.
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
+}
 
 // Do sends req and returns its response, retrying as the [Policy] allows.
 //

@@ -816,3 +816,30 @@ func TestDoneContextSendsNothing(t *testing.T) {
 	assert.Empty(t, srv.Hits())
 	assert.Empty(t, j.Events(), "nothing journaled")
 }
+
+// The caller's http.Client.Timeout bounds each attempt, reading its body
+// included, as it does for http.Client itself.
+func TestAttemptTimeoutCoversTheBody(t *testing.T) {
+	srv := newScripted(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(200)
+		_, _ = io.WriteString(w, "partial")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // never finish the body
+	})
+	c := &Client{HTTPClient: &http.Client{Timeout: 100 * time.Millisecond}}
+	resp, err := c.Do(post(t, srv.URL, chargeBody))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	_, err = io.ReadAll(resp.Body)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+func TestAttemptTimeoutIsATimeout(t *testing.T) {
+	srv := newScripted(t, stall)
+	c := &Client{Policy: &Policy{MaxAttempts: 2, BaseDelay: time.Millisecond}, HTTPClient: &http.Client{Timeout: 50 * time.Millisecond}}
+	_, err := c.Do(post(t, srv.URL, chargeBody))
+	assert.ErrorIs(t, err, ErrExhausted)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.True(t, isTimeout(err))
+	assert.Len(t, srv.Hits(), 2)
+}
