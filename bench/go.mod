@@ -3,8 +3,10 @@ module github.com/idemkit/idemhttp/bench
 go 1.26
 
 require (
+	github.com/hashicorp/go-retryablehttp v0.7.8
 	github.com/idemkit/idemhttp v0.0.0
 	github.com/stretchr/testify v1.12.1
+	github.com/stripe/stripe-go/v82 v82.5.1
 	go.uber.org/goleak v1.3.0
 )
 
@@ -12,9 +14,9 @@ require (
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
-	github.com/hashicorp/go-retryablehttp v0.7.8 // indirect
-	github.com/stripe/stripe-go/v82 v82.5.1
+	go.etcd.io/bbolt v1.5.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/sys v0.45.0 // indirect
 )
 
 replace github.com/idemkit/idemhttp => ../
