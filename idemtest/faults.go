@@ -111,8 +111,10 @@ type opState struct {
 }
 
 // decide returns the fault for the next request of op, or "" for none.
-// The caller holds the server's lock.
-func (f *Faults) decide(st *opState, op string) FaultKind {
+// A request without a key never draws a 409: a real server answers "in
+// progress" only to a key it is processing, and a keyless client would
+// take it for an ordinary conflict. The caller holds the server's lock.
+func (f *Faults) decide(st *opState, op string, keyed bool) FaultKind {
 	st.attempts++
 	if st.burst > 0 {
 		st.burst--
@@ -126,6 +128,9 @@ func (f *Faults) decide(st *opState, op string) FaultKind {
 	for _, k := range rated {
 		sum += max(f.rate(k), 0)
 		if u < sum {
+			if k == FaultConflict && !keyed {
+				return ""
+			}
 			st.faults++
 			if k == FaultConflict {
 				st.burst = f.conflictBurst() - 1

@@ -35,7 +35,7 @@ func sequences(f Faults, ops []string, attempts int, shuffle *rand.Rand) map[str
 			st = new(opState)
 			states[r.op] = st
 		}
-		got[r.op] = append(got[r.op], f.decide(st, r.op))
+		got[r.op] = append(got[r.op], f.decide(st, r.op, true))
 	}
 	return got
 }
@@ -78,7 +78,7 @@ func TestDecisionRates(t *testing.T) {
 			const n = 20000
 			counts := map[FaultKind]int{}
 			for i := range n {
-				counts[tt.give.decide(new(opState), fmt.Sprint("op-", i))]++
+				counts[tt.give.decide(new(opState), fmt.Sprint("op-", i), true)]++
 			}
 			for k, share := range tt.want {
 				assert.InDelta(t, share*n, counts[k], 0.02*n, "kind %q", k)
@@ -104,7 +104,7 @@ func TestConflictBurstAndCap(t *testing.T) {
 			st := new(opState)
 			var got []FaultKind
 			for range tt.want {
-				got = append(got, tt.give.decide(st, "op"))
+				got = append(got, tt.give.decide(st, "op", true))
 			}
 			assert.Equal(t, tt.want, got)
 		})
@@ -184,4 +184,13 @@ func TestStatsConcurrentReads(t *testing.T) {
 	}
 	wg.Wait()
 	assert.Equal(t, Stats{Executions: 4, Operations: 2, Duplicates: 2, Faults: srv.Stats().Faults}, srv.Stats())
+}
+
+func TestKeylessRequestsGetNoConflict(t *testing.T) {
+	f := Faults{Seed: 1, Conflict: 1}
+	st := new(opState)
+	for range 10 {
+		assert.Equal(t, FaultKind(""), f.decide(st, "op", false))
+	}
+	assert.Equal(t, FaultConflict, f.decide(new(opState), "op", true))
 }

@@ -265,7 +265,7 @@ func (s *Server) count(k FaultKind) {
 }
 
 // decide picks the fault for a request of op.
-func (s *Server) decide(op string) FaultKind {
+func (s *Server) decide(op string, keyed bool) FaultKind {
 	if s.faults.inOutage(s.now().Sub(s.start)) {
 		return FaultOutage
 	}
@@ -276,7 +276,7 @@ func (s *Server) decide(op string) FaultKind {
 		st = new(opState)
 		s.ops[op] = st
 	}
-	return s.faults.decide(st, op)
+	return s.faults.decide(st, op, keyed)
 }
 
 // serve is the fault layer in front of the middleware.
@@ -300,7 +300,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	ctx := context.WithValue(r.Context(), opCtxKey, op)
-	kind := s.decide(op)
+	kind := s.decide(op, r.Header.Get(idemhttp.DefaultKeyHeader) != "")
 	if kind != "" {
 		s.count(kind)
 	}
