@@ -205,10 +205,11 @@ func journalIsOSError(err error) bool {
 }
 
 // init checks that the file is as long as its meta page says (a truncated
-// file would fault when a page past the end is touched) and creates the
-// buckets of a new journal.
+// file would fault when a page past the end is touched) and that it holds
+// a journal of this build's format, and creates the buckets of a new
+// journal.
 func (j *FileJournal) init() error {
-	missing := false
+	empty := false
 	err := j.view(context.Background(), func(tx *bolt.Tx) error {
 		fi, err := os.Stat(j.db.Path())
 		if err != nil {
@@ -217,12 +218,17 @@ func (j *FileJournal) init() error {
 		if fi.Size() < tx.Size() {
 			return fmt.Errorf("%w: file is %d bytes, its pages reach %d: truncated", ErrJournalCorrupt, fi.Size(), tx.Size())
 		}
-		for _, name := range journalBucketNames {
-			missing = missing || tx.Bucket(name) == nil
+		if k, _ := tx.Cursor().First(); k == nil {
+			empty = true
+			return nil
 		}
-		return nil
+		if err := journalCheckVersion(tx); err != nil {
+			return err
+		}
+		_, err = journalBuckets(tx)
+		return err
 	})
-	if err != nil || !missing {
+	if err != nil || !empty {
 		return err
 	}
 	// Only a new journal lacks buckets, so only the first open pays this
@@ -230,11 +236,11 @@ func (j *FileJournal) init() error {
 	return j.guard(func() error {
 		return j.db.Update(func(tx *bolt.Tx) error {
 			for _, name := range journalBucketNames {
-				if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				if _, err := tx.CreateBucket(name); err != nil {
 					return err
 				}
 			}
-			return nil
+			return tx.Bucket(journalMeta).Put(journalVersionKey, []byte{journalVersion})
 		})
 	})
 }
@@ -293,15 +299,16 @@ func (j *FileJournal) Begin(ctx context.Context, e *Entry) (*Entry, error) {
 	}
 	// Encoding outside the transaction keeps the batch, which every
 	// concurrent writer waits on, as short as possible.
-	val, err := journalEncodeEntry(rec)
+	stateVal, requestVal, err := journalEncodeEntry(rec)
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: journal begin %s: %w", e.Key, err)
 	}
-	if len(val) > bolt.MaxValueSize {
-		return nil, fmt.Errorf("idemhttp: journal begin %s: %w: entry of %d bytes is too large", e.Key, ErrInvalidRequest, len(val))
+	if len(requestVal) > bolt.MaxValueSize {
+		return nil, fmt.Errorf("idemhttp: journal begin %s: %w: entry of %d bytes is too large", e.Key, ErrInvalidRequest, len(requestVal))
 	}
 	key := []byte(rec.Key)
-	pendingKey := journalTimeKey(rec.Created, rec.Key)
+	operation := []byte(rec.Operation)
+	pendingKey := journalTimeKey(rec.Created, key)
 
 	var existing *Entry
 	err = j.submit(ctx, func(tx *bolt.Tx, op *journalOp) error {
@@ -310,29 +317,44 @@ func (j *FileJournal) Begin(ctx context.Context, e *Entry) (*Entry, error) {
 		if err != nil {
 			return err
 		}
-		if rec.Operation != "" {
-			if k := b.ops.Get([]byte(rec.Operation)); k != nil {
+		if len(operation) > 0 {
+			if k := b.ops.Get(operation); k != nil {
 				existing, err = b.get(k)
 				if errors.Is(err, ErrNotFound) {
-					return fmt.Errorf("%w: operation %q maps to missing entry %q", ErrJournalCorrupt, rec.Operation, k)
+					return fmt.Errorf("%w: operation %q maps to missing entry %q", ErrJournalCorrupt, operation, k)
 				}
 				return err
 			}
 		}
-		if b.entries.Get(key) != nil {
+		if b.keys.Get(key) != nil {
 			existing, err = b.get(key)
 			return err
 		}
 		op.changed = true
-		if err := b.entries.Put(key, val); err != nil {
+		n, err := b.requests.NextSequence()
+		if err != nil {
 			return err
 		}
-		if rec.Operation != "" {
-			if err := b.ops.Put([]byte(rec.Operation), key); err != nil {
+		seq := journalSeqKey(n)
+		// Only a damaged sequence (it is stored in the file too) could
+		// hand out a number in use, and writing there would overwrite
+		// another entry. States and requests are written together, so
+		// one lookup tells.
+		if b.states.Get(seq) != nil {
+			return fmt.Errorf("%w: sequence number %d is already in use", ErrJournalCorrupt, n)
+		}
+		for _, p := range []struct {
+			bucket   *bolt.Bucket
+			key, val []byte
+		}{{b.requests, seq, requestVal}, {b.states, seq, stateVal}, {b.keys, key, seq}, {b.pending, pendingKey, seq}} {
+			if err := p.bucket.Put(p.key, p.val); err != nil {
 				return err
 			}
 		}
-		return b.pending.Put(pendingKey, journalMark)
+		if len(operation) > 0 {
+			return b.ops.Put(operation, key)
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: journal begin %s: %w", rec.Key, err)
@@ -356,29 +378,35 @@ func (j *FileJournal) Finish(ctx context.Context, key string, o Outcome) error {
 	if at.IsZero() {
 		at = time.Now()
 	}
+	state, _ := journalStateByte(o.State)
+	k := []byte(key)
 	err := j.submit(ctx, func(tx *bolt.Tx, op *journalOp) error {
 		b, err := journalBuckets(tx)
 		if err != nil {
 			return err
 		}
-		e, err := b.get([]byte(key))
+		seq, err := b.seqOf(k)
 		if err != nil {
 			return err
 		}
-		prev := *e
-		e.Attempts += o.Attempts
-		e.LastStatus = o.Status
-		e.State = o.State
-		e.Updated = at
-		val, err := journalEncodeEntry(e)
+		prev, err := b.state(seq, k)
 		if err != nil {
 			return err
 		}
+		// Only the state record changes: its head (key, operation,
+		// fingerprint) is copied as it is, the request is not read.
+		next := prev
+		next.state, next.updated, next.lastStatus = o.State, at, o.Status
+		next.attempts += o.Attempts
+		val := make([]byte, 0, len(prev.head)+journalStateTailMax+journalCRCLen)
+		val = journalAppendStateTail(append(val, prev.head...), state, next.created, next.updated, next.attempts, next.lastStatus)
+		// seq aliases the file, or a page this transaction rewrites.
+		seq = bytes.Clone(seq)
 		op.changed = true
-		if err := b.entries.Put([]byte(key), val); err != nil {
+		if err := b.states.Put(seq, val); err != nil {
 			return err
 		}
-		return b.reindex(&prev, e)
+		return b.reindex(k, seq, &prev, &next)
 	})
 	if err != nil {
 		return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
@@ -415,11 +443,15 @@ func (j *FileJournal) Pending(ctx context.Context) ([]*Entry, error) {
 			return err
 		}
 		c := b.pending.Cursor()
-		for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		for k, seq := c.First(); k != nil; k, seq = c.Next() {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			e, err := b.indexed(k, StatePending)
+			s, err := b.indexed(k, seq, StatePending)
+			if err != nil {
+				return err
+			}
+			e, err := b.withRequest(seq, &s)
 			if err != nil {
 				return err
 			}
@@ -460,7 +492,7 @@ const journalPruneChunk = 1000
 // pruneChunk deletes up to journalPruneChunk done entries updated before
 // cutoff.
 func (j *FileJournal) pruneChunk(ctx context.Context, cutoff time.Time) (int, error) {
-	limit := journalTimeKey(cutoff, "")
+	limit := journalTimeKey(cutoff, nil)
 	var n int
 	err := j.submit(ctx, func(tx *bolt.Tx, op *journalOp) error {
 		n = 0
@@ -470,26 +502,31 @@ func (j *FileJournal) pruneChunk(ctx context.Context, cutoff time.Time) (int, er
 		}
 		// Collect first: deleting under a bbolt cursor skips elements. And
 		// decoding everything before the first delete means a damaged
-		// entry fails the op with the transaction untouched.
-		var doomed []*Entry
+		// entry fails the op with the transaction untouched. Only state
+		// records are read: a pruned entry's request is deleted unread.
+		type doomed struct {
+			seq []byte
+			s   journalState
+		}
+		var all []doomed
 		c := b.done.Cursor()
-		for k, _ := c.First(); k != nil && len(doomed) < journalPruneChunk && bytes.Compare(k[:min(len(k), journalTimeKeyLen)], limit) < 0; k, _ = c.Next() {
-			e, err := b.indexed(k, StateDone)
+		for k, seq := c.First(); k != nil && len(all) < journalPruneChunk && bytes.Compare(k[:min(len(k), journalTimeKeyLen)], limit) < 0; k, seq = c.Next() {
+			s, err := b.indexed(k, seq, StateDone)
 			if err != nil {
 				return err
 			}
-			doomed = append(doomed, e)
+			all = append(all, doomed{seq, s})
 		}
-		if len(doomed) == 0 {
+		if len(all) == 0 {
 			return nil
 		}
 		op.changed = true
-		for _, e := range doomed {
-			if err := b.remove(e); err != nil {
+		for i := range all {
+			if err := b.remove(all[i].seq, &all[i].s); err != nil {
 				return err
 			}
 		}
-		n = len(doomed)
+		n = len(all)
 		return nil
 	})
 	return n, err
@@ -507,11 +544,15 @@ func (j *FileJournal) Entries(ctx context.Context) ([]*Entry, error) {
 		if err != nil {
 			return err
 		}
-		return b.entries.ForEach(func(k, v []byte) error {
+		return b.states.ForEach(func(seq, v []byte) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			e, err := journalDecodeStored(k, v)
+			s, err := journalDecodeState(v)
+			if err != nil {
+				return fmt.Errorf("entry %s: %w", b.nameOf(seq), err)
+			}
+			e, err := b.withRequest(seq, &s)
 			if err != nil {
 				return err
 			}
@@ -540,21 +581,32 @@ func (j *FileJournal) Entries(ctx context.Context) ([]*Entry, error) {
 // Deleting a pending entry forgets an operation whose outcome is unknown:
 // rerunning it mints a new key and may run it twice.
 func (j *FileJournal) Delete(ctx context.Context, key string) error {
+	k := []byte(key)
 	err := j.submit(ctx, func(tx *bolt.Tx, op *journalOp) error {
 		b, err := journalBuckets(tx)
 		if err != nil {
 			return err
 		}
-		e, err := b.get([]byte(key))
-		switch {
-		case errors.Is(err, ErrJournalCorrupt):
+		seq, err := b.seqOf(k)
+		if errors.Is(err, ErrJournalCorrupt) {
 			op.changed = true
-			return b.removeDamaged([]byte(key))
-		case err != nil:
+			return b.removeDamaged(k, nil)
+		}
+		if err != nil {
+			return err
+		}
+		// Only the state record is read: an entry whose request record is
+		// damaged is deleted like any other.
+		s, err := b.state(seq, k)
+		if errors.Is(err, ErrJournalCorrupt) {
+			op.changed = true
+			return b.removeDamaged(k, seq)
+		}
+		if err != nil {
 			return err
 		}
 		op.changed = true
-		return b.remove(e)
+		return b.remove(seq, &s)
 	})
 	if err != nil {
 		return fmt.Errorf("idemhttp: journal delete %s: %w", key, err)

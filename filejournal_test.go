@@ -18,6 +18,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/journaltest"
@@ -529,9 +530,13 @@ func TestFileJournalCorruptFile(t *testing.T) {
 			return fjFlipEvery(b, []byte("MARKER-0007"), 7)
 		}, wantErr: idemhttp.ErrJournalCorrupt},
 		{name: "flipped byte in a bucket key", give: func(b []byte) []byte {
-			// A leaf stores each key just before its value, and a value
-			// starts with the version byte and the key's length.
-			return fjFlipEvery(b, []byte("key-0003\x01\x08key-0003"), 5)
+			// A leaf stores each key between the previous record's value
+			// and its own: in the key index, the sequence numbers of the
+			// entries begun third and fourth.
+			pattern := binary.BigEndian.AppendUint64(nil, 3)
+			pattern = append(pattern, "key-0003"...)
+			pattern = binary.BigEndian.AppendUint64(pattern, 4)
+			return fjFlipEvery(b, pattern, 8+5)
 		}, wantErr: idemhttp.ErrJournalCorrupt},
 		{name: "flipped byte in the pending index", give: func(b []byte) []byte {
 			return fjFlipEvery(b, fjPendingIndexKey(fjEntry("", "").Created, "key-0011"), 12+5)
@@ -581,6 +586,87 @@ func TestFileJournalRepairDamagedEntry(t *testing.T) {
 	existing, err := j.Begin(ctx, fjEntry("key-new", "op-0007"))
 	require.NoError(t, err)
 	assert.Nil(t, existing, "the damaged entry's operation mapping went with it")
+}
+
+// A file of another format version, or a bbolt file that is not a
+// journal, is refused on open with an error that says so; nothing in it is
+// read as entries or changed.
+func TestFileJournalRefusesOtherFormats(t *testing.T) {
+	tests := []struct {
+		name    string
+		buckets map[string]map[string]string // bucket -> key -> value
+		want    string
+	}{
+		{name: "version 1", buckets: map[string]map[string]string{
+			"entries": {"k": "\x01..."}, "operations": {}, "pending": {}, "done": {},
+		}, want: "journal format version 1"},
+		{name: "future version", buckets: map[string]map[string]string{
+			"idemhttp": {"version": "\x03"}, "keys": {}, "states": {}, "requests": {}, "operations": {}, "pending": {}, "done": {},
+		}, want: "journal format version 03"},
+		{name: "version 2 with a bucket missing", buckets: map[string]map[string]string{
+			"idemhttp": {"version": "\x02"}, "keys": {}, "states": {}, "operations": {}, "pending": {}, "done": {},
+		}, want: "bucket is missing"},
+		{name: "another program's file", buckets: map[string]map[string]string{
+			"widgets": {"w1": "blue"},
+		}, want: "not an idemhttp journal"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := fjPath(t)
+			db, err := bolt.Open(path, 0o600, nil)
+			require.NoError(t, err)
+			require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+				for name, kvs := range tt.buckets {
+					b, err := tx.CreateBucket([]byte(name))
+					if err != nil {
+						return err
+					}
+					for k, v := range kvs {
+						if err := b.Put([]byte(k), []byte(v)); err != nil {
+							return err
+						}
+					}
+				}
+				return nil
+			}))
+			require.NoError(t, db.Close())
+			before, err := os.ReadFile(path)
+			require.NoError(t, err)
+
+			j, err := idemhttp.OpenFileJournal(path, nil)
+			assert.Nil(t, j)
+			assert.ErrorIs(t, err, idemhttp.ErrJournalCorrupt)
+			assert.ErrorContains(t, err, tt.want)
+			after, err := os.ReadFile(path)
+			require.NoError(t, err)
+			assert.Equal(t, before, after, "the file is left as it was")
+		})
+	}
+}
+
+// Regression: a page header's overflow count damaged to about 1.5 billion
+// (one flipped byte) made the first write free 1.5 billion pages one by
+// one, hanging until memory ran out. The freelist page was the one hit:
+// every commit replaces it. Open must refuse such a file at once.
+func TestFileJournalHugeOverflowCountRefused(t *testing.T) {
+	const pageSize = 4096
+	path, raw := fjCorruptJournal(t, 40, "MARKER")
+	damaged := 0
+	for off := 2 * pageSize; off+16 <= len(raw); off += pageSize {
+		// Page header: id (8 bytes), flags (2), count (2), overflow (4).
+		id, flags := binary.LittleEndian.Uint64(raw[off:]), binary.LittleEndian.Uint16(raw[off+8:])
+		if id == uint64(off/pageSize) && flags == 0x10 { // the freelist
+			raw[off+15] ^= 0x5a
+			damaged++
+		}
+	}
+	require.Positive(t, damaged, "the file has a freelist page")
+	require.NoError(t, os.WriteFile(path, raw, 0o600))
+
+	j, err := idemhttp.OpenFileJournal(path, nil)
+	assert.Nil(t, j)
+	assert.ErrorIs(t, err, idemhttp.ErrJournalCorrupt)
+	assert.ErrorContains(t, err, "overflow pages")
 }
 
 // Flipping bytes all over a journal file must give, on open or on use, a
