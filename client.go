@@ -1,7 +1,6 @@
 package idemhttp
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -340,21 +339,35 @@ func replayableBody(req *http.Request, needBytes bool, maxBody int64) ([]byte, f
 		return nil, req.GetBody, nil
 	}
 	defer closeBody(req)
-	var buf bytes.Buffer
+	// Sized from Content-Length (+1 so reaching EOF needs no growth):
+	// bytes.Buffer.ReadFrom would double a 1 KiB buffer to keep 512 bytes
+	// free, for every journaled request.
+	size := 512
 	if req.ContentLength > 0 && req.ContentLength <= maxBody {
-		buf.Grow(int(req.ContentLength) + 1)
+		size = int(req.ContentLength) + 1
 	}
-	n, err := buf.ReadFrom(io.LimitReader(req.Body, maxBody+1))
-	if err != nil {
-		return nil, nil, fmt.Errorf("idemhttp: %w: read body: %w", ErrInvalidRequest, err)
+	buf := make([]byte, 0, size)
+	r := io.LimitReader(req.Body, maxBody+1)
+	for {
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("idemhttp: %w: read body: %w", ErrInvalidRequest, err)
+		}
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
 	}
-	if n > maxBody {
+	if int64(len(buf)) > maxBody {
 		return nil, nil, fmt.Errorf("idemhttp: %w: body larger than MaxBodyBytes (%d)", ErrNotReplayable, maxBody)
 	}
-	if n == 0 {
+	if len(buf) == 0 {
 		return nil, nil, nil
 	}
-	return buf.Bytes(), nil, nil
+	return buf, nil, nil
 }
 
 // withHeader returns a copy of h with name set to v. The copy shares h's

@@ -843,3 +843,22 @@ func TestAttemptTimeoutIsATimeout(t *testing.T) {
 	assert.True(t, isTimeout(err))
 	assert.Len(t, srv.Hits(), 2)
 }
+
+// A body without GetBody is buffered whole and resent byte for byte,
+// whatever its size relative to the read buffer.
+func TestBufferedBodiesAreResentWhole(t *testing.T) {
+	for _, size := range []int{1, 511, 512, 513, 4096, 100_000} {
+		body := strings.Repeat("x", size-1) + "!"
+		srv := newScripted(t, reply(503, ""), reply(200, ""))
+		c := &Client{Policy: fast()}
+		req, err := http.NewRequest("POST", srv.URL, io.NopCloser(strings.NewReader(body)))
+		require.NoError(t, err)
+		req.ContentLength = int64(size)
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		for _, h := range srv.Hits() {
+			assert.Equal(t, body, h.Body, "size %d", size)
+		}
+	}
+}
