@@ -264,19 +264,20 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		}
 	}
 
+	// The engine's request lives in the call state: FromRequest would only
+	// allocate it, since the body is set below.
 	out.Body = nil
-	rreq, err := retryablehttp.FromRequest(out)
-	if err == nil {
-		switch {
-		case body != nil:
-			err = rreq.SetBody(body)
-		case getBody != nil:
-			a.firstBody, a.getBody = req.Body, getBody
-			a.probing = true // SetBody reads the body once to measure it
-			err = rreq.SetBody(retryablehttp.ReaderFunc(a.body))
-			a.probing = false
-			rreq.ContentLength = req.ContentLength
-		}
+	rreq := &a.rreq
+	rreq.Request = out
+	switch {
+	case body != nil:
+		err = rreq.SetBody(body)
+	case getBody != nil:
+		a.firstBody, a.getBody = req.Body, getBody
+		a.probing = true // SetBody reads the body once to measure it
+		err = rreq.SetBody(retryablehttp.ReaderFunc(a.body))
+		a.probing = false
+		rreq.ContentLength = req.ContentLength
 	}
 	if err != nil {
 		if getBody != nil {

@@ -71,6 +71,7 @@ type attempt struct {
 	probing   bool
 
 	engine retryablehttp.Client
+	rreq   retryablehttp.Request
 }
 
 // body is the engine's ReaderFunc for a request with GetBody.
