@@ -243,7 +243,7 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		out.Header = req.Header.Clone()
 	}
 	if keyed {
-		if hv := FormatKeyHeader(key, p.quoteKey); req.Header.Get(p.keyHeader) != hv {
+		if hv := FormatKeyHeader(key, p.quoteKey); headerValue(req.Header, p.keyHeader) != hv {
 			if c.PrepareRequest == nil {
 				out.Header = withHeader(req.Header, p.keyHeader, hv)
 			} else {
@@ -309,7 +309,7 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 // or "" if none.
 func (c *Client) callerKey(ctx context.Context, req *http.Request) (string, error) {
 	var key string
-	if v := req.Header.Get(c.pol.keyHeader); v != "" {
+	if v := headerValue(req.Header, c.pol.keyHeader); v != "" {
 		k, err := ParseKeyHeader(v)
 		if err != nil {
 			return "", err
@@ -369,6 +369,16 @@ func replayableBody(req *http.Request, needBytes bool, maxBody int64) ([]byte, f
 		return nil, nil, nil
 	}
 	return buf, nil, nil
+}
+
+// headerValue is h.Get(name) for a name already in canonical form (the
+// policy canonicalises KeyHeader once), without canonicalising it again on
+// every request.
+func headerValue(h http.Header, name string) string {
+	if v := h[name]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // withHeader returns a copy of h with name set to v. The copy shares h's
