@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idemhttp/internal/storeharness"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -160,7 +161,7 @@ func TestFleet(t *testing.T) {
 		ops     = 120
 	)
 	s := newSchema(t)
-	e := newEffects()
+	e := storeharness.NewEffects()
 	v := &victim{name: "worker-0", after: 5, holding: make(chan struct{}), killed: make(chan struct{})}
 	var killOnce sync.Once
 	markKilled := func() { killOnce.Do(func() { close(v.killed) }) }
@@ -248,7 +249,7 @@ func TestFleet(t *testing.T) {
 
 	duplicates, lost := 0, 0
 	for i := range ops {
-		switch n := e.count(fmt.Sprintf("op-%03d", i)); {
+		switch n := e.Count(fmt.Sprintf("op-%03d", i)); {
 		case n == 0:
 			lost++
 		case n > 1:

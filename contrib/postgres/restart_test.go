@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"fmt"
+	"github.com/idemkit/idemhttp/internal/storeharness"
 	"io"
 	"net"
 	"net/http"
@@ -39,15 +40,15 @@ WHERE application_name = $1 AND pid <> pg_backend_pid()`, s.name).Scan(&n)
 func TestServerSessionsTerminated(t *testing.T) {
 	s := newSchema(t)
 	store := postgres.NewStore(s.pool(t, 4))
-	e := newEffects()
-	var log syncBuffer
-	srv := serve(t, store, e, time.Minute, &log)
+	e := storeharness.NewEffects()
+	var log storeharness.SyncBuffer
+	srv := storeharness.Serve(t, store, e, time.Minute, &log)
 
 	const n = 10
-	started, release := e.hold(n)
-	replies := make(chan reply, n)
+	started, release := e.Hold(n)
+	replies := make(chan storeharness.Reply, n)
 	for i := range n {
-		go func() { replies <- post(srv, "a", fmt.Sprint("key-", i), fmt.Sprint("op-", i)) }()
+		go func() { replies <- storeharness.Post(srv, "a", fmt.Sprint("key-", i), fmt.Sprint("op-", i)) }()
 	}
 	for range n {
 		<-started
@@ -56,20 +57,20 @@ func TestServerSessionsTerminated(t *testing.T) {
 	release()
 	for range n {
 		got := <-replies
-		require.NoError(t, got.err)
-		assert.Equal(t, http.StatusCreated, got.status)
-		assert.False(t, got.replayed)
+		require.NoError(t, got.Err)
+		assert.Equal(t, http.StatusCreated, got.Status)
+		assert.False(t, got.Replayed)
 	}
 
 	require.Positive(t, s.terminate(t))
 	for i := range n {
-		got := post(srv, "a", fmt.Sprint("key-", i), fmt.Sprint("op-", i))
-		assert.Equal(t, reply{status: http.StatusCreated, replayed: true, body: created(fmt.Sprint("op-", i), 1)}, got)
-		got = post(srv, "b", fmt.Sprint("key-", i), fmt.Sprint("op-b-", i))
-		assert.Equal(t, reply{status: http.StatusCreated, body: created(fmt.Sprint("op-b-", i), 1)}, got)
+		got := storeharness.Post(srv, "a", fmt.Sprint("key-", i), fmt.Sprint("op-", i))
+		assert.Equal(t, storeharness.Reply{Status: http.StatusCreated, Replayed: true, Body: storeharness.Created(fmt.Sprint("op-", i), 1)}, got)
+		got = storeharness.Post(srv, "b", fmt.Sprint("key-", i), fmt.Sprint("op-b-", i))
+		assert.Equal(t, storeharness.Reply{Status: http.StatusCreated, Body: storeharness.Created(fmt.Sprint("op-b-", i), 1)}, got)
 	}
 	for i := range n {
-		assert.Equal(t, 1, e.count(fmt.Sprint("op-", i)), "op-%d", i)
+		assert.Equal(t, 1, e.Count(fmt.Sprint("op-", i)), "op-%d", i)
 	}
 	assert.Empty(t, log.String(), "no store error reached the middleware")
 }
@@ -82,46 +83,46 @@ func TestServerDown(t *testing.T) {
 	s := newSchema(t)
 	p := newProxy(t, s.url)
 	store := postgres.NewStore(p.pool(t, s))
-	e := newEffects()
-	var log syncBuffer
-	srv := serve(t, store, e, lockTimeout, &log)
+	e := storeharness.NewEffects()
+	var log storeharness.SyncBuffer
+	srv := storeharness.Serve(t, store, e, lockTimeout, &log)
 
-	require.Equal(t, http.StatusCreated, post(srv, "a", "key-before", "op-before").status)
+	require.Equal(t, http.StatusCreated, storeharness.Post(srv, "a", "key-before", "op-before").Status)
 
 	p.cut()
-	got := post(srv, "a", "key-down", "op-down")
-	assert.Equal(t, reply{status: http.StatusServiceUnavailable, body: idemserver.TypeStoreUnavailable}, got)
-	assert.Zero(t, e.count("op-down"))
+	got := storeharness.Post(srv, "a", "key-down", "op-down")
+	assert.Equal(t, storeharness.Reply{Status: http.StatusServiceUnavailable, Body: idemserver.TypeStoreUnavailable}, got)
+	assert.Zero(t, e.Count("op-down"))
 	assert.Contains(t, log.String(), "idemhttp/postgres: claim")
 
 	p.restore()
-	got = post(srv, "a", "key-before", "op-before")
-	assert.Equal(t, reply{status: http.StatusCreated, replayed: true, body: created("op-before", 1)}, got)
+	got = storeharness.Post(srv, "a", "key-before", "op-before")
+	assert.Equal(t, storeharness.Reply{Status: http.StatusCreated, Replayed: true, Body: storeharness.Created("op-before", 1)}, got)
 
 	// The server becomes unreachable while a handler runs: its caller
 	// gets the response, which is not stored, and the key is free again
 	// after the lock timeout. (The retry then runs the operation a second
 	// time: the middleware's documented cost of an unstored response.)
-	started, release := e.hold(1)
-	inflight := make(chan reply, 1)
-	go func() { inflight <- post(srv, "a", "key-stuck", "op-stuck") }()
+	started, release := e.Hold(1)
+	inflight := make(chan storeharness.Reply, 1)
+	go func() { inflight <- storeharness.Post(srv, "a", "key-stuck", "op-stuck") }()
 	<-started
 	claimedAt := time.Now()
 	p.cut()
 	release()
-	assert.Equal(t, reply{status: http.StatusCreated, body: created("op-stuck", 1)}, <-inflight)
+	assert.Equal(t, storeharness.Reply{Status: http.StatusCreated, Body: storeharness.Created("op-stuck", 1)}, <-inflight)
 	assert.Contains(t, log.String(), "response not stored")
 	p.restore()
 	// Checked only when the claim is surely live: a loaded machine may
 	// take longer than the lock timeout to get here.
 	if time.Since(claimedAt) < lockTimeout/2 {
-		got = post(srv, "a", "key-stuck", "op-stuck")
-		assert.Equal(t, reply{status: http.StatusConflict, body: idemserver.TypeInProgress}, got)
+		got = storeharness.Post(srv, "a", "key-stuck", "op-stuck")
+		assert.Equal(t, storeharness.Reply{Status: http.StatusConflict, Body: idemserver.TypeInProgress}, got)
 	}
 	require.Eventually(t, func() bool {
-		return post(srv, "a", "key-stuck", "op-stuck").status == http.StatusCreated
+		return storeharness.Post(srv, "a", "key-stuck", "op-stuck").Status == http.StatusCreated
 	}, 10*lockTimeout, 50*time.Millisecond, "the key must be free after the lock timeout")
-	assert.Equal(t, 2, e.count("op-stuck"))
+	assert.Equal(t, 2, e.Count("op-stuck"))
 }
 
 // proxy forwards TCP connections to the test server until cut, which

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"github.com/idemkit/idemhttp/internal/storeharness"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -18,12 +19,12 @@ import (
 // each with its own pool, sharing the store's table: the effect runs once.
 func TestMiddlewareInstancesShareStore(t *testing.T) {
 	s := newSchema(t)
-	e := newEffects()
+	e := storeharness.NewEffects()
 	servers := make([]*httptest.Server, 4)
 	for i := range servers {
-		servers[i] = serve(t, postgres.NewStore(s.pool(t, 8)), e, time.Minute, nil)
+		servers[i] = storeharness.Serve(t, postgres.NewStore(s.pool(t, 8)), e, time.Minute, nil)
 	}
-	sharedKeyRace(t, servers, e, 200)
+	storeharness.SharedKeyRace(t, servers, e, 200)
 }
 
 // TestPrune checks that Prune deletes expired claims and responses, and

@@ -1,6 +1,7 @@
 package redis_test
 
 import (
+	"github.com/idemkit/idemhttp/internal/storeharness"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -14,10 +15,10 @@ import (
 func TestMiddlewareInstancesShareStore(t *testing.T) {
 	c := newClient(t, 0)
 	store := idemredis.NewStore(c, &idemredis.Options{Prefix: newPrefix(t, c)})
-	e := newEffects()
+	e := storeharness.NewEffects()
 	servers := make([]*httptest.Server, 4)
 	for i := range servers {
-		servers[i] = serve(t, store, e, time.Minute, nil)
+		servers[i] = storeharness.Serve(t, store, e, time.Minute, nil)
 	}
-	sharedKeyRace(t, servers, e, 200)
+	storeharness.SharedKeyRace(t, servers, e, 200)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/idemkit/idemhttp/internal/storeharness"
 	"net/http"
 	"os"
 	"os/exec"
@@ -92,17 +93,17 @@ func TestServerRestart(t *testing.T) {
 	const lockTimeout = 2 * time.Second
 	r := startPrivateRedis(t)
 	store := idemredis.NewStore(r.client(t), nil)
-	e := newEffects()
-	var log syncBuffer
-	srv := serve(t, store, e, lockTimeout, &log)
+	e := storeharness.NewEffects()
+	var log storeharness.SyncBuffer
+	srv := storeharness.Serve(t, store, e, lockTimeout, &log)
 
 	// Ten requests claim their keys; the server crashes and comes back
 	// while their handlers run; their responses are then stored.
 	const n = 10
-	started, release := e.hold(n)
-	replies := make(chan reply, n)
+	started, release := e.Hold(n)
+	replies := make(chan storeharness.Reply, n)
 	for i := range n {
-		go func() { replies <- post(srv, "a", fmt.Sprint("key-", i), fmt.Sprint("op-", i)) }()
+		go func() { replies <- storeharness.Post(srv, "a", fmt.Sprint("key-", i), fmt.Sprint("op-", i)) }()
 	}
 	for range n {
 		<-started
@@ -112,9 +113,9 @@ func TestServerRestart(t *testing.T) {
 	release()
 	for range n {
 		got := <-replies
-		require.NoError(t, got.err)
-		assert.Equal(t, http.StatusCreated, got.status)
-		assert.False(t, got.replayed)
+		require.NoError(t, got.Err)
+		assert.Equal(t, http.StatusCreated, got.Status)
+		assert.False(t, got.Replayed)
 	}
 	require.NotContains(t, log.String(), "not stored", "the claims survived the restart, so every response is stored")
 
@@ -123,18 +124,18 @@ func TestServerRestart(t *testing.T) {
 	r.kill()
 	r.start()
 	for i := range n {
-		got := post(srv, "a", fmt.Sprint("key-", i), fmt.Sprint("op-", i))
-		assert.Equal(t, reply{status: http.StatusCreated, replayed: true, body: created(fmt.Sprint("op-", i), 1)}, got)
-		got = post(srv, "b", fmt.Sprint("key-", i), fmt.Sprint("op-b-", i))
-		assert.Equal(t, reply{status: http.StatusCreated, body: created(fmt.Sprint("op-b-", i), 1)}, got)
+		got := storeharness.Post(srv, "a", fmt.Sprint("key-", i), fmt.Sprint("op-", i))
+		assert.Equal(t, storeharness.Reply{Status: http.StatusCreated, Replayed: true, Body: storeharness.Created(fmt.Sprint("op-", i), 1)}, got)
+		got = storeharness.Post(srv, "b", fmt.Sprint("key-", i), fmt.Sprint("op-b-", i))
+		assert.Equal(t, storeharness.Reply{Status: http.StatusCreated, Body: storeharness.Created(fmt.Sprint("op-b-", i), 1)}, got)
 	}
 
 	// While the server is down, requests get a 503 problem and nothing
 	// runs.
 	r.kill()
-	got := post(srv, "a", "key-down", "op-down")
-	assert.Equal(t, reply{status: http.StatusServiceUnavailable, body: idemserver.TypeStoreUnavailable}, got)
-	assert.Zero(t, e.count("op-down"))
+	got := storeharness.Post(srv, "a", "key-down", "op-down")
+	assert.Equal(t, storeharness.Reply{Status: http.StatusServiceUnavailable, Body: idemserver.TypeStoreUnavailable}, got)
+	assert.Zero(t, e.Count("op-down"))
 	assert.Contains(t, log.String(), "idemhttp/redis: claim")
 
 	// A request whose handler finishes while the server is down cannot
@@ -143,29 +144,29 @@ func TestServerRestart(t *testing.T) {
 	// runs the operation a second time: the middleware's documented cost
 	// of an unstored response.)
 	r.start()
-	started, release = e.hold(1)
-	inflight := make(chan reply, 1)
-	go func() { inflight <- post(srv, "a", "key-stuck", "op-stuck") }()
+	started, release = e.Hold(1)
+	inflight := make(chan storeharness.Reply, 1)
+	go func() { inflight <- storeharness.Post(srv, "a", "key-stuck", "op-stuck") }()
 	<-started
 	claimedAt := time.Now()
 	r.kill()
 	release()
 	got = <-inflight
-	assert.Equal(t, reply{status: http.StatusCreated, body: created("op-stuck", 1)}, got)
+	assert.Equal(t, storeharness.Reply{Status: http.StatusCreated, Body: storeharness.Created("op-stuck", 1)}, got)
 	assert.Contains(t, log.String(), "response not stored")
 	r.start()
 	// Checked only when the claim is surely live: a loaded machine may
 	// take longer than the lock timeout to get here.
 	if time.Since(claimedAt) < lockTimeout/2 {
-		got = post(srv, "a", "key-stuck", "op-stuck")
-		assert.Equal(t, reply{status: http.StatusConflict, body: idemserver.TypeInProgress}, got, "the claim survived the crash")
+		got = storeharness.Post(srv, "a", "key-stuck", "op-stuck")
+		assert.Equal(t, storeharness.Reply{Status: http.StatusConflict, Body: idemserver.TypeInProgress}, got, "the claim survived the crash")
 	}
 	require.Eventually(t, func() bool {
-		return post(srv, "a", "key-stuck", "op-stuck").status == http.StatusCreated
+		return storeharness.Post(srv, "a", "key-stuck", "op-stuck").Status == http.StatusCreated
 	}, 10*lockTimeout, 50*time.Millisecond, "the key must be free after the lock timeout")
-	assert.Equal(t, 2, e.count("op-stuck"))
+	assert.Equal(t, 2, e.Count("op-stuck"))
 
 	for i := range n {
-		assert.Equal(t, 1, e.count(fmt.Sprint("op-", i)), "op-%d", i)
+		assert.Equal(t, 1, e.Count(fmt.Sprint("op-", i)), "op-%d", i)
 	}
 }

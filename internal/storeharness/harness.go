@@ -1,4 +1,9 @@
-package redis_test
+// Package storeharness is the test harness shared by the idemserver store
+// tests of the contrib modules: a handler that counts its side effects, a
+// middleware server over a store, a client that reports what came back, and
+// the many-instances-one-key race. It is internal: for this repository's
+// tests only.
+package storeharness
 
 import (
 	"encoding/json"
@@ -17,24 +22,24 @@ import (
 	"github.com/idemkit/idemhttp/idemserver"
 )
 
-// effects is a handler whose side effect is counted: each run of an
+// Effects is a handler whose side effect is counted: each run of an
 // operation (the request body) increments its count, and the response
 // names the operation and the run, so that a replay to the wrong caller
 // shows.
-type effects struct {
+type Effects struct {
 	mu      sync.Mutex
 	runs    map[string]int
 	gate    chan struct{} // when not nil, each run waits for it to close
 	started chan string   // when not nil, receives the operation as a run starts
 }
 
-// gateTimeout bounds a run's wait for its gate, so that a failing test
+// GateTimeout bounds a run's wait for its gate, so that a failing test
 // cannot hang its servers' Close.
-const gateTimeout = 20 * time.Second
+const GateTimeout = 20 * time.Second
 
-func newEffects() *effects { return &effects{runs: make(map[string]int)} }
+func NewEffects() *Effects { return &Effects{runs: make(map[string]int)} }
 
-func (e *effects) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (e *Effects) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	op := string(body)
 	e.mu.Lock()
@@ -48,7 +53,7 @@ func (e *effects) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if gate != nil {
 		select {
 		case <-gate:
-		case <-time.After(gateTimeout):
+		case <-time.After(GateTimeout):
 		}
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -56,9 +61,9 @@ func (e *effects) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, `{"op":%q,"run":%d}`, op, n)
 }
 
-// hold makes every later run wait until the returned release is called,
+// Hold makes every later run wait until the returned release is called,
 // announcing itself on the returned channel (buffered for n runs).
-func (e *effects) hold(n int) (started <-chan string, release func()) {
+func (e *Effects) Hold(n int) (started <-chan string, release func()) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	gate, ch := make(chan struct{}), make(chan string, n)
@@ -74,16 +79,16 @@ func (e *effects) hold(n int) (started <-chan string, release func()) {
 	}
 }
 
-func (e *effects) count(op string) int {
+func (e *Effects) Count(op string) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.runs[op]
 }
 
-// serve starts a server running e behind a Middleware on store, scoped by
+// Serve starts a server running e behind a Middleware on store, scoped by
 // the X-Tenant header, and closes it when the test ends. It answers 409
 // and 503 with "Retry-After: 0", and logs store errors to log.
-func serve(t *testing.T, store idemserver.Store, e *effects, lockTimeout time.Duration, log io.Writer) *httptest.Server {
+func Serve(t *testing.T, store idemserver.Store, e *Effects, lockTimeout time.Duration, log io.Writer) *httptest.Server {
 	t.Helper()
 	if log == nil {
 		log = io.Discard
@@ -101,79 +106,79 @@ func serve(t *testing.T, store idemserver.Store, e *effects, lockTimeout time.Du
 	return srv
 }
 
-// reply is what a request got back.
-type reply struct {
-	status   int
-	replayed bool
-	body     string // the response body; for problems, the problem type
-	err      error
+// Reply is what a request got back.
+type Reply struct {
+	Status   int
+	Replayed bool
+	Body     string // the response body; for problems, the problem type
+	Err      error
 }
 
-// post sends op with key for tenant to srv.
-func post(srv *httptest.Server, tenant, key, op string) reply {
+// Post sends op with key for tenant to srv.
+func Post(srv *httptest.Server, tenant, key, op string) Reply {
 	req, err := http.NewRequest(http.MethodPost, srv.URL+"/charges", strings.NewReader(op))
 	if err != nil {
-		return reply{err: err}
+		return Reply{Err: err}
 	}
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("X-Tenant", tenant)
 	resp, err := srv.Client().Do(req)
 	if err != nil {
-		return reply{err: err}
+		return Reply{Err: err}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
-	r := reply{status: resp.StatusCode, replayed: resp.Header.Get(idemserver.ReplayedHeader) == "true", body: string(body), err: err}
+	r := Reply{Status: resp.StatusCode, Replayed: resp.Header.Get(idemserver.ReplayedHeader) == "true", Body: string(body), Err: err}
 	if resp.Header.Get("Content-Type") == "application/problem+json" {
 		var p idemserver.Problem
 		if json.Unmarshal(body, &p) == nil {
-			r.body = p.Type
+			r.Body = p.Type
 		}
 	}
 	return r
 }
 
-// created is the body the first run of op answers.
-func created(op string, run int) string { return fmt.Sprintf(`{"op":%q,"run":%d}`, op, run) }
+// Created is the body the first run of op answers.
+func Created(op string, run int) string { return fmt.Sprintf(`{"op":%q,"run":%d}`, op, run) }
 
-// syncBuffer is a log destination safe for concurrent writers.
-type syncBuffer struct {
+// SyncBuffer is a log destination safe for concurrent writers.
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  strings.Builder
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+func (s *SyncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) String() string {
+func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
 }
 
-// sharedKeyRace sends n requests with one key at once, spread over the
+// SharedKeyRace sends n requests with one key at once, spread over the
 // servers, while the first run is held until every other request has been
 // answered; then sends one more to each server. It checks that the effect
 // ran once, that every other request in the race got 409, and that the
 // later ones got the first response replayed.
-func sharedKeyRace(t *testing.T, servers []*httptest.Server, e *effects, n int) {
+func SharedKeyRace(t *testing.T, servers []*httptest.Server, e *Effects, n int) {
 	t.Helper()
-	started, release := e.hold(n)
+	started, release := e.Hold(n)
 	defer release()
-	replies := make(chan reply, n)
+	replies := make(chan Reply, n)
 	for i := range n {
-		go func() { replies <- post(servers[i%len(servers)], "tenant", "the-key", "op-race") }()
+		go func() { replies <- Post(servers[i%len(servers)], "tenant", "the-key", "op-race") }()
 	}
 	select {
 	case <-started:
-	case <-time.After(gateTimeout):
+	case <-time.After(GateTimeout):
 		require.FailNow(t, "no request ran the handler")
 	}
-	var got []reply
-	timeout := time.After(gateTimeout)
+	var got []Reply
+	timeout := time.After(GateTimeout)
 collect:
 	for len(got) < n-1 {
 		select {
@@ -190,14 +195,14 @@ collect:
 
 	statuses := map[int]int{}
 	for _, r := range got {
-		require.NoError(t, r.err)
-		statuses[r.status]++
+		require.NoError(t, r.Err)
+		statuses[r.Status]++
 	}
-	require.Equal(t, 1, e.count("op-race"), "the effect must run exactly once")
+	require.Equal(t, 1, e.Count("op-race"), "the effect must run exactly once")
 	require.Equal(t, map[int]int{http.StatusCreated: 1, http.StatusConflict: n - 1}, statuses)
 	for _, srv := range servers {
-		r := post(srv, "tenant", "the-key", "op-race")
-		require.NoError(t, r.err)
-		require.Equal(t, reply{status: http.StatusCreated, replayed: true, body: created("op-race", 1)}, r)
+		r := Post(srv, "tenant", "the-key", "op-race")
+		require.NoError(t, r.Err)
+		require.Equal(t, Reply{Status: http.StatusCreated, Replayed: true, Body: Created("op-race", 1)}, r)
 	}
 }
