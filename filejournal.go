@@ -1,32 +1,22 @@
 package idemhttp
 
 import (
-	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/http"
 	"os"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
 )
-
-// journalLockTimeout bounds how long OpenFileJournal waits for another
-// holder of the file lock. bbolt's default of 0 waits forever, which would
-// turn a second batch process started by mistake into a silent hang.
-const journalLockTimeout = 100 * time.Millisecond
 
 // JournalOptions configures [OpenFileJournal]. A nil *JournalOptions and
 // the zero value both mean the defaults: bodies stored, the standard
-// credentials withheld, the file verified on open.
+// credentials withheld, damage refused.
 type JournalOptions struct {
 	// OmitBodies keeps request bodies out of the file; fingerprints are
 	// still stored. Use it when bodies hold data that must not rest on
@@ -39,215 +29,197 @@ type JournalOptions struct {
 	// always withheld. Names are matched case-insensitively.
 	SecretHeaders []string
 
-	// SkipVerify skips the check of every entry's checksum and of the
-	// indexes that OpenFileJournal runs by default, which reads the whole
-	// file (about 0.3 s per 100 000 entries with the file in the page
-	// cache). Damage is then found by the first read that meets it. Use it
-	// to open a damaged journal for inspection and repair (Entries,
-	// Delete), or when opening a very large journal must be fast.
+	// SkipVerify opens a damaged journal instead of refusing it, for
+	// inspection and repair: damaged batches in the middle of the file are
+	// skipped, with the entries they held, and records that refer to
+	// skipped entries are ignored. [FileJournal.Verify] still reports the
+	// damage; [FileJournal.Compact] rewrites the file without it. Entries
+	// lost this way may be operations whose outcome is unknown, so a
+	// repaired journal needs a person's review.
 	SkipVerify bool
 }
 
-// JournalStats counts a [FileJournal]'s writes since it was opened.
+// JournalStats counts a [FileJournal]'s work since it was opened.
 type JournalStats struct {
-	// Writes is the number of write operations (Begin, Finish, Delete,
-	// Prune) that ran inside a write transaction.
+	// Writes is the number of records appended: one per Begin that stored
+	// an entry, per Finish, and per entry deleted.
 	Writes uint64
 
-	// Commits is the number of write transactions committed: the syncs.
-	// Each is one bbolt commit, which returns only after its data pages and
-	// then its meta page are on disk (two fdatasync calls). Writes that
-	// changed nothing (a Begin that found its entry) commit nothing.
-	// Commits divided by Writes falls below one when group commit merges
-	// concurrent writes.
+	// Commits is the number of group commits: each one write and one
+	// fdatasync. Commits divided by Writes falls below one when group
+	// commit merges concurrent writes.
 	Commits uint64
+
+	// Compactions is the number of times the file was rewritten with only
+	// its live entries.
+	Compactions uint64
+
+	// TruncatedBytes is the size of the incomplete tail that
+	// [OpenFileJournal] cut off: a group commit that a crash interrupted
+	// before any caller was told it succeeded.
+	TruncatedBytes int64
+
+	// SkippedBytes is the size of the damaged batches that
+	// [JournalOptions.SkipVerify] skipped when the file was opened.
+	SkippedBytes int64
+
+	// FileBytes is the size of the file, and LiveBytes about the size it
+	// would have if compacted now.
+	FileBytes, LiveBytes int64
 }
 
-// FileJournal is the embedded [Journal]: one file, written through
-// go.etcd.io/bbolt with ACID transactions, mode 0600, and locked so that
-// only one FileJournal at a time (in any process) has it open.
+// FileJournal is the embedded [Journal]: one append-only file of
+// checksummed records, mode 0600, locked so that only one FileJournal at
+// a time (in any process) has it open, with an index of the entries in
+// memory. The format is described in filejournal_codec.go.
 //
-// Every write is on disk before the method returns (write, sync, publish:
-// bbolt writes the pages, syncs them, writes and syncs its meta page, and
-// only then does the caller see success). Concurrent writes share one
-// transaction and its syncs (group commit), so under load durability costs
-// a fraction of a sync per request, and a lone caller never waits for
-// company.
+// # Durability
+//
+// Begin returns only once its entry is on disk: its record is appended to
+// the batch being filled, one goroutine writes the batch with one write
+// and one fdatasync, and only then is the entry published and Begin's
+// caller woken (write, sync, publish). Concurrent calls share a batch
+// (group commit), so under load durability costs a fraction of a sync
+// per request, and a lone caller never waits for company: the next batch
+// is sealed as soon as the previous sync returns.
+//
+// Finish is write-behind: its record joins the next batch and Finish
+// returns without waiting for the sync. That halves the syncs a request
+// waits for and loses nothing: the outcome is on disk before any Begin
+// that stores an entry after it returns, and before Close or
+// [FileJournal.Sync] returns;
+// if the process dies first, the entry is still pending after the
+// restart, and [Client.Resume] resends it under the same key, which the
+// server answers with its stored response instead of running the
+// operation again. Delete and Prune wait for their sync.
+//
+// # Recovery
+//
+// [OpenFileJournal] replays the file into the index. A batch that is
+// incomplete or damaged, with nothing valid after it, is a group commit
+// that a crash interrupted before anyone was told it succeeded: it is cut
+// off ([JournalStats.TruncatedBytes]). A damaged batch followed by a
+// valid one is damage to data that was acknowledged, and gives an error
+// wrapping [ErrJournalCorrupt] (see [JournalOptions.SkipVerify]). Every
+// entry read back from the file is checked against its CRC again.
+//
+// # Space
+//
+// Records are never rewritten in place. When pruned and deleted entries
+// make up more than half of the file, and at least 1 MiB of it, Prune and
+// OpenFileJournal rewrite it with only the live entries (see
+// [FileJournal.Compact]). Memory holds about 150 bytes per entry plus its
+// key and operation id; request bodies and headers stay on disk.
 //
 // Entries never hold the Authorization, Cookie or Proxy-Authorization
 // headers, nor any header in [JournalOptions.SecretHeaders], nor a URL
 // password, whatever the caller passes: the journal is the last line of
 // defence for secrets at rest.
 //
-// A write honours its context while it waits for an earlier commit; once
-// it is part of a commit its result is final, whatever the context does,
-// since giving up then could report failure for a write that is on disk.
-//
-// Damage to the file is reported as an error wrapping [ErrJournalCorrupt],
-// never as a panic. A FileJournal is safe for concurrent use. Open one with
+// A FileJournal is safe for concurrent use. Open one with
 // [OpenFileJournal]; the zero value is not usable. Close it when done.
 type FileJournal struct {
-	db         *bolt.DB
+	path       string
 	omitBodies bool
 	secret     map[string]bool // canonical header names never stored
+	salvage    bool            // SkipVerify
 
-	mu         sync.Mutex
-	idle       sync.Cond    // signalled when committing turns false
-	queue      []*journalOp // writes waiting for the next batch
-	committing bool         // a leader is running a batch
-	closed     bool         // Close was called; no new writes
-	broken     error        // set after bbolt panicked in a write; every later write fails with it
+	// fileMu guards the file itself: held shared by every read and by the
+	// committer for its write and sync, exclusively by compaction, which
+	// replaces the file. Lock order: fileMu, then mu.
+	fileMu sync.RWMutex
+	f      *os.File
 
-	writes  atomic.Uint64
-	commits atomic.Uint64
+	mu       sync.Mutex
+	idle     sync.Cond // broadcast when a commit ends
+	byKey    map[string]*fjEntry
+	byOp     map[string]string
+	cur      *fjBatch // the batch being filled
+	inflight *fjBatch // the batch being written, nil if none
+	closed   bool
+	broken   error  // a write or sync failed: the file's tail is unknown, so writes stop
+	live     int64  // bytes the index's entries would take in a compacted file
+	seq      uint64 // the last durable batch's sequence number
+	salt     uint64 // the file's salt (see filejournal_codec.go)
+
+	kick     chan struct{} // wakes the committer; capacity 1
+	stop     chan struct{} // closed by Close
+	loopDone chan struct{} // closed when the committer has returned
+
+	// fault, when set (by tests only, before any write), is called before
+	// each write ("write") and each fdatasync ("sync") of a commit, and
+	// its error is taken as that call's.
+	fault func(step string) error
+
+	writes, commits, compactions atomic.Uint64
+	truncated, skipped           int64
+	size                         atomic.Int64
 }
 
 var _ Journal = (*FileJournal)(nil)
+
+// fjEntry is the index's view of one entry: its state, and where its
+// begin record (with the request: method, URL, headers, body) is in the
+// file.
+type fjEntry struct {
+	key, operation string
+	created        time.Time
+	updated        time.Time
+	attempts       int
+	lastStatus     int
+	state          byte
+	deleting       bool     // a delete record is on its way
+	off            int64    // the begin record's offset in the file
+	size           int32    // the begin record's length, header included
+	batch          *fjBatch // until the begin record is durable; nil after
+}
+
+// fjEntryOverhead approximates an index entry's memory and a compacted
+// file's per-entry framing; see FileJournal's documentation.
+const fjEntryOverhead = 150
 
 // OpenFileJournal opens the journal file at path, creating it (mode 0600)
 // if it does not exist or is empty. An existing file that others may read
 // or write is tightened to mode 0600. A nil opts means the defaults.
 //
 // If another FileJournal, in this process or another, has the file open,
-// OpenFileJournal fails within about 100 ms with an error wrapping
-// [ErrJournalLocked]. A file that is not a journal, or is truncated or
-// damaged, gives an error wrapping [ErrJournalCorrupt]; unless
-// opts.SkipVerify is set, every entry's checksum and the indexes are
-// checked before OpenFileJournal returns, which reads the whole file.
+// OpenFileJournal fails at once with an error wrapping [ErrJournalLocked].
+// A file that is not a journal, or is damaged, gives an error wrapping
+// [ErrJournalCorrupt] (but see [JournalOptions.SkipVerify]); an
+// incomplete last batch is cut off. OpenFileJournal reads the whole file
+// to build its index, and compacts it when that would halve it.
 func OpenFileJournal(path string, opts *JournalOptions) (*FileJournal, error) {
 	if opts == nil {
 		opts = &JournalOptions{}
 	}
 	j := &FileJournal{
+		path:       path,
 		omitBodies: opts.OmitBodies,
+		salvage:    opts.SkipVerify,
 		secret: map[string]bool{
 			"Authorization":       true,
 			"Cookie":              true,
 			"Proxy-Authorization": true,
 		},
+		kick:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		loopDone: make(chan struct{}),
 	}
 	for _, name := range opts.SecretHeaders {
 		j.secret[http.CanonicalHeaderKey(name)] = true
 	}
 	j.idle.L = &j.mu
-
-	db, err := journalOpenBolt(path)
-	if err != nil {
-		return nil, err
-	}
-	j.db = db
-	if err := j.init(); err != nil {
-		_ = db.Close()
+	if err := j.open(); err != nil {
 		return nil, fmt.Errorf("idemhttp: open journal %s: %w", path, err)
 	}
-	if !opts.SkipVerify {
-		ctx := context.Background()
-		if err := j.view(ctx, func(tx *bolt.Tx) error { return journalVerify(ctx, tx) }); err != nil {
-			_ = db.Close()
-			return nil, fmt.Errorf("idemhttp: open journal %s: %w", path, err)
-		}
-	}
+	go j.commitLoop()
 	return j, nil
 }
 
-// journalOpenBolt opens the bbolt file, turning bbolt's errors and panics
-// into ErrJournalLocked and ErrJournalCorrupt.
-func journalOpenBolt(path string) (*bolt.DB, error) {
-	// bbolt opens the file through this hook, so that if it panics on a
-	// damaged file before returning a DB, the descriptor (and with it the
-	// lock) can still be released.
-	var file *os.File
-	open := func(name string, flag int, mode os.FileMode) (*os.File, error) {
-		f, err := os.OpenFile(name, flag, mode)
-		file = f
-		return f, err
-	}
-	var db *bolt.DB
-	panicked, err := journalProtect(func() (err error) {
-		db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: journalLockTimeout, OpenFile: open})
-		return err
-	})
-	switch {
-	case panicked:
-		if file != nil {
-			_ = file.Close()
-		}
-		return nil, fmt.Errorf("idemhttp: open journal %s: %w", path, err)
-	case errors.Is(err, berrors.ErrTimeout):
-		return nil, fmt.Errorf("idemhttp: open journal %s: %w", path, ErrJournalLocked)
-	case err == nil:
-	case journalIsOSError(err):
-		return nil, fmt.Errorf("idemhttp: open journal %s: %w", path, err)
-	default:
-		// Not the system's refusal, so bbolt's verdict on the contents:
-		// ErrInvalid, ErrChecksum, ErrVersionMismatch, or unexported errors
-		// such as a file shorter than its two meta pages.
-		return nil, fmt.Errorf("idemhttp: open journal %s: %w: %w", path, ErrJournalCorrupt, err)
-	}
-	// bbolt creates the file with mode 0600, but an existing file may have
-	// been created looser (a copy, a restore): tighten it, since entries
-	// hold request bodies.
-	if fi, err := file.Stat(); err == nil && fi.Mode().Perm()&0o077 != 0 {
-		if err := file.Chmod(0o600); err != nil {
-			_ = db.Close()
-			return nil, fmt.Errorf("idemhttp: open journal %s: %w", path, err)
-		}
-	}
-	return db, nil
-}
-
-// journalIsOSError reports whether err came from the operating system
-// (permissions, I/O, memory) rather than from what bbolt read in the file.
-func journalIsOSError(err error) bool {
-	var errno syscall.Errno
-	var pathErr *fs.PathError
-	return errors.As(err, &errno) || errors.As(err, &pathErr)
-}
-
-// init checks that the file is as long as its meta page says (a truncated
-// file would fault when a page past the end is touched) and that it holds
-// a journal of this build's format, and creates the buckets of a new
-// journal.
-func (j *FileJournal) init() error {
-	empty := false
-	err := j.view(context.Background(), func(tx *bolt.Tx) error {
-		fi, err := os.Stat(j.db.Path())
-		if err != nil {
-			return err
-		}
-		if fi.Size() < tx.Size() {
-			return fmt.Errorf("%w: file is %d bytes, its pages reach %d: truncated", ErrJournalCorrupt, fi.Size(), tx.Size())
-		}
-		if k, _ := tx.Cursor().First(); k == nil {
-			empty = true
-			return nil
-		}
-		if err := journalCheckVersion(tx); err != nil {
-			return err
-		}
-		_, err = journalBuckets(tx)
-		return err
-	})
-	if err != nil || !empty {
-		return err
-	}
-	// Only a new journal lacks buckets, so only the first open pays this
-	// commit.
-	return j.guard(func() error {
-		return j.db.Update(func(tx *bolt.Tx) error {
-			for _, name := range journalBucketNames {
-				if _, err := tx.CreateBucket(name); err != nil {
-					return err
-				}
-			}
-			return tx.Bucket(journalMeta).Put(journalVersionKey, []byte{journalVersion})
-		})
-	})
-}
-
-// Close waits for writes in progress, then closes the file and releases its
-// lock. Later calls on the journal return [ErrJournalClosed]. Close is
-// idempotent.
+// Close writes what is still buffered (outcomes recorded by Finish), then
+// closes the file and releases its lock. It returns an error if that last
+// write failed, or if an earlier one did. Later calls on the journal
+// return [ErrJournalClosed]; Close itself is idempotent.
 func (j *FileJournal) Close() error {
 	j.mu.Lock()
 	if j.closed {
@@ -255,20 +227,70 @@ func (j *FileJournal) Close() error {
 		return nil
 	}
 	j.closed = true
-	for j.committing {
-		j.idle.Wait()
-	}
 	j.mu.Unlock()
-	// bbolt's Close waits for open read transactions.
-	if err := j.db.Close(); err != nil {
+	close(j.stop)
+	<-j.loopDone
+	j.fileMu.Lock()
+	defer j.fileMu.Unlock()
+	err := j.f.Close()
+	j.mu.Lock()
+	broken := j.broken
+	j.mu.Unlock()
+	if broken != nil {
+		return fmt.Errorf("idemhttp: close journal: %w", broken)
+	}
+	if err != nil {
 		return fmt.Errorf("idemhttp: close journal: %w", err)
 	}
 	return nil
 }
 
-// Stats returns the journal's write counters since it was opened.
+// Stats returns the journal's counters since it was opened.
 func (j *FileJournal) Stats() JournalStats {
-	return JournalStats{Writes: j.writes.Load(), Commits: j.commits.Load()}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return JournalStats{
+		Writes: j.writes.Load(), Commits: j.commits.Load(), Compactions: j.compactions.Load(),
+		TruncatedBytes: j.truncated, SkippedBytes: j.skipped,
+		FileBytes: j.size.Load(), LiveBytes: j.live + fjFileHdrLen,
+	}
+}
+
+// Sync returns once every record appended before it was called is on
+// disk: in particular the outcomes that Finish records write-behind. It
+// returns the error of a failed write, and ctx's error if ctx ends first.
+func (j *FileJournal) Sync(ctx context.Context) error {
+	j.mu.Lock()
+	if err := j.writableLocked(); err != nil {
+		j.mu.Unlock()
+		return fmt.Errorf("idemhttp: journal sync: %w", err)
+	}
+	b := j.cur
+	if b.empty() {
+		b = j.inflight
+	}
+	j.mu.Unlock()
+	if b == nil {
+		return nil
+	}
+	j.wake()
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if b.err != nil {
+		return fmt.Errorf("idemhttp: journal sync: %w", b.err)
+	}
+	return nil
+}
+
+// writableLocked reports why no record may be appended now, if so.
+func (j *FileJournal) writableLocked() error {
+	if j.closed {
+		return ErrJournalClosed
+	}
+	return j.broken
 }
 
 // Begin implements [Journal.Begin]. The operation id is looked up first,
@@ -278,6 +300,10 @@ func (j *FileJournal) Stats() JournalStats {
 // and (with OmitBodies) the body removed. e is not modified. Begin fails
 // with an error wrapping [ErrInvalidKey] or [ErrInvalidRequest] for a bad
 // key or operation id, before touching the file.
+//
+// ctx is checked before the entry joins a batch; once it has, Begin waits
+// for the batch, since giving up then could report failure for a write
+// that reaches the disk.
 func (j *FileJournal) Begin(ctx context.Context, e *Entry) (*Entry, error) {
 	if e == nil {
 		return nil, fmt.Errorf("idemhttp: journal begin: %w: nil entry", ErrInvalidRequest)
@@ -297,69 +323,98 @@ func (j *FileJournal) Begin(ctx context.Context, e *Entry) (*Entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Encoding outside the transaction keeps the batch, which every
-	// concurrent writer waits on, as short as possible.
-	stateVal, requestVal, err := journalEncodeEntry(rec)
+	// Encoding outside the lock keeps the critical section, which every
+	// concurrent writer waits on, to a copy.
+	bp := fjEncodeBufs.Get()
+	defer fjEncodeBufs.Put(bp)
+	encoded, err := fjAppendBegin((*bp)[:0], rec)
+	*bp = encoded
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: journal begin %s: %w", e.Key, err)
 	}
-	if len(requestVal) > bolt.MaxValueSize {
-		return nil, fmt.Errorf("idemhttp: journal begin %s: %w: entry of %d bytes is too large", e.Key, ErrInvalidRequest, len(requestVal))
-	}
-	key := []byte(rec.Key)
-	operation := []byte(rec.Operation)
-	pendingKey := journalTimeKey(rec.Created, key)
 
-	var existing *Entry
-	err = j.submit(ctx, func(tx *bolt.Tx, op *journalOp) error {
-		existing = nil // a batch may run more than once
-		b, err := journalBuckets(tx)
-		if err != nil {
-			return err
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
 		}
-		if len(operation) > 0 {
-			if k := b.ops.Get(operation); k != nil {
-				existing, err = b.get(k)
-				if errors.Is(err, ErrNotFound) {
-					return fmt.Errorf("%w: operation %q maps to missing entry %q", ErrJournalCorrupt, operation, k)
-				}
-				return err
+		j.mu.Lock()
+		if err := j.writableLocked(); err != nil {
+			j.mu.Unlock()
+			return nil, fmt.Errorf("idemhttp: journal begin %s: %w", e.Key, err)
+		}
+		found := j.lookupLocked(rec.Operation, rec.Key)
+		if found == nil && !j.cur.empty() && len(j.cur.buf)+len(encoded) > fjMaxBatch {
+			// A batch must stay within what replay accepts: wait for the
+			// committer to take this one.
+			j.wake()
+			j.idle.Wait()
+			j.mu.Unlock()
+			continue
+		}
+		if found == nil {
+			b := j.appendBeginLocked(rec, encoded)
+			j.mu.Unlock()
+			<-b.done
+			if b.err != nil {
+				return nil, fmt.Errorf("idemhttp: journal begin %s: %w", rec.Key, b.err)
 			}
+			return nil, nil
 		}
-		if b.keys.Get(key) != nil {
-			existing, err = b.get(key)
-			return err
-		}
-		op.changed = true
-		n, err := b.requests.NextSequence()
-		if err != nil {
-			return err
-		}
-		seq := journalSeqKey(n)
-		// Only a damaged sequence (it is stored in the file too) could
-		// hand out a number in use, and writing there would overwrite
-		// another entry. States and requests are written together, so
-		// one lookup tells.
-		if b.states.Get(seq) != nil {
-			return fmt.Errorf("%w: sequence number %d is already in use", ErrJournalCorrupt, n)
-		}
-		for _, p := range []struct {
-			bucket   *bolt.Bucket
-			key, val []byte
-		}{{b.requests, seq, requestVal}, {b.states, seq, stateVal}, {b.keys, key, seq}, {b.pending, pendingKey, seq}} {
-			if err := p.bucket.Put(p.key, p.val); err != nil {
-				return err
+		if b := found.batch; b != nil {
+			// Stored by a Begin whose batch is not on disk yet: its
+			// outcome decides.
+			j.mu.Unlock()
+			select {
+			case <-b.done:
+			case <-ctx.Done():
+				return nil, ctx.Err()
 			}
+			continue
 		}
-		if len(operation) > 0 {
-			return b.ops.Put(operation, key)
+		key := found.key
+		j.mu.Unlock()
+		existing, err := j.read(key)
+		if errors.Is(err, ErrNotFound) {
+			continue // deleted in between: look again
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("idemhttp: journal begin %s: %w", rec.Key, err)
+		if err != nil {
+			return nil, fmt.Errorf("idemhttp: journal begin %s: %w", e.Key, err)
+		}
+		return existing, nil
 	}
-	return existing, nil
+}
+
+// fjEncodeBufs holds encoding buffers, so that a Begin allocates none.
+var fjEncodeBufs = fjNewBufPool()
+
+// lookupLocked returns the entry for operation (when not empty) or, failing
+// that, for key.
+func (j *FileJournal) lookupLocked(operation, key string) *fjEntry {
+	if operation != "" {
+		if k, ok := j.byOp[operation]; ok {
+			return j.byKey[k]
+		}
+	}
+	return j.byKey[key]
+}
+
+// appendBeginLocked adds the encoded begin record of rec to the current
+// batch and indexes its entry, reserved until the batch is durable.
+func (j *FileJournal) appendBeginLocked(rec *Entry, encoded []byte) *fjBatch {
+	b := j.cur
+	le := &fjEntry{
+		key: rec.Key, operation: rec.Operation, created: rec.Created, updated: rec.Updated,
+		attempts: rec.Attempts, lastStatus: rec.LastStatus, state: journalStatePending,
+		off: b.off + int64(len(b.buf)), size: int32(len(encoded)), batch: b,
+	}
+	j.appendLocked(encoded, 1)
+	b.begins = append(b.begins, le)
+	j.byKey[le.key] = le
+	if le.operation != "" {
+		j.byOp[le.operation] = le.key
+	}
+	j.live += int64(len(encoded)) + fjEntryOverhead
+	return b
 }
 
 // Finish implements [Journal.Finish]: it adds o.Attempts to the entry's
@@ -367,8 +422,13 @@ func (j *FileJournal) Begin(ctx context.Context, e *Entry) (*Entry, error) {
 // when zero). o.State must be one of the three states; a call that ended
 // without a definite outcome records [StatePending] again. Finish returns
 // an error wrapping [ErrNotFound] for an unknown key.
+//
+// The new state is visible at once to this journal's readers; its record
+// is written behind (see [FileJournal]). Finish does not wait for the disk,
+// so ctx is only checked on entry.
 func (j *FileJournal) Finish(ctx context.Context, key string, o Outcome) error {
-	if _, ok := journalStateByte(o.State); !ok {
+	state, ok := journalStateByte(o.State)
+	if !ok {
 		return fmt.Errorf("idemhttp: journal finish %s: %w: unknown state %q", key, ErrInvalidRequest, o.State)
 	}
 	if o.Attempts < 0 {
@@ -378,249 +438,233 @@ func (j *FileJournal) Finish(ctx context.Context, key string, o Outcome) error {
 	if at.IsZero() {
 		at = time.Now()
 	}
-	state, _ := journalStateByte(o.State)
-	k := []byte(key)
-	err := j.submit(ctx, func(tx *bolt.Tx, op *journalOp) error {
-		b, err := journalBuckets(tx)
-		if err != nil {
-			return err
-		}
-		seq, err := b.seqOf(k)
-		if err != nil {
-			return err
-		}
-		prev, err := b.state(seq, k)
-		if err != nil {
-			return err
-		}
-		// Only the state record changes: its head (key, operation,
-		// fingerprint) is copied as it is, the request is not read.
-		next := prev
-		next.state, next.updated, next.lastStatus = o.State, at, o.Status
-		next.attempts += o.Attempts
-		val := make([]byte, 0, len(prev.head)+journalStateTailMax+journalCRCLen)
-		val = journalAppendStateTail(append(val, prev.head...), state, next.created, next.updated, next.attempts, next.lastStatus)
-		// seq aliases the file, or a page this transaction rewrites.
-		seq = bytes.Clone(seq)
-		op.changed = true
-		if err := b.states.Put(seq, val); err != nil {
-			return err
-		}
-		return b.reindex(k, seq, &prev, &next)
-	})
-	if err != nil {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if err := j.writableLocked(); err != nil {
 		return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
 	}
+	le, ok := j.byKey[key]
+	if !ok || le.deleting {
+		return fmt.Errorf("idemhttp: journal finish %s: %w", key, ErrNotFound)
+	}
+	// Attempts are stored as a total: see the finish record's format.
+	le.state, le.lastStatus, le.updated = state, o.Status, at
+	le.attempts += o.Attempts
+	j.appendFinishLocked(le)
 	return nil
 }
 
-// Get implements [Journal.Get].
+// appendFinishLocked appends a finish record with le's current values.
+func (j *FileJournal) appendFinishLocked(le *fjEntry) {
+	b := j.cur
+	n := len(b.buf)
+	b.buf = fjAppendFinish(b.buf, le.key, le.state, le.lastStatus, le.attempts, le.updated)
+	j.appended(b, n, 1)
+}
+
+// Get implements [Journal.Get]. An entry whose Begin is not yet durable
+// is not found.
 func (j *FileJournal) Get(ctx context.Context, key string) (*Entry, error) {
-	var e *Entry
-	err := j.view(ctx, func(tx *bolt.Tx) error {
-		b, err := journalBuckets(tx)
-		if err != nil {
-			return err
-		}
-		e, err = b.get([]byte(key))
-		return err
-	})
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	e, err := j.read(key)
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: journal get %s: %w", key, err)
 	}
 	return e, nil
 }
 
+// read returns the durable entry for key, its request read back from the
+// file and checked.
+func (j *FileJournal) read(key string) (*Entry, error) {
+	j.fileMu.RLock()
+	defer j.fileMu.RUnlock()
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		return nil, ErrJournalClosed
+	}
+	le, ok := j.byKey[key]
+	if !ok || le.batch != nil {
+		j.mu.Unlock()
+		return nil, ErrNotFound
+	}
+	snap := *le
+	j.mu.Unlock()
+	return j.readEntry(&snap, nil)
+}
+
+// readEntry reads le's begin record into an Entry with le's state, using
+// buf for the read if it is large enough. Called with fileMu held.
+func (j *FileJournal) readEntry(le *fjEntry, buf []byte) (*Entry, error) {
+	if cap(buf) < int(le.size) {
+		buf = make([]byte, le.size)
+	}
+	buf = buf[:le.size]
+	if _, err := j.f.ReadAt(buf, le.off); err != nil {
+		return nil, fmt.Errorf("read entry %s: %w", le.key, err)
+	}
+	payload, _, ok := fjReadRecord(buf)
+	if !ok {
+		return nil, fmt.Errorf("%w: entry %s: the record at offset %d fails its checksum", ErrJournalCorrupt, le.key, le.off)
+	}
+	rec, err := fjDecodeRecord(payload)
+	if err != nil {
+		return nil, fmt.Errorf("entry %s: %w", le.key, err)
+	}
+	if rec.kind != fjKindBegin || rec.key != le.key {
+		return nil, fmt.Errorf("%w: entry %s: the record at offset %d is not its own", ErrJournalCorrupt, le.key, le.off)
+	}
+	e := rec.entry()
+	e.State, e.Updated, e.Attempts, e.LastStatus = journalStateOf(le.state), le.updated, le.attempts, le.lastStatus
+	return e, nil
+}
+
 // Pending implements [Journal.Pending]: entries in state pending, oldest
-// Created first (ties in key order). It reads only the pending entries,
-// however many done entries the journal keeps.
+// Created first (ties in key order).
 func (j *FileJournal) Pending(ctx context.Context) ([]*Entry, error) {
-	var out []*Entry
-	err := j.view(ctx, func(tx *bolt.Tx) error {
-		out = nil
-		b, err := journalBuckets(tx)
-		if err != nil {
-			return err
-		}
-		c := b.pending.Cursor()
-		for k, seq := c.First(); k != nil; k, seq = c.Next() {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			s, err := b.indexed(k, seq, StatePending)
-			if err != nil {
-				return err
-			}
-			e, err := b.withRequest(seq, &s)
-			if err != nil {
-				return err
-			}
-			out = append(out, e)
-		}
-		return nil
-	})
+	out, err := j.list(ctx, func(le *fjEntry) bool { return le.state == journalStatePending })
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: journal pending: %w", err)
 	}
 	return out, nil
 }
 
-// Prune implements [Journal.Prune]. It reads only the done entries it
-// deletes, however many entries the journal holds, and deletes them in
-// transactions of at most 1000 entries, so that a large prune does not
-// hold up concurrent writers for long. If ctx ends between transactions,
-// Prune returns the count deleted so far with ctx's error.
-func (j *FileJournal) Prune(ctx context.Context, cutoff time.Time) (int, error) {
-	total := 0
-	for {
-		n, err := j.pruneChunk(ctx, cutoff)
-		total += n
-		if err != nil {
-			return total, fmt.Errorf("idemhttp: journal prune: %w", err)
-		}
-		if n < journalPruneChunk {
-			return total, nil
-		}
-	}
-}
-
-// journalPruneChunk bounds the entries one Prune transaction deletes: a
-// group commit runs every waiting writer's op in one transaction, so a
-// long op delays them all. 1000 deletions take about 10 ms on a small VM.
-const journalPruneChunk = 1000
-
-// pruneChunk deletes up to journalPruneChunk done entries updated before
-// cutoff.
-func (j *FileJournal) pruneChunk(ctx context.Context, cutoff time.Time) (int, error) {
-	limit := journalTimeKey(cutoff, nil)
-	var n int
-	err := j.submit(ctx, func(tx *bolt.Tx, op *journalOp) error {
-		n = 0
-		b, err := journalBuckets(tx)
-		if err != nil {
-			return err
-		}
-		// Collect first: deleting under a bbolt cursor skips elements. And
-		// decoding everything before the first delete means a damaged
-		// entry fails the op with the transaction untouched. Only state
-		// records are read: a pruned entry's request is deleted unread.
-		type doomed struct {
-			seq []byte
-			s   journalState
-		}
-		var all []doomed
-		c := b.done.Cursor()
-		for k, seq := c.First(); k != nil && len(all) < journalPruneChunk && bytes.Compare(k[:min(len(k), journalTimeKeyLen)], limit) < 0; k, seq = c.Next() {
-			s, err := b.indexed(k, seq, StateDone)
-			if err != nil {
-				return err
-			}
-			all = append(all, doomed{seq, s})
-		}
-		if len(all) == 0 {
-			return nil
-		}
-		op.changed = true
-		for i := range all {
-			if err := b.remove(all[i].seq, &all[i].s); err != nil {
-				return err
-			}
-		}
-		n = len(all)
-		return nil
-	})
-	return n, err
-}
-
 // Entries returns every entry in the journal, whatever its state, oldest
 // Created first (ties in key order). It is meant for inspection tools; it
-// reads the whole file. A damaged entry gives an error wrapping
-// [ErrJournalCorrupt] that names its key.
+// reads every entry's request back from the file. A damaged entry gives an
+// error wrapping [ErrJournalCorrupt] that names its key.
 func (j *FileJournal) Entries(ctx context.Context) ([]*Entry, error) {
-	var out []*Entry
-	err := j.view(ctx, func(tx *bolt.Tx) error {
-		out = nil
-		b, err := journalBuckets(tx)
-		if err != nil {
-			return err
-		}
-		return b.states.ForEach(func(seq, v []byte) error {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			s, err := journalDecodeState(v)
-			if err != nil {
-				return fmt.Errorf("entry %s: %w", b.nameOf(seq), err)
-			}
-			e, err := b.withRequest(seq, &s)
-			if err != nil {
-				return err
-			}
-			out = append(out, e)
-			return nil
-		})
-	})
+	out, err := j.list(ctx, func(*fjEntry) bool { return true })
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: journal entries: %w", err)
 	}
-	slices.SortFunc(out, func(a, b *Entry) int {
-		if c := a.Created.Compare(b.Created); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Key, b.Key)
-	})
 	return out, nil
 }
 
-// Delete removes the entry for key, whatever its state, with its index
-// records, durably. It returns an error wrapping [ErrNotFound] for an
-// unknown key. A damaged entry can be deleted too: its index records are
-// then found by scanning, so that inspection tools can repair a journal
-// opened with [JournalOptions.SkipVerify].
+// list returns the durable entries that keep selects, oldest first.
+func (j *FileJournal) list(ctx context.Context, keep func(*fjEntry) bool) ([]*Entry, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	j.fileMu.RLock()
+	defer j.fileMu.RUnlock()
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		return nil, ErrJournalClosed
+	}
+	var snaps []fjEntry
+	for _, le := range j.byKey {
+		if le.batch == nil && !le.deleting && keep(le) {
+			snaps = append(snaps, *le)
+		}
+	}
+	j.mu.Unlock()
+	slices.SortFunc(snaps, func(a, b fjEntry) int {
+		return cmp.Or(a.created.Compare(b.created), strings.Compare(a.key, b.key))
+	})
+	out := make([]*Entry, 0, len(snaps))
+	var buf []byte
+	for i := range snaps {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		e, err := j.readEntry(&snaps[i], buf)
+		if err != nil {
+			return nil, err
+		}
+		buf = buf[:0]
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// Prune implements [Journal.Prune]: it deletes the done entries updated
+// before cutoff with one delete record each, in one group commit, and
+// then compacts the file if that would halve it (see [FileJournal.Compact]).
+// A failed compaction is not Prune's error: the file stays as it was and
+// the next Prune tries again.
+func (j *FileJournal) Prune(ctx context.Context, cutoff time.Time) (int, error) {
+	n, err := j.remove(ctx, func(le *fjEntry) bool {
+		return le.state == journalStateDone && le.updated.Before(cutoff)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("idemhttp: journal prune: %w", err)
+	}
+	if n > 0 {
+		// Best effort: a failed compaction leaves the file as it was, a
+		// valid journal, and the next Prune tries again. Prune's own work
+		// is done and durable.
+		_ = j.maybeCompact(ctx)
+	}
+	return n, nil
+}
+
+// Delete removes the entry for key, whatever its state, durably. It
+// returns an error wrapping [ErrNotFound] for an unknown key.
 //
 // Deleting a pending entry forgets an operation whose outcome is unknown:
 // rerunning it mints a new key and may run it twice.
 func (j *FileJournal) Delete(ctx context.Context, key string) error {
-	k := []byte(key)
-	err := j.submit(ctx, func(tx *bolt.Tx, op *journalOp) error {
-		b, err := journalBuckets(tx)
-		if err != nil {
-			return err
-		}
-		seq, err := b.seqOf(k)
-		if errors.Is(err, ErrJournalCorrupt) {
-			op.changed = true
-			return b.removeDamaged(k, nil)
-		}
-		if err != nil {
-			return err
-		}
-		// Only the state record is read: an entry whose request record is
-		// damaged is deleted like any other.
-		s, err := b.state(seq, k)
-		if errors.Is(err, ErrJournalCorrupt) {
-			op.changed = true
-			return b.removeDamaged(k, seq)
-		}
-		if err != nil {
-			return err
-		}
-		op.changed = true
-		return b.remove(seq, &s)
-	})
+	n, err := j.remove(ctx, func(le *fjEntry) bool { return le.key == key })
+	if err == nil && n == 0 {
+		err = ErrNotFound
+	}
 	if err != nil {
 		return fmt.Errorf("idemhttp: journal delete %s: %w", key, err)
 	}
 	return nil
 }
 
-// Verify reads every entry and index record and reports the first problem
-// as an error wrapping [ErrJournalCorrupt]: a bad checksum, an entry stored
-// under another key, keys out of order, an index record pointing nowhere or
-// disagreeing with its entry, an entry missing from its index.
-// [OpenFileJournal] runs it unless [JournalOptions.SkipVerify] is set.
+// remove appends a delete record for every durable entry that doomed
+// selects, waits for them to be on disk, and drops the entries from the
+// index.
+func (j *FileJournal) remove(ctx context.Context, doomed func(*fjEntry) bool) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	j.mu.Lock()
+	if err := j.writableLocked(); err != nil {
+		j.mu.Unlock()
+		return 0, err
+	}
+	var les []*fjEntry
+	for _, le := range j.byKey {
+		if le.batch == nil && !le.deleting && doomed(le) {
+			les = append(les, le)
+		}
+	}
+	if len(les) == 0 {
+		j.mu.Unlock()
+		return 0, nil
+	}
+	b := j.cur
+	n := len(b.buf)
+	for _, le := range les {
+		le.deleting = true
+		b.buf = fjAppendDelete(b.buf, le.key)
+	}
+	b.deletes = append(b.deletes, les...)
+	j.appended(b, n, len(les))
+	j.mu.Unlock()
+	<-b.done
+	if b.err != nil {
+		return 0, b.err
+	}
+	return len(les), nil
+}
+
+// Verify reads the whole file again and reports the first problem as an
+// error wrapping [ErrJournalCorrupt]: a batch or record that fails its
+// checksum, a record that does not decode, a record about an entry that
+// does not exist, or an entry the file and the index disagree on.
 func (j *FileJournal) Verify(ctx context.Context) error {
-	if err := j.view(ctx, func(tx *bolt.Tx) error { return journalVerify(ctx, tx) }); err != nil {
+	if err := j.verify(ctx); err != nil {
 		return fmt.Errorf("idemhttp: journal verify: %w", err)
 	}
 	return nil

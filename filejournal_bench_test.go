@@ -14,10 +14,10 @@ import (
 	"github.com/idemkit/idemhttp"
 )
 
-// BenchmarkFileJournal measures what durability costs a request: one Begin
-// before it is sent and one Finish after, each on disk before it returns.
-// syncs/op is the number of durable commits per request; without group
-// commit it would be 2 at any concurrency.
+// BenchmarkFileJournal measures what durability costs a request, without
+// the request: one Begin, on disk before it returns, and one Finish,
+// written behind. syncs/op is the number of group commits per request;
+// without group commit it would be 2 at any concurrency.
 func BenchmarkFileJournal(b *testing.B) {
 	for _, concurrency := range []int{1, 64} {
 		b.Run(fmt.Sprintf("concurrency=%d", concurrency), func(b *testing.B) {

@@ -1,7 +1,7 @@
 package idemhttp
 
 import (
-	"bytes"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -12,33 +12,82 @@ import (
 	"time"
 )
 
-// journalVersion is the file format: the first byte of every stored
-// record, and the value of the file's version record (journalMetaBucket).
-// A decoder that meets a version it does not know refuses the record
-// instead of guessing, so a newer build's journal is never misread by an
-// older one, nor an older build's by a newer one.
+// The FileJournal file format.
 //
-// Version 1 stored each entry whole under its key. Version 2 splits it in
-// two records keyed by a sequence number: the request (method, URL,
-// headers, body), written once, and the entry's state, which Finish
-// rewrites. See filejournal_buckets.go.
-const journalVersion = 2
-
-// Record kinds: the byte after the version, so that a record found in the
-// wrong bucket is recognisably corrupt.
+// A journal is one file: a 24-byte file header, then batches appended one
+// after another and never rewritten in place.
+//
+//	file header  "IDEMJRNL", u32 format version (fjVersion), u64 salt
+//	             (random, new for every file), u32 CRC-32C of the 20 bytes
+//	             before it
+//	batch        u32 magic (fjBatchMagic xor the salt's low 32 bits), u32
+//	             length of the records that follow, u64 sequence number,
+//	             u32 CRC-32C of the salt, the batch's offset in the file
+//	             (u64), the length, the sequence number and the records;
+//	             then the records
+//	record       u32 payload length, u32 CRC-32C of the length bytes and
+//	             the payload; then the payload
+//
+// Integers in headers are little endian. A batch is what one group commit
+// writes with one write and one fdatasync; its sequence number is one more
+// than the batch before it. A batch is written only after the batch
+// before it is on disk, so a damaged batch followed by a valid later one
+// is damage to data that was acknowledged (ErrJournalCorrupt), while a
+// damaged batch with nothing valid after it is a write that the crash
+// interrupted before anyone was told it succeeded: it is cut off.
+//
+// The salt and the offset in the CRC make a batch valid only in its own
+// file and where it was written. When replay searches past damage for the
+// next batch, a request body holding the bytes of a batch (by accident,
+// or crafted to plant an entry that Resume would send with the live
+// client's credentials) never passes for one: it would have to know the
+// file's salt. The salted magic keeps that search linear: it finds only
+// real batch starts, so CRCs are computed almost only for those.
+//
+// Each record carries its own CRC as well, so that a single entry read
+// back from the file (Get, Pending, Resume) is checked without reading its
+// whole batch.
+//
+// Record payloads start with a kind byte. Strings are a uvarint length and
+// the bytes; times are a varint of Unix seconds and a uvarint of
+// nanoseconds (UnixNano cannot hold the zero Time or dates past 2262);
+// other integers are varints.
+//
+//	'B' begin   key, operation, method, URL, fingerprint, header (uvarint
+//	            name count, then per name in sorted order: name, uvarint
+//	            value count, values), created, updated, state byte,
+//	            attempts, last status, body flag (0 not stored, 1 stored)
+//	            and, if stored, the length-prefixed body
+//	'F' finish  key, state byte, last status, attempts, updated. The
+//	            values are the entry's new totals, not deltas, so a finish
+//	            record applied twice (once folded into a compacted begin
+//	            record, once replayed after it) gives the same entry.
+//	'D' delete  key
 const (
-	journalKindState   = 's'
-	journalKindRequest = 'r'
+	fjVersion     = 3 // 1 and 2 were bbolt files, before the log
+	fjFileHdrLen  = 24
+	fjBatchMagic  = 0x314a4449 // "IDJ1" read as little endian
+	fjBatchHdrLen = 20
+	fjRecHdrLen   = 8
+
+	fjKindBegin  = 'B'
+	fjKindFinish = 'F'
+	fjKindDelete = 'D'
+
+	// fjMaxRecord bounds a record's payload and fjMaxBatch a batch's
+	// records, so that a damaged length cannot make replay allocate or
+	// skip gigabytes. A Begin whose record would exceed fjMaxRecord is
+	// refused with ErrInvalidRequest.
+	fjMaxRecord = 64 << 20
+	fjMaxBatch  = 1 << 30
 )
 
-// journalCRCLen is the length of the CRC-32C trailer that seals a record.
-const journalCRCLen = 4
+// fjFileMagic opens every journal file.
+var fjFileMagic = [8]byte{'I', 'D', 'E', 'M', 'J', 'R', 'N', 'L'}
 
 // journalCRC is the Castagnoli table: hardware-accelerated on amd64 and
 // arm64, and the polynomial storage systems use to catch torn or flipped
-// bytes. bbolt checksums only its meta pages, so without this a flipped
-// byte in a data page would decode into a plausible but wrong entry (a
-// different key, a different body) and be resent.
+// bytes.
 var journalCRC = crc32.MakeTable(crc32.Castagnoli)
 
 // State bytes. Stored as a byte, not the State string, so that an unknown
@@ -49,268 +98,322 @@ const (
 	journalStateAbandoned = 3
 )
 
-// journalEncodeEntry serialises e as its two version 2 records.
-//
-// The state record, small, rewritten by every Finish:
-//
-//	version byte, kind byte 's'
-//	key, operation, fingerprint                (uvarint length, bytes)
-//	state byte                                 } the tail that Finish
-//	created, updated                           } rewrites: varint unix
-//	attempts, last status                      } seconds, uvarint nanos; varints
-//	CRC-32C (Castagnoli) of everything above, little endian
-//
-// The request record, written once by Begin:
-//
-//	version byte, kind byte 'r'
-//	key, method, url                           (uvarint length, bytes)
-//	header: uvarint name count, then per name (sorted): name, uvarint value count, values
-//	body: 0 (not stored) or 1 followed by the length-prefixed body
-//	CRC-32C of everything above
-//
-// Both carry the key, so that a record read through a damaged index (a
-// sequence number pointing at another entry's record) is caught.
-//
-// It stores e as given: stripping secrets is the caller's job
-// (journalSanitize), so that the codec stays a pure function for fuzzing.
-// Header names with no values carry no information and are dropped.
-func journalEncodeEntry(e *Entry) (state, request []byte, err error) {
-	st, ok := journalStateByte(e.State)
-	if !ok {
-		return nil, nil, fmt.Errorf("entry %q: unknown state %q", e.Key, e.State)
+// fjFileHeader returns the header of a new journal file with salt.
+func fjFileHeader(salt uint64) []byte {
+	h := make([]byte, fjFileHdrLen)
+	copy(h, fjFileMagic[:])
+	binary.LittleEndian.PutUint32(h[8:], fjVersion)
+	binary.LittleEndian.PutUint64(h[12:], salt)
+	binary.LittleEndian.PutUint32(h[20:], crc32.Checksum(h[:20], journalCRC))
+	return h
+}
+
+// fjNewSalt returns a random salt for a new file.
+func fjNewSalt() (uint64, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, err
 	}
-	state = journalAppendStateHead(nil, e.Key, e.Operation, e.Fingerprint)
-	state = journalAppendStateTail(state, st, e.Created, e.Updated, e.Attempts, e.LastStatus)
-	return state, journalEncodeRequest(e), nil
+	return binary.LittleEndian.Uint64(b[:]), nil
 }
 
-// journalAppendStateHead appends the part of a state record that never
-// changes. The buffer it allocates has room for the rest.
-func journalAppendStateHead(b []byte, key, operation, fingerprint string) []byte {
-	if b == nil {
-		b = make([]byte, 0, 2+3*binary.MaxVarintLen64+len(key)+len(operation)+len(fingerprint)+journalStateTailMax+journalCRCLen)
+// fjCheckFileHeader reports whether b starts with a journal file header
+// this build can read, and returns the file's salt.
+func fjCheckFileHeader(b []byte) (salt uint64, err error) {
+	if len(b) < fjFileHdrLen || [8]byte(b[:8]) != fjFileMagic {
+		return 0, fmt.Errorf("%w: not an idemhttp journal (journals written before format %d, by the bbolt engine, cannot be read: finish or delete them with the build that wrote them)", ErrJournalCorrupt, fjVersion)
 	}
-	b = append(b, journalVersion, journalKindState)
-	b = journalAppendString(b, key)
-	b = journalAppendString(b, operation)
-	return journalAppendString(b, fingerprint)
+	if crc32.Checksum(b[:20], journalCRC) != binary.LittleEndian.Uint32(b[20:24]) {
+		return 0, fmt.Errorf("%w: damaged file header", ErrJournalCorrupt)
+	}
+	if v := binary.LittleEndian.Uint32(b[8:12]); v != fjVersion {
+		return 0, fmt.Errorf("%w: journal format version %d, this build reads version %d", ErrJournalCorrupt, v, fjVersion)
+	}
+	return binary.LittleEndian.Uint64(b[12:20]), nil
 }
 
-// journalStateTailMax bounds the length of a state record's tail.
-const journalStateTailMax = 1 + 2*(binary.MaxVarintLen64+binary.MaxVarintLen32) + 2*binary.MaxVarintLen64
+// fjMagic is the batch magic of a file with salt.
+func fjMagic(salt uint64) uint32 { return fjBatchMagic ^ uint32(salt) }
 
-// journalAppendStateTail appends the part of a state record that Finish
-// rewrites, and seals the record with its CRC.
-func journalAppendStateTail(b []byte, state byte, created, updated time.Time, attempts, lastStatus int) []byte {
-	b = append(b, state)
-	b = journalAppendTime(b, created)
-	b = journalAppendTime(b, updated)
-	b = binary.AppendVarint(b, int64(attempts))
-	b = binary.AppendVarint(b, int64(lastStatus))
-	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, journalCRC))
+// fjSealBatch fills in the header that b's first fjBatchHdrLen bytes
+// reserve, for the records after it, for a batch written at file offset
+// off in a file with salt.
+func fjSealBatch(b []byte, seq uint64, off int64, salt uint64) {
+	binary.LittleEndian.PutUint32(b[0:], fjMagic(salt))
+	binary.LittleEndian.PutUint32(b[4:], uint32(len(b)-fjBatchHdrLen))
+	binary.LittleEndian.PutUint64(b[8:], seq)
+	binary.LittleEndian.PutUint32(b[16:], fjBatchCRC(b[4:16], b[fjBatchHdrLen:], off, salt))
 }
 
-// journalEncodeRequest serialises the request record of e.
-func journalEncodeRequest(e *Entry) []byte {
-	n := 2 + 4*binary.MaxVarintLen64 + len(e.Key) + len(e.Method) + len(e.URL) + len(e.Body) + journalCRCLen
+// fjBatchCRC is the CRC of a batch at offset off in a file with salt,
+// with header fields hdr (length and sequence number) and records.
+func fjBatchCRC(hdr, records []byte, off int64, salt uint64) uint32 {
+	var pre [16]byte
+	binary.LittleEndian.PutUint64(pre[:], salt)
+	binary.LittleEndian.PutUint64(pre[8:], uint64(off))
+	crc := crc32.Update(crc32.Checksum(pre[:], journalCRC), journalCRC, hdr)
+	return crc32.Update(crc, journalCRC, records)
+}
+
+// fjReadBatch checks the batch at the start of b, which is at file offset
+// off in a file with salt, and returns its sequence number, its records
+// and its total length. ok is false for anything but a whole batch with a
+// matching magic and CRC. It never panics and never allocates.
+func fjReadBatch(b []byte, off int64, salt uint64) (seq uint64, records []byte, n int, ok bool) {
+	if len(b) < fjBatchHdrLen || binary.LittleEndian.Uint32(b) != fjMagic(salt) {
+		return 0, nil, 0, false
+	}
+	size := binary.LittleEndian.Uint32(b[4:])
+	if size == 0 || size > fjMaxBatch || uint64(size) > uint64(len(b)-fjBatchHdrLen) {
+		return 0, nil, 0, false
+	}
+	records = b[fjBatchHdrLen : fjBatchHdrLen+int(size)]
+	if fjBatchCRC(b[4:16], records, off, salt) != binary.LittleEndian.Uint32(b[16:]) {
+		return 0, nil, 0, false
+	}
+	return binary.LittleEndian.Uint64(b[8:]), records, fjBatchHdrLen + int(size), true
+}
+
+// fjAppendRecord frames payload as a record at the end of dst.
+func fjAppendRecord(dst, payload []byte) []byte {
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(payload)))
+	crc := crc32.Update(crc32.Checksum(dst[len(dst)-4:], journalCRC), journalCRC, payload)
+	dst = binary.LittleEndian.AppendUint32(dst, crc)
+	return append(dst, payload...)
+}
+
+// fjReadRecord checks the record at the start of b and returns its
+// payload and total length; ok is false for a short, oversized or
+// mismatched record. It never panics and never allocates.
+func fjReadRecord(b []byte) (payload []byte, n int, ok bool) {
+	if len(b) < fjRecHdrLen {
+		return nil, 0, false
+	}
+	size := binary.LittleEndian.Uint32(b)
+	if size == 0 || size > fjMaxRecord || uint64(size) > uint64(len(b)-fjRecHdrLen) {
+		return nil, 0, false
+	}
+	payload = b[fjRecHdrLen : fjRecHdrLen+int(size)]
+	if crc32.Update(crc32.Checksum(b[:4], journalCRC), journalCRC, payload) != binary.LittleEndian.Uint32(b[4:]) {
+		return nil, 0, false
+	}
+	return payload, fjRecHdrLen + int(size), true
+}
+
+// fjRecord is one decoded record. Strings own their memory; body aliases
+// the decoder's input.
+type fjRecord struct {
+	kind        byte
+	key         string
+	operation   string
+	method      string
+	url         string
+	fingerprint string
+	header      http.Header
+	created     time.Time
+	updated     time.Time
+	state       byte
+	attempts    int
+	lastStatus  int
+	hasBody     bool
+	body        []byte
+}
+
+// entry returns the Entry a begin record describes, with its own copy of
+// the body.
+func (r *fjRecord) entry() *Entry {
+	e := &Entry{
+		Operation: r.operation, Key: r.key, Method: r.method, URL: r.url,
+		Header: r.header, Fingerprint: r.fingerprint, Created: r.created, Updated: r.updated,
+		Attempts: r.attempts, LastStatus: r.lastStatus, State: journalStateOf(r.state),
+	}
+	if r.hasBody {
+		e.Body = append(make([]byte, 0, len(r.body)), r.body...)
+	}
+	return e
+}
+
+// fjBeginSize returns an upper bound of the encoded begin payload of e,
+// and the header names it stores, sorted.
+func fjBeginSize(e *Entry) (int, []string) {
 	names := make([]string, 0, len(e.Header))
+	// Fixed fields at their widest: the kind, five string lengths, the
+	// header count, two times, the state, attempts, last status, the body
+	// flag and length (varints take at most 10 bytes).
+	n := 1 + 5*10 + 10 + 2*20 + 1 + 2*10 + 1 + 10
+	n += len(e.Key) + len(e.Operation) + len(e.Method) + len(e.URL) + len(e.Fingerprint) + len(e.Body)
 	for name, vals := range e.Header {
 		if len(vals) > 0 {
 			names = append(names, name)
-			n += len(name) + 2*binary.MaxVarintLen64
+			n += len(name) + 2*10 // its length and its value count
 			for _, v := range vals {
-				n += len(v) + binary.MaxVarintLen64
+				n += len(v) + 10
 			}
 		}
 	}
 	slices.Sort(names)
+	return n, names
+}
 
-	b := make([]byte, 0, n)
-	b = append(b, journalVersion, journalKindRequest)
-	b = journalAppendString(b, e.Key)
-	b = journalAppendString(b, e.Method)
-	b = journalAppendString(b, e.URL)
-	b = binary.AppendUvarint(b, uint64(len(names)))
+// fjAppendBegin appends the framed begin record of e (sanitised, with a
+// known state) to dst. Header names without values carry no information
+// and are dropped.
+func fjAppendBegin(dst []byte, e *Entry) ([]byte, error) {
+	st, ok := journalStateByte(e.State)
+	if !ok {
+		return dst, fmt.Errorf("entry %q: unknown state %q", e.Key, e.State)
+	}
+	size, names := fjBeginSize(e)
+	if size > fjMaxRecord+fjBeginSlack {
+		// Certainly too large: refuse before copying the body.
+		return dst, fjTooLarge(e, size)
+	}
+	start := len(dst)
+	dst = slices.Grow(dst, fjRecHdrLen+size)
+	dst = append(dst, make([]byte, fjRecHdrLen)...) // length and CRC, filled in below
+	dst = append(dst, fjKindBegin)
+	dst = journalAppendString(dst, e.Key)
+	dst = journalAppendString(dst, e.Operation)
+	dst = journalAppendString(dst, e.Method)
+	dst = journalAppendString(dst, e.URL)
+	dst = journalAppendString(dst, e.Fingerprint)
+	dst = binary.AppendUvarint(dst, uint64(len(names)))
 	for _, name := range names {
-		b = journalAppendString(b, name)
+		dst = journalAppendString(dst, name)
 		vals := e.Header[name]
-		b = binary.AppendUvarint(b, uint64(len(vals)))
+		dst = binary.AppendUvarint(dst, uint64(len(vals)))
 		for _, v := range vals {
-			b = journalAppendString(b, v)
+			dst = journalAppendString(dst, v)
 		}
 	}
+	dst = journalAppendTime(dst, e.Created)
+	dst = journalAppendTime(dst, e.Updated)
+	dst = append(dst, st)
+	dst = binary.AppendVarint(dst, int64(e.Attempts))
+	dst = binary.AppendVarint(dst, int64(e.LastStatus))
 	if e.Body == nil {
-		b = append(b, 0)
+		dst = append(dst, 0)
 	} else {
-		b = append(b, 1)
-		b = binary.AppendUvarint(b, uint64(len(e.Body)))
-		b = append(b, e.Body...)
+		dst = append(dst, 1)
+		dst = binary.AppendUvarint(dst, uint64(len(e.Body)))
+		dst = append(dst, e.Body...)
 	}
-	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, journalCRC))
+	if n := len(dst) - start - fjRecHdrLen; n > fjMaxRecord {
+		return dst[:start], fjTooLarge(e, n)
+	}
+	fjFinishRecord(dst[start:])
+	return dst, nil
 }
 
-// journalDecodeEntry parses the two records written by journalEncodeEntry
-// and checks that they belong together. Any malformed input (short, a bad
-// checksum, an unknown version, kind or state, a length running past the
-// end, trailing bytes, records of two different keys) gives an error
-// wrapping [ErrJournalCorrupt]; it never panics and never allocates more
-// than the inputs' length, whatever they claim. The entry owns its memory:
-// it shares nothing with the inputs, which bbolt only lends for one
-// transaction.
-func journalDecodeEntry(state, request []byte) (*Entry, error) {
-	s, err := journalDecodeState(state)
-	if err != nil {
-		return nil, err
-	}
-	e := s.entry()
-	if err := journalDecodeRequest(request, e); err != nil {
-		return nil, fmt.Errorf("request: %w", err)
-	}
-	return e, nil
+// fjBeginSlack is how much fjBeginSize may overestimate a begin record by:
+// every varint counted at its widest.
+const fjBeginSlack = 256
+
+func fjTooLarge(e *Entry, size int) error {
+	return fmt.Errorf("%w: entry %q of about %d bytes is too large for the journal (at most %d)", ErrInvalidRequest, e.Key, size, fjMaxRecord)
 }
 
-// journalState is a decoded state record. Its byte slices alias the
-// record, so it is valid only as long as the record is: within the
-// transaction that read it.
-type journalState struct {
-	key, operation, fingerprint []byte
-	state                       State
-	created, updated            time.Time
-	attempts, lastStatus        int
-
-	// head is the record's prefix up to the state byte: what Finish
-	// copies unchanged into the rewritten record.
-	head []byte
+// fjFinishRecord fills in the length and CRC of the record that rec
+// holds, whose header was reserved.
+func fjFinishRecord(rec []byte) {
+	binary.LittleEndian.PutUint32(rec, uint32(len(rec)-fjRecHdrLen))
+	binary.LittleEndian.PutUint32(rec[4:], crc32.Update(crc32.Checksum(rec[:4], journalCRC), journalCRC, rec[fjRecHdrLen:]))
 }
 
-// entry returns the fields of s as an Entry that owns its memory.
-func (s *journalState) entry() *Entry {
-	return &Entry{
-		Key:         string(s.key),
-		Operation:   string(s.operation),
-		Fingerprint: string(s.fingerprint),
-		State:       s.state,
-		Created:     s.created,
-		Updated:     s.updated,
-		Attempts:    s.attempts,
-		LastStatus:  s.lastStatus,
-	}
+// fjAppendFinish appends a framed finish record to dst.
+func fjAppendFinish(dst []byte, key string, state byte, status, attempts int, updated time.Time) []byte {
+	start := len(dst)
+	dst = append(dst, make([]byte, fjRecHdrLen)...)
+	dst = append(dst, fjKindFinish)
+	dst = journalAppendString(dst, key)
+	dst = append(dst, state)
+	dst = binary.AppendVarint(dst, int64(status))
+	dst = binary.AppendVarint(dst, int64(attempts))
+	dst = journalAppendTime(dst, updated)
+	fjFinishRecord(dst[start:])
+	return dst
 }
 
-// journalUnseal checks a record's length, CRC, version and kind, and
-// returns what lies between the kind byte and the CRC.
-func journalUnseal(b []byte, kind byte) ([]byte, error) {
-	if len(b) < 2+journalCRCLen {
-		return nil, fmt.Errorf("%w: record of %d bytes is too short", ErrJournalCorrupt, len(b))
-	}
-	payload, sum := b[:len(b)-journalCRCLen], binary.LittleEndian.Uint32(b[len(b)-journalCRCLen:])
-	if got := crc32.Checksum(payload, journalCRC); got != sum {
-		return nil, fmt.Errorf("%w: checksum %08x, want %08x", ErrJournalCorrupt, got, sum)
-	}
-	if payload[0] != journalVersion {
-		return nil, fmt.Errorf("%w: record version %d, this build reads %d", ErrJournalCorrupt, payload[0], journalVersion)
-	}
-	if payload[1] != kind {
-		return nil, fmt.Errorf("%w: record kind %q, want %q", ErrJournalCorrupt, payload[1], kind)
-	}
-	return payload[2:], nil
+// fjAppendDelete appends a framed delete record to dst.
+func fjAppendDelete(dst []byte, key string) []byte {
+	start := len(dst)
+	dst = append(dst, make([]byte, fjRecHdrLen)...)
+	dst = append(dst, fjKindDelete)
+	dst = journalAppendString(dst, key)
+	fjFinishRecord(dst[start:])
+	return dst
 }
 
-// journalDecodeState parses a state record without copying it.
-func journalDecodeState(b []byte) (journalState, error) {
-	fields, err := journalUnseal(b, journalKindState)
-	if err != nil {
-		return journalState{}, err
-	}
-	return journalParseState(fields, b)
-}
-
-// journalParseState parses the fields of a state record, between the kind
-// byte and the CRC; record is the whole record, for head. It is separate
-// from journalDecodeState so that the fuzzer, which cannot forge a CRC,
-// reaches it directly.
-func journalParseState(fields, record []byte) (journalState, error) {
-	r := journalReader{b: fields}
-	s := journalState{
-		key:         r.bytes(),
-		operation:   r.bytes(),
-		fingerprint: r.bytes(),
-	}
-	s.head = record[:len(record)-len(r.b)-journalCRCLen]
-	s.state = journalStateName(r.byte(), &r)
-	s.created = r.time()
-	s.updated = r.time()
-	s.attempts = r.int()
-	s.lastStatus = r.int()
-	if r.err == nil && len(r.b) > 0 {
-		r.fail("%d trailing bytes", len(r.b))
-	}
-	if r.err != nil {
-		return journalState{}, r.err
-	}
-	if s.attempts < 0 {
-		return journalState{}, fmt.Errorf("%w: negative attempts %d", ErrJournalCorrupt, s.attempts)
-	}
-	return s, nil
-}
-
-// journalDecodeRequest parses a request record into e's request fields,
-// checking that it belongs to e.Key.
-func journalDecodeRequest(b []byte, e *Entry) error {
-	fields, err := journalUnseal(b, journalKindRequest)
-	if err != nil {
-		return err
-	}
-	return journalParseRequest(fields, e)
-}
-
-// journalParseRequest parses the fields of a request record, between the
-// kind byte and the CRC. Like journalParseState, it is reached directly by
-// the fuzzer.
-func journalParseRequest(b []byte, e *Entry) error {
-	r := journalReader{b: b}
-	if key := r.bytes(); r.err == nil && string(key) != e.Key {
-		return fmt.Errorf("%w: request of key %q stored for entry %q", ErrJournalCorrupt, key, e.Key)
-	}
-	method, url := r.str(), r.str()
-	var header http.Header
-	if names := r.count(); names > 0 {
-		header = make(http.Header, names)
-		for range names {
-			name := r.str()
-			vals := make([]string, r.count())
-			for i := range vals {
-				vals[i] = r.str()
+// fjDecodeRecord parses a record's payload. Any malformed input gives an
+// error wrapping [ErrJournalCorrupt]; it never panics, and allocates no
+// more than the payload's length whatever it claims.
+func fjDecodeRecord(p []byte) (*fjRecord, error) {
+	r := journalReader{b: p}
+	rec := &fjRecord{kind: r.byte()}
+	switch rec.kind {
+	case fjKindBegin:
+		rec.key = r.str()
+		rec.operation = r.str()
+		rec.method = r.str()
+		rec.url = r.str()
+		rec.fingerprint = r.str()
+		if names := r.count(); names > 0 {
+			rec.header = make(http.Header, names)
+			prev := ""
+			for i := range names {
+				name := r.str()
+				vals := make([]string, r.count())
+				for i := range vals {
+					vals[i] = r.str()
+				}
+				if r.err != nil {
+					break
+				}
+				if (i > 0 && name <= prev) || len(vals) == 0 {
+					r.fail("header %q out of order, repeated or empty", name)
+					break
+				}
+				prev = name
+				rec.header[name] = vals
 			}
-			if r.err != nil {
-				break
-			}
-			if _, dup := header[name]; dup || len(vals) == 0 {
-				r.fail("header %q repeated or empty", name)
-				break
-			}
-			header[name] = vals
 		}
-	}
-	var body []byte
-	switch r.byte() {
-	case 0:
-	case 1:
-		body = bytes.Clone(r.bytes())
-		if body == nil {
-			body = []byte{} // stored and empty, which is not "not stored"
+		rec.created = r.time()
+		rec.updated = r.time()
+		rec.state = r.state()
+		rec.attempts = r.int()
+		rec.lastStatus = r.int()
+		switch r.byte() {
+		case 0:
+		case 1:
+			rec.hasBody = true
+			rec.body = r.bytes()
+		default:
+			r.fail("bad body flag")
 		}
+	case fjKindFinish:
+		rec.key = r.str()
+		rec.state = r.state()
+		rec.lastStatus = r.int()
+		rec.attempts = r.int()
+		rec.updated = r.time()
+	case fjKindDelete:
+		rec.key = r.str()
 	default:
-		r.fail("bad body flag")
+		r.fail("unknown record kind %d", rec.kind)
 	}
 	if r.err == nil && len(r.b) > 0 {
 		r.fail("%d trailing bytes", len(r.b))
 	}
 	if r.err != nil {
-		return r.err
+		return nil, r.err
 	}
-	e.Method, e.URL, e.Header, e.Body = method, url, header, body
-	return nil
+	if rec.attempts < 0 {
+		return nil, fmt.Errorf("%w: negative attempts %d", ErrJournalCorrupt, rec.attempts)
+	}
+	if err := ValidateKey(rec.key); err != nil {
+		return nil, fmt.Errorf("%w: record with a bad key", ErrJournalCorrupt)
+	}
+	return rec, nil
 }
 
 func journalAppendString(b []byte, s string) []byte {
@@ -318,8 +421,6 @@ func journalAppendString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// journalAppendTime stores seconds and nanoseconds apart, because
-// UnixNano cannot represent the zero Time or dates past 2262.
 func journalAppendTime(b []byte, t time.Time) []byte {
 	b = binary.AppendVarint(b, t.Unix())
 	return binary.AppendUvarint(b, uint64(t.Nanosecond()))
@@ -337,17 +438,15 @@ func journalStateByte(s State) (byte, bool) {
 	return 0, false
 }
 
-func journalStateName(c byte, r *journalReader) State {
+// journalStateOf maps a state byte that decoding accepted to its State.
+func journalStateOf(c byte) State {
 	switch c {
-	case journalStatePending:
-		return StatePending
 	case journalStateDone:
 		return StateDone
 	case journalStateAbandoned:
 		return StateAbandoned
 	}
-	r.fail("unknown state byte %d", c)
-	return ""
+	return StatePending
 }
 
 // journalReader consumes a record front to back. The first problem is
@@ -375,6 +474,14 @@ func (r *journalReader) byte() byte {
 	}
 	c := r.b[0]
 	r.b = r.b[1:]
+	return c
+}
+
+func (r *journalReader) state() byte {
+	c := r.byte()
+	if r.err == nil && (c < journalStatePending || c > journalStateAbandoned) {
+		r.fail("unknown state byte %d", c)
+	}
 	return c
 }
 
@@ -451,6 +558,9 @@ func (r *journalReader) time() time.Time {
 		return time.Time{}
 	}
 	if r.err != nil {
+		return time.Time{}
+	}
+	if sec == (time.Time{}).Unix() && nsec == 0 {
 		return time.Time{}
 	}
 	return time.Unix(sec, int64(nsec)).UTC()

@@ -1,252 +1,179 @@
 package idemhttp
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"runtime"
-	"runtime/debug"
-	"slices"
-
-	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
 )
 
-// Group commit.
-//
-// Each write must be on disk before its caller returns, and a bbolt commit
-// costs two fdatasync calls whatever it holds, so concurrent writes share
-// commits: a writer that finds no commit running leads one at once with
-// its own op; writers that arrive meanwhile queue up, and when the commit
-// ends the oldest of them is woken to lead the next commit with the whole
-// queue. A lone writer therefore pays exactly one commit and no delay,
-// while under load the queue grows to match the sync's latency and commits
-// per write fall towards 1/concurrency.
-//
-// bbolt's own DB.Batch was rejected: it holds every batch open for
-// MaxBatchDelay (10 ms by default) in case company comes, which would add
-// 20 ms to every request (Begin and Finish) at concurrency 1. It also runs
-// the batch on a timer goroutine; here the leader is always one of the
-// callers, so no goroutine outlives a call.
-//
-// Leadership is handed on after one commit rather than kept while the
-// queue refills, so that no caller waits on other callers' writes after
-// its own is done.
-
-// journalOp is one write waiting for, or running in, a group commit.
-type journalOp struct {
-	// apply runs the write inside the batch's transaction. It must check
-	// all it can before its first change and set changed just before it:
-	// an error with changed unset is the op's own result (ErrNotFound, a
-	// damaged entry) and leaves the transaction clean for the other ops;
-	// an error with changed set means the transaction may hold half of the
-	// op, so the batch is rolled back and rerun without it. apply may run
-	// more than once, so it resets its outputs first.
-	apply   func(tx *bolt.Tx, op *journalOp) error
-	changed bool
-	err     error
-
-	// wake receives exactly one value: nil when the op's batch has ended
-	// (err holds its result), or the batch this op must now lead.
-	wake chan []*journalOp
+// fjBatch is a group of records written with one write and made durable
+// with one fdatasync.
+type fjBatch struct {
+	off     int64      // where the batch goes in the file
+	buf     []byte     // batch header space, then the records
+	begins  []*fjEntry // entries this batch stores
+	deletes []*fjEntry // entries this batch deletes
+	done    chan struct{}
+	err     error // set before done is closed
 }
 
-// submit runs apply durably in a group commit and returns its result.
-// ctx is honoured while the op waits in the queue; once the op is part of
-// a batch its result is final and submit waits for it, since abandoning it
-// could report failure for a write that is on disk.
-func (j *FileJournal) submit(ctx context.Context, apply func(tx *bolt.Tx, op *journalOp) error) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	op := &journalOp{apply: apply, wake: make(chan []*journalOp, 1)}
-	j.mu.Lock()
-	if j.closed {
-		j.mu.Unlock()
-		return ErrJournalClosed
-	}
-	if !j.committing {
-		j.committing = true
-		j.mu.Unlock()
-		j.lead(op, []*journalOp{op})
-		return op.err
-	}
-	j.queue = append(j.queue, op)
-	j.mu.Unlock()
+func (b *fjBatch) empty() bool { return len(b.buf) == fjBatchHdrLen }
 
-	var batch []*journalOp
+// newBatchLocked starts the batch that follows the file's end at off.
+func (j *FileJournal) newBatchLocked(off int64) *fjBatch {
+	buf := fjBatchBufs.Get()
+	return &fjBatch{off: off, buf: (*buf)[:fjBatchHdrLen], done: make(chan struct{})}
+}
+
+// fjBatchBufs recycles batch buffers: under load every batch holds tens of
+// request bodies, and growing a fresh buffer for each was most of the
+// journal's allocation.
+var fjBatchBufs = fjNewBufPool()
+
+// appended accounts for records just added to b at buf offset from, and
+// wakes the committer if b was empty. Called with mu held.
+func (j *FileJournal) appended(b *fjBatch, from, records int) {
+	j.writes.Add(uint64(records))
+	if from == fjBatchHdrLen {
+		j.wake()
+	}
+}
+
+// appendLocked adds encoded records to the current batch.
+func (j *FileJournal) appendLocked(encoded []byte, records int) {
+	b := j.cur
+	n := len(b.buf)
+	b.buf = append(b.buf, encoded...)
+	j.appended(b, n, records)
+}
+
+// wake makes sure the committer looks at the current batch.
+func (j *FileJournal) wake() {
 	select {
-	case batch = <-op.wake:
-	case <-ctx.Done():
-		if j.dequeue(op) {
-			return ctx.Err()
-		}
-		// Too late: a leader already took the op into its batch.
-		batch = <-op.wake
-	}
-	if batch != nil {
-		j.lead(op, batch)
-	}
-	return op.err
-}
-
-// dequeue removes op from the queue if no batch has taken it yet.
-func (j *FileJournal) dequeue(op *journalOp) bool {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	i := slices.Index(j.queue, op)
-	if i < 0 {
-		return false
-	}
-	j.queue = slices.Delete(j.queue, i, i+1)
-	return true
-}
-
-// lead commits batch, which contains self, then hands leadership to the
-// oldest queued op with everything queued so far, or clears committing.
-func (j *FileJournal) lead(self *journalOp, batch []*journalOp) {
-	j.commit(batch)
-
-	j.mu.Lock()
-	next := j.queue
-	j.queue = nil
-	if len(next) == 0 {
-		j.committing = false
-		j.idle.Broadcast()
-	}
-	j.mu.Unlock()
-
-	// The next commit starts before this batch's callers are woken: its
-	// sync is the long pole. The send only makes the next leader runnable,
-	// in this P's next slot, and each wake-up below would push it back
-	// behind the goroutine it wakes: under load (64 callers, 2 cores) it
-	// then waited 130-150 µs to run, the disk idle meanwhile. Yielding
-	// here runs it at once (35 µs), for 10% more requests per second at
-	// concurrency 64.
-	if len(next) > 0 {
-		next[0].wake <- next
-		runtime.Gosched()
-	}
-	for _, op := range batch {
-		if op != self {
-			op.wake <- nil
-		}
+	case j.kick <- struct{}{}:
+	default:
 	}
 }
 
-// commit runs batch as one write transaction and sets every op's err. A
-// failing op is isolated as bbolt's DB.Batch does: the transaction is
-// rolled back, the op is rerun alone for its own error, and the rest are
-// retried together. A failed commit fails every op, including those that
-// changed nothing: they may have read what the lost commit would have
-// written (a Begin that found the entry another op of the batch created).
-func (j *FileJournal) commit(batch []*journalOp) {
-	j.writes.Add(uint64(len(batch)))
-	rest := slices.Clone(batch)
-	for len(rest) > 0 {
-		failed, err := j.runBatch(rest)
-		if failed < 0 {
-			if err != nil {
-				for _, op := range rest {
-					op.err = err
-				}
+// commitLoop is the journal's one writer. It seals the current batch as
+// soon as it holds a record and the previous one is on disk, so a lone
+// caller pays one write and one fdatasync, and under load each sync
+// carries every record that arrived while the previous one ran. It runs
+// from OpenFileJournal until Close, which it answers by writing what is
+// left.
+func (j *FileJournal) commitLoop() {
+	defer close(j.loopDone)
+	for {
+		select {
+		case <-j.kick:
+			for j.commitOne() {
+			}
+		case <-j.stop:
+			for j.commitOne() {
 			}
 			return
 		}
-		if len(rest) == 1 {
-			return // alone already: its err is its own
-		}
-		op := rest[failed]
-		rest = slices.Delete(rest, failed, failed+1)
-		if f, err := j.runBatch([]*journalOp{op}); f < 0 && err != nil {
-			op.err = err
-		}
 	}
 }
 
-// runBatch applies batch in one write transaction and commits it if any op
-// changed anything. It returns the index of an op that failed after
-// changing something (the transaction was rolled back), or -1 and the
-// transaction's own error.
-func (j *FileJournal) runBatch(batch []*journalOp) (failed int, err error) {
-	failed = -1
+// commitOne writes and syncs the current batch, if it holds anything,
+// and reports whether it did.
+//
+// Durability order: the batch is written and synced while fileMu is held
+// shared (compaction, which replaces the file, waits), then its entries
+// are published in the index, and only then are its callers woken. The
+// next batch is written only after this one's sync returned, which is
+// what lets OpenFileJournal tell a torn tail from damage.
+func (j *FileJournal) commitOne() bool {
+	j.fileMu.RLock()
 	j.mu.Lock()
-	broken := j.broken
-	j.mu.Unlock()
-	if broken != nil {
-		return -1, broken
-	}
-
-	panicked, err := journalProtect(func() error {
-		tx, err := j.db.Begin(true)
-		if err != nil {
-			return err
-		}
-		// Runs on every path, panics included: an open write transaction
-		// holds bbolt's writer lock.
-		defer func() { _ = tx.Rollback() }()
-		changed := false
-		for i, op := range batch {
-			op.changed = false
-			op.err = op.apply(tx, op)
-			if op.err != nil && op.changed {
-				failed = i
-				return nil
-			}
-			changed = changed || op.changed
-		}
-		if !changed {
-			return nil // nothing to sync; the deferred rollback ends it
-		}
-		if err := tx.Commit(); err != nil {
-			return err
-		}
-		j.commits.Add(1)
-		return nil
-	})
-	if panicked {
-		// bbolt met a damaged page halfway through changing the tree.
-		// Another write could build on what it misread and spread the
-		// damage, so writes stop here; reads may go on.
-		err = fmt.Errorf("idemhttp: journal writes stopped: %w", err)
-		j.mu.Lock()
-		j.broken = err
+	b := j.cur
+	if b.empty() {
 		j.mu.Unlock()
-		return -1, err
+		j.fileMu.RUnlock()
+		return false
 	}
-	return failed, err
-}
+	j.cur = j.newBatchLocked(b.off + int64(len(b.buf)))
+	j.inflight = b
+	err := j.broken
+	seq, salt := j.seq+1, j.salt
+	j.mu.Unlock()
 
-// journalProtect runs fn, converting a panic or a memory fault inside
-// bbolt into an error wrapping ErrJournalCorrupt. bbolt trusts the page
-// structure it reads through its memory map: a damaged page makes it index
-// out of range or, past the end of a truncated file, fault (SIGBUS), which
-// SetPanicOnFault turns into a panic this goroutine can recover.
-func journalProtect(fn func() error) (panicked bool, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			panicked, err = true, fmt.Errorf("%w: bbolt panicked: %v", ErrJournalCorrupt, r)
+	if err == nil {
+		fjSealBatch(b.buf, seq, b.off, salt)
+		if err = j.step("write"); err == nil {
+			_, err = j.f.WriteAt(b.buf, b.off)
 		}
-	}()
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	return false, fn()
+		if err == nil {
+			if err = j.step("sync"); err == nil && fjSyncFlag == 0 {
+				err = fjDatasync(j.f)
+			}
+		}
+		if err == nil {
+			j.commits.Add(1)
+		} else {
+			// The callers are told this batch failed, so it must not
+			// come back when the file is next opened, as it would if
+			// the write reached the page cache: cut it off. If even
+			// that fails, the next open may find it whole.
+			if terr := j.f.Truncate(b.off); terr == nil {
+				_ = fjDatasync(j.f)
+			}
+			err = fmt.Errorf("journal writes stopped: %w", err)
+		}
+	}
+
+	j.mu.Lock()
+	b.err = err
+	if err != nil {
+		// The file's tail is unknown now (a failed fdatasync may have
+		// dropped dirty pages), so no later record may depend on it.
+		if j.broken == nil {
+			j.broken = err
+		}
+		for _, le := range b.begins {
+			if j.byKey[le.key] == le {
+				j.unindexLocked(le)
+			}
+		}
+		for _, le := range b.deletes {
+			le.deleting = false
+		}
+	} else {
+		j.seq = seq
+		j.size.Store(b.off + int64(len(b.buf)))
+		for _, le := range b.begins {
+			le.batch = nil
+		}
+		for _, le := range b.deletes {
+			if j.byKey[le.key] == le {
+				j.unindexLocked(le)
+			}
+		}
+	}
+	j.inflight = nil
+	j.idle.Broadcast()
+	j.mu.Unlock()
+	j.fileMu.RUnlock()
+
+	buf := b.buf
+	b.buf = nil
+	fjBatchBufs.Put(&buf)
+	close(b.done)
+	return true
 }
 
-// view runs fn in a read transaction, converting a closed database and
-// bbolt panics on damaged pages into errors.
-func (j *FileJournal) view(ctx context.Context, fn func(tx *bolt.Tx) error) error {
-	if err := ctx.Err(); err != nil {
-		return err
+// unindexLocked drops le from the index.
+func (j *FileJournal) unindexLocked(le *fjEntry) {
+	delete(j.byKey, le.key)
+	if le.operation != "" && j.byOp[le.operation] == le.key {
+		delete(j.byOp, le.operation)
 	}
-	return j.guard(func() error { return j.db.View(fn) })
+	j.live -= int64(le.size) + fjEntryOverhead
 }
 
-// guard runs fn through journalProtect and reports a closed database as
-// ErrJournalClosed.
-func (j *FileJournal) guard(fn func() error) error {
-	_, err := journalProtect(fn)
-	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
-		return ErrJournalClosed
+// step runs the test fault hook for a commit step, if one is set.
+func (j *FileJournal) step(name string) error {
+	if j.fault == nil {
+		return nil
 	}
-	return err
+	return j.fault(name)
 }

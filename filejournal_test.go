@@ -4,21 +4,24 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	bolt "go.etcd.io/bbolt"
 
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/journaltest"
@@ -72,8 +75,12 @@ func TestFileJournalSecretsNeverReachTheFile(t *testing.T) {
 	}
 	_, err = j.Begin(ctx, e)
 	require.NoError(t, err)
-	// Finish rewrites the entry: the rewrite must not bring anything back.
+	// Finish appends a record about the entry, and Compact writes the entry
+	// again from what it reads back: neither may bring anything back.
 	require.NoError(t, j.Finish(ctx, "k1", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1}))
+	if fjCanCompact() {
+		require.NoError(t, j.Compact(ctx))
+	}
 
 	got, err := j.Get(ctx, "k1")
 	require.NoError(t, err)
@@ -224,6 +231,8 @@ func TestFileJournalRejectsBadInput(t *testing.T) {
 		{name: "key with newline", give: &idemhttp.Entry{Key: "a\nb"}, want: idemhttp.ErrInvalidKey},
 		{name: "long operation", give: &idemhttp.Entry{Key: "k", Operation: string(make([]byte, 300))}, want: idemhttp.ErrInvalidRequest},
 		{name: "negative attempts", give: &idemhttp.Entry{Key: "k", Attempts: -1}, want: idemhttp.ErrInvalidRequest},
+		{name: "URL that does not parse", give: &idemhttp.Entry{Key: "k", URL: "http://[::1"}, want: idemhttp.ErrInvalidRequest},
+		{name: "body over the record limit", give: &idemhttp.Entry{Key: "k", Body: make([]byte, 64<<20+1)}, want: idemhttp.ErrInvalidRequest},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -235,7 +244,9 @@ func TestFileJournalRejectsBadInput(t *testing.T) {
 	require.NoError(t, err)
 	assert.ErrorIs(t, j.Finish(ctx, "k", idemhttp.Outcome{State: "lost"}), idemhttp.ErrInvalidRequest)
 	assert.ErrorIs(t, j.Finish(ctx, "k", idemhttp.Outcome{State: idemhttp.StateDone, Attempts: -1}), idemhttp.ErrInvalidRequest)
-	assert.Equal(t, idemhttp.JournalStats{Writes: 1, Commits: 1}, j.Stats(), "rejected calls never reach the file")
+	st := j.Stats()
+	assert.Equal(t, uint64(1), st.Writes, "rejected calls never reach the file")
+	assert.Equal(t, uint64(1), st.Commits, "rejected calls never reach the file")
 }
 
 func TestFileJournalSurvivesReopen(t *testing.T) {
@@ -289,44 +300,10 @@ func TestFileJournalEntriesAndDelete(t *testing.T) {
 	all, err = j.Entries(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, all)
-	require.NoError(t, j.Verify(ctx), "no index record outlives its entry")
+	require.NoError(t, j.Verify(ctx), "the file and the index agree after deletes")
 	existing, err := j.Begin(ctx, fjEntry("a2", "op-a"))
 	require.NoError(t, err)
 	assert.Nil(t, existing, "a deleted entry's operation is free again")
-}
-
-// A large prune runs in several transactions, so concurrent writers wait
-// for one chunk at most, not for the whole prune.
-func TestFileJournalPruneInChunks(t *testing.T) {
-	j := fjOpen(t, fjPath(t), nil)
-	ctx := context.Background()
-	const n = 2100
-	done := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
-	keys := make(chan string)
-	var wg sync.WaitGroup
-	for range 32 {
-		wg.Go(func() {
-			for key := range keys {
-				_, err := j.Begin(ctx, fjEntry(key, ""))
-				assert.NoError(t, err)
-				assert.NoError(t, j.Finish(ctx, key, idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1, At: done}))
-			}
-		})
-	}
-	for i := range n {
-		keys <- fmt.Sprintf("k%04d", i)
-	}
-	close(keys)
-	wg.Wait()
-
-	before := j.Stats()
-	pruned, err := j.Prune(ctx, done.Add(time.Second))
-	require.NoError(t, err)
-	assert.Equal(t, n, pruned)
-	assert.Equal(t, uint64(3), j.Stats().Commits-before.Commits, "1000 + 1000 + 100")
-	all, err := j.Entries(ctx)
-	require.NoError(t, err)
-	assert.Empty(t, all)
 }
 
 func TestFileJournalClosed(t *testing.T) {
@@ -344,6 +321,15 @@ func TestFileJournalClosed(t *testing.T) {
 	assert.ErrorIs(t, err, idemhttp.ErrJournalClosed)
 	_, err = j.Prune(ctx, time.Now())
 	assert.ErrorIs(t, err, idemhttp.ErrJournalClosed)
+	_, err = j.Entries(ctx)
+	assert.ErrorIs(t, err, idemhttp.ErrJournalClosed)
+	assert.ErrorIs(t, j.Finish(ctx, "k", idemhttp.Outcome{State: idemhttp.StateDone}), idemhttp.ErrJournalClosed)
+	assert.ErrorIs(t, j.Delete(ctx, "k"), idemhttp.ErrJournalClosed)
+	assert.ErrorIs(t, j.Sync(ctx), idemhttp.ErrJournalClosed)
+	assert.ErrorIs(t, j.Verify(ctx), idemhttp.ErrJournalClosed)
+	if fjCanCompact() {
+		assert.ErrorIs(t, j.Compact(ctx), idemhttp.ErrJournalClosed)
+	}
 }
 
 // Close during concurrent writes: every write either fails with
@@ -381,20 +367,35 @@ func TestFileJournalCloseDuringWrites(t *testing.T) {
 
 func TestFileJournalGroupCommit(t *testing.T) {
 	ctx := context.Background()
-	t.Run("lone writer commits once per write, at once", func(t *testing.T) {
-		j := fjOpen(t, fjPath(t), nil)
+	t.Run("lone writer commits once per Begin, at once", func(t *testing.T) {
+		path := fjPath(t)
+		j := fjOpen(t, path, nil)
 		for i := range 5 {
-			key := fmt.Sprintf("k%d", i)
-			_, err := j.Begin(ctx, fjEntry(key, ""))
+			_, err := j.Begin(ctx, fjEntry(fmt.Sprintf("k%d", i), ""))
 			require.NoError(t, err)
-			require.NoError(t, j.Finish(ctx, key, idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1}))
 		}
+		st := j.Stats()
+		assert.Equal(t, uint64(5), st.Writes)
+		assert.Equal(t, uint64(5), st.Commits, "each Begin waited for its own commit")
+
 		existing, err := j.Begin(ctx, fjEntry("k0", ""))
 		require.NoError(t, err)
 		require.NotNil(t, existing)
-		assert.Equal(t, idemhttp.JournalStats{Writes: 11, Commits: 10}, j.Stats(), "a Begin that finds its entry commits nothing")
+		st = j.Stats()
+		assert.Equal(t, uint64(5), st.Writes, "a Begin that finds its entry writes nothing")
+		assert.Equal(t, uint64(5), st.Commits, "a Begin that finds its entry commits nothing")
+
+		// Finish is write-behind: its commit may or may not have run when
+		// it returns, but it has once Sync returns, and only one.
+		require.NoError(t, j.Finish(ctx, "k0", idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1}))
+		require.NoError(t, j.Sync(ctx))
+		require.NoError(t, j.Sync(ctx), "a Sync with nothing to write")
+		st = j.Stats()
+		assert.Equal(t, uint64(6), st.Writes)
+		assert.Equal(t, uint64(6), st.Commits, "an empty Sync commits nothing")
+		assert.Equal(t, fjFileSize(t, path), st.FileBytes)
 	})
-	t.Run("concurrent writers share commits", func(t *testing.T) {
+	t.Run("concurrent Begins share commits", func(t *testing.T) {
 		j := fjOpen(t, fjPath(t), nil)
 		const n = 64
 		var wg sync.WaitGroup
@@ -403,10 +404,7 @@ func TestFileJournalGroupCommit(t *testing.T) {
 		for i := range n {
 			wg.Go(func() {
 				<-start
-				key := fmt.Sprintf("k%02d", i)
-				if _, errs[i] = j.Begin(ctx, fjEntry(key, "")); errs[i] == nil {
-					errs[i] = j.Finish(ctx, key, idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1})
-				}
+				_, errs[i] = j.Begin(ctx, fjEntry(fmt.Sprintf("k%02d", i), ""))
 			})
 		}
 		close(start)
@@ -416,8 +414,12 @@ func TestFileJournalGroupCommit(t *testing.T) {
 		}
 		st := j.Stats()
 		t.Logf("%d writes in %d commits", st.Writes, st.Commits)
-		assert.Equal(t, uint64(2*n), st.Writes)
-		assert.Less(t, st.Commits, st.Writes)
+		assert.Equal(t, uint64(n), st.Writes)
+		assert.GreaterOrEqual(t, st.Commits, uint64(1))
+		assert.Less(t, st.Commits, uint64(n), "no group commit happened")
+		all, err := j.Entries(ctx)
+		require.NoError(t, err)
+		assert.Len(t, all, n)
 	})
 }
 
@@ -459,280 +461,1438 @@ func TestFileJournalCancelUnderContention(t *testing.T) {
 	t.Logf("%d stored, %d refused", stored, refused)
 }
 
-// fjCorruptJournal writes a journal with n entries whose bodies carry marker,
-// closes it and returns its path and bytes.
-func fjCorruptJournal(t *testing.T, n int, marker string) (string, []byte) {
-	t.Helper()
-	path := fjPath(t)
-	j, err := idemhttp.OpenFileJournal(path, nil)
-	require.NoError(t, err)
-	for i := range n {
-		e := fjEntry(fmt.Sprintf("key-%04d", i), fmt.Sprintf("op-%04d", i))
-		e.Body = []byte(fmt.Sprintf("%s-%04d-%s", marker, i, bytes.Repeat([]byte("x"), 200)))
-		_, err := j.Begin(context.Background(), e)
-		require.NoError(t, err)
+// The file format, restated from the comment in filejournal_codec.go so
+// that these tests can build, cut and damage files from the outside.
+const (
+	fjTestVersion     = 3
+	fjTestFileHdrLen  = 24
+	fjTestBatchMagic  = 0x314a4449 // "IDJ1" read as little endian, before the salt
+	fjTestBatchHdrLen = 20
+)
+
+var fjCastagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// fjFileHeader returns a journal file header of format version with salt,
+// with its CRC damaged when badCRC is set.
+func fjFileHeader(version uint32, salt uint64, badCRC bool) []byte {
+	h := append([]byte("IDEMJRNL"), make([]byte, 16)...)
+	binary.LittleEndian.PutUint32(h[8:], version)
+	binary.LittleEndian.PutUint64(h[12:], salt)
+	crc := crc32.Checksum(h[:20], fjCastagnoli)
+	if badCRC {
+		crc ^= 1
 	}
-	require.NoError(t, j.Close())
-	raw, err := os.ReadFile(path)
-	require.NoError(t, err)
-	return path, raw
+	binary.LittleEndian.PutUint32(h[20:], crc)
+	return h
 }
 
-// fjFlipEvery returns a copy of b with the byte at offset off of every
-// occurrence of pattern flipped. Every occurrence, because pages that bbolt
-// freed still hold old copies of the records: flipping only the first copy
-// might hit a dead one.
-func fjFlipEvery(b, pattern []byte, off int) []byte {
-	b = bytes.Clone(b)
-	n := 0
-	for i := 0; ; n++ {
-		k := bytes.Index(b[i:], pattern)
-		if k < 0 {
-			break
-		}
-		b[i+k+off] ^= 0x01
-		i += k + len(pattern)
-	}
-	if n == 0 {
-		panic(fmt.Sprintf("pattern %q not in the file", pattern))
-	}
+// fjSalt returns the salt in the header of the journal file raw.
+func fjSalt(t *testing.T, raw []byte) uint64 {
+	t.Helper()
+	require.GreaterOrEqual(t, len(raw), fjTestFileHdrLen)
+	require.Equal(t, fjFileHeader(fjTestVersion, binary.LittleEndian.Uint64(raw[12:]), false), raw[:fjTestFileHdrLen], "a valid file header")
+	return binary.LittleEndian.Uint64(raw[12:])
+}
+
+// fjPathSalt returns the salt of the journal file at path.
+func fjPathSalt(t *testing.T, path string) uint64 {
+	t.Helper()
+	return fjSalt(t, fjReadFile(t, path))
+}
+
+// fjMagic returns the batch magic of a file with salt, as it is stored.
+func fjMagic(salt uint64) []byte {
+	return binary.LittleEndian.AppendUint32(nil, fjTestBatchMagic^uint32(salt))
+}
+
+// fjBatchCRC returns the CRC of the batch b (header and records) at file
+// offset off of a file with salt.
+func fjBatchCRC(b []byte, off int64, salt uint64) uint32 {
+	pre := binary.LittleEndian.AppendUint64(nil, salt)
+	pre = binary.LittleEndian.AppendUint64(pre, uint64(off))
+	crc := crc32.Update(crc32.Checksum(pre, fjCastagnoli), fjCastagnoli, b[4:16])
+	return crc32.Update(crc, fjCastagnoli, b[fjTestBatchHdrLen:])
+}
+
+// fjBatchImage returns the bytes of a batch with sequence number seq
+// holding records, sealed for file offset off of a file with salt: what a
+// request body can carry.
+func fjBatchImage(seq uint64, off int64, salt uint64, records []byte) []byte {
+	b := fjMagic(salt)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(records)))
+	b = binary.LittleEndian.AppendUint64(b, seq)
+	b = binary.LittleEndian.AppendUint32(b, 0)
+	b = append(b, records...)
+	binary.LittleEndian.PutUint32(b[16:], fjBatchCRC(b, off, salt))
 	return b
 }
 
-// fjPendingIndexKey is the pending index's record for an entry created at
-// created: Unix seconds with the sign bit flipped, nanoseconds, key.
-func fjPendingIndexKey(created time.Time, key string) []byte {
-	b := binary.BigEndian.AppendUint64(nil, uint64(created.Unix())^(1<<63))
-	b = binary.BigEndian.AppendUint32(b, uint32(created.Nanosecond()))
-	return append(b, key...)
+// fjBatches returns the offsets at which the batches of a journal file
+// start, then the file's length, and checks that every batch is whole and
+// valid.
+func fjBatches(t *testing.T, raw []byte) []int {
+	t.Helper()
+	salt := fjSalt(t, raw)
+	var offs []int
+	for off := fjTestFileHdrLen; off < len(raw); {
+		require.GreaterOrEqual(t, len(raw)-off, fjTestBatchHdrLen, "batch header at offset %d", off)
+		require.Equal(t, fjMagic(salt), raw[off:off+4], "batch magic at offset %d", off)
+		end := off + fjTestBatchHdrLen + int(binary.LittleEndian.Uint32(raw[off+4:]))
+		require.LessOrEqual(t, end, len(raw), "batch at offset %d runs past the end", off)
+		require.Equal(t, fjBatchCRC(raw[off:end], int64(off), salt), binary.LittleEndian.Uint32(raw[off+16:]), "batch CRC at offset %d", off)
+		offs = append(offs, off)
+		off = end
+	}
+	return append(offs, len(raw))
 }
 
-func TestFileJournalCorruptFile(t *testing.T) {
-	const pageSize = 4096
-	random := make([]byte, 16*pageSize)
-	_, _ = rand.Read(random)
-	tests := []struct {
-		name    string
-		give    func(valid []byte) []byte // the bytes written over a valid journal
-		wantErr error                     // nil: opens
-	}{
-		{name: "zero length initialises", give: func([]byte) []byte { return nil }, wantErr: nil},
-		{name: "random bytes", give: func([]byte) []byte { return random }, wantErr: idemhttp.ErrJournalCorrupt},
-		{name: "random bytes, one page", give: func([]byte) []byte { return random[:pageSize] }, wantErr: idemhttp.ErrJournalCorrupt},
-		{name: "shorter than a page", give: func(b []byte) []byte { return b[:100] }, wantErr: idemhttp.ErrJournalCorrupt},
-		{name: "truncated to the meta pages", give: func(b []byte) []byte { return b[:2*pageSize] }, wantErr: idemhttp.ErrJournalCorrupt},
-		{name: "truncated to half", give: func(b []byte) []byte { return b[:len(b)/2] }, wantErr: idemhttp.ErrJournalCorrupt},
-		{name: "truncated mid-page", give: func(b []byte) []byte { return b[:len(b)/2-pageSize/2] }, wantErr: idemhttp.ErrJournalCorrupt},
-		{name: "both meta pages zeroed", give: func(b []byte) []byte {
-			return append(make([]byte, 2*pageSize), b[2*pageSize:]...)
-		}, wantErr: idemhttp.ErrJournalCorrupt},
-		{name: "flipped byte in an entry's body", give: func(b []byte) []byte {
-			return fjFlipEvery(b, []byte("MARKER-0007"), 7)
-		}, wantErr: idemhttp.ErrJournalCorrupt},
-		{name: "flipped byte in a bucket key", give: func(b []byte) []byte {
-			// A leaf stores each key between the previous record's value
-			// and its own: in the key index, the sequence numbers of the
-			// entries begun third and fourth.
-			pattern := binary.BigEndian.AppendUint64(nil, 3)
-			pattern = append(pattern, "key-0003"...)
-			pattern = binary.BigEndian.AppendUint64(pattern, 4)
-			return fjFlipEvery(b, pattern, 8+5)
-		}, wantErr: idemhttp.ErrJournalCorrupt},
-		{name: "flipped byte in the pending index", give: func(b []byte) []byte {
-			return fjFlipEvery(b, fjPendingIndexKey(fjEntry("", "").Created, "key-0011"), 12+5)
-		}, wantErr: idemhttp.ErrJournalCorrupt},
+func fjFileSize(t *testing.T, path string) int64 {
+	t.Helper()
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	return fi.Size()
+}
+
+func fjReadFile(t *testing.T, path string) []byte {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return raw
+}
+
+// fjWriteFile writes raw to a new file and returns its path.
+func fjWriteFile(t *testing.T, raw []byte) string {
+	t.Helper()
+	path := fjPath(t)
+	require.NoError(t, os.WriteFile(path, raw, 0o600))
+	return path
+}
+
+// fjCopy copies the journal file at path as it is now, which is what a
+// crash at this instant would leave on disk, and returns the copy's path.
+func fjCopy(t *testing.T, path string) string {
+	t.Helper()
+	return fjWriteFile(t, fjReadFile(t, path))
+}
+
+// fjEntries returns every entry of j.
+func fjEntries(t *testing.T, j *idemhttp.FileJournal) []*idemhttp.Entry {
+	t.Helper()
+	all, err := j.Entries(context.Background())
+	require.NoError(t, err)
+	return all
+}
+
+// fjBodyEntry returns an entry for key, with operation "op-"+key and a
+// body of about size bytes that names key.
+func fjBodyEntry(key string, size int) *idemhttp.Entry {
+	e := fjEntry(key, "op-"+key)
+	e.Body = append([]byte(key+":"), bytes.Repeat([]byte{'x'}, size)...)
+	return e
+}
+
+// fjAt returns a UTC time n seconds after the fixtures' Created, with
+// nanoseconds, and without a monotonic reading or a location: it reads back
+// from the file equal to what was written, so whole entries compare equal.
+func fjAt(n int) time.Time {
+	return time.Date(2025, 3, 1, 12, 0, n, 123456789, time.UTC)
+}
+
+// fjCanCompact reports whether Compact works on this platform: Windows
+// cannot rename over an open file.
+func fjCanCompact() bool { return runtime.GOOS != "windows" }
+
+func fjSkipNoCompact(t *testing.T) {
+	if !fjCanCompact() {
+		t.Skip("Compact is unsupported on " + runtime.GOOS)
+	}
+}
+
+// fjParallel runs fn(0) to fn(n-1) on 8 goroutines and fails the test if
+// any call fails. Concurrent writers share group commits, which keeps
+// tests that write hundreds of entries fast.
+func fjParallel(t *testing.T, n int, fn func(i int) error) {
+	t.Helper()
+	errs := make([]error, n)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for i := range next {
+				errs[i] = fn(i)
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+}
+
+// fjOpenRefused opens path expecting an error, and returns it.
+func fjOpenRefused(t *testing.T, path string, opts *idemhttp.JournalOptions) error {
+	t.Helper()
+	j, err := idemhttp.OpenFileJournal(path, opts)
+	if j != nil {
+		t.Errorf("%s opened; want an error", path)
+		assert.NoError(t, j.Close())
+	}
+	return err
+}
+
+func TestFileJournalPrune(t *testing.T) {
+	ctx := context.Background()
+	t.Run("deletes exactly the done entries updated before the cutoff", func(t *testing.T) {
+		path := fjPath(t)
+		j := fjOpen(t, path, nil)
+		cutoff := fjAt(100)
+		tests := []struct {
+			give     string
+			state    idemhttp.State // "" leaves the entry as Begin stored it
+			updated  time.Time
+			wantKept bool
+		}{
+			{give: "done-old", state: idemhttp.StateDone, updated: fjAt(10), wantKept: false},
+			{give: "done-just-before", state: idemhttp.StateDone, updated: cutoff.Add(-time.Nanosecond), wantKept: false},
+			{give: "done-at-cutoff", state: idemhttp.StateDone, updated: cutoff, wantKept: true},
+			{give: "done-new", state: idemhttp.StateDone, updated: fjAt(200), wantKept: true},
+			{give: "abandoned-old", state: idemhttp.StateAbandoned, updated: fjAt(10), wantKept: true},
+			{give: "pending-retried-old", state: idemhttp.StatePending, updated: fjAt(10), wantKept: true},
+			{give: "never-finished", wantKept: true},
+		}
+		var wantKept []string
+		for _, tt := range tests {
+			_, err := j.Begin(ctx, fjEntry(tt.give, "op-"+tt.give))
+			require.NoError(t, err)
+			if tt.state != "" {
+				require.NoError(t, j.Finish(ctx, tt.give, idemhttp.Outcome{State: tt.state, Status: 200, Attempts: 1, At: tt.updated}))
+			}
+			if tt.wantKept {
+				wantKept = append(wantKept, tt.give)
+			}
+		}
+		slices.Sort(wantKept) // Entries' order: same Created, so by key
+		var want []*idemhttp.Entry
+		for _, e := range fjEntries(t, j) {
+			if slices.Contains(wantKept, e.Key) {
+				want = append(want, e)
+			}
+		}
+
+		n, err := j.Prune(ctx, cutoff)
+		require.NoError(t, err)
+		assert.Equal(t, 2, n)
+		assert.Equal(t, want, fjEntries(t, j))
+		_, err = j.Get(ctx, "done-old")
+		assert.ErrorIs(t, err, idemhttp.ErrNotFound)
+		require.NoError(t, j.Verify(ctx))
+
+		writes := j.Stats().Writes
+		n, err = j.Prune(ctx, cutoff)
+		require.NoError(t, err)
+		assert.Zero(t, n, "a second prune finds nothing")
+		assert.Equal(t, writes, j.Stats().Writes, "a prune that finds nothing writes nothing")
+		require.NoError(t, j.Close())
+
+		j = fjOpen(t, path, nil)
+		assert.Equal(t, want, fjEntries(t, j), "the deletes are durable")
+		existing, err := j.Begin(ctx, fjEntry("again", "op-done-old"))
+		require.NoError(t, err)
+		assert.Nil(t, existing, "a pruned operation is forgotten")
+	})
+
+	t.Run("a large prune compacts the file", func(t *testing.T) {
+		fjSkipNoCompact(t)
+		path := fjPath(t)
+		j := fjOpen(t, path, nil)
+		// 320 entries, most of 4 KiB: more than 1 MiB, of which an eighth
+		// is kept.
+		const n = 320
+		kept := func(i int) bool { return i%8 == 0 }
+		fjParallel(t, n, func(i int) error {
+			key := fmt.Sprintf("k%03d", i)
+			e := fjBodyEntry(key, 4<<10)
+			if i%10 == 0 {
+				e.Body = nil // a few without a body
+			}
+			if _, err := j.Begin(ctx, e); err != nil {
+				return err
+			}
+			o := idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1, At: fjAt(1)}
+			if kept(i) {
+				o = idemhttp.Outcome{State: idemhttp.StateAbandoned, Status: 503, Attempts: 5, At: fjAt(2)}
+			}
+			if i%16 == 0 {
+				o = idemhttp.Outcome{State: idemhttp.StatePending, Status: 0, Attempts: 2, At: fjAt(3)}
+			}
+			return j.Finish(ctx, key, o)
+		})
+		require.NoError(t, j.Sync(ctx))
+		var want []*idemhttp.Entry
+		for _, e := range fjEntries(t, j) {
+			if e.State != idemhttp.StateDone {
+				want = append(want, e)
+			}
+		}
+		require.Len(t, want, (n+7)/8)
+		before := j.Stats()
+		require.GreaterOrEqual(t, before.FileBytes, int64(1<<20))
+
+		pruned, err := j.Prune(ctx, fjAt(10))
+		require.NoError(t, err)
+		assert.Equal(t, n-len(want), pruned)
+		after := j.Stats()
+		assert.Equal(t, before.Compactions+1, after.Compactions, "the prune compacted the file")
+		assert.Less(t, after.FileBytes, before.FileBytes/4)
+		assert.Equal(t, fjFileSize(t, path), after.FileBytes)
+		assert.Equal(t, want, fjEntries(t, j))
+		require.NoError(t, j.Verify(ctx))
+		require.NoError(t, j.Close())
+
+		j = fjOpen(t, path, nil)
+		assert.Equal(t, want, fjEntries(t, j), "every kept entry survives compaction and reopening unchanged")
+		st := j.Stats()
+		assert.Zero(t, st.Compactions, "nothing left to compact on open")
+		assert.Zero(t, st.TruncatedBytes)
+		assert.Equal(t, after.FileBytes, st.FileBytes)
+		require.NoError(t, j.Verify(ctx))
+	})
+}
+
+// Deleted entries that make up most of a file of more than 1 MiB are
+// compacted away when the journal is opened.
+func TestFileJournalOpenCompacts(t *testing.T) {
+	fjSkipNoCompact(t)
+	ctx := context.Background()
+	path := fjPath(t)
+	j := fjOpen(t, path, nil)
+	const n = 300
+	fjParallel(t, n, func(i int) error {
+		_, err := j.Begin(ctx, fjBodyEntry(fmt.Sprintf("k%03d", i), 4<<10))
+		return err
+	})
+	fjParallel(t, n, func(i int) error {
+		if i%10 == 0 {
+			return nil
+		}
+		return j.Delete(ctx, fmt.Sprintf("k%03d", i)) // Delete, unlike Prune, never compacts
+	})
+	want := fjEntries(t, j)
+	require.Len(t, want, n/10)
+	assert.Zero(t, j.Stats().Compactions)
+	require.NoError(t, j.Close())
+	size := fjFileSize(t, path)
+	require.GreaterOrEqual(t, size, int64(1<<20))
+
+	j = fjOpen(t, path, nil)
+	st := j.Stats()
+	assert.Equal(t, uint64(1), st.Compactions)
+	assert.Less(t, st.FileBytes, size/4)
+	assert.Equal(t, fjFileSize(t, path), st.FileBytes)
+	assert.Equal(t, want, fjEntries(t, j))
+	require.NoError(t, j.Verify(ctx))
+}
+
+// A compaction that a crash interrupted leaves its temporary file beside
+// the journal, which is intact: the next open removes the leftover.
+func TestFileJournalRemovesLeftoverCompaction(t *testing.T) {
+	ctx := context.Background()
+	path := fjPath(t)
+	j := fjOpen(t, path, nil)
+	for i := range 3 {
+		_, err := j.Begin(ctx, fjEntry(fmt.Sprintf("k%d", i), ""))
+		require.NoError(t, err)
+	}
+	want := fjEntries(t, j)
+	require.NoError(t, j.Close())
+	leftover := path + ".compact"
+	require.NoError(t, os.WriteFile(leftover, fjFileHeader(fjTestVersion, 1, false)[:10], 0o600))
+
+	j = fjOpen(t, path, nil)
+	_, err := os.Stat(leftover)
+	assert.ErrorIs(t, err, os.ErrNotExist)
+	assert.Equal(t, want, fjEntries(t, j))
+}
+
+// An empty file, or one holding part of a header (a crash while the
+// journal was being created), is a new journal. Its salt is random, so the
+// part of it that a short header holds is not kept.
+func TestFileJournalInitialisesNewFile(t *testing.T) {
+	hdr := fjFileHeader(fjTestVersion, 0x0123456789abcdef, false)
+	type test struct {
+		name string
+		give []byte
+	}
+	tests := []test{{name: "zero length", give: nil}}
+	for n := 1; n < fjTestFileHdrLen; n++ {
+		tests = append(tests, test{name: fmt.Sprintf("first %d bytes of a header", n), give: hdr[:n]})
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			path, valid := fjCorruptJournal(t, 40, "MARKER")
-			require.NoError(t, os.WriteFile(path, tt.give(valid), 0o600))
-
-			j, err := idemhttp.OpenFileJournal(path, nil)
-			if tt.wantErr != nil {
-				assert.ErrorIs(t, err, tt.wantErr)
-				assert.Nil(t, j)
-				return
-			}
+			path := fjWriteFile(t, tt.give)
+			j := fjOpen(t, path, nil)
+			raw := fjReadFile(t, path)
+			require.Len(t, raw, fjTestFileHdrLen, "the header is written whole")
+			assert.Equal(t, hdr[:12], raw[:12], "magic and version")
+			fjSalt(t, raw) // its CRC
+			assert.Empty(t, fjEntries(t, j))
+			_, err := j.Begin(context.Background(), fjEntry("k1", ""))
 			require.NoError(t, err)
 			require.NoError(t, j.Close())
+
+			j = fjOpen(t, path, nil)
+			_, err = j.Get(context.Background(), "k1")
+			assert.NoError(t, err)
 		})
 	}
 }
 
-// A damaged entry found with SkipVerify fails its own reads only, and can
-// be deleted, after which the journal verifies clean.
-func TestFileJournalRepairDamagedEntry(t *testing.T) {
-	path, raw := fjCorruptJournal(t, 40, "MARKER")
-	require.NoError(t, os.WriteFile(path, fjFlipEvery(raw, []byte("MARKER-0007"), 7), 0o600))
-
-	_, err := idemhttp.OpenFileJournal(path, nil)
-	require.ErrorIs(t, err, idemhttp.ErrJournalCorrupt)
-	assert.ErrorContains(t, err, "key-0007", "the error names the damaged entry")
-
-	j := fjOpen(t, path, &idemhttp.JournalOptions{SkipVerify: true})
-	ctx := context.Background()
-	_, err = j.Get(ctx, "key-0007")
-	assert.ErrorIs(t, err, idemhttp.ErrJournalCorrupt)
-	_, err = j.Pending(ctx)
-	assert.ErrorIs(t, err, idemhttp.ErrJournalCorrupt)
-	_, err = j.Get(ctx, "key-0008")
-	assert.NoError(t, err)
-
-	require.NoError(t, j.Delete(ctx, "key-0007"))
-	require.NoError(t, j.Verify(ctx))
-	pending, err := j.Pending(ctx)
-	require.NoError(t, err)
-	assert.Len(t, pending, 39)
-	existing, err := j.Begin(ctx, fjEntry("key-new", "op-0007"))
-	require.NoError(t, err)
-	assert.Nil(t, existing, "the damaged entry's operation mapping went with it")
+// fjValidJournal writes a journal of three entries and returns its bytes.
+func fjValidJournal(t *testing.T) []byte {
+	t.Helper()
+	path := fjPath(t)
+	j := fjOpen(t, path, nil)
+	for i := range 3 {
+		_, err := j.Begin(context.Background(), fjEntry(fmt.Sprintf("k%d", i), ""))
+		require.NoError(t, err)
+	}
+	require.NoError(t, j.Close())
+	return fjReadFile(t, path)
 }
 
-// A file of another format version, or a bbolt file that is not a
-// journal, is refused on open with an error that says so; nothing in it is
-// read as entries or changed.
-func TestFileJournalRefusesOtherFormats(t *testing.T) {
+// fjOldHeader returns a file header as it was before the salt: 16 bytes,
+// "IDEMJRNL", version 3 and the CRC of the 12 bytes before it.
+func fjOldHeader() []byte {
+	h := binary.LittleEndian.AppendUint32([]byte("IDEMJRNL"), fjTestVersion)
+	return binary.LittleEndian.AppendUint32(h, crc32.Checksum(h, fjCastagnoli))
+}
+
+// fjReheader returns a copy of the journal file b with its header
+// replaced by hdr.
+func fjReheader(b, hdr []byte) []byte {
+	return append(bytes.Clone(hdr), b[fjTestFileHdrLen:]...)
+}
+
+// Files that are not journals this build can read are refused with an
+// error that says why, and left as they were.
+func TestFileJournalRefusesForeignFiles(t *testing.T) {
+	valid := fjValidJournal(t)
+	rnd := rand.NewChaCha8([32]byte{'f', 'j'})
+	random := make([]byte, 4096)
+	_, _ = rnd.Read(random)
+	// The first page of a bbolt file, which journals before format 3 were.
+	bolt := make([]byte, 4096)
+	binary.LittleEndian.PutUint16(bolt[8:], 0x04)        // page flags: meta
+	binary.LittleEndian.PutUint32(bolt[16:], 0xED0CDAED) // bbolt's magic
+	binary.LittleEndian.PutUint32(bolt[20:], 2)          // its format version
+	binary.LittleEndian.PutUint32(bolt[24:], 4096)       // its page size
+	salt := fjSalt(t, valid)
+	flippedMagic := bytes.Clone(valid)
+	flippedMagic[3] ^= 0x20
+	flippedSalt := bytes.Clone(valid)
+	flippedSalt[15] ^= 0x01
 	tests := []struct {
-		name    string
-		buckets map[string]map[string]string // bucket -> key -> value
-		want    string
+		name string
+		give []byte
+		want string
 	}{
-		{name: "version 1", buckets: map[string]map[string]string{
-			"entries": {"k": "\x01..."}, "operations": {}, "pending": {}, "done": {},
-		}, want: "journal format version 1"},
-		{name: "future version", buckets: map[string]map[string]string{
-			"idemhttp": {"version": "\x03"}, "keys": {}, "states": {}, "requests": {}, "operations": {}, "pending": {}, "done": {},
-		}, want: "journal format version 03"},
-		{name: "version 2 with a bucket missing", buckets: map[string]map[string]string{
-			"idemhttp": {"version": "\x02"}, "keys": {}, "states": {}, "operations": {}, "pending": {}, "done": {},
-		}, want: "bucket is missing"},
-		{name: "another program's file", buckets: map[string]map[string]string{
-			"widgets": {"w1": "blue"},
-		}, want: "not an idemhttp journal"},
+		{name: "random bytes", give: random, want: "not an idemhttp journal"},
+		{name: "random bytes shorter than a header", give: random[:10], want: "not an idemhttp journal"},
+		{name: "a bbolt file", give: append(bytes.Clone(bolt), bolt...), want: "not an idemhttp journal"},
+		{name: "another program's file", give: append([]byte("SQLite format 3\x00"), make([]byte, 84)...), want: "not an idemhttp journal"},
+		{name: "a text file shorter than a header", give: []byte("hello\n"), want: "not an idemhttp journal"},
+		{name: "a journal with a damaged magic", give: flippedMagic, want: "not an idemhttp journal"},
+		{name: "format version 4", give: fjReheader(valid, fjFileHeader(4, salt, false)), want: "format version 4"},
+		{name: "format version 2", give: fjReheader(valid, fjFileHeader(2, salt, false)), want: "format version 2"},
+		{name: "a version 2 header cut short", give: fjFileHeader(2, salt, false)[:16], want: "not an idemhttp journal"},
+		{name: "a header with a bad CRC", give: fjReheader(valid, fjFileHeader(fjTestVersion, salt, true)), want: "damaged file header"},
+		{name: "a header with a flipped salt bit", give: flippedSalt, want: "damaged file header"},
+		{name: "a bare header with a bad CRC", give: fjFileHeader(fjTestVersion, salt, true), want: "damaged file header"},
+		{name: "a journal with the unsalted 16-byte header", give: append(fjOldHeader(), valid[fjTestFileHdrLen:]...), want: "damaged file header"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := fjWriteFile(t, tt.give)
+			err := fjOpenRefused(t, path, nil)
+			assert.ErrorIs(t, err, idemhttp.ErrJournalCorrupt)
+			assert.ErrorContains(t, err, tt.want)
+			assert.Equal(t, tt.give, fjReadFile(t, path), "the file is left as it was")
+
+			err = fjOpenRefused(t, path, &idemhttp.JournalOptions{SkipVerify: true})
+			assert.ErrorIs(t, err, idemhttp.ErrJournalCorrupt, "SkipVerify salvages batches, not other files")
+			assert.Equal(t, tt.give, fjReadFile(t, path), "the file is left as it was")
+		})
+	}
+}
+
+// A batch that a crash cut short, wherever the cut falls, is cut off when
+// the journal is opened: the entries of earlier batches are intact, and
+// the journal works on.
+func TestFileJournalTornTail(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name   string
+		before int                                         // entries begun, one batch each, before the batch torn
+		give   func(t *testing.T, j *idemhttp.FileJournal) // writes the batch torn
+	}{
+		{name: "the only batch", before: 0, give: func(t *testing.T, j *idemhttp.FileJournal) {
+			_, err := j.Begin(ctx, fjBodyEntry("torn", 40))
+			require.NoError(t, err)
+		}},
+		{name: "a begin record", before: 4, give: func(t *testing.T, j *idemhttp.FileJournal) {
+			_, err := j.Begin(ctx, fjBodyEntry("torn", 40))
+			require.NoError(t, err)
+		}},
+		{name: "a finish record", before: 4, give: func(t *testing.T, j *idemhttp.FileJournal) {
+			require.NoError(t, j.Finish(ctx, "key-1", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1, At: fjAt(1)}))
+			require.NoError(t, j.Sync(ctx))
+		}},
+		{name: "a delete record", before: 4, give: func(t *testing.T, j *idemhttp.FileJournal) {
+			require.NoError(t, j.Delete(ctx, "key-2"))
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			path := fjPath(t)
-			db, err := bolt.Open(path, 0o600, nil)
-			require.NoError(t, err)
-			require.NoError(t, db.Update(func(tx *bolt.Tx) error {
-				for name, kvs := range tt.buckets {
-					b, err := tx.CreateBucket([]byte(name))
-					if err != nil {
-						return err
-					}
-					for k, v := range kvs {
-						if err := b.Put([]byte(k), []byte(v)); err != nil {
-							return err
-						}
-					}
-				}
-				return nil
-			}))
-			require.NoError(t, db.Close())
-			before, err := os.ReadFile(path)
-			require.NoError(t, err)
-
-			j, err := idemhttp.OpenFileJournal(path, nil)
-			assert.Nil(t, j)
-			assert.ErrorIs(t, err, idemhttp.ErrJournalCorrupt)
-			assert.ErrorContains(t, err, tt.want)
-			after, err := os.ReadFile(path)
-			require.NoError(t, err)
-			assert.Equal(t, before, after, "the file is left as it was")
+			j := fjOpen(t, path, nil)
+			for i := range tt.before {
+				_, err := j.Begin(ctx, fjBodyEntry(fmt.Sprintf("key-%d", i), 200))
+				require.NoError(t, err)
+			}
+			want := fjEntries(t, j)
+			tt.give(t, j)
+			require.NoError(t, j.Close())
+			raw := fjReadFile(t, path)
+			batches := fjBatches(t, raw)
+			require.Len(t, batches, tt.before+2, "one batch per call")
+			fjCheckTornTail(t, raw, batches[len(batches)-2], want)
 		})
 	}
 }
 
-// Regression: a page header's overflow count damaged to about 1.5 billion
-// (one flipped byte) made the first write free 1.5 billion pages one by
-// one, hanging until memory ran out. The freelist page was the one hit:
-// every commit replaces it. Open must refuse such a file at once.
-func TestFileJournalHugeOverflowCountRefused(t *testing.T) {
-	const pageSize = 4096
-	path, raw := fjCorruptJournal(t, 40, "MARKER")
-	damaged := 0
-	for off := 2 * pageSize; off+16 <= len(raw); off += pageSize {
-		// Page header: id (8 bytes), flags (2), count (2), overflow (4).
-		id, flags := binary.LittleEndian.Uint64(raw[off:]), binary.LittleEndian.Uint16(raw[off+8:])
-		if id == uint64(off/pageSize) && flags == 0x10 { // the freelist
-			raw[off+15] ^= 0x5a
-			damaged++
-		}
+// fjCheckTornTail cuts the journal file raw at every offset from start,
+// where its last batch starts, to one byte short of its end, and checks
+// that each cut opens with exactly want.
+func fjCheckTornTail(t *testing.T, raw []byte, start int, want []*idemhttp.Entry) {
+	t.Helper()
+	stride := 1
+	if testing.Short() {
+		stride = 7
 	}
-	require.Positive(t, damaged, "the file has a freelist page")
-	require.NoError(t, os.WriteFile(path, raw, 0o600))
-
-	j, err := idemhttp.OpenFileJournal(path, nil)
-	assert.Nil(t, j)
-	assert.ErrorIs(t, err, idemhttp.ErrJournalCorrupt)
-	assert.ErrorContains(t, err, "overflow pages")
+	cuts := []int{len(raw) - 1}
+	for cut := start; cut < len(raw)-1; cut += stride {
+		cuts = append(cuts, cut)
+	}
+	for _, cut := range cuts {
+		t.Run(fmt.Sprintf("cut at %d of %d", cut, len(raw)), func(t *testing.T) {
+			fjCheckOpensCut(t, raw[:cut], int64(cut-start), want)
+		})
+	}
 }
 
-// Flipping bytes all over a journal file must give, on open or on use, a
-// working journal or ErrJournalCorrupt: never a panic, a fault or a hang.
-func TestFileJournalFlippedBytes(t *testing.T) {
-	const pageSize = 4096
-	_, valid := fjCorruptJournal(t, 40, "MARKER")
-	// Every byte of every page header (id, flags, element count, overflow:
-	// what bbolt's parsing trusts), and a sample of the rest.
-	stride := 151
-	if testing.Short() {
-		stride = 1499
+// fjCheckOpensCut opens the journal file b, whose last tail bytes are not
+// a whole batch, and checks that they are cut off, that the journal
+// holds want, and that it works on.
+func fjCheckOpensCut(t *testing.T, b []byte, tail int64, want []*idemhttp.Entry) {
+	t.Helper()
+	ctx := context.Background()
+	path := fjWriteFile(t, b)
+	j := fjOpen(t, path, nil)
+	st := j.Stats()
+	assert.Equal(t, tail, st.TruncatedBytes)
+	assert.Zero(t, st.SkippedBytes)
+	assert.Equal(t, int64(len(b))-tail, st.FileBytes)
+	assert.Equal(t, int64(len(b))-tail, fjFileSize(t, path), "the tail is cut off on disk")
+	assert.Equal(t, want, fjEntries(t, j))
+	_, err := j.Get(ctx, "torn")
+	assert.ErrorIs(t, err, idemhttp.ErrNotFound)
+	require.NoError(t, j.Verify(ctx))
+	existing, err := j.Begin(ctx, fjEntry("zz-after", "op-zz-after"))
+	require.NoError(t, err)
+	assert.Nil(t, existing)
+	require.NoError(t, j.Close())
+
+	j, err = idemhttp.OpenFileJournal(path, nil)
+	require.NoError(t, err)
+	assert.Zero(t, j.Stats().TruncatedBytes)
+	got := fjEntries(t, j)
+	if assert.Len(t, got, len(want)+1) {
+		assert.Equal(t, want, got[:len(want)])
+		assert.Equal(t, "zz-after", got[len(want)].Key, "the Begin after the cut survives reopening")
 	}
-	var offsets []int
-	for page := 0; page < len(valid); page += pageSize {
-		for i := range 16 {
-			offsets = append(offsets, page+i)
+	require.NoError(t, j.Close())
+}
+
+// Bytes after the last batch that are not a batch (a crash can leave a
+// file extended with zeros, or with part of a write) are cut off, and so
+// is a whole batch that is valid only in another file or at another
+// offset.
+func TestFileJournalGarbageAfterLastBatch(t *testing.T) {
+	rnd := rand.NewChaCha8([32]byte{'g'})
+	random := make([]byte, 1000)
+	_, _ = rnd.Read(random)
+	// next returns the batch that could follow the journal file raw: the
+	// last batch's records again, with the next sequence number, sealed
+	// for offset off of a file with salt.
+	next := func(raw []byte, off int64, salt uint64) []byte {
+		batches := fjBatches(t, raw)
+		last := raw[batches[len(batches)-2]:]
+		seq := binary.LittleEndian.Uint64(last[8:])
+		return fjBatchImage(seq+1, off, salt, last[fjTestBatchHdrLen:])
+	}
+	tests := []struct {
+		name string
+		give func(raw []byte, salt uint64) []byte // given the file and its salt
+	}{
+		{name: "random bytes", give: func([]byte, uint64) []byte { return random }},
+		{name: "one random byte", give: func([]byte, uint64) []byte { return random[:1] }},
+		{name: "zeros", give: func([]byte, uint64) []byte { return make([]byte, 4096) }},
+		{name: "a batch magic then zeros", give: func(_ []byte, salt uint64) []byte {
+			return append(fjMagic(salt), make([]byte, 60)...)
+		}},
+		{name: "repeated batch magics", give: func(_ []byte, salt uint64) []byte { return bytes.Repeat(fjMagic(salt), 50) }},
+		{name: "a batch header claiming 1 GiB", give: func(_ []byte, salt uint64) []byte {
+			huge := binary.LittleEndian.AppendUint32(fjMagic(salt), 1<<30)
+			return append(huge, make([]byte, 100)...)
+		}},
+		{name: "the unsalted magic", give: func([]byte, uint64) []byte {
+			return bytes.Repeat(binary.LittleEndian.AppendUint32(nil, fjTestBatchMagic), 50)
+		}},
+		{name: "a copy of the last batch", give: func(raw []byte, _ uint64) []byte {
+			batches := fjBatches(t, raw)
+			return bytes.Clone(raw[batches[len(batches)-2]:])
+		}},
+		{name: "the next batch sealed for another offset", give: func(raw []byte, salt uint64) []byte {
+			return next(raw, int64(len(raw))+1, salt)
+		}},
+		{name: "the next batch sealed for the first batch's offset", give: func(raw []byte, salt uint64) []byte {
+			return next(raw, fjTestFileHdrLen, salt)
+		}},
+		{name: "the next batch sealed with another salt", give: func(raw []byte, salt uint64) []byte {
+			return next(raw, int64(len(raw)), salt^1<<32) // same magic, another salt
+		}},
+		{name: "the next batch sealed with another file's salt", give: func(raw []byte, salt uint64) []byte {
+			return next(raw, int64(len(raw)), salt+0x9e3779b97f4a7c15)
+		}},
+	}
+	write := func(t *testing.T) (raw []byte, salt uint64, want []*idemhttp.Entry) {
+		path := fjPath(t)
+		j := fjOpen(t, path, nil)
+		for i := range 3 {
+			_, err := j.Begin(context.Background(), fjBodyEntry(fmt.Sprintf("key-%d", i), 100))
+			require.NoError(t, err)
 		}
+		require.NoError(t, j.Finish(context.Background(), "key-1", idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1, At: fjAt(1)}))
+		require.NoError(t, j.Sync(context.Background()))
+		want = fjEntries(t, j)
+		require.NoError(t, j.Close())
+		raw = fjReadFile(t, path)
+		return raw, fjSalt(t, raw), want
 	}
-	for off := 0; off < len(valid); off += stride {
-		offsets = append(offsets, off)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			raw, salt, want := write(t)
+			give := tt.give(raw, salt)
+			fjCheckOpensCut(t, append(raw, give...), int64(len(give)), want)
+		})
 	}
 
+	// The control: sealed for this file where it lies, the next batch is
+	// valid, which makes the cases above batches that are wrong only in
+	// their salt or their offset.
+	t.Run("the next batch sealed where it lies", func(t *testing.T) {
+		raw, salt, want := write(t)
+		b := append(raw, next(raw, int64(len(raw)), salt)...)
+		fjBatches(t, b)
+		j := fjOpen(t, fjWriteFile(t, b), nil)
+		st := j.Stats()
+		assert.Zero(t, st.TruncatedBytes)
+		assert.Equal(t, int64(len(b)), st.FileBytes)
+		assert.Equal(t, want, fjEntries(t, j), "the repeated finish record changes nothing")
+		require.NoError(t, j.Verify(context.Background()))
+	})
+}
+
+// fjBeginRecordImage returns the bytes of a valid begin record of a
+// pending entry for key, sending POST to url.
+func fjBeginRecordImage(key, url string) []byte {
+	str := func(b []byte, s string) []byte {
+		return append(binary.AppendUvarint(b, uint64(len(s))), s...)
+	}
+	p := str([]byte{'B'}, key)
+	p = str(p, "")                            // operation
+	p = str(str(p, http.MethodPost), url)     // method, URL
+	p = str(p, "")                            // fingerprint
+	p = binary.AppendUvarint(p, 0)            // no headers
+	p = binary.AppendVarint(p, 1_700_000_000) // created
+	p = binary.AppendUvarint(p, 0)
+	p = binary.AppendVarint(p, 1_700_000_000) // updated
+	p = binary.AppendUvarint(p, 0)
+	p = append(p, 1)              // pending
+	p = binary.AppendVarint(p, 0) // attempts
+	p = binary.AppendVarint(p, 0) // last status
+	p = append(p, 0)              // no body
+	r := binary.LittleEndian.AppendUint32(nil, uint32(len(p)))
+	r = binary.LittleEndian.AppendUint32(r, crc32.Update(crc32.Checksum(r, fjCastagnoli), fjCastagnoli, p))
+	return append(r, p...)
+}
+
+// fjReseal recomputes, in the journal file raw, the record CRC and the
+// batch CRC of the batch at off, which holds one record: what the journal
+// would have written had the record's payload been what raw now holds.
+func fjReseal(t *testing.T, raw []byte, off int) {
+	t.Helper()
+	salt := fjSalt(t, raw)
+	end := off + fjTestBatchHdrLen + int(binary.LittleEndian.Uint32(raw[off+4:]))
+	rec := raw[off+fjTestBatchHdrLen : end]
+	require.Equal(t, len(rec)-8, int(binary.LittleEndian.Uint32(rec)), "the batch at offset %d holds one record", off)
+	binary.LittleEndian.PutUint32(rec[4:], crc32.Update(crc32.Checksum(rec[:4], fjCastagnoli), fjCastagnoli, rec[8:]))
+	binary.LittleEndian.PutUint32(raw[off+16:], fjBatchCRC(raw[off:end], int64(off), salt))
+}
+
+// fjOtherSalt returns the salt of a new journal file: what an attacker
+// who sees another journal, or guesses, can know.
+func fjOtherSalt(t *testing.T) uint64 {
+	t.Helper()
+	path := fjPath(t)
+	j := fjOpen(t, path, nil)
+	salt := fjPathSalt(t, path)
+	require.NoError(t, j.Close())
+	return salt
+}
+
+// Regression (open): a request body is data the journal does not choose,
+// and it may hold the bytes of a batch, such as a journal file being
+// uploaded. When a crash tore the batch that stores such a body after the
+// image was on disk, the image was taken for a valid batch following a
+// damaged one: the journal refused to open (ErrJournalCorrupt) after a
+// mere crash, and SkipVerify, which that error calls for, read the image's
+// records as entries, so a client could plant a pending request for
+// Resume to send anywhere. A batch is now valid only sealed with its
+// file's salt for where it lies, which no request body knows.
+func TestFileJournalTornBatchHoldingABatchImage(t *testing.T) {
+	ctx := context.Background()
+	records := fjBeginRecordImage("planted", "https://attacker.example/")
+	placeholder := fjBatchImage(1<<40, 0, 0, records)
+	other := fjOtherSalt(t)
+	tests := []struct {
+		name string
+		// seal returns the salt and offset the image is sealed for, given
+		// the file's salt and the offset where the image lies.
+		seal func(salt uint64, off int64) (uint64, int64)
+	}{
+		{name: "sealed with salt zero", seal: func(_ uint64, off int64) (uint64, int64) { return 0, off }},
+		{name: "sealed with another file's salt", seal: func(_ uint64, off int64) (uint64, int64) { return other, off }},
+		{name: "sealed with a salt that shares the file's magic", seal: func(salt uint64, off int64) (uint64, int64) {
+			return salt ^ 1<<63, off // the low 32 bits guessed, the rest not
+		}},
+		{name: "sealed with the file's salt for the next offset", seal: func(salt uint64, off int64) (uint64, int64) { return salt, off + 1 }},
+		{name: "sealed with the file's salt for the previous offset", seal: func(salt uint64, off int64) (uint64, int64) { return salt, off - 1 }},
+		{name: "sealed with the file's salt for the first batch's offset", seal: func(salt uint64, _ int64) (uint64, int64) { return salt, fjTestFileHdrLen }},
+	}
+	// build writes a journal of three entries and a fourth whose body holds
+	// the image sealed by seal, and returns the file, where the fourth
+	// entry's batch starts, and the first three entries.
+	build := func(t *testing.T, seal func(salt uint64, off int64) (uint64, int64)) (raw []byte, start int, want []*idemhttp.Entry) {
+		path := fjPath(t)
+		j := fjOpen(t, path, nil)
+		for i := range 3 {
+			_, err := j.Begin(ctx, fjBodyEntry(fmt.Sprintf("key-%d", i), 100))
+			require.NoError(t, err)
+		}
+		want = fjEntries(t, j)
+		e := fjEntry("torn", "")
+		e.Body = slices.Concat(make([]byte, 50), placeholder, make([]byte, 50))
+		_, err := j.Begin(ctx, e)
+		require.NoError(t, err)
+		require.NoError(t, j.Close())
+
+		// Where the image lands is known only once it is written: seal it
+		// there, and the record and batch that hold it, as if the body had
+		// been that from the start.
+		raw = fjReadFile(t, path)
+		batches := fjBatches(t, raw)
+		start = batches[len(batches)-2]
+		p := bytes.Index(raw, placeholder)
+		require.Greater(t, p, start)
+		salt, off := seal(fjSalt(t, raw), int64(p))
+		image := fjBatchImage(1<<40, off, salt, records)
+		copy(raw[p:], image)
+		fjReseal(t, raw, start)
+		fjBatches(t, raw)
+
+		whole := fjOpen(t, fjWriteFile(t, raw), nil)
+		got, err := whole.Get(ctx, "torn")
+		require.NoError(t, err)
+		require.Equal(t, slices.Concat(make([]byte, 50), image, make([]byte, 50)), got.Body, "the file is what a Begin of that body writes")
+		require.NoError(t, whole.Close())
+		return raw, start, want
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			raw, start, want := build(t, tt.seal)
+			torn := raw[:len(raw)-10] // the image is whole, its batch is not
+
+			salvaged, err := idemhttp.OpenFileJournal(fjWriteFile(t, torn), &idemhttp.JournalOptions{SkipVerify: true})
+			require.NoError(t, err)
+			assert.Equal(t, want, fjEntries(t, salvaged), "a record inside a request body became an entry")
+			assert.Equal(t, int64(len(torn)-start), salvaged.Stats().TruncatedBytes)
+			assert.Zero(t, salvaged.Stats().SkippedBytes)
+			require.NoError(t, salvaged.Close())
+
+			fjCheckOpensCut(t, torn, int64(len(torn)-start), want)
+		})
+	}
+
+	// The control: sealed with the file's salt where it lies, the image is
+	// a valid batch after a damaged one, which makes the cases above images
+	// that are wrong only in their salt or their offset.
+	t.Run("sealed with the file's salt where it lies", func(t *testing.T) {
+		raw, _, _ := build(t, func(salt uint64, off int64) (uint64, int64) { return salt, off })
+		err := fjOpenRefused(t, fjWriteFile(t, raw[:len(raw)-10]), nil)
+		assert.ErrorIs(t, err, idemhttp.ErrJournalCorrupt)
+		assert.ErrorContains(t, err, "followed by a valid one")
+	})
+}
+
+// Regression (open): looking for a valid batch after a torn one checked
+// the CRC of every batch magic found, over as many bytes as it claimed. A
+// request body of magics that each claim the rest of the body made that
+// quadratic: a torn 4 MiB body (this test's) meant a TiB of CRC, about
+// a minute, and a torn 64 MiB one (the largest Begin accepts) hours. The magic now depends on the file's salt, which a body
+// cannot know, so such a body is passed over.
+func TestFileJournalTornTailSearchIsLinear(t *testing.T) {
+	const size = 4 << 20
+	// crafted returns a body of magic, each claiming as much of the rest
+	// of the body as there is.
+	crafted := func(magic uint32) []byte {
+		b := make([]byte, 0, size)
+		for len(b) < size {
+			b = binary.LittleEndian.AppendUint32(b, magic)
+			b = binary.LittleEndian.AppendUint32(b, uint32(max(size-len(b)-64, 1)))
+		}
+		return b
+	}
+	other := fjOtherSalt(t)
+	tests := []struct {
+		name string
+		give func(salt uint64) []byte // given the file's salt
+	}{
+		{name: "the unsalted magic", give: func(uint64) []byte { return crafted(fjTestBatchMagic) }},
+		{name: "another file's magic", give: func(uint64) []byte { return crafted(fjTestBatchMagic ^ uint32(other)) }},
+		// A journal file uploaded: this file's magic, but each batch
+		// claiming its own length and sealed for another offset. Each
+		// one's CRC is computed, over its own bytes: linear too.
+		{name: "batches of this file's salt", give: func(salt uint64) []byte {
+			b := make([]byte, 0, size)
+			for seq := uint64(5); len(b) < size; seq++ {
+				b = append(b, fjBatchImage(seq, int64(len(b)), salt, fjBeginRecordImage(fmt.Sprintf("k%d", seq), "https://example.com/"))...)
+			}
+			return b
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := fjPath(t)
+			j := fjOpen(t, path, nil)
+			e := fjEntry("torn", "")
+			e.Body = tt.give(fjPathSalt(t, path))
+			_, err := j.Begin(context.Background(), e)
+			require.NoError(t, err)
+			require.NoError(t, j.Close())
+			raw := fjReadFile(t, path)
+			torn := fjWriteFile(t, raw[:len(raw)-1])
+
+			type result struct {
+				st  idemhttp.JournalStats
+				err error
+			}
+			done := make(chan result, 1)
+			start := time.Now()
+			go func() {
+				j, err := idemhttp.OpenFileJournal(torn, nil)
+				if err != nil {
+					done <- result{err: err}
+					return
+				}
+				st := j.Stats()
+				done <- result{st, j.Close()}
+			}()
+			// Linear, this takes well under a second, even with -race;
+			// quadratic (with the magic unsalted), 52 s on the machine
+			// where 0.5 s was the slowest linear case.
+			const limit = 10 * time.Second
+			select {
+			case r := <-done:
+				require.NoError(t, r.err)
+				assert.Equal(t, int64(len(raw)-1-fjTestFileHdrLen), r.st.TruncatedBytes)
+				t.Logf("torn tail of %d bytes opened in %v", len(raw)-1-fjTestFileHdrLen, time.Since(start))
+			case <-time.After(limit):
+				t.Fatalf("a torn tail of %d bytes still opening after %v", len(raw)-1-fjTestFileHdrLen, limit)
+			}
+		})
+	}
+}
+
+// Damage to a batch that a valid batch follows is damage to data already
+// acknowledged: it is refused, and SkipVerify salvages the rest, which
+// Compact rewrites into a file that opens normally.
+func TestFileJournalDamagedBatch(t *testing.T) {
+	fjSkipNoCompact(t)
+	// Batches 0 to 5 store key-0 to key-5, batch 6 finishes key-2, batch
+	// 7 stores key-6.
+	tests := []struct {
+		name       string
+		give       int    // the batch damaged
+		wantLost   string // the entry lost with it, if any
+		wantUndone string // the entry whose outcome is lost with it, if any
+	}{
+		{name: "the first batch", give: 0, wantLost: "key-0"},
+		{name: "a batch whose entry a later batch finishes", give: 2, wantLost: "key-2"},
+		{name: "a batch holding a finish record", give: 6, wantUndone: "key-2"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fjCheckDamagedBatch(t, tt.give, tt.wantLost, tt.wantUndone)
+		})
+	}
+}
+
+func fjCheckDamagedBatch(t *testing.T, damaged int, wantLost, wantUndone string) {
+	ctx := context.Background()
+	path := fjPath(t)
+	j := fjOpen(t, path, nil)
+	for i := range 6 {
+		_, err := j.Begin(ctx, fjBodyEntry(fmt.Sprintf("key-%d", i), 100))
+		require.NoError(t, err)
+	}
+	unfinished := fjEntries(t, j)
+	require.NoError(t, j.Finish(ctx, "key-2", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1, At: fjAt(1)}))
+	require.NoError(t, j.Sync(ctx))
+	_, err := j.Begin(ctx, fjBodyEntry("key-6", 100))
+	require.NoError(t, err)
+	var want []*idemhttp.Entry
+	for i, e := range fjEntries(t, j) {
+		switch e.Key {
+		case wantLost:
+		case wantUndone:
+			want = append(want, unfinished[i])
+		default:
+			want = append(want, e)
+		}
+	}
+	require.NoError(t, j.Close())
+
+	raw := fjReadFile(t, path)
+	batches := fjBatches(t, raw)
+	require.Len(t, batches, 9, "one batch per call")
+	from, to := batches[damaged], batches[damaged+1]
+	raw[(from+fjTestBatchHdrLen+to)/2] ^= 0x04 // inside the batch's records
+	require.NoError(t, os.WriteFile(path, raw, 0o600))
+
+	err = fjOpenRefused(t, path, nil)
+	assert.ErrorIs(t, err, idemhttp.ErrJournalCorrupt)
+	assert.ErrorContains(t, err, "followed by a valid one")
+	assert.Equal(t, raw, fjReadFile(t, path), "a refused file is left as it was")
+
+	j, err = idemhttp.OpenFileJournal(path, &idemhttp.JournalOptions{SkipVerify: true})
+	require.NoError(t, err)
+	st := j.Stats()
+	assert.Equal(t, int64(to-from), st.SkippedBytes)
+	assert.Zero(t, st.TruncatedBytes)
+	assert.Equal(t, want, fjEntries(t, j))
+	if wantLost != "" {
+		_, err = j.Get(ctx, wantLost)
+		assert.ErrorIs(t, err, idemhttp.ErrNotFound)
+	}
+	assert.ErrorIs(t, j.Verify(ctx), idemhttp.ErrJournalCorrupt, "Verify reports what was skipped")
+
+	require.NoError(t, j.Compact(ctx))
+	st = j.Stats()
+	assert.Equal(t, uint64(1), st.Compactions)
+	assert.Zero(t, st.SkippedBytes, "the damage is not in the new file")
+	require.NoError(t, j.Verify(ctx))
+	assert.Equal(t, want, fjEntries(t, j))
+	require.NoError(t, j.Close())
+
+	j = fjOpen(t, path, nil)
+	assert.Equal(t, want, fjEntries(t, j), "the repaired journal opens without SkipVerify")
+	require.NoError(t, j.Verify(ctx))
+	_, err = j.Begin(ctx, fjEntry("key-7", ""))
+	assert.NoError(t, err)
+}
+
+// A flipped byte anywhere in a journal file is found: in the file header
+// or in a batch that a valid one follows, the file is refused with
+// ErrJournalCorrupt; in the last batch, which a torn write looks the same
+// as, that batch is cut off. Never a panic or a hang, and never an entry
+// read back different from what was written.
+func TestFileJournalFlippedBytes(t *testing.T) {
+	ctx := context.Background()
+	path := fjPath(t)
+	j := fjOpen(t, path, nil)
+	for i := range 9 {
+		e := fjBodyEntry(fmt.Sprintf("key-%d", i), 250)
+		e.Header.Add("X-Multi", "one")
+		e.Header.Add("X-Multi", "two")
+		_, err := j.Begin(ctx, e)
+		require.NoError(t, err)
+	}
+	require.NoError(t, j.Finish(ctx, "key-1", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1, At: fjAt(1)}))
+	require.NoError(t, j.Finish(ctx, "key-2", idemhttp.Outcome{State: idemhttp.StateAbandoned, Status: 503, Attempts: 3, At: fjAt(2)}))
+	require.NoError(t, j.Sync(ctx))
+	require.NoError(t, j.Delete(ctx, "key-3"))
+	want := fjEntries(t, j)
+	_, err := j.Begin(ctx, fjEntry("key-9", "")) // the last batch
+	require.NoError(t, err)
+	require.NoError(t, j.Close())
+	valid := fjReadFile(t, path)
+	batches := fjBatches(t, valid)
+	last := batches[len(batches)-2]
+
+	stride := 1
+	if testing.Short() {
+		stride = 13
+	}
 	dir := t.TempDir()
 	var opened, refused int
-	for _, off := range offsets {
+	for off := 0; off < len(valid); off += stride {
 		b := bytes.Clone(valid)
-		b[off] ^= 0x5a
+		b[off] ^= 1 << (off % 8)
 		path := filepath.Join(dir, fmt.Sprintf("flip-%d.db", off))
 		require.NoError(t, os.WriteFile(path, b, 0o600))
 
 		j, err := idemhttp.OpenFileJournal(path, nil)
-		if err != nil {
+		if off < last {
 			require.ErrorIs(t, err, idemhttp.ErrJournalCorrupt, "offset %d", off)
+			require.Nil(t, j)
+			require.Equal(t, b, fjReadFile(t, path), "offset %d: a refused file is left as it was", off)
 			refused++
-			continue
+		} else {
+			require.NoError(t, err, "offset %d", off)
+			assert.Equal(t, int64(len(valid)-last), j.Stats().TruncatedBytes, "offset %d", off)
+			fjExercise(t, j, off, want)
+			opened++
 		}
-		opened++
-		fjExercise(t, j, off)
-		require.NoError(t, j.Close(), "offset %d", off)
 		require.NoError(t, os.Remove(path))
 	}
-	t.Logf("%d flips: %d opened, %d refused", opened+refused, opened, refused)
+	t.Logf("%d flips in %d bytes: %d opened, %d refused", opened+refused, len(valid), opened, refused)
 }
 
-// fjExercise uses a journal that opened despite a flipped byte: every
-// call must succeed or fail with a plain error.
-func fjExercise(t *testing.T, j *idemhttp.FileJournal, off int) {
+// fjExercise uses a journal that opened despite a flipped byte at off,
+// then closes it: every call must succeed or fail with ErrJournalCorrupt
+// or ErrNotFound, and what it reads must be what was written.
+func fjExercise(t *testing.T, j *idemhttp.FileJournal, off int, want []*idemhttp.Entry) {
 	t.Helper()
 	ctx := context.Background()
-	okOrCorrupt := func(err error) {
+	okOrCorrupt := func(what string, err error) {
 		if err != nil && !errors.Is(err, idemhttp.ErrJournalCorrupt) && !errors.Is(err, idemhttp.ErrNotFound) {
-			t.Errorf("offset %d: unexpected error: %v", off, err)
+			t.Errorf("offset %d: %s: unexpected error: %v", off, what, err)
 		}
 	}
-	_, err := j.Pending(ctx)
-	okOrCorrupt(err)
-	_, err = j.Get(ctx, "key-0010")
-	okOrCorrupt(err)
+	all, err := j.Entries(ctx)
+	okOrCorrupt("Entries", err)
+	if err == nil {
+		assert.Equal(t, want, all, "offset %d", off)
+	}
+	_, err = j.Pending(ctx)
+	okOrCorrupt("Pending", err)
+	got, err := j.Get(ctx, "key-4")
+	okOrCorrupt("Get", err)
+	if err == nil {
+		assert.Equal(t, want[3], got, "offset %d", off) // key-3 was deleted
+	}
 	_, err = j.Begin(ctx, fjEntry("fresh", "op-fresh"))
-	okOrCorrupt(err)
-	okOrCorrupt(j.Finish(ctx, "key-0020", idemhttp.Outcome{State: idemhttp.StateDone, Attempts: 1}))
+	okOrCorrupt("Begin", err)
+	okOrCorrupt("Finish", j.Finish(ctx, "key-5", idemhttp.Outcome{State: idemhttp.StateDone, Attempts: 1}))
+	okOrCorrupt("Verify", j.Verify(ctx))
 	_, err = j.Prune(ctx, time.Now())
-	okOrCorrupt(err)
-	_, err = j.Entries(ctx)
-	okOrCorrupt(err)
+	okOrCorrupt("Prune", err)
+	okOrCorrupt("Close", j.Close())
+}
+
+// Finish returns before its record is on disk; Sync, a later Begin and
+// Close each make it durable. A copy of the file taken while the journal
+// is open is what a crash at that instant would leave.
+func TestFileJournalFinishIsWriteBehind(t *testing.T) {
+	ctx := context.Background()
+	done := idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 2, At: fjAt(5)}
+	assertDone := func(t *testing.T, e *idemhttp.Entry) {
+		t.Helper()
+		assert.Equal(t, idemhttp.StateDone, e.State)
+		assert.Equal(t, 201, e.LastStatus)
+		assert.Equal(t, 2, e.Attempts)
+		assert.Equal(t, fjAt(5), e.Updated)
+	}
+
+	t.Run("Sync makes it durable", func(t *testing.T) {
+		path := fjPath(t)
+		j := fjOpen(t, path, nil)
+		_, err := j.Begin(ctx, fjEntry("k1", ""))
+		require.NoError(t, err)
+		require.NoError(t, j.Finish(ctx, "k1", done))
+		require.NoError(t, j.Sync(ctx))
+
+		crashed := fjOpen(t, fjCopy(t, path), nil)
+		assert.Zero(t, crashed.Stats().TruncatedBytes)
+		got, err := crashed.Get(ctx, "k1")
+		require.NoError(t, err)
+		assertDone(t, got)
+	})
+
+	t.Run("before Sync either state is a valid crash", func(t *testing.T) {
+		path := fjPath(t)
+		j := fjOpen(t, path, nil)
+		_, err := j.Begin(ctx, fjEntry("k1", ""))
+		require.NoError(t, err)
+		require.NoError(t, j.Finish(ctx, "k1", done))
+		got, err := j.Get(ctx, "k1")
+		require.NoError(t, err)
+		assertDone(t, got) // at once, to this journal's readers
+
+		crashed := fjOpen(t, fjCopy(t, path), nil)
+		got, err = crashed.Get(ctx, "k1")
+		require.NoError(t, err, "the entry's Begin was durable")
+		if got.State == idemhttp.StatePending {
+			assert.Zero(t, got.Attempts, "the outcome was lost whole")
+		} else {
+			assertDone(t, got)
+		}
+		require.NoError(t, crashed.Verify(ctx))
+	})
+
+	t.Run("a later Begin makes it durable", func(t *testing.T) {
+		path := fjPath(t)
+		j := fjOpen(t, path, nil)
+		_, err := j.Begin(ctx, fjEntry("k1", ""))
+		require.NoError(t, err)
+		require.NoError(t, j.Finish(ctx, "k1", done))
+		_, err = j.Begin(ctx, fjEntry("k2", ""))
+		require.NoError(t, err)
+
+		crashed := fjOpen(t, fjCopy(t, path), nil)
+		got, err := crashed.Get(ctx, "k1")
+		require.NoError(t, err)
+		assertDone(t, got)
+		_, err = crashed.Get(ctx, "k2")
+		assert.NoError(t, err)
+	})
+
+	t.Run("Close makes it durable", func(t *testing.T) {
+		path := fjPath(t)
+		j := fjOpen(t, path, nil)
+		_, err := j.Begin(ctx, fjEntry("k1", ""))
+		require.NoError(t, err)
+		require.NoError(t, j.Finish(ctx, "k1", done))
+		require.NoError(t, j.Close())
+
+		j = fjOpen(t, path, nil)
+		got, err := j.Get(ctx, "k1")
+		require.NoError(t, err)
+		assertDone(t, got)
+	})
+}
+
+// Compact replaces the file while Begin, Finish and Get run: none fails,
+// none is lost, and the journal verifies and reopens with every outcome.
+func TestFileJournalCompactDuringWrites(t *testing.T) {
+	fjSkipNoCompact(t)
+	ctx := context.Background()
+	path := fjPath(t)
+	j := fjOpen(t, path, nil) // the cleanup's second Close is a no-op
+	const workers, perWorker = 4, 40
+	want := make([][]idemhttp.Outcome, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		want[w] = make([]idemhttp.Outcome, perWorker)
+		wg.Go(func() {
+			for i := range perWorker {
+				key := fmt.Sprintf("w%d-%02d", w, i)
+				_, err := j.Begin(ctx, fjBodyEntry(key, 50*i))
+				if !assert.NoError(t, err, key) {
+					return
+				}
+				got, err := j.Get(ctx, key)
+				if assert.NoError(t, err, key) {
+					assert.Equal(t, key, got.Key)
+				}
+				assert.NoError(t, j.Finish(ctx, key, idemhttp.Outcome{State: idemhttp.StatePending, Status: 503, Attempts: 1, At: fjAt(i)}))
+				o := idemhttp.Outcome{State: idemhttp.StateDone, Status: 200 + i, Attempts: 1, At: fjAt(i + 1)}
+				if i%3 == 0 {
+					o.State = idemhttp.StateAbandoned
+				}
+				assert.NoError(t, j.Finish(ctx, key, o))
+				o.Attempts = 2 // the total
+				want[w][i] = o
+			}
+		})
+	}
+	finished := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(finished)
+	}()
+	compactions := 0
+	for running := true; running; compactions++ {
+		select {
+		case <-finished:
+			running = false
+		default:
+		}
+		require.NoError(t, j.Compact(ctx))
+	}
+	t.Logf("%d compactions", compactions)
+	assert.Equal(t, uint64(compactions), j.Stats().Compactions)
+	require.NoError(t, j.Verify(ctx))
+	require.NoError(t, j.Close())
+
+	j = fjOpen(t, path, nil)
+	all := fjEntries(t, j)
+	require.Len(t, all, workers*perWorker)
+	byKey := make(map[string]*idemhttp.Entry, len(all))
+	for _, e := range all {
+		byKey[e.Key] = e
+	}
+	for w := range workers {
+		for i, o := range want[w] {
+			key := fmt.Sprintf("w%d-%02d", w, i)
+			e := byKey[key]
+			if !assert.NotNil(t, e, key) {
+				continue
+			}
+			assert.Equal(t, o.State, e.State, key)
+			assert.Equal(t, o.Status, e.LastStatus, key)
+			assert.Equal(t, o.Attempts, e.Attempts, key)
+			assert.Equal(t, o.At, e.Updated, key)
+			assert.Equal(t, fjBodyEntry(key, 50*i).Body, e.Body, key)
+		}
+	}
+	require.NoError(t, j.Verify(ctx))
+}
+
+// Compact keeps every live entry exactly as it was, and its operation id.
+func TestFileJournalCompactPreservesEntries(t *testing.T) {
+	fjSkipNoCompact(t)
+	ctx := context.Background()
+	path := fjPath(t)
+	j := fjOpen(t, path, nil)
+	everyByte := make([]byte, 256)
+	for i := range everyByte {
+		everyByte[i] = byte(i)
+	}
+	tests := []struct {
+		give *idemhttp.Entry
+		end  *idemhttp.Outcome // nil leaves the entry as Begin stored it
+	}{
+		{give: &idemhttp.Entry{Key: "bare", Created: fjAt(0)}},
+		{give: &idemhttp.Entry{Key: "empty-body", Operation: "op-empty-body", Body: []byte{}, Created: fjAt(1),
+			Header: http.Header{"X-Multi": {"one", "two", "three"}, "X-Empty-Value": {""}, "Content-Type": {"application/json"}}}},
+		{give: &idemhttp.Entry{Key: "binary", Operation: "op-binary", Method: http.MethodPut, URL: "https://user@api.example.com/v1/x?q=1#f",
+			Body: everyByte, Fingerprint: "fp", Created: fjAt(2), Updated: fjAt(3), Attempts: 4, LastStatus: 502},
+			end: &idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 3, At: fjAt(4)}},
+		{give: &idemhttp.Entry{Key: "abandoned", Operation: "op-abandoned", Created: fjAt(5)},
+			end: &idemhttp.Outcome{State: idemhttp.StateAbandoned, Status: 503, Attempts: 7, At: fjAt(6)}},
+		{give: &idemhttp.Entry{Key: "retried", Created: fjAt(7)},
+			end: &idemhttp.Outcome{State: idemhttp.StatePending, Attempts: 1, At: fjAt(8)}},
+		{give: &idemhttp.Entry{Key: "before-1970", Created: time.Date(1960, 1, 2, 3, 4, 5, 6, time.UTC)}},
+		{give: &idemhttp.Entry{Key: "after-2262", Created: time.Date(2300, 1, 2, 3, 4, 5, 6, time.UTC)},
+			end: &idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1, At: time.Date(2301, 1, 1, 0, 0, 0, 1, time.UTC)}},
+		{give: &idemhttp.Entry{Key: "zero-created"}},
+		{give: &idemhttp.Entry{Key: "deleted", Operation: "op-deleted", Body: []byte("gone"), Created: fjAt(9)}},
+	}
+	for _, tt := range tests {
+		_, err := j.Begin(ctx, tt.give)
+		require.NoError(t, err)
+		if tt.end != nil {
+			require.NoError(t, j.Finish(ctx, tt.give.Key, *tt.end))
+		}
+	}
+	require.NoError(t, j.Delete(ctx, "deleted"))
+	require.NoError(t, j.Close())
+	// Reopened, every time in the index has come from the file, so that
+	// whole entries compare equal.
+	j = fjOpen(t, path, nil)
+	want := fjEntries(t, j)
+	require.Len(t, want, len(tests)-1)
+	for _, e := range want {
+		switch e.Key {
+		case "bare":
+			require.Nil(t, e.Body)
+		case "empty-body":
+			require.NotNil(t, e.Body)
+			require.Empty(t, e.Body)
+		}
+	}
+	before := j.Stats()
+
+	require.NoError(t, j.Compact(ctx))
+	st := j.Stats()
+	assert.Equal(t, uint64(1), st.Compactions)
+	assert.Less(t, st.FileBytes, before.FileBytes, "the deleted entry and the finish records are gone")
+	assert.Equal(t, fjFileSize(t, path), st.FileBytes)
+	assert.Equal(t, want, fjEntries(t, j))
+	require.NoError(t, j.Verify(ctx))
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "the new file's mode")
+	_, err = idemhttp.OpenFileJournal(path, nil)
+	assert.ErrorIs(t, err, idemhttp.ErrJournalLocked, "the new file is locked too")
+
+	for _, e := range want {
+		existing, err := j.Begin(ctx, &idemhttp.Entry{Key: e.Key})
+		require.NoError(t, err)
+		assert.Equal(t, e, existing, "Begin of key %s finds the entry", e.Key)
+		if e.Operation != "" {
+			existing, err := j.Begin(ctx, &idemhttp.Entry{Key: "other-" + e.Key, Operation: e.Operation})
+			require.NoError(t, err)
+			assert.Equal(t, e, existing, "Begin of operation %s finds the entry", e.Operation)
+		}
+	}
+	existing, err := j.Begin(ctx, &idemhttp.Entry{Key: "reborn", Operation: "op-deleted", Created: fjAt(10)})
+	require.NoError(t, err)
+	assert.Nil(t, existing, "the deleted entry's operation is free")
+	require.NoError(t, j.Close())
+
+	j = fjOpen(t, path, nil)
+	_, err = j.Get(ctx, "reborn")
+	assert.NoError(t, err)
+	got := slices.DeleteFunc(fjEntries(t, j), func(e *idemhttp.Entry) bool { return e.Key == "reborn" })
+	assert.Equal(t, want, got)
+	require.NoError(t, j.Verify(ctx))
+}
+
+// Every journal file has its own salt, and compaction writes the new file
+// with a new one: a batch copied from another file, or from the file
+// before it was compacted, is not valid in it.
+func TestFileJournalSaltIsNewPerFile(t *testing.T) {
+	fjSkipNoCompact(t)
+	ctx := context.Background()
+	path, other := fjPath(t), fjPath(t)
+	j := fjOpen(t, path, nil)
+	fjOpen(t, other, nil)
+	assert.NotEqual(t, fjPathSalt(t, path), fjPathSalt(t, other))
+
+	for i := range 4 {
+		_, err := j.Begin(ctx, fjBodyEntry(fmt.Sprintf("key-%d", i), 100))
+		require.NoError(t, err)
+	}
+	require.NoError(t, j.Delete(ctx, "key-0"))
+	before := fjReadFile(t, path)
+	require.NoError(t, j.Compact(ctx))
+	after := fjReadFile(t, path)
+	assert.NotEqual(t, fjSalt(t, before), fjSalt(t, after), "a compacted file has a new salt")
+	fjBatches(t, after)
+	want := fjEntries(t, j)
+	require.NoError(t, j.Close())
+
+	// A stale batch after the compacted file's last one, such as a write
+	// of the old file that reached the new one: cut off, never applied.
+	batches := fjBatches(t, before)
+	stale := before[batches[len(batches)-2]:] // the delete of key-0
+	fjCheckOpensCut(t, append(bytes.Clone(after), stale...), int64(len(stale)), want)
+}
+
+// Compaction renames a new file over the journal's path and then closes
+// the old one, which releases the old file's lock. A second
+// OpenFileJournal meanwhile must fail with ErrJournalLocked: it must
+// neither lock the new file before the journal does, nor lock the old one
+// once it is let go and write to a file that nobody reads again. The
+// second is a race between the opener's open and lock and the journal's
+// rename and close, which this test can only try to provoke: with the
+// re-check after locking in fjOpenLocked removed, it failed 10 runs in 10
+// with -race and 5 in 5 without.
+func TestFileJournalLockedDuringCompaction(t *testing.T) {
+	fjSkipNoCompact(t)
+	ctx := context.Background()
+	path := fjPath(t)
+	j := fjOpen(t, path, nil)
+	for i := range 8 {
+		_, err := j.Begin(ctx, fjBodyEntry(fmt.Sprintf("key-%d", i), 100))
+		require.NoError(t, err)
+	}
+	var opened, refused atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	halt := sync.OnceFunc(func() {
+		close(stop)
+		wg.Wait()
+	})
+	defer halt() // when a require fails too: no opener outlives the test
+	for range 2 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				second, err := idemhttp.OpenFileJournal(path, nil)
+				if err == nil {
+					opened.Add(1)
+					_ = second.Close()
+					continue
+				}
+				if !errors.Is(err, idemhttp.ErrJournalLocked) {
+					t.Errorf("second open: %v", err)
+					return
+				}
+				refused.Add(1)
+			}
+		})
+	}
+	const rounds = 50
+	for i := range rounds {
+		require.NoError(t, j.Compact(ctx))
+		_, err := j.Begin(ctx, fjBodyEntry(fmt.Sprintf("more-%03d", i), 100))
+		require.NoError(t, err)
+	}
+	halt()
+	t.Logf("%d compactions: a second open refused %d times", rounds, refused.Load())
+	assert.Zero(t, opened.Load(), "a second journal opened the path while the first held it")
+	assert.Equal(t, uint64(rounds), j.Stats().Compactions)
+	require.NoError(t, j.Verify(ctx))
+	assert.Len(t, fjEntries(t, j), 8+rounds)
+}
+
+// Verify finds nothing wrong with a healthy journal while Begin, Finish
+// and Delete run.
+func TestFileJournalVerifyWhileBusy(t *testing.T) {
+	ctx := context.Background()
+	j := fjOpen(t, fjPath(t), nil)
+	const workers, perWorker = 4, 50
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range perWorker {
+				key := fmt.Sprintf("w%d-%02d", w, i)
+				_, err := j.Begin(ctx, fjBodyEntry(key, 20*i))
+				assert.NoError(t, err)
+				assert.NoError(t, j.Finish(ctx, key, idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1}))
+				if i%3 == 0 {
+					assert.NoError(t, j.Delete(ctx, key))
+				}
+			}
+		})
+	}
+	finished := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(finished)
+	}()
+	verified := 0
+	for running := true; running; verified++ {
+		select {
+		case <-finished:
+			running = false
+		default:
+		}
+		require.NoError(t, j.Verify(ctx))
+	}
+	t.Logf("%d verifications", verified)
+	require.NoError(t, j.Sync(ctx))
+	require.NoError(t, j.Verify(ctx))
 }
 
 func ExampleOpenFileJournal() {
@@ -840,4 +2000,90 @@ func ExampleFileJournal_Pending() {
 	// Output:
 	// POST https://api.example.com/v1/transfers key-a
 	// POST https://api.example.com/v1/transfers key-b
+}
+
+func ExampleFileJournal_Sync() {
+	dir, err := os.MkdirTemp("", "idemhttp-example")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+	j, err := idemhttp.OpenFileJournal(filepath.Join(dir, "journal.db"), nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer j.Close()
+	ctx := context.Background()
+
+	key := "5b0ad5c2-7c1e-4c1a-9d0e-2f0c6a8e1b11"
+	if _, err := j.Begin(ctx, &idemhttp.Entry{Key: key, Method: http.MethodPost, URL: "https://api.example.com/v1/charges"}); err != nil {
+		fmt.Println(err)
+		return
+	}
+	// Finish returns before its record reaches the disk. Before telling
+	// anyone outside the process that the charge is done, make sure a
+	// crash cannot forget it.
+	if err := j.Finish(ctx, key, idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1}); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := j.Sync(ctx); err != nil {
+		fmt.Println(err)
+		return
+	}
+	e, err := j.Get(ctx, key)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(e.State, e.LastStatus)
+	// Output:
+	// done 201
+}
+
+func ExampleFileJournal_Compact() {
+	dir, err := os.MkdirTemp("", "idemhttp-example")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+	j, err := idemhttp.OpenFileJournal(filepath.Join(dir, "journal.db"), nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer j.Close()
+	ctx := context.Background()
+
+	for _, key := range []string{"key-a", "key-b", "key-c"} {
+		if _, err := j.Begin(ctx, &idemhttp.Entry{Key: key, Method: http.MethodPost, URL: "https://api.example.com/v1/transfers", Body: make([]byte, 1000)}); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	for _, key := range []string{"key-a", "key-b"} {
+		if err := j.Delete(ctx, key); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	// Deleted entries still take space in the file until it is rewritten.
+	before := j.Stats().FileBytes
+	if err := j.Compact(ctx); err != nil {
+		fmt.Println(err)
+		return
+	}
+	pending, err := j.Pending(ctx)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("smaller:", j.Stats().FileBytes < before)
+	fmt.Println("pending:", len(pending), pending[0].Key)
+	// Output:
+	// smaller: true
+	// pending: 1 key-c
 }

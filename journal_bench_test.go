@@ -26,10 +26,11 @@ import (
 // The nojournal run is the baseline of the filejournal run beside it;
 // they share the server and differ only in Client.Journal.
 //
-// syncs/req is the journal's commits (each a bbolt commit, two fdatasyncs)
-// per request: 2 for a lone caller (Begin before sending, Finish after),
-// and far less at c64, where group commit makes concurrent calls share
-// them.
+// syncs/req is the journal's group commits (each one write and one
+// fdatasync) per request: between 1 and 2 for a lone caller (Begin waits
+// for its own; Finish's record is written behind, usually in a commit of
+// its own that overlaps the next request), and far less at c64, where
+// concurrent calls share them.
 func BenchmarkJournal(b *testing.B) {
 	payload := bytes.Repeat([]byte(`{"k":"v"},`), 103)[:1024]
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

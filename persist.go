@@ -69,8 +69,15 @@ type Journal interface {
 	// so concurrent calls for one operation agree on a single key.
 	Begin(ctx context.Context, e *Entry) (existing *Entry, err error)
 
-	// Finish records the outcome of the call that sent key's operation,
-	// durably. It returns an error wrapping [ErrNotFound] for an unknown key.
+	// Finish records the outcome of the call that sent key's operation.
+	// It returns an error wrapping [ErrNotFound] for an unknown key.
+	//
+	// Finish may return before the outcome is durable ([FileJournal]
+	// writes it behind, with the next group commit), provided it becomes
+	// durable no later than any later Begin that stores an entry. Losing it in
+	// a crash is safe: the entry is still pending after the restart, and
+	// Resume resends it under the same key, which the server answers from
+	// its stored response. What must never be lost is a Begin.
 	Finish(ctx context.Context, key string, o Outcome) error
 
 	// Get returns the entry for key, or an error wrapping [ErrNotFound].

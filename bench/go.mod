@@ -1,6 +1,6 @@
 module github.com/idemkit/idemhttp/bench
 
-go 1.26
+go 1.26.0
 
 require (
 	github.com/hashicorp/go-retryablehttp v0.7.8
@@ -14,9 +14,8 @@ require (
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
-	go.etcd.io/bbolt v1.5.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
-	golang.org/x/sys v0.45.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
 )
 
 replace github.com/idemkit/idemhttp => ../

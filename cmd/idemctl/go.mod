@@ -1,6 +1,6 @@
 module github.com/idemkit/idemhttp/cmd/idemctl
 
-go 1.26
+go 1.26.0
 
 require (
 	github.com/hashicorp/go-retryablehttp v0.7.8
@@ -17,9 +17,8 @@ require (
 	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
 	github.com/mitchellh/colorstring v0.0.0-20190213212951-d06e56a500db // indirect
 	github.com/rivo/uniseg v0.4.7 // indirect
-	go.etcd.io/bbolt v1.5.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
-	golang.org/x/sys v0.46.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
 )
 
 replace github.com/idemkit/idemhttp => ../../
