@@ -135,7 +135,10 @@ func TestJournalCostGroupsCommits(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, res, 2)
 	assert.Equal(t, 64, res[0].Requests)
-	assert.InDelta(t, 2, res[0].SyncsPerRequest(), 0.01, "a Begin and a Finish per request, alone")
+	// Alone, each entry waits for its own commit and each outcome is
+	// written behind: in a commit of its own, or in the next entry's.
+	assert.GreaterOrEqual(t, res[0].SyncsPerRequest(), 1.0, "an entry is never sent before its own commit")
+	assert.LessOrEqual(t, res[0].SyncsPerRequest(), 2.0)
 	assert.Less(t, res[1].SyncsPerRequest(), res[0].SyncsPerRequest())
 }
 
