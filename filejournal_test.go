@@ -1629,20 +1629,7 @@ func TestFileJournalCompactDuringWrites(t *testing.T) {
 			}
 		})
 	}
-	finished := make(chan struct{})
-	go func() {
-		wg.Wait()
-		close(finished)
-	}()
-	compactions := 0
-	for running := true; running; compactions++ {
-		select {
-		case <-finished:
-			running = false
-		default:
-		}
-		require.NoError(t, j.Compact(ctx))
-	}
+	compactions := fjWhileRunning(&wg, func() { require.NoError(t, j.Compact(ctx)) })
 	t.Logf("%d compactions", compactions)
 	assert.Equal(t, uint64(compactions), j.Stats().Compactions)
 	require.NoError(t, j.Verify(ctx))
@@ -1876,20 +1863,7 @@ func TestFileJournalVerifyWhileBusy(t *testing.T) {
 			}
 		})
 	}
-	finished := make(chan struct{})
-	go func() {
-		wg.Wait()
-		close(finished)
-	}()
-	verified := 0
-	for running := true; running; verified++ {
-		select {
-		case <-finished:
-			running = false
-		default:
-		}
-		require.NoError(t, j.Verify(ctx))
-	}
+	verified := fjWhileRunning(&wg, func() { require.NoError(t, j.Verify(ctx)) })
 	t.Logf("%d verifications", verified)
 	require.NoError(t, j.Sync(ctx))
 	require.NoError(t, j.Verify(ctx))
@@ -2086,4 +2060,24 @@ func ExampleFileJournal_Compact() {
 	// Output:
 	// smaller: true
 	// pending: 1 key-c
+}
+
+// fjWhileRunning calls fn until wg's goroutines are done, at least once
+// after they are, and returns how many times it called it.
+func fjWhileRunning(wg *sync.WaitGroup, fn func()) int {
+	finished := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(finished)
+	}()
+	n := 0
+	for running := true; running; n++ {
+		select {
+		case <-finished:
+			running = false
+		default:
+		}
+		fn()
+	}
+	return n
 }
