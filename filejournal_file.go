@@ -101,14 +101,19 @@ func (j *FileJournal) open() error {
 		_ = f.Close()
 		return err
 	}
-	data, err := io.ReadAll(io.NewSectionReader(f, 0, 1<<62))
+	fi, err := f.Stat()
 	if err != nil {
 		return fail(err)
 	}
-	if len(data) < fjFileHdrLen {
+	size := fi.Size()
+	if size < fjFileHdrLen {
 		// Empty, or a header whose write a crash cut short: a new
 		// journal. The salt is random, so only the magic and the
 		// version of a short header can be compared.
+		data := make([]byte, size)
+		if _, err := f.ReadAt(data, 0); err != nil {
+			return fail(err)
+		}
 		var want [12]byte
 		copy(want[:], fjFileMagic[:])
 		binary.LittleEndian.PutUint32(want[8:], fjVersion)
@@ -130,9 +135,9 @@ func (j *FileJournal) open() error {
 		if err := fjSyncDir(j.path); err != nil {
 			return fail(err)
 		}
-		data = hdr
+		size = int64(len(hdr))
 	}
-	idx, err := fjReplay(data, j.salvage)
+	idx, err := fjReplayFrom(f, size, j.salvage)
 	if err != nil {
 		return fail(err)
 	}
@@ -185,14 +190,29 @@ func (j *FileJournal) maybeCompact(ctx context.Context) error {
 // included. With salvage, damage in the middle of the file is skipped
 // instead of refused.
 func fjReplay(data []byte, salvage bool) (*fjIndex, error) {
-	salt, err := fjCheckFileHeader(data)
+	return fjReplayFrom(bytes.NewReader(data), int64(len(data)), salvage)
+}
+
+// fjReplayFrom is fjReplay reading the first size bytes of r a batch at a
+// time, so that opening a journal takes memory for its index and its
+// largest batch, not for the whole file.
+func fjReplayFrom(r io.ReaderAt, size int64, salvage bool) (*fjIndex, error) {
+	hdr := make([]byte, min(size, fjFileHdrLen))
+	if _, err := r.ReadAt(hdr, 0); err != nil {
+		return nil, err
+	}
+	salt, err := fjCheckFileHeader(hdr)
 	if err != nil {
 		return nil, err
 	}
 	idx := &fjIndex{byKey: make(map[string]*fjEntry), byOp: make(map[string]string), salt: salt}
-	off := fjFileHdrLen
-	for off < len(data) {
-		seq, records, n, ok := fjReadBatch(data[off:], int64(off), salt)
+	rd := &fjBatchReader{r: r, size: size, salt: salt}
+	off := int64(fjFileHdrLen)
+	for off < size {
+		seq, records, n, ok, err := rd.batchAt(off)
+		if err != nil {
+			return nil, err
+		}
 		if ok && idx.seq != 0 && seq != idx.seq+1 {
 			if !salvage {
 				return nil, fmt.Errorf("%w: batch at offset %d has sequence number %d, want %d", ErrJournalCorrupt, off, seq, idx.seq+1)
@@ -202,56 +222,112 @@ func fjReplay(data []byte, salvage bool) (*fjIndex, error) {
 			// take the next batch's number as it comes.
 			idx.skipped += int64(n)
 			idx.seq = 0
-			off += n
+			off += int64(n)
 			continue
 		}
 		if !ok {
-			next := fjFindBatch(data, off+1, idx.seq, salt)
+			next, err := rd.find(off+1, idx.seq)
+			if err != nil {
+				return nil, err
+			}
 			if next < 0 {
 				// Nothing valid follows: a group commit the crash cut
 				// short, never acknowledged.
-				idx.truncated = int64(len(data) - off)
+				idx.truncated = size - off
 				break
 			}
 			if !salvage {
 				return nil, fmt.Errorf("%w: damaged batch at offset %d, followed by a valid one at offset %d", ErrJournalCorrupt, off, next)
 			}
-			idx.skipped += int64(next - off)
+			idx.skipped += next - off
 			idx.seq = 0 // accept the next batch's number, whatever it is
 			off = next
 			continue
 		}
-		if err := idx.applyBatch(records, int64(off+fjBatchHdrLen), salvage); err != nil {
+		if err := idx.applyBatch(records, off+fjBatchHdrLen, salvage); err != nil {
 			return nil, fmt.Errorf("batch at offset %d: %w", off, err)
 		}
 		idx.seq = seq
-		off += n
+		off += int64(n)
 	}
-	idx.end = int64(off)
+	idx.end = off
 	if idx.truncated > 0 {
-		idx.end = int64(len(data)) - idx.truncated
+		idx.end = size - idx.truncated
 	}
 	return idx, nil
 }
 
-// fjFindBatch returns the offset of the first valid batch (of a file with
-// salt) at or after from whose sequence number is above after (any, when
-// after is 0), or -1.
-func fjFindBatch(data []byte, from int, after, salt uint64) int {
-	var magic [4]byte
-	binary.LittleEndian.PutUint32(magic[:], fjMagic(salt))
-	for from < len(data) {
-		i := bytes.Index(data[from:], magic[:])
-		if i < 0 {
-			return -1
-		}
-		p := from + i
-		if seq, _, _, ok := fjReadBatch(data[p:], int64(p), salt); ok && (after == 0 || seq > after) {
-			return p
-		}
-		from = p + 1
+// fjBatchReader reads and checks batches from the first size bytes of a
+// journal file with salt.
+type fjBatchReader struct {
+	r    io.ReaderAt
+	size int64
+	salt uint64
+	buf  []byte // the last batch read; records alias it
+}
+
+// batchAt reads the batch at off, as fjReadBatch checks it. err is only
+// for a failed read; a batch that is short, damaged or not there is !ok.
+func (rd *fjBatchReader) batchAt(off int64) (seq uint64, records []byte, n int, ok bool, err error) {
+	if rd.size-off < fjBatchHdrLen {
+		return 0, nil, 0, false, nil
 	}
-	return -1
+	var hdr [fjBatchHdrLen]byte
+	if _, err := rd.r.ReadAt(hdr[:], off); err != nil {
+		return 0, nil, 0, false, err
+	}
+	size := binary.LittleEndian.Uint32(hdr[4:])
+	if binary.LittleEndian.Uint32(hdr[:]) != fjMagic(rd.salt) || size == 0 || size > fjMaxBatch || int64(size) > rd.size-off-fjBatchHdrLen {
+		return 0, nil, 0, false, nil
+	}
+	total := fjBatchHdrLen + int(size)
+	if cap(rd.buf) < total {
+		rd.buf = make([]byte, total)
+	}
+	rd.buf = rd.buf[:total]
+	if _, err := rd.r.ReadAt(rd.buf, off); err != nil {
+		return 0, nil, 0, false, err
+	}
+	seq, records, n, ok = fjReadBatch(rd.buf, off, rd.salt)
+	return seq, records, n, ok, nil
+}
+
+// fjFindWindow is how much of the file find scans for the batch magic
+// per read.
+const fjFindWindow = 1 << 20
+
+// find returns the offset of the first valid batch at or after from whose
+// sequence number is above after (any, when after is 0), or -1. It scans
+// for the file's batch magic a window at a time and checks each match.
+func (rd *fjBatchReader) find(from int64, after uint64) (int64, error) {
+	var magic [4]byte
+	binary.LittleEndian.PutUint32(magic[:], fjMagic(rd.salt))
+	window := make([]byte, fjFindWindow+len(magic)-1)
+	for from < rd.size {
+		w := window[:min(int64(len(window)), rd.size-from)]
+		if _, err := rd.r.ReadAt(w, from); err != nil {
+			return 0, err
+		}
+		for i := 0; ; {
+			k := bytes.Index(w[i:], magic[:])
+			if k < 0 {
+				break
+			}
+			p := from + int64(i+k)
+			seq, _, _, ok, err := rd.batchAt(p)
+			if err != nil {
+				return 0, err
+			}
+			if ok && (after == 0 || seq > after) {
+				return p, nil
+			}
+			i += k + 1
+		}
+		// Windows overlap by len(magic)-1 bytes, so a magic across the
+		// edge is found in the next one.
+		from += int64(max(len(w)-len(magic)+1, 1))
+	}
+	return -1, nil
 }
 
 // applyBatch applies a batch's records, which start at file offset base.
@@ -345,14 +421,7 @@ func (j *FileJournal) verify(ctx context.Context) error {
 	}
 	j.mu.Unlock()
 
-	data := make([]byte, size)
-	if _, err := j.f.ReadAt(data, 0); err != nil {
-		return fmt.Errorf("read: %w", err)
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	idx, err := fjReplay(data, false)
+	idx, err := fjReplayFrom(j.f, size, false)
 	if err != nil {
 		return err
 	}

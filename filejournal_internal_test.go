@@ -1321,3 +1321,23 @@ func TestJournalRedactURL(t *testing.T) {
 		}
 	}
 }
+
+// Replay reads the file a batch at a time and searches past damage a
+// window at a time: a batch whose magic straddles a window edge is found
+// all the same.
+func TestJournalReplayFindsABatchAcrossWindows(t *testing.T) {
+	b1 := ijBatch(1, ijBegin(t, ijEntry("a", "")))
+	b3 := ijBatch(3, ijBegin(t, ijEntry("c", "")))
+	for _, garbage := range []int{fjFindWindow - 6, fjFindWindow - 4, fjFindWindow - 3, fjFindWindow - 2, fjFindWindow - 1, fjFindWindow, fjFindWindow + 1} {
+		t.Run(fmt.Sprint(garbage), func(t *testing.T) {
+			file := ijFile(b1, bytes.Repeat([]byte{0xaa}, garbage), b3)
+			want := fjFileHdrLen + len(b1) + garbage
+			_, err := fjReplay(file, false)
+			assert.ErrorContains(t, err, fmt.Sprintf("followed by a valid one at offset %d", want))
+			idx, err := fjReplay(file, true)
+			require.NoError(t, err)
+			assert.Equal(t, []string{"a", "c"}, ijKeys(idx))
+			assert.Equal(t, int64(garbage), idx.skipped)
+		})
+	}
+}
