@@ -45,9 +45,10 @@ type JournalStats struct {
 	// an entry, per Finish, and per entry deleted.
 	Writes uint64
 
-	// Commits is the number of group commits: each one write and one
-	// fdatasync. Commits divided by Writes falls below one when group
-	// commit merges concurrent writes.
+	// Commits is the number of group commits: each one synchronous write
+	// (O_DSYNC on Linux; a write and an fdatasync elsewhere). Commits
+	// divided by Writes falls below one when group commit merges
+	// concurrent writes.
 	Commits uint64
 
 	// Compactions is the number of times the file was rewritten with only
@@ -76,8 +77,9 @@ type JournalStats struct {
 // # Durability
 //
 // Begin returns only once its entry is on disk: its record is appended to
-// the batch being filled, one goroutine writes the batch with one write
-// and one fdatasync, and only then is the entry published and Begin's
+// the batch being filled, one goroutine writes the batch with one
+// synchronous write (a file opened O_DSYNC on Linux; a write and an
+// fdatasync elsewhere), and only then is the entry published and Begin's
 // caller woken (write, sync, publish). Concurrent calls share a batch
 // (group commit), so under load durability costs a fraction of a sync
 // per request, and a lone caller never waits for company: the next batch
@@ -147,8 +149,9 @@ type FileJournal struct {
 	loopDone chan struct{} // closed when the committer has returned
 
 	// fault, when set (by tests only, before any write), is called before
-	// each write ("write") and each fdatasync ("sync") of a commit, and
-	// its error is taken as that call's.
+	// each commit's write ("write") and between the write and its sync
+	// ("sync", which on Linux is part of the write), and its error is
+	// taken as that step's.
 	fault func(step string) error
 
 	writes, commits, compactions atomic.Uint64

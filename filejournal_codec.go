@@ -29,7 +29,7 @@ import (
 //	             the payload; then the payload
 //
 // Integers in headers are little endian. A batch is what one group commit
-// writes with one write and one fdatasync; its sequence number is one more
+// writes and syncs together; its sequence number is one more
 // than the batch before it. A batch is written only after the batch
 // before it is on disk, so a damaged batch followed by a valid later one
 // is damage to data that was acknowledged (ErrJournalCorrupt), while a

@@ -4,8 +4,8 @@ import (
 	"fmt"
 )
 
-// fjBatch is a group of records written with one write and made durable
-// with one fdatasync.
+// fjBatch is a group of records written and made durable together (one
+// group commit).
 type fjBatch struct {
 	off     int64      // where the batch goes in the file
 	buf     []byte     // batch header space, then the records
@@ -55,7 +55,7 @@ func (j *FileJournal) wake() {
 
 // commitLoop is the journal's one writer. It seals the current batch as
 // soon as it holds a record and the previous one is on disk, so a lone
-// caller pays one write and one fdatasync, and under load each sync
+// caller pays one synchronous write, and under load each one
 // carries every record that arrived while the previous one ran. It runs
 // from OpenFileJournal until Close, which it answers by writing what is
 // left.
