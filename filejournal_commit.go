@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"fmt"
+	"runtime"
 )
 
 // fjBatch is a group of records written and made durable together (one
@@ -64,6 +65,13 @@ func (j *FileJournal) commitLoop() {
 	for {
 		select {
 		case <-j.kick:
+			// Callers that are runnable join the batch before it is
+			// sealed: a yield, no timer, and for a lone caller it returns
+			// at once. Without it, with one processor (GOMAXPROCS=1, a
+			// one-CPU container), the kick makes this goroutine the next
+			// to run, it seals each caller's record alone, and the
+			// callers behind it never share a commit.
+			runtime.Gosched()
 			for j.commitOne() {
 			}
 		case <-j.stop:

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -1340,4 +1341,32 @@ func TestJournalReplayFindsABatchAcrossWindows(t *testing.T) {
 			assert.Equal(t, int64(garbage), idx.skipped)
 		})
 	}
+}
+
+// Regression: with one processor, the committer, made runnable by the
+// first caller's kick, ran before the other callers and sealed each
+// record alone: 64 concurrent Begins took 64 commits (seen in full runs of
+// the package with -cpu 1; alone, the runtime often hands the processor
+// to the callers during the committer's write, and the bug hides). It now
+// yields once before sealing.
+func TestJournalCommitGroupsWithOneProcessor(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	j, _ := ijOpen(t, nil)
+	keys := ijKeyList("p", 64)
+	start := make(chan struct{})
+	errs := make(chan error, len(keys))
+	for _, k := range keys {
+		go func() {
+			<-start // all runnable at once, as under load
+			_, err := j.Begin(context.Background(), ijEntry(k, ""))
+			errs <- err
+		}()
+	}
+	close(start)
+	for range keys {
+		require.NoError(t, <-errs)
+	}
+	st := j.Stats()
+	t.Logf("%d Begins in %d commits", st.Writes, st.Commits)
+	assert.Less(t, st.Commits, st.Writes/4)
 }
