@@ -61,11 +61,14 @@ type JournalStats struct {
 	TruncatedBytes int64
 
 	// SkippedBytes is the size of the damaged batches that
-	// [JournalOptions.SkipVerify] skipped when the file was opened.
+	// [JournalOptions.SkipVerify] skipped when the file was opened, until
+	// [FileJournal.Compact] rewrites the file without them (then 0).
 	SkippedBytes int64
 
-	// FileBytes is the size of the file, and LiveBytes about the size it
-	// would have if compacted now.
+	// FileBytes is the size of the file's durable part. LiveBytes
+	// estimates the size it would have if compacted now, erring high: it
+	// counts 150 bytes of overhead per entry, about what the entry costs
+	// in memory, where the file spends a few dozen.
 	FileBytes, LiveBytes int64
 }
 
