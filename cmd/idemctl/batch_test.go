@@ -359,6 +359,8 @@ func TestJournalLocked(t *testing.T) {
 		{"resume", []string{"resume", "-journal", journal}},
 		{"prune", []string{"prune", "-journal", journal}},
 		{"inspect", []string{"inspect", "-journal", journal, "k"}},
+		{"verify", []string{"verify", "-journal", journal}},
+		{"verify -repair", []string{"verify", "-repair", "-journal", journal}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"net/http"
@@ -19,6 +20,12 @@ import (
 // -journal must not read as "nothing pending". secret names headers the
 // journal must never store, on top of the standard credentials.
 func openJournal(path string, mustExist bool, secret []string) (*idemhttp.FileJournal, error) {
+	return openJournalWith(path, mustExist, &idemhttp.JournalOptions{SecretHeaders: secret})
+}
+
+// openJournalWith is openJournal with every option of the library:
+// verify -repair needs SkipVerify.
+func openJournalWith(path string, mustExist bool, opts *idemhttp.JournalOptions) (*idemhttp.FileJournal, error) {
 	if path == "" {
 		return nil, fail(exitUsage, "-journal is required")
 	}
@@ -27,18 +34,38 @@ func openJournal(path string, mustExist bool, secret []string) (*idemhttp.FileJo
 			return nil, fail(exitJournal, "journal %s does not exist", path)
 		}
 	}
-	j, err := idemhttp.OpenFileJournal(path, &idemhttp.JournalOptions{SecretHeaders: secret})
+	j, err := idemhttp.OpenFileJournal(path, opts)
 	switch {
 	case err == nil:
 		return j, nil
 	case errors.Is(err, idemhttp.ErrJournalLocked):
 		return nil, fail(exitJournal, "journal %s is in use by another process (another idemctl batch or resume?): wait for it to finish, or use another -journal file", path)
 	case errors.Is(err, idemhttp.ErrJournalCorrupt):
-		return nil, fail(exitJournal, "journal %s is damaged: %v\nRestore it from a backup: its pending operations must be resent with their own keys, never new ones", path, err)
+		return nil, &exitError{code: exitJournal, err: &damageError{path: path, err: err}}
 	default:
 		return nil, fail(exitJournal, "open journal: %v", err)
 	}
 }
+
+// damageError says that the journal at path is damaged and what to do
+// about it. It unwraps to the library's error, so errors.Is finds
+// [idemhttp.ErrJournalCorrupt], and verify reports err alone.
+type damageError struct {
+	path string
+	err  error // the library's finding
+}
+
+// Error names the damage and the two ways out: a backup, else a repair
+// that keeps a copy of the damaged file.
+func (e *damageError) Error() string {
+	return fmt.Sprintf("journal %s is damaged: %v\n"+
+		"Restore it from a backup: its pending operations must be resent with their own keys, never new ones.\n"+
+		"With no backup, 'idemctl verify -journal %s -repair' salvages the intact entries (after copying the damaged file aside)",
+		e.path, e.err, e.path)
+}
+
+// Unwrap returns the library's error.
+func (e *damageError) Unwrap() error { return e.err }
 
 // counter counts attempts and the responses they got, below the retry
 // loop, so it sees every attempt of every client alike.
@@ -112,7 +139,7 @@ func neverConnected(err error) bool {
 // of a command.
 func describeJournalErr(path string, err error) error {
 	if errors.Is(err, idemhttp.ErrJournalCorrupt) {
-		return fail(exitJournal, "journal %s is damaged: %v", path, err)
+		return &exitError{code: exitJournal, err: &damageError{path: path, err: err}}
 	}
 	return fail(exitJournal, "journal %s: %v", path, err)
 }

@@ -179,6 +179,13 @@ func TestUsageErrors(t *testing.T) {
 		{"prune missing journal", []string{"prune", "-journal", missing}, exitJournal, "does not exist"},
 		{"prune negative", []string{"prune", "-journal", journal, "-older", "-1h"}, exitUsage, "-older must not be negative"},
 		{"inspect without key", []string{"inspect", "-journal", journal}, exitUsage, "want exactly one KEY or OPERATION"},
+		{"verify without journal", []string{"verify"}, exitUsage, "-journal is required"},
+		{"repair without journal", []string{"verify", "-repair"}, exitUsage, "-journal is required"},
+		{"verify extra argument", []string{"verify", "-journal", journal, "extra"}, exitUsage, `unexpected argument "extra"`},
+		{"verify unknown flag", []string{"verify", "-journal", journal, "-fix"}, exitUsage, "flag provided but not defined: -fix"},
+		{"verify help", []string{"verify", "-h"}, exitOK, "FILE.damaged-YYYYMMDDTHHMMSSZ"},
+		{"verify missing journal", []string{"verify", "-journal", missing}, exitJournal, "does not exist"},
+		{"repair missing journal", []string{"verify", "-repair", "-journal", missing}, exitJournal, "does not exist"},
 		{"demo n", []string{"demo", "-n", "0"}, exitUsage, "-n must be at least 1"},
 		{"demo rate", []string{"demo", "-slow", "2"}, exitUsage, "fault rates must be between 0 and 1"},
 	}

@@ -9,6 +9,7 @@
 //	idemctl resume  -journal FILE [-header 'Name: value' ...]
 //	idemctl prune   -journal FILE [-older 24h]
 //	idemctl inspect -journal FILE [-json] KEY|OPERATION
+//	idemctl verify  -journal FILE [-json] [-repair]
 //
 // Exit codes: 0 success; 1 some operations failed or stay pending (or
 // inspect found nothing); 2 usage error; 3 journal error (missing, locked,
@@ -111,6 +112,7 @@ var commands = map[string]func(ctx context.Context, args []string, e env) error{
 	"resume":  resumeCommand,
 	"prune":   pruneCommand,
 	"inspect": inspectCommand,
+	"verify":  verifyCommand,
 }
 
 // run executes the command line args (without the program name) and
@@ -158,6 +160,8 @@ Usage:
   idemctl prune   -journal FILE delete done entries older than -older (24h)
   idemctl inspect -journal FILE KEY|OPERATION
                                 show one journal entry
+  idemctl verify  -journal FILE [-repair]
+                                check the journal; -repair salvages a damaged one
 
 Run 'idemctl COMMAND -h' for a command's flags.
 

@@ -1,0 +1,348 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idemhttp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// writeJournal writes a journal at path with one entry per element of
+// states, in order: operations opID(0), opID(1)..., each begun alone, so
+// each is a batch of its own, with a body no other holds ("body-of-op-00i"),
+// and then given the state states[i].
+func writeJournal(t *testing.T, path string, states ...idemhttp.State) {
+	t.Helper()
+	fj, err := idemhttp.OpenFileJournal(path, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	for i := range states {
+		_, err := fj.Begin(ctx, &idemhttp.Entry{
+			Operation: opID(i), Key: "key-" + opID(i), Method: "POST",
+			URL: "http://api.example/v1/charges", Body: []byte("body-of-" + opID(i)),
+		})
+		require.NoError(t, err)
+	}
+	for i, s := range states {
+		if s != idemhttp.StatePending {
+			require.NoError(t, fj.Finish(ctx, "key-"+opID(i), idemhttp.Outcome{State: s, Status: 200, Attempts: 1}))
+		}
+	}
+	require.NoError(t, fj.Close())
+}
+
+// damage flips a byte of the body of operation op in the journal at path,
+// and returns the damaged file's bytes.
+func damage(t *testing.T, path, op string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	body := []byte("body-of-" + op)
+	require.Equal(t, 1, bytes.Count(data, body), "the body is in the file once")
+	data[bytes.Index(data, body)+2] ^= 0x20
+	require.NoError(t, os.WriteFile(path, data, 0o600))
+	return data
+}
+
+// backups returns the copies verify -repair made of the journal at path.
+func backups(t *testing.T, path string) []string {
+	t.Helper()
+	names, err := filepath.Glob(path + ".damaged-*")
+	require.NoError(t, err)
+	return names
+}
+
+// operations returns the operation ids of the journal's entries, in order.
+func operations(t *testing.T, journal string) []string {
+	t.Helper()
+	out := runIn("pending", "-all", "-json", "-journal", journal)
+	require.Equal(t, exitOK, out.code, out.stderr)
+	var ops []string
+	for _, l := range strings.Split(strings.TrimSpace(out.stdout), "\n") {
+		var v entryView
+		require.NoError(t, json.Unmarshal([]byte(l), &v), l)
+		ops = append(ops, v.Operation)
+	}
+	return ops
+}
+
+var fourStates = []idemhttp.State{idemhttp.StateDone, idemhttp.StateAbandoned, idemhttp.StatePending, idemhttp.StatePending}
+
+func TestVerifyHealthy(t *testing.T) {
+	journal := filepath.Join(t.TempDir(), "journal")
+	writeJournal(t, journal, fourStates...)
+	fi, err := os.Stat(journal)
+	require.NoError(t, err)
+
+	t.Run("text", func(t *testing.T) {
+		out := runIn("verify", "-journal", journal)
+
+		require.Equal(t, exitOK, out.code, out.stderr)
+		assert.Empty(t, out.stderr)
+		assert.Regexp(t, `(?m)^state +healthy$`, out.stdout)
+		assert.Regexp(t, `(?m)^entries +2 pending, 1 done, 1 abandoned$`, out.stdout)
+		assert.Regexp(t, fmt.Sprintf(`(?m)^file +%d bytes$`, fi.Size()), out.stdout)
+		assert.Regexp(t, `(?m)^live +\d+ bytes`, out.stdout)
+		assert.NotContains(t, out.stdout, "torn tail")
+	})
+
+	t.Run("json", func(t *testing.T) {
+		out := runIn("verify", "-json", "-journal", journal)
+
+		require.Equal(t, exitOK, out.code, out.stderr)
+		var rep verifyReport
+		require.NoError(t, json.Unmarshal([]byte(out.stdout), &rep))
+		assert.Equal(t, journal, rep.Journal)
+		assert.True(t, rep.Healthy)
+		assert.Equal(t, &stateCounts{Pending: 2, Done: 1, Abandoned: 1}, rep.Entries)
+		assert.Equal(t, fi.Size(), rep.FileBytes)
+		assert.Positive(t, rep.LiveBytes)
+		assert.Zero(t, rep.TruncatedBytes)
+		assert.False(t, rep.Repaired)
+		assert.Empty(t, rep.Error)
+	})
+
+	t.Run("repair does nothing", func(t *testing.T) {
+		before, err := os.ReadFile(journal)
+		require.NoError(t, err)
+
+		out := runIn("verify", "-repair", "-journal", journal)
+
+		require.Equal(t, exitOK, out.code, out.stderr)
+		assert.Regexp(t, `(?m)^state +healthy$`, out.stdout)
+		assert.Empty(t, out.stderr, "no warning")
+		assert.Empty(t, backups(t, journal), "no copy")
+		after, err := os.ReadFile(journal)
+		require.NoError(t, err)
+		assert.Equal(t, before, after)
+	})
+}
+
+// A torn tail is a group commit a crash cut short: cut off and reported,
+// not an error.
+func TestVerifyTornTail(t *testing.T) {
+	journal := filepath.Join(t.TempDir(), "journal")
+	writeJournal(t, journal, fourStates...)
+	intact, err := os.ReadFile(journal)
+	require.NoError(t, err)
+	garbage := []byte("\x01half a batch, never acknowledged")
+	require.NoError(t, os.WriteFile(journal, append(bytes.Clone(intact), garbage...), 0o600))
+
+	out := runIn("verify", "-journal", journal)
+
+	require.Equal(t, exitOK, out.code, out.stderr)
+	assert.Regexp(t, `(?m)^state +healthy$`, out.stdout)
+	assert.Regexp(t, `(?m)^entries +2 pending, 1 done, 1 abandoned$`, out.stdout)
+	assert.Regexp(t, fmt.Sprintf(`(?m)^torn tail +%d bytes cut off: .*normal after a crash`, len(garbage)), out.stdout)
+	after, err := os.ReadFile(journal)
+	require.NoError(t, err)
+	assert.Equal(t, intact, after, "the tail is cut off, the rest is untouched")
+
+	again := runIn("verify", "-json", "-journal", journal)
+	require.Equal(t, exitOK, again.code, again.stderr)
+	var rep verifyReport
+	require.NoError(t, json.Unmarshal([]byte(again.stdout), &rep))
+	assert.Zero(t, rep.TruncatedBytes, "cut off for good by the first run")
+}
+
+func TestVerifyTornTailJSON(t *testing.T) {
+	journal := filepath.Join(t.TempDir(), "journal")
+	writeJournal(t, journal, fourStates...)
+	f, err := os.OpenFile(journal, os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	_, err = f.Write(make([]byte, 100))
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	out := runIn("verify", "-json", "-repair", "-journal", journal)
+
+	require.Equal(t, exitOK, out.code, out.stderr)
+	var rep verifyReport
+	require.NoError(t, json.Unmarshal([]byte(out.stdout), &rep))
+	assert.True(t, rep.Healthy)
+	assert.False(t, rep.Repaired, "a torn tail needs no repair")
+	assert.Equal(t, int64(100), rep.TruncatedBytes)
+	assert.Empty(t, backups(t, journal))
+}
+
+// Damage to an acknowledged batch: verify refuses and names -repair;
+// -repair copies the file aside, drops the damaged entry and keeps the
+// rest, after which the journal verifies.
+func TestVerifyDamagedAndRepair(t *testing.T) {
+	journal := filepath.Join(t.TempDir(), "journal")
+	writeJournal(t, journal, fourStates...)
+	damaged := damage(t, journal, opID(1))
+
+	t.Run("verify", func(t *testing.T) {
+		out := runBinary(t, nil, "verify", "-journal", journal)
+
+		assert.Equal(t, exitJournal, out.code)
+		assert.Empty(t, out.stdout)
+		assert.Contains(t, out.stderr, "journal "+journal+" is damaged")
+		assert.Contains(t, out.stderr, "idemctl verify -journal "+journal+" -repair")
+	})
+
+	t.Run("verify json", func(t *testing.T) {
+		out := runIn("verify", "-json", "-journal", journal)
+
+		assert.Equal(t, exitJournal, out.code)
+		assert.Contains(t, out.stderr, "-repair")
+		var rep verifyReport
+		require.NoError(t, json.Unmarshal([]byte(out.stdout), &rep))
+		assert.False(t, rep.Healthy)
+		assert.Contains(t, rep.Error, "journal file is corrupt")
+		assert.NotContains(t, rep.Error, "-repair", "the finding alone")
+		assert.Nil(t, rep.Entries)
+		assert.Equal(t, int64(len(damaged)), rep.FileBytes)
+	})
+
+	t.Run("other commands point to verify -repair", func(t *testing.T) {
+		out := runIn("pending", "-journal", journal)
+
+		assert.Equal(t, exitJournal, out.code)
+		assert.Contains(t, out.stderr, "Restore it from a backup")
+		assert.Contains(t, out.stderr, "idemctl verify -journal "+journal+" -repair")
+	})
+
+	require.Empty(t, backups(t, journal), "nothing copied without -repair")
+	after, err := os.ReadFile(journal)
+	require.NoError(t, err)
+	require.Equal(t, damaged, after, "nothing changed without -repair")
+
+	t.Run("repair", func(t *testing.T) {
+		out := runIn("verify", "-repair", "-journal", journal)
+
+		require.Equal(t, exitOK, out.code, out.stderr)
+		names := backups(t, journal)
+		require.Len(t, names, 1)
+		assert.Regexp(t, `\.damaged-\d{8}T\d{6}Z$`, names[0])
+		copied, err := os.ReadFile(names[0])
+		require.NoError(t, err)
+		assert.Equal(t, damaged, copied, "the copy is the damaged file, byte for byte")
+		fi, err := os.Stat(names[0])
+		require.NoError(t, err)
+		assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+
+		assert.Regexp(t, `(?m)^state +repaired`, out.stdout)
+		assert.Regexp(t, `(?m)^backup +`+names[0]+` `, out.stdout)
+		assert.Regexp(t, `(?m)^skipped +[1-9]\d* damaged bytes$`, out.stdout)
+		assert.Regexp(t, `(?m)^kept +2 pending, 1 done, 0 abandoned$`, out.stdout)
+		assert.Contains(t, out.stderr, "warning: the entries in the damaged part of the journal are gone")
+		assert.Contains(t, out.stderr, "their operations may have run")
+		assert.Contains(t, out.stderr, "idemctl pending -journal "+journal+" -all")
+	})
+
+	t.Run("after the repair", func(t *testing.T) {
+		assert.Equal(t, []string{opID(0), opID(2), opID(3)}, operations(t, journal))
+
+		out := runIn("verify", "-journal", journal)
+
+		assert.Equal(t, exitOK, out.code, out.stderr)
+		assert.Regexp(t, `(?m)^state +healthy$`, out.stdout)
+		assert.Len(t, backups(t, journal), 1)
+	})
+}
+
+func TestVerifyRepairJSON(t *testing.T) {
+	journal := filepath.Join(t.TempDir(), "journal")
+	writeJournal(t, journal, fourStates...)
+	damage(t, journal, opID(2))
+
+	out := runIn("verify", "-json", "-repair", "-journal", journal)
+
+	require.Equal(t, exitOK, out.code, out.stderr)
+	var rep verifyReport
+	require.NoError(t, json.Unmarshal([]byte(out.stdout), &rep))
+	assert.True(t, rep.Healthy)
+	assert.True(t, rep.Repaired)
+	assert.Equal(t, backups(t, journal), []string{rep.Backup})
+	assert.Positive(t, rep.SkippedBytes)
+	assert.Equal(t, &stateCounts{Pending: 1, Done: 1, Abandoned: 1}, rep.Entries)
+	fi, err := os.Stat(journal)
+	require.NoError(t, err)
+	assert.Equal(t, fi.Size(), rep.FileBytes)
+	assert.Contains(t, out.stderr, "warning:")
+}
+
+// A journal another process has open is not copied nor touched: the
+// damage check cannot even start.
+func TestVerifyRepairLocked(t *testing.T) {
+	journal := filepath.Join(t.TempDir(), "journal")
+	writeJournal(t, journal, fourStates...)
+	damaged := damage(t, journal, opID(1))
+	fj, err := idemhttp.OpenFileJournal(journal, &idemhttp.JournalOptions{SkipVerify: true})
+	require.NoError(t, err)
+	defer fj.Close()
+
+	out := runIn("verify", "-repair", "-journal", journal)
+
+	assert.Equal(t, exitJournal, out.code)
+	assert.Contains(t, out.stderr, "is in use by another process")
+	assert.Empty(t, backups(t, journal))
+	after, err := os.ReadFile(journal)
+	require.NoError(t, err)
+	assert.Equal(t, damaged, after)
+}
+
+func TestBackupJournal(t *testing.T) {
+	journal := filepath.Join(t.TempDir(), "journal")
+	require.NoError(t, os.WriteFile(journal, []byte("damaged\x00bytes"), 0o644))
+	at := time.Date(2025, 3, 4, 5, 6, 7, 0, time.FixedZone("CET", 3600))
+
+	name, err := backupJournal(journal, at)
+
+	require.NoError(t, err)
+	assert.Equal(t, journal+".damaged-20250304T040607Z", name, "in UTC")
+	got, err := os.ReadFile(name)
+	require.NoError(t, err)
+	assert.Equal(t, "damaged\x00bytes", string(got))
+	fi, err := os.Stat(name)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+}
+
+func TestBackupJournalNeverOverwrites(t *testing.T) {
+	journal := filepath.Join(t.TempDir(), "journal")
+	require.NoError(t, os.WriteFile(journal, []byte("damaged"), 0o600))
+	at := time.Date(2025, 3, 4, 5, 6, 7, 0, time.UTC)
+	taken := journal + ".damaged-20250304T050607Z"
+	require.NoError(t, os.WriteFile(taken, []byte("an earlier copy"), 0o600))
+
+	_, err := backupJournal(journal, at)
+
+	assert.ErrorContains(t, err, taken+" already exists")
+	got, err := os.ReadFile(taken)
+	require.NoError(t, err)
+	assert.Equal(t, "an earlier copy", string(got))
+}
+
+// A damaged file header leaves nothing to salvage: the copy is made, the
+// journal is left as it was.
+func TestVerifyRepairDamagedHeader(t *testing.T) {
+	journal := filepath.Join(t.TempDir(), "journal")
+	writeJournal(t, journal, fourStates...)
+	data, err := os.ReadFile(journal)
+	require.NoError(t, err)
+	data[0] ^= 0x20
+	require.NoError(t, os.WriteFile(journal, data, 0o600))
+
+	out := runIn("verify", "-repair", "-journal", journal)
+
+	assert.Equal(t, exitJournal, out.code)
+	assert.Contains(t, out.stderr, "cannot be repaired")
+	names := backups(t, journal)
+	require.Len(t, names, 1)
+	assert.Contains(t, out.stderr, "copied to "+names[0])
+	after, err := os.ReadFile(journal)
+	require.NoError(t, err)
+	assert.Equal(t, data, after)
+}
