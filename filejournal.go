@@ -391,7 +391,7 @@ func (j *FileJournal) Begin(ctx context.Context, e *Entry) (*Entry, error) {
 }
 
 // fjEncodeBufs holds encoding buffers, so that a Begin allocates none.
-var fjEncodeBufs = fjNewBufPool()
+var fjEncodeBufs = &fjBufs{}
 
 // lookupLocked returns the entry for operation (when not empty) or, failing
 // that, for key.
@@ -468,7 +468,7 @@ func (j *FileJournal) appendFinishLocked(le *fjEntry) {
 	b := j.cur
 	n := len(b.buf)
 	b.buf = fjAppendFinish(b.buf, le.key, le.state, le.lastStatus, le.attempts, le.updated)
-	j.appended(b, n, 1)
+	j.appended(n, 1)
 }
 
 // Get implements [Journal.Get]. An entry whose Begin is not yet durable
@@ -487,13 +487,10 @@ func (j *FileJournal) Get(ctx context.Context, key string) (*Entry, error) {
 // read returns the durable entry for key, its request read back from the
 // file and checked.
 func (j *FileJournal) read(key string) (*Entry, error) {
-	j.fileMu.RLock()
-	defer j.fileMu.RUnlock()
-	j.mu.Lock()
-	if j.closed {
-		j.mu.Unlock()
-		return nil, ErrJournalClosed
+	if err := j.lockToRead(); err != nil {
+		return nil, err
 	}
+	defer j.fileMu.RUnlock()
 	le, ok := j.byKey[key]
 	if !ok || le.batch != nil {
 		j.mu.Unlock()
@@ -502,6 +499,22 @@ func (j *FileJournal) read(key string) (*Entry, error) {
 	snap := *le
 	j.mu.Unlock()
 	return j.readEntry(&snap, nil)
+}
+
+// lockToRead takes fileMu shared, so that the file is not replaced while
+// entries are read back from it, then mu, to look them up in the index.
+// The caller unlocks mu once it has what it needs from the index, and
+// fileMu once it is done reading. After Close it takes neither and
+// returns ErrJournalClosed.
+func (j *FileJournal) lockToRead() error {
+	j.fileMu.RLock()
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		j.fileMu.RUnlock()
+		return ErrJournalClosed
+	}
+	return nil
 }
 
 // readEntry reads le's begin record into an Entry with le's state, using
@@ -557,13 +570,10 @@ func (j *FileJournal) list(ctx context.Context, keep func(*fjEntry) bool) ([]*En
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	j.fileMu.RLock()
-	defer j.fileMu.RUnlock()
-	j.mu.Lock()
-	if j.closed {
-		j.mu.Unlock()
-		return nil, ErrJournalClosed
+	if err := j.lockToRead(); err != nil {
+		return nil, err
 	}
+	defer j.fileMu.RUnlock()
 	var snaps []fjEntry
 	for _, le := range j.byKey {
 		if le.batch == nil && !le.deleting && keep(le) {
@@ -656,7 +666,7 @@ func (j *FileJournal) remove(ctx context.Context, doomed func(*fjEntry) bool) (i
 		b.buf = fjAppendDelete(b.buf, le.key)
 	}
 	b.deletes = append(b.deletes, les...)
-	j.appended(b, n, len(les))
+	j.appended(n, len(les))
 	j.mu.Unlock()
 	<-b.done
 	if b.err != nil {

@@ -27,11 +27,12 @@ func (j *FileJournal) newBatchLocked(off int64) *fjBatch {
 // fjBatchBufs recycles batch buffers: under load every batch holds tens of
 // request bodies, and growing a fresh buffer for each was most of the
 // journal's allocation.
-var fjBatchBufs = fjNewBufPool()
+var fjBatchBufs = &fjBufs{}
 
-// appended accounts for records just added to b at buf offset from, and
-// wakes the committer if b was empty. Called with mu held.
-func (j *FileJournal) appended(b *fjBatch, from, records int) {
+// appended accounts for records just added to the current batch at buf
+// offset from, and wakes the committer if the batch was empty. Called
+// with mu held.
+func (j *FileJournal) appended(from, records int) {
 	j.writes.Add(uint64(records))
 	if from == fjBatchHdrLen {
 		j.wake()
@@ -43,7 +44,7 @@ func (j *FileJournal) appendLocked(encoded []byte, records int) {
 	b := j.cur
 	n := len(b.buf)
 	b.buf = append(b.buf, encoded...)
-	j.appended(b, n, records)
+	j.appended(n, records)
 }
 
 // wake makes sure the committer looks at the current batch.

@@ -21,9 +21,8 @@ const fjCompactMin = 1 << 20
 // batch of huge bodies does not pin its memory for the process's life.
 const fjMaxPooledBuf = 8 << 20
 
-func fjNewBufPool() *fjBufs { return &fjBufs{} }
-
-// fjBufs is a pool of batch buffers.
+// fjBufs is a pool of batch and encoding buffers. The zero value is
+// ready to use.
 type fjBufs struct{ p sync.Pool }
 
 func (p *fjBufs) Get() *[]byte {
@@ -107,35 +106,9 @@ func (j *FileJournal) open() error {
 	}
 	size := fi.Size()
 	if size < fjFileHdrLen {
-		// Empty, or a header whose write a crash cut short: a new
-		// journal. The salt is random, so only the magic and the
-		// version of a short header can be compared.
-		data := make([]byte, size)
-		if _, err := f.ReadAt(data, 0); err != nil {
+		if size, err = fjInitFile(f, j.path, size); err != nil {
 			return fail(err)
 		}
-		var want [12]byte
-		copy(want[:], fjFileMagic[:])
-		binary.LittleEndian.PutUint32(want[8:], fjVersion)
-		if !bytes.HasPrefix(want[:], data[:min(len(data), len(want))]) {
-			_, err := fjCheckFileHeader(data)
-			return fail(err)
-		}
-		salt, err := fjNewSalt()
-		if err != nil {
-			return fail(err)
-		}
-		hdr := fjFileHeader(salt)
-		if _, err := f.WriteAt(hdr, 0); err != nil {
-			return fail(err)
-		}
-		if err := fjDatasync(f); err != nil {
-			return fail(err)
-		}
-		if err := fjSyncDir(j.path); err != nil {
-			return fail(err)
-		}
-		size = int64(len(hdr))
 	}
 	idx, err := fjReplayFrom(f, size, j.salvage)
 	if err != nil {
@@ -166,6 +139,40 @@ func (j *FileJournal) open() error {
 		_ = j.Compact(context.Background())
 	}
 	return nil
+}
+
+// fjInitFile writes the header of a new journal into f, of size bytes
+// (fewer than a header), and returns the file's new size. A file that
+// short is empty, or holds a header whose write a crash cut short; the
+// salt is random, so only the magic and the version of a short header can
+// be compared. Anything else is not a journal, and is refused.
+func fjInitFile(f *os.File, path string, size int64) (int64, error) {
+	data := make([]byte, size)
+	if _, err := f.ReadAt(data, 0); err != nil {
+		return 0, err
+	}
+	var want [12]byte
+	copy(want[:], fjFileMagic[:])
+	binary.LittleEndian.PutUint32(want[8:], fjVersion)
+	if !bytes.HasPrefix(want[:], data[:min(len(data), len(want))]) {
+		_, err := fjCheckFileHeader(data)
+		return 0, err
+	}
+	salt, err := fjNewSalt()
+	if err != nil {
+		return 0, err
+	}
+	hdr := fjFileHeader(salt)
+	if _, err := f.WriteAt(hdr, 0); err != nil {
+		return 0, err
+	}
+	if err := fjDatasync(f); err != nil {
+		return 0, err
+	}
+	if err := fjSyncDir(path); err != nil {
+		return 0, err
+	}
+	return int64(len(hdr)), nil
 }
 
 // worthCompacting reports whether compaction would at least halve a file
@@ -398,13 +405,10 @@ func (j *FileJournal) verify(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	j.fileMu.RLock()
-	defer j.fileMu.RUnlock()
-	j.mu.Lock()
-	if j.closed {
-		j.mu.Unlock()
-		return ErrJournalClosed
+	if err := j.lockToRead(); err != nil {
+		return err
 	}
+	defer j.fileMu.RUnlock()
 	// Durable entries, as of this instant: commits wait for mu to publish,
 	// and compaction for fileMu.
 	size := j.size.Load()

@@ -26,18 +26,13 @@ import (
 // The nojournal run is the baseline of the filejournal run beside it;
 // they share the server and differ only in Client.Journal.
 //
-// syncs/req is the journal's group commits (each one write and one
-// fdatasync) per request: between 1 and 2 for a lone caller (Begin waits
+// syncs/req is the journal's group commits (each one synchronous write)
+// per request: between 1 and 2 for a lone caller (Begin waits
 // for its own; Finish's record is written behind, usually in a commit of
 // its own that overlaps the next request), and far less at c64, where
 // concurrent calls share them.
 func BenchmarkJournal(b *testing.B) {
-	payload := bytes.Repeat([]byte(`{"k":"v"},`), 103)[:1024]
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"id":"ch_1","status":"succeeded"}`))
-	}))
+	srv, payload := newJournalBenchServer()
 	defer srv.Close()
 
 	for _, concurrency := range []int{1, 64} {
@@ -61,35 +56,9 @@ func BenchmarkJournal(b *testing.B) {
 // journal j (nil for none) from concurrency goroutines, and returns how
 // many it sent.
 func benchJournalRequests(b *testing.B, url string, payload []byte, concurrency int, j *idemhttp.FileJournal) int {
-	// 64 idle connections per host, one per caller at c64: with net/http's
-	// default of 2, most callers would dial (and leave a TIME_WAIT socket)
-	// on every request, and the benchmark would measure connection churn
-	// instead of the journal.
-	tr := &http.Transport{MaxIdleConns: 128, MaxIdleConnsPerHost: 64}
-	defer tr.CloseIdleConnections()
-	c := &idemhttp.Client{HTTPClient: &http.Client{Transport: tr}}
-	if j != nil { // a nil *FileJournal in the interface would not be a nil Journal
-		c.Journal = j
-	}
-	send := func() error {
-		req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(payload))
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := c.Do(req)
-		if err != nil {
-			return err
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		if err := resp.Body.Close(); err != nil {
-			return err
-		}
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("status %d", resp.StatusCode)
-		}
-		return nil
-	}
+	s := newBenchSender(url, payload, j)
+	defer s.close()
+	send := s.send
 
 	b.ReportAllocs()
 	if concurrency == 1 {
@@ -127,12 +96,7 @@ func benchJournalRequests(b *testing.B, url string, payload []byte, concurrency 
 // of the unjournaled. cpu-µs/req is process CPU time (user and system,
 // the in-process server included) per request on each side.
 func BenchmarkJournalInterleaved(b *testing.B) {
-	payload := bytes.Repeat([]byte(`{"k":"v"},`), 103)[:1024]
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"id":"ch_1","status":"succeeded"}`))
-	}))
+	srv, payload := newJournalBenchServer()
 	defer srv.Close()
 
 	for _, concurrency := range []int{1, 64} {
@@ -176,6 +140,18 @@ func BenchmarkJournalInterleaved(b *testing.B) {
 	}
 }
 
+// newJournalBenchServer starts the loopback server the journal benchmarks
+// send to, a Stripe-like charge endpoint, and returns it with the 1 KiB
+// JSON body they send.
+func newJournalBenchServer() (*httptest.Server, []byte) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"id":"ch_1","status":"succeeded"}`))
+	}))
+	return srv, bytes.Repeat([]byte(`{"k":"v"},`), 103)[:1024]
+}
+
 // benchSender sends the benchmark's POSTs through one Client, whose
 // connections stay warm from round to round.
 type benchSender struct {
@@ -186,6 +162,10 @@ type benchSender struct {
 }
 
 func newBenchSender(url string, payload []byte, j *idemhttp.FileJournal) *benchSender {
+	// 64 idle connections per host, one per caller at c64: with net/http's
+	// default of 2, most callers would dial (and leave a TIME_WAIT socket)
+	// on every request, and the benchmark would measure connection churn
+	// instead of the journal.
 	tr := &http.Transport{MaxIdleConns: 128, MaxIdleConnsPerHost: 64}
 	c := &idemhttp.Client{HTTPClient: &http.Client{Transport: tr}}
 	if j != nil {
