@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"sync"
@@ -25,11 +26,14 @@ import (
 //
 // The zero value is ready to use. A Client is safe for concurrent use by
 // multiple goroutines and, like [http.Client], should be created once and
-// reused: its retry budget and in-memory operation keys live in it. Set the
-// fields before the first request; changes after that are not seen.
+// reused: its retry budget and in-memory operation keys live in it. Every
+// field, and the [Policy] it points to, is read once, at the first request
+// (slices are copied): changes after that are not seen, and making them is
+// not a data race.
 type Client struct {
 	// HTTPClient sends each attempt; its Timeout bounds a single attempt,
-	// reading its response body included.
+	// reading its response body included. Its CheckRedirect and Jar are
+	// used, inside the redirect rules of [Client.Do].
 	// nil means a client sharing one pooled Transport with 10 s dial and
 	// TLS handshake timeouts and a 60 s response-header timeout. The
 	// Client never closes HTTPClient's idle connections.
@@ -42,12 +46,13 @@ type Client struct {
 	// first attempt and its outcome after, so that a process that dies
 	// mid-request can [Client.Resume] with the same key. nil keeps keys in
 	// memory only: operations named with [WithOperation] reuse their key
-	// for the life of the Client.
+	// for [Policy.Retention] within the life of the Client.
 	Journal Journal
 
 	// Logger receives one Info record per retry (method, redacted URL,
-	// key, attempt, delay, reason). Bodies and header values are never
-	// logged. nil means silent.
+	// key, attempt, delay, reason). Bodies, header values and the values
+	// of secret query parameters ([Policy.RedactQuery]) are never logged.
+	// nil means silent.
 	Logger *slog.Logger
 
 	// OnRetry, when set, is called before each retry's wait, on the
@@ -57,29 +62,52 @@ type Client struct {
 	// PrepareRequest, when set, is called on every outgoing request after
 	// its journal entry is written and before the first attempt, in Do and
 	// in Resume. Add credentials here: whatever it sets never reaches the
-	// journal. An error stops the call before anything is sent.
+	// journal, and never follows a redirect to another host. It gets the
+	// client's own copies of the request's URL and Header (never nil), so
+	// it may change them freely; the caller's request is not modified. An
+	// error (or a panic) stops the call before anything is sent, and the
+	// journal keeps no entry that Resume would send.
 	PrepareRequest func(*http.Request) error
 
 	// SecretHeaders names request headers, beyond Authorization, Cookie
-	// and Proxy-Authorization, that are never written to the journal.
+	// and Proxy-Authorization, that are never written to the journal
+	// (matched in any letter case) and never follow a redirect to another
+	// host.
 	SecretHeaders []string
 
-	once   sync.Once
-	pol    policy
-	hc     *http.Client
-	budget *budget
-	mem    *memJournal
+	once sync.Once
+	cfg  config
+}
+
+// config is a Client's configuration, read once by init: the request path
+// never reads the exported fields, so a caller who changes them later
+// neither races with it nor changes what it does.
+type config struct {
+	pol     policy
+	hc      *http.Client
+	budget  *budget
+	mem     *memJournal
+	journal Journal
+	logger  *slog.Logger
+	onRetry func(RetryEvent)
+	prepare func(*http.Request) error
+	secrets []string // canonical names of the caller's secret headers
+	// traceable: the Transport is net/http's, which reports httptrace
+	// events, so an attempt that never obtained a connection failed
+	// before anything could be sent (see attempt.wire).
+	traceable bool
 }
 
 // init resolves the configuration once.
 func (c *Client) init() {
 	c.once.Do(func() {
-		c.pol = c.Policy.resolve()
+		cfg := &c.cfg
+		cfg.pol = c.Policy.resolve()
 		var b Budget
 		if c.Policy != nil {
 			b = c.Policy.Budget
 		}
-		c.budget = newBudget(b)
+		cfg.budget = newBudget(b)
 		base := c.HTTPClient
 		if base == nil {
 			base = &http.Client{Transport: defaultTransport()}
@@ -88,15 +116,23 @@ func (c *Client) init() {
 		if rt == nil {
 			rt = http.DefaultTransport
 		}
+		_, cfg.traceable = rt.(*http.Transport)
 		// The engine's client has no Timeout: net/http enforces one on a
 		// RoundTripper it does not know (ours) with a goroutine and a
 		// timer per request. attemptTransport applies it instead.
-		c.hc = &http.Client{
+		cfg.hc = &http.Client{
 			Transport:     attemptTransport{rt: rt, timeout: base.Timeout},
-			CheckRedirect: base.CheckRedirect,
+			CheckRedirect: checkRedirect(base.CheckRedirect),
 			Jar:           base.Jar,
 		}
-		c.mem = newMemJournal(c.pol.retention)
+		cfg.mem = newMemJournal(cfg.pol.retention)
+		cfg.journal = c.Journal
+		cfg.logger = c.Logger
+		cfg.onRetry = c.OnRetry
+		cfg.prepare = c.PrepareRequest
+		for _, h := range c.SecretHeaders {
+			cfg.secrets = append(cfg.secrets, http.CanonicalHeaderKey(h))
+		}
 	})
 }
 
@@ -166,23 +202,34 @@ func (b *cancelBody) Close() error {
 // Policy.KeyMethods, a key in the header or from [WithKey], or an
 // operation from [WithOperation]), chooses it (the caller's, the journal's
 // for the operation, or [NewKey]), makes the body replayable and, with a
-// Journal, records the pending entry durably. req itself is not modified;
-// its Body is closed, as net/http does.
+// Journal, records the pending entry durably. The key header is found in
+// any letter case; every attempt carries exactly one, in canonical form.
+// req itself is not modified; its Body is closed, as net/http does.
 //
 // As with [http.Client.Do], a non-2xx response that is not retried (or
 // whose retries are over and that the contract returns as is, such as a
-// 404 or a replayed failure) comes back as a response with a nil error,
-// and the caller must close its Body. Every other outcome comes back as an
-// error with a nil response, never both:
+// 404, an application's own 409 or 422, or a replayed failure) comes back
+// as a response with a nil error, and the caller must close its Body. Every
+// other outcome comes back as an error with a nil response, never both:
 //   - before sending: errors wrapping [ErrInvalidRequest], [ErrInvalidKey],
 //     [ErrKeyConflict], [ErrNotReplayable], [ErrKeyExpired], or a local
 //     [*KeyMismatchError];
 //   - from the server: [*KeyMismatchError], or a [*GiveUpError] whose
 //     reason is [ErrExhausted], [ErrInProgress], [ErrBudgetExhausted],
-//     [ErrRetryAfterTooLong], [ErrKeyRequired] or the context's error;
-//   - a transport error that must not be retried (an outcome-unknown
-//     failure of a request without a key and with a non-idempotent method,
-//     or a certificate error), untouched, as net/http returned it.
+//     [ErrRetryAfterTooLong], [ErrKeyRequired], [ErrBodyChanged],
+//     [ErrNotReplayable] (GetBody failed on a retry) or the context's error;
+//   - a transport error that must not be retried, untouched, as net/http
+//     returned it: an outcome-unknown failure of a request without a key
+//     and with a non-idempotent method, a certificate error, a request
+//     net/http refused before connecting (an invalid header, an
+//     unsupported scheme), or a CheckRedirect refusal.
+//
+// Redirects: a keyed request, or one whose headers came partly from
+// PrepareRequest or name a secret header, is not followed to another
+// origin (scheme and host): the 3xx response is returned instead, so the
+// key, the body and credentials never reach a host the caller did not
+// name. A redirect that changes the method (303, or 301/302 after POST)
+// drops the key header.
 func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	if req == nil {
 		return nil, fmt.Errorf("idemhttp: %w: nil request", ErrInvalidRequest)
@@ -192,14 +239,15 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("idemhttp: %w: nil URL", ErrInvalidRequest)
 	}
 	c.init()
-	p := &c.pol
+	cfg := &c.cfg
+	p := &cfg.pol
 	ctx := req.Context()
 	if err := ctx.Err(); err != nil {
 		closeBody(req)
 		return nil, err // nothing sent, nothing journaled
 	}
 
-	key, err := c.callerKey(ctx, req)
+	key, explicit, err := callerKey(ctx, req.Header, p.keyHeader)
 	if err != nil {
 		closeBody(req)
 		return nil, err
@@ -215,9 +263,9 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 
 	var j Journal
 	if keyed {
-		j = c.Journal
+		j = cfg.journal
 		if j == nil && hasOp {
-			j = c.mem
+			j = cfg.mem
 		}
 	}
 	body, getBody, err := replayableBody(req, j != nil, p.maxBody)
@@ -225,42 +273,49 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 
-	var entry *Entry
+	a := &attempt{c: c, cfg: cfg, p: p, operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method)}
 	if j != nil {
-		entry, err = c.begin(ctx, j, req, key, op, body)
+		e, created, err := c.begin(ctx, j, req, key, explicit, op, body)
 		if err != nil {
 			return nil, err
 		}
-		key = entry.Key
+		a.j, a.entry = j, e
+		if created {
+			a.fresh = key == "" // minted by begin for this call
+			// A call that stops before its first attempt (a PrepareRequest
+			// error or panic, an unreadable body) told its caller nothing
+			// was sent; the entry must not let Resume send it later.
+			defer a.discardUnsent(ctx)
+		}
+		key = e.Key
 	} else if keyed && key == "" {
-		key = NewKey()
+		key, a.fresh = NewKey(), true
 	}
+	a.key = key
 
-	a := &attempt{c: c, p: p, key: key, operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method)}
-	out := req.WithContext(context.WithValue(ctx, callCtxKey, a))
+	out := req.WithContext(a.context(ctx))
 	a.req = out
-	if c.PrepareRequest != nil {
-		out.Header = req.Header.Clone()
+	switch {
+	case cfg.prepare != nil:
+		out.Header = cloneWithoutFold(req.Header, p.keyHeader, keyed)
+		u := *req.URL
+		out.URL = &u
+	case keyed:
+		out.Header = cloneWithoutFold(req.Header, p.keyHeader, false)
 	}
 	if keyed {
-		if hv := FormatKeyHeader(key, p.quoteKey); headerValue(req.Header, p.keyHeader) != hv {
-			if c.PrepareRequest == nil {
-				out.Header = withHeader(req.Header, p.keyHeader, hv)
-			} else {
-				out.Header.Set(p.keyHeader, hv)
-			}
-		}
+		a.keyVal[0] = FormatKeyHeader(key, p.quoteKey)
+		out.Header[p.keyHeader] = a.keyVal[:]
 	}
-	if c.PrepareRequest != nil {
-		if out.Header == nil {
-			out.Header = make(http.Header)
-		}
-		if err := c.PrepareRequest(out); err != nil {
+	if cfg.prepare != nil {
+		if err := cfg.prepare(out); err != nil {
 			if getBody != nil {
 				closeBody(req)
 			}
-			c.record(ctx, j, entry, StatePending, 0, 0)
 			return nil, fmt.Errorf("idemhttp: prepare request: %w", err)
+		}
+		if out.Header == nil {
+			out.Header = make(http.Header)
 		}
 	}
 
@@ -273,7 +328,8 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	case body != nil:
 		err = rreq.SetBody(body)
 	case getBody != nil:
-		a.firstBody, a.getBody = req.Body, getBody
+		a.first.reset(req.Body, &a.bodyRef, false)
+		a.firstBody, a.getBody = &a.first, getBody
 		a.probing = true // SetBody reads the body once to measure it
 		err = rreq.SetBody(retryablehttp.ReaderFunc(a.body))
 		a.probing = false
@@ -283,49 +339,46 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		if getBody != nil {
 			closeBody(req)
 		}
-		c.record(ctx, j, entry, StatePending, 0, 0)
 		return nil, fmt.Errorf("idemhttp: %w: body: %w", ErrNotReplayable, err)
 	}
 
 	a.engine = retryablehttp.Client{
-		HTTPClient:   c.hc,
-		RetryMax:     p.maxAttempts, // checkRetry stops first; this is a backstop
+		HTTPClient:   cfg.hc,
+		RetryMax:     math.MaxInt32, // checkRetry decides when to stop
 		CheckRetry:   engineCheckRetry,
 		Backoff:      engineBackoff,
 		PrepareRetry: enginePrepareRetry,
 		ErrorHandler: engineErrorHandler,
 	}
+	a.started = true
 	resp, err := a.finish(a.engine.Do(rreq))
 	if a.firstBody != nil {
 		_ = a.firstBody.Close() // never sent; net/http would have closed it
 	}
-	if entry != nil {
-		c.record(ctx, j, entry, outcomeState(err), a.lastStatus, a.attempts)
+	if a.entry != nil {
+		c.record(ctx, a.j, a.entry, outcomeState(err), a.lastStatus, a.attempts)
 	}
 	return resp, err
 }
 
-// callerKey returns the key the caller chose, from the header or WithKey,
-// or "" if none.
-func (c *Client) callerKey(ctx context.Context, req *http.Request) (string, error) {
-	var key string
-	if v := headerValue(req.Header, c.pol.keyHeader); v != "" {
-		k, err := ParseKeyHeader(v)
-		if err != nil {
-			return "", err
-		}
-		key = k
+// discardUnsent removes the journal entry of a call that created it and
+// stopped before its first attempt. It runs deferred, so a panic in
+// PrepareRequest is covered too. Should the removal fail, the entry is
+// marked abandoned instead: Resume never sends either.
+func (a *attempt) discardUnsent(ctx context.Context) {
+	if a.started {
+		return
 	}
-	if k, ok := keyFromContext(ctx); ok {
-		if err := ValidateKey(k); err != nil {
-			return "", err
-		}
-		if key != "" && key != k {
-			return "", fmt.Errorf("idemhttp: %w: header has %q, WithKey has %q", ErrKeyConflict, key, k)
-		}
-		key = k
+	ctx = context.WithoutCancel(ctx)
+	err := a.j.Delete(ctx, a.entry.Key)
+	if err == nil || errors.Is(err, ErrNotFound) {
+		return
 	}
-	return key, nil
+	err2 := a.j.Finish(ctx, a.entry.Key, Outcome{State: StateAbandoned, At: time.Now()})
+	if a.cfg.logger != nil {
+		a.cfg.logger.LogAttrs(ctx, slog.LevelError, "idemhttp: journal: could not withdraw an entry that was never sent",
+			slog.String("key", a.entry.Key), slog.String("error", errors.Join(err, err2).Error()))
+	}
 }
 
 // replayableBody makes req's body resendable: GetBody when the request has
@@ -371,28 +424,6 @@ func replayableBody(req *http.Request, needBytes bool, maxBody int64) ([]byte, f
 	return buf, nil, nil
 }
 
-// headerValue is h.Get(name) for a name already in canonical form (the
-// policy canonicalises KeyHeader once), without canonicalising it again on
-// every request.
-func headerValue(h http.Header, name string) string {
-	if v := h[name]; len(v) > 0 {
-		return v[0]
-	}
-	return ""
-}
-
-// withHeader returns a copy of h with name set to v. The copy shares h's
-// value slices, which nothing downstream mutates; copying them too would
-// cost an allocation per request for nothing.
-func withHeader(h http.Header, name, v string) http.Header {
-	out := make(http.Header, len(h)+1)
-	for k, vv := range h {
-		out[k] = vv
-	}
-	out[name] = []string{v}
-	return out
-}
-
 func closeBody(req *http.Request) {
 	if req.Body != nil {
 		_ = req.Body.Close()
@@ -414,9 +445,20 @@ var secretHeaders = [...]string{"Authorization", "Cookie", "Proxy-Authorization"
 
 // begin records the pending entry for a keyed call before anything is
 // sent, or finds the entry a previous run left for the same operation.
-func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key, op string, body []byte) (*Entry, error) {
+// created reports whether the entry is this call's own.
+//
+// An operation's journaled key wins over a key in the request's header:
+// the caller declared the operation's identity with WithOperation, and an
+// SDK that mints a key per call (stripe-go does) would otherwise make a
+// rerun of the operation a new one. A key given with WithKey that differs
+// from the journal's is a conflict.
+func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key string, explicit bool, op string, body []byte) (e *Entry, created bool, err error) {
+	p := &c.cfg.pol
 	u := *req.URL
 	u.User = nil
+	if name, ok := secretQueryParam(&u, p.redactQuery); ok {
+		return nil, false, fmt.Errorf("idemhttp: %w: query parameter %q looks like a credential and a journal would write it to disk: add it in Client.PrepareRequest", ErrInvalidRequest, name)
+	}
 	url := u.String()
 	fp := Fingerprint(req.Method, url, body)
 	candidate := key
@@ -424,15 +466,15 @@ func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key, o
 		candidate = NewKey()
 	}
 	h := req.Header.Clone()
-	h.Del(c.pol.keyHeader)
+	deleteFold(h, p.keyHeader)
 	for _, s := range secretHeaders {
-		h.Del(s)
+		deleteFold(h, s)
 	}
-	for _, s := range c.SecretHeaders {
-		h.Del(s)
+	for _, s := range c.cfg.secrets {
+		deleteFold(h, s)
 	}
 	now := time.Now()
-	e := &Entry{
+	e = &Entry{
 		Operation:   op,
 		Key:         candidate,
 		Method:      req.Method,
@@ -446,21 +488,21 @@ func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key, o
 	}
 	existing, err := j.Begin(ctx, e)
 	if err != nil {
-		return nil, fmt.Errorf("idemhttp: journal: %w", err)
+		return nil, false, fmt.Errorf("idemhttp: journal: %w", err)
 	}
 	if existing == nil {
-		return e, nil
+		return e, true, nil
 	}
-	if key != "" && existing.Key != key {
-		return nil, fmt.Errorf("idemhttp: %w: operation %q has key %s in the journal, request has %s", ErrKeyConflict, op, existing.Key, key)
+	if explicit && existing.Key != key {
+		return nil, false, fmt.Errorf("idemhttp: %w: operation %q has key %s in the journal, request has %s", ErrKeyConflict, op, existing.Key, key)
 	}
 	if existing.Fingerprint != fp {
-		return nil, &KeyMismatchError{Key: existing.Key, Operation: existing.Operation}
+		return nil, false, &KeyMismatchError{Key: existing.Key, Operation: existing.Operation}
 	}
-	if existing.State == StateAbandoned || now.Sub(existing.Created) > c.pol.retention {
-		return nil, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", existing.Operation, existing.Key, existing.Created.Format(time.RFC3339), ErrKeyExpired)
+	if existing.State == StateAbandoned || now.Sub(existing.Created) > p.retention {
+		return nil, false, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", existing.Operation, existing.Key, existing.Created.Format(time.RFC3339), ErrKeyExpired)
 	}
-	return existing, nil
+	return existing, false, nil
 }
 
 // record writes a call's outcome to its journal entry. A failure here
@@ -472,8 +514,8 @@ func (c *Client) record(ctx context.Context, j Journal, e *Entry, s State, statu
 		return
 	}
 	err := j.Finish(context.WithoutCancel(ctx), e.Key, Outcome{State: s, Status: status, Attempts: attempts, At: time.Now()})
-	if err != nil && c.Logger != nil {
-		c.Logger.LogAttrs(ctx, slog.LevelWarn, "idemhttp: journal finish failed; entry stays pending",
+	if err != nil && c.cfg.logger != nil {
+		c.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemhttp: journal finish failed; entry stays pending",
 			slog.String("key", e.Key), slog.String("state", string(s)), slog.String("error", err.Error()))
 	}
 }
@@ -493,13 +535,27 @@ func Fingerprint(method, url string, body []byte) string {
 // StandardClient returns an [http.Client] that sends every request
 // through c, so any SDK that accepts an *http.Client gets keys and safe
 // retries. A key the SDK sets itself (stripe-go sets Idempotency-Key) is
-// kept, not replaced. Errors reach the SDK wrapped in [*url.Error]; errors.Is
-// and errors.As still see the typed errors of [Client.Do]. Its
-// CloseIdleConnections does nothing: the pool belongs to c.HTTPClient.
+// kept, not replaced, except under [WithOperation] with a journal, where
+// the journal's key for the operation wins. Errors reach the SDK wrapped in
+// [*url.Error]; errors.Is and errors.As still see the typed errors of
+// [Client.Do]. Its CloseIdleConnections does nothing: the pool belongs to
+// c.HTTPClient.
+//
+// Turn the SDK's own retries off. An SDK that retries by itself
+// multiplies attempts (stripe-go's default of 2 network retries on top of
+// the Policy's 4 attempts is up to 12 requests per call) and its retries
+// bypass the retry budget, the deadline rules and the in-progress
+// patience. With stripe-go:
+//
+//	stripe.NewBackendsWithConfig(&stripe.BackendConfig{
+//		HTTPClient:        c.StandardClient(),
+//		MaxNetworkRetries: stripe.Int64(0), // idemhttp retries
+//	})
 func (c *Client) StandardClient() *http.Client {
 	return &http.Client{Transport: c.Transport()}
 }
 
+//
 // Transport returns an [http.RoundTripper] that sends every request
 // through c. See [Client.StandardClient].
 func (c *Client) Transport() http.RoundTripper {

@@ -3,6 +3,8 @@ package idemhttp
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"log"
@@ -51,7 +53,7 @@ func TestSameKeyAndBodyOnEveryAttempt(t *testing.T) {
 		give []step
 	}{
 		{"status 503", []step{reply(503, ""), reply(503, ""), reply(200, "{}")}},
-		{"status 409", []step{reply(409, ""), reply(200, "{}")}},
+		{"status 409 after a lost response", []step{drop, reply(409, ""), reply(200, "{}")}},
 		{"status 500", []step{reply(500, ""), reply(200, "{}")}},
 		{"connection dropped", []step{drop, drop, reply(200, "{}")}},
 		{"attempt timeout", []step{stall, reply(200, "{}")}},
@@ -79,43 +81,63 @@ func TestSameKeyAndBodyOnEveryAttempt(t *testing.T) {
 	}
 }
 
-// TestContract walks DESIGN §2's table row by row.
+// TestContract walks the contract table of README.md row by row. Rows
+// marked reused send a caller's key, which the server may have seen
+// before; the others get a key minted for the call, which on its first
+// attempt cannot have been used, so no status is an idempotency signal.
 func TestContract(t *testing.T) {
 	stripeMismatch := `{"error":{"type":"idempotency_error","message":"Keys for idempotent requests can only be used with the same parameters they were first used with."}}`
+	stripeInProgress := `{"error":{"type":"invalid_request_error","message":"There is currently another in-progress request using this Idempotent Key."}}`
 	keyMissing := `{"type":"https://example.com/idempotency","title":"Idempotency-Key is missing"}`
+	ietfMismatch := `{"type":"https://developer.example.com/idempotency","title":"Idempotency-Key is already used"}`
+	ietfInProgress := `{"type":"https://developer.example.com/idempotency","title":"A request is outstanding for this Idempotency-Key"}`
+	validation := `{"errors":[{"field":"amount","message":"must be positive"}]}`
+	business := `{"error":{"type":"invalid_request_error","message":"This email is already registered."}}`
+	patient := &Policy{BaseDelay: time.Millisecond, MaxDelay: 2 * time.Millisecond, InProgressPatience: 30 * time.Millisecond}
+	const many = -1 // more attempts than MaxAttempts: in-progress waits do not count
 	tests := []struct {
 		name         string
 		givePolicy   *Policy
 		giveMethod   string
+		giveReused   bool // the request carries a caller's key
 		giveSteps    []step
 		wantAttempts int
 		wantStatus   int   // when a response is returned
 		wantErr      error // when an error is returned
 	}{
-		{"2xx done", fast(), "POST", []step{reply(201, "{}")}, 1, 201, nil},
-		{"409 then ok", fast(), "POST", []step{reply(409, ""), reply(200, "{}")}, 2, 200, nil},
-		{"409 never clears", fast(), "POST", []step{reply(409, "")}, 4, 0, ErrInProgress},
-		{"422 mismatch", fast(), "POST", []step{reply(422, `{"title":"key reused"}`)}, 1, 0, ErrKeyMismatch},
-		{"stripe 400 idempotency_error", fast(), "POST", []step{reply(400, stripeMismatch)}, 1, 0, ErrKeyMismatch},
-		{"plain 400 returned", fast(), "POST", []step{reply(400, `{"error":{"type":"invalid_request_error"}}`)}, 1, 400, nil},
-		{"400 key missing", &Policy{KeyMethods: []string{}}, "POST", []step{reply(400, keyMissing, "Content-Type", "application/problem+json")}, 1, 0, ErrKeyRequired},
-		{"429 retried", fast(), "POST", []step{reply(429, "", "Retry-After", "0"), reply(200, "{}")}, 2, 200, nil},
-		{"429 retried without key", &Policy{KeyMethods: []string{}, BaseDelay: time.Millisecond}, "POST", []step{reply(429, ""), reply(200, "{}")}, 2, 200, nil},
-		{"503 retried", fast(), "POST", []step{reply(503, "", "Retry-After", "0"), reply(200, "{}")}, 2, 200, nil},
-		{"500 retried", fast(), "POST", []step{reply(500, ""), reply(200, "{}")}, 2, 200, nil},
-		{"502 retried", fast(), "POST", []step{reply(502, ""), reply(200, "{}")}, 2, 200, nil},
-		{"504 retried", fast(), "POST", []step{reply(504, ""), reply(200, "{}")}, 2, 200, nil},
-		{"500 exhausted", fast(), "POST", []step{reply(500, "boom")}, 4, 0, ErrExhausted},
-		{"500 without key not retried", &Policy{KeyMethods: []string{}}, "POST", []step{reply(500, "")}, 1, 500, nil},
-		{"503 without key not retried", &Policy{KeyMethods: []string{}}, "POST", []step{reply(503, "")}, 1, 503, nil},
-		{"500 on GET retried", fast(), "GET", []step{reply(500, ""), reply(200, "{}")}, 2, 200, nil},
-		{"replayed 500 not retried", fast(), "POST", []step{reply(500, "", "Idempotent-Replayed", "true")}, 1, 500, nil},
-		{"replayed 409 not retried", fast(), "POST", []step{reply(409, "", "Idempotency-Replayed", "true")}, 1, 409, nil},
-		{"404 returned", fast(), "POST", []step{reply(404, "")}, 1, 404, nil},
-		{"409 without key returned", &Policy{KeyMethods: []string{}}, "POST", []step{reply(409, "")}, 1, 409, nil},
-		{"stripe should-retry false", stripeFast(), "POST", []step{reply(500, "", "Stripe-Should-Retry", "false")}, 1, 500, nil},
-		{"stripe should-retry true on 400", stripeFast(), "POST", []step{reply(400, "", "Stripe-Should-Retry", "true"), reply(200, "{}")}, 2, 200, nil},
-		{"should-retry ignored by default", fast(), "POST", []step{reply(500, "", "Stripe-Should-Retry", "false"), reply(200, "{}")}, 2, 200, nil},
+		{"2xx done", fast(), "POST", false, []step{reply(201, "{}")}, 1, 201, nil},
+		{"409 in progress then ok", fast(), "POST", true, []step{reply(409, ""), reply(200, "{}")}, 2, 200, nil},
+		{"409 problem in progress then ok", fast(), "POST", true, []step{reply(409, ietfInProgress), reply(200, "{}")}, 2, 200, nil},
+		{"stripe 409 in progress then ok", stripeFast(), "POST", true, []step{reply(409, stripeInProgress, "Stripe-Should-Retry", "false"), reply(200, "{}")}, 2, 200, nil},
+		{"409 outlasts MaxAttempts", fast(), "POST", true, []step{reply(409, ietfInProgress), reply(409, ""), reply(409, ""), reply(409, ""), reply(409, ""), reply(200, "{}")}, 6, 200, nil},
+		{"409 never clears", patient, "POST", true, []step{reply(409, "", "Retry-After", "0")}, many, 0, ErrInProgress},
+		{"stripe 409 never clears", stripeFastPatient(), "POST", true, []step{reply(409, stripeInProgress, "Stripe-Should-Retry", "true")}, many, 0, ErrInProgress},
+		{"409 to a fresh key returned", fast(), "POST", false, []step{reply(409, ietfInProgress)}, 1, 409, nil},
+		{"business 409 returned", fast(), "POST", true, []step{reply(409, business)}, 1, 409, nil},
+		{"422 mismatch", fast(), "POST", true, []step{reply(422, ietfMismatch)}, 1, 0, ErrKeyMismatch},
+		{"422 validation returned", fast(), "POST", true, []step{reply(422, validation)}, 1, 422, nil},
+		{"bare 422 returned", fast(), "POST", true, []step{reply(422, "")}, 1, 422, nil},
+		{"422 to a fresh key returned", fast(), "POST", false, []step{reply(422, ietfMismatch)}, 1, 422, nil},
+		{"stripe 400 idempotency_error", fast(), "POST", true, []step{reply(400, stripeMismatch)}, 1, 0, ErrKeyMismatch},
+		{"plain 400 returned", fast(), "POST", true, []step{reply(400, `{"error":{"type":"invalid_request_error"}}`)}, 1, 400, nil},
+		{"400 key missing", &Policy{KeyMethods: []string{}}, "POST", false, []step{reply(400, keyMissing, "Content-Type", "application/problem+json")}, 1, 0, ErrKeyRequired},
+		{"429 retried", fast(), "POST", false, []step{reply(429, "", "Retry-After", "0"), reply(200, "{}")}, 2, 200, nil},
+		{"429 retried without key", &Policy{KeyMethods: []string{}, BaseDelay: time.Millisecond}, "POST", false, []step{reply(429, ""), reply(200, "{}")}, 2, 200, nil},
+		{"503 retried", fast(), "POST", false, []step{reply(503, "", "Retry-After", "0"), reply(200, "{}")}, 2, 200, nil},
+		{"500 retried", fast(), "POST", false, []step{reply(500, ""), reply(200, "{}")}, 2, 200, nil},
+		{"502 retried", fast(), "POST", false, []step{reply(502, ""), reply(200, "{}")}, 2, 200, nil},
+		{"504 retried", fast(), "POST", false, []step{reply(504, ""), reply(200, "{}")}, 2, 200, nil},
+		{"500 exhausted", fast(), "POST", false, []step{reply(500, "boom")}, 4, 0, ErrExhausted},
+		{"500 without key not retried", &Policy{KeyMethods: []string{}}, "POST", false, []step{reply(500, "")}, 1, 500, nil},
+		{"503 without key not retried", &Policy{KeyMethods: []string{}}, "POST", false, []step{reply(503, "")}, 1, 503, nil},
+		{"500 on GET retried", fast(), "GET", false, []step{reply(500, ""), reply(200, "{}")}, 2, 200, nil},
+		{"replayed 500 not retried", fast(), "POST", false, []step{reply(500, "", "Idempotent-Replayed", "true")}, 1, 500, nil},
+		{"replayed 409 not retried", fast(), "POST", true, []step{reply(409, "", "Idempotency-Replayed", "true")}, 1, 409, nil},
+		{"404 returned", fast(), "POST", false, []step{reply(404, "")}, 1, 404, nil},
+		{"409 without key returned", &Policy{KeyMethods: []string{}}, "POST", false, []step{reply(409, "")}, 1, 409, nil},
+		{"stripe should-retry false", stripeFast(), "POST", false, []step{reply(500, "", "Stripe-Should-Retry", "false")}, 1, 500, nil},
+		{"stripe should-retry true on 400", stripeFast(), "POST", false, []step{reply(400, "", "Stripe-Should-Retry", "true"), reply(200, "{}")}, 2, 200, nil},
+		{"should-retry ignored by default", fast(), "POST", false, []step{reply(500, "", "Stripe-Should-Retry", "false"), reply(200, "{}")}, 2, 200, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -123,9 +145,16 @@ func TestContract(t *testing.T) {
 			c := &Client{Policy: tt.givePolicy}
 			req, err := http.NewRequest(tt.giveMethod, srv.URL, strings.NewReader(chargeBody))
 			require.NoError(t, err)
+			if tt.giveReused {
+				req.Header.Set("Idempotency-Key", "caller-key-1")
+			}
 			resp, err := c.Do(req)
 
-			assert.Len(t, srv.Hits(), tt.wantAttempts)
+			if tt.wantAttempts == many {
+				assert.Greater(t, len(srv.Hits()), 4)
+			} else {
+				assert.Len(t, srv.Hits(), tt.wantAttempts)
+			}
 			if tt.wantErr != nil {
 				assert.ErrorIs(t, err, tt.wantErr)
 				assert.Nil(t, resp, "never a response and an error")
@@ -138,6 +167,12 @@ func TestContract(t *testing.T) {
 			assert.Equal(t, tt.wantAttempts, info.Attempts)
 		})
 	}
+}
+
+func stripeFastPatient() *Policy {
+	p := stripeFast()
+	p.InProgressPatience = 30 * time.Millisecond
+	return p
 }
 
 func stripeFast() *Policy {
@@ -167,7 +202,9 @@ func TestGiveUpErrorCarriesFacts(t *testing.T) {
 func TestKeyMismatchErrorCarriesFacts(t *testing.T) {
 	srv := newScripted(t, reply(422, `{"title":"Idempotency-Key reused with another payload"}`))
 	var c Client
-	_, err := c.Do(post(t, srv.URL, chargeBody))
+	req := post(t, srv.URL, chargeBody)
+	req.Header.Set("Idempotency-Key", "caller-key-1")
+	_, err := c.Do(req)
 	var m *KeyMismatchError
 	require.ErrorAs(t, err, &m)
 	assert.Equal(t, 422, m.StatusCode)
@@ -402,23 +439,37 @@ func TestRefusedIsClassifiedNotSent(t *testing.T) {
 	assert.Equal(t, []RetryReason{ReasonNotSent}, reasons)
 }
 
-func TestClassifyError(t *testing.T) {
+// TestWireDecidesNotSent pins that "never sent" comes from what the
+// connection saw, never from the error's type: the same dial error is
+// outcome-unknown once a request head was written, and a TLS record error
+// (which the old type-based rule took for a handshake failure) is
+// not-sent only when nothing was written.
+func TestWireDecidesNotSent(t *testing.T) {
+	dial := &url.Error{Op: "Post", Err: &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}}
+	record := &url.Error{Op: "Post", Err: tls.RecordHeaderError{Msg: "bad record"}}
+	timeout := &url.Error{Op: "Post", Err: context.DeadlineExceeded}
 	tests := []struct {
-		name string
-		give error
-		want errClass
+		name          string
+		give          error
+		conns, writes int32
+		traceable     bool
+		want          errClass
 	}{
-		{"dns", &url.Error{Op: "Post", Err: &net.DNSError{Err: "no such host", Name: "x.invalid"}}, errNotSent},
-		{"dial", &url.Error{Op: "Post", Err: &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}}, errNotSent},
-		{"refused bare", syscall.ECONNREFUSED, errNotSent},
-		{"reset on read", &url.Error{Op: "Post", Err: &net.OpError{Op: "read", Err: syscall.ECONNRESET}}, errUnknown},
-		{"eof", &url.Error{Op: "Post", Err: io.EOF}, errUnknown},
-		{"unexpected eof", io.ErrUnexpectedEOF, errUnknown},
-		{"text mentioning refused", errors.New("connection refused"), errUnknown},
+		{"dial failed", dial, 1, 0, true, errNotSent},
+		{"dns", &url.Error{Op: "Post", Err: &net.DNSError{Err: "no such host", Name: "x.invalid"}}, 1, 0, true, errNotSent},
+		{"handshake failed", record, 1, 0, true, errNotSent},
+		{"record error after the request was written", record, 1, 1, true, errUnknown},
+		{"dial error type, but written", dial, 2, 1, true, errUnknown},
+		{"reset after writing", &url.Error{Op: "Post", Err: &net.OpError{Op: "read", Err: syscall.ECONNRESET}}, 1, 1, true, errUnknown},
+		{"refused before connecting (net/http)", errors.New("net/http: invalid header field value"), 0, 0, true, errPermanent},
+		{"timeout before connecting", timeout, 0, 0, true, errUnknown},
+		{"a transport without traces", dial, 0, 0, false, errUnknown},
+		{"bad certificate", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}, 1, 0, true, errPermanent},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			assert.Equal(t, tt.want, classifyError(tt.give))
+			a := &attempt{cfg: &config{traceable: tt.traceable}}
+			assert.Equal(t, tt.want, a.wire(tt.give, tt.conns, tt.writes))
 		})
 	}
 }
@@ -435,7 +486,7 @@ func TestBadCertificateIsNotRetried(t *testing.T) {
 	require.Error(t, err)
 	assert.Nil(t, resp)
 	assert.Zero(t, retries.Load())
-	assert.Equal(t, errPermanent, classifyError(err))
+	assert.True(t, isCertError(err))
 }
 
 func TestBadInputIsRefusedBeforeSending(t *testing.T) {
@@ -580,7 +631,7 @@ func TestBudgetNeverRefusesWithoutFaults(t *testing.T) {
 		resp.Body.Close()
 	}
 	assert.Len(t, srv.Hits(), 1000)
-	assert.Equal(t, int64(500), c.budget.tokens.Load())
+	assert.Equal(t, int64(500), c.cfg.budget.tokens.Load())
 }
 
 func TestBudgetRefillsOnSuccess(t *testing.T) {
@@ -642,7 +693,7 @@ func TestRetriesReuseTheConnection(t *testing.T) {
 }
 
 func TestResponseInfo(t *testing.T) {
-	srv := newScripted(t, reply(409, ""), reply(200, "{}", "Idempotent-Replayed", "true"))
+	srv := newScripted(t, drop, reply(200, "{}", "Idempotent-Replayed", "true"))
 	c := &Client{Policy: fast()}
 	ctx := WithOperation(context.Background(), "order-1")
 	resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
@@ -650,7 +701,7 @@ func TestResponseInfo(t *testing.T) {
 	defer resp.Body.Close()
 	info, ok := ResponseInfo(resp)
 	require.True(t, ok)
-	assert.Equal(t, Info{Key: srv.Hits()[0].Key, Operation: "order-1", Attempts: 2, Replayed: true}, info)
+	assert.Equal(t, Info{Key: srv.Hits()[0].Key, Operation: "order-1", Attempts: 2, Replayed: true, UnknownOutcome: true}, info)
 
 	_, ok = ResponseInfo(&http.Response{Request: httptest.NewRequest("GET", "/", nil)})
 	assert.False(t, ok)
@@ -693,9 +744,11 @@ func TestStandardClientKeepsSDKKey(t *testing.T) {
 }
 
 func TestStandardClientErrorsStayTyped(t *testing.T) {
-	srv := newScripted(t, reply(422, ""))
+	srv := newScripted(t, reply(422, `{"title":"Idempotency-Key reused"}`))
 	var c Client
-	_, err := c.StandardClient().Do(post(t, srv.URL, chargeBody))
+	req := post(t, srv.URL, chargeBody)
+	req.Header.Set("Idempotency-Key", "caller-key-1")
+	_, err := c.StandardClient().Do(req)
 	var ue *url.Error
 	require.ErrorAs(t, err, &ue)
 	assert.ErrorIs(t, err, ErrKeyMismatch)

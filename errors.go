@@ -39,9 +39,17 @@ var (
 	ErrKeyRequired = errors.New("server requires an idempotency key")
 
 	// ErrInProgress: the server kept answering 409 because a request with the
-	// same key was still being processed, until attempts ran out. The
-	// operation may yet complete: resend later with the same key.
+	// same key was still being processed, past [Policy.InProgressPatience]
+	// or the context's deadline. The operation may yet complete: resend
+	// later with the same key.
 	ErrInProgress = errors.New("request with this key still in progress")
+
+	// ErrBodyChanged: GetBody returned, for a retry, other bytes than the
+	// body already sent under the key. The changed body was never
+	// completely sent (its last byte is held back until it is checked), and
+	// the call stopped: a key vouches for one request, and a server that
+	// compares bodies would refuse it, one that does not would act on it.
+	ErrBodyChanged = errors.New("request body changed between attempts")
 
 	// ErrExhausted: every attempt the policy allows failed.
 	ErrExhausted = errors.New("retries exhausted")
@@ -87,15 +95,18 @@ const snippetLen = 512
 
 // GiveUpError reports a request that the client stopped trying: the reason
 // is one of the sentinels ([ErrExhausted], [ErrInProgress],
-// [ErrBudgetExhausted], [ErrRetryAfterTooLong], [ErrKeyRequired]) or the
-// context's error when the deadline or a cancellation ended the wait.
-// errors.Is matches both the reason and the last attempt's error.
+// [ErrBudgetExhausted], [ErrRetryAfterTooLong], [ErrKeyRequired],
+// [ErrBodyChanged], [ErrNotReplayable]) or the context's error when the
+// deadline or a cancellation ended the wait. errors.Is matches both the
+// reason and the last attempt's error; an in-progress wait that the
+// deadline cut short matches [ErrInProgress] and
+// [context.DeadlineExceeded].
 //
 // No response accompanies a GiveUpError: the last response body, if any,
 // was drained and closed; its first bytes are in Body.
 type GiveUpError struct {
 	Method string // request method
-	URL    string // request URL, with any password redacted
+	URL    string // request URL, with its password and secret query values redacted
 	Key    string // idempotency key sent, "" if the request had none
 
 	Attempts   int           // attempts made, including the first

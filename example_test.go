@@ -204,15 +204,17 @@ func ExampleGiveUpError() {
 	}))
 	defer srv.Close()
 
-	c := &idemhttp.Client{Policy: &idemhttp.Policy{MaxAttempts: 3, BaseDelay: time.Millisecond}}
+	// A 409 "in progress" is waited out for InProgressPatience (or until
+	// the context's deadline), however many attempts that takes.
+	c := &idemhttp.Client{Policy: &idemhttp.Policy{BaseDelay: time.Millisecond, InProgressPatience: 50 * time.Millisecond}}
 	ctx := idemhttp.WithKey(context.Background(), "payout-5")
 	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL, strings.NewReader(`{}`))
 	_, err := c.Do(req)
 	var g *idemhttp.GiveUpError
 	if errors.As(err, &g) {
-		fmt.Println(g.Key, g.Attempts, g.LastStatus, errors.Is(err, idemhttp.ErrInProgress))
+		fmt.Println(g.Key, g.LastStatus, g.Attempts > 4, errors.Is(err, idemhttp.ErrInProgress))
 	}
-	// Output: payout-5 3 409 true
+	// Output: payout-5 409 true true
 }
 
 func ExampleKeyMismatchError() {

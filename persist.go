@@ -90,6 +90,13 @@ type Journal interface {
 	// how many it deleted. Pending and abandoned entries are never pruned:
 	// they describe operations whose outcome nobody knows yet.
 	Prune(ctx context.Context, cutoff time.Time) (int, error)
+
+	// Delete removes the entry for key, whatever its state, or returns an
+	// error wrapping [ErrNotFound]. The client calls it only for an entry
+	// its own call created and that was never sent (the call failed
+	// before its first attempt), so that Resume never sends a request its
+	// caller was told did not go out. Like Begin, it is durable on return.
+	Delete(ctx context.Context, key string) error
 }
 
 // memJournal is the Journal a Client uses when it has none and a call
@@ -145,6 +152,20 @@ func (m *memJournal) Finish(_ context.Context, key string, o Outcome) error {
 	}
 	e.State, e.LastStatus, e.Updated = o.State, o.Status, o.At
 	e.Attempts += o.Attempts
+	return nil
+}
+
+func (m *memJournal) Delete(_ context.Context, key string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.byKey[key]
+	if !ok {
+		return fmt.Errorf("delete %s: %w", key, ErrNotFound)
+	}
+	delete(m.byKey, key)
+	if e.Operation != "" && m.byOp[e.Operation] == key {
+		delete(m.byOp, e.Operation)
+	}
 	return nil
 }
 
@@ -225,12 +246,12 @@ type ResumeResult struct {
 // reached stay pending.
 func (c *Client) Resume(ctx context.Context) ([]ResumeResult, error) {
 	c.init()
-	j := c.Journal
+	j := c.cfg.journal
 	if j == nil {
-		j = c.mem
+		j = c.cfg.mem
 	}
 	now := time.Now()
-	if _, err := j.Prune(ctx, now.Add(-c.pol.retention)); err != nil {
+	if _, err := j.Prune(ctx, now.Add(-c.cfg.pol.retention)); err != nil {
 		return nil, fmt.Errorf("idemhttp: resume: prune: %w", err)
 	}
 	pending, err := j.Pending(ctx)
@@ -253,16 +274,16 @@ func (c *Client) Resume(ctx context.Context) ([]ResumeResult, error) {
 // or entries a worker claimed from a shared journal.
 func (c *Client) ResumeEntry(ctx context.Context, e *Entry) ResumeResult {
 	c.init()
-	j := c.Journal
+	j := c.cfg.journal
 	if j == nil {
-		j = c.mem
+		j = c.cfg.mem
 	}
 	return c.resumeOne(ctx, j, e, time.Now())
 }
 
 func (c *Client) resumeOne(ctx context.Context, j Journal, e *Entry, now time.Time) ResumeResult {
 	r := ResumeResult{Entry: e}
-	if now.Sub(e.Created) > c.pol.retention {
+	if now.Sub(e.Created) > c.cfg.pol.retention {
 		if err := j.Finish(ctx, e.Key, Outcome{State: StateAbandoned, Status: e.LastStatus, At: now}); err != nil {
 			r.Err = fmt.Errorf("idemhttp: resume %s: %w", e.Key, err)
 			return r
@@ -297,6 +318,6 @@ func (c *Client) resumeOne(ctx context.Context, j Journal, e *Entry, now time.Ti
 	}
 	defer resp.Body.Close()
 	r.StatusCode, r.Header, r.Replayed = resp.StatusCode, resp.Header, Replayed(resp)
-	r.Body, r.Err = io.ReadAll(io.LimitReader(resp.Body, c.pol.maxBody))
+	r.Body, r.Err = io.ReadAll(io.LimitReader(resp.Body, c.cfg.pol.maxBody))
 	return r
 }

@@ -88,16 +88,16 @@ func TestJournalStates(t *testing.T) {
 		{"2xx is done", []step{reply(201, "")}, StateDone, nil},
 		{"404 is done", []step{reply(404, "")}, StateDone, nil},
 		{"replayed 500 is done", []step{reply(500, "", "Idempotent-Replayed", "true")}, StateDone, nil},
-		{"mismatch is done", []step{reply(422, "")}, StateDone, ErrKeyMismatch},
+		{"mismatch is done", []step{drop, reply(422, `{"title":"Idempotency-Key reused"}`)}, StateDone, ErrKeyMismatch},
 		{"exhausted stays pending", []step{reply(503, "")}, StatePending, ErrExhausted},
-		{"409 forever stays pending", []step{reply(409, "")}, StatePending, ErrInProgress},
+		{"409 forever stays pending", []step{drop, reply(409, "")}, StatePending, ErrInProgress},
 		{"lost responses stay pending", []step{drop}, StatePending, ErrExhausted},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			j := newRecJournal()
 			srv := newScripted(t, tt.giveSteps...)
-			c := &Client{Journal: j, Policy: &Policy{MaxAttempts: 2, BaseDelay: time.Millisecond}}
+			c := &Client{Journal: j, Policy: &Policy{MaxAttempts: 2, BaseDelay: time.Millisecond, InProgressPatience: 20 * time.Millisecond}}
 			resp, err := c.Do(post(t, srv.URL, chargeBody))
 			if tt.wantErr != nil {
 				assert.ErrorIs(t, err, tt.wantErr)

@@ -6,9 +6,9 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
@@ -57,8 +57,33 @@ type Policy struct {
 	Retention time.Duration
 
 	// HonorShouldRetry makes a Stripe-Should-Retry: true/false response
-	// header override the status rules. [StripePolicy] sets it.
+	// header override the status rules, except for a 409 that says the
+	// key is still in progress, which is always waited out.
+	// [StripePolicy] sets it.
 	HonorShouldRetry bool
+
+	// InProgressPatience bounds how long one call waits out a 409 "still
+	// in progress" (the first request with the same key is running on the
+	// server): retries after such a 409 do not count against MaxAttempts,
+	// and stop with [ErrInProgress] once the next wait would pass this
+	// long after the first 409, or the context's deadline. 0 means 30 s.
+	InProgressPatience time.Duration
+
+	// RedactQuery names query parameters, beyond a built-in list of
+	// well-known credential names (api_key, access_token, token,
+	// signature, X-Amz-Signature, ...), whose values are replaced by
+	// "REDACTED" in errors, events and logs. Names match in any letter
+	// case. A journaled request whose URL carries one is refused
+	// ([ErrInvalidRequest]) rather than written to disk: credentials
+	// belong in [Client.PrepareRequest].
+	RedactQuery []string
+
+	// RetriedDeleteNotFoundOK reports a 404 to a DELETE as 204 No Content
+	// when an earlier attempt of the same call may have run without its
+	// answer reaching the client (a timeout or a reset after sending): that
+	// attempt most likely deleted the resource. [ResponseInfo] says so
+	// either way (UnknownOutcome, and OriginalStatus 404 when rewritten).
+	RetriedDeleteNotFoundOK bool
 
 	// Budget limits retries across all calls through one Client.
 	Budget Budget
@@ -100,18 +125,21 @@ func StripePolicy() *Policy {
 }
 
 // policy is a Policy with every default filled in, resolved once per
-// Client so the request path does no defaulting.
+// Client so the request path does no defaulting. Its slices are copies.
 type policy struct {
-	maxAttempts   int
-	baseDelay     time.Duration
-	maxDelay      time.Duration
-	maxRetryAfter time.Duration
-	keyMethods    []string
-	keyHeader     string
-	quoteKey      bool
-	maxBody       int64
-	retention     time.Duration
-	shouldRetry   bool
+	maxAttempts        int
+	baseDelay          time.Duration
+	maxDelay           time.Duration
+	maxRetryAfter      time.Duration
+	keyMethods         []string
+	keyHeader          string
+	quoteKey           bool
+	maxBody            int64
+	retention          time.Duration
+	shouldRetry        bool
+	inProgressPatience time.Duration
+	redactQuery        []string // lower case, defaults included
+	deleteGoneOK       bool
 }
 
 func (p *Policy) resolve() policy {
@@ -119,16 +147,22 @@ func (p *Policy) resolve() policy {
 		p = &Policy{}
 	}
 	r := policy{
-		maxAttempts:   p.MaxAttempts,
-		baseDelay:     p.BaseDelay,
-		maxDelay:      p.MaxDelay,
-		maxRetryAfter: p.MaxRetryAfter,
-		keyMethods:    p.KeyMethods,
-		keyHeader:     http.CanonicalHeaderKey(p.KeyHeader),
-		quoteKey:      p.QuoteKey,
-		maxBody:       p.MaxBodyBytes,
-		retention:     p.Retention,
-		shouldRetry:   p.HonorShouldRetry,
+		maxAttempts:        p.MaxAttempts,
+		baseDelay:          p.BaseDelay,
+		maxDelay:           p.MaxDelay,
+		maxRetryAfter:      p.MaxRetryAfter,
+		keyMethods:         slices.Clone(p.KeyMethods),
+		keyHeader:          http.CanonicalHeaderKey(p.KeyHeader),
+		quoteKey:           p.QuoteKey,
+		maxBody:            p.MaxBodyBytes,
+		retention:          p.Retention,
+		shouldRetry:        p.HonorShouldRetry,
+		inProgressPatience: p.InProgressPatience,
+		deleteGoneOK:       p.RetriedDeleteNotFoundOK,
+		redactQuery:        secretQueryNames(p.RedactQuery),
+	}
+	if p.KeyMethods != nil && r.keyMethods == nil {
+		r.keyMethods = []string{} // empty but non-nil: no method gets a key
 	}
 	if r.maxAttempts == 0 {
 		r.maxAttempts = 4
@@ -159,6 +193,9 @@ func (p *Policy) resolve() policy {
 	if r.retention <= 0 {
 		r.retention = 24 * time.Hour
 	}
+	if r.inProgressPatience <= 0 {
+		r.inProgressPatience = 30 * time.Second
+	}
 	return r
 }
 
@@ -187,12 +224,12 @@ type RetryReason string
 
 // The reasons a call is retried.
 const (
-	ReasonInProgress     RetryReason = "in_progress"     // 409: the first attempt is still running on the server
+	ReasonInProgress     RetryReason = "in_progress"     // 409: the first request with the key is still running on the server
 	ReasonRateLimited    RetryReason = "rate_limited"    // 429
 	ReasonUnavailable    RetryReason = "unavailable"     // 503
 	ReasonServerError    RetryReason = "server_error"    // 500, 502, 504
 	ReasonShouldRetry    RetryReason = "should_retry"    // Stripe-Should-Retry: true
-	ReasonNotSent        RetryReason = "not_sent"        // the request never left: refused, DNS, TLS handshake
+	ReasonNotSent        RetryReason = "not_sent"        // no request head was written: refused, DNS, TLS handshake
 	ReasonUnknownOutcome RetryReason = "unknown_outcome" // timeout, reset or EOF after sending
 )
 
@@ -202,6 +239,7 @@ type verdict uint8
 const (
 	vReturn      verdict = iota // hand the response (or the untouched error) to the caller
 	vRetry                      // retry, for the given reason
+	vInProgress                 // 409: the first request with the key still runs; wait it out
 	vMismatch                   // the server refused the key: *KeyMismatchError
 	vKeyRequired                // the server wants a key we did not send: ErrKeyRequired
 )
@@ -226,27 +264,34 @@ func Replayed(resp *http.Response) bool {
 
 // classifyStatus applies the wire contract (DESIGN §2) to a response. peek
 // returns the first bytes of the body without consuming it; it is called only
-// for statuses where the body decides (Stripe's 400 idempotency_error, the
-// IETF 400 "key missing").
-func (p *policy) classifyStatus(resp *http.Response, keyed, safe bool, peek func() []byte) (verdict, RetryReason) {
+// for statuses where the body decides (409, 422, and the two 400s: Stripe's
+// idempotency_error and the IETF "key missing"). See signal.go for how an
+// idempotency signal is told from an application's own status.
+func (p *policy) classifyStatus(resp *http.Response, sig signals, peek func() []byte) (verdict, RetryReason) {
 	code := resp.StatusCode
 	if code < 300 {
 		return vReturn, ""
 	}
-	if keyed && code == http.StatusUnprocessableEntity {
-		return vMismatch, ""
-	}
-	if code == http.StatusBadRequest {
-		if keyed && isStripeIdempotencyError(peek()) {
-			return vMismatch, ""
-		}
-		if !keyed && isKeyMissingProblem(peek()) {
-			return vKeyRequired, ""
-		}
-	}
 	if Replayed(resp) {
 		// A stored failure replays forever; resending cannot change it.
 		return vReturn, ""
+	}
+	switch code {
+	case http.StatusConflict:
+		if sig.keyed && inProgress(resp, sig, peek) {
+			return vInProgress, ReasonInProgress
+		}
+	case http.StatusUnprocessableEntity:
+		if sig.keyed && !sig.fresh && bodyEvidence(peek()) == evIdempotency {
+			return vMismatch, ""
+		}
+	case http.StatusBadRequest:
+		if sig.keyed && !sig.fresh && isStripeIdempotencyError(peek()) {
+			return vMismatch, ""
+		}
+		if !sig.keyed && isKeyMissingProblem(peek()) {
+			return vKeyRequired, ""
+		}
 	}
 	if p.shouldRetry {
 		switch resp.Header.Get("Stripe-Should-Retry") {
@@ -257,65 +302,40 @@ func (p *policy) classifyStatus(resp *http.Response, keyed, safe bool, peek func
 		}
 	}
 	switch code {
-	case http.StatusConflict:
-		if keyed {
-			return vRetry, ReasonInProgress
-		}
 	case http.StatusTooManyRequests:
 		// The server refused before doing anything: safe for any method.
 		return vRetry, ReasonRateLimited
 	case http.StatusServiceUnavailable:
-		if safe {
+		if sig.safe {
 			return vRetry, ReasonUnavailable
 		}
 	case http.StatusInternalServerError, http.StatusBadGateway, http.StatusGatewayTimeout:
-		if safe {
+		if sig.safe {
 			return vRetry, ReasonServerError
 		}
 	}
 	return vReturn, ""
 }
 
-// errClass sorts transport errors by what they say about the server side.
+// errClass sorts failed attempts by what they say about the server side.
 type errClass uint8
 
 const (
 	errUnknown   errClass = iota // the request may have reached the server
 	errNotSent                   // the request certainly never left
-	errPermanent                 // retrying cannot help (bad certificate)
+	errPermanent                 // retrying cannot help
 )
 
-// classifyError sorts a transport error with errors.Is/As on typed errors,
-// never by its text. What cannot be classified is outcome-unknown.
-func classifyError(err error) errClass {
+// isCertError reports a certificate the client refused: retrying cannot
+// make it acceptable.
+func isCertError(err error) bool {
 	var (
 		certErr     *tls.CertificateVerificationError
 		unknownAuth x509.UnknownAuthorityError
 		hostErr     x509.HostnameError
 		invalidErr  x509.CertificateInvalidError
 	)
-	if errors.As(err, &certErr) || errors.As(err, &unknownAuth) || errors.As(err, &hostErr) || errors.As(err, &invalidErr) {
-		return errPermanent
-	}
-	var (
-		dnsErr    *net.DNSError
-		opErr     *net.OpError
-		recordErr tls.RecordHeaderError
-		alertErr  tls.AlertError
-	)
-	switch {
-	case errors.As(err, &dnsErr):
-		return errNotSent
-	case errors.As(err, &opErr) && opErr.Op == "dial":
-		// Covers refused, unreachable and dial timeouts: no connection, no request.
-		return errNotSent
-	case errors.Is(err, syscall.ECONNREFUSED):
-		return errNotSent
-	case errors.As(err, &recordErr), errors.As(err, &alertErr):
-		// The TLS handshake failed, so no request bytes were written.
-		return errNotSent
-	}
-	return errUnknown
+	return errors.As(err, &certErr) || errors.As(err, &unknownAuth) || errors.As(err, &hostErr) || errors.As(err, &invalidErr)
 }
 
 // isTimeout reports whether err is a timeout, which costs the retry budget

@@ -3,14 +3,15 @@ package idemhttp
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
 	"math"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -37,36 +38,61 @@ import (
 //     shared client. The engine gets its own http.Client value whose
 //     Transport hides CloseIdleConnections (see idleKeeper).
 
-// peekLen bounds how much of a 400 body is read to recognise an
-// idempotency error.
+// peekLen bounds how much of a 4xx body is read to recognise an
+// idempotency signal.
 const peekLen = 4 << 10
 
 // attempt is the state of one Do call across its attempts. It rides in
-// the outgoing request's context, which is how the engine's hooks (plain
-// functions, so a call allocates no closures) and ResponseInfo find it.
+// the outgoing request's context (callCtx), which is how the engine's hooks
+// (plain functions, so a call allocates no closures for them), the
+// redirect policy and ResponseInfo find it.
 type attempt struct {
-	c   *Client
-	p   *policy
-	req *http.Request // the outgoing request, for logging and events
+	c    *Client
+	cfg  *config
+	p    *policy
+	req  *http.Request // the outgoing request, for logging and events
+	cctx callCtx
 
-	key       string // idempotency key sent, "" if none
-	operation string // operation id, "" if none
-	attempts  int    // attempts made so far
+	key       string    // idempotency key sent, "" if none
+	keyVal    [1]string // the key header's value slice, allocated with the call
+	operation string    // operation id, "" if none
+	attempts  int       // attempts made so far
+	conflicts int       // retries after an in-progress 409; not counted against MaxAttempts
+	since     time.Time // first in-progress 409 of the call
 
-	keyed bool // carries a key: retries are safe whatever the method
-	safe  bool // keyed or an idempotent method
+	keyed   bool // carries a key: retries are safe whatever the method
+	safe    bool // keyed or an idempotent method
+	fresh   bool // the key was minted for this call: the server cannot have seen it before the first attempt
+	resent  bool // net/http resent an attempt by itself, so the key may have been seen
+	unknown bool // an attempt may have reached the server without an answer reaching us
+	started bool // the first attempt began
 
 	lastStatus int
 	lastErr    error
 	retryAfter time.Duration
-	charged    int64 // budget tokens this call withdrew
+	lastCost   int64 // budget tokens the latest retry withdrew
 	waiting    bool  // a retry was decided and its wait has not ended
 	bo         *backoff.ExponentialBackOff
+	origStatus int // the server's status when the policy rewrote it
 
-	// A body with GetBody: the first attempt sends the caller's Body, later
-	// ones a fresh copy from GetBody, so a request that succeeds at once
-	// costs no copies. probing is set while the engine measures the body.
+	// What the connection saw during the current attempt (httptrace):
+	// GetConn calls (the transport reports events and tried to connect)
+	// and WroteHeaders calls (a whole request head was handed to the
+	// connection; more than one means net/http resent it by itself).
+	trace  httptrace.ClientTrace
+	conns  atomic.Int32
+	writes atomic.Int32
+
+	j     Journal // the journal holding entry, nil if none
+	entry *Entry
+
+	// A body with GetBody: the first attempt sends the caller's Body
+	// (hashed as it goes), later ones a fresh copy from GetBody, checked
+	// against the first (body.go). probing is set while the engine
+	// measures the body.
 	firstBody io.ReadCloser
+	first     verifyingBody
+	bodyRef   bodyRef
 	getBody   func() (io.ReadCloser, error)
 	probing   bool
 
@@ -74,16 +100,31 @@ type attempt struct {
 	rreq   retryablehttp.Request
 }
 
-// body is the engine's ReaderFunc for a request with GetBody.
-func (a *attempt) body() (io.Reader, error) {
-	if a.probing {
-		return http.NoBody, nil // Do sets ContentLength from the request
+// callCtx is the outgoing request's context: the caller's, plus the call
+// state, in a value that lives inside the attempt rather than in one more
+// allocation per call.
+type callCtx struct {
+	context.Context
+	a *attempt
+}
+
+// Value returns the call state for callCtxKey and defers to the caller's
+// context for every other key.
+func (c *callCtx) Value(key any) any {
+	if key == any(callCtxKey) {
+		return c.a
 	}
-	if b := a.firstBody; b != nil {
-		a.firstBody = nil
-		return b, nil
-	}
-	return a.getBody()
+	return c.Context.Value(key)
+}
+
+// context returns the outgoing request's context: parent with the call
+// state and the trace that tells whether an attempt reached the wire.
+// httptrace composes it with any trace the caller installed.
+func (a *attempt) context(parent context.Context) context.Context {
+	a.trace.GetConn = func(string) { a.conns.Add(1) }
+	a.trace.WroteHeaders = func() { a.writes.Add(1) }
+	a.cctx = callCtx{Context: httptrace.WithClientTrace(parent, &a.trace), a: a}
+	return &a.cctx
 }
 
 // attemptFrom returns the call state riding in ctx.
@@ -114,6 +155,16 @@ type Info struct {
 	Attempts  int    // attempts made, the first included; see below
 
 	Replayed bool // the server replayed a stored response
+
+	// UnknownOutcome: an earlier attempt may have reached the server and
+	// run, but its answer was lost (a timeout or a reset after the
+	// request was written). A 404 to a retried DELETE then most likely
+	// means the earlier attempt deleted it.
+	UnknownOutcome bool
+
+	// OriginalStatus is the server's status when the policy rewrote it
+	// ([Policy.RetriedDeleteNotFoundOK]); 0 otherwise.
+	OriginalStatus int
 }
 
 // ResponseInfo reports the key, operation, attempt count and replay flag of
@@ -123,7 +174,8 @@ type Info struct {
 // Attempts counts the attempts idemhttp made. Within one attempt,
 // net/http's Transport may itself resend a request that carries an
 // Idempotency-Key header once, when a reused pooled connection turns out
-// to be dead; that resend is safe (same key, same body) and not counted.
+// to be dead; that resend is safe (same key, same body) and not counted,
+// though the client takes it into account when it reads a 409 or 422.
 func ResponseInfo(resp *http.Response) (info Info, ok bool) {
 	if resp == nil || resp.Request == nil {
 		return Info{}, false
@@ -132,13 +184,16 @@ func ResponseInfo(resp *http.Response) (info Info, ok bool) {
 	if a == nil {
 		return Info{}, false
 	}
-	return Info{Key: a.key, Operation: a.operation, Attempts: a.attempts, Replayed: Replayed(resp)}, true
+	return Info{
+		Key: a.key, Operation: a.operation, Attempts: a.attempts, Replayed: Replayed(resp),
+		UnknownOutcome: a.unknown, OriginalStatus: a.origStatus,
+	}, true
 }
 
 // RetryEvent describes a retry about to happen. See [Client.OnRetry].
 type RetryEvent struct {
 	Method    string        // request method
-	URL       string        // request URL, with any password redacted
+	URL       string        // request URL, with its password and secret query values redacted
 	Key       string        // idempotency key, "" if none
 	Operation string        // operation id, "" if none
 	Attempt   int           // number of the attempt about to be made (2 for the first retry)
@@ -153,81 +208,130 @@ type RetryEvent struct {
 func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
 	a.attempts++
 	a.waiting = false
+	conns, writes := a.conns.Swap(0), a.writes.Swap(0)
+	if writes > 1 {
+		a.resent = true
+	}
+	if a.bodyRef.differed() {
+		// The body from GetBody was not the one sent before: it was cut
+		// short (see body.go), and it must not go out under this key.
+		if err == nil {
+			a.lastStatus = resp.StatusCode
+		} else {
+			a.lastStatus, a.lastErr = 0, err
+		}
+		return false, a.giveUp(ErrBodyChanged, nil)
+	}
 	if err != nil {
 		a.lastStatus, a.lastErr = 0, err
+		if resp != nil {
+			// net/http returns a response with an error only when
+			// CheckRedirect refused to follow it: the same request would
+			// get the same redirect. The engine hands err back untouched.
+			return false, nil
+		}
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return false, a.giveUp(ctxErr, nil)
 		}
-		switch classifyError(err) {
+		switch a.wire(err, conns, writes) {
 		case errPermanent:
 			return false, nil // the engine hands err back untouched
 		case errNotSent:
 			return a.retry(ctx, ReasonNotSent, nil, false)
-		default:
-			if !a.safe {
-				// A POST without a key may have run: resending could run it
-				// twice. Hand the error back as net/http would.
-				return false, nil
-			}
-			return a.retry(ctx, ReasonUnknownOutcome, nil, isTimeout(err))
 		}
+		a.unknown = true
+		if !a.safe {
+			// A POST without a key may have run: resending could run it
+			// twice. Hand the error back as net/http would.
+			return false, nil
+		}
+		return a.retry(ctx, ReasonUnknownOutcome, nil, isTimeout(err))
 	}
 
 	a.lastStatus, a.lastErr = resp.StatusCode, nil
-	v, reason := a.p.classifyStatus(resp, a.keyed, a.safe, func() []byte { return peekBody(resp) })
+	sig := signals{keyed: a.keyed, safe: a.safe, fresh: a.fresh && a.attempts == 1 && !a.resent}
+	v, reason := a.p.classifyStatus(resp, sig, func() []byte { return peekBody(resp) })
 	switch v {
 	case vRetry:
 		return a.retry(ctx, reason, resp, false)
+	case vInProgress:
+		return a.retryInProgress(ctx, resp)
 	case vMismatch:
 		return false, &KeyMismatchError{Key: a.key, StatusCode: resp.StatusCode, Body: snippet(resp)}
 	case vKeyRequired:
 		return false, a.giveUp(ErrKeyRequired, resp)
 	}
 	if resp.StatusCode < 300 {
-		if a.charged > 0 {
-			a.c.budget.deposit(a.charged)
-		} else if a.attempts == 1 {
-			a.c.budget.deposit(1)
+		// AWS retry-quota semantics: a success refunds what the retry that
+		// succeeded cost, never the earlier failed retries, and a success
+		// at the first attempt adds one token. Refunding a whole call's
+		// retries would let a brownout (most attempts failing, each call
+		// succeeding at last) keep the bucket full forever.
+		switch {
+		case a.lastCost > 0:
+			a.c.cfg.budget.deposit(a.lastCost)
+		case a.attempts == 1:
+			a.c.cfg.budget.deposit(1)
 		}
 	}
+	if resp.StatusCode == http.StatusNotFound && a.unknown && a.p.deleteGoneOK && a.req.Method == http.MethodDelete {
+		a.rewriteGone(resp)
+	}
 	return false, nil
+}
+
+// wire decides from what the connection saw, not from the error's type,
+// whether a failed attempt can have reached the server. The one exception
+// is a certificate the client refused, which no retry can fix.
+//
+//   - The transport tried to connect (GetConn) and no request head was
+//     written (WroteHeaders): nothing the server could act on left, so any
+//     method may be resent. This covers refused connections, DNS failures
+//     and TLS handshake failures, and it is false for a TLS record error
+//     that arrives after the request was written.
+//   - net/http's own Transport never tried to connect: it refused the
+//     request itself (an invalid header, an unsupported scheme, a proxy
+//     setting), and an identical retry fails identically.
+//   - Anything else, including a Transport that reports no httptrace
+//     events at all, may have reached the server.
+func (a *attempt) wire(err error, conns, writes int32) errClass {
+	if isCertError(err) {
+		return errPermanent
+	}
+	switch {
+	case conns > 0 && writes == 0:
+		return errNotSent
+	case conns == 0 && a.cfg.traceable && !isTimeout(err):
+		return errPermanent
+	}
+	return errUnknown
+}
+
+// rewriteGone reports a 404 to a retried DELETE, whose earlier attempt's
+// outcome was unknown, as the 204 that attempt most likely produced.
+func (a *attempt) rewriteGone(resp *http.Response) {
+	drain(resp.Body)
+	a.origStatus = resp.StatusCode
+	resp.StatusCode, resp.Status = http.StatusNoContent, "204 No Content"
+	resp.Body, resp.ContentLength = http.NoBody, 0
+	resp.Header.Del("Content-Length")
+	resp.Header.Del("Content-Type")
 }
 
 // retry decides whether the retry the policy asked for can happen: attempts
 // left, a Retry-After within bounds, a wait that ends before the deadline,
 // and budget to pay for it.
 func (a *attempt) retry(ctx context.Context, reason RetryReason, resp *http.Response, timeout bool) (bool, error) {
-	a.retryAfter = 0
-	hinted := false
-	if resp != nil {
-		if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
-			a.retryAfter, hinted = d, true
-		}
-	}
-	if a.attempts >= a.p.maxAttempts {
-		sentinel := ErrExhausted
-		if reason == ReasonInProgress {
-			sentinel = ErrInProgress
-		}
-		return false, a.giveUp(sentinel, resp)
+	hinted := a.hint(resp)
+	if a.attempts-a.conflicts >= a.p.maxAttempts {
+		return false, a.giveUp(ErrExhausted, resp)
 	}
 	if hinted && a.retryAfter > a.p.maxRetryAfter {
 		return false, a.giveUp(ErrRetryAfterTooLong, resp)
 	}
 	delay := a.retryAfter
 	if !hinted {
-		if a.bo == nil {
-			a.bo = &backoff.ExponentialBackOff{
-				InitialInterval:     a.p.baseDelay,
-				RandomizationFactor: 0.5,
-				Multiplier:          2,
-				MaxInterval:         a.p.maxDelay,
-				Stop:                backoff.Stop,
-				Clock:               backoff.SystemClock,
-			}
-			a.bo.Reset()
-		}
-		delay = a.bo.NextBackOff()
+		delay = a.backoff()
 	}
 	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= delay {
 		// Sleeping would only end in the context's error: stop now, with
@@ -237,17 +341,78 @@ func (a *attempt) retry(ctx context.Context, reason RetryReason, resp *http.Resp
 		}
 		return false, a.giveUp(context.DeadlineExceeded, resp)
 	}
-	if reason != ReasonInProgress {
-		cost, ok := a.c.budget.withdraw(timeout)
-		if !ok {
-			return false, a.giveUp(ErrBudgetExhausted, resp)
-		}
-		a.charged += cost
+	cost, ok := a.c.cfg.budget.withdraw(timeout)
+	if !ok {
+		return false, a.giveUp(ErrBudgetExhausted, resp)
 	}
+	a.lastCost = cost
+	return a.wait(ctx, reason, resp, delay)
+}
+
+// retryInProgress waits out the first request with the same key, which the
+// server is still running: the wait is bounded by the policy's in-progress
+// patience and the context's deadline, not by MaxAttempts, which a fast
+// 409 would use up in milliseconds, and it costs no budget (a duplicate in
+// flight is not an overload). A Retry-After of 0, or a date in the past,
+// gets BaseDelay as a floor.
+func (a *attempt) retryInProgress(ctx context.Context, resp *http.Response) (bool, error) {
+	now := time.Now()
+	if a.since.IsZero() {
+		a.since = now
+	}
+	delay := a.backoff()
+	if a.hint(resp) {
+		delay = max(a.retryAfter, a.p.baseDelay)
+	}
+	if now.Sub(a.since)+delay > a.p.inProgressPatience {
+		return false, a.giveUp(ErrInProgress, resp)
+	}
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= delay {
+		return false, a.giveUpJoin(ErrInProgress, context.DeadlineExceeded, resp)
+	}
+	a.conflicts++
+	a.lastCost = 0
+	return a.wait(ctx, ReasonInProgress, resp, delay)
+}
+
+// hint reads resp's Retry-After into a.retryAfter and reports whether it
+// had a usable one.
+func (a *attempt) hint(resp *http.Response) bool {
+	a.retryAfter = 0
+	if resp == nil {
+		return false
+	}
+	d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+	if ok {
+		a.retryAfter = d
+	}
+	return ok
+}
+
+// backoff returns the call's next jittered exponential delay.
+func (a *attempt) backoff() time.Duration {
+	if a.bo == nil {
+		a.bo = &backoff.ExponentialBackOff{
+			InitialInterval:     a.p.baseDelay,
+			RandomizationFactor: 0.5,
+			Multiplier:          2,
+			MaxInterval:         a.p.maxDelay,
+			Stop:                backoff.Stop,
+			Clock:               backoff.SystemClock,
+		}
+		a.bo.Reset()
+	}
+	return a.bo.NextBackOff()
+}
+
+// wait hands the delay to the engine, which sleeps on it, and tells the
+// hook and the logger.
+func (a *attempt) wait(ctx context.Context, reason RetryReason, resp *http.Response, delay time.Duration) (bool, error) {
 	if resp != nil {
-		// The engine drains only 4 KiB before closing; a load balancer's
-		// error page is often larger, and the connection is worth keeping.
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
+		// The engine drains only 4 KiB, with no time bound; a load
+		// balancer's error page is often larger, and the connection is
+		// worth keeping, but never worth waiting for.
+		drainWithin(resp.Body)
 	}
 	a.engine.RetryWaitMin = delay
 	a.waiting = true
@@ -265,7 +430,7 @@ func (a *attempt) giveUp(reason error, resp *http.Response) *GiveUpError {
 func (a *attempt) giveUpJoin(reason, also error, resp *http.Response) *GiveUpError {
 	e := &GiveUpError{
 		Method:     a.req.Method,
-		URL:        a.req.URL.Redacted(),
+		URL:        redactURL(a.req.URL, a.p.redactQuery),
 		Key:        a.key,
 		Attempts:   a.attempts,
 		LastStatus: a.lastStatus,
@@ -311,12 +476,13 @@ func (a *attempt) finish(resp *http.Response, err error) (*http.Response, error)
 
 // notifyRetry tells the hook and the logger about a retry.
 func (c *Client) notifyRetry(ctx context.Context, a *attempt, reason RetryReason) {
-	if c.OnRetry == nil && c.Logger == nil {
+	onRetry, logger := c.cfg.onRetry, c.cfg.logger
+	if onRetry == nil && logger == nil {
 		return
 	}
 	ev := RetryEvent{
 		Method:    a.req.Method,
-		URL:       a.req.URL.Redacted(),
+		URL:       redactURL(a.req.URL, a.p.redactQuery),
 		Key:       a.key,
 		Operation: a.operation,
 		Attempt:   a.attempts + 1,
@@ -325,10 +491,10 @@ func (c *Client) notifyRetry(ctx context.Context, a *attempt, reason RetryReason
 		Status:    a.lastStatus,
 		Err:       a.lastErr,
 	}
-	if c.OnRetry != nil {
-		c.OnRetry(ev)
+	if onRetry != nil {
+		onRetry(ev)
 	}
-	if c.Logger != nil {
+	if logger != nil {
 		attrs := []slog.Attr{
 			slog.String("method", ev.Method),
 			slog.String("url", ev.URL),
@@ -345,7 +511,7 @@ func (c *Client) notifyRetry(ctx context.Context, a *attempt, reason RetryReason
 		if ev.Err != nil {
 			attrs = append(attrs, slog.String("error", ev.Err.Error()))
 		}
-		c.Logger.LogAttrs(ctx, slog.LevelInfo, "idemhttp: retrying", attrs...)
+		logger.LogAttrs(ctx, slog.LevelInfo, "idemhttp: retrying", attrs...)
 	}
 }
 
@@ -429,42 +595,33 @@ func snippet(resp *http.Response) []byte {
 	return b
 }
 
-// drainLimit bounds how much of a discarded body is read so its connection
-// can be reused; a larger rest is cheaper to abandon with the connection.
-const drainLimit = 64 << 10
+// drainLimit and drainTimeout bound how much of a discarded body is read,
+// and for how long, so its connection can be reused; a larger rest, or a
+// body that stalls, is cheaper to abandon with the connection than to wait
+// for: a stall costs the connection, never the retry.
+const (
+	drainLimit   = 64 << 10
+	drainTimeout = 100 * time.Millisecond
+)
 
-// drain reads what is left of a discarded body, boundedly, and closes it.
+// drain reads what is left of a discarded body, boundedly in bytes and
+// time, and closes it.
 func drain(body io.ReadCloser) {
 	if body == nil {
 		return
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(body, drainLimit))
+	drainWithin(body)
 	_ = body.Close()
 }
 
-// isStripeIdempotencyError recognises Stripe's refusal of a reused key:
-// 400 with {"error": {"type": "idempotency_error"}}.
-func isStripeIdempotencyError(b []byte) bool {
-	if !bytes.Contains(b, []byte("idempotency_error")) {
-		return false
+// drainWithin reads what is left of a discarded body, at most drainLimit
+// bytes for at most drainTimeout. A body still unread then is closed,
+// which aborts its connection and ends the read.
+func drainWithin(body io.ReadCloser) {
+	if body == nil || body == http.NoBody {
+		return
 	}
-	var v struct {
-		Error struct {
-			Type string `json:"type"`
-		} `json:"error"`
-	}
-	return json.Unmarshal(b, &v) == nil && v.Error.Type == "idempotency_error"
-}
-
-// isKeyMissingProblem recognises the IETF draft's 400 for a missing key: a
-// problem document whose type or title names the idempotency key.
-func isKeyMissingProblem(b []byte) bool {
-	var v struct {
-		Type  string `json:"type"`
-		Title string `json:"title"`
-	}
-	if json.Unmarshal(b, &v) != nil {
-		return false
-	}
-	return strings.Contains(strings.ToLower(v.Type+" "+v.Title), "idempotency")
+	t := time.AfterFunc(drainTimeout, func() { _ = body.Close() })
+	_, _ = io.Copy(io.Discard, io.LimitReader(body, drainLimit))
+	t.Stop()
 }

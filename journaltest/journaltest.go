@@ -50,6 +50,7 @@ func Run(t *testing.T, open func(t *testing.T) idemhttp.Journal) {
 		{"GetReturnsCopy", testGetReturnsCopy},
 		{"PendingOldestFirst", testPendingOldestFirst},
 		{"Prune", testPrune},
+		{"Delete", testDelete},
 		{"HeadersRoundTrip", testHeadersRoundTrip},
 		{"SecretsNeverStored", testSecretsNeverStored},
 		{"EmptyBodyIsNotNoBody", testEmptyBodyIsNotNoBody},
@@ -332,6 +333,30 @@ func testPrune(t *testing.T, j idemhttp.Journal) {
 	n, err = j.Prune(ctx, cutoff)
 	require.NoError(t, err)
 	assert.Zero(t, n, "a second prune finds nothing")
+}
+
+// testDelete: Delete removes an entry and its operation in any state, so
+// the operation can begin afresh, and reports an unknown key.
+func testDelete(t *testing.T, j idemhttp.Journal) {
+	ctx := context.Background()
+	begin(t, j, entry("k-pending", "op-pending", at(1)))
+	begin(t, j, entry("k-done", "op-done", at(2)))
+	require.NoError(t, j.Finish(ctx, "k-done", idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1, At: at(3)}))
+
+	for _, k := range []string{"k-pending", "k-done"} {
+		require.NoError(t, j.Delete(ctx, k), k)
+		_, err := j.Get(ctx, k)
+		assert.ErrorIs(t, err, idemhttp.ErrNotFound, k)
+	}
+	pending, err := j.Pending(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, pending)
+	assert.ErrorIs(t, j.Delete(ctx, "k-pending"), idemhttp.ErrNotFound, "deleted twice")
+	assert.ErrorIs(t, j.Delete(ctx, "never"), idemhttp.ErrNotFound)
+
+	existing, err := j.Begin(ctx, entry("k-again", "op-pending", at(4)))
+	require.NoError(t, err)
+	assert.Nil(t, existing, "a deleted operation begins afresh")
 }
 
 func testHeadersRoundTrip(t *testing.T, j idemhttp.Journal) {

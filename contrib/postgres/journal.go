@@ -519,3 +519,20 @@ func (j *Journal) Prune(ctx context.Context, cutoff time.Time) (int, error) {
 	}
 	return int(tag.RowsAffected()), nil
 }
+
+// Delete implements [idemhttp.Journal.Delete]: it removes key's entry,
+// whatever its state, or returns an error wrapping [idemhttp.ErrNotFound].
+func (j *Journal) Delete(ctx context.Context, key string) error {
+	var tag pgconn.CommandTag
+	err := retry(ctx, func() (err error) {
+		tag, err = j.db.Exec(ctx, `DELETE FROM idemhttp_journal WHERE key = $1`, key)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("idemhttp/postgres: journal delete %s: %w", key, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("idemhttp/postgres: journal delete %s: %w", key, idemhttp.ErrNotFound)
+	}
+	return nil
+}

@@ -1,0 +1,173 @@
+package idemhttp
+
+import (
+	"hash/maphash"
+	"io"
+	"net/http"
+	"sync"
+)
+
+// This file makes "byte-identical on every attempt" a checked fact for
+// bodies that come from the caller's GetBody. A buffered body is identical
+// by construction; a GetBody is the caller's code and may return other
+// bytes on a retry (a reader over a buffer that was reused, a file that
+// changed). The first body read to its end sets the reference (its length
+// and a seeded maphash of its bytes); every later one is compared with it
+// and holds back its last byte until the comparison passed, so a body that
+// differs is never completely sent: the server sees a truncated request,
+// which it cannot act on, and the call stops with ErrBodyChanged.
+//
+// maphash rather than SHA-256: the threat is a buggy GetBody, not an
+// adversary, and the seed is random per process, so a collision cannot be
+// crafted; it hashes at memory speed and allocates nothing, which matters
+// because the first attempt of every call with a GetBody pays for it.
+
+// bodySeed seeds every body hash of this process.
+var bodySeed = maphash.MakeSeed()
+
+// bodyRef is the reference a call's bodies are compared with. Bodies are
+// read by net/http's write loop, which may still run after RoundTrip
+// returned, so it is guarded by a mutex.
+type bodyRef struct {
+	mu      sync.Mutex
+	set     bool
+	n       int64
+	sum     uint64
+	changed bool // a body differed from the reference
+}
+
+// done records a body read to its end and reports whether it matches the
+// reference (the first such body is the reference).
+func (r *bodyRef) done(n int64, sum uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.set {
+		r.set, r.n, r.sum = true, n, sum
+		return true
+	}
+	if r.n == n && r.sum == sum {
+		return true
+	}
+	r.changed = true
+	return false
+}
+
+func (r *bodyRef) known() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.set
+}
+
+func (r *bodyRef) differed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.changed
+}
+
+// verifyingBody hashes a request body as it is read. With check set it
+// holds back the last byte until the whole body was compared with the
+// reference.
+type verifyingBody struct {
+	src   io.ReadCloser
+	ref   *bodyRef
+	check bool
+
+	h       maphash.Hash
+	n       int64
+	held    byte
+	hasHeld bool
+	eof     bool
+	err     error
+}
+
+func (v *verifyingBody) reset(src io.ReadCloser, ref *bodyRef, check bool) {
+	*v = verifyingBody{src: src, ref: ref, check: check}
+	v.h.SetSeed(bodySeed)
+}
+
+func (v *verifyingBody) Read(p []byte) (int, error) {
+	if v.err != nil {
+		return 0, v.err
+	}
+	if !v.check {
+		n, err := v.src.Read(p)
+		v.h.Write(p[:n])
+		v.n += int64(n)
+		if err == io.EOF {
+			v.ref.done(v.n, v.h.Sum64())
+		}
+		return n, err
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	for {
+		if v.eof {
+			// Verified: release the held byte, then EOF.
+			if v.hasHeld {
+				p[0], v.hasHeld = v.held, false
+				return 1, io.EOF
+			}
+			return 0, io.EOF
+		}
+		n, err := v.src.Read(p)
+		v.h.Write(p[:n])
+		v.n += int64(n)
+		out := 0
+		if n > 0 {
+			last := p[n-1]
+			if v.hasHeld {
+				copy(p[1:n], p[:n-1])
+				p[0] = v.held
+				out = n
+			} else {
+				out = n - 1
+			}
+			v.held, v.hasHeld = last, true
+		}
+		switch {
+		case err == io.EOF:
+			if !v.ref.done(v.n, v.h.Sum64()) {
+				v.err = ErrBodyChanged
+				return 0, v.err
+			}
+			v.eof = true
+			if out > 0 {
+				return out, nil
+			}
+		case err != nil:
+			v.err = err
+			return out, err
+		case out > 0:
+			return out, nil
+		case n == 0:
+			return 0, nil
+		}
+	}
+}
+
+func (v *verifyingBody) Close() error { return v.src.Close() }
+
+// body is the engine's ReaderFunc for a request with GetBody: the first
+// attempt sends the caller's Body, later ones (and net/http's own rewinds
+// for redirects and dead pooled connections, through the engine's GetBody)
+// a fresh copy from GetBody, checked against the first.
+func (a *attempt) body() (io.Reader, error) {
+	if a.probing {
+		return http.NoBody, nil // Do sets ContentLength from the request
+	}
+	if b := a.firstBody; b != nil {
+		a.firstBody = nil
+		return b, nil
+	}
+	rc, err := a.getBody()
+	if err != nil {
+		return nil, a.giveUpJoin(ErrNotReplayable, err, nil)
+	}
+	if rc == nil || rc == http.NoBody {
+		rc = http.NoBody
+	}
+	v := &verifyingBody{}
+	v.reset(rc, &a.bodyRef, a.bodyRef.known())
+	return v, nil
+}

@@ -1,0 +1,87 @@
+package idemhttp
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+)
+
+// This file finds the key header in any letter case. net/http canonicalises
+// names set through Header.Set, but a map write (req.Header["idempotency-key"])
+// or headers copied from configuration keep their spelling, and HTTP/2
+// lower-cases every name on the wire: two spellings in one map would go out
+// as two key values, and a key written in lower case would be missed and a
+// second one minted beside it.
+
+// callerKey returns the key the caller chose, from the key header (in any
+// letter case) or from WithKey, or "" if none; explicit reports that it
+// came from WithKey. Two different keys on one request are refused before
+// anything is sent.
+func callerKey(ctx context.Context, h http.Header, name string) (key string, explicit bool, err error) {
+	for k, vv := range h {
+		if len(k) != len(name) || (k != name && !strings.EqualFold(k, name)) {
+			continue
+		}
+		for _, v := range vv {
+			kv, err := ParseKeyHeader(v)
+			if err != nil {
+				return "", false, err
+			}
+			if key != "" && kv != key {
+				return "", false, fmt.Errorf("idemhttp: %w: the request carries two %s values, %q and %q", ErrKeyConflict, name, key, kv)
+			}
+			key = kv
+		}
+	}
+	if k, ok := keyFromContext(ctx); ok {
+		if err := ValidateKey(k); err != nil {
+			return "", false, err
+		}
+		if key != "" && key != k {
+			return "", false, fmt.Errorf("idemhttp: %w: header has %q, WithKey has %q", ErrKeyConflict, key, k)
+		}
+		return k, true, nil
+	}
+	return key, false, nil
+}
+
+// cloneWithoutFold returns a copy of h without the headers named name in
+// any letter case, with room for one more entry. With deep it copies the
+// value slices too (for PrepareRequest, which may change them in place);
+// otherwise it shares them, since nothing downstream mutates them and
+// copying would cost an allocation per header on every request. A nil h
+// gives an empty, non-nil Header.
+func cloneWithoutFold(h http.Header, name string, deep bool) http.Header {
+	out := make(http.Header, len(h)+1)
+	for k, vv := range h {
+		if len(k) == len(name) && (k == name || strings.EqualFold(k, name)) {
+			continue
+		}
+		if deep && vv != nil {
+			vv = append([]string(nil), vv...)
+		}
+		out[k] = vv
+	}
+	return out
+}
+
+// deleteFold removes the headers named name in any letter case.
+func deleteFold(h http.Header, name string) {
+	for k := range h {
+		if len(k) == len(name) && strings.EqualFold(k, name) {
+			delete(h, k)
+		}
+	}
+}
+
+// hasHeaderFold reports whether h has a non-empty header named name in any
+// letter case.
+func hasHeaderFold(h http.Header, name string) bool {
+	for k, vv := range h {
+		if len(vv) > 0 && len(k) == len(name) && strings.EqualFold(k, name) {
+			return true
+		}
+	}
+	return false
+}

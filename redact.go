@@ -1,0 +1,90 @@
+package idemhttp
+
+import (
+	"net/url"
+	"strings"
+)
+
+// defaultSecretQuery are query parameter names that carry credentials in
+// common APIs (OAuth, API keys, signed URLs of S3 and GCS). Their values
+// never appear in an error, an event or a log line, and a journal refuses
+// a URL that carries one.
+var defaultSecretQuery = [...]string{
+	"access_token", "api_key", "apikey", "api-key", "auth", "authorization",
+	"client_secret", "code", "id_token", "password", "passwd", "refresh_token",
+	"secret", "session", "sig", "signature", "token",
+	"x-amz-credential", "x-amz-security-token", "x-amz-signature",
+	"x-goog-credential", "x-goog-signature",
+}
+
+// secretQueryNames returns the default names and extra, in lower case.
+func secretQueryNames(extra []string) []string {
+	out := make([]string, 0, len(defaultSecretQuery)+len(extra))
+	out = append(out, defaultSecretQuery[:]...)
+	for _, n := range extra {
+		out = append(out, strings.ToLower(n))
+	}
+	return out
+}
+
+func isSecretQueryName(name string, names []string) bool {
+	for _, n := range names {
+		if strings.EqualFold(name, n) {
+			return true
+		}
+	}
+	return false
+}
+
+// secretQueryParam returns the first query parameter of u whose name is a
+// secret one.
+func secretQueryParam(u *url.URL, names []string) (string, bool) {
+	q := u.RawQuery
+	for q != "" {
+		var part string
+		part, q, _ = strings.Cut(q, "&")
+		name, _, _ := strings.Cut(part, "=")
+		if n, err := url.QueryUnescape(name); err == nil {
+			name = n
+		}
+		if isSecretQueryName(name, names) {
+			return name, true
+		}
+	}
+	return "", false
+}
+
+// redactURL renders u with its password and the values of its secret query
+// parameters replaced, keeping the order and the spelling of everything
+// else, so the line still shows which request it was.
+func redactURL(u *url.URL, names []string) string {
+	if u == nil {
+		return ""
+	}
+	if _, ok := secretQueryParam(u, names); !ok {
+		return u.Redacted()
+	}
+	c := *u
+	var b strings.Builder
+	q := u.RawQuery
+	for q != "" {
+		var part string
+		part, q, _ = strings.Cut(q, "&")
+		if b.Len() > 0 {
+			b.WriteByte('&')
+		}
+		name, _, hasValue := strings.Cut(part, "=")
+		n := name
+		if un, err := url.QueryUnescape(name); err == nil {
+			n = un
+		}
+		if hasValue && isSecretQueryName(n, names) {
+			b.WriteString(name)
+			b.WriteString("=REDACTED")
+			continue
+		}
+		b.WriteString(part)
+	}
+	c.RawQuery = b.String()
+	return c.Redacted()
+}
