@@ -1,9 +1,12 @@
 package idemhttp
 
 import (
+	"bytes"
 	"hash/maphash"
 	"io"
 	"net/http"
+	"reflect"
+	"strings"
 	"sync"
 )
 
@@ -21,6 +24,14 @@ import (
 // adversary, and the seed is random per process, so a collision cannot be
 // crafted; it hashes at memory speed and allocates nothing, which matters
 // because the first attempt of every call with a GetBody pays for it.
+
+// The first attempt of a body that http.NewRequest made replayable (a
+// bytes.Reader, strings.Reader or bytes.Buffer, wrapped in io.NopCloser) is
+// hashed in place, without reading it, and sent as it is: net/http writes
+// such a body together with the request head, in one write, while any
+// other reader makes it flush the head first and copy the body through a
+// 32 KiB buffer. Only a body of another type is wrapped to be hashed as it
+// is read.
 
 // bodySeed seeds every body hash of this process.
 var bodySeed = maphash.MakeSeed()
@@ -147,6 +158,59 @@ func (v *verifyingBody) Read(p []byte) (int, error) {
 }
 
 func (v *verifyingBody) Close() error { return v.src.Close() }
+
+// nopCloserTypes are the types io.NopCloser returns, which net/http looks
+// through in the same way to find an in-memory body.
+var nopCloserTypes = [...]reflect.Type{
+	reflect.TypeOf(io.NopCloser(nil)),
+	reflect.TypeOf(io.NopCloser(bytes.NewReader(nil))),
+}
+
+// inMemory returns the in-memory reader under body (itself, or inside
+// io.NopCloser), or nil if body is of any other kind.
+func inMemory(body io.Reader) io.Reader {
+	r := body
+	if t := reflect.TypeOf(body); t == nopCloserTypes[0] || t == nopCloserTypes[1] {
+		r, _ = reflect.ValueOf(body).Field(0).Interface().(io.Reader)
+	}
+	switch r.(type) {
+	case *bytes.Reader, *strings.Reader, *bytes.Buffer:
+		return r
+	}
+	return nil
+}
+
+// hashInMemory hashes the unread bytes of an in-memory reader without
+// reading them, and returns their length and hash.
+func hashInMemory(r io.Reader) (int64, uint64) {
+	var h maphash.Hash
+	h.SetSeed(bodySeed)
+	var buf [512]byte
+	hashAt := func(ra io.ReaderAt, off, size int64) int64 {
+		n := int64(0)
+		for off < size {
+			k, _ := ra.ReadAt(buf[:], off)
+			if k == 0 {
+				break
+			}
+			h.Write(buf[:k])
+			off += int64(k)
+			n += int64(k)
+		}
+		return n
+	}
+	var n int64
+	switch r := r.(type) {
+	case *bytes.Buffer:
+		h.Write(r.Bytes())
+		n = int64(r.Len())
+	case *bytes.Reader:
+		n = hashAt(r, r.Size()-int64(r.Len()), r.Size())
+	case *strings.Reader:
+		n = hashAt(r, r.Size()-int64(r.Len()), r.Size())
+	}
+	return n, h.Sum64()
+}
 
 // body is the engine's ReaderFunc for a request with GetBody: the first
 // attempt sends the caller's Body, later ones (and net/http's own rewinds

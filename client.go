@@ -328,8 +328,14 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	case body != nil:
 		err = rreq.SetBody(body)
 	case getBody != nil:
-		a.first.reset(req.Body, &a.bodyRef, false)
-		a.firstBody, a.getBody = &a.first, getBody
+		if inMemory(req.Body) != nil {
+			a.bodyRef.done(hashInMemory(inMemory(req.Body)))
+			a.firstBody = req.Body
+		} else {
+			a.first.reset(req.Body, &a.bodyRef, false)
+			a.firstBody = &a.first
+		}
+		a.getBody = getBody
 		a.probing = true // SetBody reads the body once to measure it
 		err = rreq.SetBody(retryablehttp.ReaderFunc(a.body))
 		a.probing = false

@@ -134,7 +134,7 @@ func (m *memJournal) Begin(_ context.Context, e *Entry) (*Entry, error) {
 	}
 	m.inserts++
 	if m.inserts%memPruneEvery == 0 {
-		m.pruneLocked(e.Created.Add(-m.retention))
+		m.forgetLocked(e.Created.Add(-m.retention))
 	}
 	m.byKey[e.Key] = cloneEntry(e)
 	if e.Operation != "" {
@@ -196,6 +196,22 @@ func (m *memJournal) Prune(_ context.Context, cutoff time.Time) (int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.pruneLocked(cutoff), nil
+}
+
+// forgetLocked drops every entry created before cutoff, pending ones
+// included: the server has forgotten their keys too, and a long-lived
+// Client must not grow without bound. (Prune, the Journal method, keeps
+// pending entries, as its contract says; this is the memory journal's own
+// housekeeping.)
+func (m *memJournal) forgetLocked(cutoff time.Time) {
+	for k, e := range m.byKey {
+		if e.Created.Before(cutoff) {
+			delete(m.byKey, k)
+			if e.Operation != "" && m.byOp[e.Operation] == k {
+				delete(m.byOp, e.Operation)
+			}
+		}
+	}
 }
 
 func (m *memJournal) pruneLocked(cutoff time.Time) int {

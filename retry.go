@@ -59,6 +59,9 @@ type attempt struct {
 	attempts  int       // attempts made so far
 	conflicts int       // retries after an in-progress 409; not counted against MaxAttempts
 	since     time.Time // first in-progress 409 of the call
+	// waitingOut: the latest retry waits out a 409 in progress, so a
+	// context that ends now ends an in-progress wait.
+	waitingOut bool
 
 	keyed   bool // carries a key: retries are safe whatever the method
 	safe    bool // keyed or an idempotent method
@@ -231,7 +234,7 @@ func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error
 			return false, nil
 		}
 		if ctxErr := ctx.Err(); ctxErr != nil {
-			return false, a.giveUp(ctxErr, nil)
+			return false, a.stopped(ctxErr)
 		}
 		switch a.wire(err, conns, writes) {
 		case errPermanent:
@@ -250,7 +253,15 @@ func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error
 
 	a.lastStatus, a.lastErr = resp.StatusCode, nil
 	sig := signals{keyed: a.keyed, safe: a.safe, fresh: a.fresh && a.attempts == 1 && !a.resent}
-	v, reason := a.p.classifyStatus(resp, sig, func() []byte { return peekBody(resp) })
+	var peeked []byte
+	didPeek := false
+	peek := func() []byte {
+		if !didPeek {
+			peeked, didPeek = peekBody(resp), true
+		}
+		return peeked
+	}
+	v, reason := a.p.classifyStatus(resp, sig, peek)
 	switch v {
 	case vRetry:
 		return a.retry(ctx, reason, resp, false)
@@ -346,6 +357,7 @@ func (a *attempt) retry(ctx context.Context, reason RetryReason, resp *http.Resp
 		return false, a.giveUp(ErrBudgetExhausted, resp)
 	}
 	a.lastCost = cost
+	a.waitingOut = false
 	return a.wait(ctx, reason, resp, delay)
 }
 
@@ -372,6 +384,7 @@ func (a *attempt) retryInProgress(ctx context.Context, resp *http.Response) (boo
 	}
 	a.conflicts++
 	a.lastCost = 0
+	a.waitingOut = true
 	return a.wait(ctx, ReasonInProgress, resp, delay)
 }
 
@@ -418,6 +431,16 @@ func (a *attempt) wait(ctx context.Context, reason RetryReason, resp *http.Respo
 	a.waiting = true
 	a.c.notifyRetry(ctx, a, reason)
 	return true, nil
+}
+
+// stopped builds the final error of a call whose context ended. A call
+// that was waiting out a 409 in progress stops with ErrInProgress, joined
+// to the context's error, whichever of the two noticed first.
+func (a *attempt) stopped(ctxErr error) *GiveUpError {
+	if a.waitingOut {
+		return a.giveUpJoin(ErrInProgress, ctxErr, nil)
+	}
+	return a.giveUp(ctxErr, nil)
 }
 
 // giveUp builds the final error of a call that stops retrying.
@@ -469,7 +492,7 @@ func (a *attempt) finish(resp *http.Response, err error) (*http.Response, error)
 		drain(resp.Body)
 	}
 	if a.waiting && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
-		return nil, a.giveUp(err, nil)
+		return nil, a.stopped(err)
 	}
 	return nil, err
 }
@@ -588,7 +611,11 @@ func snippet(resp *http.Response) []byte {
 	if resp.Body == nil {
 		return nil
 	}
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, snippetLen))
+	// The body is about to be discarded: a stall must not hold the call.
+	body := resp.Body
+	t := time.AfterFunc(drainTimeout, func() { _ = body.Close() })
+	b, _ := io.ReadAll(io.LimitReader(body, snippetLen))
+	t.Stop()
 	if len(b) == 0 {
 		return nil
 	}

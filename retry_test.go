@@ -1,8 +1,26 @@
 package idemhttp
 
 import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func FuzzParseRetryAfter(f *testing.F) {
@@ -20,4 +38,659 @@ func FuzzParseRetryAfter(f *testing.F) {
 			t.Fatalf("parseRetryAfter(%q) = %v: a negative wait", v, d)
 		}
 	})
+}
+
+// Issue 11, item 1: a key written into the header map in lower case is the
+// key, not a reason to mint a second one beside it, and every attempt
+// carries exactly one key value, over HTTP/1.1 and HTTP/2.
+func TestKeyHeaderInAnyCase(t *testing.T) {
+	for _, proto := range []string{"HTTP/1.1", "HTTP/2.0"} {
+		t.Run(proto, func(t *testing.T) {
+			var (
+				mu   sync.Mutex
+				seen [][]string
+				prot []string
+			)
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				mu.Lock()
+				seen = append(seen, r.Header.Values("Idempotency-Key"))
+				prot = append(prot, r.Proto)
+				n := len(seen)
+				mu.Unlock()
+				if n == 1 {
+					w.WriteHeader(http.StatusServiceUnavailable)
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+			}))
+			srv.EnableHTTP2 = proto == "HTTP/2.0"
+			srv.StartTLS()
+			defer srv.Close()
+
+			c := &Client{Policy: fast(), HTTPClient: srv.Client()}
+			req := post(t, srv.URL, chargeBody)
+			req.Header["idempotency-key"] = []string{"order-42"}
+			resp, err := c.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+
+			mu.Lock()
+			defer mu.Unlock()
+			require.Len(t, seen, 2)
+			for i := range seen {
+				assert.Equal(t, []string{"order-42"}, seen[i], "attempt %d", i+1)
+				assert.Equal(t, proto, prot[i])
+			}
+			assert.Equal(t, []string{"order-42"}, req.Header["idempotency-key"], "the caller's header is untouched")
+		})
+	}
+}
+
+// Issue 11, item 1: two different key values on one request, in whatever
+// spelling, are refused before anything is sent.
+func TestTwoKeyValuesAreRefused(t *testing.T) {
+	srv := newScripted(t, reply(200, ""))
+	tests := []struct {
+		name string
+		give http.Header
+	}{
+		{"two spellings", http.Header{"Idempotency-Key": {"a"}, "idempotency-key": {"b"}}},
+		{"two values", http.Header{"Idempotency-Key": {"a", "b"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req := post(t, srv.URL, chargeBody)
+			req.Header = tt.give
+			var c Client
+			_, err := c.Do(req)
+			assert.ErrorIs(t, err, ErrKeyConflict)
+		})
+	}
+	assert.Empty(t, srv.Hits())
+
+	// One value in two spellings is one key.
+	req := post(t, srv.URL, chargeBody)
+	req.Header = http.Header{"Idempotency-Key": {"a"}, "IDEMPOTENCY-KEY": {"a"}}
+	var c Client
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Len(t, srv.Hits(), 1)
+	assert.Equal(t, []string{"a"}, srv.Hits()[0].Header.Values("Idempotency-Key"))
+}
+
+// Issue 11, item 1: the journal strips the key header and credentials in
+// any letter case.
+func TestJournalHeadersStrippedInAnyCase(t *testing.T) {
+	srv := newScripted(t, reply(200, "{}"))
+	j := newRecJournal()
+	c := &Client{Journal: j, SecretHeaders: []string{"X-Api-Key"}}
+	req := post(t, srv.URL, chargeBody)
+	req.Header["authorization"] = []string{"Bearer sk_live_1"}
+	req.Header["cookie"] = []string{"session=1"}
+	req.Header["x-api-key"] = []string{"k"}
+	req.Header["idempotency-key"] = []string{"op-7"}
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	e, err := j.Get(context.Background(), "op-7")
+	require.NoError(t, err)
+	assert.Equal(t, http.Header{"Content-Type": {"application/json"}}, e.Header)
+}
+
+// flakyListener closes the first n connections it accepts before the TLS
+// handshake, so the client's handshake fails with nothing written.
+type flakyListener struct {
+	net.Listener
+	n atomic.Int32
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil || l.n.Add(-1) < 0 {
+			return c, err
+		}
+		_ = c.Close()
+	}
+}
+
+// Issue 11, item 2: a failed TLS handshake wrote nothing, so even a POST
+// without a key is resent.
+func TestHandshakeFailureIsResentForAnyMethod(t *testing.T) {
+	var hits atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	fl := &flakyListener{Listener: srv.Listener}
+	fl.n.Store(1)
+	srv.Listener = fl
+	srv.StartTLS()
+	defer srv.Close()
+
+	var reasons []RetryReason
+	c := &Client{
+		Policy:     &Policy{KeyMethods: []string{}, BaseDelay: time.Millisecond},
+		HTTPClient: srv.Client(),
+		OnRetry:    func(ev RetryEvent) { reasons = append(reasons, ev.Reason) },
+	}
+	resp, err := c.Do(post(t, srv.URL, chargeBody))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, int32(1), hits.Load())
+	assert.Equal(t, []RetryReason{ReasonNotSent}, reasons)
+}
+
+// Issue 11, item 2: a TLS record error that arrives after the server read
+// and ran an unkeyed POST must not resend it. The old rule classified
+// tls.RecordHeaderError as "never sent" by its type and ran the POST twice;
+// this test fails with it (checked by restoring the type-based rule).
+func TestRecordErrorAfterWriteIsNotResent(t *testing.T) {
+	cert := httptest.NewTLSServer(http.NotFoundHandler())
+	tlsConf := cert.TLS.Clone()
+	client := cert.Client()
+	cert.Close()
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	var ran atomic.Int32
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			raw, err := l.Accept()
+			if err != nil {
+				return
+			}
+			tc := tls.Server(raw, tlsConf)
+			if _, err := http.ReadRequest(bufio.NewReader(tc)); err == nil {
+				ran.Add(1) // the effect happened
+			}
+			// Garbage that is no TLS record: the client's TLS layer fails
+			// with a RecordHeaderError, after its request was written.
+			_, _ = raw.Write([]byte("\x17\x09\x09\x00\x05junk!"))
+			_ = raw.Close()
+		}
+	}()
+
+	c := &Client{Policy: &Policy{KeyMethods: []string{}, BaseDelay: time.Millisecond}, HTTPClient: client}
+	_, err = c.Do(post(t, "https://"+l.Addr().String(), chargeBody))
+	require.Error(t, err)
+	var rec tls.RecordHeaderError
+	assert.ErrorAs(t, err, &rec)
+	assert.Equal(t, int32(1), ran.Load(), "an unkeyed POST whose outcome is unknown runs once")
+	client.CloseIdleConnections()
+	l.Close()
+	<-done
+}
+
+// Issue 11, item 3: a call that fails before its first byte (a
+// PrepareRequest error or panic) leaves no entry for Resume to send.
+func TestFailureBeforeFirstByteLeavesNothingToResume(t *testing.T) {
+	tests := []struct {
+		name    string
+		prepare func(*http.Request) error
+	}{
+		{"prepare error", func(*http.Request) error { return errors.New("no credentials") }},
+		{"prepare panic", func(*http.Request) error { panic("hook bug") }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newScripted(t, reply(200, "{}"))
+			j := newRecJournal()
+			c := &Client{Journal: j, PrepareRequest: tt.prepare}
+			func() {
+				defer func() { _ = recover() }()
+				_, err := c.Do(post(t, srv.URL, chargeBody).WithContext(WithOperation(context.Background(), "op-1")))
+				assert.Error(t, err)
+			}()
+			pending, err := j.Pending(context.Background())
+			require.NoError(t, err)
+			assert.Empty(t, pending)
+
+			c2 := &Client{Journal: j}
+			results, err := c2.Resume(context.Background())
+			require.NoError(t, err)
+			assert.Empty(t, results)
+			assert.Empty(t, srv.Hits(), "nothing was ever sent")
+		})
+	}
+}
+
+// Issue 11, item 5, the common payments case: the call's own attempt times
+// out while the server still runs it, the retry meets 409, and the call
+// waits it out instead of spending MaxAttempts in milliseconds.
+func TestTimedOutAttemptThenInProgress(t *testing.T) {
+	release := make(chan struct{})
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		switch n.Add(1) {
+		case 1:
+			<-release // the first attempt is slow; its client gives up
+			return
+		case 2, 3, 4, 5, 6:
+			w.WriteHeader(http.StatusConflict) // bare, as many servers send it
+			return
+		}
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	defer close(release)
+
+	c := &Client{
+		Policy:     &Policy{MaxAttempts: 2, BaseDelay: time.Millisecond, MaxDelay: 2 * time.Millisecond},
+		HTTPClient: &http.Client{Timeout: 50 * time.Millisecond},
+	}
+	resp, err := c.Do(post(t, srv.URL, chargeBody))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	info, _ := ResponseInfo(resp)
+	assert.Equal(t, 7, info.Attempts)
+	assert.True(t, info.UnknownOutcome)
+}
+
+// Issue 11, item 5: Retry-After: 0 on a 409 gets BaseDelay as a floor,
+// and a 409 that outlives the deadline is ErrInProgress (and the deadline).
+func TestInProgressFloorAndDeadline(t *testing.T) {
+	srv := newScripted(t, reply(409, "", "Retry-After", "0"), reply(409, "", "Retry-After", "0"), reply(409, "", "Retry-After", "0"), reply(200, "{}"))
+	c := &Client{Policy: &Policy{BaseDelay: 20 * time.Millisecond}}
+	req := post(t, srv.URL, chargeBody)
+	req.Header.Set("Idempotency-Key", "k-1")
+	start := time.Now()
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.GreaterOrEqual(t, time.Since(start), 60*time.Millisecond, "three waits of at least BaseDelay")
+
+	forever := newScripted(t, reply(409, "", "Retry-After", "0"))
+	ctx, cancel := context.WithTimeout(WithKey(context.Background(), "k-2"), 100*time.Millisecond)
+	defer cancel()
+	c = &Client{Policy: fast()}
+	_, err = c.Do(post(t, forever.URL, chargeBody).WithContext(ctx))
+	assert.ErrorIs(t, err, ErrInProgress)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+// Issue 11, item 6: an error body that stalls costs its connection, not
+// the retry, on the retry path and on the give-up path.
+func TestStalledErrorBodyNeverHoldsUpARetry(t *testing.T) {
+	stallBody := func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, "partial")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}
+	for _, tt := range []struct {
+		name  string
+		steps []step
+		max   int
+	}{
+		{"retry", []step{stallBody, reply(200, "{}")}, 4},
+		{"give up", []step{stallBody}, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newScripted(t, tt.steps...)
+			c := &Client{Policy: &Policy{MaxAttempts: tt.max, BaseDelay: time.Millisecond}}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			start := time.Now()
+			resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+			if tt.max > 1 {
+				require.NoError(t, err)
+				resp.Body.Close()
+			} else {
+				assert.ErrorIs(t, err, ErrExhausted)
+			}
+			assert.Less(t, time.Since(start), time.Second)
+		})
+	}
+}
+
+// Issue 11, item 7: PrepareRequest gets copies of URL and Header, so the
+// caller's request is never modified; a nil Header is handled.
+func TestCallersRequestIsNeverModified(t *testing.T) {
+	srv := newScripted(t, reply(200, "{}"))
+	c := &Client{PrepareRequest: func(r *http.Request) error {
+		q := r.URL.Query()
+		q.Set("signed", "1")
+		r.URL.RawQuery = q.Encode()
+		r.Header.Set("X-Api-Key", "secret")
+		if v := r.Header["X-Trace"]; len(v) > 0 {
+			v[0] = "changed in place"
+		}
+		return nil
+	}}
+	req := post(t, srv.URL+"/charges?a=1", chargeBody)
+	req.Header.Set("X-Trace", "t-1")
+	wantURL := req.URL.String()
+	wantHeader := req.Header.Clone()
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, wantURL, req.URL.String())
+	assert.Equal(t, wantHeader, req.Header)
+	require.Len(t, srv.Hits(), 1)
+	assert.Equal(t, "secret", srv.Hits()[0].Header.Get("X-Api-Key"))
+
+	nilHeader, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(chargeBody))
+	require.NoError(t, err)
+	nilHeader.Header = nil
+	resp, err = c.Do(nilHeader)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Nil(t, nilHeader.Header)
+}
+
+// Issue 11, item 8: the budget engages in a brownout, not only in a full
+// outage. Three of four attempts fail; with a success refunding every
+// retry of its call the bucket never drained and each call cost 4
+// attempts (1,200 in all); refunding only the retry that succeeded, as the
+// AWS retry quota does, keeps it under 2 per call.
+func TestBudgetEngagesInBrownout(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if n.Add(1)%4 != 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+	c := &Client{Policy: &Policy{BaseDelay: time.Microsecond, MaxDelay: time.Microsecond, Budget: Budget{Capacity: 50}}}
+	const calls = 300
+	for range calls {
+		resp, err := c.Do(post(t, srv.URL, chargeBody))
+		if err == nil {
+			resp.Body.Close()
+		}
+	}
+	assert.LessOrEqual(t, int(n.Load()), 2*calls)
+}
+
+// changingBody is a request whose GetBody returns other bytes from its
+// second call on: a reused buffer, a file that changed.
+func changingBody(t *testing.T, url string, sameLength bool) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(chargeBody))
+	require.NoError(t, err)
+	other := `{"amount":9999,"currency":"usd"}`
+	if !sameLength {
+		other = `{"amount":99999999,"currency":"usd","x":1}`
+	}
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(other)), nil }
+	if !sameLength {
+		req.ContentLength = -1 // let the length differ on the wire
+	}
+	return req
+}
+
+// Issue 11, item 9: a GetBody that returns different bytes on a retry is
+// caught: the changed body is never completely sent under the key, and the
+// call stops with ErrBodyChanged.
+func TestChangedBodyIsNeverSentUnderTheKey(t *testing.T) {
+	for _, same := range []bool{true, false} {
+		t.Run(fmt.Sprintf("same length %v", same), func(t *testing.T) {
+			srv := newScripted(t, reply(503, ""), reply(200, "{}"))
+			c := &Client{Policy: fast()}
+			_, err := c.Do(changingBody(t, srv.URL, same))
+			var g *GiveUpError
+			require.ErrorAs(t, err, &g)
+			assert.ErrorIs(t, err, ErrBodyChanged)
+			assert.NotEmpty(t, g.Key)
+			for _, h := range srv.Hits() {
+				if h.Body != chargeBody {
+					assert.NotContains(t, h.Body, `"usd"}`, "the changed body never arrived whole")
+				}
+			}
+		})
+	}
+}
+
+// Issue 11, item 9: a GetBody error on a retry is a *GiveUpError with the
+// key and the attempts made.
+func TestGetBodyErrorOnRetryIsAGiveUp(t *testing.T) {
+	srv := newScripted(t, reply(503, ""), reply(200, "{}"))
+	req := post(t, srv.URL, chargeBody)
+	boom := errors.New("file gone")
+	req.GetBody = func() (io.ReadCloser, error) { return nil, boom }
+	c := &Client{Policy: fast()}
+	_, err := c.Do(req)
+	var g *GiveUpError
+	require.ErrorAs(t, err, &g)
+	assert.ErrorIs(t, err, ErrNotReplayable)
+	assert.ErrorIs(t, err, boom)
+	assert.Equal(t, 1, g.Attempts)
+	assert.Equal(t, srv.Hits()[0].Key, g.Key)
+}
+
+// Issue 11, item 10: errors that an identical retry would repeat are not
+// retried: an invalid header value, an unsupported scheme, a CheckRedirect
+// refusal.
+func TestPermanentLocalErrorsAreNotRetried(t *testing.T) {
+	srv := newScripted(t, reply(302, "", "Location", "/elsewhere"), reply(200, "{}"))
+	refuse := errors.New("no redirects")
+	tests := []struct {
+		name string
+		give func() *http.Request
+		hc   *http.Client
+	}{
+		{"invalid header value", func() *http.Request {
+			r := post(t, srv.URL, chargeBody)
+			r.Header.Set("X-Bad", "a\nb")
+			return r
+		}, nil},
+		{"unsupported scheme", func() *http.Request { return post(t, "ftp://127.0.0.1/x", chargeBody) }, nil},
+		{"CheckRedirect refusal", func() *http.Request { return post(t, srv.URL, chargeBody) },
+			&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return refuse }}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var retries atomic.Int32
+			c := &Client{Policy: fast(), HTTPClient: tt.hc, OnRetry: func(RetryEvent) { retries.Add(1) }}
+			resp, err := c.Do(tt.give())
+			assert.Error(t, err)
+			assert.Nil(t, resp)
+			assert.Zero(t, retries.Load())
+		})
+	}
+	assert.Len(t, srv.Hits(), 1, "the refused redirect was fetched once")
+}
+
+// Issue 11, item 11: a keyed request redirected to another host is not
+// followed (the key, the body and PrepareRequest's headers stay home); a
+// redirect that turns POST into GET drops the key.
+func TestRedirectsNeverLeakTheKey(t *testing.T) {
+	other := newScripted(t, reply(200, "{}"))
+	t.Run("307 to another host", func(t *testing.T) {
+		home := newScripted(t, reply(307, "", "Location", other.URL+"/steal"))
+		c := &Client{PrepareRequest: func(r *http.Request) error { r.Header.Set("X-Api-Key", "sk"); return nil }}
+		resp, err := c.Do(post(t, home.URL, chargeBody))
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusTemporaryRedirect, resp.StatusCode)
+		assert.Empty(t, other.Hits())
+	})
+	t.Run("unkeyed GET with PrepareRequest headers", func(t *testing.T) {
+		home := newScripted(t, reply(302, "", "Location", other.URL+"/steal"))
+		c := &Client{PrepareRequest: func(r *http.Request) error { r.Header.Set("X-Api-Key", "sk"); return nil }}
+		req, _ := http.NewRequest(http.MethodGet, home.URL, nil)
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusFound, resp.StatusCode)
+		assert.Empty(t, other.Hits())
+	})
+	t.Run("303 on the same host", func(t *testing.T) {
+		home := newScripted(t, reply(303, "", "Location", "/result"), reply(200, "{}"))
+		var c Client
+		resp, err := c.Do(post(t, home.URL, chargeBody))
+		require.NoError(t, err)
+		resp.Body.Close()
+		hits := home.Hits()
+		require.Len(t, hits, 2)
+		assert.NotEmpty(t, hits[0].Key)
+		assert.Equal(t, http.MethodGet, hits[1].Method)
+		assert.Empty(t, hits[1].Header.Values("Idempotency-Key"))
+	})
+	t.Run("308 on the same host keeps key and body", func(t *testing.T) {
+		home := newScripted(t, reply(308, "", "Location", "/v2"), reply(200, "{}"))
+		var c Client
+		resp, err := c.Do(post(t, home.URL, chargeBody))
+		require.NoError(t, err)
+		resp.Body.Close()
+		hits := home.Hits()
+		require.Len(t, hits, 2)
+		assert.Equal(t, hits[0].Key, hits[1].Key)
+		assert.Equal(t, chargeBody, hits[1].Body)
+	})
+	assert.Empty(t, other.Hits())
+}
+
+// Issue 11, item 12: secret query values stay out of errors and logs, and
+// out of the journal.
+func TestSecretQueryValuesAreRedacted(t *testing.T) {
+	srv := newScripted(t, reply(503, ""))
+	var logs bytes.Buffer
+	c := &Client{
+		Policy: &Policy{MaxAttempts: 2, BaseDelay: time.Millisecond, RedactQuery: []string{"Partner_Sig"}},
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	}
+	_, err := c.Do(post(t, srv.URL+"/v1?api_key=sk_live_123&partner_sig=ps_9&page=2", chargeBody))
+	require.Error(t, err)
+	for _, s := range []string{err.Error(), logs.String()} {
+		assert.NotContains(t, s, "sk_live_123")
+		assert.NotContains(t, s, "ps_9")
+		assert.Contains(t, s, "api_key=REDACTED")
+		assert.Contains(t, s, "page=2")
+	}
+
+	journaled := &Client{Journal: newRecJournal()}
+	_, err = journaled.Do(post(t, srv.URL+"/v1?access_token=t0k", chargeBody))
+	assert.ErrorIs(t, err, ErrInvalidRequest)
+	assert.Len(t, srv.Hits(), 2, "the journaled request was refused before sending")
+}
+
+// Issue 11, item 13: the configuration is read once; a caller who changes
+// its Policy or Client fields later neither races with calls in flight nor
+// changes what they do.
+func TestConfigurationIsSnapshotted(t *testing.T) {
+	srv := newScripted(t, reply(200, "{}"))
+	p := &Policy{KeyMethods: []string{http.MethodPost}}
+	c := &Client{Policy: p}
+	resp, err := c.Do(post(t, srv.URL, chargeBody))
+	require.NoError(t, err)
+	resp.Body.Close()
+
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for range 50 {
+			p.KeyMethods[0] = http.MethodGet
+			p.MaxAttempts = 9
+			c.Logger = slog.Default()
+			c.OnRetry = func(RetryEvent) {}
+			c.SecretHeaders = []string{"X"}
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for range 50 {
+			resp, err := c.Do(post(t, srv.URL, chargeBody))
+			if err == nil {
+				resp.Body.Close()
+			}
+		}
+	}()
+	wg.Wait()
+	for _, h := range srv.Hits() {
+		assert.NotEmpty(t, h.Key, "POST stays keyed")
+	}
+}
+
+// Issue 11, item 15: the in-memory operation map forgets entries past the
+// retention, pending ones included, so a long-lived Client stays bounded.
+func TestMemJournalForgetsPastRetention(t *testing.T) {
+	m := newMemJournal(time.Hour)
+	ctx := context.Background()
+	old := time.Now().Add(-2 * time.Hour)
+	_, err := m.Begin(ctx, &Entry{Key: "old-pending", Operation: "op-old", Created: old, Updated: old, State: StatePending})
+	require.NoError(t, err)
+	for i := range memPruneEvery {
+		now := time.Now()
+		_, err := m.Begin(ctx, &Entry{Key: fmt.Sprint("k", i), Created: now, Updated: now, State: StatePending})
+		require.NoError(t, err)
+	}
+	_, err = m.Get(ctx, "old-pending")
+	assert.ErrorIs(t, err, ErrNotFound)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	assert.NotContains(t, m.byOp, "op-old")
+	assert.Len(t, m.byKey, memPruneEvery)
+}
+
+// Issue 11, item 16: a retried DELETE that meets 404 after an attempt whose
+// outcome was unknown: ResponseInfo says so, and the policy option reports
+// it as the success it most likely was.
+func TestRetriedDeleteNotFound(t *testing.T) {
+	for _, ok := range []bool{false, true} {
+		t.Run(fmt.Sprint("RetriedDeleteNotFoundOK=", ok), func(t *testing.T) {
+			srv := newScripted(t, drop, reply(404, `{"error":"no such charge"}`))
+			c := &Client{Policy: &Policy{BaseDelay: time.Millisecond, RetriedDeleteNotFoundOK: ok}}
+			req, _ := http.NewRequest(http.MethodDelete, srv.URL+"/charges/ch_1", nil)
+			resp, err := c.Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			info, _ := ResponseInfo(resp)
+			assert.True(t, info.UnknownOutcome)
+			if ok {
+				assert.Equal(t, http.StatusNoContent, resp.StatusCode)
+				assert.Equal(t, http.StatusNotFound, info.OriginalStatus)
+			} else {
+				assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+				assert.Zero(t, info.OriginalStatus)
+			}
+		})
+	}
+	// Without an unknown attempt, a 404 is a 404.
+	srv := newScripted(t, reply(404, ""))
+	c := &Client{Policy: &Policy{RetriedDeleteNotFoundOK: true}}
+	req, _ := http.NewRequest(http.MethodDelete, srv.URL, nil)
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+}
+
+// Issue 15, item 4: under WithOperation with a journal, the journal's key
+// wins over a key an SDK set in the header on a later run.
+func TestJournalKeyWinsOverHeaderKey(t *testing.T) {
+	srv := newScripted(t, drop, reply(200, "{}"))
+	j := newRecJournal()
+	c := &Client{Journal: j, Policy: &Policy{MaxAttempts: 1}}
+	ctx := WithOperation(context.Background(), "row-1")
+	req := post(t, srv.URL, chargeBody).WithContext(ctx)
+	req.Header.Set("Idempotency-Key", "sdk-minted-1")
+	_, err := c.Do(req)
+	require.Error(t, err) // the response was lost: the entry stays pending
+
+	req = post(t, srv.URL, chargeBody).WithContext(ctx)
+	req.Header.Set("Idempotency-Key", "sdk-minted-2")
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	hits := srv.Hits()
+	require.Len(t, hits, 2)
+	assert.Equal(t, "sdk-minted-1", hits[1].Key, "the rerun sends the operation's key")
+
+	_, err = c.Do(post(t, srv.URL, chargeBody).WithContext(WithKey(ctx, "explicit-other")))
+	assert.ErrorIs(t, err, ErrKeyConflict, "a key given with WithKey is the caller's word")
 }

@@ -111,9 +111,11 @@ type opState struct {
 }
 
 // decide returns the fault for the next request of op, or "" for none.
-// A request without a key never draws a 409: a real server answers "in
-// progress" only to a key it is processing, and a keyless client would
-// take it for an ordinary conflict. The caller holds the server's lock.
+// A request without a key never draws a 409, and neither does the first
+// request of an operation: a real server answers "in progress" only to a
+// key it is already processing, and a client rightly takes a 409 to a
+// key it has never sent before for the application's own conflict. The
+// caller holds the server's lock.
 func (f *Faults) decide(st *opState, op string, keyed bool) FaultKind {
 	st.attempts++
 	if st.burst > 0 {
@@ -128,7 +130,7 @@ func (f *Faults) decide(st *opState, op string, keyed bool) FaultKind {
 	for _, k := range rated {
 		sum += max(f.rate(k), 0)
 		if u < sum {
-			if k == FaultConflict && !keyed {
+			if k == FaultConflict && (!keyed || st.attempts == 1) {
 				return ""
 			}
 			st.faults++

@@ -94,8 +94,9 @@ func TestConflictBurstAndCap(t *testing.T) {
 		give Faults
 		want []FaultKind
 	}{
-		{"default burst of three", Faults{Conflict: 1, MaxPerOperation: 1}, []FaultKind{FaultConflict, FaultConflict, FaultConflict, "", ""}},
-		{"burst of two, twice", Faults{Conflict: 1, ConflictBurst: 2, MaxPerOperation: 2}, []FaultKind{FaultConflict, FaultConflict, FaultConflict, FaultConflict, ""}},
+		// The first request of an operation never draws a 409.
+		{"default burst of three", Faults{Conflict: 1, MaxPerOperation: 1}, []FaultKind{"", FaultConflict, FaultConflict, FaultConflict, ""}},
+		{"burst of two, twice", Faults{Conflict: 1, ConflictBurst: 2, MaxPerOperation: 2}, []FaultKind{"", FaultConflict, FaultConflict, FaultConflict, FaultConflict, ""}},
 		{"cap of one", Faults{DropRequest: 1, MaxPerOperation: 1}, []FaultKind{FaultDropRequest, "", "", "", ""}},
 		{"no cap", Faults{DropRequest: 1}, []FaultKind{FaultDropRequest, FaultDropRequest, FaultDropRequest, FaultDropRequest, FaultDropRequest}},
 	}
@@ -192,5 +193,7 @@ func TestKeylessRequestsGetNoConflict(t *testing.T) {
 	for range 10 {
 		assert.Equal(t, FaultKind(""), f.decide(st, "op", false))
 	}
-	assert.Equal(t, FaultConflict, f.decide(new(opState), "op", true))
+	keyed := new(opState)
+	assert.Equal(t, FaultKind(""), f.decide(keyed, "op", true), "never to an operation's first request")
+	assert.Equal(t, FaultConflict, f.decide(keyed, "op", true))
 }
