@@ -561,7 +561,6 @@ func (c *Client) StandardClient() *http.Client {
 	return &http.Client{Transport: c.Transport()}
 }
 
-//
 // Transport returns an [http.RoundTripper] that sends every request
 // through c. See [Client.StandardClient].
 func (c *Client) Transport() http.RoundTripper {

@@ -70,7 +70,7 @@ func TestKeyHeaderInAnyCase(t *testing.T) {
 
 			c := &Client{Policy: fast(), HTTPClient: srv.Client()}
 			req := post(t, srv.URL, chargeBody)
-			req.Header["idempotency-key"] = []string{"order-42"}
+			setRaw(req.Header, "idempotency-key", []string{"order-42"})
 			resp, err := c.Do(req)
 			require.NoError(t, err)
 			resp.Body.Close()
@@ -82,7 +82,7 @@ func TestKeyHeaderInAnyCase(t *testing.T) {
 				assert.Equal(t, []string{"order-42"}, seen[i], "attempt %d", i+1)
 				assert.Equal(t, proto, prot[i])
 			}
-			assert.Equal(t, []string{"order-42"}, req.Header["idempotency-key"], "the caller's header is untouched")
+			assert.Equal(t, http.Header{"Content-Type": {"application/json"}, "idempotency-key": {"order-42"}}, req.Header, "the caller's header is untouched")
 		})
 	}
 }
@@ -127,10 +127,10 @@ func TestJournalHeadersStrippedInAnyCase(t *testing.T) {
 	j := newRecJournal()
 	c := &Client{Journal: j, SecretHeaders: []string{"X-Api-Key"}}
 	req := post(t, srv.URL, chargeBody)
-	req.Header["authorization"] = []string{"Bearer sk_live_1"}
-	req.Header["cookie"] = []string{"session=1"}
-	req.Header["x-api-key"] = []string{"k"}
-	req.Header["idempotency-key"] = []string{"op-7"}
+	setRaw(req.Header, "authorization", []string{"Bearer sk_live_1"})
+	setRaw(req.Header, "cookie", []string{"session=1"})
+	setRaw(req.Header, "x-api-key", []string{"k"})
+	setRaw(req.Header, "idempotency-key", []string{"op-7"})
 	resp, err := c.Do(req)
 	require.NoError(t, err)
 	resp.Body.Close()
@@ -694,3 +694,7 @@ func TestJournalKeyWinsOverHeaderKey(t *testing.T) {
 	_, err = c.Do(post(t, srv.URL, chargeBody).WithContext(WithKey(ctx, "explicit-other")))
 	assert.ErrorIs(t, err, ErrKeyConflict, "a key given with WithKey is the caller's word")
 }
+
+// setRaw writes a header under a name exactly as given, as a map write
+// from configuration would, without canonicalising it.
+func setRaw(h http.Header, name string, v []string) { h[name] = v }
