@@ -17,8 +17,16 @@
 //     resent.
 //   - Typed errors. A key reused with a different payload (422, or Stripe's
 //     400 idempotency_error), retries exhausted, a 409 that never clears,
-//     a Retry-After too long: each is an error usable with errors.Is and
-//     errors.As ([ErrKeyMismatch], [*GiveUpError], ...).
+//     a Retry-After too long, a body that changed between attempts: each is
+//     an error usable with errors.Is and errors.As ([ErrKeyMismatch],
+//     [*GiveUpError], ...). A 409 or 422 is read as an idempotency signal
+//     only on evidence (the body's problem type or Stripe error, a
+//     Retry-After, whether the key can have been used before); an
+//     application's own validation or conflict response comes back as a
+//     response, like any 4xx.
+//   - Wire evidence. Whether a failed attempt can have reached the server
+//     is decided from what the connection saw (net/http/httptrace: was a
+//     request head written?), never from the error's type.
 //   - Durable pending keys. With a [Journal] such as [FileJournal], each
 //     key is on disk before the first attempt, so after a crash
 //     [Client.Resume] resends with the same key instead of charging twice.

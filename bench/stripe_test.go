@@ -121,3 +121,38 @@ func TestStripeGoIdempotencyErrorIsTyped(t *testing.T) {
 	keys, _ := fake.seen()
 	assert.Len(t, keys, 1)
 }
+
+// An SDK that retries by itself multiplies attempts: stripe-go's default
+// of 2 network retries, each a whole idemhttp call of up to 4 attempts,
+// sends 12 requests for one charge in an outage, and its retries bypass
+// idemhttp's budget and deadline rules. With MaxNetworkRetries 0 (as
+// StandardClient's doc says to set) the same charge costs the Policy's 4.
+func TestStripeGoDefaultRetriesMultiplyAttempts(t *testing.T) {
+	count := func(t *testing.T, retries *int64) int {
+		fake := &stripeFake{fail: 1 << 30}
+		srv := httptest.NewServer(fake)
+		defer srv.Close()
+		idem := &idemhttp.Client{Policy: &idemhttp.Policy{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}}
+		cfg := &stripe.BackendConfig{
+			HTTPClient:    idem.StandardClient(),
+			URL:           stripe.String(srv.URL),
+			LeveledLogger: &stripe.LeveledLogger{Level: stripe.LevelNull},
+		}
+		if retries != nil {
+			cfg.MaxNetworkRetries = retries
+		}
+		sc := stripe.NewClient("sk_test_123", stripe.WithBackends(stripe.NewBackendsWithConfig(cfg)))
+		_, err := sc.V1Charges.Create(context.Background(), chargeParams())
+		require.Error(t, err)
+		keys, _ := fake.seen()
+		for _, k := range keys {
+			assert.Equal(t, keys[0], k, "one key for the whole charge")
+		}
+		return len(keys)
+	}
+	sdkDefault := count(t, nil)
+	retriesOff := count(t, stripe.Int64(0))
+	t.Logf("requests for one charge in an outage: stripe-go defaults %d, MaxNetworkRetries 0: %d", sdkDefault, retriesOff)
+	assert.Equal(t, 12, sdkDefault)
+	assert.Equal(t, 4, retriesOff)
+}
