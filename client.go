@@ -212,8 +212,9 @@ func (b *cancelBody) Close() error {
 // as a response with a nil error, and the caller must close its Body. Every
 // other outcome comes back as an error with a nil response, never both:
 //   - before sending: errors wrapping [ErrInvalidRequest], [ErrInvalidKey],
-//     [ErrKeyConflict], [ErrNotReplayable], [ErrKeyExpired], or a local
-//     [*KeyMismatchError];
+//     [ErrKeyConflict], [ErrNotReplayable], [ErrKeyExpired], a local
+//     [*KeyMismatchError], or a [*DoneError] for an operation the journal
+//     has done (nothing is sent: done is done);
 //   - from the server: [*KeyMismatchError], or a [*GiveUpError] whose
 //     reason is [ErrExhausted], [ErrInProgress], [ErrBudgetExhausted],
 //     [ErrRetryAfterTooLong], [ErrKeyRequired], [ErrBodyChanged],
@@ -504,6 +505,9 @@ func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key st
 	}
 	if existing.Fingerprint != fp {
 		return nil, false, &KeyMismatchError{Key: existing.Key, Operation: existing.Operation}
+	}
+	if existing.State == StateDone {
+		return nil, false, &DoneError{Operation: existing.Operation, Key: existing.Key, Status: existing.LastStatus, Attempts: existing.Attempts, Finished: existing.Updated}
 	}
 	if existing.State == StateAbandoned || now.Sub(existing.Created) > p.retention {
 		return nil, false, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", existing.Operation, existing.Key, existing.Created.Format(time.RFC3339), ErrKeyExpired)

@@ -755,19 +755,28 @@ func TestStandardClientErrorsStayTyped(t *testing.T) {
 }
 
 func TestOperationReusesKeyInMemory(t *testing.T) {
-	srv := newScripted(t, reply(200, "{}"))
-	var c Client
+	srv := newScripted(t, drop, reply(200, "{}"))
+	c := Client{Policy: &Policy{MaxAttempts: 1}}
 	ctx := WithOperation(context.Background(), "invoice-7")
-	for range 2 {
-		resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
-		require.NoError(t, err)
-		resp.Body.Close()
-	}
+	_, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+	require.Error(t, err, "the response was lost: the operation stays pending")
+	resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+	require.NoError(t, err)
+	resp.Body.Close()
 	hits := srv.Hits()
 	require.Len(t, hits, 2)
 	assert.Equal(t, hits[0].Key, hits[1].Key)
 
-	resp, err := c.Do(post(t, srv.URL, `{"amount":9999}`).WithContext(ctx))
+	// Done is done: a third run sends nothing and says so.
+	_, err = c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+	var done *DoneError
+	require.ErrorAs(t, err, &done)
+	assert.ErrorIs(t, err, ErrAlreadyDone)
+	assert.Equal(t, "invoice-7", done.Operation)
+	assert.Equal(t, http.StatusOK, done.Status)
+	assert.Len(t, srv.Hits(), 2)
+
+	resp, err = c.Do(post(t, srv.URL, `{"amount":9999}`).WithContext(ctx))
 	assert.Nil(t, resp)
 	var m *KeyMismatchError
 	require.ErrorAs(t, err, &m)

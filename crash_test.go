@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"errors"
 	"bufio"
 	"bytes"
 	"context"
@@ -98,6 +99,11 @@ func runBatch(t testing.TB, c *Client, url string) map[string]int {
 			t.Fatal(err)
 		}
 		resp, err := c.Do(req)
+		var done *DoneError
+		if errors.As(err, &done) {
+			statuses[crashOpID(i)] = done.Status // done is done: nothing sent
+			continue
+		}
 		if err != nil {
 			statuses[crashOpID(i)] = -1
 			continue

@@ -70,6 +70,11 @@ var (
 	// was not resent. Decide by reconciling with the server.
 	ErrKeyExpired = errors.New("idempotency key older than the server's retention")
 
+	// ErrAlreadyDone: the operation named with [WithOperation] is done in
+	// the journal (it got a definite outcome in an earlier call or run), so
+	// the call sent nothing. A [*DoneError] carries its key and status.
+	ErrAlreadyDone = errors.New("operation already done")
+
 	// ErrNotFound: the journal has no entry for that key or operation.
 	ErrNotFound = errors.New("journal entry not found")
 )
@@ -149,6 +154,27 @@ func (e *GiveUpError) Unwrap() []error {
 	}
 	return []error{e.Reason, e.Err}
 }
+
+// DoneError reports that an operation is already done in the journal, so
+// [Client.Do] sent nothing: done is done, within the server's key retention
+// or past it, and a batch rerun skips what its earlier run completed
+// instead of resending it (or, past the retention, refusing it as
+// expired). It matches [ErrAlreadyDone].
+type DoneError struct {
+	Operation string    // the operation id
+	Key       string    // the key it was sent with
+	Status    int       // the status of its definite outcome
+	Attempts  int       // attempts it took, across runs
+	Finished  time.Time // when it was recorded done
+}
+
+// Error describes the done operation.
+func (e *DoneError) Error() string {
+	return fmt.Sprintf("idemhttp: operation %q (key %s): %v with status %d at %s", e.Operation, e.Key, ErrAlreadyDone, e.Status, e.Finished.Format(time.RFC3339))
+}
+
+// Is reports whether target is [ErrAlreadyDone].
+func (e *DoneError) Is(target error) bool { return target == ErrAlreadyDone }
 
 // KeyMismatchError reports that the server refused a key because it was
 // first used with a different request (IETF: 422; Stripe: 400 with

@@ -126,14 +126,15 @@ func ExampleWithKey() {
 	// Output: server saw key: order-1042-capture
 }
 
-// Naming the operation makes a rerun reuse its key; the same operation with
-// a different body is refused before anything is sent.
+// Naming the operation makes a rerun reuse its key; once it is done, a
+// rerun sends nothing; the same operation with a different body is refused
+// before anything is sent.
 func ExampleWithOperation() {
 	var keys []string
-	srv := flaky(0, &keys)
+	srv := flaky(1, &keys) // overloaded once
 	defer srv.Close()
 
-	var c idemhttp.Client
+	c := idemhttp.Client{Policy: &idemhttp.Policy{MaxAttempts: 1}}
 	send := func(body string) error {
 		ctx := idemhttp.WithOperation(context.Background(), "order-1042")
 		req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL, strings.NewReader(body))
@@ -143,13 +144,16 @@ func ExampleWithOperation() {
 		}
 		return err
 	}
-	fmt.Println(send(`{"amount":1000}`), send(`{"amount":1000}`))
+	fmt.Println(errors.Is(send(`{"amount":1000}`), idemhttp.ErrExhausted)) // the 503: still pending
+	fmt.Println(send(`{"amount":1000}`))                                   // the rerun, same key
 	fmt.Println("same key:", keys[0] == keys[1])
-	err := send(`{"amount":9999}`)
-	fmt.Println(errors.Is(err, idemhttp.ErrKeyMismatch), "requests sent:", len(keys))
+	fmt.Println(errors.Is(send(`{"amount":1000}`), idemhttp.ErrAlreadyDone)) // done is done
+	fmt.Println(errors.Is(send(`{"amount":9999}`), idemhttp.ErrKeyMismatch), "requests sent:", len(keys))
 	// Output:
-	// <nil> <nil>
+	// true
+	// <nil>
 	// same key: true
+	// true
 	// true requests sent: 2
 }
 

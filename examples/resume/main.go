@@ -88,7 +88,7 @@ type report struct {
 	ResumeReplayed    int // ... that the server had run before the crash
 	ResumeExecuted    int // ... that had never reached it
 	ResumeFailed      int // ... that Resume could not resolve
-	RerunReplayed     int // rerun operations answered from the server's store
+	RerunDone         int // rerun operations the journal had done: nothing sent
 	RerunExecuted     int // rerun operations the server ran for the first time
 	RerunFailed       int // rerun operations without a 200
 	PendingAfterRerun int // entries still pending at the end
@@ -173,14 +173,14 @@ func run(ctx context.Context, self string, w io.Writer) (report, error) {
 		case o.err != nil || o.status != http.StatusOK:
 			rep.RerunFailed++
 			fmt.Fprintf(w, "         rerun %s: status %d: %v\n", o.op, o.status, o.err)
-		case o.replayed:
-			rep.RerunReplayed++
+		case o.done:
+			rep.RerunDone++
 		default:
 			rep.RerunExecuted++
 		}
 	}
-	fmt.Fprintf(w, "rerun:   %d charges: %d replayed (done before, key reused), %d executed (never begun), %d failed\n",
-		batchSize, rep.RerunReplayed, rep.RerunExecuted, rep.RerunFailed)
+	fmt.Fprintf(w, "rerun:   %d charges: %d already done (the journal says so: nothing sent), %d executed (never begun), %d failed\n",
+		batchSize, rep.RerunDone, rep.RerunExecuted, rep.RerunFailed)
 
 	pending, err := fj.Pending(ctx)
 	if err != nil {
@@ -265,6 +265,7 @@ type outcome struct {
 	op       string
 	status   int
 	replayed bool
+	done     bool // the journal had it done: nothing was sent
 	err      error
 }
 
@@ -301,6 +302,11 @@ func charge(ctx context.Context, c *idemhttp.Client, url string, i int) outcome 
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.Do(req)
+	var done *idemhttp.DoneError
+	if errors.As(err, &done) {
+		o.status, o.done = done.Status, true
+		return o
+	}
 	if err != nil {
 		o.err = err
 		return o

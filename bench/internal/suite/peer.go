@@ -204,7 +204,12 @@ func (s idemSender) Send(ctx context.Context, op string, body []byte) (int, erro
 		return 0, err
 	}
 	req.Header.Set("Content-Type", formType)
-	return finish(s.c.Do(req))
+	resp, err := s.c.Do(req)
+	var done *idemhttp.DoneError
+	if errors.As(err, &done) {
+		return done.Status, nil // done in the journal: nothing sent
+	}
+	return finish(resp, err)
 }
 
 // finish reads and closes a response, as every caller that reuses
