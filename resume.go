@@ -1,0 +1,206 @@
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// ResumeResult is the outcome of resending one pending entry.
+type ResumeResult struct {
+	Entry      *Entry      // the entry as it was before the resend
+	StatusCode int         // the response status, 0 if none
+	Header     http.Header // the response headers, nil if none
+	Body       []byte      // the response body, up to Policy.MaxBodyBytes
+	Replayed   bool        // the server replayed a stored response
+	Err        error       // why the entry was not resolved, nil if it was
+}
+
+// ResumeOptions tunes [Client.ResumeWith]. A nil *ResumeOptions, like the
+// zero value, resends every pending entry, 16 at a time, and returns the
+// results in journal order.
+type ResumeOptions struct {
+	// Concurrency is how many entries are resent at once. 0 means 16; 1
+	// resends them one at a time, oldest first.
+	Concurrency int
+
+	// Filter, when set, chooses the pending entries to resend; the others
+	// are left pending, untouched. It is called once per entry, before any
+	// resend, on the calling goroutine.
+	Filter func(*Entry) bool
+
+	// OnResult, when set, receives each result as soon as its entry is
+	// resolved, one call at a time (never concurrently), in the order the
+	// entries finish; ResumeWith then returns no results, so a journal of a
+	// million entries is resumed in constant memory. Use it for progress.
+	// It must not block for long: the resends wait for it.
+	OnResult func(ResumeResult)
+}
+
+// Resume resends every pending entry of the journal (c.Journal, or the
+// in-memory one) with its original key and body, 16 at a time, and
+// reports each outcome, in journal order (oldest first). It is
+// [Client.ResumeWith] with nil options.
+func (c *Client) Resume(ctx context.Context) ([]ResumeResult, error) {
+	return c.ResumeWith(ctx, nil)
+}
+
+// ResumeWith resends the pending entries of the journal (c.Journal, or the
+// in-memory one) with their original keys and bodies, concurrently, as opts
+// says, and reports each outcome. Credentials come from
+// [Client.PrepareRequest], never from the journal.
+//
+// An entry older than [Policy.Retention] is not resent: the server may have
+// forgotten its key, so a resend could run the operation twice. It is
+// marked abandoned and reported with an error wrapping [ErrKeyExpired]. An
+// entry whose body was not stored cannot be resent either
+// ([ErrNotReplayable]). Done entries older than the retention are pruned
+// first.
+//
+// The error is non-nil only when the journal itself fails, or ctx ends;
+// per-entry failures are in the results. Cancelling ctx stops the
+// dispatch: resends in flight end with the context's error, entries not
+// reached stay pending and have no result, and the results of those
+// reached are returned with ctx's error.
+func (c *Client) ResumeWith(ctx context.Context, opts *ResumeOptions) ([]ResumeResult, error) {
+	c.init()
+	var o ResumeOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 16
+	}
+	j := c.cfg.journal
+	if j == nil {
+		j = c.cfg.mem
+	}
+	now := time.Now()
+	if _, err := j.Prune(ctx, now.Add(-c.cfg.pol.retention)); err != nil {
+		return nil, fmt.Errorf("idemhttp: resume: prune: %w", err)
+	}
+	pending, err := j.Pending(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp: resume: %w", err)
+	}
+	if o.Filter != nil {
+		kept := pending[:0]
+		for _, e := range pending {
+			if o.Filter(e) {
+				kept = append(kept, e)
+			}
+		}
+		pending = kept
+	}
+
+	var (
+		results []ResumeResult
+		reached []bool
+		mu      sync.Mutex // serialises OnResult
+	)
+	if o.OnResult == nil {
+		results = make([]ResumeResult, len(pending))
+		reached = make([]bool, len(pending))
+	}
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(o.Concurrency, len(pending)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				r := c.resumeOne(ctx, j, pending[i], now)
+				if o.OnResult != nil {
+					mu.Lock()
+					o.OnResult(r)
+					mu.Unlock()
+					continue
+				}
+				results[i], reached[i] = r, true // each index has one writer
+			}
+		}()
+	}
+	var stopped error
+dispatch:
+	for i := range pending {
+		select {
+		case next <- i:
+		case <-ctx.Done():
+			stopped = ctx.Err()
+			break dispatch
+		}
+	}
+	close(next)
+	wg.Wait()
+	if o.OnResult != nil {
+		return nil, stopped
+	}
+	if stopped != nil {
+		out := results[:0]
+		for i, r := range results {
+			if reached[i] {
+				out = append(out, r)
+			}
+		}
+		return out, stopped
+	}
+	return results, nil
+}
+
+// ResumeEntry resends one pending entry of the client's journal, as
+// [Client.Resume] does for each: with its key and stored body, never past
+// the retention ([ErrKeyExpired]). Use it for entries a worker claimed from
+// a shared journal.
+func (c *Client) ResumeEntry(ctx context.Context, e *Entry) ResumeResult {
+	c.init()
+	j := c.cfg.journal
+	if j == nil {
+		j = c.cfg.mem
+	}
+	return c.resumeOne(ctx, j, e, time.Now())
+}
+
+func (c *Client) resumeOne(ctx context.Context, j Journal, e *Entry, now time.Time) ResumeResult {
+	r := ResumeResult{Entry: e}
+	if now.Sub(e.Created) > c.cfg.pol.retention {
+		if err := j.Finish(ctx, e.Key, Outcome{State: StateAbandoned, Status: e.LastStatus, At: now}); err != nil {
+			r.Err = fmt.Errorf("idemhttp: resume %s: %w", e.Key, err)
+			return r
+		}
+		r.Err = fmt.Errorf("idemhttp: resume %s (created %s): %w", e.Key, e.Created.Format(time.RFC3339), ErrKeyExpired)
+		return r
+	}
+	if e.Body == nil && Fingerprint(e.Method, e.URL, nil) != e.Fingerprint {
+		r.Err = fmt.Errorf("idemhttp: resume %s: %w: the journal does not store bodies", e.Key, ErrNotReplayable)
+		return r
+	}
+	rctx := WithKey(ctx, e.Key)
+	if e.Operation != "" {
+		rctx = WithOperation(rctx, e.Operation)
+	}
+	var body io.Reader
+	if e.Body != nil {
+		body = bytes.NewReader(e.Body)
+	}
+	req, err := http.NewRequestWithContext(rctx, e.Method, e.URL, body)
+	if err != nil {
+		r.Err = fmt.Errorf("idemhttp: resume %s: %w: %w", e.Key, ErrInvalidRequest, err)
+		return r
+	}
+	for k, v := range e.Header {
+		req.Header[k] = v
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		r.Err = err
+		return r
+	}
+	defer resp.Body.Close()
+	r.StatusCode, r.Header, r.Replayed = resp.StatusCode, resp.Header, Replayed(resp)
+	r.Body, r.Err = io.ReadAll(io.LimitReader(resp.Body, c.cfg.pol.maxBody))
+	return r
+}
