@@ -1,0 +1,804 @@
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/idemserver"
+)
+
+// DefaultClaimWait is how long a request waits for another request that
+// holds its key, when [TxOptions.ClaimWait] is zero, before it answers 409.
+const DefaultClaimWait = 50 * time.Millisecond
+
+// Problem types of [TxMiddleware]'s own answers, besides idemserver's.
+const (
+	// TypeRolledBack: 500, the handler returned an error, or the commit
+	// failed: nothing was committed and the key is free, so a retry with
+	// the same key runs the request again.
+	TypeRolledBack = "https://pkg.go.dev/github.com/idemkit/idemhttp/contrib/postgres#TypeRolledBack"
+	// TypeResponseTooLarge: 500, the handler's response is larger than
+	// [TxOptions.MaxStoredBody], so it could not be stored with the
+	// business write: nothing was committed and the key is free.
+	TypeResponseTooLarge = "https://pkg.go.dev/github.com/idemkit/idemhttp/contrib/postgres#TypeResponseTooLarge"
+)
+
+// ErrStandby is returned by [NewTxMiddleware] and [CheckPrimary] when the
+// database is a standby (pg_is_in_recovery() is true): claims and stored
+// responses must be written to, and read from, the primary.
+var ErrStandby = errors.New("idemhttp/postgres: the database is a standby, not the primary")
+
+// TxHandler serves a request inside the database transaction that
+// [TxMiddleware] commits together with the request's stored response. It
+// writes its business rows with tx, writes its response to w, and returns
+// nil; returning an error rolls the transaction back. It must not commit
+// or roll back tx itself.
+//
+// w buffers the response until the transaction has committed: Flush does
+// nothing, Hijack is not offered, and 1xx responses are dropped.
+type TxHandler interface {
+	ServeHTTPTx(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error
+}
+
+// TxHandlerFunc lets an ordinary function be a [TxHandler].
+type TxHandlerFunc func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error
+
+// ServeHTTPTx calls f(w, r, tx).
+func (f TxHandlerFunc) ServeHTTPTx(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+	return f(w, r, tx)
+}
+
+// TxOptions configures [NewTxMiddleware]. The fields that [idemserver.Middleware]
+// also has mean the same there and here.
+type TxOptions struct {
+	// Principal returns the scope of a request's keys (the tenant or
+	// account that sent it), so that one principal can never replay,
+	// block or probe another's response. It is required unless
+	// SingleTenant is set.
+	Principal func(r *http.Request) string
+
+	// SingleTenant declares that one party uses the server, so that all
+	// requests share one key space and Principal may be nil. Without it,
+	// a nil Principal is refused: a multi-tenant API must not ship with
+	// one shared key space by accident.
+	SingleTenant bool
+
+	// Methods lists the methods that take idempotency keys; nil means
+	// POST and PATCH. Requests with other methods, and keyless requests
+	// unless Required, run in a transaction of their own without a key.
+	Methods []string
+
+	// Required makes the key mandatory for Methods (400 without one).
+	Required bool
+
+	// KeyHeader names the key header; empty means "Idempotency-Key".
+	KeyHeader string
+
+	// KeyForm says which key header forms are accepted.
+	KeyForm idemserver.KeyForm
+
+	// TTL is how long a stored response is replayed; zero means
+	// [idemserver.DefaultTTL].
+	TTL time.Duration
+
+	// ClaimWait is how long a request whose key another running request
+	// holds waits for that request to finish before it answers 409 with
+	// Retry-After; zero means [DefaultClaimWait]. It waits holding a
+	// connection, so keep it short: it only saves the client a round trip
+	// when the first request is about to commit.
+	ClaimWait time.Duration
+
+	// IdleTimeout, if positive, sets idle_in_transaction_session_timeout
+	// for each request's transaction, so that PostgreSQL ends the
+	// transaction of a server that vanished without closing its
+	// connection (a host crash, a network partition) and frees its key
+	// after IdleTimeout instead of after the TCP keepalive (two hours by
+	// default on Linux). A handler that keeps the transaction idle longer
+	// (a slow call to another service) is rolled back. Zero leaves the
+	// server's setting.
+	IdleTimeout time.Duration
+
+	// RetryAfter is the delay sent in Retry-After with 409 and 503; zero
+	// means [idemserver.DefaultRetryAfter].
+	RetryAfter time.Duration
+
+	// MaxBodyBytes bounds the request body; zero or negative means
+	// [idemserver.DefaultMaxBodyBytes].
+	MaxBodyBytes int64
+
+	// MaxStoredBody bounds the response body. A larger response is not
+	// sent: the transaction rolls back and the client gets 500
+	// ([TypeResponseTooLarge]), since a response that cannot be stored
+	// cannot be committed. Zero or negative means
+	// [idemserver.DefaultMaxStoredBody].
+	MaxStoredBody int
+
+	// ShouldStore reports whether a response with the given status is
+	// stored and its transaction committed; otherwise the transaction
+	// rolls back (a retry runs the request again, so its writes must not
+	// stay) and the response is sent. Nil means
+	// [idemserver.DefaultShouldStore], which commits no 5xx.
+	ShouldStore func(status int) bool
+
+	// WriteError writes the middleware's own error responses; nil means
+	// [idemserver.WriteProblem].
+	WriteError func(w http.ResponseWriter, r *http.Request, p *idemserver.Problem)
+
+	// Logger receives handler errors and database failures at Error
+	// level. Nil means [slog.Default].
+	Logger *slog.Logger
+}
+
+// TxMiddleware makes a [TxHandler] idempotent with the record of its
+// response in the handler's own transaction: the recommended way to serve
+// idempotent requests on PostgreSQL. For each request with a valid key it
+//
+//  1. begins a transaction and claims the key in it: it inserts the key's
+//     row in idemhttp_keys, uncommitted, so a concurrent request with the
+//     same key waits on the row's unique index, for up to ClaimWait, and
+//     answers 409 if the first has not finished by then;
+//  2. runs the handler with the transaction, on a buffered writer;
+//  3. writes the response into the key's row in that same transaction,
+//     guarded by the claim's token;
+//  4. commits, and only then sends the response.
+//
+// The business write and the record of its response therefore commit
+// together or not at all: a server killed at any point leaves either both
+// (a retry gets the stored response, marked Idempotent-Replayed: true) or
+// neither (the transaction aborts with the connection, the key is free at
+// once, and a retry runs the request). A handler error, a response that is
+// not to be stored (5xx by default) or a panic rolls back the
+// transaction, which also frees the key; a panic continues to net/http
+// after the rollback.
+//
+// # Why the claim is not committed first
+//
+// A claim committed in a transaction of its own answers duplicates with
+// 409 without making them wait, but it outlives a crashed server: its key
+// answers 409 until the lock timeout passes (a minute by default), and a
+// handler slower than that timeout loses its claim unless a heartbeat
+// renews it. The uncommitted claim here is released by PostgreSQL the
+// moment the server's connection closes (measured: the retry after a
+// SIGKILL ran 25 ms later, against 1 s for a committed claim with a 1 s
+// lock timeout), and no run, however slow, can lose it, so there is no
+// heartbeat. Its cost is that a duplicate holds a connection while it
+// waits, for at most ClaimWait (see the package README for the numbers).
+//
+// The handler finds the key with [KeyFromContext], to put it in a UNIQUE
+// column of its own, or to derive the keys of calls it makes to other
+// services ([TxKey.DeriveKey]) so that a request run again after a crash
+// sends them with the same keys.
+//
+// Requests that take no key (other methods, or keyless requests when the
+// key is optional) also run in a transaction, committed unless the handler
+// fails or answers 5xx.
+//
+// Create one with [NewTxMiddleware]; it is safe for concurrent use.
+type TxMiddleware struct {
+	db          DB
+	principal   func(*http.Request) string
+	methods     []string
+	required    bool
+	header      string
+	form        idemserver.KeyForm
+	ttl         time.Duration
+	claimWait   string // lock_timeout value
+	idleTimeout string // idle_in_transaction_session_timeout value, "" to leave it
+	retryAfter  string
+	maxBody     int64
+	maxStored   int
+	shouldStore func(int) bool
+	writeError  func(http.ResponseWriter, *http.Request, *idemserver.Problem)
+	logger      *slog.Logger
+	tokenPrefix string
+	tokens      atomic.Uint64
+
+	// at, when set (by tests), is called at each step of a request.
+	at func(step string)
+}
+
+// NewTxMiddleware returns a TxMiddleware on db, which must be the primary:
+// it fails with [ErrStandby] on a standby. A nil opts means the defaults,
+// which need opts.Principal or opts.SingleTenant, so nil is refused.
+//
+// Route every statement of these transactions to the primary: never put
+// a pooler that sends reads to replicas in front of db. Poolers in
+// transaction mode (PgBouncer's pool_mode = transaction) are fine.
+func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware, error) {
+	if opts == nil {
+		opts = &TxOptions{}
+	}
+	if opts.Principal == nil && !opts.SingleTenant {
+		return nil, errors.New("idemhttp/postgres: tx middleware: set Principal, or SingleTenant if one party uses the server")
+	}
+	if err := CheckPrimary(ctx, db); err != nil {
+		return nil, err
+	}
+	m := &TxMiddleware{
+		db:          db,
+		principal:   opts.Principal,
+		methods:     slices.Clone(opts.Methods),
+		required:    opts.Required,
+		header:      opts.KeyHeader,
+		form:        opts.KeyForm,
+		ttl:         opts.TTL,
+		maxBody:     opts.MaxBodyBytes,
+		maxStored:   opts.MaxStoredBody,
+		shouldStore: opts.ShouldStore,
+		writeError:  opts.WriteError,
+		logger:      opts.Logger,
+		tokenPrefix: newTokenPrefix(),
+	}
+	if m.methods == nil {
+		m.methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	if m.header == "" {
+		m.header = idemhttp.DefaultKeyHeader
+	}
+	m.header = http.CanonicalHeaderKey(m.header)
+	if m.ttl <= 0 {
+		m.ttl = idemserver.DefaultTTL
+	}
+	wait := opts.ClaimWait
+	if wait <= 0 {
+		wait = DefaultClaimWait
+	}
+	m.claimWait = millis(wait)
+	if opts.IdleTimeout > 0 {
+		m.idleTimeout = millis(opts.IdleTimeout)
+	}
+	switch ra := opts.RetryAfter; {
+	case ra < 0:
+		m.retryAfter = "0"
+	case ra == 0:
+		ra = idemserver.DefaultRetryAfter
+		fallthrough
+	default:
+		m.retryAfter = strconv.FormatInt(int64((ra+time.Second-1)/time.Second), 10)
+	}
+	if m.maxBody <= 0 {
+		m.maxBody = idemserver.DefaultMaxBodyBytes
+	}
+	if m.maxStored <= 0 {
+		m.maxStored = idemserver.DefaultMaxStoredBody
+	}
+	if m.shouldStore == nil {
+		m.shouldStore = idemserver.DefaultShouldStore
+	}
+	if m.writeError == nil {
+		m.writeError = func(w http.ResponseWriter, _ *http.Request, p *idemserver.Problem) { idemserver.WriteProblem(w, p) }
+	}
+	if m.logger == nil {
+		m.logger = slog.Default()
+	}
+	return m, nil
+}
+
+// millis renders d, rounded up to a millisecond, as a PostgreSQL setting.
+func millis(d time.Duration) string {
+	return strconv.FormatInt(int64((d+time.Millisecond-1)/time.Millisecond), 10) + "ms"
+}
+
+func newTokenPrefix() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (Go 1.24+)
+	return "tx-" + hex.EncodeToString(b[:]) + "-"
+}
+
+// CheckPrimary returns [ErrStandby] if db is connected to a standby
+// (pg_is_in_recovery()), and an error if it cannot tell.
+func CheckPrimary(ctx context.Context, db DB) error {
+	var standby bool
+	err := retry(ctx, func() error {
+		return db.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby)
+	})
+	if err != nil {
+		return fmt.Errorf("idemhttp/postgres: check primary: %w", err)
+	}
+	if standby {
+		return ErrStandby
+	}
+	return nil
+}
+
+// Wrap returns an [http.Handler] that serves each request with h inside a
+// transaction, as the type's documentation describes.
+func (m *TxMiddleware) Wrap(h TxHandler) http.Handler {
+	return &txHandler{m: m, next: h}
+}
+
+// WrapFunc is Wrap for a function.
+func (m *TxMiddleware) WrapFunc(f func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error) http.Handler {
+	return m.Wrap(TxHandlerFunc(f))
+}
+
+// TxKey is the idempotency key a request runs under, as [KeyFromContext]
+// returns it to a [TxHandler].
+type TxKey struct {
+	Key   string // the key as the client sent it
+	Scope string // the principal's scope; "" with SingleTenant
+	Token string // unique to this run of the request
+}
+
+type txKeyContext struct{}
+
+// KeyFromContext returns the idempotency key of the request whose context
+// ctx is, inside a [TxHandler] wrapped by [TxMiddleware]; false for a
+// request without a key. Store Scope and Key in a UNIQUE column of the
+// business row, so that even a write made outside the middleware's
+// protection cannot happen twice.
+func KeyFromContext(ctx context.Context) (TxKey, bool) {
+	k, ok := ctx.Value(txKeyContext{}).(TxKey)
+	return k, ok
+}
+
+// DeriveKey returns the idempotency key for one call the request makes to
+// another service, named by step ("charge", "email"): [idemhttp.DeriveKey]
+// of secret and the request's scope, key and step. A request run again
+// after a crash derives the same key, so the other service replays its
+// first answer instead of acting twice. Send such calls from inside the
+// transaction (the single-transaction form of Brandur Leach's atomic
+// phases): if the transaction then rolls back, the retry sends the same
+// call with the same key.
+func (k TxKey) DeriveKey(secret []byte, step string) (string, error) {
+	return idemhttp.DeriveKey(secret, idemserver.ScopedKey(k.Scope, k.Key)+"\x00"+step)
+}
+
+// txHandler is a wrapped TxHandler.
+type txHandler struct {
+	m    *TxMiddleware
+	next TxHandler
+}
+
+func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	m := h.m
+	if !slices.Contains(m.methods, r.Method) {
+		h.serve(w, r, nil)
+		return
+	}
+	values := r.Header[m.header]
+	switch {
+	case len(values) == 0 && m.required:
+		m.writeError(w, r, idemserver.ProblemKeyMissing(m.header))
+		return
+	case len(values) == 0:
+		h.serve(w, r, nil)
+		return
+	case len(values) > 1:
+		m.writeError(w, r, idemserver.ProblemKeyInvalid(m.header, "The request carries more than one "+m.header+" header."))
+		return
+	}
+	key, err := idemserver.ParseKey(values[0], m.form)
+	if err != nil {
+		m.writeError(w, r, idemserver.ProblemKeyInvalid(m.header, err.Error()))
+		return
+	}
+	body, err := idemserver.ReadBody(r, m.maxBody)
+	if err != nil {
+		if errors.Is(err, idemserver.ErrBodyTooLarge) {
+			m.writeError(w, r, idemserver.ProblemBodyTooLarge(m.maxBody))
+		} else {
+			m.writeError(w, r, idemserver.ProblemBodyUnreadable())
+		}
+		return
+	}
+	r.Body = &bodyReader{b: body}
+	scope := ""
+	if m.principal != nil {
+		scope = m.principal(r)
+	}
+	c := &txClaim{
+		TxKey: TxKey{
+			Key:   key,
+			Scope: scope,
+			Token: string(strconv.AppendUint([]byte(m.tokenPrefix), m.tokens.Add(1), 36)),
+		},
+		fingerprint: idemserver.Fingerprint(r, body),
+	}
+	c.row = rowKey(idemserver.ScopedKey(scope, key))
+	h.serve(w, r, c)
+}
+
+// txClaim is a keyed request's claim.
+type txClaim struct {
+	TxKey
+	fingerprint string
+	row         []byte // the key's primary key in idemhttp_keys
+}
+
+// claimTxSQL is the claim inside the request's transaction: set a short
+// lock_timeout for it alone (saving the caller's setting in a custom
+// setting and restoring it after), so that a concurrent claimer of the
+// same key waits at most ClaimWait on the uncommitted row; then claimSQL
+// and lookupSQL as the Store runs them.
+const (
+	saveLockTimeoutSQL    = `SELECT set_config('idemhttp.lock_timeout', current_setting('lock_timeout'), true)`
+	setLockTimeoutSQL     = `SELECT set_config('lock_timeout', $1, true)`
+	restoreLockTimeoutSQL = `SELECT set_config('lock_timeout', current_setting('idemhttp.lock_timeout'), true)`
+	setIdleTimeoutSQL     = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
+)
+
+// storeTxSQL writes the response into the claim's row, in the request's
+// transaction. The token guard cannot fail while the row is our own
+// uncommitted insert; it is there so that a change to how claims are made
+// cannot turn into committing a business write whose claim was lost.
+const storeTxSQL = `
+UPDATE idemhttp_keys SET record = $3, expires_at = now() + $4::interval
+WHERE key = $1 AND token = $2 AND record IS NULL`
+
+// lockNotAvailable is SQLSTATE 55P03: lock_timeout expired.
+const lockNotAvailable = "55P03"
+
+// outcome of begin: what to do with the request.
+type claimOutcome int
+
+const (
+	claimRun claimOutcome = iota
+	claimBusy
+	claimCompleted
+)
+
+// begin opens the request's transaction and, for a keyed request, claims
+// the key in it. A connection found dead before anything ran is replaced
+// and the whole step retried: nothing is committed before the end.
+func (h *txHandler) begin(ctx context.Context, c *txClaim) (pgx.Tx, claimOutcome, idemserver.ClaimResult, error) {
+	var (
+		tx      pgx.Tx
+		outcome claimOutcome
+		res     idemserver.ClaimResult
+	)
+	err := retry(ctx, func() error {
+		var err error
+		tx, err = h.m.db.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		if h.m.idleTimeout != "" {
+			b.Queue(setIdleTimeoutSQL, h.m.idleTimeout)
+		}
+		if c != nil {
+			b.Queue(saveLockTimeoutSQL)
+			b.Queue(setLockTimeoutSQL, h.m.claimWait)
+			b.Queue(claimSQL, c.row, []byte(c.Token), []byte(c.fingerprint), h.m.ttl)
+			b.Queue(lookupSQL, c.row)
+			b.Queue(restoreLockTimeoutSQL)
+		}
+		if b.Len() == 0 {
+			return nil
+		}
+		br := tx.SendBatch(ctx, b)
+		err = h.readBegin(br, c, &res)
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+		if err != nil {
+			_ = tx.Rollback(ctx)
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable {
+				outcome = claimBusy
+				return nil
+			}
+			return err
+		}
+		switch res.State {
+		case idemserver.Claimed:
+			outcome = claimRun
+		case idemserver.InProgress:
+			outcome = claimBusy
+		default:
+			outcome = claimCompleted
+		}
+		if outcome != claimRun {
+			_ = tx.Rollback(ctx)
+		}
+		return nil
+	})
+	return tx, outcome, res, err
+}
+
+func (h *txHandler) readBegin(br pgx.BatchResults, c *txClaim, res *idemserver.ClaimResult) error {
+	if h.m.idleTimeout != "" {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+	}
+	if c == nil {
+		return nil
+	}
+	for range 2 {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+	}
+	r, err := readClaim(br, c.Token)
+	if err != nil {
+		return err
+	}
+	*res = r
+	_, err = br.Exec()
+	return err
+}
+
+// step calls the test hook, if any.
+func (h *txHandler) step(name string) {
+	if h.m.at != nil {
+		h.m.at(name)
+	}
+}
+
+// serve runs one request in a transaction; c is nil for a request without
+// a key.
+func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
+	m := h.m
+	// The work must be finished and recorded even when the client leaves;
+	// a rollback then would only make its retry run the request again.
+	ctx := context.WithoutCancel(r.Context())
+	key := ""
+	if c != nil {
+		key = c.Key
+	}
+	tx, outcome, res, err := h.begin(ctx, c)
+	if err != nil {
+		m.logger.ErrorContext(ctx, "idemhttp/postgres: begin or claim failed; answered 503", "key", key, "error", err)
+		w.Header().Set("Retry-After", m.retryAfter)
+		m.writeError(w, r, idemserver.ProblemStoreUnavailable(key))
+		return
+	}
+	switch {
+	case outcome == claimBusy:
+		w.Header().Set("Retry-After", m.retryAfter)
+		m.writeError(w, r, idemserver.ProblemInProgress(m.header, key))
+		return
+	case outcome == claimCompleted && res.Fingerprint != c.fingerprint:
+		m.writeError(w, r, idemserver.ProblemKeyMismatch(m.header, key))
+		return
+	case outcome == claimCompleted:
+		h.replay(w, r, key, res.Record)
+		return
+	}
+
+	// From here the transaction is open and, for a keyed request, holds
+	// the key. Every path that does not commit rolls back, a panic's too:
+	// the deferred rollback runs before the panic continues to net/http.
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback(ctx)
+		}
+	}()
+	if c != nil {
+		r = r.WithContext(context.WithValue(r.Context(), txKeyContext{}, c.TxKey))
+	}
+	buf := &txWriter{header: make(http.Header), limit: m.maxStored}
+	herr := h.next.ServeHTTPTx(buf, r, tx)
+	h.step("handler")
+	switch {
+	case herr != nil:
+		m.logger.ErrorContext(ctx, "idemhttp/postgres: handler failed; rolled back", "key", key, "error", herr)
+		m.writeError(w, r, problemRolledBack(key))
+		return
+	case buf.overflow:
+		m.logger.ErrorContext(ctx, "idemhttp/postgres: response too large to store; rolled back", "key", key, "limit", m.maxStored)
+		m.writeError(w, r, problemResponseTooLarge(key, m.maxStored))
+		return
+	}
+	status := buf.finalStatus()
+	commit := status < 500
+	if c != nil {
+		commit = m.shouldStore(status)
+	}
+	if !commit {
+		// Not stored, so a retry runs the request again: its writes must
+		// not stay.
+		_ = tx.Rollback(ctx)
+		buf.send(w, nil)
+		return
+	}
+	if c != nil {
+		record, err := (&idemserver.Response{Status: status, Header: storedHeader(buf.header), Body: buf.body}).MarshalBinary()
+		if err != nil { // a status outside 100-999: net/http would panic on it
+			m.logger.ErrorContext(ctx, "idemhttp/postgres: response not storable; rolled back", "key", key, "error", err)
+			m.writeError(w, r, problemRolledBack(key))
+			return
+		}
+		tag, err := tx.Exec(ctx, storeTxSQL, c.row, []byte(c.Token), record, m.ttl)
+		if err != nil {
+			m.logger.ErrorContext(ctx, "idemhttp/postgres: storing the response failed; rolled back", "key", key, "error", err)
+			w.Header().Set("Retry-After", m.retryAfter)
+			m.writeError(w, r, idemserver.ProblemStoreUnavailable(key))
+			return
+		}
+		if tag.RowsAffected() != 1 {
+			// The claim is gone: whoever holds the key now may run the
+			// request, so this run's writes must not commit.
+			m.logger.ErrorContext(ctx, "idemhttp/postgres: claim lost; rolled back", "key", key)
+			w.Header().Set("Retry-After", m.retryAfter)
+			m.writeError(w, r, idemserver.ProblemInProgress(m.header, key))
+			return
+		}
+	}
+	h.step("before-commit")
+	if err := tx.Commit(ctx); err != nil {
+		// Either way a retry with the same key is safe: the record rides
+		// the same commit as the writes, so it finds both or neither.
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			m.logger.ErrorContext(ctx, "idemhttp/postgres: commit refused; rolled back", "key", key, "error", err)
+			m.writeError(w, r, problemRolledBack(key))
+			return
+		}
+		m.logger.ErrorContext(ctx, "idemhttp/postgres: commit outcome unknown; answered 503", "key", key, "error", err)
+		w.Header().Set("Retry-After", m.retryAfter)
+		m.writeError(w, r, idemserver.ProblemStoreUnavailable(key))
+		return
+	}
+	committed = true
+	h.step("after-commit")
+	buf.send(w, h.m.at)
+}
+
+// replay sends a stored response, marked as a replay; a corrupt record
+// gets 503 and nothing else.
+func (h *txHandler) replay(w http.ResponseWriter, r *http.Request, key string, record []byte) {
+	var resp idemserver.Response
+	if err := resp.UnmarshalBinary(record); err != nil {
+		h.m.logger.ErrorContext(r.Context(), "idemhttp/postgres: corrupt stored response; answered 503", "key", key, "error", err)
+		w.Header().Set("Retry-After", h.m.retryAfter)
+		h.m.writeError(w, r, idemserver.ProblemStoreUnavailable(key))
+		return
+	}
+	hdr := w.Header()
+	for k, vs := range resp.Header {
+		hdr[k] = vs
+	}
+	hdr.Set(idemserver.ReplayedHeader, "true")
+	hdr.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	w.WriteHeader(resp.Status)
+	_, _ = w.Write(resp.Body) // a failed write means the client left
+}
+
+// unstoredHeaders are never replayed: hop-by-hop fields describe one
+// connection (RFC 9110, section 7.6.1), Set-Cookie one session, and the
+// framing fields are set again for the replay.
+var unstoredHeaders = []string{
+	"Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+	"Set-Cookie", "Content-Length",
+}
+
+// storedHeader returns the part of the handler's header that a replay
+// sends. Only the handler's own fields are there to begin with: the
+// buffered writer starts from an empty header, not from the header that
+// outer middleware filled.
+func storedHeader(h http.Header) http.Header {
+	out := make(http.Header, len(h))
+	for k, vs := range h {
+		if !slices.Contains(unstoredHeaders, k) {
+			out[k] = vs
+		}
+	}
+	return out
+}
+
+func problemRolledBack(key string) *idemserver.Problem {
+	return &idemserver.Problem{
+		Type:   TypeRolledBack,
+		Title:  "Request rolled back",
+		Status: http.StatusInternalServerError,
+		Detail: "The request failed and nothing was committed; a retry with the same key runs it again.",
+		Key:    key,
+	}
+}
+
+func problemResponseTooLarge(key string, limit int) *idemserver.Problem {
+	return &idemserver.Problem{
+		Type:   TypeResponseTooLarge,
+		Title:  "Response too large to store",
+		Status: http.StatusInternalServerError,
+		Detail: "The response exceeds the " + strconv.Itoa(limit) + " bytes the server stores with the request's effect, so nothing was committed.",
+		Key:    key,
+	}
+}
+
+// txWriter buffers a handler's response until the commit.
+type txWriter struct {
+	header      http.Header
+	status      int
+	body        []byte
+	limit       int
+	overflow    bool
+	wroteHeader bool
+}
+
+var (
+	_ http.ResponseWriter = (*txWriter)(nil)
+	_ http.Flusher        = (*txWriter)(nil)
+)
+
+func (b *txWriter) Header() http.Header { return b.header }
+
+func (b *txWriter) WriteHeader(code int) {
+	// 1xx responses would have to reach the client before the commit:
+	// dropped, as a proxy may.
+	if b.wroteHeader || (code >= 100 && code <= 199) {
+		return
+	}
+	b.wroteHeader = true
+	b.status = code
+}
+
+func (b *txWriter) Write(p []byte) (int, error) {
+	if !b.wroteHeader {
+		b.WriteHeader(http.StatusOK)
+	}
+	if b.overflow {
+		return len(p), nil
+	}
+	if len(b.body)+len(p) > b.limit {
+		b.overflow = true
+		b.body = nil
+		return len(p), nil
+	}
+	b.body = append(b.body, p...)
+	return len(p), nil
+}
+
+// Flush does nothing: nothing may reach the client before the commit.
+func (b *txWriter) Flush() {}
+
+func (b *txWriter) finalStatus() int {
+	if !b.wroteHeader {
+		return http.StatusOK
+	}
+	return b.status
+}
+
+// send writes the buffered response to w; step, set only by tests, is
+// called halfway through the body (a crash point).
+func (b *txWriter) send(w http.ResponseWriter, step func(string)) {
+	hdr := w.Header()
+	for k, vs := range b.header {
+		hdr[k] = vs
+	}
+	if hdr.Get("Transfer-Encoding") == "" {
+		hdr.Set("Content-Length", strconv.Itoa(len(b.body)))
+	}
+	w.WriteHeader(b.finalStatus())
+	if step != nil && len(b.body) > 1 {
+		half := len(b.body) / 2
+		_, _ = w.Write(b.body[:half])
+		_ = http.NewResponseController(w).Flush()
+		step("mid-response")
+		_, _ = w.Write(b.body[half:])
+		return
+	}
+	_, _ = w.Write(b.body) // a failed write means the client left
+}
+
+// bodyReader hands the buffered request body to the handler.
+type bodyReader struct{ b []byte }
+
+func (r *bodyReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.b)
+	r.b = r.b[n:]
+	return n, nil
+}
+
+func (*bodyReader) Close() error { return nil }
