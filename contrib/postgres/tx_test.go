@@ -37,9 +37,13 @@ func newTxSchema(t testing.TB) *testSchema {
 }
 
 // chargeTx inserts a charge for the request's key and answers 201 with
-// its id.
+// its id. Outside TxMiddleware (the split server of TestTxCrash) it reads
+// the key from the header.
 func chargeTx(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
-	k, _ := postgres.KeyFromContext(r.Context())
+	k, ok := postgres.KeyFromContext(r.Context())
+	if !ok {
+		k.Key = r.Header.Get("Idempotency-Key")
+	}
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		return err
