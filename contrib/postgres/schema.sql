@@ -42,6 +42,11 @@ CREATE TABLE IF NOT EXISTS idemhttp_journal (
     lease_expires_at timestamptz                      -- when the lease ends; NULL when not leased
 );
 
+-- lease_token identifies the Journal (one per worker process) holding the
+-- lease, so that Finish and Renew are fenced even when worker names repeat.
+-- Added after version 1; ADD COLUMN IF NOT EXISTS upgrades older tables.
+ALTER TABLE idemhttp_journal ADD COLUMN IF NOT EXISTS lease_token text;
+
 -- One key per operation. NULLs are distinct, so entries without an
 -- operation never conflict here.
 CREATE UNIQUE INDEX IF NOT EXISTS idemhttp_journal_operation ON idemhttp_journal (operation);
