@@ -125,9 +125,9 @@ func NewJournal(db DB, opts *JournalOptions) *Journal {
 		opts = &JournalOptions{}
 	}
 	j := &Journal{
-		db:         db,
-		worker:     opts.Worker,
-		lease:      opts.Lease,
+		db:          db,
+		worker:      opts.Worker,
+		lease:       opts.Lease,
 		omitBodies:  opts.OmitBodies,
 		clientClock: opts.ClientClock,
 		token:       newLeaseToken(),
