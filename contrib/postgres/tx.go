@@ -3,6 +3,8 @@ package postgres
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -20,10 +22,6 @@ import (
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/idemserver"
 )
-
-// DefaultClaimWait is how long a request waits for another request that
-// holds its key, when [TxOptions.ClaimWait] is zero, before it answers 409.
-const DefaultClaimWait = 50 * time.Millisecond
 
 // Problem types of [TxMiddleware]'s own answers, besides idemserver's.
 const (
@@ -97,9 +95,10 @@ type TxOptions struct {
 
 	// ClaimWait is how long a request whose key another running request
 	// holds waits for that request to finish before it answers 409 with
-	// Retry-After; zero means [DefaultClaimWait]. It waits holding a
-	// connection, so keep it short: it only saves the client a round trip
-	// when the first request is about to commit.
+	// Retry-After. Zero means at once (1 ms, PostgreSQL's shortest
+	// lock_timeout). A duplicate waits holding a connection, so keep it
+	// short: waiting only saves the client a round trip when the first
+	// request is about to commit.
 	ClaimWait time.Duration
 
 	// IdleTimeout, if positive, sets idle_in_transaction_session_timeout
@@ -147,10 +146,11 @@ type TxOptions struct {
 // response in the handler's own transaction: the recommended way to serve
 // idempotent requests on PostgreSQL. For each request with a valid key it
 //
-//  1. begins a transaction and claims the key in it: it inserts the key's
-//     row in idemhttp_keys, uncommitted, so a concurrent request with the
-//     same key waits on the row's unique index, for up to ClaimWait, and
-//     answers 409 if the first has not finished by then;
+//  1. begins a transaction and claims the key in it: it takes a
+//     transaction-level advisory lock on a 64-bit hash of the key (a
+//     concurrent request with the same key waits for it, for up to
+//     ClaimWait, then answers 409), and inserts the key's row in
+//     idemhttp_keys, uncommitted;
 //  2. runs the handler with the transaction, on a buffered writer;
 //  3. writes the response into the key's row in that same transaction,
 //     guarded by the claim's token;
@@ -253,11 +253,7 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 	if m.ttl <= 0 {
 		m.ttl = idemserver.DefaultTTL
 	}
-	wait := opts.ClaimWait
-	if wait <= 0 {
-		wait = DefaultClaimWait
-	}
-	m.claimWait = millis(wait)
+	m.claimWait = millis(max(opts.ClaimWait, time.Millisecond))
 	if opts.IdleTimeout > 0 {
 		m.idleTimeout = millis(opts.IdleTimeout)
 	}
@@ -420,17 +416,30 @@ type txClaim struct {
 	row         []byte // the key's primary key in idemhttp_keys
 }
 
-// claimTxSQL is the claim inside the request's transaction: set a short
-// lock_timeout for it alone (saving the caller's setting in a custom
-// setting and restoring it after), so that a concurrent claimer of the
-// same key waits at most ClaimWait on the uncommitted row; then claimSQL
-// and lookupSQL as the Store runs them.
+// The claim inside the request's transaction, one pipeline: save the
+// session's lock_timeout in a custom setting, set it to ClaimWait, take
+// the key's advisory lock, restore lock_timeout, then claimSQL and
+// lookupSQL as the Store runs them. A duplicate therefore fails on the
+// advisory lock after ClaimWait (55P03, which aborts the transaction and
+// so skips the claim); only that statement runs under the short timeout,
+// since a timeout on the INSERT itself would also fire on unrelated
+// waits (relation extension under load), answering 409 for a free key.
 const (
 	saveLockTimeoutSQL    = `SELECT set_config('idemhttp.lock_timeout', current_setting('lock_timeout'), true)`
 	setLockTimeoutSQL     = `SELECT set_config('lock_timeout', $1, true)`
+	advisoryLockSQL       = `SELECT pg_advisory_xact_lock($1)`
 	restoreLockTimeoutSQL = `SELECT set_config('lock_timeout', current_setting('idemhttp.lock_timeout'), true)`
 	setIdleTimeoutSQL     = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
 )
+
+// advisoryKey is the advisory lock of a row key: its SHA-256's first 8
+// bytes. Two keys share a lock with odds of 2^-64 (then one of them
+// answers 409 while the other runs); an application's own advisory locks
+// on small integers never meet it.
+func advisoryKey(row []byte) int64 {
+	sum := sha256.Sum256(row)
+	return int64(binary.BigEndian.Uint64(sum[:8]))
+}
 
 // storeTxSQL writes the response into the claim's row, in the request's
 // transaction. The token guard cannot fail while the row is our own
@@ -474,9 +483,10 @@ func (h *txHandler) begin(ctx context.Context, c *txClaim) (pgx.Tx, claimOutcome
 		if c != nil {
 			b.Queue(saveLockTimeoutSQL)
 			b.Queue(setLockTimeoutSQL, h.m.claimWait)
+			b.Queue(advisoryLockSQL, advisoryKey(c.row))
+			b.Queue(restoreLockTimeoutSQL)
 			b.Queue(claimSQL, c.row, []byte(c.Token), []byte(c.fingerprint), h.m.ttl)
 			b.Queue(lookupSQL, c.row)
-			b.Queue(restoreLockTimeoutSQL)
 		}
 		if b.Len() == 0 {
 			return nil
@@ -520,17 +530,13 @@ func (h *txHandler) readBegin(br pgx.BatchResults, c *txClaim, res *idemserver.C
 	if c == nil {
 		return nil
 	}
-	for range 2 {
+	for range 4 {
 		if _, err := br.Exec(); err != nil {
 			return err
 		}
 	}
 	r, err := readClaim(br, c.Token)
-	if err != nil {
-		return err
-	}
 	*res = r
-	_, err = br.Exec()
 	return err
 }
 

@@ -298,7 +298,7 @@ func TestRowKey(t *testing.T) {
 
 // TestTxConcurrentDuplicates sends 200 requests with one key at once while
 // the first holds its claim: exactly one runs and commits; the others get
-// 409 (they waited ClaimWait on the uncommitted row), and afterwards every
+// 409 (they waited ClaimWait for the key's lock), and afterwards every
 // retry gets the stored response. It also reports the connections the
 // waiting duplicates held (sessions waiting on a lock, sampled).
 func TestTxConcurrentDuplicates(t *testing.T) {
@@ -337,7 +337,7 @@ func TestTxConcurrentDuplicates(t *testing.T) {
 	ids := charges(t, s, "dup")
 	require.Len(t, ids, 1)
 	assert.Equal(t, reply{Status: http.StatusCreated, Replayed: true, Body: created.Body}, post(t, h, "dup", "x"))
-	t.Logf("%d duplicates: peak %d sessions waiting on the claim's row lock (pool of 16)", n-1, *peak)
+	t.Logf("%d duplicates: peak %d sessions waiting on the key's lock (pool of 16)", n-1, *peak)
 }
 
 // TestTxSlowHandler runs a handler far longer than ClaimWait, and longer
