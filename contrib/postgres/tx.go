@@ -93,14 +93,6 @@ type TxOptions struct {
 	// [idemserver.DefaultTTL].
 	TTL time.Duration
 
-	// ClaimWait is how long a request whose key another running request
-	// holds waits for that request to finish before it answers 409 with
-	// Retry-After. Zero means at once (1 ms, PostgreSQL's shortest
-	// lock_timeout). A duplicate waits holding a connection, so keep it
-	// short: waiting only saves the client a round trip when the first
-	// request is about to commit.
-	ClaimWait time.Duration
-
 	// IdleTimeout, if positive, sets idle_in_transaction_session_timeout
 	// for each request's transaction, so that PostgreSQL ends the
 	// transaction of a server that vanished without closing its
@@ -147,10 +139,10 @@ type TxOptions struct {
 // idempotent requests on PostgreSQL. For each request with a valid key it
 //
 //  1. begins a transaction and claims the key in it: it takes a
-//     transaction-level advisory lock on a 64-bit hash of the key (a
-//     concurrent request with the same key waits for it, for up to
-//     ClaimWait, then answers 409), and inserts the key's row in
-//     idemhttp_keys, uncommitted;
+//     transaction-level advisory lock on a 64-bit hash of the key, without
+//     waiting (a concurrent request with the same key answers 409 with
+//     Retry-After at once), and inserts the key's row in idemhttp_keys,
+//     uncommitted;
 //  2. runs the handler with the transaction, on a buffered writer;
 //  3. writes the response into the key's row in that same transaction,
 //     guarded by the claim's token;
@@ -196,7 +188,6 @@ type TxMiddleware struct {
 	header      string
 	form        idemserver.KeyForm
 	ttl         time.Duration
-	claimWait   string // lock_timeout value
 	idleTimeout string // idle_in_transaction_session_timeout value, "" to leave it
 	retryAfter  string
 	maxBody     int64
@@ -253,7 +244,6 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 	if m.ttl <= 0 {
 		m.ttl = idemserver.DefaultTTL
 	}
-	m.claimWait = millis(max(opts.ClaimWait, time.Millisecond))
 	if opts.IdleTimeout > 0 {
 		m.idleTimeout = millis(opts.IdleTimeout)
 	}
@@ -416,21 +406,28 @@ type txClaim struct {
 	row         []byte // the key's primary key in idemhttp_keys
 }
 
-// The claim inside the request's transaction, one pipeline: save the
-// session's lock_timeout in a custom setting, set it to ClaimWait, take
-// the key's advisory lock, restore lock_timeout, then claimSQL and
-// lookupSQL as the Store runs them. A duplicate therefore fails on the
-// advisory lock after ClaimWait (55P03, which aborts the transaction and
-// so skips the claim); only that statement runs under the short timeout,
-// since a timeout on the INSERT itself would also fire on unrelated
-// waits (relation extension under load), answering 409 for a free key.
-const (
-	saveLockTimeoutSQL    = `SELECT set_config('idemhttp.lock_timeout', current_setting('lock_timeout'), true)`
-	setLockTimeoutSQL     = `SELECT set_config('lock_timeout', $1, true)`
-	advisoryLockSQL       = `SELECT pg_advisory_xact_lock($1)`
-	restoreLockTimeoutSQL = `SELECT set_config('lock_timeout', current_setting('idemhttp.lock_timeout'), true)`
-	setIdleTimeoutSQL     = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
-)
+// claimTxSQL is claimSQL for the request's transaction: it inserts only
+// if the key's advisory lock is free (pg_try_advisory_xact_lock, which
+// never waits), so a duplicate of a running request neither waits on its
+// uncommitted row nor holds a connection doing so. A lock_timeout on the
+// INSERT instead would also fire on unrelated waits under load (relation
+// extension), answering 409 for a free key; it was tried and seen to.
+const claimTxSQL = `
+INSERT INTO idemhttp_keys AS k (key, token, fingerprint, record, expires_at)
+SELECT $1, $2, $3, NULL, now() + $4::interval
+WHERE pg_try_advisory_xact_lock($5)
+ON CONFLICT (key) DO UPDATE
+SET token = excluded.token, fingerprint = excluded.fingerprint, record = NULL, expires_at = excluded.expires_at
+WHERE k.expires_at <= now()
+RETURNING true`
+
+// lookupTxSQL reads the row claimTxSQL left alone: a live one (ON
+// CONFLICT locked it), or none when the advisory lock was taken, in which
+// case the holder's row is uncommitted and invisible, and an expired row
+// that may be visible is the holder's to take over.
+const lookupTxSQL = `SELECT token, fingerprint, record FROM idemhttp_keys WHERE key = $1 AND expires_at > now()`
+
+const setIdleTimeoutSQL = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
 
 // advisoryKey is the advisory lock of a row key: its SHA-256's first 8
 // bytes. Two keys share a lock with odds of 2^-64 (then one of them
@@ -448,9 +445,6 @@ func advisoryKey(row []byte) int64 {
 const storeTxSQL = `
 UPDATE idemhttp_keys SET record = $3, expires_at = now() + $4::interval
 WHERE key = $1 AND token = $2 AND record IS NULL`
-
-// lockNotAvailable is SQLSTATE 55P03: lock_timeout expired.
-const lockNotAvailable = "55P03"
 
 // outcome of begin: what to do with the request.
 type claimOutcome int
@@ -481,12 +475,8 @@ func (h *txHandler) begin(ctx context.Context, c *txClaim) (pgx.Tx, claimOutcome
 			b.Queue(setIdleTimeoutSQL, h.m.idleTimeout)
 		}
 		if c != nil {
-			b.Queue(saveLockTimeoutSQL)
-			b.Queue(setLockTimeoutSQL, h.m.claimWait)
-			b.Queue(advisoryLockSQL, advisoryKey(c.row))
-			b.Queue(restoreLockTimeoutSQL)
-			b.Queue(claimSQL, c.row, []byte(c.Token), []byte(c.fingerprint), h.m.ttl)
-			b.Queue(lookupSQL, c.row)
+			b.Queue(claimTxSQL, c.row, []byte(c.Token), []byte(c.fingerprint), h.m.ttl, advisoryKey(c.row))
+			b.Queue(lookupTxSQL, c.row)
 		}
 		if b.Len() == 0 {
 			return nil
@@ -496,13 +486,14 @@ func (h *txHandler) begin(ctx context.Context, c *txClaim) (pgx.Tx, claimOutcome
 		if cerr := br.Close(); err == nil && cerr != nil {
 			err = cerr
 		}
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Neither claimed nor a live row: the advisory lock is held
+			// by a running request.
+			res = idemserver.ClaimResult{State: idemserver.InProgress}
+			err = nil
+		}
 		if err != nil {
 			_ = tx.Rollback(ctx)
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable {
-				outcome = claimBusy
-				return nil
-			}
 			return err
 		}
 		switch res.State {
@@ -529,11 +520,6 @@ func (h *txHandler) readBegin(br pgx.BatchResults, c *txClaim, res *idemserver.C
 	}
 	if c == nil {
 		return nil
-	}
-	for range 4 {
-		if _, err := br.Exec(); err != nil {
-			return err
-		}
 	}
 	r, err := readClaim(br, c.Token)
 	*res = r

@@ -298,7 +298,7 @@ func TestRowKey(t *testing.T) {
 
 // TestTxConcurrentDuplicates sends 200 requests with one key at once while
 // the first holds its claim: exactly one runs and commits; the others get
-// 409 (they waited ClaimWait for the key's lock), and afterwards every
+// 409 at once (the key's advisory lock is taken), and afterwards every
 // retry gets the stored response. It also reports the connections the
 // waiting duplicates held (sessions waiting on a lock, sampled).
 func TestTxConcurrentDuplicates(t *testing.T) {
@@ -316,11 +316,13 @@ func TestTxConcurrentDuplicates(t *testing.T) {
 	go func() { replies <- post(t, h, "dup", "x") }()
 	<-entered
 	stop, peak := sampleLockWaiters(t, s)
+	began := time.Now()
 	var wg sync.WaitGroup
 	for range n - 1 {
 		wg.Go(func() { replies <- post(t, h, "dup", "x") })
 	}
 	wg.Wait()
+	took := time.Since(began)
 	stop()
 	close(release)
 	counts := map[int]int{}
@@ -337,15 +339,50 @@ func TestTxConcurrentDuplicates(t *testing.T) {
 	ids := charges(t, s, "dup")
 	require.Len(t, ids, 1)
 	assert.Equal(t, reply{Status: http.StatusCreated, Replayed: true, Body: created.Body}, post(t, h, "dup", "x"))
-	t.Logf("%d duplicates: peak %d sessions waiting on the key's lock (pool of 16)", n-1, *peak)
+	t.Logf("uncommitted claim: %d duplicates answered in %v; peak %d sessions waiting on the key's lock (pool of 16)",
+		n-1, took.Round(time.Millisecond), *peak)
 }
 
-// TestTxSlowHandler runs a handler far longer than ClaimWait, and longer
-// than a Store's lock timeout would be: duplicates meanwhile get 409, the
-// slow run commits, and it is the only one.
+// TestCommittedClaimDuplicates is the same race against the other design,
+// a claim committed on its own (Store.Claim), for the numbers in the
+// package README: duplicates never wait on a lock.
+func TestCommittedClaimDuplicates(t *testing.T) {
+	const n = 200
+	ctx := context.Background()
+	s := newSchema(t)
+	store := postgres.NewStore(s.pool(t, 16))
+	res, err := store.Claim(ctx, "dup", idemserver.Claim{Token: "first", Fingerprint: "fp", LockTimeout: time.Minute})
+	require.NoError(t, err)
+	require.Equal(t, idemserver.Claimed, res.State)
+	stop, peak := sampleLockWaiters(t, s)
+	began := time.Now()
+	states := make(chan idemserver.ClaimState, n-1)
+	var wg sync.WaitGroup
+	for i := range n - 1 {
+		wg.Go(func() {
+			res, err := store.Claim(ctx, "dup", idemserver.Claim{Token: fmt.Sprint("dup-", i), Fingerprint: "fp", LockTimeout: time.Minute})
+			if err != nil {
+				res.State = 0
+			}
+			states <- res.State
+		})
+	}
+	wg.Wait()
+	took := time.Since(began)
+	stop()
+	for range n - 1 {
+		assert.Equal(t, idemserver.InProgress, <-states)
+	}
+	t.Logf("committed claim: %d duplicates answered in %v; peak %d sessions waiting on a lock (pool of 16)",
+		n-1, took.Round(time.Millisecond), *peak)
+}
+
+// TestTxSlowHandler holds a handler for half a second, longer than the
+// lock timeout this test would give a committed claim: duplicates
+// meanwhile get 409, the slow run commits, and it is the only one.
 func TestTxSlowHandler(t *testing.T) {
 	s := newTxSchema(t)
-	m := newTx(t, s, 4, &postgres.TxOptions{ClaimWait: 10 * time.Millisecond})
+	m := newTx(t, s, 4, nil)
 	entered := make(chan struct{}, 8)
 	release := make(chan struct{})
 	h := m.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
@@ -356,8 +393,9 @@ func TestTxSlowHandler(t *testing.T) {
 	first := make(chan reply, 1)
 	go func() { first <- post(t, h, "slow", "x") }()
 	<-entered
-	start := time.Now()
-	for time.Since(start) < 500*time.Millisecond { // 50 claim waits
+	tick := time.NewTicker(25 * time.Millisecond)
+	defer tick.Stop()
+	for start := time.Now(); time.Since(start) < 500*time.Millisecond; <-tick.C {
 		assert.Equal(t, http.StatusConflict, post(t, h, "slow", "x").Status)
 	}
 	close(release)
