@@ -3,8 +3,6 @@ package postgres
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -406,126 +404,6 @@ type txClaim struct {
 	row         []byte // the key's primary key in idemhttp_keys
 }
 
-// claimTxSQL is claimSQL for the request's transaction: it inserts only
-// if the key's advisory lock is free (pg_try_advisory_xact_lock, which
-// never waits), so a duplicate of a running request neither waits on its
-// uncommitted row nor holds a connection doing so. A lock_timeout on the
-// INSERT instead would also fire on unrelated waits under load (relation
-// extension), answering 409 for a free key; it was tried and seen to.
-const claimTxSQL = `
-INSERT INTO idemhttp_keys AS k (key, token, fingerprint, record, expires_at)
-SELECT $1, $2, $3, NULL, now() + $4::interval
-WHERE pg_try_advisory_xact_lock($5)
-ON CONFLICT (key) DO UPDATE
-SET token = excluded.token, fingerprint = excluded.fingerprint, record = NULL, expires_at = excluded.expires_at
-WHERE k.expires_at <= now()
-RETURNING true`
-
-// lookupTxSQL reads the row claimTxSQL left alone: a live one (ON
-// CONFLICT locked it), or none when the advisory lock was taken, in which
-// case the holder's row is uncommitted and invisible, and an expired row
-// that may be visible is the holder's to take over.
-const lookupTxSQL = `SELECT token, fingerprint, record FROM idemhttp_keys WHERE key = $1 AND expires_at > now()`
-
-const setIdleTimeoutSQL = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
-
-// advisoryKey is the advisory lock of a row key: its SHA-256's first 8
-// bytes. Two keys share a lock with odds of 2^-64 (then one of them
-// answers 409 while the other runs); an application's own advisory locks
-// on small integers never meet it.
-func advisoryKey(row []byte) int64 {
-	sum := sha256.Sum256(row)
-	return int64(binary.BigEndian.Uint64(sum[:8]))
-}
-
-// storeTxSQL writes the response into the claim's row, in the request's
-// transaction. The token guard cannot fail while the row is our own
-// uncommitted insert; it is there so that a change to how claims are made
-// cannot turn into committing a business write whose claim was lost.
-const storeTxSQL = `
-UPDATE idemhttp_keys SET record = $3, expires_at = now() + $4::interval
-WHERE key = $1 AND token = $2 AND record IS NULL`
-
-// outcome of begin: what to do with the request.
-type claimOutcome int
-
-const (
-	claimRun claimOutcome = iota
-	claimBusy
-	claimCompleted
-)
-
-// begin opens the request's transaction and, for a keyed request, claims
-// the key in it. A connection found dead before anything ran is replaced
-// and the whole step retried: nothing is committed before the end.
-func (h *txHandler) begin(ctx context.Context, c *txClaim) (pgx.Tx, claimOutcome, idemserver.ClaimResult, error) {
-	var (
-		tx      pgx.Tx
-		outcome claimOutcome
-		res     idemserver.ClaimResult
-	)
-	err := retry(ctx, func() error {
-		var err error
-		tx, err = h.m.db.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		b := &pgx.Batch{}
-		if h.m.idleTimeout != "" {
-			b.Queue(setIdleTimeoutSQL, h.m.idleTimeout)
-		}
-		if c != nil {
-			b.Queue(claimTxSQL, c.row, []byte(c.Token), []byte(c.fingerprint), h.m.ttl, advisoryKey(c.row))
-			b.Queue(lookupTxSQL, c.row)
-		}
-		if b.Len() == 0 {
-			return nil
-		}
-		br := tx.SendBatch(ctx, b)
-		err = h.readBegin(br, c, &res)
-		if cerr := br.Close(); err == nil && cerr != nil {
-			err = cerr
-		}
-		if errors.Is(err, pgx.ErrNoRows) {
-			// Neither claimed nor a live row: the advisory lock is held
-			// by a running request.
-			res = idemserver.ClaimResult{State: idemserver.InProgress}
-			err = nil
-		}
-		if err != nil {
-			_ = tx.Rollback(ctx)
-			return err
-		}
-		switch res.State {
-		case idemserver.Claimed:
-			outcome = claimRun
-		case idemserver.InProgress:
-			outcome = claimBusy
-		default:
-			outcome = claimCompleted
-		}
-		if outcome != claimRun {
-			_ = tx.Rollback(ctx)
-		}
-		return nil
-	})
-	return tx, outcome, res, err
-}
-
-func (h *txHandler) readBegin(br pgx.BatchResults, c *txClaim, res *idemserver.ClaimResult) error {
-	if h.m.idleTimeout != "" {
-		if _, err := br.Exec(); err != nil {
-			return err
-		}
-	}
-	if c == nil {
-		return nil
-	}
-	r, err := readClaim(br, c.Token)
-	*res = r
-	return err
-}
-
 // step calls the test hook, if any.
 func (h *txHandler) step(name string) {
 	if h.m.at != nil {
@@ -544,7 +422,7 @@ func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
 	if c != nil {
 		key = c.Key
 	}
-	tx, outcome, res, err := h.begin(ctx, c)
+	run, outcome, res, err := h.begin(ctx, c)
 	if err != nil {
 		m.logger.ErrorContext(ctx, "idemhttp/postgres: begin or claim failed; answered 503", "key", key, "error", err)
 		w.Header().Set("Retry-After", m.retryAfter)
@@ -567,17 +445,12 @@ func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
 	// From here the transaction is open and, for a keyed request, holds
 	// the key. Every path that does not commit rolls back, a panic's too:
 	// the deferred rollback runs before the panic continues to net/http.
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback(ctx)
-		}
-	}()
+	defer run.rollback(ctx) // nothing once committed
 	if c != nil {
 		r = r.WithContext(context.WithValue(r.Context(), txKeyContext{}, c.TxKey))
 	}
 	buf := &txWriter{header: make(http.Header), limit: m.maxStored}
-	herr := h.next.ServeHTTPTx(buf, r, tx)
+	herr := h.next.ServeHTTPTx(buf, r, run.lent)
 	h.step("handler")
 	switch {
 	case herr != nil:
@@ -597,38 +470,34 @@ func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
 	if !commit {
 		// Not stored, so a retry runs the request again: its writes must
 		// not stay.
-		_ = tx.Rollback(ctx)
+		run.rollback(ctx)
 		buf.send(w, nil)
 		return
 	}
+	var record []byte
 	if c != nil {
-		record, err := (&idemserver.Response{Status: status, Header: storedHeader(buf.header), Body: buf.body}).MarshalBinary()
+		var err error
+		record, err = (&idemserver.Response{Status: status, Header: storedHeader(buf.header), Body: buf.body}).MarshalBinary()
 		if err != nil { // a status outside 100-999: net/http would panic on it
 			m.logger.ErrorContext(ctx, "idemhttp/postgres: response not storable; rolled back", "key", key, "error", err)
 			m.writeError(w, r, problemRolledBack(key))
 			return
 		}
-		tag, err := tx.Exec(ctx, storeTxSQL, c.row, []byte(c.Token), record, m.ttl)
-		if err != nil {
-			m.logger.ErrorContext(ctx, "idemhttp/postgres: storing the response failed; rolled back", "key", key, "error", err)
-			w.Header().Set("Retry-After", m.retryAfter)
-			m.writeError(w, r, idemserver.ProblemStoreUnavailable(key))
-			return
-		}
-		if tag.RowsAffected() != 1 {
+	}
+	h.step("before-commit")
+	if err := run.commit(ctx, c, record, m.ttl, h.step); err != nil {
+		// Whatever happened, a retry with the same key is safe: the
+		// record rides the same commit as the writes, so it finds both or
+		// neither.
+		var pgErr *pgconn.PgError
+		if errors.Is(err, errClaimLost) {
 			// The claim is gone: whoever holds the key now may run the
-			// request, so this run's writes must not commit.
+			// request, so this run's writes did not commit.
 			m.logger.ErrorContext(ctx, "idemhttp/postgres: claim lost; rolled back", "key", key)
 			w.Header().Set("Retry-After", m.retryAfter)
 			m.writeError(w, r, idemserver.ProblemInProgress(m.header, key))
 			return
 		}
-	}
-	h.step("before-commit")
-	if err := tx.Commit(ctx); err != nil {
-		// Either way a retry with the same key is safe: the record rides
-		// the same commit as the writes, so it finds both or neither.
-		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) {
 			m.logger.ErrorContext(ctx, "idemhttp/postgres: commit refused; rolled back", "key", key, "error", err)
 			m.writeError(w, r, problemRolledBack(key))
@@ -639,7 +508,6 @@ func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
 		m.writeError(w, r, idemserver.ProblemStoreUnavailable(key))
 		return
 	}
-	committed = true
 	h.step("after-commit")
 	buf.send(w, h.m.at)
 }

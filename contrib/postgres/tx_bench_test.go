@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -65,5 +66,50 @@ func BenchmarkTxMiddleware(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// BenchmarkTxMiddlewareInterleaved sends plain and tx requests alternately
+// from the same 64 goroutines, so that both meet the same load at the same
+// moment (the machine is shared), and reports tx-latency/plain-latency:
+// at equal concurrency, the inverse of the throughput ratio.
+func BenchmarkTxMiddlewareInterleaved(b *testing.B) {
+	const conc = 64
+	s := newTxSchema(b)
+	pool := s.pool(b, conc)
+	plain := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := pgx.BeginFunc(r.Context(), pool, func(tx pgx.Tx) error { return chargeTx(w, r, tx) })
+		if err != nil {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	})
+	handlers := [2]http.Handler{plain, newTx(b, s, conc, nil).WrapFunc(chargeTx)}
+	var (
+		keys  atomic.Uint64
+		nanos [2]atomic.Int64
+		count [2]atomic.Int64
+	)
+	b.ReportAllocs()
+	b.SetParallelism((conc + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+	b.RunParallel(func(pb *testing.PB) {
+		for i := 0; pb.Next(); i++ {
+			which := i % 2
+			req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader("amount=1099"))
+			req.Header.Set("Idempotency-Key", "bench-"+strconv.FormatUint(keys.Add(1), 36))
+			rec := httptest.NewRecorder()
+			start := time.Now()
+			handlers[which].ServeHTTP(rec, req)
+			nanos[which].Add(int64(time.Since(start)))
+			count[which].Add(1)
+			if rec.Code != http.StatusCreated {
+				b.Errorf("status %d: %s", rec.Code, rec.Body)
+				return
+			}
+		}
+	})
+	if count[0].Load() > 0 && count[1].Load() > 0 {
+		plainMean := float64(nanos[0].Load()) / float64(count[0].Load())
+		txMean := float64(nanos[1].Load()) / float64(count[1].Load())
+		b.ReportMetric(plainMean/txMean, "tx-throughput-ratio")
 	}
 }

@@ -454,3 +454,60 @@ func TestTxRefusesStandby(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// plainDB hides the pool's Acquire, so that TxMiddleware takes its path
+// for other DBs: the response and COMMIT in round trips of their own.
+type plainDB struct{ postgres.DB }
+
+func TestTxWithoutAcquire(t *testing.T) {
+	s := newTxSchema(t)
+	m, err := postgres.NewTxMiddleware(context.Background(), plainDB{s.pool(t, 4)}, &postgres.TxOptions{SingleTenant: true, Logger: discardLogger()})
+	require.NoError(t, err)
+	h := m.WrapFunc(chargeTx)
+	first := post(t, h, "k1", "x")
+	require.Equal(t, http.StatusCreated, first.Status)
+	assert.Equal(t, reply{Status: http.StatusCreated, Replayed: true, Body: first.Body}, post(t, h, "k1", "x"))
+	assert.Len(t, charges(t, s, "k1"), 1)
+
+	lost := m.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		if _, err := tx.Exec(r.Context(), `DELETE FROM idemhttp_keys WHERE key <> $1`, postgres.RowKey(idemserver.ScopedKey("", "k1"))); err != nil {
+			return err
+		}
+		return chargeTx(w, r, tx)
+	})
+	assert.Equal(t, http.StatusConflict, post(t, lost, "k2", "x").Status)
+	assert.Empty(t, charges(t, s, "k2"))
+	assert.Equal(t, http.StatusInternalServerError, post(t, m.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		_ = chargeTx(w, r, tx)
+		return errors.New("failed")
+	}), "k3", "x").Status)
+	assert.Empty(t, charges(t, s, "k3"))
+}
+
+// TestTxHandlerOwnsNoCommit: the handler cannot commit or roll back the
+// middleware's transaction (committing would split the write from its
+// record), and a transaction it keeps after returning is closed.
+func TestTxHandlerOwnsNoCommit(t *testing.T) {
+	s := newTxSchema(t)
+	m := newTx(t, s, 2, nil)
+	kept := make(chan pgx.Tx, 1)
+	errs := make(chan error, 2)
+	h := m.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		if err := chargeTx(w, r, tx); err != nil {
+			return err
+		}
+		errs <- tx.Commit(r.Context())
+		errs <- tx.Rollback(r.Context())
+		kept <- tx
+		return nil
+	})
+	require.Equal(t, http.StatusCreated, post(t, h, "k", "x").Status)
+	assert.ErrorContains(t, <-errs, "TxMiddleware commits")
+	assert.ErrorContains(t, <-errs, "TxMiddleware commits")
+	tx := <-kept
+	_, err := tx.Exec(context.Background(), `INSERT INTO a1_charges (idem_key, amount) VALUES ('late', 1)`)
+	assert.ErrorIs(t, err, pgx.ErrTxClosed)
+	assert.ErrorIs(t, tx.QueryRow(context.Background(), `SELECT 1`).Scan(new(int)), pgx.ErrTxClosed)
+	assert.Empty(t, charges(t, s, "late"))
+	assert.Len(t, charges(t, s, "k"), 1)
+}
