@@ -75,6 +75,7 @@ type LeaseLostError struct {
 	Owner string // the worker now holding the lease, or "" if none does
 }
 
+// Error says which entry's lease was lost, and to whom.
 func (e *LeaseLostError) Error() string {
 	if e.Owner == "" {
 		return "idemhttp/postgres: lease lost on entry " + e.Key
