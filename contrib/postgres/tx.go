@@ -138,11 +138,13 @@ type TxOptions struct {
 //  1. begins a transaction and claims the key in it: it takes a
 //     transaction-level advisory lock on a 64-bit hash of the key, without
 //     waiting (a concurrent request with the same key answers 409 with
-//     Retry-After at once), and inserts the key's row in idemhttp_keys,
-//     uncommitted;
+//     Retry-After at once), and reads the key's live row, to replay a
+//     stored response (or answer 422 for another request's key);
 //  2. runs the handler with the transaction, on a buffered writer;
-//  3. writes the response into the key's row in that same transaction,
-//     guarded by the claim's token (a lost claim aborts the transaction);
+//  3. writes the key's row with the response in that same transaction,
+//     unless a live row now holds the key (a [Store] sharing the table
+//     claimed it meanwhile): then the claim is lost and the transaction
+//     aborts, so that exactly one of the two runs commits;
 //  4. commits, and only then sends the response.
 //
 // On a [*pgxpool.Pool] that is three round trips, as many as a handler
@@ -158,13 +160,17 @@ type TxOptions struct {
 // transaction, which also frees the key; a panic continues to net/http
 // after the rollback.
 //
+// Whatever the isolation level, the key's primary key is the last word:
+// should two runs ever hold the key at once, only one of their rows can
+// commit, and the other's business write rolls back with it.
+//
 // # Why the claim is not committed first
 //
 // A claim committed in a transaction of its own (as [Store] makes) outlives
 // a crashed server: its key answers 409 until the lock timeout passes (a
 // minute by default), and a handler slower than that timeout loses its
-// claim unless a heartbeat renews it. The uncommitted claim here is
-// released by PostgreSQL the moment the server's connection closes
+// claim unless a heartbeat renews it. The claim here (the advisory lock)
+// is released by PostgreSQL the moment the server's connection closes
 // (measured: the retry after a SIGKILL succeeded 6 ms to 85 ms later,
 // against 1 s for a committed claim with a 1 s lock timeout), and no run,
 // however slow, can lose it, so there is no heartbeat. Duplicates do not

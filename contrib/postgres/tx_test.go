@@ -183,20 +183,32 @@ func TestTxPanic(t *testing.T) {
 	assert.Equal(t, http.StatusCreated, post(t, m.WrapFunc(chargeTx), "k", "x").Status)
 }
 
-// TestTxClaimLost removes the claim under a running handler (no claim can
-// be lost this way in production: it is the handler's own uncommitted
-// row; the test deletes it through the handler's transaction). The token
-// guard must then refuse to commit the business write.
+// TestTxClaimLost has a Store sharing the table claim the key (it takes no
+// advisory lock) while a TxMiddleware request with the same key runs: the
+// guarded store must then refuse to commit the business write, so that
+// exactly one of the two runs. Checked to fail with the guard's
+// "1 / count(*)" replaced by "1": the charge then committed without its
+// record.
 func TestTxClaimLost(t *testing.T) {
+	ctx := context.Background()
 	s := newTxSchema(t)
 	m := newTx(t, s, 2, &postgres.TxOptions{Logger: discardLogger()})
+	entered := make(chan struct{})
+	release := make(chan struct{})
 	h := m.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
-		if _, err := tx.Exec(r.Context(), `DELETE FROM idemhttp_keys`); err != nil {
-			return err
-		}
+		close(entered)
+		<-release
 		return chargeTx(w, r, tx)
 	})
-	got := post(t, h, "k", "x")
+	replies := make(chan reply, 1)
+	go func() { replies <- post(t, h, "k", "x") }()
+	<-entered
+	res, err := postgres.NewStore(s.pool(t, 1)).Claim(ctx, idemserver.ScopedKey("", "k"),
+		idemserver.Claim{Token: "other", Fingerprint: "fp", LockTimeout: time.Minute})
+	require.NoError(t, err)
+	require.Equal(t, idemserver.Claimed, res.State)
+	close(release)
+	got := <-replies
 	assert.Equal(t, http.StatusConflict, got.Status)
 	assert.Contains(t, got.Body, idemserver.TypeInProgress)
 	assert.Empty(t, charges(t, s, "k"), "the business write must roll back with the lost claim")
@@ -469,8 +481,12 @@ func TestTxWithoutAcquire(t *testing.T) {
 	assert.Equal(t, reply{Status: http.StatusCreated, Replayed: true, Body: first.Body}, post(t, h, "k1", "x"))
 	assert.Len(t, charges(t, s, "k1"), 1)
 
+	// A live claim row appears under the running handler (here through
+	// its own transaction; in production, a Store's claim).
 	lost := m.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
-		if _, err := tx.Exec(r.Context(), `DELETE FROM idemhttp_keys WHERE key <> $1`, postgres.RowKey(idemserver.ScopedKey("", "k1"))); err != nil {
+		_, err := tx.Exec(r.Context(), `INSERT INTO idemhttp_keys (key, token, fingerprint, expires_at)
+VALUES ($1, 'other', 'fp', now() + interval '1 minute')`, postgres.RowKey(idemserver.ScopedKey("", "k2")))
+		if err != nil {
 			return err
 		}
 		return chargeTx(w, r, tx)

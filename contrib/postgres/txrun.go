@@ -22,28 +22,22 @@ import (
 // the pool once the session is idle). On another DB the response and
 // COMMIT take a round trip each.
 
-// claimTxSQL is claimSQL for the request's transaction: it inserts only
-// if the key's advisory lock is free (pg_try_advisory_xact_lock, which
-// never waits), so a duplicate of a running request neither waits on its
-// uncommitted row nor holds a connection doing so. A lock_timeout on the
-// INSERT instead would also fire on unrelated waits under load (relation
-// extension), answering 409 for a free key; it was tried and seen to.
-const claimTxSQL = `
-INSERT INTO idemhttp_keys AS k (key, token, fingerprint, record, expires_at)
-SELECT $1, $2, $3, NULL, now() + $4::interval
-WHERE pg_try_advisory_xact_lock($5)
-ON CONFLICT (key) DO UPDATE
-SET token = excluded.token, fingerprint = excluded.fingerprint, record = NULL, expires_at = excluded.expires_at
-WHERE k.expires_at <= now()
-RETURNING true`
+// The claim is the key's transaction-level advisory lock (a 64-bit hash
+// of the key), tried, never waited for: a duplicate of a running request
+// answers 409 at once, and neither waits on the runner's rows nor holds a
+// connection doing so. The key's row is written once, at the end, with the
+// response (storeTxSQL). A first version inserted a claim row at the start
+// under a short lock_timeout, then updated it with the response: twice the
+// row work, and under load the timeout also fired on unrelated waits
+// (relation extension), answering 409 for a free key.
+const tryLockSQL = `SELECT pg_try_advisory_xact_lock($1)`
 
 // divisionByZero is SQLSTATE 22012, storeGuardSQL's "claim lost".
 const divisionByZero = "22012"
 
-// lookupTxSQL reads the row the claim left alone: a live one (ON CONFLICT
-// locked it), or none when the advisory lock was taken, in which case the
-// holder's row is uncommitted and invisible, and an expired row that may
-// be visible is the holder's to take over.
+// lookupTxSQL reads the key's live row, if any: a completed response to
+// replay, or a claim committed by a [Store] sharing the table. An expired
+// row is the claimer's to take over.
 const lookupTxSQL = `SELECT token, fingerprint, record FROM idemhttp_keys WHERE key = $1 AND expires_at > now()`
 
 const setIdleTimeoutSQL = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
@@ -57,16 +51,20 @@ func advisoryKey(row []byte) int64 {
 	return int64(binary.BigEndian.Uint64(sum[:8]))
 }
 
-// storeTxSQL writes the response into the claim's row, in the request's
-// transaction. The token guard cannot fail while the row is our own
-// uncommitted insert; it is there so that a change to how claims are made
-// cannot turn into committing a business write whose claim was lost.
+// storeTxSQL writes the key's row with the response, in the request's
+// transaction, unless a live row holds the key: one that another claimer
+// (a Store sharing the table, which takes no advisory lock) committed
+// while the handler ran. Then the claim is lost, and the business write
+// must not commit: exactly one of the two runs may.
 const storeTxSQL = `
-UPDATE idemhttp_keys SET record = $3, expires_at = now() + $4::interval
-WHERE key = $1 AND token = $2 AND record IS NULL`
+INSERT INTO idemhttp_keys AS k (key, token, fingerprint, record, expires_at)
+VALUES ($1, $2, $3, $4, now() + $5::interval)
+ON CONFLICT (key) DO UPDATE
+SET token = excluded.token, fingerprint = excluded.fingerprint, record = excluded.record, expires_at = excluded.expires_at
+WHERE k.expires_at <= now()`
 
 // storeGuardSQL is storeTxSQL for a pipeline with COMMIT: it fails
-// (division_by_zero) unless it updated the claim's row, which aborts the
+// (division_by_zero) unless it wrote the row, which aborts the
 // transaction, so the COMMIT queued after it cannot commit the business
 // write without its record.
 const storeGuardSQL = `
@@ -125,7 +123,7 @@ func (h *txHandler) beginOnce(ctx context.Context, c *txClaim) (*txRun, claimOut
 		b.Queue(setIdleTimeoutSQL, h.m.idleTimeout)
 	}
 	if c != nil {
-		b.Queue(claimTxSQL, c.row, []byte(c.Token), []byte(c.fingerprint), h.m.ttl, advisoryKey(c.row))
+		b.Queue(tryLockSQL, advisoryKey(c.row))
 		b.Queue(lookupTxSQL, c.row)
 	}
 	// On a pool, hold the connection itself, so that commit can pipeline
@@ -175,32 +173,33 @@ func (h *txHandler) readBegin(br pgx.BatchResults, c *txClaim) (idemserver.Claim
 	if c == nil {
 		return idemserver.ClaimResult{}, claimRun, nil
 	}
-	var claimed bool
-	switch err := br.QueryRow().Scan(&claimed); {
-	case err == nil:
-		return idemserver.ClaimResult{State: idemserver.Claimed}, claimRun, nil
-	case !errors.Is(err, pgx.ErrNoRows):
+	var locked bool
+	if err := br.QueryRow().Scan(&locked); err != nil {
 		return idemserver.ClaimResult{}, 0, err
 	}
-	return readLookup(br.QueryRow(), c.Token)
+	res, outcome, err := readLookup(br.QueryRow(), c.Token)
+	if err == nil && !locked {
+		// A running request holds the key; whatever row is visible is
+		// about to change.
+		return idemserver.ClaimResult{State: idemserver.InProgress}, claimBusy, nil
+	}
+	return res, outcome, err
 }
 
-// readLookup reads lookupTxSQL's row after a refused claim.
+// readLookup reads lookupTxSQL's row.
 func readLookup(row pgx.Row, token string) (idemserver.ClaimResult, claimOutcome, error) {
 	var held, fp, record []byte
 	switch err := row.Scan(&held, &fp, &record); {
 	case errors.Is(err, pgx.ErrNoRows):
-		// No live row: the advisory lock is held by a running request.
-		return idemserver.ClaimResult{State: idemserver.InProgress}, claimBusy, nil
+		return idemserver.ClaimResult{State: idemserver.Claimed}, claimRun, nil
 	case err != nil:
 		return idemserver.ClaimResult{}, 0, err
 	case record != nil:
 		return idemserver.ClaimResult{State: idemserver.Completed, Fingerprint: string(fp), Record: record}, claimCompleted, nil
 	case string(held) == token:
-		// Our own claim, visible yet not ours to insert: impossible, since
-		// a claim row never commits without a record. Refuse rather than
-		// run on it.
-		return idemserver.ClaimResult{}, 0, errors.New("claim row committed without a record")
+		// A claim row with our token: impossible, the token is new and
+		// TxMiddleware writes no claim rows. Refuse rather than run.
+		return idemserver.ClaimResult{}, 0, errors.New("claim row with this request's token")
 	}
 	return idemserver.ClaimResult{State: idemserver.InProgress, Fingerprint: string(fp)}, claimBusy, nil
 }
@@ -239,7 +238,7 @@ func (run *txRun) commit(ctx context.Context, c *txClaim, record []byte, ttl tim
 		return err
 	}
 	if run.conn == nil {
-		tag, err := run.tx.Exec(ctx, storeTxSQL, c.row, []byte(c.Token), record, ttl)
+		tag, err := run.tx.Exec(ctx, storeTxSQL, c.row, []byte(c.Token), []byte(c.fingerprint), record, ttl)
 		switch {
 		case err != nil:
 			run.rollback(ctx)
@@ -256,7 +255,7 @@ func (run *txRun) commit(ctx context.Context, c *txClaim, record []byte, ttl tim
 	// behind unclosed; the handler's view of it is closed, and the
 	// connection goes back to the pool only if the session is idle.
 	b := &pgx.Batch{}
-	b.Queue(storeGuardSQL, c.row, []byte(c.Token), record, ttl)
+	b.Queue(storeGuardSQL, c.row, []byte(c.Token), []byte(c.fingerprint), record, ttl)
 	b.Queue("COMMIT")
 	br := run.conn.SendBatch(ctx, b)
 	_, err := br.Exec()
