@@ -527,3 +527,26 @@ func TestTxHandlerOwnsNoCommit(t *testing.T) {
 	assert.Empty(t, charges(t, s, "late"))
 	assert.Len(t, charges(t, s, "k"), 1)
 }
+
+// TestTxIdleTimeout: with IdleTimeout, PostgreSQL ends a transaction left
+// idle longer (as a vanished server's would be), which rolls it back and
+// frees the key.
+func TestTxIdleTimeout(t *testing.T) {
+	const idle = 200 * time.Millisecond
+	s := newTxSchema(t)
+	m := newTx(t, s, 2, &postgres.TxOptions{IdleTimeout: idle, Logger: discardLogger()})
+	h := m.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		if _, err := tx.Exec(r.Context(), `SELECT 1`); err != nil {
+			return err
+		}
+		timer := time.NewTimer(5 * idle) // idle in the transaction, past the timeout
+		defer timer.Stop()
+		<-timer.C
+		return chargeTx(w, r, tx)
+	})
+	got := post(t, h, "k", "x")
+	assert.Equal(t, http.StatusInternalServerError, got.Status)
+	assert.Contains(t, got.Body, postgres.TypeRolledBack)
+	assert.Empty(t, charges(t, s, "k"))
+	assert.Equal(t, http.StatusCreated, post(t, m.WrapFunc(chargeTx), "k", "x").Status, "the key is free")
+}
