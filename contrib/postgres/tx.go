@@ -446,12 +446,16 @@ func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
 		return
 	}
 	switch {
+	case outcome != claimRun && res.Fingerprint != "" && res.Fingerprint != c.fingerprint:
+		// As idemserver does: another request's key is 422 whether that
+		// request has finished (a stored response) or not (a Store's
+		// claim; a running TxMiddleware request's fingerprint is unknown
+		// until it commits).
+		m.writeError(w, r, idemserver.ProblemKeyMismatch(m.header, key))
+		return
 	case outcome == claimBusy:
 		w.Header().Set("Retry-After", m.retryAfter)
 		m.writeError(w, r, idemserver.ProblemInProgress(m.header, key))
-		return
-	case outcome == claimCompleted && res.Fingerprint != c.fingerprint:
-		m.writeError(w, r, idemserver.ProblemKeyMismatch(m.header, key))
 		return
 	case outcome == claimCompleted:
 		h.replay(w, r, key, res.Record)

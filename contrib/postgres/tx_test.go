@@ -550,3 +550,19 @@ func TestTxIdleTimeout(t *testing.T) {
 	assert.Empty(t, charges(t, s, "k"))
 	assert.Equal(t, http.StatusCreated, post(t, m.WrapFunc(chargeTx), "k", "x").Status, "the key is free")
 }
+
+// TestTxSharesTheStoresTable: a key a Store holds (claimed, not yet
+// completed) answers 409 for the same request and 422 for another, as
+// idemserver.Middleware would.
+func TestTxSharesTheStoresTable(t *testing.T) {
+	ctx := context.Background()
+	s := newTxSchema(t)
+	h := newTx(t, s, 2, nil).WrapFunc(chargeTx)
+	req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader("x"))
+	_, err := postgres.NewStore(s.pool(t, 1)).Claim(ctx, idemserver.ScopedKey("", "k"),
+		idemserver.Claim{Token: "other", Fingerprint: idemserver.Fingerprint(req, []byte("x")), LockTimeout: time.Minute})
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusConflict, post(t, h, "k", "x").Status)
+	assert.Equal(t, http.StatusUnprocessableEntity, post(t, h, "k", "y").Status)
+	assert.Empty(t, charges(t, s, "k"))
+}
