@@ -51,11 +51,10 @@
 // the foreign calls from inside the handler with [TxKey.DeriveKey] keys;
 // a rollback, or a crash, makes the retry send them again with the same
 // keys, and the other service replays. A handler that must commit between
-// phases (a foreign call too slow to hold a transaction open) records a
-// recovery point per key in a table of its own, in each phase's
-// transaction, and on a retry resumes from the last one; only the last
-// phase runs under TxMiddleware. Such recovery points are left to the
-// application for now.
+// phases saves recovery points ([SaveRecoveryPoint], committed at once in
+// the idemhttp_recovery table) and, run again after a crash, resumes from
+// them ([LoadRecoveryPoint]); the key's advisory lock, held by the
+// request's transaction, keeps a second run out meanwhile.
 //
 // With the non-transactional middleware:
 //

@@ -193,3 +193,66 @@ func ExampleNewTxMiddleware() {
 	}))
 	log.Fatal(http.ListenAndServe(":8080", nil))
 }
+
+// A handler that must commit between phases saves a recovery point before
+// its slow call to another service, and a run of the same key after a
+// crash resumes from it. The last phase commits with the response and
+// clears the points.
+func ExampleSaveRecoveryPoint() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	mw, err := postgres.NewTxMiddleware(ctx, pool, &postgres.TxOptions{
+		Principal: func(r *http.Request) string { return r.Header.Get("X-Account") },
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	secret := []byte(os.Getenv("KEY_SECRET"))
+	shipping := &idemhttp.Client{}
+
+	http.Handle("POST /v1/shipments", mw.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		k, _ := postgres.KeyFromContext(r.Context())
+		label, ok, err := postgres.LoadRecoveryPoint(r.Context(), tx, k, "label")
+		if err != nil {
+			return err
+		}
+		if !ok { // phase one: buy the label, once per key
+			key, err := k.DeriveKey(secret, "label")
+			if err != nil {
+				return err
+			}
+			req, err := http.NewRequestWithContext(idemhttp.WithKey(r.Context(), key),
+				http.MethodPost, "https://shipping.example.com/v1/labels", strings.NewReader(`{}`))
+			if err != nil {
+				return err
+			}
+			resp, err := shipping.Do(req)
+			if err != nil {
+				return err
+			}
+			label, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				return err
+			}
+			if err := postgres.SaveRecoveryPoint(r.Context(), pool, k, "label", label); err != nil {
+				return err
+			}
+		}
+		// Phase two, committed with the response.
+		if _, err := tx.Exec(r.Context(), `INSERT INTO shipments (account, idem_key, label) VALUES ($1, $2, $3)`,
+			k.Scope, k.Key, label); err != nil {
+			return err
+		}
+		if err := postgres.ClearRecoveryPoints(r.Context(), tx, k); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}))
+	log.Fatal(http.ListenAndServe(":8080", nil))
+}

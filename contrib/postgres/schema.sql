@@ -56,3 +56,14 @@ CREATE UNIQUE INDEX IF NOT EXISTS idemhttp_journal_operation ON idemhttp_journal
 -- entries the retention keeps.
 CREATE INDEX IF NOT EXISTS idemhttp_journal_pending ON idemhttp_journal (created_at, key) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS idemhttp_journal_done ON idemhttp_journal (updated_at) WHERE state = 'done';
+
+-- idemhttp_recovery holds the recovery points of TxMiddleware handlers that
+-- commit between phases (SaveRecoveryPoint): one row per store key and step.
+-- The key is the idemhttp_keys key of the request.
+CREATE TABLE IF NOT EXISTS idemhttp_recovery (
+    key        bytea       NOT NULL,
+    step       text        NOT NULL,
+    data       bytea       NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (key, step)
+);
