@@ -1,4 +1,6 @@
--- Schema of github.com/idemkit/idemhttp/contrib/postgres, version 1.
+-- Schema of github.com/idemkit/idemhttp/contrib/postgres, version 2: version 1
+-- plus idemhttp_journal.lease_token and the idemhttp_recovery table. Applying
+-- it to a version 1 database upgrades it in place.
 --
 -- Migrate applies this file in one transaction under an advisory lock. Every
 -- statement is idempotent, so it may also be applied by hand (psql -f
