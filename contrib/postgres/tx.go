@@ -40,8 +40,11 @@ var ErrStandby = errors.New("idemhttp/postgres: the database is a standby, not t
 // TxHandler serves a request inside the database transaction that
 // [TxMiddleware] commits together with the request's stored response. It
 // writes its business rows with tx, writes its response to w, and returns
-// nil; returning an error rolls the transaction back. It must not commit
-// or roll back tx itself.
+// nil; returning an error rolls the transaction back. tx's Commit and
+// Rollback refuse with an error: the middleware commits, with the stored
+// response. A statement that failed aborts the transaction even if the
+// handler ignores the error: nothing commits, and the client gets 500
+// ([TypeRolledBack]).
 //
 // w buffers the response until the transaction has committed: Flush does
 // nothing, Hijack is not offered, and 1xx responses are dropped.

@@ -146,6 +146,12 @@ func TestTxNotCommitted(t *testing.T) {
 			w.WriteHeader(http.StatusConflict)
 			return nil
 		}, http.StatusConflict, ""},
+		{"failed statement ignored", func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+			_ = chargeTx(httptest.NewRecorder(), r, tx)
+			_, _ = tx.Exec(r.Context(), `SELECT 1 / 0`) // aborts the transaction
+			w.WriteHeader(http.StatusCreated)
+			return nil
+		}, http.StatusInternalServerError, postgres.TypeRolledBack},
 		{"too large", func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
 			_ = chargeTx(httptest.NewRecorder(), r, tx)
 			_, _ = w.Write(make([]byte, 2048))
