@@ -1,16 +1,63 @@
-// Package postgres keeps idemhttp's shared state in PostgreSQL: [Store], an
-// [idemserver.Store] that every instance of a service shares, and
-// [Journal], an [idemhttp.Journal] that a fleet of batch workers shares,
-// handing out pending operations with leases so that a dead worker's
-// operations are resumed by another with the same keys.
+// Package postgres keeps idemhttp's shared state in PostgreSQL:
+// [TxMiddleware], which stores each response in the handler's own
+// transaction, so that the business write and the record of its response
+// commit together; [Store], an [idemserver.Store] that every instance of a
+// service shares; and [Journal], an [idemhttp.Journal] that a fleet of
+// batch workers shares, handing out pending operations with leases so that
+// a dead worker's operations are resumed by another with the same keys.
 //
 // It lives in its own module so that idemhttp's core does not depend on
 // pgx. Give it a [*pgxpool.Pool] and create the tables once with [Migrate]
-// (or apply [Schema] with a migration tool):
+// (or apply [Schema] with a migration tool).
+//
+// # The transactional form: the recommended way on PostgreSQL
+//
+// When the handler's effects live in the same database, wrap it with a
+// [TxMiddleware]: the handler receives the transaction, and the response
+// is stored in it and sent after COMMIT:
 //
 //	pool, err := pgxpool.New(ctx, "postgres://app@db-primary/app")
 //	...
 //	if err := postgres.Migrate(ctx, pool); err != nil { ... }
+//	mw, err := postgres.NewTxMiddleware(ctx, pool, &postgres.TxOptions{Principal: accountOf})
+//	...
+//	http.Handle("POST /v1/charges", mw.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+//		k, _ := postgres.KeyFromContext(r.Context())
+//		_, err := tx.Exec(r.Context(), "INSERT INTO charges (account, idem_key, amount) VALUES ($1, $2, $3)", k.Scope, k.Key, amount)
+//		if err != nil { return err } // rolled back; the key is free again
+//		w.WriteHeader(http.StatusCreated)
+//		return nil
+//	}))
+//
+// [idemserver.Middleware] with a [Store] cannot give this guarantee: it
+// stores the response after the handler's own commit, in a statement of
+// its own, so a server that dies between the two leaves the effect
+// without its record, and the retry after the lock timeout runs it again
+// (TestTxCrash shows both). Use the Store for handlers whose effects live
+// elsewhere, and call other services with keys derived from the request's
+// ([TxKey.DeriveKey]), which also makes such calls from inside a
+// [TxMiddleware] handler safe to repeat.
+//
+// The key is claimed inside the request's transaction, not committed
+// first: see [TxMiddleware] for why, and the README for the measurements
+// (recovery after a SIGKILL in milliseconds instead of the lock timeout;
+// duplicates answered 409 at once, none of them waiting on a lock). Its
+// one cost: a server that vanishes without closing its connections (a
+// host crash, a partition) keeps its keys until PostgreSQL notices, which
+// [TxOptions.IdleTimeout] bounds.
+//
+// Multi-step handlers that call third parties (Brandur Leach's "atomic
+// phases") fit as follows. The single-transaction form is built in: make
+// the foreign calls from inside the handler with [TxKey.DeriveKey] keys;
+// a rollback, or a crash, makes the retry send them again with the same
+// keys, and the other service replays. A handler that must commit between
+// phases saves recovery points ([SaveRecoveryPoint], committed at once in
+// the idemhttp_recovery table) and, run again after a crash, resumes from
+// them ([LoadRecoveryPoint]); the key's advisory lock, held by the
+// request's transaction, keeps a second run out meanwhile.
+//
+// With the non-transactional middleware:
+//
 //	mw := &idemserver.Middleware{Store: postgres.NewStore(pool), Principal: accountOf}
 //
 // The tables (idemhttp_keys and idemhttp_journal) go into the first schema
@@ -21,8 +68,14 @@
 // # The primary only
 //
 // Claims and the reads that follow them must go to the primary, never to a
-// read replica, and the pool given to [NewStore] and [NewJournal] must be
-// connected to it. Replication is asynchronous: a replica that lags by a few
+// read replica, and the pool given to [NewTxMiddleware], [NewStore] and
+// [NewJournal] must be connected to it. [NewTxMiddleware] refuses a
+// standby with [ErrStandby]; [CheckPrimary] makes the same check for the
+// others. Never put a pooler that routes reads to replicas in front of
+// these statements; a pooler in transaction mode (PgBouncer's
+// pool_mode = transaction) is fine, since every statement of a request
+// runs in one transaction, and TxMiddleware's advisory lock is
+// transaction-scoped. Replication is asynchronous: a replica that lags by a few
 // milliseconds does not yet have a claim or a response the primary has
 // committed, so a client's fast retry that read from it would find the key
 // free and run the effect a second time. (Claim starts with an INSERT,
@@ -78,6 +131,12 @@
 //			...
 //		}
 //	}
+//
+// Leases are fenced: a worker whose lease expired and whose entry another
+// worker claimed gets a [*LeaseLostError] ([ErrLeaseLost]) from
+// [Journal.Finish], which then changes nothing, and from [Journal.Renew],
+// with which a worker still busy extends its lease. Created and updated
+// times are the database's clock.
 //
 // A worker that dies (or hangs) keeps its entries until their leases
 // expire; then another worker claims them and resends them with the same

@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idemhttp"
@@ -133,4 +136,123 @@ func ExampleJournal_ClaimPending() {
 			}
 		}
 	}
+}
+
+// The recommended way on PostgreSQL: the handler writes its rows with the
+// middleware's transaction, which also stores the response and commits
+// both at once; the response is sent after the commit. A call to another
+// service carries a key derived from the request's, so that a retry after
+// a crash sends it with the same key.
+func ExampleNewTxMiddleware() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // the primary
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	mw, err := postgres.NewTxMiddleware(ctx, pool, &postgres.TxOptions{
+		Principal: func(r *http.Request) string { return r.Header.Get("X-Account") },
+		Required:  true,
+	})
+	if err != nil {
+		log.Fatal(err) // postgres.ErrStandby: pointed at a replica
+	}
+	secret := []byte(os.Getenv("KEY_SECRET")) // at least 32 bytes
+	payments := &idemhttp.Client{}
+
+	http.Handle("POST /v1/orders", mw.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		k, _ := postgres.KeyFromContext(r.Context())
+		var id int64
+		err := tx.QueryRow(r.Context(),
+			`INSERT INTO orders (account, idem_key) VALUES ($1, $2) RETURNING id`, // UNIQUE (account, idem_key)
+			k.Scope, k.Key).Scan(&id)
+		if err != nil {
+			return err // rolled back, and the key is free for a retry
+		}
+		chargeKey, err := k.DeriveKey(secret, "charge")
+		if err != nil {
+			return err
+		}
+		req, err := http.NewRequestWithContext(idemhttp.WithKey(r.Context(), chargeKey),
+			http.MethodPost, "https://payments.example.com/v1/charges", strings.NewReader(`{"amount":1099}`))
+		if err != nil {
+			return err
+		}
+		resp, err := payments.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, err = fmt.Fprintf(w, `{"order":%d}`, id)
+		return err
+	}))
+	log.Fatal(http.ListenAndServe(":8080", nil))
+}
+
+// A handler that must commit between phases saves a recovery point before
+// its slow call to another service, and a run of the same key after a
+// crash resumes from it. The last phase commits with the response and
+// clears the points.
+func ExampleSaveRecoveryPoint() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	mw, err := postgres.NewTxMiddleware(ctx, pool, &postgres.TxOptions{
+		Principal: func(r *http.Request) string { return r.Header.Get("X-Account") },
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	secret := []byte(os.Getenv("KEY_SECRET"))
+	shipping := &idemhttp.Client{}
+
+	http.Handle("POST /v1/shipments", mw.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		k, _ := postgres.KeyFromContext(r.Context())
+		label, ok, err := postgres.LoadRecoveryPoint(r.Context(), tx, k, "label")
+		if err != nil {
+			return err
+		}
+		if !ok { // phase one: buy the label, once per key
+			key, err := k.DeriveKey(secret, "label")
+			if err != nil {
+				return err
+			}
+			req, err := http.NewRequestWithContext(idemhttp.WithKey(r.Context(), key),
+				http.MethodPost, "https://shipping.example.com/v1/labels", strings.NewReader(`{}`))
+			if err != nil {
+				return err
+			}
+			resp, err := shipping.Do(req)
+			if err != nil {
+				return err
+			}
+			label, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				return err
+			}
+			if err := postgres.SaveRecoveryPoint(r.Context(), pool, k, "label", label); err != nil {
+				return err
+			}
+		}
+		// Phase two, committed with the response.
+		if _, err := tx.Exec(r.Context(), `INSERT INTO shipments (account, idem_key, label) VALUES ($1, $2, $3)`,
+			k.Scope, k.Key, label); err != nil {
+			return err
+		}
+		if err := postgres.ClearRecoveryPoints(r.Context(), tx, k); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	}))
+	log.Fatal(http.ListenAndServe(":8080", nil))
 }

@@ -2,6 +2,8 @@ package postgres
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,7 +52,39 @@ type JournalOptions struct {
 	// addition to Authorization, Cookie and Proxy-Authorization, which are
 	// always withheld. Names are matched case-insensitively.
 	SecretHeaders []string
+
+	// ClientClock makes the journal store the times it is given (the
+	// entry's Created and Updated, the outcome's At) instead of the
+	// database's now(). By default every created_at and updated_at comes
+	// from the database's clock, so that a fleet's entries are ordered and
+	// aged by one clock however far the workers' clocks drift. Tests that
+	// simulate time set it.
+	ClientClock bool
 }
+
+// ErrLeaseLost is returned, wrapped in a [*LeaseLostError], by
+// [Journal.Finish] and [Journal.Renew] when another worker holds a live
+// lease on the entry: this worker's lease expired and the entry was
+// claimed again. The worker must stop working on the entry; the new
+// holder resends it with the same key.
+var ErrLeaseLost = errors.New("idemhttp/postgres: lease lost")
+
+// LeaseLostError says which entry's lease was lost, and to whom.
+type LeaseLostError struct {
+	Key   string // the entry's key
+	Owner string // the worker now holding the lease, or "" if none does
+}
+
+// Error says which entry's lease was lost, and to whom.
+func (e *LeaseLostError) Error() string {
+	if e.Owner == "" {
+		return "idemhttp/postgres: lease lost on entry " + e.Key
+	}
+	return "idemhttp/postgres: lease lost on entry " + e.Key + " (now held by " + e.Owner + ")"
+}
+
+// Unwrap returns [ErrLeaseLost].
+func (e *LeaseLostError) Unwrap() error { return ErrLeaseLost }
 
 var _ idemhttp.Journal = (*Journal)(nil)
 
@@ -76,11 +110,13 @@ var _ idemhttp.Journal = (*Journal)(nil)
 // A Journal is safe for concurrent use. Create it with [NewJournal] after
 // [Migrate] has created the table.
 type Journal struct {
-	db         DB
-	worker     string
-	lease      time.Duration
-	omitBodies bool
-	secret     map[string]bool // canonical header names never stored
+	db          DB
+	worker      string
+	token       string // this Journal's leases, unique even when worker names are not
+	lease       time.Duration
+	omitBodies  bool
+	clientClock bool
+	secret      map[string]bool // canonical header names never stored
 }
 
 // NewJournal returns a Journal on db, which must reach the primary. A nil
@@ -90,10 +126,12 @@ func NewJournal(db DB, opts *JournalOptions) *Journal {
 		opts = &JournalOptions{}
 	}
 	j := &Journal{
-		db:         db,
-		worker:     opts.Worker,
-		lease:      opts.Lease,
-		omitBodies: opts.OmitBodies,
+		db:          db,
+		worker:      opts.Worker,
+		lease:       opts.Lease,
+		omitBodies:  opts.OmitBodies,
+		clientClock: opts.ClientClock,
+		token:       newLeaseToken(),
 		secret: map[string]bool{
 			"Authorization":       true,
 			"Cookie":              true,
@@ -113,6 +151,12 @@ func NewJournal(db DB, opts *JournalOptions) *Journal {
 	return j
 }
 
+func newLeaseToken() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
+}
+
 // Worker returns the name this journal writes as the lease owner.
 func (j *Journal) Worker() string { return j.worker }
 
@@ -128,11 +172,13 @@ var selectEntries = "SELECT " + entryColumns("") + " FROM idemhttp_journal "
 
 // beginSQL inserts an entry unless its key or operation is taken. The
 // lease ends Lease from now by the database's clock, as ClaimPending's
-// leases do, so that workers' clocks need not agree.
+// leases do, so that workers' clocks need not agree; the times are the
+// database's too unless given ($8 and $9 not NULL: ClientClock).
 const beginSQL = `
 INSERT INTO idemhttp_journal (key, operation, method, url, header, body, fingerprint, state,
-    created_at, updated_at, attempts, last_status, lease_owner, lease_expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $10, $11, $12,
+    created_at, updated_at, attempts, last_status, lease_owner, lease_token, lease_expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', coalesce($8, now()), coalesce($9, now()), $10, $11, $12,
+    CASE WHEN $12::text IS NULL THEN NULL ELSE $14 END,
     CASE WHEN $12::text IS NULL THEN NULL ELSE now() + $13::interval END)
 ON CONFLICT DO NOTHING
 RETURNING true`
@@ -149,8 +195,9 @@ LIMIT 1`
 const beginAttempts = 5
 
 // Begin implements [idemhttp.Journal.Begin]. The entry stored is a
-// sanitised copy of e (state pending, Created and Updated set to now when
-// zero, secret headers, URL password and with OmitBodies the body removed),
+// sanitised copy of e (state pending, Created and Updated the database's
+// now() or, with ClientClock, e's own or now when zero, secret headers,
+// URL password and with OmitBodies the body removed),
 // leased to this journal's worker for its Lease, so that no other worker
 // resends it while this one is sending it. e is not modified.
 //
@@ -196,6 +243,10 @@ func (j *Journal) begin(ctx context.Context, e *idemhttp.Entry, leased bool) (*i
 	if leased {
 		leaseOwner, lease = &j.worker, j.lease
 	}
+	var created, updated *time.Time // NULL: the database's now()
+	if j.clientClock {
+		created, updated = &rec.Created, &rec.Updated
+	}
 	for range beginAttempts {
 		var (
 			existing *idemhttp.Entry
@@ -212,7 +263,7 @@ func (j *Journal) begin(ctx context.Context, e *idemhttp.Entry, leased bool) (*i
 			// loop tries again.
 			b := &pgx.Batch{}
 			b.Queue(beginSQL, rec.Key, op, rec.Method, rec.URL, header, rec.Body, rec.Fingerprint,
-				rec.Created, rec.Updated, rec.Attempts, rec.LastStatus, leaseOwner, lease)
+				created, updated, rec.Attempts, rec.LastStatus, leaseOwner, lease, j.token)
 			b.Queue(existingSQL, rec.Key, op)
 			br := j.db.SendBatch(ctx, b)
 			var err error
@@ -358,10 +409,18 @@ func scanEntry(row pgx.Row) (*idemhttp.Entry, error) {
 }
 
 // Finish implements [idemhttp.Journal.Finish]: it adds o.Attempts to the
-// entry's attempts and sets its state, last status and Updated time (o.At,
-// or now when zero). A definite outcome (done or abandoned) ends the
-// entry's lease; a pending one keeps it, so the entry waits for the lease
-// to expire before another worker retries it.
+// entry's attempts and sets its state, last status and Updated time (the
+// database's now(), or with ClientClock o.At, or now when zero). A
+// definite outcome (done or abandoned) ends the entry's lease; a pending
+// one keeps it, so the entry waits for the lease to expire before another
+// worker retries it.
+//
+// Finish is fenced: while another worker (another Journal) holds a live
+// lease on a pending entry, it changes nothing and returns a
+// [*LeaseLostError] (errors.Is [ErrLeaseLost]): this worker's lease
+// expired and the entry was claimed again, so the new holder's outcome is
+// the one that counts. A lease that expired without being claimed again
+// does not stop Finish.
 //
 // A done entry stays done: a pending outcome for it (a worker whose lease
 // expired gave up after another worker finished the entry) only adds its
@@ -379,9 +438,13 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 	if o.Attempts < 0 {
 		return fmt.Errorf("idemhttp/postgres: journal finish %s: %w: negative attempts", key, idemhttp.ErrInvalidRequest)
 	}
-	at := o.At
-	if at.IsZero() {
-		at = time.Now()
+	var at *time.Time // NULL: the database's now()
+	if j.clientClock {
+		t := o.At
+		if t.IsZero() {
+			t = time.Now()
+		}
+		at = &t
 	}
 	// Sent again after a dead connection, a Finish whose first try
 	// committed after all counts its attempts twice; nothing else changes.
@@ -391,18 +454,70 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 UPDATE idemhttp_journal SET
     attempts = attempts + $2,
     last_status = CASE WHEN state = 'done' AND $3 = 'pending' THEN last_status ELSE $4 END,
-    updated_at = CASE WHEN state = 'done' AND $3 = 'pending' THEN updated_at ELSE $5 END,
+    updated_at = CASE WHEN state = 'done' AND $3 = 'pending' THEN updated_at ELSE coalesce($5, now()) END,
     lease_owner = CASE WHEN $3 = 'pending' THEN lease_owner END,
+    lease_token = CASE WHEN $3 = 'pending' THEN lease_token END,
     lease_expires_at = CASE WHEN $3 = 'pending' THEN lease_expires_at END,
     state = CASE WHEN state = 'done' AND $3 = 'pending' THEN state ELSE $3 END
-WHERE key = $1`, key, o.Attempts, string(o.State), o.Status, at)
+WHERE key = $1 AND NOT `+leasedToOther+``, key, o.Attempts, string(o.State), o.Status, at, j.token)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("idemhttp/postgres: journal finish %s: %w", key, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("idemhttp/postgres: journal finish %s: %w", key, idemhttp.ErrNotFound)
+		return j.missing(ctx, "finish", key)
+	}
+	return nil
+}
+
+// leasedToOther is true for a row that a live lease of another Journal
+// holds ($6 is this Journal's token).
+const leasedToOther = `(state = 'pending' AND lease_token IS DISTINCT FROM $6 AND lease_expires_at > now())`
+
+// missing explains why an update fenced by leasedToOther changed no row:
+// the entry is unknown, or another worker holds it.
+func (j *Journal) missing(ctx context.Context, op, key string) error {
+	var owner *string
+	var leased bool
+	err := retry(ctx, func() error {
+		return j.db.QueryRow(ctx, `
+SELECT lease_owner, lease_token IS NOT NULL AND lease_token <> $2 AND lease_expires_at > now()
+FROM idemhttp_journal WHERE key = $1`, key, j.token).Scan(&owner, &leased)
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("idemhttp/postgres: journal %s %s: %w", op, key, idemhttp.ErrNotFound)
+	case err != nil:
+		return fmt.Errorf("idemhttp/postgres: journal %s %s: %w", op, key, err)
+	}
+	lost := &LeaseLostError{Key: key}
+	if leased && owner != nil {
+		lost.Owner = *owner
+	}
+	return fmt.Errorf("idemhttp/postgres: journal %s: %w", op, lost)
+}
+
+// Renew extends this worker's lease on a pending entry to Lease from now
+// (by the database's clock), for a worker still busy with it as its lease
+// nears its end. It returns a [*LeaseLostError] (errors.Is [ErrLeaseLost])
+// when this Journal no longer holds the lease: it expired and another
+// worker claimed the entry, or the entry was finished. Then the worker
+// must stop: someone else now owns the entry. An unknown key returns an
+// error wrapping [idemhttp.ErrNotFound].
+func (j *Journal) Renew(ctx context.Context, key string) error {
+	var tag pgconn.CommandTag
+	err := retry(ctx, func() (err error) {
+		tag, err = j.db.Exec(ctx, `
+UPDATE idemhttp_journal SET lease_expires_at = now() + $3::interval
+WHERE key = $1 AND state = 'pending' AND lease_token = $2`, key, j.token, j.lease)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("idemhttp/postgres: journal renew %s: %w", key, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return j.missing(ctx, "renew", key)
 	}
 	return nil
 }
@@ -460,11 +575,11 @@ WITH free AS MATERIALIZED (
     ORDER BY created_at, key
     LIMIT $1
     FOR UPDATE SKIP LOCKED)
-UPDATE idemhttp_journal j SET lease_owner = $2, lease_expires_at = now() + $3::interval
+UPDATE idemhttp_journal j SET lease_owner = $2, lease_token = $4, lease_expires_at = now() + $3::interval
 FROM free
 WHERE j.key = free.key AND j.state = 'pending'
     AND (j.lease_expires_at IS NULL OR j.lease_expires_at <= now())
-RETURNING `+entryColumns("j."), limit, j.worker, j.lease)
+RETURNING `+entryColumns("j."), limit, j.worker, j.lease, j.token)
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp/postgres: claim pending: %w", err)
 	}

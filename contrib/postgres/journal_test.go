@@ -276,3 +276,70 @@ func TestJournalOptions(t *testing.T) {
 	host := postgres.NewJournal(nil, nil).Worker()
 	assert.Regexp(t, `:\d+$`, host, "the default worker name is hostname:pid")
 }
+
+// TestJournalFencing: a worker whose lease expired and was claimed again
+// cannot finish or renew the entry, and learns why; even two workers of
+// one name are told apart. Checked to fail with the fence (leasedToOther)
+// removed from Finish: the stale worker's outcome then overwrote the
+// entry the new holder was sending.
+func TestJournalFencing(t *testing.T) {
+	ctx := context.Background()
+	s := newSchema(t)
+	pool := s.pool(t, 0)
+	stale := postgres.NewJournal(pool, &postgres.JournalOptions{Worker: "w", Lease: time.Microsecond})
+	holder := postgres.NewJournal(pool, &postgres.JournalOptions{Worker: "w", Lease: time.Hour})
+	enqueue(t, stale, "k")
+	require.Equal(t, []string{"k"}, claim(t, stale, 10))
+	require.Equal(t, []string{"k"}, claim(t, holder, 10), "the expired lease is claimed again")
+
+	err := stale.Finish(ctx, "k", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1})
+	var lost *postgres.LeaseLostError
+	require.ErrorAs(t, err, &lost)
+	assert.ErrorIs(t, err, postgres.ErrLeaseLost)
+	assert.Equal(t, &postgres.LeaseLostError{Key: "k", Owner: "w"}, lost)
+	assert.ErrorIs(t, stale.Renew(ctx, "k"), postgres.ErrLeaseLost)
+	got, err := holder.Get(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, idemhttp.StatePending, got.State, "the stale outcome changed nothing")
+	assert.Zero(t, got.Attempts)
+
+	before := leaseOf(t, s, "k")
+	require.NoError(t, holder.Renew(ctx, "k"))
+	after := leaseOf(t, s, "k")
+	assert.True(t, after.Expires.After(*before.Expires), "Renew extends the lease")
+	require.NoError(t, holder.Finish(ctx, "k", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1}))
+	err = holder.Renew(ctx, "k")
+	require.ErrorAs(t, err, &lost)
+	assert.Equal(t, &postgres.LeaseLostError{Key: "k"}, lost, "a finished entry has no lease to renew")
+
+	// A lease that expired without being claimed again does not stop
+	// its worker.
+	enqueue(t, stale, "late")
+	require.Equal(t, []string{"late"}, claim(t, stale, 10))
+	assert.NoError(t, stale.Finish(ctx, "late", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1}))
+
+	assert.ErrorIs(t, holder.Renew(ctx, "nope"), idemhttp.ErrNotFound)
+}
+
+// TestJournalDatabaseClock: without ClientClock, Created and Updated are
+// the database's now(), whatever the worker's clock says.
+func TestJournalDatabaseClock(t *testing.T) {
+	ctx := context.Background()
+	s := newSchema(t)
+	pool := s.pool(t, 0)
+	var dbNow time.Time
+	require.NoError(t, pool.QueryRow(ctx, "SELECT now()").Scan(&dbNow))
+	j := postgres.NewJournal(pool, nil)
+	e := entry("k", 0) // created at base, in 2025
+	_, err := j.Begin(ctx, e)
+	require.NoError(t, err)
+	got, err := j.Get(ctx, "k")
+	require.NoError(t, err)
+	assert.WithinDuration(t, dbNow, got.Created, time.Minute)
+	assert.WithinDuration(t, dbNow, got.Updated, time.Minute)
+
+	require.NoError(t, j.Finish(ctx, "k", idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1, At: base}))
+	got, err = j.Get(ctx, "k")
+	require.NoError(t, err)
+	assert.WithinDuration(t, dbNow, got.Updated, time.Minute)
+}

@@ -1,4 +1,6 @@
--- Schema of github.com/idemkit/idemhttp/contrib/postgres, version 1.
+-- Schema of github.com/idemkit/idemhttp/contrib/postgres, version 2: version 1
+-- plus idemhttp_journal.lease_token and the idemhttp_recovery table. Applying
+-- it to a version 1 database upgrades it in place.
 --
 -- Migrate applies this file in one transaction under an advisory lock. Every
 -- statement is idempotent, so it may also be applied by hand (psql -f
@@ -42,6 +44,11 @@ CREATE TABLE IF NOT EXISTS idemhttp_journal (
     lease_expires_at timestamptz                      -- when the lease ends; NULL when not leased
 );
 
+-- lease_token identifies the Journal (one per worker process) holding the
+-- lease, so that Finish and Renew are fenced even when worker names repeat.
+-- Added after version 1; ADD COLUMN IF NOT EXISTS upgrades older tables.
+ALTER TABLE idemhttp_journal ADD COLUMN IF NOT EXISTS lease_token text;
+
 -- One key per operation. NULLs are distinct, so entries without an
 -- operation never conflict here.
 CREATE UNIQUE INDEX IF NOT EXISTS idemhttp_journal_operation ON idemhttp_journal (operation);
@@ -51,3 +58,14 @@ CREATE UNIQUE INDEX IF NOT EXISTS idemhttp_journal_operation ON idemhttp_journal
 -- entries the retention keeps.
 CREATE INDEX IF NOT EXISTS idemhttp_journal_pending ON idemhttp_journal (created_at, key) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS idemhttp_journal_done ON idemhttp_journal (updated_at) WHERE state = 'done';
+
+-- idemhttp_recovery holds the recovery points of TxMiddleware handlers that
+-- commit between phases (SaveRecoveryPoint): one row per store key and step.
+-- The key is the idemhttp_keys key of the request.
+CREATE TABLE IF NOT EXISTS idemhttp_recovery (
+    key        bytea       NOT NULL,
+    step       text        NOT NULL,
+    data       bytea       NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (key, step)
+);

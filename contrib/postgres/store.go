@@ -68,8 +68,8 @@ func (s *Store) Claim(ctx context.Context, key string, c idemserver.Claim) (idem
 	var res idemserver.ClaimResult
 	err := retry(ctx, func() error {
 		b := &pgx.Batch{}
-		b.Queue(claimSQL, []byte(key), []byte(c.Token), []byte(c.Fingerprint), c.LockTimeout)
-		b.Queue(lookupSQL, []byte(key))
+		b.Queue(claimSQL, rowKey(key), []byte(c.Token), []byte(c.Fingerprint), c.LockTimeout)
+		b.Queue(lookupSQL, rowKey(key))
 		br := s.db.SendBatch(ctx, b)
 		var err error
 		res, err = readClaim(br, c.Token)
@@ -124,7 +124,7 @@ func (s *Store) Complete(ctx context.Context, key, token string, record []byte, 
 		tag, err := s.db.Exec(ctx, `
 UPDATE idemhttp_keys SET record = $3, expires_at = now() + $4::interval
 WHERE key = $1 AND token = $2 AND record IS NULL AND expires_at > now()`,
-			[]byte(key), []byte(token), record, ttl)
+			rowKey(key), []byte(token), record, ttl)
 		if err != nil {
 			return err
 		}
@@ -134,7 +134,7 @@ WHERE key = $1 AND token = $2 AND record IS NULL AND expires_at > now()`,
 		}
 		err = s.db.QueryRow(ctx, `
 SELECT true FROM idemhttp_keys WHERE key = $1 AND token = $2 AND record IS NOT NULL`,
-			[]byte(key), []byte(token)).Scan(&done)
+			rowKey(key), []byte(token)).Scan(&done)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -158,7 +158,7 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 		tag, err := s.db.Exec(ctx, `
 DELETE FROM idemhttp_keys
 WHERE key = $1 AND token = $2 AND record IS NULL AND expires_at > now()`,
-			[]byte(key), []byte(token))
+			rowKey(key), []byte(token))
 		n = tag.RowsAffected()
 		return err
 	})

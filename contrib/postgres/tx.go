@@ -1,0 +1,536 @@
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/idemserver"
+)
+
+// Problem types of [TxMiddleware]'s own answers, besides idemserver's.
+const (
+	// TypeRolledBack: 500, the handler returned an error, or the commit
+	// failed: nothing was committed and the key is free, so a retry with
+	// the same key runs the request again.
+	TypeRolledBack = "https://pkg.go.dev/github.com/idemkit/idemhttp/contrib/postgres#TypeRolledBack"
+	// TypeResponseTooLarge: 500, the handler's response is larger than
+	// [TxOptions.MaxStoredBody], so it could not be stored with the
+	// business write: nothing was committed and the key is free.
+	TypeResponseTooLarge = "https://pkg.go.dev/github.com/idemkit/idemhttp/contrib/postgres#TypeResponseTooLarge"
+)
+
+// ErrStandby is returned by [NewTxMiddleware] and [CheckPrimary] when the
+// database is a standby (pg_is_in_recovery() is true): claims and stored
+// responses must be written to, and read from, the primary.
+var ErrStandby = errors.New("idemhttp/postgres: the database is a standby, not the primary")
+
+// TxHandler serves a request inside the database transaction that
+// [TxMiddleware] commits together with the request's stored response. It
+// writes its business rows with tx, writes its response to w, and returns
+// nil; returning an error rolls the transaction back. tx's Commit and
+// Rollback refuse with an error: the middleware commits, with the stored
+// response. A statement that failed aborts the transaction even if the
+// handler ignores the error: nothing commits, and the client gets 500
+// ([TypeRolledBack]).
+//
+// w buffers the response until the transaction has committed: Flush does
+// nothing, Hijack is not offered, and 1xx responses are dropped.
+type TxHandler interface {
+	ServeHTTPTx(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error
+}
+
+// TxHandlerFunc lets an ordinary function be a [TxHandler].
+type TxHandlerFunc func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error
+
+// ServeHTTPTx calls f(w, r, tx).
+func (f TxHandlerFunc) ServeHTTPTx(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+	return f(w, r, tx)
+}
+
+// TxOptions configures [NewTxMiddleware]. The fields that [idemserver.Middleware]
+// also has mean the same there and here.
+type TxOptions struct {
+	// Principal returns the scope of a request's keys (the tenant or
+	// account that sent it), so that one principal can never replay,
+	// block or probe another's response. It is required unless
+	// SingleTenant is set.
+	Principal func(r *http.Request) string
+
+	// SingleTenant declares that one party uses the server, so that all
+	// requests share one key space and Principal may be nil. Without it,
+	// a nil Principal is refused: a multi-tenant API must not ship with
+	// one shared key space by accident.
+	SingleTenant bool
+
+	// Methods lists the methods that take idempotency keys; nil means
+	// POST and PATCH. Requests with other methods, and keyless requests
+	// unless Required, run in a transaction of their own without a key.
+	Methods []string
+
+	// Required makes the key mandatory for Methods (400 without one).
+	Required bool
+
+	// KeyHeader names the key header; empty means "Idempotency-Key".
+	KeyHeader string
+
+	// KeyForm says which key header forms are accepted.
+	KeyForm idemserver.KeyForm
+
+	// TTL is how long a stored response is replayed; zero means
+	// [idemserver.DefaultTTL].
+	TTL time.Duration
+
+	// IdleTimeout, if positive, sets idle_in_transaction_session_timeout
+	// for each request's transaction, so that PostgreSQL ends the
+	// transaction of a server that vanished without closing its
+	// connection (a host crash, a network partition) and frees its key
+	// after IdleTimeout instead of after the TCP keepalive (two hours by
+	// default on Linux). A handler that keeps the transaction idle longer
+	// (a slow call to another service) is rolled back. Zero leaves the
+	// server's setting.
+	IdleTimeout time.Duration
+
+	// RetryAfter is the delay sent in Retry-After with 409 and 503; zero
+	// means [idemserver.DefaultRetryAfter].
+	RetryAfter time.Duration
+
+	// MaxBodyBytes bounds the request body; zero or negative means
+	// [idemserver.DefaultMaxBodyBytes].
+	MaxBodyBytes int64
+
+	// MaxStoredBody bounds the response body. A larger response is not
+	// sent: the transaction rolls back and the client gets 500
+	// ([TypeResponseTooLarge]), since a response that cannot be stored
+	// cannot be committed. Zero or negative means
+	// [idemserver.DefaultMaxStoredBody].
+	MaxStoredBody int
+
+	// ShouldStore reports whether a response with the given status is
+	// stored and its transaction committed; otherwise the transaction
+	// rolls back (a retry runs the request again, so its writes must not
+	// stay) and the response is sent. Nil means
+	// [idemserver.DefaultShouldStore], which commits no 5xx.
+	ShouldStore func(status int) bool
+
+	// WriteError writes the middleware's own error responses; nil means
+	// [idemserver.WriteProblem].
+	WriteError func(w http.ResponseWriter, r *http.Request, p *idemserver.Problem)
+
+	// Logger receives handler errors and database failures at Error
+	// level. Nil means [slog.Default].
+	Logger *slog.Logger
+}
+
+// TxMiddleware makes a [TxHandler] idempotent with the record of its
+// response in the handler's own transaction: the recommended way to serve
+// idempotent requests on PostgreSQL. For each request with a valid key it
+//
+//  1. begins a transaction and claims the key in it: it takes a
+//     transaction-level advisory lock on a 64-bit hash of the key, without
+//     waiting (a concurrent request with the same key answers 409 with
+//     Retry-After at once), and reads the key's live row, to replay a
+//     stored response (or answer 422 for another request's key);
+//  2. runs the handler with the transaction, on a buffered writer;
+//  3. writes the key's row with the response in that same transaction,
+//     unless a live row now holds the key (a [Store] sharing the table
+//     claimed it meanwhile): then the claim is lost and the transaction
+//     aborts, so that exactly one of the two runs commits;
+//  4. commits, and only then sends the response.
+//
+// On a [*pgxpool.Pool] that is three round trips, as many as a handler
+// that begins and commits a transaction of its own: BEGIN with the claim,
+// the handler's statements, the stored response with COMMIT.
+//
+// The business write and the record of its response therefore commit
+// together or not at all: a server killed at any point leaves either both
+// (a retry gets the stored response, marked Idempotent-Replayed: true) or
+// neither (the transaction aborts with the connection, the key is free at
+// once, and a retry runs the request). A handler error, a response that is
+// not to be stored (5xx by default) or a panic rolls back the
+// transaction, which also frees the key; a panic continues to net/http
+// after the rollback.
+//
+// Whatever the isolation level, the key's primary key is the last word:
+// should two runs ever hold the key at once, only one of their rows can
+// commit, and the other's business write rolls back with it.
+//
+// # Why the claim is not committed first
+//
+// A claim committed in a transaction of its own (as [Store] makes) outlives
+// a crashed server: its key answers 409 until the lock timeout passes (a
+// minute by default), and a handler slower than that timeout loses its
+// claim unless a heartbeat renews it. The claim here (the advisory lock)
+// is released by PostgreSQL the moment the server's connection closes
+// (measured: the retry after a SIGKILL succeeded 6 ms to 85 ms later,
+// against 1 s for a committed claim with a 1 s lock timeout), and no run,
+// however slow, can lose it, so there is no heartbeat. Duplicates do not
+// wait either: the advisory lock is tried, not waited for, whereas a
+// committed claim's ON CONFLICT makes them queue on its row lock (see the
+// package README for the numbers). The cost: a server that vanishes
+// without closing its connections keeps its keys until PostgreSQL ends
+// its sessions; set IdleTimeout to bound that.
+//
+// The handler's [pgx.Tx] refuses Commit and Rollback (return an error to
+// roll back) and is closed once the handler returns. Begin makes a
+// savepoint, as with any pgx transaction.
+//
+// The handler finds the key with [KeyFromContext], to put it in a UNIQUE
+// column of its own, or to derive the keys of calls it makes to other
+// services ([TxKey.DeriveKey]) so that a request run again after a crash
+// sends them with the same keys.
+//
+// Requests that take no key (other methods, or keyless requests when the
+// key is optional) also run in a transaction, committed unless the handler
+// fails or answers 5xx.
+//
+// Create one with [NewTxMiddleware]; it is safe for concurrent use.
+type TxMiddleware struct {
+	db          DB
+	principal   func(*http.Request) string
+	methods     []string
+	required    bool
+	header      string
+	form        idemserver.KeyForm
+	ttl         time.Duration
+	idleTimeout string // idle_in_transaction_session_timeout value, "" to leave it
+	retryAfter  string
+	maxBody     int64
+	maxStored   int
+	shouldStore func(int) bool
+	writeError  func(http.ResponseWriter, *http.Request, *idemserver.Problem)
+	logger      *slog.Logger
+	tokenPrefix string
+	tokens      atomic.Uint64
+
+	// at, when set (by tests), is called at each step of a request.
+	at func(step string)
+}
+
+// NewTxMiddleware returns a TxMiddleware on db, which must be the primary:
+// it fails with [ErrStandby] on a standby. A nil opts means the defaults,
+// which need opts.Principal or opts.SingleTenant, so nil is refused.
+//
+// Route every statement of these transactions to the primary: never put
+// a pooler that sends reads to replicas in front of db. Poolers in
+// transaction mode (PgBouncer's pool_mode = transaction) are fine.
+func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware, error) {
+	if opts == nil {
+		opts = &TxOptions{}
+	}
+	if opts.Principal == nil && !opts.SingleTenant {
+		return nil, errors.New("idemhttp/postgres: tx middleware: set Principal, or SingleTenant if one party uses the server")
+	}
+	if err := CheckPrimary(ctx, db); err != nil {
+		return nil, err
+	}
+	m := &TxMiddleware{
+		db:          db,
+		principal:   opts.Principal,
+		methods:     slices.Clone(opts.Methods),
+		required:    opts.Required,
+		header:      opts.KeyHeader,
+		form:        opts.KeyForm,
+		ttl:         opts.TTL,
+		maxBody:     opts.MaxBodyBytes,
+		maxStored:   opts.MaxStoredBody,
+		shouldStore: opts.ShouldStore,
+		writeError:  opts.WriteError,
+		logger:      opts.Logger,
+		tokenPrefix: newTokenPrefix(),
+	}
+	if m.methods == nil {
+		m.methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	if m.header == "" {
+		m.header = idemhttp.DefaultKeyHeader
+	}
+	m.header = http.CanonicalHeaderKey(m.header)
+	if m.ttl <= 0 {
+		m.ttl = idemserver.DefaultTTL
+	}
+	if opts.IdleTimeout > 0 {
+		m.idleTimeout = millis(opts.IdleTimeout)
+	}
+	switch ra := opts.RetryAfter; {
+	case ra < 0:
+		m.retryAfter = "0"
+	case ra == 0:
+		ra = idemserver.DefaultRetryAfter
+		fallthrough
+	default:
+		m.retryAfter = strconv.FormatInt(int64((ra+time.Second-1)/time.Second), 10)
+	}
+	if m.maxBody <= 0 {
+		m.maxBody = idemserver.DefaultMaxBodyBytes
+	}
+	if m.maxStored <= 0 {
+		m.maxStored = idemserver.DefaultMaxStoredBody
+	}
+	if m.shouldStore == nil {
+		m.shouldStore = idemserver.DefaultShouldStore
+	}
+	if m.writeError == nil {
+		m.writeError = func(w http.ResponseWriter, _ *http.Request, p *idemserver.Problem) { idemserver.WriteProblem(w, p) }
+	}
+	if m.logger == nil {
+		m.logger = slog.Default()
+	}
+	return m, nil
+}
+
+// millis renders d, rounded up to a millisecond, as a PostgreSQL setting.
+func millis(d time.Duration) string {
+	return strconv.FormatInt(int64((d+time.Millisecond-1)/time.Millisecond), 10) + "ms"
+}
+
+func newTokenPrefix() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (Go 1.24+)
+	return "tx-" + hex.EncodeToString(b[:]) + "-"
+}
+
+// CheckPrimary returns [ErrStandby] if db is connected to a standby
+// (pg_is_in_recovery()), and an error if it cannot tell.
+func CheckPrimary(ctx context.Context, db DB) error {
+	var standby bool
+	err := retry(ctx, func() error {
+		return db.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby)
+	})
+	if err != nil {
+		return fmt.Errorf("idemhttp/postgres: check primary: %w", err)
+	}
+	if standby {
+		return ErrStandby
+	}
+	return nil
+}
+
+// Wrap returns an [http.Handler] that serves each request with h inside a
+// transaction, as the type's documentation describes.
+func (m *TxMiddleware) Wrap(h TxHandler) http.Handler {
+	return &txHandler{m: m, next: h}
+}
+
+// WrapFunc is Wrap for a function.
+func (m *TxMiddleware) WrapFunc(f func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error) http.Handler {
+	return m.Wrap(TxHandlerFunc(f))
+}
+
+// TxKey is the idempotency key a request runs under, as [KeyFromContext]
+// returns it to a [TxHandler].
+type TxKey struct {
+	Key   string // the key as the client sent it
+	Scope string // the principal's scope; "" with SingleTenant
+	Token string // unique to this run of the request
+}
+
+type txKeyContext struct{}
+
+// KeyFromContext returns the idempotency key of the request whose context
+// ctx is, inside a [TxHandler] wrapped by [TxMiddleware]; false for a
+// request without a key. Store Scope and Key in a UNIQUE column of the
+// business row, so that even a write made outside the middleware's
+// protection cannot happen twice.
+func KeyFromContext(ctx context.Context) (TxKey, bool) {
+	k, ok := ctx.Value(txKeyContext{}).(TxKey)
+	return k, ok
+}
+
+// DeriveKey returns the idempotency key for one call the request makes to
+// another service, named by step ("charge", "email"): [idemhttp.DeriveKey]
+// of secret and the request's scope, key and step. A request run again
+// after a crash derives the same key, so the other service replays its
+// first answer instead of acting twice. Send such calls from inside the
+// transaction (the single-transaction form of Brandur Leach's atomic
+// phases): if the transaction then rolls back, the retry sends the same
+// call with the same key.
+func (k TxKey) DeriveKey(secret []byte, step string) (string, error) {
+	return idemhttp.DeriveKey(secret, idemserver.ScopedKey(k.Scope, k.Key)+"\x00"+step)
+}
+
+// txHandler is a wrapped TxHandler.
+type txHandler struct {
+	m    *TxMiddleware
+	next TxHandler
+}
+
+func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	m := h.m
+	if !slices.Contains(m.methods, r.Method) {
+		h.serve(w, r, nil)
+		return
+	}
+	values := r.Header[m.header]
+	switch {
+	case len(values) == 0 && m.required:
+		m.writeError(w, r, idemserver.ProblemKeyMissing(m.header))
+		return
+	case len(values) == 0:
+		h.serve(w, r, nil)
+		return
+	case len(values) > 1:
+		m.writeError(w, r, idemserver.ProblemKeyInvalid(m.header, "The request carries more than one "+m.header+" header."))
+		return
+	}
+	key, err := idemserver.ParseKey(values[0], m.form)
+	if err != nil {
+		m.writeError(w, r, idemserver.ProblemKeyInvalid(m.header, err.Error()))
+		return
+	}
+	body, err := idemserver.ReadBody(r, m.maxBody)
+	if err != nil {
+		if errors.Is(err, idemserver.ErrBodyTooLarge) {
+			m.writeError(w, r, idemserver.ProblemBodyTooLarge(m.maxBody))
+		} else {
+			m.writeError(w, r, idemserver.ProblemBodyUnreadable())
+		}
+		return
+	}
+	r.Body = &bodyReader{b: body}
+	scope := ""
+	if m.principal != nil {
+		scope = m.principal(r)
+	}
+	c := &txClaim{
+		TxKey: TxKey{
+			Key:   key,
+			Scope: scope,
+			Token: string(strconv.AppendUint([]byte(m.tokenPrefix), m.tokens.Add(1), 36)),
+		},
+		fingerprint: idemserver.Fingerprint(r, body),
+	}
+	c.row = rowKey(idemserver.ScopedKey(scope, key))
+	h.serve(w, r, c)
+}
+
+// txClaim is a keyed request's claim.
+type txClaim struct {
+	TxKey
+	fingerprint string
+	row         []byte // the key's primary key in idemhttp_keys
+}
+
+// step calls the test hook, if any.
+func (h *txHandler) step(name string) {
+	if h.m.at != nil {
+		h.m.at(name)
+	}
+}
+
+// serve runs one request in a transaction; c is nil for a request without
+// a key.
+func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
+	m := h.m
+	// The work must be finished and recorded even when the client leaves;
+	// a rollback then would only make its retry run the request again.
+	ctx := context.WithoutCancel(r.Context())
+	key := ""
+	if c != nil {
+		key = c.Key
+	}
+	run, outcome, res, err := h.begin(ctx, c)
+	if err != nil {
+		m.logger.ErrorContext(ctx, "idemhttp/postgres: begin or claim failed; answered 503", "key", key, "error", err)
+		w.Header().Set("Retry-After", m.retryAfter)
+		m.writeError(w, r, idemserver.ProblemStoreUnavailable(key))
+		return
+	}
+	switch {
+	case outcome != claimRun && res.Fingerprint != "" && res.Fingerprint != c.fingerprint:
+		// As idemserver does: another request's key is 422 whether that
+		// request has finished (a stored response) or not (a Store's
+		// claim; a running TxMiddleware request's fingerprint is unknown
+		// until it commits).
+		m.writeError(w, r, idemserver.ProblemKeyMismatch(m.header, key))
+		return
+	case outcome == claimBusy:
+		w.Header().Set("Retry-After", m.retryAfter)
+		m.writeError(w, r, idemserver.ProblemInProgress(m.header, key))
+		return
+	case outcome == claimCompleted:
+		h.replay(w, r, key, res.Record)
+		return
+	}
+
+	// From here the transaction is open and, for a keyed request, holds
+	// the key. Every path that does not commit rolls back, a panic's too:
+	// the deferred rollback runs before the panic continues to net/http.
+	defer run.rollback(ctx) // nothing once committed
+	if c != nil {
+		r = r.WithContext(context.WithValue(r.Context(), txKeyContext{}, c.TxKey))
+	}
+	buf := &txWriter{header: make(http.Header), limit: m.maxStored}
+	herr := h.next.ServeHTTPTx(buf, r, run.lent)
+	h.step("handler")
+	switch {
+	case herr != nil:
+		m.logger.ErrorContext(ctx, "idemhttp/postgres: handler failed; rolled back", "key", key, "error", herr)
+		m.writeError(w, r, problemRolledBack(key))
+		return
+	case buf.overflow:
+		m.logger.ErrorContext(ctx, "idemhttp/postgres: response too large to store; rolled back", "key", key, "limit", m.maxStored)
+		m.writeError(w, r, problemResponseTooLarge(key, m.maxStored))
+		return
+	}
+	status := buf.finalStatus()
+	commit := status < 500
+	if c != nil {
+		commit = m.shouldStore(status)
+	}
+	if !commit {
+		// Not stored, so a retry runs the request again: its writes must
+		// not stay.
+		run.rollback(ctx)
+		buf.send(w, nil)
+		return
+	}
+	var record []byte
+	if c != nil {
+		var err error
+		record, err = (&idemserver.Response{Status: status, Header: storedHeader(buf.header), Body: buf.body}).MarshalBinary()
+		if err != nil { // a status outside 100-999: net/http would panic on it
+			m.logger.ErrorContext(ctx, "idemhttp/postgres: response not storable; rolled back", "key", key, "error", err)
+			m.writeError(w, r, problemRolledBack(key))
+			return
+		}
+	}
+	h.step("before-commit")
+	if err := run.commit(ctx, c, record, m.ttl, h.step); err != nil {
+		// Whatever happened, a retry with the same key is safe: the
+		// record rides the same commit as the writes, so it finds both or
+		// neither.
+		var pgErr *pgconn.PgError
+		if errors.Is(err, errClaimLost) {
+			// The claim is gone: whoever holds the key now may run the
+			// request, so this run's writes did not commit.
+			m.logger.ErrorContext(ctx, "idemhttp/postgres: claim lost; rolled back", "key", key)
+			w.Header().Set("Retry-After", m.retryAfter)
+			m.writeError(w, r, idemserver.ProblemInProgress(m.header, key))
+			return
+		}
+		if errors.As(err, &pgErr) {
+			m.logger.ErrorContext(ctx, "idemhttp/postgres: commit refused; rolled back", "key", key, "error", err)
+			m.writeError(w, r, problemRolledBack(key))
+			return
+		}
+		m.logger.ErrorContext(ctx, "idemhttp/postgres: commit outcome unknown; answered 503", "key", key, "error", err)
+		w.Header().Set("Retry-After", m.retryAfter)
+		m.writeError(w, r, idemserver.ProblemStoreUnavailable(key))
+		return
+	}
+	h.step("after-commit")
+	buf.send(w, h.m.at)
+}

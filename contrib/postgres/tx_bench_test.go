@@ -1,0 +1,115 @@
+package postgres_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idemhttp/contrib/postgres"
+	"github.com/idemkit/idemhttp/idemserver"
+)
+
+// BenchmarkTxMiddleware serves a charge (one INSERT and its commit) at 64
+// concurrent requests with distinct keys:
+//
+//   - plain: the handler begins and commits its own transaction, with no
+//     idempotency (the baseline);
+//   - tx: the same handler under TxMiddleware, the record in its
+//     transaction;
+//   - store: idemserver.Middleware with the PostgreSQL Store around the
+//     plain handler (claim and record in transactions of their own).
+//
+// Requests go straight to ServeHTTP, without a network, so that the
+// difference is the database work.
+func BenchmarkTxMiddleware(b *testing.B) {
+	const conc = 64
+	s := newTxSchema(b)
+	pool := s.pool(b, conc)
+	plain := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := pgx.BeginFunc(r.Context(), pool, func(tx pgx.Tx) error { return chargeTx(w, r, tx) })
+		if err != nil {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	})
+	tx := newTx(b, s, conc, nil)
+	store := &idemserver.Middleware{Store: postgres.NewStore(pool)}
+	handlers := []struct {
+		name string
+		h    http.Handler
+	}{
+		{"plain", plain},
+		{"tx", tx.WrapFunc(chargeTx)},
+		{"store", store.Wrap(plain)},
+	}
+	var keys atomic.Uint64
+	for _, hh := range handlers {
+		b.Run(hh.name+"/c"+strconv.Itoa(conc), func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetParallelism((conc + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader("amount=1099"))
+					req.Header.Set("Idempotency-Key", "bench-"+strconv.FormatUint(keys.Add(1), 36))
+					rec := httptest.NewRecorder()
+					hh.h.ServeHTTP(rec, req)
+					if rec.Code != http.StatusCreated {
+						b.Errorf("status %d: %s", rec.Code, rec.Body)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkTxMiddlewareInterleaved sends plain and tx requests alternately
+// from the same 64 goroutines, so that both meet the same load at the same
+// moment (the machine is shared), and reports tx-latency/plain-latency:
+// at equal concurrency, the inverse of the throughput ratio.
+func BenchmarkTxMiddlewareInterleaved(b *testing.B) {
+	const conc = 64
+	s := newTxSchema(b)
+	pool := s.pool(b, conc)
+	plain := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := pgx.BeginFunc(r.Context(), pool, func(tx pgx.Tx) error { return chargeTx(w, r, tx) })
+		if err != nil {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	})
+	handlers := [2]http.Handler{plain, newTx(b, s, conc, nil).WrapFunc(chargeTx)}
+	var (
+		keys  atomic.Uint64
+		nanos [2]atomic.Int64
+		count [2]atomic.Int64
+	)
+	b.ReportAllocs()
+	b.SetParallelism((conc + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+	b.RunParallel(func(pb *testing.PB) {
+		for i := 0; pb.Next(); i++ {
+			which := i % 2
+			req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader("amount=1099"))
+			req.Header.Set("Idempotency-Key", "bench-"+strconv.FormatUint(keys.Add(1), 36))
+			rec := httptest.NewRecorder()
+			start := time.Now()
+			handlers[which].ServeHTTP(rec, req)
+			nanos[which].Add(int64(time.Since(start)))
+			count[which].Add(1)
+			if rec.Code != http.StatusCreated {
+				b.Errorf("status %d: %s", rec.Code, rec.Body)
+				return
+			}
+		}
+	})
+	if count[0].Load() > 0 && count[1].Load() > 0 {
+		plainMean := float64(nanos[0].Load()) / float64(count[0].Load())
+		txMean := float64(nanos[1].Load()) / float64(count[1].Load())
+		b.ReportMetric(plainMean/txMean, "tx-throughput-ratio")
+	}
+}

@@ -1,0 +1,366 @@
+package postgres
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idemhttp/idemserver"
+)
+
+// A request's transaction takes three round trips on a *pgxpool.Pool, as
+// many as a handler that begins and commits its own: BEGIN with the claim
+// (pgx's Batch.BeginTx), the handler's statements, and the stored
+// response with COMMIT (a pipeline on the connection, which goes back to
+// the pool once the session is idle). On another DB the response and
+// COMMIT take a round trip each.
+
+// The claim is the key's transaction-level advisory lock (a 64-bit hash
+// of the key), tried, never waited for: a duplicate of a running request
+// answers 409 at once, and neither waits on the runner's rows nor holds a
+// connection doing so. The key's row is written once, at the end, with the
+// response (storeTxSQL). A first version inserted a claim row at the start
+// under a short lock_timeout, then updated it with the response: twice the
+// row work, and under load the timeout also fired on unrelated waits
+// (relation extension), answering 409 for a free key.
+const tryLockSQL = `SELECT pg_try_advisory_xact_lock($1)`
+
+// divisionByZero is SQLSTATE 22012, storeGuardSQL's "claim lost".
+const divisionByZero = "22012"
+
+// lookupTxSQL reads the key's live row, if any: a completed response to
+// replay, or a claim committed by a [Store] sharing the table. An expired
+// row is the claimer's to take over.
+const lookupTxSQL = `SELECT token, fingerprint, record FROM idemhttp_keys WHERE key = $1 AND expires_at > now()`
+
+const setIdleTimeoutSQL = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
+
+// advisoryKey is the advisory lock of a row key: its SHA-256's first 8
+// bytes. Two keys share a lock with odds of 2^-64 (then one of them
+// answers 409 while the other runs); an application's own advisory locks
+// on small integers never meet it.
+func advisoryKey(row []byte) int64 {
+	sum := sha256.Sum256(row)
+	return int64(binary.BigEndian.Uint64(sum[:8]))
+}
+
+// storeTxSQL writes the key's row with the response, in the request's
+// transaction, unless a live row holds the key: one that another claimer
+// (a Store sharing the table, which takes no advisory lock) committed
+// while the handler ran. Then the claim is lost, and the business write
+// must not commit: exactly one of the two runs may.
+const storeTxSQL = `
+INSERT INTO idemhttp_keys AS k (key, token, fingerprint, record, expires_at)
+VALUES ($1, $2, $3, $4, now() + $5::interval)
+ON CONFLICT (key) DO UPDATE
+SET token = excluded.token, fingerprint = excluded.fingerprint, record = excluded.record, expires_at = excluded.expires_at
+WHERE k.expires_at <= now()`
+
+// storeGuardSQL is storeTxSQL for a pipeline with COMMIT: it fails
+// (division_by_zero) unless it wrote the row, which aborts the
+// transaction, so the COMMIT queued after it cannot commit the business
+// write without its record.
+const storeGuardSQL = `
+WITH stored AS (` + storeTxSQL + ` RETURNING 1)
+SELECT 1 / count(*) FROM stored`
+
+// outcome of begin: what to do with the request.
+type claimOutcome int
+
+const (
+	claimRun claimOutcome = iota
+	claimBusy
+	claimCompleted
+)
+
+// errClaimLost: the claim's row was not there to store the response in.
+var errClaimLost = errors.New("claim lost")
+
+// txRun is one request's open transaction.
+type txRun struct {
+	tx     pgx.Tx
+	conn   *pgxpool.Conn // the pipelined path's connection, released at the end
+	lent   *handlerTx    // the handler's view of tx
+	closed bool
+}
+
+type acquirer interface {
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
+}
+
+// begin opens the request's transaction and, for a keyed request, claims
+// the key in it, in one round trip. A connection found dead before
+// anything ran is replaced and the whole step retried: nothing is
+// committed before the end. The run is nil unless the outcome is
+// claimRun.
+func (h *txHandler) begin(ctx context.Context, c *txClaim) (*txRun, claimOutcome, idemserver.ClaimResult, error) {
+	var (
+		run     *txRun
+		outcome claimOutcome
+		res     idemserver.ClaimResult
+	)
+	err := retry(ctx, func() (err error) {
+		run, outcome, res, err = h.beginOnce(ctx, c)
+		return err
+	})
+	if run != nil {
+		run.lent = &handlerTx{tx: run.tx}
+	}
+	return run, outcome, res, err
+}
+
+func (h *txHandler) beginOnce(ctx context.Context, c *txClaim) (*txRun, claimOutcome, idemserver.ClaimResult, error) {
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	if h.m.idleTimeout != "" {
+		b.Queue(setIdleTimeoutSQL, h.m.idleTimeout)
+	}
+	if c != nil {
+		b.Queue(tryLockSQL, advisoryKey(c.row))
+		b.Queue(lookupTxSQL, c.row)
+	}
+	// On a pool, hold the connection itself, so that commit can pipeline
+	// the response and COMMIT and then release it.
+	var (
+		conn *pgxpool.Conn
+		br   pgx.BatchResults
+	)
+	if p, ok := h.m.db.(acquirer); ok {
+		var err error
+		if conn, err = p.Acquire(ctx); err != nil {
+			return nil, 0, idemserver.ClaimResult{}, err
+		}
+		br = conn.SendBatch(ctx, b)
+	} else {
+		br = h.m.db.SendBatch(ctx, b)
+	}
+	tx := br.Tx()
+	res, outcome, err := h.readBegin(br, c)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err == nil && tx == nil {
+		err = errors.New("the DB's SendBatch does not begin transactions (pgx.Batch.BeginTx)")
+	}
+	if err != nil || outcome != claimRun {
+		if tx != nil {
+			_ = tx.Rollback(ctx) // ErrTxClosed if the begin failed
+		}
+		if conn != nil {
+			conn.Release() // destroyed unless idle
+		}
+		return nil, outcome, res, err
+	}
+	return &txRun{tx: tx, conn: conn}, claimRun, idemserver.ClaimResult{State: idemserver.Claimed}, nil
+}
+
+func (h *txHandler) readBegin(br pgx.BatchResults, c *txClaim) (idemserver.ClaimResult, claimOutcome, error) {
+	if _, err := br.Exec(); err != nil { // BEGIN
+		return idemserver.ClaimResult{}, 0, err
+	}
+	if h.m.idleTimeout != "" {
+		if _, err := br.Exec(); err != nil {
+			return idemserver.ClaimResult{}, 0, err
+		}
+	}
+	if c == nil {
+		return idemserver.ClaimResult{}, claimRun, nil
+	}
+	var locked bool
+	if err := br.QueryRow().Scan(&locked); err != nil {
+		return idemserver.ClaimResult{}, 0, err
+	}
+	res, outcome, err := readLookup(br.QueryRow(), c.Token)
+	if err == nil && !locked {
+		// A running request holds the key; whatever row is visible is
+		// about to change.
+		return idemserver.ClaimResult{State: idemserver.InProgress}, claimBusy, nil
+	}
+	return res, outcome, err
+}
+
+// readLookup reads lookupTxSQL's row.
+func readLookup(row pgx.Row, token string) (idemserver.ClaimResult, claimOutcome, error) {
+	var held, fp, record []byte
+	switch err := row.Scan(&held, &fp, &record); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return idemserver.ClaimResult{State: idemserver.Claimed}, claimRun, nil
+	case err != nil:
+		return idemserver.ClaimResult{}, 0, err
+	case record != nil:
+		return idemserver.ClaimResult{State: idemserver.Completed, Fingerprint: string(fp), Record: record}, claimCompleted, nil
+	case string(held) == token:
+		// A claim row with our token: impossible, the token is new and
+		// TxMiddleware writes no claim rows. Refuse rather than run.
+		return idemserver.ClaimResult{}, 0, errors.New("claim row with this request's token")
+	}
+	return idemserver.ClaimResult{State: idemserver.InProgress, Fingerprint: string(fp)}, claimBusy, nil
+}
+
+// rollback ends the run without committing; it does nothing once the run
+// has ended.
+func (run *txRun) rollback(ctx context.Context) {
+	if run.closed {
+		return
+	}
+	run.closed = true
+	run.lent.close()
+	_ = run.tx.Rollback(ctx) // a failed rollback closes the connection, which rolls back
+	if run.conn != nil {
+		run.conn.Release()
+	}
+}
+
+// commit stores record (unless c is nil) and commits. It returns
+// errClaimLost, a *pgconn.PgError (the transaction was rolled back), or
+// another error, after which the outcome is unknown.
+//
+// step is the test hook, called between the store and COMMIT where they
+// are separate round trips.
+func (run *txRun) commit(ctx context.Context, c *txClaim, record []byte, ttl time.Duration, step func(string)) error {
+	if run.closed {
+		return pgx.ErrTxClosed
+	}
+	run.lent.close()
+	if c == nil {
+		run.closed = true
+		err := run.tx.Commit(ctx)
+		if run.conn != nil {
+			run.conn.Release()
+		}
+		return err
+	}
+	if run.conn == nil {
+		tag, err := run.tx.Exec(ctx, storeTxSQL, c.row, []byte(c.Token), []byte(c.fingerprint), record, ttl)
+		switch {
+		case err != nil:
+			run.rollback(ctx)
+			return err
+		case tag.RowsAffected() != 1:
+			run.rollback(ctx)
+			return errClaimLost
+		}
+		step("store-sent")
+		run.closed = true
+		return run.tx.Commit(ctx)
+	}
+	// One round trip: the guarded store, then COMMIT. The pgx Tx is left
+	// behind unclosed; the handler's view of it is closed, and the
+	// connection goes back to the pool only if the session is idle.
+	b := &pgx.Batch{}
+	b.Queue(storeGuardSQL, c.row, []byte(c.Token), []byte(c.fingerprint), record, ttl)
+	b.Queue("COMMIT")
+	br := run.conn.SendBatch(ctx, b)
+	_, err := br.Exec()
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil && tag.String() != "COMMIT":
+		err = &pgconn.PgError{Severity: "ERROR", Code: "40000", Message: "COMMIT answered " + tag.String()}
+	case errors.As(err, &pgErr) && pgErr.Code == divisionByZero:
+		err = errClaimLost
+	}
+	if err != nil && run.conn.Conn().PgConn().TxStatus() != 'I' {
+		// Still in the (aborted) transaction: end it, or the connection
+		// is destroyed on release, which also ends it.
+		_, _ = run.conn.Exec(ctx, "ROLLBACK")
+	}
+	run.closed = true
+	run.conn.Release()
+	return err
+}
+
+// handlerTx is the transaction as the handler sees it: the request's, but
+// its Commit and Rollback refuse (TxMiddleware commits it with the stored
+// response, or rolls it back), and once the handler has returned it is
+// closed, so that a goroutine the handler left behind cannot write
+// through a connection that went back to the pool. Begin makes a
+// savepoint, as pgx's own nested transactions do.
+type handlerTx struct {
+	tx     pgx.Tx
+	closed atomic.Bool
+}
+
+var _ pgx.Tx = (*handlerTx)(nil)
+
+// errOwnedTx is returned by the handler's Commit and Rollback.
+var errOwnedTx = errors.New("idemhttp/postgres: TxMiddleware commits or rolls back the transaction; return an error to roll back")
+
+func (t *handlerTx) close() {
+	if t != nil {
+		t.closed.Store(true)
+	}
+}
+
+func (t *handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if t.closed.Load() {
+		return nil, pgx.ErrTxClosed
+	}
+	return t.tx.Begin(ctx)
+}
+
+func (t *handlerTx) Commit(context.Context) error   { return errOwnedTx }
+func (t *handlerTx) Rollback(context.Context) error { return errOwnedTx }
+
+func (t *handlerTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if t.closed.Load() {
+		return 0, pgx.ErrTxClosed
+	}
+	return t.tx.CopyFrom(ctx, table, columns, src)
+}
+
+func (t *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if t.closed.Load() {
+		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	}
+	return t.tx.SendBatch(ctx, b)
+}
+
+func (t *handlerTx) LargeObjects() pgx.LargeObjects { return t.tx.LargeObjects() }
+
+func (t *handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if t.closed.Load() {
+		return nil, pgx.ErrTxClosed
+	}
+	return t.tx.Prepare(ctx, name, sql)
+}
+
+func (t *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.closed.Load() {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
+	return t.tx.Exec(ctx, sql, args...)
+}
+
+func (t *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if t.closed.Load() {
+		return nil, pgx.ErrTxClosed
+	}
+	return t.tx.Query(ctx, sql, args...)
+}
+
+func (t *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if t.closed.Load() {
+		return errRow{}
+	}
+	return t.tx.QueryRow(ctx, sql, args...)
+}
+
+func (t *handlerTx) Conn() *pgx.Conn { return t.tx.Conn() }
+
+type errRow struct{}
+
+func (errRow) Scan(...any) error { return pgx.ErrTxClosed }
