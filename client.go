@@ -298,7 +298,7 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	a.req = out
 	switch {
 	case cfg.prepare != nil:
-		out.Header = cloneWithoutFold(req.Header, p.keyHeader, keyed)
+		out.Header = cloneWithoutFold(req.Header, p.keyHeader, true)
 		u := *req.URL
 		out.URL = &u
 	case keyed:

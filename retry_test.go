@@ -381,6 +381,15 @@ func TestCallersRequestIsNeverModified(t *testing.T) {
 	require.Len(t, srv.Hits(), 1)
 	assert.Equal(t, "secret", srv.Hits()[0].Header.Get("X-Api-Key"))
 
+	// An unkeyed GET too: its header values are copied, not shared.
+	get, err := http.NewRequest(http.MethodGet, srv.URL, nil)
+	require.NoError(t, err)
+	get.Header.Set("X-Trace", "t-2")
+	resp, err = c.Do(get)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, "t-2", get.Header.Get("X-Trace"))
+
 	nilHeader, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(chargeBody))
 	require.NoError(t, err)
 	nilHeader.Header = nil
