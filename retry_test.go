@@ -781,3 +781,32 @@ func FuzzVerifyingBody(f *testing.F) {
 		}
 	})
 }
+
+// Issue 11, item 4: net/http resends a request that carries an
+// Idempotency-Key by itself when a reused connection breaks after the
+// request was written, so the server may have seen a freshly minted key
+// before the client's first attempt ends. The trace counts that resend,
+// and the 409 that follows is then read as "in progress", not as the
+// application's own conflict.
+func TestSilentResendMakesAKeyUsed(t *testing.T) {
+	inProgress := `{"type":"https://developer.example.com/idempotency","title":"A request is outstanding for this Idempotency-Key"}`
+	srv := newScripted(t, reply(200, "{}"), drop, reply(409, inProgress), reply(200, "{}", "Idempotent-Replayed", "true"))
+	c := &Client{Policy: fast()}
+	warm, _ := http.NewRequest(http.MethodGet, srv.URL+"/warm", nil)
+	resp, err := c.Do(warm) // leaves a pooled connection for the POST to reuse
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+
+	resp, err = c.Do(post(t, srv.URL, chargeBody))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	hits := srv.Hits()
+	require.Len(t, hits, 4, "the POST was sent three times: net/http's resend, then one retry")
+	assert.Equal(t, hits[1].Key, hits[2].Key)
+	assert.Equal(t, hits[1].Key, hits[3].Key)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	info, _ := ResponseInfo(resp)
+	assert.Equal(t, 2, info.Attempts, "net/http's own resend is not an attempt")
+	assert.True(t, info.Replayed)
+}
