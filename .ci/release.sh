@@ -19,6 +19,11 @@
 #                                 against the tree served by a local proxy
 #                                 (a plain `go mod tidy` there would ask the
 #                                 public proxy for an unpublished version)
+#   .ci/release.sh go DIR ARGS... run `go ARGS...` in module DIR the same
+#                                 way, e.g. `.ci/release.sh go contrib/redis
+#                                 get example.com/dep@v1.2.3` (in the
+#                                 workspace, go get in a nested module asks
+#                                 the public proxy for the unpublished root)
 #   .ci/release.sh proxy VERSION DIR
 #                                 write a file-based module proxy of every
 #                                 module at VERSION, built from the tree
@@ -89,15 +94,22 @@ case "$cmd" in
     [ $# = 3 ] || die "usage: $0 proxy VERSION DIR"
     tool proxy -version "$2" -out "$3"
     ;;
-  tidy)
+  tidy | go)
+    [ "$cmd" = tidy ] || [ $# -ge 3 ] || die "usage: $0 go DIR ARGS..."
     version=$(tool version)
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
     tool proxy -version "$version" -out "$tmp/proxy" >/dev/null
-    while read -r path dir _; do
-      echo "tidy $path"
-      (cd "$dir" && isolated "$tmp" go mod tidy)
-    done < <(tool modules)
+    if [ "$cmd" = go ]; then
+      dir=$2
+      shift 2
+      (cd "$dir" && isolated "$tmp" go "$@")
+    else
+      while read -r path dir _; do
+        echo "tidy $path"
+        (cd "$dir" && isolated "$tmp" go mod tidy)
+      done < <(tool modules)
+    fi
     # The hashes just written for project modules are those of the tree, not
     # of what a tag will publish: leave them out (see RELEASING.md).
     tool stripsums
