@@ -1,10 +1,10 @@
 module github.com/idemkit/idemhttp/cmd/idemctl
 
-go 1.26.0
+go 1.25.0
 
 require (
 	github.com/hashicorp/go-retryablehttp v0.7.8
-	github.com/idemkit/idemhttp v0.0.0
+	github.com/idemkit/idemhttp v0.1.0
 	github.com/schollz/progressbar/v3 v3.19.1
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
@@ -18,7 +18,5 @@ require (
 	github.com/mitchellh/colorstring v0.0.0-20190213212951-d06e56a500db // indirect
 	github.com/rivo/uniseg v0.4.7 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
-	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/sys v0.47.0 // indirect
 )
-
-replace github.com/idemkit/idemhttp => ../../

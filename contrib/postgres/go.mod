@@ -1,9 +1,9 @@
 module github.com/idemkit/idemhttp/contrib/postgres
 
-go 1.26.0
+go 1.25.0
 
 require (
-	github.com/idemkit/idemhttp v0.0.0
+	github.com/idemkit/idemhttp v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
@@ -19,8 +19,6 @@ require (
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sync v0.22.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/sys v0.47.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/idemkit/idemhttp => ../../

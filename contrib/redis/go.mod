@@ -1,10 +1,10 @@
 module github.com/idemkit/idemhttp/contrib/redis
 
-go 1.26.0
+go 1.25.0
 
 require (
-	github.com/idemkit/idemhttp v0.0.0
-	github.com/redis/go-redis/v9 v9.23.0
+	github.com/idemkit/idemhttp v0.1.0
+	github.com/redis/go-redis/v9 v9.22.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
 )
@@ -17,7 +17,5 @@ require (
 	github.com/hashicorp/go-retryablehttp v0.7.8 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
-	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/sys v0.47.0 // indirect
 )
-
-replace github.com/idemkit/idemhttp => ../../
