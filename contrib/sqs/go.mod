@@ -1,0 +1,19 @@
+module github.com/idemkit/idemhttp/contrib/sqs
+
+go 1.26.0
+
+replace github.com/idemkit/idemhttp => ../../
+
+require (
+	github.com/aws/aws-sdk-go-v2/service/sqs v1.53.0
+	github.com/idemkit/idemhttp v0.0.0-00010101000000-000000000000
+)
+
+require (
+	github.com/aws/aws-sdk-go-v2 v1.48.0 // indirect
+	github.com/aws/aws-sdk-go-v2/internal/configsources v1.5.12 // indirect
+	github.com/aws/aws-sdk-go-v2/internal/endpoints/v2 v2.8.12 // indirect
+	github.com/aws/smithy-go v1.28.9 // indirect
+	github.com/stretchr/testify v1.12.1 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
+)
