@@ -6,7 +6,20 @@ import (
 	"github.com/idemkit/idemhttp/inbox"
 )
 
-// newMessage is the handler's view of msg, whose id is id.
+// newMessage is the handler's view of msg, whose id is id. Raw is the
+// [jetstream.Msg].
 func newMessage(id string, msg jetstream.Msg) *inbox.Message {
-	return &inbox.Message{ID: id, Body: msg.Data()}
+	m := &inbox.Message{
+		ID:     id,
+		Source: msg.Subject(),
+		Body:   msg.Data(),
+		Header: msg.Headers(),
+		Raw:    msg,
+	}
+	if md, err := msg.Metadata(); err == nil {
+		m.Source = md.Stream + "/" + msg.Subject()
+		m.Time = md.Timestamp
+		m.Redelivered = md.NumDelivered > 1
+	}
+	return m
 }

@@ -212,7 +212,7 @@ func (c *Consumer) handle(ctx context.Context, d *amqp.Delivery, h inbox.Handler
 		}
 		return nil
 	}
-	if err := h(ctx, newMessage(id, d)); err != nil {
+	if err := h(ctx, newMessage(c.Queue, id, d)); err != nil {
 		// Requeue: the transaction rolled back, the inbox row with it, so
 		// the next delivery runs the effect again.
 		if err := d.Nack(false, !c.RejectOnError); err != nil {

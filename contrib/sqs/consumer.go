@@ -199,11 +199,18 @@ func (c *Consumer) receiveInput() *sqs.ReceiveMessageInput {
 	if in.WaitTimeSeconds > 20 {
 		in.WaitTimeSeconds = 20
 	}
+	// For inbox.Message's Time and Redelivered.
+	in.MessageSystemAttributeNames = []types.MessageSystemAttributeName{
+		types.MessageSystemAttributeNameSentTimestamp,
+		types.MessageSystemAttributeNameApproximateReceiveCount,
+	}
 	switch {
 	case c.IDAttribute != "":
-		in.MessageAttributeNames = []string{c.IDAttribute}
+		// All string attributes, for inbox.Message's Header; the id's
+		// among them.
+		in.MessageAttributeNames = []string{"All"}
 	case c.DeduplicationID:
-		in.MessageSystemAttributeNames = []types.MessageSystemAttributeName{types.MessageSystemAttributeNameMessageDeduplicationId}
+		in.MessageSystemAttributeNames = append(in.MessageSystemAttributeNames, types.MessageSystemAttributeNameMessageDeduplicationId)
 	}
 	return in
 }
@@ -219,7 +226,7 @@ func (c *Consumer) handle(ctx context.Context, api API, m *types.Message, h inbo
 		}
 		return nil
 	}
-	err := c.withExtension(ctx, api, m, visibility, func() error { return h(ctx, newMessage(id, m)) })
+	err := c.withExtension(ctx, api, m, visibility, func() error { return h(ctx, newMessage(c.QueueURL, id, m)) })
 	if err != nil {
 		// The transaction rolled back, the inbox row with it, so the
 		// next receive runs the effect again.

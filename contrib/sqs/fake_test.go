@@ -100,11 +100,14 @@ func (f *fakeSQS) ReceiveMessage(ctx context.Context, in *sqs.ReceiveMessageInpu
 		m.handle = fmt.Sprintf("rh-%s-%d", m.id, f.seq)
 		msg := types.Message{MessageId: aws.String(m.id), Body: aws.String(m.body), ReceiptHandle: aws.String(m.handle)}
 		for _, name := range in.MessageAttributeNames {
-			if v, ok := m.attrs[name]; ok {
+			for k, v := range m.attrs {
+				if name != "All" && name != k {
+					continue
+				}
 				if msg.MessageAttributes == nil {
 					msg.MessageAttributes = map[string]types.MessageAttributeValue{}
 				}
-				msg.MessageAttributes[name] = v
+				msg.MessageAttributes[k] = v
 			}
 		}
 		for _, name := range in.MessageSystemAttributeNames {
