@@ -5,7 +5,7 @@ go 1.26.0
 replace github.com/idemkit/idemhttp => ../../
 
 require (
-	github.com/idemkit/idemhttp v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idemhttp v0.0.0
 	github.com/nats-io/nats.go v1.55.0
 )
 

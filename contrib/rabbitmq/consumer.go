@@ -130,10 +130,10 @@ type Consumer struct {
 // Run's outlives it.
 //
 // Use a connection without the client library's automatic recovery
-// ([amqp.Config].Recovery nil, the default): a
-// recovered channel numbers deliveries afresh, so an acknowledgement of a
-// delivery from before the recovery could acknowledge another message,
-// one never processed. Reconnect yourself and call Run again.
+// ([amqp.Config].Recovery nil, the default): a recovered channel numbers
+// deliveries afresh, so an acknowledgement of a delivery from before the
+// recovery could acknowledge another message, one never processed.
+// Reconnect yourself and call Run again.
 func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel, h inbox.Handler) error {
 	if c.Queue == "" {
 		return errors.New("rabbitmq: Consumer.Queue is empty")
@@ -183,6 +183,13 @@ func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel, h inbox.Handler) e
 					return ErrChannelClosed
 				}
 				return fmt.Errorf("%w (queue %q)", ErrConsumerCancelled, c.Queue)
+			}
+			if ctx.Err() != nil {
+				// select chose this case over a done ctx: done wins.
+				if err := d.Nack(false, true); err != nil {
+					return ctx.Err()
+				}
+				return stop(ch, tag, deliveries, ctx.Err())
 			}
 			if err := c.handle(ctx, &d, h); err != nil {
 				if errors.Is(err, inbox.ErrNoMessageID) {

@@ -5,7 +5,7 @@ go 1.26.0
 replace github.com/idemkit/idemhttp => ../../
 
 require (
-	github.com/idemkit/idemhttp v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idemhttp v0.0.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/stretchr/testify v1.12.1
