@@ -135,32 +135,45 @@ func (c *Consumer) Run(ctx context.Context, cons jetstream.Consumer, h inbox.Han
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		msgs, err := cons.Fetch(batch, jetstream.FetchMaxWait(maxWait), jetstream.FetchContext(ctx))
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return fmt.Errorf("nats: fetch: %w", err)
-		}
-		var stop error
-		for msg := range msgs.Messages() {
-			if stop != nil || ctx.Err() != nil {
-				// Pulled but not handled: hand it back now.
-				_ = msg.Nak()
-				continue
-			}
-			stop = c.handle(ctx, msg, h, heartbeat)
-		}
-		if stop != nil {
-			return stop
-		}
-		if err := msgs.Error(); err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return fmt.Errorf("nats: fetch: %w", err)
+		if err := c.fetchAndHandle(ctx, cons, h, batch, maxWait, heartbeat); err != nil {
+			return err
 		}
 	}
+}
+
+// fetchAndHandle pulls one batch and handles it.
+func (c *Consumer) fetchAndHandle(ctx context.Context, cons jetstream.Consumer, h inbox.Handler, batch int, maxWait, heartbeat time.Duration) error {
+	// The pull's deadline is its expiry on the server too (the library
+	// refuses FetchMaxWait with FetchContext); cancelling ctx ends it.
+	fctx, cancel := context.WithTimeout(ctx, maxWait)
+	defer cancel()
+	msgs, err := cons.Fetch(batch, jetstream.FetchContext(fctx))
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("nats: fetch: %w", err)
+	}
+	var stop error
+	for msg := range msgs.Messages() {
+		if stop != nil || ctx.Err() != nil {
+			// Pulled but not handled: hand it back now rather than
+			// after AckWait.
+			_ = msg.Nak()
+			continue
+		}
+		stop = c.handle(ctx, msg, h, heartbeat)
+	}
+	if stop != nil {
+		return stop
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if err := msgs.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("nats: fetch: %w", err)
+	}
+	return nil
 }
 
 // handle runs h for one message and settles it. It returns an error only
