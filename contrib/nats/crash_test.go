@@ -78,7 +78,10 @@ func TestCrashBeforeAck(t *testing.T) {
 			// crashes left unacked, and runs until all is acked.
 			ctx, cancel := context.WithCancel(context.Background())
 			errc := make(chan error, 1)
-			go func() { errc <- (&natsinbox.Consumer{MaxWait: time.Second}).Run(ctx, s.cons(t, js), effectFunc(mode, db)) }()
+			last := s.cons(t, js)
+			go func() {
+				errc <- (&natsinbox.Consumer{MaxWait: time.Second}).Run(ctx, last, effectFunc(mode, db))
+			}()
 			assert.Eventually(t, func() bool { return s.settled(t, js) }, 60*time.Second, 20*time.Millisecond)
 			cancel()
 			require.ErrorIs(t, <-errc, context.Canceled)
