@@ -28,8 +28,11 @@ type fakeSQS struct {
 	received chan struct{} // a receive found the queue empty (buffered, 1)
 	changed  chan int32    // every visibility change, if not nil
 
-	// Faults to inject: the next delete fails after having done nothing.
+	// Faults to inject: the next failDeletes deletes fail having done
+	// nothing, and so does every delete for which failDelete (if set)
+	// returns true.
 	failDeletes int
+	failDelete  func() bool
 	deletes     int
 	changes     []int32
 }
@@ -137,8 +140,8 @@ func (f *fakeSQS) ReceiveMessage(ctx context.Context, in *sqs.ReceiveMessageInpu
 func (f *fakeSQS) DeleteMessage(_ context.Context, in *sqs.DeleteMessageInput, _ ...func(*sqs.Options)) (*sqs.DeleteMessageOutput, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.failDeletes > 0 {
-		f.failDeletes--
+	if f.failDeletes > 0 || (f.failDelete != nil && f.failDelete()) {
+		f.failDeletes = max(f.failDeletes-1, 0)
 		return nil, errors.New("fake: connection reset")
 	}
 	m := f.byHandle(aws.ToString(in.ReceiptHandle))
