@@ -203,10 +203,18 @@ wait_rabbitmq() {
 stop_rabbitmq() {
   if port_open "$AMQP_PORT" && [ -d "$RMQ_DIR" ]; then
     log "stopping rabbitmq on 127.0.0.1:$AMQP_PORT"
-    as_rabbitmq /usr/lib/rabbitmq/bin/rabbitmqctl -q -n "$RMQ_NODE" stop >&2 || true
+    # Given the pid file, rabbitmqctl waits for the node's process to exit.
+    as_rabbitmq /usr/lib/rabbitmq/bin/rabbitmqctl -q -n "$RMQ_NODE" stop "$RMQ_DIR/rabbitmq.pid" >&2 || true
   fi
-  # The node's private port mapper outlives it.
-  ERL_EPMD_PORT=$EPMD_PORT epmd -kill >/dev/null 2>&1 || true
+  # The node's private port mapper outlives it; it refuses to die while a
+  # name is registered, so ask once the node (and rabbitmqctl's own
+  # node) are gone.
+  local i
+  for ((i = 0; i < WAIT_SECONDS * 10; i++)); do
+    ERL_EPMD_PORT=$EPMD_PORT epmd -kill >/dev/null 2>&1 || true
+    port_open "$EPMD_PORT" || break
+    sleep 0.1
+  done
 }
 
 NATS_DIR=$STATE/nats
