@@ -51,8 +51,8 @@ func wait(t *testing.T, errc <-chan error) error {
 // A handler error nacks with requeue: the message comes back and the
 // handler runs again. Through the inbox, the failed attempt's row rolled
 // back with its effect, so the second attempt is not a duplicate. (With
-// the inbox row committed apart from the effect, the second attempt is a
-// duplicate and the effect never happens: checked once by hand.)
+// Run acking before the handler, this test and the connection-closed one
+// below fail: checked once.)
 func TestHandlerErrorRedelivers(t *testing.T) {
 	conn := dial(t)
 	db, _ := newSchema(t)

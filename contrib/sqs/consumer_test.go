@@ -61,6 +61,8 @@ func TestRunDeletesAfterHandler(t *testing.T) {
 
 // A handler error leaves the message in the queue, visible again after
 // RetryDelay, so the next receive runs the handler again.
+// (With Run deleting before the handler, this test and the lost-delete one
+// fail: checked once.)
 func TestRunHandlerErrorRedelivers(t *testing.T) {
 	f := newFake()
 	id := f.send("a", nil, nil)
