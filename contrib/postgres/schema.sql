@@ -51,3 +51,16 @@ CREATE UNIQUE INDEX IF NOT EXISTS idemhttp_journal_operation ON idemhttp_journal
 -- entries the retention keeps.
 CREATE INDEX IF NOT EXISTS idemhttp_journal_pending ON idemhttp_journal (created_at, key) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS idemhttp_journal_done ON idemhttp_journal (updated_at) WHERE state = 'done';
+
+-- idemhttp_inbox holds the ids of the messages Inbox (and inbox.SQL, which
+-- uses the same table) has processed: one row per (consumer, message id),
+-- inserted in the transaction of the message's effect. Ids are text as
+-- inbox.StoredID gives them (long or binary ids hashed). processed_at is
+-- Unix microseconds, read only by Prune.
+CREATE TABLE IF NOT EXISTS idemhttp_inbox (
+    consumer     text   NOT NULL,
+    id           text   NOT NULL,
+    processed_at bigint NOT NULL,
+    PRIMARY KEY (consumer, id)
+);
+CREATE INDEX IF NOT EXISTS idemhttp_inbox_processed_at ON idemhttp_inbox (processed_at);
