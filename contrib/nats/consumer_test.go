@@ -240,3 +240,57 @@ func TestRunRefusesNilHandler(t *testing.T) {
 	s := newStream(t, js, time.Minute)
 	assert.Error(t, (&natsinbox.Consumer{}).Run(context.Background(), s.cons(t, js), nil))
 }
+
+// The same message delivered to two instances at once: the first
+// instance's handler outlives AckWait with no heartbeat, so the server
+// redelivers the message to the second instance while the first is still
+// in its transaction. The second transaction's inbox insert waits for the
+// first's row, then finds it committed and runs nothing: two handler
+// calls, one effect.
+func TestConcurrentRedeliveryOneEffect(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a handler that runs for 2.5 s")
+	}
+	_, js := connect(t)
+	db, _ := newSchema(t)
+	in := &inbox.SQL{DB: db}
+	require.NoError(t, in.Migrate(context.Background()))
+	s := newStream(t, js, time.Second)
+	s.publish(t, js, "order-1")
+
+	var calls, effects atomic.Int32
+	h := in.Handle("d2-concurrent", func(ctx context.Context, tx *sql.Tx, m *inbox.Message) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO effects (msg_id) VALUES ($1)`, m.ID); err != nil {
+			return err
+		}
+		effects.Add(1)
+		if calls.Add(1) == 1 {
+			// Slower than AckWait, holding the inbox row uncommitted.
+			time.Sleep(2500 * time.Millisecond)
+		}
+		return nil
+	})
+	var deliveries atomic.Int32
+	var firstDone, overlapped atomic.Bool
+	counted := func(ctx context.Context, m *inbox.Message) error {
+		if deliveries.Add(1) == 2 && !firstDone.Load() {
+			overlapped.Store(true)
+		}
+		err := h(ctx, m)
+		firstDone.Store(true)
+		return err
+	}
+	c := &natsinbox.Consumer{Heartbeat: -1, Batch: 1, MaxWait: time.Second}
+	errc, cancel := runAsync(t, c, s.cons(t, js), counted)
+	errc2, cancel2 := runAsync(t, c, s.cons(t, js), counted)
+	require.Eventually(t, func() bool { return deliveries.Load() >= 2 && s.settled(t, js) }, 20*time.Second, 10*time.Millisecond)
+	cancel()
+	cancel2()
+	require.ErrorIs(t, wait(t, errc), context.Canceled)
+	require.ErrorIs(t, wait(t, errc2), context.Canceled)
+	var rows int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM effects`).Scan(&rows))
+	assert.True(t, overlapped.Load(), "the second delivery came while the first handler ran")
+	assert.Equal(t, 1, rows, "one effect")
+	assert.Equal(t, int32(1), effects.Load(), "the second delivery's effect never ran")
+}
