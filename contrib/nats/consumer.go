@@ -111,10 +111,13 @@ type Consumer struct {
 // runs, h's transaction should roll back and h return an error.
 //
 // When ctx is done Run naks the messages it had pulled and not handled,
-// so they are redelivered at once rather than after AckWait, and returns
-// ctx.Err(). Otherwise it returns the pull's error (a closed connection, a
-// deleted consumer), or an error wrapping [inbox.ErrNoMessageID] (see
-// [NoIDStop]). No goroutine of Run's outlives it.
+// so the server can redeliver them before their AckWait ends, and returns
+// ctx.Err(). Otherwise it returns the pull's error (a closed connection;
+// [jetstream.ErrConsumerDeleted] when the consumer is deleted during a
+// pull), an error wrapping [jetstream.ErrConsumerNotFound] when it was
+// deleted between pulls, or an error wrapping [inbox.ErrNoMessageID] (see
+// [NoIDStop]).
+// No goroutine of Run's outlives it.
 func (c *Consumer) Run(ctx context.Context, cons jetstream.Consumer, h inbox.Handler) error {
 	if h == nil {
 		return errors.New("nats: nil handler")
@@ -155,7 +158,9 @@ func (c *Consumer) fetchAndHandle(ctx context.Context, cons jetstream.Consumer, 
 		return fmt.Errorf("nats: fetch: %w", err)
 	}
 	var stop error
+	got := 0
 	for msg := range msgs.Messages() {
+		got++
 		if stop != nil || ctx.Err() != nil {
 			// Pulled but not handled: hand it back now rather than
 			// after AckWait.
@@ -172,6 +177,15 @@ func (c *Consumer) fetchAndHandle(ctx context.Context, cons jetstream.Consumer, 
 	}
 	if err := msgs.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("nats: fetch: %w", err)
+	}
+	if got == 0 {
+		// A pull from a consumer that no longer exists gets no answer at
+		// all (the server only says so to a pull already waiting when
+		// the consumer goes), so an empty pull asks whether it is still
+		// there, once per MaxWait while the stream is idle.
+		if _, err := cons.Info(ctx); errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("nats: %w", err)
+		}
 	}
 	return nil
 }

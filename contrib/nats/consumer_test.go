@@ -294,3 +294,27 @@ func TestConcurrentRedeliveryOneEffect(t *testing.T) {
 	assert.Equal(t, 1, rows, "one effect")
 	assert.Equal(t, int32(1), effects.Load(), "the second delivery's effect never ran")
 }
+
+// Run returns, with an error, when its connection closes or its consumer
+// is deleted, instead of pulling forever.
+func TestRunStopsOnLostConsumer(t *testing.T) {
+	h := func(context.Context, *inbox.Message) error { return nil }
+	t.Run("connection closed", func(t *testing.T) {
+		nc, js := connect(t)
+		s := newStream(t, js, time.Minute)
+		cons := s.cons(t, js)
+		errc, _ := runAsync(t, &natsinbox.Consumer{MaxWait: time.Second}, cons, h)
+		nc.Close()
+		err := wait(t, errc)
+		require.Error(t, err)
+		assert.NotErrorIs(t, err, context.Canceled)
+	})
+	t.Run("consumer deleted", func(t *testing.T) {
+		_, js := connect(t)
+		s := newStream(t, js, time.Minute)
+		errc, _ := runAsync(t, &natsinbox.Consumer{MaxWait: time.Second}, s.cons(t, js), h)
+		require.NoError(t, js.DeleteConsumer(context.Background(), s.name, s.consumer))
+		err := wait(t, errc)
+		assert.True(t, errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted), "%v", err)
+	})
+}
