@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -108,6 +109,14 @@ type Consumer struct {
 	// always fails then loops: bound it with a quorum queue's
 	// delivery-limit, which dead-letters it after that many deliveries.
 	RejectOnError bool
+	// RetryDelay is how long Run waits after a handler error before it
+	// requeues the delivery and goes on (Run returns early, requeueing
+	// it, when ctx is done meanwhile). Zero means at once. RabbitMQ has no
+	// delayed requeue, and a requeued delivery comes straight back: with
+	// no delay, a consumer whose database is down spins through its
+	// queue. The wait holds up this consumer, which is what an outage
+	// calls for; other consumers of the queue go on.
+	RetryDelay time.Duration
 }
 
 // Run consumes c.Queue on ch until ctx is done, the channel closes, or a
@@ -222,6 +231,14 @@ func (c *Consumer) handle(ctx context.Context, d *amqp.Delivery, h inbox.Handler
 	if err := h(ctx, newMessage(c.Queue, id, d)); err != nil {
 		// Requeue: the transaction rolled back, the inbox row with it, so
 		// the next delivery runs the effect again.
+		if c.RetryDelay > 0 && !c.RejectOnError {
+			t := time.NewTimer(c.RetryDelay)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+		}
 		if err := d.Nack(false, !c.RejectOnError); err != nil {
 			return channelClosed(err)
 		}

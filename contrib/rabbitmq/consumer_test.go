@@ -297,3 +297,38 @@ func TestRunRefusesBadConfig(t *testing.T) {
 	assert.Error(t, (&rabbitmq.Consumer{}).Run(context.Background(), ch, h))
 	assert.Error(t, (&rabbitmq.Consumer{Queue: "q"}).Run(context.Background(), ch, nil))
 }
+
+// With RetryDelay, a failed delivery is requeued after the delay and runs
+// again; a ctx done during the delay requeues it at once.
+func TestRetryDelay(t *testing.T) {
+	conn := dial(t)
+	queue := newQueue(t, conn, nil)
+	publish(t, conn, queue, amqp.Publishing{MessageId: "order-1"})
+	var calls atomic.Int32
+	second := make(chan struct{})
+	h := func(context.Context, *inbox.Message) error {
+		if calls.Add(1) == 1 {
+			return errors.New("database is down")
+		}
+		close(second)
+		return nil
+	}
+	errc, cancel := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, RetryDelay: 20 * time.Millisecond}, h)
+	select {
+	case <-second:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no second attempt")
+	}
+	cancel()
+	require.ErrorIs(t, wait(t, errc), context.Canceled)
+
+	// Cancelled during a long delay: Run returns and the delivery is back.
+	publish(t, conn, queue, amqp.Publishing{MessageId: "order-2"})
+	failed := make(chan struct{})
+	h2 := func(context.Context, *inbox.Message) error { close(failed); return errors.New("down") }
+	errc, cancel = runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, RetryDelay: time.Hour}, h2)
+	<-failed
+	cancel()
+	require.ErrorIs(t, wait(t, errc), context.Canceled)
+	assert.Equal(t, 1, ready(t, conn, queue))
+}
