@@ -40,7 +40,9 @@
 // connection dropped, the broker closed the channel), with the
 // redelivered flag set. A handler error nacks the delivery with requeue,
 // or rejects it with [Consumer.RejectOnError]; its transaction rolled back,
-// the inbox row with it, so the redelivery runs the effect again.
+// the inbox row with it, so the redelivery runs the effect again. Set
+// [Consumer.RetryDelay] so that an outage of the database pauses the
+// consumer rather than spinning it through the queue.
 //
 // # Redelivery to another consumer
 //
