@@ -124,8 +124,8 @@ type Consumer struct {
 // to h, one at a time, in the order the broker sent them.
 //
 // After h returns nil, Run acknowledges the delivery; after h returns an
-// error, Run nacks it (see [Consumer.RejectOnError]) and goes on: a
-// handler error never stops Run. h gets ctx; when ctx is done while h
+// error, Run nacks it (see [Consumer.RejectOnError] and
+// [Consumer.RetryDelay]) and goes on: a handler error never stops Run. h gets ctx; when ctx is done while h
 // runs, h's transaction should roll back and h return an error, and the
 // delivery is requeued.
 //
