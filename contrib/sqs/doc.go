@@ -53,7 +53,8 @@
 // # Tested against a fake
 //
 // This package is tested against an in-memory fake of [API] that models
-// receipt handles and visibility, not against SQS. No local SQS
+// receipt handles and visibility (once through the real SDK client, with
+// the fake behind SQS's JSON protocol), not against SQS. No local SQS
 // implementation could be run in this project's CI: ElasticMQ needs a JVM,
 // and goaws (v0.4.5, the version available) speaks only SQS's old query
 // protocol, while aws-sdk-go-v2's SQS client speaks only the JSON
