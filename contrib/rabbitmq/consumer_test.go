@@ -101,10 +101,12 @@ func TestMessageIDFromHeader(t *testing.T) {
 	conn := dial(t)
 	queue := newQueue(t, conn, nil)
 	publish(t, conn, queue,
+		// A header of another type is no id: rejected, never handled.
+		amqp.Publishing{MessageId: "property", Headers: amqp.Table{"idem-id": int64(8)}},
 		amqp.Publishing{MessageId: "property", Headers: amqp.Table{"idem-id": "order-9", "n": int32(3)}},
 		amqp.Publishing{MessageId: "property", Headers: amqp.Table{"idem-id": []byte("order-10")}},
 	)
-	got := make(chan *inbox.Message, 2)
+	got := make(chan *inbox.Message, 3)
 	h := func(_ context.Context, m *inbox.Message) error { got <- m; return nil }
 	errc, cancel := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, IDHeader: "idem-id"}, h)
 	m := <-got
@@ -114,6 +116,8 @@ func TestMessageIDFromHeader(t *testing.T) {
 	assert.Equal(t, "order-10", (<-got).ID)
 	cancel()
 	require.ErrorIs(t, wait(t, errc), context.Canceled)
+	assert.Empty(t, got)
+	assert.Zero(t, ready(t, conn, queue))
 }
 
 // A delivery with no id is never passed to the handler and never acked:
