@@ -69,3 +69,16 @@ CREATE TABLE IF NOT EXISTS idemhttp_recovery (
     created_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (key, step)
 );
+
+-- idemhttp_inbox holds the ids of the messages Inbox (and inbox.SQL, which
+-- uses the same table) has processed: one row per (consumer, message id),
+-- inserted in the transaction of the message's effect. Ids are text as
+-- inbox.StoredID gives them (long or binary ids hashed). processed_at is
+-- Unix microseconds, read only by Prune.
+CREATE TABLE IF NOT EXISTS idemhttp_inbox (
+    consumer     text   NOT NULL,
+    id           text   NOT NULL,
+    processed_at bigint NOT NULL,
+    PRIMARY KEY (consumer, id)
+);
+CREATE INDEX IF NOT EXISTS idemhttp_inbox_processed_at ON idemhttp_inbox (processed_at);

@@ -1,0 +1,25 @@
+package nats
+
+import (
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/idemhttp/inbox"
+)
+
+// newMessage is the handler's view of msg, whose id is id. Raw is the
+// [jetstream.Msg].
+func newMessage(id string, msg jetstream.Msg) *inbox.Message {
+	m := &inbox.Message{
+		ID:     id,
+		Source: msg.Subject(),
+		Body:   msg.Data(),
+		Header: msg.Headers(),
+		Raw:    msg,
+	}
+	if md, err := msg.Metadata(); err == nil {
+		m.Source = md.Stream + "/" + msg.Subject()
+		m.Time = md.Timestamp
+		m.Redelivered = md.NumDelivered > 1
+	}
+	return m
+}

@@ -1,0 +1,198 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idemhttp/inbox"
+)
+
+// Inbox is the consumer-side dedup of [inbox] with pgx: one row per
+// processed message in the idemhttp_inbox table (created by [Migrate]),
+// inserted with ON CONFLICT DO NOTHING in the same transaction as the
+// message's effect. It has the semantics of [inbox.SQL], and the same
+// table, so the two may share it; see the [inbox] package documentation
+// for when to use it, where message ids come from, and retention.
+//
+// The table must be in the database of the business tables the handlers
+// write, reached on the primary. An Inbox is safe for concurrent use.
+// Create it with [NewInbox].
+type Inbox struct {
+	db DB
+}
+
+// NewInbox returns an Inbox on db, which must reach the primary.
+func NewInbox(db DB) *Inbox {
+	return &Inbox{db: db}
+}
+
+// Process runs fn once for the message messageID of consumer: in one
+// transaction it inserts (consumer, [inbox.StoredID](messageID)) with ON
+// CONFLICT DO NOTHING and, if the row is new, calls fn with the
+// transaction and commits. If the row exists, it runs nothing and returns
+// Result{Duplicate: true}: ack the message. A concurrent delivery of the
+// same id waits on the row until the first one's transaction ends.
+//
+// fn must do its work through tx and must not commit or roll it back.
+// When fn fails (or panics) everything rolls back, the id included, and
+// Process returns fn's error (or panics again): do not ack. Any other
+// error means nothing is known to have committed (a failed COMMIT leaves
+// the outcome unknown, which is safe: a redelivery of a committed id is a
+// duplicate). An empty messageID gives [inbox.ErrNoMessageID] and an
+// invalid consumer [inbox.ErrInvalidConsumer], and nothing runs.
+func (in *Inbox) Process(ctx context.Context, consumer, messageID string, fn func(ctx context.Context, tx pgx.Tx) error) (inbox.Result, error) {
+	res, err := in.ProcessBatch(ctx, consumer, []string{messageID}, func(ctx context.Context, tx pgx.Tx, _ int) error {
+		return fn(ctx, tx)
+	})
+	if err != nil {
+		return inbox.Result{}, err
+	}
+	return res[0], nil
+}
+
+// inboxInsertOne and inboxInsertMany record ids; RETURNING (or the row
+// count) lists only the rows this statement inserted, so a row that
+// another transaction inserted, committed or not, is not new.
+const (
+	inboxInsertOne  = `INSERT INTO idemhttp_inbox (consumer, id, processed_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`
+	inboxInsertMany = `INSERT INTO idemhttp_inbox (consumer, id, processed_at) SELECT $1, unnest($2::text[]), $3 ON CONFLICT DO NOTHING RETURNING id`
+)
+
+// ProcessBatch is [Inbox.Process] for many messages in one transaction:
+// one statement records every id, fn(ctx, tx, i) runs for each message i
+// whose id is new, in order, and the batch commits once. Results are in
+// the order of ids; an id repeated within the batch is a duplicate after
+// its first occurrence. When fn fails for any message the whole batch
+// rolls back, ids included, and ProcessBatch returns the error: redeliver
+// the batch. An empty id anywhere gives [inbox.ErrNoMessageID] before
+// anything runs.
+func (in *Inbox) ProcessBatch(ctx context.Context, consumer string, ids []string, fn func(ctx context.Context, tx pgx.Tx, i int) error) ([]inbox.Result, error) {
+	if err := checkInboxConsumer(consumer); err != nil {
+		return nil, err
+	}
+	stored := make([]string, len(ids))
+	for i, id := range ids {
+		if id == "" {
+			return nil, fmt.Errorf("%w (message %d of the batch)", inbox.ErrNoMessageID, i)
+		}
+		stored[i] = inbox.StoredID(id)
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+
+	var tx pgx.Tx
+	// A pooled connection found dead before BEGIN ran is replaced; nothing
+	// has happened yet, so this is always safe.
+	err := retry(ctx, func() (err error) {
+		tx, err = in.db.Begin(ctx)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp/postgres: inbox: begin: %w", err)
+	}
+	committed := false
+	defer func() {
+		// Also on a panic in fn. A rollback that fails changes nothing:
+		// the transaction is then gone with its connection.
+		if !committed {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+
+	now := time.Now().UnixMicro()
+	fresh := make(map[string]bool, len(stored))
+	if len(stored) == 1 {
+		tag, err := tx.Exec(ctx, inboxInsertOne, consumer, stored[0], now)
+		if err != nil {
+			return nil, fmt.Errorf("idemhttp/postgres: inbox: record id: %w", err)
+		}
+		fresh[stored[0]] = tag.RowsAffected() == 1
+	} else {
+		rows, err := tx.Query(ctx, inboxInsertMany, consumer, stored, now)
+		if err != nil {
+			return nil, fmt.Errorf("idemhttp/postgres: inbox: record ids: %w", err)
+		}
+		newIDs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, fmt.Errorf("idemhttp/postgres: inbox: record ids: %w", err)
+		}
+		for _, id := range newIDs {
+			fresh[id] = true
+		}
+	}
+
+	results := make([]inbox.Result, len(ids))
+	ran := 0
+	for i, id := range stored {
+		if !fresh[id] {
+			results[i].Duplicate = true
+			continue
+		}
+		delete(fresh, id) // a later copy in this batch is a duplicate
+		if err := fn(ctx, tx, i); err != nil {
+			return nil, err
+		}
+		ran++
+	}
+	if ran == 0 {
+		return results, nil // nothing new: the deferred rollback ends it
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("idemhttp/postgres: inbox: commit (outcome unknown; a redelivery is safe): %w", err)
+	}
+	committed = true
+	return results, nil
+}
+
+// checkInboxConsumer applies inbox's rules for consumer names, through
+// StoredID: a name it would hash is one it refuses.
+func checkInboxConsumer(consumer string) error {
+	if consumer == "" || inbox.StoredID(consumer) != consumer {
+		return fmt.Errorf("%w: %q", inbox.ErrInvalidConsumer, consumer)
+	}
+	return nil
+}
+
+// Handle returns an [inbox.Handler] that processes each message with
+// [Inbox.Process] as consumer: fn runs, in the transaction, only for a
+// message whose id is new; a duplicate returns nil, so the adapter acks
+// it; a message without an id returns [inbox.ErrNoMessageID].
+func (in *Inbox) Handle(consumer string, fn func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error) inbox.Handler {
+	return func(ctx context.Context, m *inbox.Message) error {
+		_, err := in.Process(ctx, consumer, m.ID, func(ctx context.Context, tx pgx.Tx) error {
+			return fn(ctx, tx, m)
+		})
+		return err
+	}
+}
+
+// inboxPruneSQL deletes a chunk of old ids, so that a prune never holds
+// many row locks at once.
+const inboxPruneSQL = `DELETE FROM idemhttp_inbox WHERE ctid = ANY (ARRAY(SELECT ctid FROM idemhttp_inbox WHERE processed_at < $1 LIMIT 1000))`
+
+// Prune deletes the ids processed more than olderThan ago, a thousand rows
+// per statement, and returns how many it deleted. A redelivery of a
+// pruned id runs its effect again: keep ids for longer than the broker can
+// redeliver a message (see the [inbox] package documentation).
+func (in *Inbox) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan <= 0 {
+		return 0, errors.New("idemhttp/postgres: inbox: prune: olderThan must be positive")
+	}
+	cutoff := time.Now().Add(-olderThan).UnixMicro()
+	var total int64
+	for {
+		tag, err := in.db.Exec(ctx, inboxPruneSQL, cutoff)
+		if err != nil {
+			return total, fmt.Errorf("idemhttp/postgres: inbox: prune: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < 1000 {
+			return total, nil
+		}
+	}
+}

@@ -1,0 +1,46 @@
+package sqlite_test
+
+import (
+	"database/sql"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/idemkit/idemhttp/contrib/sqlite"
+	"github.com/idemkit/idemhttp/inbox/inboxtest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func TestConformance(t *testing.T) {
+	inboxtest.Run(t, func(t *testing.T) *sql.DB {
+		db, err := sqlite.Open(filepath.Join(t.TempDir(), "inbox.db"))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		return db
+	})
+}
+
+func TestOpenSettings(t *testing.T) {
+	db, err := sqlite.Open(filepath.Join(t.TempDir(), "inbox.db"))
+	require.NoError(t, err)
+	defer db.Close()
+	var mode string
+	var sync, busy int
+	require.NoError(t, db.QueryRow("PRAGMA journal_mode").Scan(&mode))
+	require.NoError(t, db.QueryRow("PRAGMA synchronous").Scan(&sync))
+	require.NoError(t, db.QueryRow("PRAGMA busy_timeout").Scan(&busy))
+	assert.Equal(t, "wal", mode)
+	assert.Equal(t, 2, sync, "FULL")
+	assert.Equal(t, 10000, busy)
+
+	_, err = sqlite.Open(filepath.Join(t.TempDir(), "x.db?mode=ro"))
+	assert.Error(t, err)
+	_, err = sqlite.Open(filepath.Join(t.TempDir(), "missing-dir", "x.db"))
+	assert.Error(t, err)
+}

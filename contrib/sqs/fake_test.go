@@ -1,0 +1,210 @@
+package sqs_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	sqsinbox "github.com/idemkit/idemhttp/contrib/sqs"
+	"github.com/idemkit/idemhttp/inbox"
+)
+
+// fakeSQS is an in-memory SQS queue with the semantics the consumer
+// relies on: a received message is hidden until its visibility timeout
+// ends, each receive issues a new receipt handle and invalidates the old
+// one, and only a current receipt handle deletes a message or changes its
+// visibility. Time does not pass by itself: a hidden message comes back
+// only when the test calls expire (as SQS would once its timeout ended).
+type fakeSQS struct {
+	mu       sync.Mutex
+	msgs     []*fakeMsg
+	seq      int
+	received chan struct{} // a receive found the queue empty (buffered, 1)
+	changed  chan int32    // every visibility change, if not nil
+
+	// Faults to inject: the next failDeletes deletes fail having done
+	// nothing, and so does every delete for which failDelete (if set)
+	// returns true.
+	failDeletes int
+	failDelete  func() bool
+	deletes     int
+	changes     []int32
+}
+
+type fakeMsg struct {
+	id      string
+	body    string
+	attrs   map[string]types.MessageAttributeValue
+	system  map[string]string
+	handle  string // current receipt handle; "" while visible
+	deleted bool
+	recvs   int
+}
+
+var _ sqsinbox.API = (*fakeSQS)(nil)
+
+func newFake() *fakeSQS {
+	return &fakeSQS{received: make(chan struct{}, 1)}
+}
+
+// send adds a message; a nil attrs and system are fine.
+func (f *fakeSQS) send(body string, attrs map[string]types.MessageAttributeValue, system map[string]string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seq++
+	id := fmt.Sprintf("sqs-%04d", f.seq)
+	f.msgs = append(f.msgs, &fakeMsg{id: id, body: body, attrs: attrs, system: system})
+	return id
+}
+
+// expire ends the visibility timeout of every hidden message.
+func (f *fakeSQS) expire() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, m := range f.msgs {
+		m.handle = ""
+	}
+}
+
+// live returns how many messages are not deleted, and how many of them
+// are hidden.
+func (f *fakeSQS) live() (n, hidden int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, m := range f.msgs {
+		if !m.deleted {
+			n++
+			if m.handle != "" {
+				hidden++
+			}
+		}
+	}
+	return n, hidden
+}
+
+func (f *fakeSQS) ReceiveMessage(ctx context.Context, in *sqs.ReceiveMessageInput, _ ...func(*sqs.Options)) (*sqs.ReceiveMessageOutput, error) {
+	f.mu.Lock()
+	var out sqs.ReceiveMessageOutput
+	for _, m := range f.msgs {
+		if int32(len(out.Messages)) == in.MaxNumberOfMessages {
+			break
+		}
+		if m.deleted || m.handle != "" {
+			continue
+		}
+		f.seq++
+		m.recvs++
+		m.handle = fmt.Sprintf("rh-%s-%d", m.id, f.seq)
+		msg := types.Message{MessageId: aws.String(m.id), Body: aws.String(m.body), ReceiptHandle: aws.String(m.handle)}
+		for _, name := range in.MessageAttributeNames {
+			for k, v := range m.attrs {
+				if name != "All" && name != k {
+					continue
+				}
+				if msg.MessageAttributes == nil {
+					msg.MessageAttributes = map[string]types.MessageAttributeValue{}
+				}
+				msg.MessageAttributes[k] = v
+			}
+		}
+		for _, name := range in.MessageSystemAttributeNames {
+			if v, ok := m.system[string(name)]; ok {
+				if msg.Attributes == nil {
+					msg.Attributes = map[string]string{}
+				}
+				msg.Attributes[string(name)] = v
+			}
+		}
+		out.Messages = append(out.Messages, msg)
+	}
+	f.mu.Unlock()
+	if len(out.Messages) > 0 {
+		return &out, nil
+	}
+	// Long polling on an empty queue: say so, then wait for the caller
+	// to give up (no message arrives while a test's consumer waits).
+	select {
+	case f.received <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func (f *fakeSQS) DeleteMessage(_ context.Context, in *sqs.DeleteMessageInput, _ ...func(*sqs.Options)) (*sqs.DeleteMessageOutput, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failDeletes > 0 || (f.failDelete != nil && f.failDelete()) {
+		f.failDeletes = max(f.failDeletes-1, 0)
+		return nil, errors.New("fake: connection reset")
+	}
+	m := f.byHandle(aws.ToString(in.ReceiptHandle))
+	if m == nil {
+		return nil, &types.ReceiptHandleIsInvalid{Message: aws.String("stale receipt handle")}
+	}
+	m.deleted = true
+	f.deletes++
+	return &sqs.DeleteMessageOutput{}, nil
+}
+
+func (f *fakeSQS) ChangeMessageVisibility(_ context.Context, in *sqs.ChangeMessageVisibilityInput, _ ...func(*sqs.Options)) (*sqs.ChangeMessageVisibilityOutput, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := f.byHandle(aws.ToString(in.ReceiptHandle))
+	if m == nil {
+		return nil, &types.ReceiptHandleIsInvalid{Message: aws.String("stale receipt handle")}
+	}
+	f.changes = append(f.changes, in.VisibilityTimeout)
+	if in.VisibilityTimeout == 0 {
+		m.handle = ""
+	}
+	if f.changed != nil {
+		select {
+		case f.changed <- in.VisibilityTimeout:
+		default:
+		}
+	}
+	return &sqs.ChangeMessageVisibilityOutput{}, nil
+}
+
+func (f *fakeSQS) byHandle(h string) *fakeMsg {
+	for _, m := range f.msgs {
+		if !m.deleted && m.handle != "" && m.handle == h {
+			return m
+		}
+	}
+	return nil
+}
+
+// runUntilIdle runs c on f until a receive finds the queue empty, then
+// stops it and returns Run's error (nil when it stopped for that).
+func runUntilIdle(c *sqsinbox.Consumer, f *fakeSQS, h inbox.Handler) error {
+	select {
+	case <-f.received: // a signal from an earlier run
+	default:
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(ctx, f, h) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-f.received:
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			return err
+		}
+		return nil
+	case <-time.After(30 * time.Second):
+		cancel()
+		<-errc
+		return errors.New("fake: consumer did not drain the queue in 30 s")
+	}
+}

@@ -1,0 +1,118 @@
+package sqs_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	sqsinbox "github.com/idemkit/idemhttp/contrib/sqs"
+	"github.com/idemkit/idemhttp/inbox"
+)
+
+const pgEnv = "IDEMHTTP_POSTGRES_URL"
+
+// newSchema creates a PostgreSQL schema private to the test (dropped when
+// it ends) with an effects table, and returns a pool on it. It skips the
+// test when no server is configured (fails on CI).
+func newSchema(t testing.TB) *sql.DB {
+	t.Helper()
+	url := os.Getenv(pgEnv)
+	if url == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is not set: on CI, run `eval \"$(bash .ci/services.sh)\"` before the tests", pgEnv)
+		}
+		t.Skipf("%s is not set: start the servers with `eval \"$(bash .ci/services.sh)\"` to run this test", pgEnv)
+	}
+	schema := fmt.Sprintf("d2_sqs_%x", rand.Uint64())
+	admin, err := sql.Open("pgx", url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close() })
+	_, err = admin.Exec("CREATE SCHEMA " + schema)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec("DROP SCHEMA " + schema + " CASCADE") })
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	db, err := sql.Open("pgx", url+sep+"search_path="+schema)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	_, err = db.Exec(`CREATE TABLE effects (msg_id text NOT NULL)`)
+	require.NoError(t, err)
+	require.NoError(t, (&inbox.SQL{DB: db}).Migrate(context.Background()))
+	return db
+}
+
+// Every message is sent twice by its producer (a retry after a lost
+// SendMessage response: SQS gives the copies different MessageIds, the
+// producer's idem-id attribute is the same), a fifth of the deletes after
+// a commit are lost (as in a crash before the delete), and lost messages
+// come back when their visibility ends. Through the inbox, keyed by the
+// producer's id, every order's effect happens once; a naive consumer
+// (effect committed alone, no inbox) shows the duplicates, which is the
+// check that the test can fail. Against the fake, not SQS: see the
+// package documentation.
+func TestLostDeletesAndProducerRetries(t *testing.T) {
+	const orders = 300
+	for _, mode := range []string{"inbox", "naive"} {
+		t.Run(mode, func(t *testing.T) {
+			db := newSchema(t)
+			f := newFake()
+			rng := rand.New(rand.NewPCG(1, 2))
+			var mu sync.Mutex
+			f.failDelete = func() bool { mu.Lock(); defer mu.Unlock(); return rng.IntN(5) == 0 }
+			for i := range orders {
+				attr := map[string]types.MessageAttributeValue{
+					"idem-id": {DataType: aws.String("String"), StringValue: aws.String(fmt.Sprintf("order-%d", i))},
+				}
+				f.send("order", attr, nil)
+				f.send("order", attr, nil)
+			}
+			insert := func(ctx context.Context, ex interface {
+				ExecContext(context.Context, string, ...any) (sql.Result, error)
+			}, id string) error {
+				_, err := ex.ExecContext(ctx, `INSERT INTO effects (msg_id) VALUES ($1)`, id)
+				return err
+			}
+			var h inbox.Handler = func(ctx context.Context, m *inbox.Message) error { return insert(ctx, db, m.ID) }
+			if mode == "inbox" {
+				h = (&inbox.SQL{DB: db}).Handle("d2-sqs", func(ctx context.Context, tx *sql.Tx, m *inbox.Message) error {
+					return insert(ctx, tx, m.ID)
+				})
+			}
+			c := &sqsinbox.Consumer{QueueURL: queueURL, IDAttribute: "idem-id", WaitTime: time.Second}
+			rounds := 0
+			for {
+				n, _ := f.live()
+				if n == 0 {
+					break
+				}
+				require.Less(t, rounds, 100, "no progress")
+				require.NoError(t, runUntilIdle(c, f, h))
+				f.expire() // the lost deletes' messages come back
+				rounds++
+			}
+			var rows, distinct int
+			require.NoError(t, db.QueryRow(`SELECT count(*), count(DISTINCT msg_id) FROM effects`).Scan(&rows, &distinct))
+			t.Logf("%s: %d effect rows for %d orders (%d messages), %d rounds", mode, rows, orders, 2*orders, rounds)
+			assert.Equal(t, orders, distinct)
+			if mode == "inbox" {
+				assert.Equal(t, orders, rows, "no effect ran twice")
+			} else {
+				assert.Greater(t, rows, orders, "the naive consumer ran effects twice")
+			}
+		})
+	}
+}

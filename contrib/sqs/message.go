@@ -1,0 +1,37 @@
+package sqs
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/idemkit/idemhttp/inbox"
+)
+
+// newMessage is the handler's view of m, received from queueURL, whose id
+// is id. Header holds its String message attributes that were received;
+// Raw is the [types.Message].
+func newMessage(queueURL, id string, m *types.Message) *inbox.Message {
+	msg := &inbox.Message{
+		ID:     id,
+		Source: queueURL,
+		Body:   []byte(deref(m.Body)),
+		Raw:    *m,
+	}
+	for k, v := range m.MessageAttributes {
+		if v.StringValue != nil {
+			if msg.Header == nil {
+				msg.Header = make(map[string][]string, len(m.MessageAttributes))
+			}
+			msg.Header[k] = []string{*v.StringValue}
+		}
+	}
+	if ms, err := strconv.ParseInt(m.Attributes[string(types.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil {
+		msg.Time = time.UnixMilli(ms)
+	}
+	if n, err := strconv.Atoi(m.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)]); err == nil {
+		msg.Redelivered = n > 1
+	}
+	return msg
+}
