@@ -1,0 +1,101 @@
+package postgres_test
+
+import (
+	"context"
+	"database/sql"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idemhttp/contrib/postgres"
+	"github.com/idemkit/idemhttp/inbox"
+)
+
+// BenchmarkInbox measures one consumer's messages per second on
+// PostgreSQL: each message's effect is one INSERT into a business table,
+// in a transaction per message ("single") or per batch of 100
+// ("batch100"). Each iteration runs the same work three ways, in turn and
+// in a rotating order, so that the machine's noise hits all of them alike:
+// "baseline" is the consumer doing only its business insert in that
+// transaction; "inbox" adds pgx's Inbox; "sql" is inbox.SQL through
+// database/sql (pgx's stdlib driver). The metrics are each way's
+// messages per second and its ratio to the baseline. Every message id is
+// new: a duplicate is cheaper (nothing runs).
+func BenchmarkInbox(b *testing.B) {
+	ctx := context.Background()
+	for _, batch := range []int{1, 100} {
+		name := "single"
+		if batch > 1 {
+			name = "batch" + strconv.Itoa(batch)
+		}
+		b.Run(name, func(b *testing.B) {
+			s := newSchema(b)
+			pool := s.pool(b, 4)
+			_, err := pool.Exec(ctx, "CREATE TABLE d1_effects (consumer text NOT NULL, id text NOT NULL)")
+			require.NoError(b, err)
+			in := postgres.NewInbox(pool)
+			db := stdlib.OpenDBFromPool(pool)
+			defer db.Close()
+			sqlIn := &inbox.SQL{DB: db}
+
+			insert := func(ctx context.Context, tx pgx.Tx, id string) error {
+				_, err := tx.Exec(ctx, "INSERT INTO d1_effects (consumer, id) VALUES ($1, $2)", "bench", id)
+				return err
+			}
+			n := 0
+			ids := make([]string, batch)
+			nextIDs := func() {
+				for j := range ids {
+					n++
+					ids[j] = "m-" + strconv.Itoa(n)
+				}
+			}
+			ways := []func() error{
+				func() error { // baseline
+					return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+						for _, id := range ids {
+							if err := insert(ctx, tx, id); err != nil {
+								return err
+							}
+						}
+						return nil
+					})
+				},
+				func() error { // inbox
+					_, err := in.ProcessBatch(ctx, "bench", ids, func(ctx context.Context, tx pgx.Tx, j int) error { return insert(ctx, tx, ids[j]) })
+					return err
+				},
+				func() error { // sql
+					_, err := sqlIn.ProcessBatch(ctx, "bench", ids, func(ctx context.Context, tx *sql.Tx, j int) error {
+						_, err := tx.ExecContext(ctx, "INSERT INTO d1_effects (consumer, id) VALUES ($1, $2)", "bench", ids[j])
+						return err
+					})
+					return err
+				},
+			}
+			var spent [3]time.Duration
+			rounds := 0
+			for b.Loop() {
+				for k := range ways {
+					w := (k + rounds) % len(ways)
+					nextIDs()
+					start := time.Now()
+					require.NoError(b, ways[w]())
+					spent[w] += time.Since(start)
+				}
+				rounds++
+			}
+			msgs := float64(rounds * batch)
+			base := msgs / spent[0].Seconds()
+			b.ReportMetric(base, "baseline-msgs/s")
+			b.ReportMetric(msgs/spent[1].Seconds(), "inbox-msgs/s")
+			b.ReportMetric(msgs/spent[2].Seconds(), "sql-msgs/s")
+			b.ReportMetric(msgs/spent[1].Seconds()/base, "inbox/baseline")
+			b.ReportMetric(msgs/spent[2].Seconds()/base, "sql/baseline")
+		})
+	}
+}
