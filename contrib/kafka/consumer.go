@@ -206,10 +206,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 			c.cl.AllowRebalance()
 			return err
 		}
+		failed := false
 		fetches.EachError(func(t string, p int32, err error) {
 			c.report(fmt.Errorf("idemhttp/kafka: fetch %s/%d: %w", t, p, err))
+			failed = true // wait before polling again, not spin
 		})
-		failed := false
 		var done []*kgo.Record
 		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 			last, ok := c.processPartition(ctx, p.Records)
