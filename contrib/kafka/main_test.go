@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,7 +100,11 @@ func newStore(t *testing.T) store {
 				_ = admin.Close()
 			}
 		})
-		return store{driver: "pgx", dsn: u + "&search_path=" + schema}
+		sep := "?"
+		if strings.Contains(u, "?") {
+			sep = "&"
+		}
+		return store{driver: "pgx", dsn: u + sep + "search_path=" + schema}
 	}
 	return store{driver: "sqlite", dsn: filepath.Join(t.TempDir(), "effects.db")}
 }
