@@ -53,6 +53,14 @@
 // record, not a producer's retries that wrote the message twice (see
 // below).
 //
+// # The producer side
+//
+// The natural partner of the inbox is a transactional outbox: the producer
+// writes the message in its business transaction, with an id fixed then,
+// and a relay publishes it afterwards, resending under the same id after a
+// crash, which the consumers' inboxes drop. contrib/postgres has one
+// (Outbox).
+//
 // # Where the id comes from
 //
 // The id must be the same on every delivery of one logical message. A

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -158,7 +159,8 @@ func (s *SQL) Process(ctx context.Context, consumer, messageID string, fn func(c
 
 // ProcessBatch is [SQL.Process] for many messages of one consumer in one
 // transaction, for consumers that commit many messages at once: it records
-// every id of ids with one statement per 500 ids, calls fn(ctx, tx, i) for
+// every id of ids with one statement per 500 ids (in sorted order, so that
+// concurrent batches sharing ids cannot deadlock), calls fn(ctx, tx, i) for
 // each message i whose id is new, in order, and commits once. The results
 // are in the order of ids; a message whose id appears earlier in the same
 // batch is a duplicate.
@@ -256,6 +258,11 @@ func insertIDs(ctx context.Context, tx *sql.Tx, table, consumer string, ids []st
 		}
 		return fresh, nil
 	}
+	// Sorted, so that two batches sharing ids lock their rows in the same
+	// order and wait for each other instead of deadlocking.
+	ids = slices.Clone(ids)
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
 	for start := 0; start < len(ids); start += maxBatchRows {
 		chunk := ids[start:min(start+maxBatchRows, len(ids))]
 		var q strings.Builder

@@ -81,4 +81,21 @@ CREATE TABLE IF NOT EXISTS idemhttp_inbox (
     processed_at bigint NOT NULL,
     PRIMARY KEY (consumer, id)
 );
-CREATE INDEX IF NOT EXISTS idemhttp_inbox_processed_at ON idemhttp_inbox (processed_at);
+-- Prune finds old ids by processed_at. Rows arrive roughly in processed_at
+-- order, so a BRIN index (a few pages, next to nothing to maintain per
+-- insert) serves it; a B-tree would cost every message a second index
+-- insert. (inbox.SQL's own Migrate creates a B-tree, the index SQLite has.)
+CREATE INDEX IF NOT EXISTS idemhttp_inbox_processed_at ON idemhttp_inbox USING brin (processed_at);
+
+-- idemhttp_outbox holds the messages Outbox.Add wrote in business
+-- transactions until Outbox.Relay has published them (then it deletes
+-- them). seq orders them; id is the stable message id the relay sends.
+CREATE TABLE IF NOT EXISTS idemhttp_outbox (
+    seq        bigserial   PRIMARY KEY,
+    id         text        NOT NULL UNIQUE,
+    topic      text        NOT NULL,
+    key        bytea,
+    body       bytea,
+    header     jsonb       NOT NULL DEFAULT '{}',
+    created_at timestamptz NOT NULL DEFAULT now()
+);

@@ -12,6 +12,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -40,6 +42,7 @@ func Run(t *testing.T, open func(t *testing.T) *sql.DB) {
 		{"ConcurrentRedeliveries", testConcurrentRedeliveries},
 		{"Batch", testBatch},
 		{"BatchErrorRollsBackAll", testBatchErrorRollsBackAll},
+		{"ConcurrentOverlappingBatches", testConcurrentBatches},
 		{"BadInput", testBadInput},
 		{"LongIDsAreHashed", testLongIDs},
 		{"ClosedDatabase", testClosedDatabase},
@@ -261,6 +264,36 @@ func testBatch(t *testing.T, f *fixture) {
 	res, err = f.in.ProcessBatch(ctx, "billing", nil, nil)
 	require.NoError(t, err)
 	assert.Empty(t, res)
+}
+
+// testConcurrentOverlappingBatches runs 8 batches at once, each of the
+// same 50 ids in its own order (as redeliveries to several consumers
+// after a rebalance would be): each id's effect runs once, and no batch
+// fails (a deadlock between batches would fail one).
+func testConcurrentBatches(t *testing.T, f *fixture) {
+	ctx := context.Background()
+	ids := make([]string, 50)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("m-%02d", i)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 8 {
+		mine := slices.Clone(ids)
+		rand.New(rand.NewPCG(uint64(w), 1)).Shuffle(len(mine), func(i, j int) { mine[i], mine[j] = mine[j], mine[i] })
+		wg.Go(func() {
+			_, err := f.in.ProcessBatch(ctx, "billing", mine, func(ctx context.Context, tx *sql.Tx, i int) error {
+				return effect("billing", mine[i])(ctx, tx)
+			})
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	f.eachOnce(t, "billing", ids)
 }
 
 func testBatchErrorRollsBackAll(t *testing.T, f *fixture) {

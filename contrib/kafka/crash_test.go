@@ -1,0 +1,249 @@
+package kafka_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idemhttp/contrib/kafka"
+	"github.com/idemkit/idemhttp/inbox"
+)
+
+// The child process's settings.
+const (
+	envChild     = "D1_KAFKA_CHILD"      // the mode: "inbox" or "offsets"
+	envSeeds     = "D1_KAFKA_SEEDS"      // the cluster
+	envDriver    = "D1_KAFKA_DRIVER"     // the effects' database
+	envDSN       = "D1_KAFKA_DSN"        //
+	envKillAfter = "D1_KAFKA_KILL_AFTER" // SIGKILL itself after this many effects; 0: never
+	envWant      = "D1_KAFKA_WANT"       // exit 0 once this many distinct ids have effects in both tables
+	envKillInTx  = "D1_KAFKA_KILL_IN_TX" // "1": die inside the transaction instead, before its commit
+)
+
+const crashTopic = "orders"
+
+// TestCrashExactlyOnce runs a consumer process that SIGKILLs itself at
+// random points over 1,000 messages, six times right after a message's
+// transaction committed and before its offset was committed to Kafka (the
+// worst moment: the effect is done and Kafka does not know), twice inside
+// the transaction before its commit (which loses the message if the
+// adapter committed the offset before the handler ran: with Run patched
+// to commit each poll's offsets before handling it, this test failed, the
+// child waiting for messages that never came back), and restarts it until
+// every message is processed. Beside the inbox's consumer, in the
+// same process but its own group, a naive consumer (the effect alone,
+// offsets committed after it as usual) runs on the same records and dies
+// at the same moments. Afterwards every message's effect happened exactly
+// once through the inbox, and the naive consumer shows its duplicates.
+//
+// In "inbox" mode the producer also wrote 20 messages twice (a retry after
+// a lost acknowledgement: same message-id header, new offset), which the
+// inbox dedups and the naive consumer does not. In "offsets" mode there
+// are no such duplicates (the mode does not dedup them, see SQLOffsets).
+//
+// The naive consumer is this test with the guarantee removed, run in the
+// same processes: the exactly-once checks applied to its table fail in
+// every run (hundreds of duplicates), which is what the last assertion
+// shows.
+func TestCrashExactlyOnce(t *testing.T) {
+	for _, mode := range []string{"inbox", "offsets"} {
+		t.Run(mode, func(t *testing.T) { testCrash(t, mode) })
+	}
+}
+
+func testCrash(t *testing.T, mode string) {
+	if testing.Short() {
+		t.Skip("spawns child processes")
+	}
+	const messages = 1000
+	seeds := newCluster(t, crashTopic, 4)
+	st := newStore(t)
+	db := st.mustOpen(t)
+	setupCrashTables(t, db, mode)
+
+	var rs []record
+	for i := range messages {
+		rs = append(rs, record{key: strconv.Itoa(i), id: fmt.Sprintf("order-%04d", i), body: "x", partition: int32(i % 4)})
+	}
+	producerDups := 0
+	if mode == "inbox" {
+		for i := 0; i < messages; i += messages / 20 {
+			rs = append(rs, rs[i]) // the producer's retry: the same id at a later offset
+			producerDups++
+		}
+	}
+	produce(t, seeds, crashTopic, rs)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	kills := 0
+	for run := 0; ; run++ {
+		require.Less(t, run, 40, "the consumer never finished")
+		killAfter, inTx := 0, "0"
+		if kills < 8 {
+			killAfter = 20 + rand.IntN(150)
+		}
+		if kills%4 == 3 {
+			inTx = "1"
+		}
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(),
+			envChild+"="+mode, envSeeds+"="+seeds, envDriver+"="+st.driver, envDSN+"="+st.dsn,
+			envKillAfter+"="+strconv.Itoa(killAfter), envWant+"="+strconv.Itoa(messages), envKillInTx+"="+inTx)
+		out, err := cmd.CombinedOutput()
+		var exitErr *exec.ExitError
+		if errors.As(err, &exitErr) && exitErr.Sys().(syscall.WaitStatus).Signal() == syscall.SIGKILL {
+			kills++
+			continue
+		}
+		require.NoError(t, err, "child: %s", out)
+		break
+	}
+	require.Equal(t, 8, kills)
+
+	// Every message's effect exactly once, through the inbox.
+	var distinct, total, maxPer int
+	require.NoError(t, db.QueryRow("SELECT count(DISTINCT id), count(*) FROM d1_effects").Scan(&distinct, &total))
+	require.NoError(t, db.QueryRow("SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM d1_effects GROUP BY id) AS c").Scan(&maxPer))
+	assert.Equal(t, messages, distinct, "every message processed")
+	assert.Equal(t, messages, total, "no message processed twice")
+	assert.Equal(t, 1, maxPer)
+
+	var naiveDistinct, naiveTotal int
+	require.NoError(t, db.QueryRow("SELECT count(DISTINCT id), count(*) FROM d1_naive").Scan(&naiveDistinct, &naiveTotal))
+	assert.Equal(t, messages, naiveDistinct)
+	assert.Greater(t, naiveTotal, messages+producerDups, "the naive consumer repeats effects after each kill")
+	t.Logf("%s mode, %d kills: inbox %d effects for %d messages; naive consumer %d effects (%d duplicates, %d of them the producer's)",
+		mode, kills, total, messages, naiveTotal, naiveTotal-messages, producerDups)
+}
+
+func setupCrashTables(t *testing.T, db *sql.DB, mode string) {
+	t.Helper()
+	ctx := context.Background()
+	for _, q := range []string{
+		"CREATE TABLE d1_effects (id text NOT NULL)",
+		"CREATE TABLE d1_naive (id text NOT NULL)",
+	} {
+		_, err := db.ExecContext(ctx, q)
+		require.NoError(t, err)
+	}
+	if mode == "inbox" {
+		require.NoError(t, (&inbox.SQL{DB: db, Table: "d1_inbox"}).Migrate(ctx))
+	} else {
+		require.NoError(t, (&kafka.SQLOffsets{DB: db, Table: "d1_offsets"}).Migrate(ctx))
+	}
+}
+
+// child is the consumer process of TestCrashExactlyOnce.
+func child() int {
+	mode := os.Getenv(envChild)
+	killAfter, _ := strconv.Atoi(os.Getenv(envKillAfter))
+	want, _ := strconv.Atoi(os.Getenv(envWant))
+	st := store{driver: os.Getenv(envDriver), dsn: os.Getenv(envDSN)}
+	db, err := st.open()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	defer db.Close()
+	seeds := os.Getenv(envSeeds)
+
+	inTx := os.Getenv(envKillInTx) == "1"
+	var effects atomic.Int64
+	afterCommit := func() {
+		// The transaction committed; Run commits the offset only after
+		// the whole poll: die in between.
+		if !inTx && killAfter > 0 && effects.Add(1) == int64(killAfter) {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+	}
+	write := func(ctx context.Context, tx *sql.Tx, m *inbox.Message) error {
+		_, err := tx.ExecContext(ctx, "INSERT INTO d1_effects (id) VALUES ($1)", m.Header["message-id"][0])
+		// Dying here, with the effect written but not committed, loses
+		// the message if the offset was committed before the handler ran.
+		if err == nil && inTx && killAfter > 0 && effects.Add(1) == int64(killAfter) {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+		return err
+	}
+	var h inbox.Handler
+	cfg := kafka.Config{Group: "ledger", Topics: []string{crashTopic}, OnError: func(err error) { fmt.Fprintln(os.Stderr, err) }}
+	if mode == "inbox" {
+		h = (&inbox.SQL{DB: db, Table: "d1_inbox"}).Handle("ledger", write)
+	} else {
+		offs := &kafka.SQLOffsets{DB: db, Table: "d1_offsets"}
+		h = offs.Handle("ledger", write)
+		cfg.Positions = offs
+	}
+	cfg.Handler = func(ctx context.Context, m *inbox.Message) error {
+		if err := h(ctx, m); err != nil {
+			return err
+		}
+		afterCommit()
+		return nil
+	}
+	c, err := kafka.NewConsumer(cfg, groupOpts(seeds)...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	defer c.Close()
+	naive, err := kafka.NewConsumer(kafka.Config{
+		Group: "naive", Topics: []string{crashTopic},
+		Handler: func(ctx context.Context, m *inbox.Message) error {
+			_, err := db.ExecContext(ctx, "INSERT INTO d1_naive (id) VALUES ($1)", m.Header["message-id"][0])
+			return err
+		},
+	}, groupOpts(seeds)...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	defer naive.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 2)
+	go func() { done <- c.Run(runCtx) }()
+	go func() { done <- naive.Run(runCtx) }()
+
+	// Both consumers are done when each table has every id; then stop.
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(os.Stderr, "child: timed out")
+			return 3
+		case err := <-done:
+			fmt.Fprintln(os.Stderr, "child: consumer stopped:", err)
+			return 3
+		case <-tick.C:
+		}
+		var a, b int
+		if err := db.QueryRow("SELECT (SELECT count(DISTINCT id) FROM d1_effects), (SELECT count(DISTINCT id) FROM d1_naive)").Scan(&a, &b); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			continue
+		}
+		if a == want && b == want {
+			stop()
+			<-done
+			<-done
+			return 0
+		}
+	}
+}

@@ -1,0 +1,176 @@
+package kafka
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemkit/idemhttp/inbox"
+)
+
+// DefaultOffsetsTable is the table of [SQLOffsets] when its Table is
+// empty.
+const DefaultOffsetsTable = "idemhttp_kafka_offsets"
+
+// SQLOffsets keeps each partition's next offset in a table of the effects'
+// database (PostgreSQL or SQLite, through database/sql), written in the
+// transaction of each record's effect: the offsets-in-the-database mode,
+// which needs no growing table of message ids. Give it to the consumer
+// twice: as [Config.Positions], so that it starts each assigned partition
+// where the table says, and through [SQLOffsets.Handle] as
+// [Config.Handler].
+//
+// For each record, in one transaction, Handle advances the partition's row
+// to offset+1 only if it is not already past the record (an upsert whose
+// WHERE compares offsets), runs the effect if it did, and commits. A
+// record at or below a processed one is a duplicate and runs nothing, so
+// a redelivery after a crash, or the old owner of a partition still
+// running after a rebalance, cannot run an effect twice: two members
+// processing the same partition wait on its row in turn. A producer's
+// retry that wrote a message twice is two records, and runs twice: use
+// the inbox when producers retry.
+//
+// The zero value is not usable: DB must be set. SQLOffsets is safe for
+// concurrent use.
+type SQLOffsets struct {
+	// DB is the database of the effects.
+	DB *sql.DB
+
+	// Table is the offsets table's name, a plain identifier; empty means
+	// [DefaultOffsetsTable].
+	Table string
+}
+
+var _ PositionStore = (*SQLOffsets)(nil)
+
+func (o *SQLOffsets) table() (string, error) {
+	t := o.Table
+	if t == "" {
+		t = DefaultOffsetsTable
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		if !(c == '_' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || i > 0 && '0' <= c && c <= '9') || len(t) > 63 {
+			return "", fmt.Errorf("%w: %q", inbox.ErrInvalidTable, t)
+		}
+	}
+	return t, nil
+}
+
+// Migrate creates the offsets table if it does not exist.
+func (o *SQLOffsets) Migrate(ctx context.Context) error {
+	t, err := o.table()
+	if err != nil {
+		return err
+	}
+	_, err = o.DB.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+t+` (
+    consumer    text    NOT NULL, -- the consumer group
+    topic       text    NOT NULL,
+    part        integer NOT NULL, -- the partition
+    next_offset bigint  NOT NULL, -- the offset of the first record not yet processed
+    PRIMARY KEY (consumer, topic, part)
+)`)
+	if err != nil {
+		return fmt.Errorf("idemhttp/kafka: migrate offsets: %w", err)
+	}
+	return nil
+}
+
+// Positions implements [PositionStore].
+func (o *SQLOffsets) Positions(ctx context.Context, group string, partitions map[string][]int32) (map[string]map[int32]int64, error) {
+	t, err := o.table()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := o.DB.QueryContext(ctx, "SELECT topic, part, next_offset FROM "+t+" WHERE consumer = $1", group)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[string]map[int32]int64)
+	for rows.Next() {
+		var topic string
+		var part int32
+		var next int64
+		if err := rows.Scan(&topic, &part, &next); err != nil {
+			return nil, err
+		}
+		if _, ok := partitions[topic]; !ok {
+			continue
+		}
+		if out[topic] == nil {
+			out[topic] = make(map[int32]int64)
+		}
+		out[topic][part] = next
+	}
+	return out, rows.Err()
+}
+
+// Handle returns the [inbox.Handler] for [Config.Handler] that runs fn
+// once per record of group, in a transaction that also advances the
+// partition's stored offset; see [SQLOffsets]. fn must work through tx and
+// not commit it; when it fails, everything rolls back and the record is
+// retried. Messages that do not come from a [Consumer] (no *kgo.Record in
+// Raw) are refused.
+func (o *SQLOffsets) Handle(group string, fn func(ctx context.Context, tx *sql.Tx, m *inbox.Message) error) inbox.Handler {
+	return func(ctx context.Context, m *inbox.Message) error {
+		r, ok := m.Raw.(*kgo.Record)
+		if !ok || r == nil {
+			return errors.New("idemhttp/kafka: SQLOffsets.Handle: the message is not a Kafka record")
+		}
+		_, err := o.Process(ctx, group, r, func(ctx context.Context, tx *sql.Tx) error { return fn(ctx, tx, m) })
+		return err
+	}
+}
+
+// Process runs fn for the record r of group unless the stored offset of
+// its partition is already past it, in one transaction that advances the
+// offset, and reports whether r was a duplicate.
+func (o *SQLOffsets) Process(ctx context.Context, group string, r *kgo.Record, fn func(ctx context.Context, tx *sql.Tx) error) (inbox.Result, error) {
+	t, err := o.table()
+	if err != nil {
+		return inbox.Result{}, err
+	}
+	if group == "" || strings.IndexByte(group, 0) >= 0 {
+		return inbox.Result{}, fmt.Errorf("%w: %q", inbox.ErrInvalidConsumer, group)
+	}
+	tx, err := o.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return inbox.Result{}, fmt.Errorf("idemhttp/kafka: begin: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	// The upsert takes the partition's row lock, so a second member
+	// processing the same partition waits here, then sees the offset the
+	// first one committed. Its WHERE leaves the row alone, and reports no
+	// row, when the record is behind the stored position.
+	res, err := tx.ExecContext(ctx, "INSERT INTO "+t+" AS o (consumer, topic, part, next_offset) VALUES ($1, $2, $3, $4)"+
+		" ON CONFLICT (consumer, topic, part) DO UPDATE SET next_offset = excluded.next_offset WHERE o.next_offset <= $5",
+		group, r.Topic, r.Partition, r.Offset+1, r.Offset)
+	if err != nil {
+		return inbox.Result{}, fmt.Errorf("idemhttp/kafka: advance offset: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return inbox.Result{}, fmt.Errorf("idemhttp/kafka: advance offset: %w", err)
+	}
+	if n == 0 {
+		return inbox.Result{Duplicate: true}, nil
+	}
+	if err := fn(ctx, tx); err != nil {
+		return inbox.Result{}, err
+	}
+	if err := tx.Commit(); err != nil {
+		return inbox.Result{}, fmt.Errorf("idemhttp/kafka: commit (outcome unknown; a redelivery is safe): %w", err)
+	}
+	committed = true
+	return inbox.Result{}, nil
+}

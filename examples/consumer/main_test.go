@@ -1,0 +1,42 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+// TestMain doubles as the consumer process: run re-executes the test
+// binary, as the command re-executes itself, with the child's environment.
+func TestMain(m *testing.M) {
+	if seeds := os.Getenv(envSeeds); seeds != "" {
+		os.Exit(child(seeds, os.Getenv(envDB), os.Getenv(envKillAfter)))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func TestKilledConsumerAppliesEachOrderOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns child processes")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	rep, err := run(ctx, os.Args[0], &out)
+	require.NoError(t, err, out.String())
+	t.Log("\n" + out.String())
+
+	assert.Equal(t, kills, rep.Kills)
+	assert.Equal(t, orders+producerDups, rep.ProducerWrites)
+	assert.Equal(t, orders, rep.InboxRows, "one ledger row per order, through kills and producer retries")
+	assert.Equal(t, orders, rep.InboxOrders)
+	assert.True(t, rep.ok())
+	assert.Equal(t, orders, rep.NaiveOrders)
+	assert.Greater(t, rep.NaiveRows, orders+producerDups, "the naive consumer repeats work after each kill")
+}
