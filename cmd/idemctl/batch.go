@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"net/url"
@@ -47,7 +48,8 @@ type batchOptions struct {
 	in          string
 	journal     string
 	concurrency int
-	keySecret   []byte // nil: keys minted and journaled
+	keys        keyFlags
+	keySecret   []byte // nil: keys minted and journaled (-random-keys)
 	creds       credentialFlags
 	timeout     time.Duration
 	attempts    int
@@ -62,7 +64,9 @@ func batchCommand(ctx context.Context, args []string, e env) error {
 	fs.StringVar(&o.in, "in", "", "input `FILE` (JSON Lines); - reads stdin")
 	fs.StringVar(&o.journal, "journal", "", "journal `FILE`, created if missing: keys and outcomes across runs")
 	fs.IntVar(&o.concurrency, "concurrency", 8, "operations in flight at once")
-	secretEnv := fs.String("key-secret-env", "", "derive each key from the operation id with HMAC-SHA256 keyed by environment variable `VAR`\n(at least 16 bytes), so reruns send the same keys even without the journal;\nwithout it, keys are random and kept in the journal")
+	fs.StringVar(&o.keys.secretEnv, "key-secret-env", defaultSecretEnv, "derive each key from the operation id with HMAC-SHA256 keyed by environment variable `VAR`\n(at least 16 bytes), so reruns send the same keys even without the journal;\nwhen VAR is unset, the secret comes from -key-file")
+	fs.StringVar(&o.keys.keyFile, "key-file", "", "`FILE` holding the key secret when the environment variable is unset; created (mode 0600,\n32 random bytes) on first use. Default: the journal's path + \".key\". Back it up with the journal")
+	fs.BoolVar(&o.keys.random, "random-keys", false, "mint random keys, kept only in the journal: a lost journal or pruned entry then means\nthe rerun sends a new key, and the server runs the operation again")
 	o.creds.register(fs)
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "timeout of one attempt")
 	fs.IntVar(&o.attempts, "attempts", 0, "attempts per operation, the first included; 0 means idemhttp's default (4)")
@@ -72,14 +76,22 @@ func batchCommand(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
-	if err := o.validate(rest, *rawURL, *secretEnv, e.getenv); err != nil {
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "key-secret-env":
+			o.keys.secretEnvSet = true
+		case "key-file":
+			o.keys.keyFileSet = true
+		}
+	})
+	if err := o.validate(rest, *rawURL, e.getenv); err != nil {
 		return err
 	}
 	return runBatch(ctx, o, e)
 }
 
 // validate checks the flags and fills in the parsed values.
-func (o *batchOptions) validate(rest []string, rawURL, secretEnv string, getenv func(string) string) error {
+func (o *batchOptions) validate(rest []string, rawURL string, getenv func(string) string) error {
 	if len(rest) > 0 {
 		return fail(exitUsage, "unexpected argument %q (flags only; see -h)", rest[0])
 	}
@@ -107,16 +119,8 @@ func (o *batchOptions) validate(rest []string, rawURL, secretEnv string, getenv 
 	if err := o.creds.check(); err != nil {
 		return err
 	}
-	if secretEnv != "" {
-		v := getenv(secretEnv)
-		if v == "" {
-			return fail(exitUsage, "-key-secret-env: environment variable %s is empty or unset", secretEnv)
-		}
-		// DeriveKey refuses short secrets; find out now, not per line.
-		if _, err := idemhttp.DeriveKey([]byte(v), "check"); err != nil {
-			return fail(exitUsage, "-key-secret-env: the secret in %s is too short: at least 16 bytes are needed", secretEnv)
-		}
-		o.keySecret = []byte(v)
+	if o.keys.secretEnv == "" {
+		return fail(exitUsage, "-key-secret-env must name an environment variable")
 	}
 	return nil
 }
@@ -132,6 +136,16 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 		fmt.Fprintf(e.stderr, "idemctl batch: %s:%d: %v\n", o.in, b.Line, b.Err)
 	}
 	inputErrs := len(bad)
+
+	// The secret first: a key file that cannot be read stops the run
+	// before the journal is touched.
+	o.keySecret, err = o.keys.secret(o.journal, e.getenv)
+	if err != nil {
+		return err
+	}
+	if o.keys.createdFile != "" {
+		fmt.Fprintf(e.stderr, "idemctl batch: created key file %s (mode 0600): every key is derived from it; back it up with the journal\n", o.keys.createdFile)
+	}
 
 	fj, err := openJournal(o.journal, false, o.creds.names())
 	if err != nil {
