@@ -172,7 +172,7 @@ func TestUsageErrors(t *testing.T) {
 		{"short secret", append(batch, "-key-secret-env", "SHORT"), exitUsage, "at least 16 bytes"},
 		{"bad header", append(batch, "-header", "Authorization Bearer sk_TOPSECRET"), exitUsage, "(value not shown)"},
 		{"missing input", []string{"batch", "-url", "http://x", "-in", missing, "-journal", journal}, exitInput, "no such file"},
-		{"journal in a missing folder", []string{"batch", "-url", "http://x", "-in", in, "-journal", filepath.Join(missing, "j")}, exitJournal, "no such file or directory"}, // the key file beside it is created first,
+		{"journal in a missing folder", []string{"batch", "-url", "http://x", "-in", in, "-journal", filepath.Join(missing, "j")}, exitJournal, "no such file or directory"}, // the key file beside it is created first
 		{"pending without journal", []string{"pending"}, exitUsage, "-journal is required"},
 		{"pending missing journal", []string{"pending", "-journal", missing}, exitJournal, "does not exist"},
 		{"resume missing journal", []string{"resume", "-journal", missing}, exitJournal, "does not exist"},

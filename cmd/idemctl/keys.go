@@ -23,12 +23,12 @@ const keyFileSuffix = ".key"
 
 // keyFlags are batch's settings for choosing keys.
 type keyFlags struct {
-	secretEnv     string
-	secretEnvSet  bool // -key-secret-env given on the command line
-	keyFile       string
-	keyFileSet    bool
-	random        bool // -random-keys
-	createdFile   string // the key file this run created, if any
+	secretEnv    string
+	secretEnvSet bool // -key-secret-env given on the command line
+	keyFile      string
+	keyFileSet   bool
+	random       bool   // -random-keys
+	createdFile  string // the key file this run created, if any
 }
 
 // secret returns the secret that derives every key, or nil with
