@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,11 +56,12 @@ type batchOptions struct {
 	attempts    int
 	grace       time.Duration
 	progress    string
+	pruned      string // refuse, skip or send: input operations that prune deleted
 }
 
 func batchCommand(ctx context.Context, args []string, e env) error {
 	o := &batchOptions{creds: credentialFlags{getenv: e.getenv}}
-	fs := newFlagSet("batch", batchSynopsis, e.stderr)
+	fs := newFlagSet("batch", batchSynopsis, e)
 	rawURL := fs.String("url", "", "`URL` of the requests; an input line's path is resolved against it")
 	fs.StringVar(&o.in, "in", "", "input `FILE` (JSON Lines); - reads stdin")
 	fs.StringVar(&o.journal, "journal", "", "journal `FILE`, created if missing: keys and outcomes across runs")
@@ -72,6 +74,7 @@ func batchCommand(ctx context.Context, args []string, e env) error {
 	fs.IntVar(&o.attempts, "attempts", 0, "attempts per operation, the first included; 0 means idemhttp's default (4)")
 	fs.DurationVar(&o.grace, "grace", 10*time.Second, "after SIGINT or SIGTERM, how long operations in flight may take to finish")
 	fs.StringVar(&o.progress, "progress", "auto", "progress on stderr: auto (a bar on a terminal, else lines), bar, lines or none")
+	fs.StringVar(&o.pruned, "pruned", "refuse", "input operations that idemctl prune deleted from the journal (listed in JOURNAL.pruned):\nrefuse (exit 6 before sending anything), skip (report the recorded outcome, send nothing)\nor send (send them again: with derived keys the server replays them if it still keeps the key)")
 	rest, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -115,6 +118,8 @@ func (o *batchOptions) validate(rest []string, rawURL string, getenv func(string
 		return fail(exitUsage, "-grace must not be negative")
 	case o.progress != "auto" && o.progress != "bar" && o.progress != "lines" && o.progress != "none":
 		return fail(exitUsage, "-progress must be auto, bar, lines or none")
+	case o.pruned != "refuse" && o.pruned != "skip" && o.pruned != "send":
+		return fail(exitUsage, "-pruned must be refuse, skip or send")
 	}
 	if err := o.creds.check(); err != nil {
 		return err
@@ -157,6 +162,11 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 		}
 	}()
 
+	ops, prunedSkips, err := o.checkPruned(fj, ops, e)
+	if err != nil {
+		return err
+	}
+
 	pending, err := fj.Pending(context.Background())
 	if err != nil {
 		return describeJournalErr(o.journal, err)
@@ -172,7 +182,7 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 	// lines, entries past the key retention, which it marks abandoned).
 	// The total counts every operation either path reports.
 	withInput := make(map[string]bool)
-	total := len(ops)
+	total := len(ops) + len(prunedSkips)
 	for _, p := range pending {
 		if op, ok := byID[p.Operation]; ok && o.resendable(op, p) {
 			withInput[p.Key] = true
@@ -195,6 +205,9 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 	opCtx, stop := r.watch(ctx, o.grace)
 	defer stop()
 
+	for _, res := range prunedSkips {
+		r.report(res)
+	}
 	resumed, err := r.resume(opCtx)
 	if err != nil {
 		return err
@@ -240,6 +253,95 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 	r.sendAll(ctx, opCtx, todo, o)
 	stop()
 	return r.summary(ctx, total, inputErrs)
+}
+
+// checkPruned finds the input operations that idemctl prune deleted from
+// the journal, by the record beside it, before anything is sent: with
+// their entries gone, sending them would mint new keys (random keys) or
+// count on the server still keeping theirs. By -pruned it refuses the run,
+// takes them out of ops and reports their recorded outcome, or sends them.
+// An operation back in the journal (sent again by an earlier -pruned send)
+// is the journal's again.
+func (o *batchOptions) checkPruned(fj *idemhttp.FileJournal, ops []operation, e env) ([]operation, []*result, error) {
+	path := o.journal + prunedSuffix
+	recs, err := readPruned(path)
+	if err != nil {
+		return nil, nil, fail(exitJournal, "read the record of pruned operations: %v", err)
+	}
+	var hit []operation
+	for _, op := range ops {
+		if _, ok := recs[op.ID]; ok {
+			hit = append(hit, op)
+		}
+	}
+	if len(hit) == 0 {
+		return ops, nil, nil
+	}
+	entries, err := fj.Entries(context.Background())
+	if err != nil {
+		return nil, nil, describeJournalErr(o.journal, err)
+	}
+	inJournal := make(map[string]bool, len(entries))
+	for _, en := range entries {
+		inJournal[en.Operation] = true
+	}
+	pruned := make(map[string]bool)
+	var names []string
+	for _, op := range hit {
+		if !inJournal[op.ID] {
+			pruned[op.ID] = true
+			if len(names) < 5 {
+				names = append(names, fmt.Sprintf("%q (line %d)", op.ID, op.Line))
+			}
+		}
+	}
+	if len(pruned) == 0 {
+		return ops, nil, nil
+	}
+	more := ""
+	if len(pruned) > len(names) {
+		more = fmt.Sprintf(" and %d more", len(pruned)-len(names))
+	}
+	switch o.pruned {
+	case "refuse":
+		return nil, nil, fail(exitRefused, "%d input operations were pruned from the journal (recorded in %s): %s%s. Nothing was sent: "+
+			"the journal no longer says whether they ran. Remove them from the input, or rerun with -pruned skip (report the recorded outcome) "+
+			"or -pruned send (send them again; safe only while the server keeps their keys)",
+			len(pruned), path, strings.Join(names, ", "), more)
+	case "send":
+		warn := "with derived keys, the server replays those it still keeps the keys of, and runs the others again"
+		if o.keySecret == nil {
+			warn = "with -random-keys they get new keys: the server runs every one of them again"
+		}
+		fmt.Fprintf(e.stderr, "idemctl batch: sending %d operations pruned from the journal again (-pruned send): %s%s; %s\n", len(pruned), strings.Join(names, ", "), more, warn)
+		return ops, nil, nil
+	}
+	var kept []operation
+	var skips []*result
+	for _, op := range ops {
+		if !pruned[op.ID] {
+			kept = append(kept, op)
+			continue
+		}
+		rec := recs[op.ID]
+		res := &result{
+			ID: op.ID, Line: op.Line, Key: rec.Key, Source: sourcePruned, Status: rec.Status, Skipped: true, State: rec.State,
+			Error: fmt.Sprintf("pruned from the journal on %s; not sent (-pruned skip)", rec.Pruned.UTC().Format(time.RFC3339)),
+		}
+		res.classify()
+		switch {
+		case rec.State != idemhttp.StateDone:
+			// Pruned with -include-pending: nobody knows whether it ran,
+			// and no rerun of this batch will find out.
+			res.Result = resultFailed
+			res.Error = fmt.Sprintf("pruned from the journal while %s on %s: whether it ran is unknown; check with the server",
+				rec.State, rec.Pruned.UTC().Format(time.RFC3339))
+		case res.Result == resultOK:
+			res.Error = ""
+		}
+		skips = append(skips, res)
+	}
+	return kept, skips, nil
 }
 
 // keyRetention is how long the server keeps keys: idemhttp's default

@@ -45,7 +45,7 @@ type demoOptions struct {
 
 func demoCommand(ctx context.Context, args []string, e env) error {
 	o := &demoOptions{}
-	fs := newFlagSet("demo", demoSynopsis, e.stderr)
+	fs := newFlagSet("demo", demoSynopsis, e)
 	fs.IntVar(&o.n, "n", 500, "charges to send")
 	fs.IntVar(&o.concurrency, "concurrency", 16, "charges in flight at once")
 	fs.Uint64Var(&o.faults.Seed, "seed", 1, "fault seed; the same seed gives every client the same faults")

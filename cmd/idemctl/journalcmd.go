@@ -28,7 +28,7 @@ see idemctl inspect).
 `
 
 func pendingCommand(_ context.Context, args []string, e env) error {
-	fs := newFlagSet("pending", pendingSynopsis, e.stderr)
+	fs := newFlagSet("pending", pendingSynopsis, e)
 	path := fs.String("journal", "", "journal `FILE`")
 	asJSON := fs.Bool("json", false, "print JSON lines instead of a table")
 	all := fs.Bool("all", false, "list done entries too")
@@ -110,7 +110,7 @@ Exit codes: 0 all resolved; 1 some failed or stay pending; 2 usage;
 
 func resumeCommand(ctx context.Context, args []string, e env) error {
 	creds := credentialFlags{getenv: e.getenv}
-	fs := newFlagSet("resume", resumeSynopsis, e.stderr)
+	fs := newFlagSet("resume", resumeSynopsis, e)
 	path := fs.String("journal", "", "journal `FILE`")
 	creds.register(fs)
 	timeout := fs.Duration("timeout", 30*time.Second, "timeout of one attempt")
@@ -159,48 +159,6 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 	return r.summary(ctx, len(pending), 0)
 }
 
-const pruneSynopsis = `Usage: idemctl prune -journal FILE [-older 24h]
-
-Deletes the done entries last updated more than -older ago. Pending and
-abandoned entries are never pruned: nobody knows yet whether they ran.
-
-Prune only what you will not rerun: a batch rerun skips operations whose done
-entry is in the journal, and with journaled keys (no -key-secret-env) a
-pruned operation would be sent again under a new key. The default, 24h,
-matches the retention of Stripe-style servers, after which the server has
-forgotten the key anyway.
-`
-
-func pruneCommand(_ context.Context, args []string, e env) error {
-	fs := newFlagSet("prune", pruneSynopsis, e.stderr)
-	path := fs.String("journal", "", "journal `FILE`")
-	older := fs.Duration("older", 24*time.Hour, "prune done entries last updated longer ago than this")
-	rest, err := parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	switch {
-	case len(rest) > 0:
-		return fail(exitUsage, "unexpected argument %q", rest[0])
-	case *older < 0:
-		return fail(exitUsage, "-older must not be negative")
-	}
-	fj, err := openJournal(*path, true, nil)
-	if err != nil {
-		return err
-	}
-	defer fj.Close()
-	n, err := fj.Prune(context.Background(), time.Now().Add(-*older))
-	if err != nil {
-		return describeJournalErr(*path, err)
-	}
-	fmt.Fprintf(e.stdout, "pruned %d done entries last updated more than %s ago\n", n, *older)
-	if n > 0 && *older < 24*time.Hour {
-		fmt.Fprintf(e.stderr, "idemctl prune: note: entries younger than 24h were pruned; rerunning those operations with journaled keys would send new keys\n")
-	}
-	return nil
-}
-
 const inspectSynopsis = `Usage: idemctl inspect -journal FILE [-json] KEY|OPERATION
 
 Shows one journal entry, found by its idempotency key or its operation id:
@@ -210,7 +168,7 @@ Exit code 1 when no entry matches.
 `
 
 func inspectCommand(_ context.Context, args []string, e env) error {
-	fs := newFlagSet("inspect", inspectSynopsis, e.stderr)
+	fs := newFlagSet("inspect", inspectSynopsis, e)
 	path := fs.String("journal", "", "journal `FILE`")
 	asJSON := fs.Bool("json", false, "print the entry as JSON")
 	rest, err := parseFlags(fs, args)
@@ -218,7 +176,7 @@ func inspectCommand(_ context.Context, args []string, e env) error {
 		return err
 	}
 	if len(rest) != 1 {
-		fs.Usage()
+		fmt.Fprint(e.stderr, inspectSynopsis)
 		return fail(exitUsage, "want exactly one KEY or OPERATION")
 	}
 	fj, err := openJournal(*path, true, nil)

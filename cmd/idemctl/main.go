@@ -41,6 +41,7 @@ const (
 	exitJournal     = 3   // the journal is missing, locked or damaged
 	exitInput       = 4   // the input file is unreadable or has malformed lines
 	exitUnreachable = 5   // no operation got any response from the server
+	exitRefused     = 6   // batch refused to run; nothing was sent
 	exitInterrupted = 130 // SIGINT or SIGTERM; in-flight operations were recorded
 )
 

@@ -24,6 +24,7 @@ const (
 	sourceRun     = "run"     // sent from the input in this run
 	sourceResume  = "resume"  // a pending entry from an earlier run, resent with its key
 	sourceJournal = "journal" // done in an earlier run; not sent again
+	sourcePruned  = "pruned"  // pruned from the journal; its recorded outcome, not sent (-pruned skip)
 )
 
 // result is one operation's outcome: a JSON line on stdout.
