@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"flag"
 	"fmt"
 	"io"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -57,13 +59,17 @@ type batchOptions struct {
 	grace       time.Duration
 	progress    string
 	pruned      string // refuse, skip or send: input operations that prune deleted
+	inFormat    string // auto, jsonl or csv
+	spec        inputSpec
 }
 
 func batchCommand(ctx context.Context, args []string, e env) error {
 	o := &batchOptions{creds: credentialFlags{getenv: e.getenv}}
 	fs := newFlagSet("batch", batchSynopsis, e)
 	rawURL := fs.String("url", "", "`URL` of the requests; an input line's path is resolved against it")
-	fs.StringVar(&o.in, "in", "", "input `FILE` (JSON Lines); - reads stdin")
+	fs.StringVar(&o.in, "in", "", "input `FILE` (JSON Lines or CSV); - reads stdin")
+	fs.StringVar(&o.inFormat, "in-format", "auto", "input format: jsonl, csv, or auto (by the file's extension, .csv or .jsonl, else by\nits first character: { or # means JSON Lines)")
+	fs.StringVar(&o.spec.body, "body-format", bodyJSON, "request bodies: json (application/json) or form (application/x-www-form-urlencoded,\nas Stripe's API takes: a JSON object body becomes name=value&nested[field]=value)")
 	fs.StringVar(&o.journal, "journal", "", "journal `FILE`, created if missing: keys and outcomes across runs")
 	fs.IntVar(&o.concurrency, "concurrency", 8, "operations in flight at once")
 	fs.StringVar(&o.keys.secretEnv, "key-secret-env", defaultSecretEnv, "derive each key from the operation id with HMAC-SHA256 keyed by environment variable `VAR`\n(at least 16 bytes), so reruns send the same keys even without the journal;\nwhen VAR is unset, the secret comes from -key-file")
@@ -118,6 +124,10 @@ func (o *batchOptions) validate(rest []string, rawURL string, getenv func(string
 		return fail(exitUsage, "-grace must not be negative")
 	case o.progress != "auto" && o.progress != "bar" && o.progress != "lines" && o.progress != "none":
 		return fail(exitUsage, "-progress must be auto, bar, lines or none")
+	case o.inFormat != "auto" && o.inFormat != formatJSONL && o.inFormat != formatCSV:
+		return fail(exitUsage, "-in-format must be auto, jsonl or csv")
+	case o.spec.body != bodyJSON && o.spec.body != bodyForm:
+		return fail(exitUsage, "-body-format must be json or form")
 	case o.pruned != "refuse" && o.pruned != "skip" && o.pruned != "send":
 		return fail(exitUsage, "-pruned must be refuse, skip or send")
 	}
@@ -133,14 +143,23 @@ func (o *batchOptions) validate(rest []string, rawURL string, getenv func(string
 // runBatch runs the batch: resume what an earlier run left pending, skip
 // what it finished, send the rest with o.concurrency workers.
 func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
-	ops, bad, err := loadInput(o.in, o.base, e.stdin)
+	ops, bad, err := loadInput(o.in, o.base, e.stdin, o.inFormat, o.spec.body)
 	if err != nil {
 		return err
 	}
-	for _, b := range bad {
+	for i, b := range bad {
+		if i == maxListedLines {
+			fmt.Fprintf(e.stderr, "idemctl batch: ... and %d more malformed lines\n", len(bad)-i)
+			break
+		}
 		fmt.Fprintf(e.stderr, "idemctl batch: %s:%d: %v\n", o.in, b.Line, b.Err)
 	}
 	inputErrs := len(bad)
+	if len(ops) == 0 && len(bad) > 0 {
+		// Not one line to run: the input is in another format, or
+		// broken throughout. Say so, rather than run nothing and count.
+		return fail(exitInput, "none of the %d input lines is a valid operation; nothing was sent (-in-format jsonl or csv, -h for the formats)", len(bad))
+	}
 
 	// The secret first: a key file that cannot be read stops the run
 	// before the journal is touched.
@@ -196,6 +215,7 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 	r := newRunner(runnerConfig{
 		name: "batch", path: o.journal, fj: fj, concurrency: o.concurrency, timeout: o.timeout,
 		attempts: o.attempts, creds: &o.creds, progress: o.progress, total: total, env: e,
+		contentType: o.spec.contentType(),
 	})
 	defer r.close()
 	for _, op := range ops {
@@ -409,6 +429,33 @@ func skippedResult(op operation, en *idemhttp.Entry) *result {
 	return res
 }
 
+// sniffFormat decides an input's format: by the file's extension, else by
+// its first character that is not white space: JSON Lines start with an
+// object or a comment, CSV with a header.
+func sniffFormat(path string, br *bufio.Reader) string {
+	switch strings.ToLower(filepath.Ext(path)) {
+	case ".csv":
+		return formatCSV
+	case ".jsonl", ".ndjson", ".json":
+		return formatJSONL
+	}
+	for n := 1; n <= 4096; n++ {
+		b, err := br.Peek(n)
+		if len(b) < n || err != nil {
+			break
+		}
+		switch c := b[n-1]; c {
+		case ' ', '\t', '\r', '\n':
+			continue
+		case '{', '#':
+			return formatJSONL
+		default:
+			return formatCSV
+		}
+	}
+	return formatJSONL
+}
+
 // fingerprint is the fingerprint the client journals for op, to tell
 // whether the input still describes the journaled request.
 func fingerprint(op operation) string {
@@ -420,8 +467,12 @@ func fingerprint(op operation) string {
 	return idemhttp.Fingerprint(op.Method, u.String(), op.Body)
 }
 
-// loadInput reads the input file ("-": stdin).
-func loadInput(path string, base *url.URL, stdin io.Reader) ([]operation, []lineError, error) {
+// maxListedLines bounds the malformed lines listed on stderr.
+const maxListedLines = 20
+
+// loadInput reads the input file ("-": stdin) in format (auto, jsonl or
+// csv) with bodies in bodyFormat.
+func loadInput(path string, base *url.URL, stdin io.Reader, format, bodyFormat string) ([]operation, []lineError, error) {
 	var in io.Reader = stdin
 	if path != "-" {
 		f, err := os.Open(path)
@@ -431,7 +482,11 @@ func loadInput(path string, base *url.URL, stdin io.Reader) ([]operation, []line
 		defer f.Close()
 		in = f
 	}
-	ops, bad, err := readInput(in, base)
+	br := bufio.NewReaderSize(in, 64<<10)
+	if format == "auto" {
+		format = sniffFormat(path, br)
+	}
+	ops, bad, err := readInputAs(br, base, inputSpec{format: format, body: bodyFormat})
 	if err != nil {
 		return nil, nil, fail(exitInput, "read input %s: %v", path, err)
 	}
