@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -58,8 +59,9 @@ type batchOptions struct {
 	attempts    int
 	grace       time.Duration
 	progress    string
-	pruned      string // refuse, skip or send: input operations that prune deleted
-	inFormat    string // auto, jsonl or csv
+	pruned      string  // refuse, skip or send: input operations that prune deleted
+	inFormat    string  // auto, jsonl or csv
+	rate        float64 // requests per second, 0: no limit
 	spec        inputSpec
 }
 
@@ -72,6 +74,7 @@ func batchCommand(ctx context.Context, args []string, e env) error {
 	fs.StringVar(&o.spec.body, "body-format", bodyJSON, "request bodies: json (application/json) or form (application/x-www-form-urlencoded,\nas Stripe's API takes: a JSON object body becomes name=value&nested[field]=value)")
 	fs.StringVar(&o.journal, "journal", "", "journal `FILE`, created if missing: keys and outcomes across runs")
 	fs.IntVar(&o.concurrency, "concurrency", 8, "operations in flight at once")
+	fs.Float64Var(&o.rate, "rate", 0, "requests per second at most, retries included (e.g. 25, or 0.5 for one every 2s); 0: no limit")
 	fs.StringVar(&o.keys.secretEnv, "key-secret-env", defaultSecretEnv, "derive each key from the operation id with HMAC-SHA256 keyed by environment variable `VAR`\n(at least 16 bytes), so reruns send the same keys even without the journal;\nwhen VAR is unset, the secret comes from -key-file")
 	fs.StringVar(&o.keys.keyFile, "key-file", "", "`FILE` holding the key secret when the environment variable is unset; created (mode 0600,\n32 random bytes) on first use. Default: the journal's path + \".key\". Back it up with the journal")
 	fs.BoolVar(&o.keys.random, "random-keys", false, "mint random keys, kept only in the journal: a lost journal or pruned entry then means\nthe rerun sends a new key, and the server runs the operation again")
@@ -116,6 +119,8 @@ func (o *batchOptions) validate(rest []string, rawURL string, getenv func(string
 		return fail(exitUsage, "-journal is required")
 	case o.concurrency < 1:
 		return fail(exitUsage, "-concurrency must be at least 1")
+	case o.rate < 0 || math.IsNaN(o.rate) || math.IsInf(o.rate, 0):
+		return fail(exitUsage, "-rate must be a number of requests per second, 0 for no limit")
 	case o.timeout <= 0:
 		return fail(exitUsage, "-timeout must be positive")
 	case o.attempts < 0:
@@ -215,7 +220,7 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 	r := newRunner(runnerConfig{
 		name: "batch", path: o.journal, fj: fj, concurrency: o.concurrency, timeout: o.timeout,
 		attempts: o.attempts, creds: &o.creds, progress: o.progress, total: total, env: e,
-		contentType: o.spec.contentType(),
+		contentType: o.spec.contentType(), rate: o.rate,
 	})
 	defer r.close()
 	for _, op := range ops {

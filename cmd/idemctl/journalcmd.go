@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -117,6 +118,7 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 	attempts := fs.Int("attempts", 0, "attempts per operation, the first included; 0 means idemhttp's default (4)")
 	grace := fs.Duration("grace", 10*time.Second, "after SIGINT or SIGTERM, how long the operation in flight may take to finish")
 	prog := fs.String("progress", "auto", "progress on stderr: auto, bar, lines or none")
+	perSecond := fs.Float64("rate", 0, "requests per second at most, retries included; 0: no limit")
 	rest, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -132,6 +134,8 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 		return fail(exitUsage, "-grace must not be negative")
 	case *prog != "auto" && *prog != "bar" && *prog != "lines" && *prog != "none":
 		return fail(exitUsage, "-progress must be auto, bar, lines or none")
+	case *perSecond < 0 || math.IsNaN(*perSecond) || math.IsInf(*perSecond, 0):
+		return fail(exitUsage, "-rate must be a number of requests per second, 0 for no limit")
 	}
 	if err := creds.check(); err != nil {
 		return err
@@ -147,7 +151,7 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 	}
 	r := newRunner(runnerConfig{
 		name: "resume", path: *path, fj: fj, concurrency: 1, timeout: *timeout,
-		attempts: *attempts, creds: &creds, progress: *prog, total: len(pending), env: e,
+		attempts: *attempts, creds: &creds, progress: *prog, total: len(pending), env: e, rate: *perSecond,
 	})
 	defer r.close()
 	opCtx, stop := r.watch(ctx, *grace)

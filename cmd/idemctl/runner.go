@@ -152,7 +152,8 @@ type runnerConfig struct {
 	progress    string
 	total       int
 	env         env
-	contentType string // of input bodies; "" means application/json
+	contentType string  // of input bodies; "" means application/json
+	rate        float64 // attempts per second at most; 0: no limit
 }
 
 func newRunner(cfg runnerConfig) *runner {
@@ -170,7 +171,7 @@ func newRunner(cfg runnerConfig) *runner {
 
 		contentType: cmp.Or(cfg.contentType, "application/json"),
 	}
-	r.counter = &counter{rt: r.tr}
+	r.counter = &counter{rt: r.tr, limiter: newLimiter(cfg.rate)}
 	r.client = newClient(clientConfig{journal: r.gate, rt: r.counter, timeout: cfg.timeout, attempts: cfg.attempts, creds: cfg.creds})
 	return r
 }
