@@ -26,6 +26,10 @@ unknown; idemctl resume or rerunning the batch resends them with their keys)
 and abandoned (pending longer than the server keeps keys: check by hand).
 A table by default; -json prints one JSON object per line (bodies left out:
 see idemctl inspect).
+
+Exit codes: 0 nothing pending or abandoned; 1 some entries are pending or
+abandoned (listed); 2 usage; 3 journal error. So a script can wait for
+a journal to settle: idemctl pending -journal FILE >/dev/null && echo settled
 `
 
 func pendingCommand(_ context.Context, args []string, e env) error {
@@ -52,21 +56,22 @@ func pendingCommand(_ context.Context, args []string, e env) error {
 	if !*all {
 		entries = slices.DeleteFunc(entries, func(en *idemhttp.Entry) bool { return en.State == idemhttp.StateDone })
 	}
-	if *asJSON {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetEscapeHTML(false)
-		for _, en := range entries {
-			if err := enc.Encode(viewEntry(en, false)); err != nil {
-				return fail(exitFailed, "write: %v", err)
-			}
+	unsettled := 0
+	for _, en := range entries {
+		if en.State != idemhttp.StateDone {
+			unsettled++
 		}
-		return nil
 	}
-	if len(entries) == 0 {
+	if len(entries) == 0 && !*asJSON {
 		fmt.Fprintf(e.stderr, "idemctl pending: nothing pending in %s\n", *path)
-		return nil
 	}
-	return writeTable(e.stdout, entries, time.Now())
+	if err := listEntries(e, entries, *asJSON, time.Now()); err != nil {
+		return err
+	}
+	if unsettled > 0 {
+		return fail(exitFailed, "%d entries pending or abandoned in %s", unsettled, *path)
+	}
+	return nil
 }
 
 // writeTable prints entries as an aligned table.
@@ -290,7 +295,7 @@ type entryView struct {
 	Created     time.Time       `json:"created"`
 	Updated     time.Time       `json:"updated"`
 	Attempts    int             `json:"attempts"`
-	LastStatus  int             `json:"last_status,omitempty"`
+	LastStatus  int             `json:"status,omitempty"`
 	Fingerprint string          `json:"fingerprint"`
 	Header      http.Header     `json:"header,omitempty"`
 	Body        json.RawMessage `json:"body,omitempty"`        // a JSON body, as is

@@ -33,7 +33,8 @@ func TestJournalCommands(t *testing.T) {
 	t.Run("pending table", func(t *testing.T) {
 		out := runIn("pending", "-journal", journal)
 
-		require.Equal(t, exitOK, out.code, out.stderr)
+		require.Equal(t, exitFailed, out.code, "entries are pending")
+		assert.Contains(t, out.stderr, "5 entries pending or abandoned")
 		lines := strings.Split(strings.TrimSpace(out.stdout), "\n")
 		require.Len(t, lines, 6)
 		assert.Equal(t, []string{"OPERATION", "KEY", "METHOD", "URL", "AGE", "ATTEMPTS", "STATUS", "STATE"}, strings.Fields(lines[0]))
@@ -48,7 +49,7 @@ func TestJournalCommands(t *testing.T) {
 	t.Run("pending json", func(t *testing.T) {
 		out := runIn("pending", "-json", "-journal", journal)
 
-		require.Equal(t, exitOK, out.code, out.stderr)
+		require.Equal(t, exitFailed, out.code, out.stderr)
 		lines := strings.Split(strings.TrimSpace(out.stdout), "\n")
 		require.Len(t, lines, 5)
 		var v entryView

@@ -29,7 +29,7 @@ const (
 
 // result is one operation's outcome: a JSON line on stdout.
 type result struct {
-	ID       string          `json:"id"`                 // operation id ("" for a journal entry without one)
+	ID       string          `json:"operation"`          // operation id ("" for a journal entry without one)
 	Line     int             `json:"line,omitempty"`     // input line, 0 for an entry not in the input
 	Key      string          `json:"key,omitempty"`      // idempotency key
 	Result   string          `json:"result"`             // ok, failed or pending
