@@ -17,7 +17,7 @@ import (
 	"github.com/idemkit/idemhttp"
 )
 
-const batchSynopsis = `Usage: idemctl batch -url URL -in FILE -journal FILE [-concurrency N] [-key-secret-env VAR]
+const batchSynopsis = `Usage: idemctl batch -url URL -in FILE -journal FILE [-concurrency N] [-rate N]
                      [-header 'Name: value' ...] [-header-env 'Name=VAR' ...] [flags]
 
 Sends one request per input line through idemhttp: each operation gets an
@@ -26,12 +26,25 @@ across retries and reruns. Running the same command again after a crash,
 Ctrl-C or failures resends the pending operations with their keys and skips
 the done ones, so no operation runs twice.
 
+Keys are derived from the operation id: DeriveKey(secret, id), HMAC-SHA256.
+The secret comes from the environment variable IDEMCTL_KEY_SECRET (or the
+one -key-secret-env names), else from the key file (-key-file, by default
+the journal's path + ".key"), created with a random secret (mode 0600) on
+the first run. So a rerun sends the same keys even if the journal is lost:
+back the key file up with the journal. The secret is never printed.
+-random-keys mints random keys instead, known only to the journal.
+
 ` + inputFormat + `
 Output: one JSON line per operation on stdout:
-  {"id":"charge-0001","line":1,"key":"...","result":"ok","source":"run","status":200,"attempts":1,"state":"done","response":{...}}
+  {"operation":"charge-0001","line":1,"key":"...","result":"ok","source":"run","status":200,"attempts":1,"state":"done","response":{...}}
   result: ok (2xx), failed (a definite failure), pending (outcome unknown: rerun to resend with the same key)
-  source: run (sent from the input), resume (pending from an earlier run), journal (done earlier: skipped)
+  source: run (sent from the input), resume (pending from an earlier run), journal (done earlier: skipped),
+          pruned (pruned from the journal: its recorded outcome, with -pruned skip)
 Progress and a summary go to stderr.
+
+Operations that idemctl prune deleted from the journal are listed in
+JOURNAL.pruned; a batch naming one refuses to run (exit 6) before sending
+anything, unless -pruned skip or -pruned send says what to do.
 
 Headers given with -header or -header-env are credentials: added to each
 request at send time, never written to the journal or printed. URLs are
@@ -41,9 +54,10 @@ SIGINT or SIGTERM: no new operation starts; those in flight finish (up to
 -grace) and are recorded; exit 130. A second Ctrl-C quits at once; the
 journal still holds every key.
 
-Exit codes: 0 all ok; 1 some failed or pending; 2 usage; 3 journal error;
-4 input error (malformed lines are listed on stderr, the others still run);
-5 server never reached; 130 interrupted.
+Exit codes: 0 all ok; 1 some failed or pending; 2 usage; 3 journal or key
+file error; 4 input error (malformed lines are listed on stderr, the others
+still run; if none is valid, nothing is sent); 5 server never reached;
+6 refused, nothing sent (pruned operations); 130 interrupted.
 `
 
 // batchOptions are the batch command's settings.

@@ -19,17 +19,26 @@ import (
 const maxLineBytes = 8<<20 + 64<<10
 
 // inputFormat documents the batch input, for the usage text and README.md.
-const inputFormat = `Input: one JSON object per line (JSON Lines); blank lines and lines starting with # are skipped.
+const inputFormat = `Input: JSON Lines or CSV (-in-format auto: .csv or a first line not starting with { or #
+means CSV). JSON Lines: one object per line; blank lines and lines starting with # are skipped.
   {"id":"charge-0001","body":{"amount":1000,"currency":"usd"}}
   {"id":"refund-0002","method":"POST","path":"/v1/refunds","body":{"charge":"ch_1"}}
 Fields:
   id      required: the operation id, 1-255 printable ASCII, unique in the file. It names the
-          operation across reruns: its key is derived from it (-key-secret-env) or kept in the journal.
-  body    optional: any JSON value, sent compacted as application/json. Absent or null: no body.
+          operation across reruns: its key is derived from it.
+  body    optional: any JSON value, sent compacted as application/json. With -body-format form,
+          an object sent as a form (a=1&nested[b]=2&list[0]=3, as Stripe reads it), or a string
+          holding an encoded form. Absent or null: no body.
   method  optional: the HTTP method, POST by default.
   path    optional: a path with an optional ?query, resolved against -url as a link is:
           "/v1/refunds" replaces -url's path, "refunds" its last segment. Absent: -url itself.
           Always on -url's server: credentials never go elsewhere.
+CSV: a header row names the columns: id, method, path as above, and either a body column (the
+whole body: JSON, or an encoded form) or any number of field columns, each a body field named by
+its header (metadata[order] is fine), sent as a form or as a JSON object of strings. Empty cells
+are left out.
+  id,amount,currency,metadata[order]
+  charge-0001,1000,usd,o-1
 `
 
 // operation is one valid input line.
