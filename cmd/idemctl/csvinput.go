@@ -67,7 +67,6 @@ func readCSV(r io.Reader, base *url.URL, bodyFormat string) (ops []operation, ba
 		if errors.Is(rerr, io.EOF) {
 			return ops, bad, nil
 		}
-		line, _ := cr.FieldPos(0)
 		var pe *csv.ParseError
 		switch {
 		case errors.As(rerr, &pe):
@@ -75,6 +74,11 @@ func readCSV(r io.Reader, base *url.URL, bodyFormat string) (ops []operation, ba
 			continue
 		case rerr != nil:
 			return ops, bad, rerr
+		}
+		// FieldPos only after a record was read: it panics otherwise (found
+		// by FuzzReadCSV).
+		line, _ := cr.FieldPos(0)
+		switch {
 		case len(rec) != len(header):
 			bad = append(bad, lineError{line, fmt.Errorf("%d cells, want %d as in the header", len(rec), len(header))})
 			continue
