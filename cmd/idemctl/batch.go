@@ -182,12 +182,20 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 
 	// The secret first: a key file that cannot be read stops the run
 	// before the journal is touched.
+	_, statErr := os.Stat(o.journal)
 	o.keySecret, err = o.keys.secret(o.journal, e.getenv)
 	if err != nil {
 		return err
 	}
 	if o.keys.createdFile != "" {
 		fmt.Fprintf(e.stderr, "idemctl batch: created key file %s (mode 0600): every key is derived from it; back it up with the journal\n", o.keys.createdFile)
+		if statErr == nil {
+			// A journal from an older idemctl (random keys by default), or
+			// one whose key file was lost. Its entries keep their keys;
+			// only operations it no longer knows get keys from the new
+			// secret, and prune's record stops those it pruned.
+			fmt.Fprintf(e.stderr, "idemctl batch: note: journal %s already existed without this key file: its entries keep their journaled keys; if an earlier key file was lost, restore it before running operations the journal no longer knows\n", o.journal)
+		}
 	}
 
 	fj, err := openJournal(o.journal, false, o.creds.names())

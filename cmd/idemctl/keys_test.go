@@ -54,6 +54,14 @@ func TestBatchDerivedKeysByDefault(t *testing.T) {
 	assert.Equal(t, n, countReplayed(results(t, second.stdout)), "the server replays every charge")
 	assert.NotContains(t, second.stderr, "created key file", "the key file is reused")
 
+	// A journal without its key file (an older idemctl's, or the file
+	// lost): a new one is made, with a note.
+	require.NoError(t, os.Remove(keyFile))
+	third := runIn(args...)
+	require.Equal(t, exitOK, third.code, third.stderr)
+	assert.Contains(t, third.stderr, "already existed without this key file")
+	assertOnce(t, srv, n)
+
 	t.Run("random keys duplicate", func(t *testing.T) {
 		srv := newServer(t, idemtest.Faults{})
 		journal := filepath.Join(t.TempDir(), "journal")
