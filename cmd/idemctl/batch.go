@@ -311,7 +311,11 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 // is the journal's again.
 func (o *batchOptions) checkPruned(fj *idemhttp.FileJournal, ops []operation, e env) ([]operation, []*result, error) {
 	path := o.journal + prunedSuffix
-	recs, err := readPruned(path)
+	inInput := make(map[string]bool, len(ops))
+	for _, op := range ops {
+		inInput[op.ID] = true
+	}
+	recs, err := readPruned(path, func(id string) bool { return inInput[id] })
 	if err != nil {
 		return nil, nil, fail(exitJournal, "read the record of pruned operations: %v", err)
 	}

@@ -86,7 +86,7 @@ func FuzzReadPruned(f *testing.F) {
 		if err := writeFileForFuzz(path, data); err != nil {
 			t.Fatal(err)
 		}
-		recs, err := readPruned(path)
+		recs, err := readPruned(path, nil)
 		if err != nil {
 			return
 		}

@@ -107,7 +107,7 @@ func TestPruneDryRunAndPending(t *testing.T) {
 
 	require.Equal(t, exitOK, out.code, out.stderr)
 	assert.Len(t, operations(t, journal), 1, "the pending entry is kept")
-	recs, err := readPruned(journal + prunedSuffix)
+	recs, err := readPruned(journal+prunedSuffix, nil)
 	require.NoError(t, err)
 	assert.Len(t, recs, 2)
 	fi, err := os.Stat(journal + prunedSuffix)
@@ -119,7 +119,7 @@ func TestPruneDryRunAndPending(t *testing.T) {
 	require.Equal(t, exitOK, all.code, all.stderr)
 	left := runIn("pending", "-all", "-json", "-journal", journal)
 	assert.Empty(t, left.stdout)
-	recs, err = readPruned(journal + prunedSuffix)
+	recs, err = readPruned(journal+prunedSuffix, nil)
 	require.NoError(t, err)
 	assert.Len(t, recs, 3)
 }
@@ -142,7 +142,7 @@ func TestReadPruned(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			require.NoError(t, os.WriteFile(path, []byte(tt.give), 0o600))
-			recs, err := readPruned(path)
+			recs, err := readPruned(path, nil)
 			if tt.wantErr != "" {
 				assert.ErrorContains(t, err, tt.wantErr)
 				return
@@ -155,7 +155,7 @@ func TestReadPruned(t *testing.T) {
 			assert.ElementsMatch(t, tt.want, got)
 		})
 	}
-	recs, err := readPruned(filepath.Join(dir, "missing"))
+	recs, err := readPruned(filepath.Join(dir, "missing"), nil)
 	assert.NoError(t, err)
 	assert.Empty(t, recs)
 }

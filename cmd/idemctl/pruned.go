@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -69,34 +71,41 @@ func appendPruned(path string, entries []*idemhttp.Entry, now time.Time) error {
 	return werr
 }
 
-// readPruned returns the record at path by operation id (the latest
-// record of each); a missing file is an empty record. A torn last line
-// (a crash during the append) is ignored: prune deletes nothing until the
-// append is synced, so those entries are still in the journal. Damage
-// anywhere else is an error.
-func readPruned(path string) (map[string]prunedRecord, error) {
-	data, err := os.ReadFile(path)
+// readPruned returns the records at path of the operations want selects
+// (nil: all), by operation id, the latest record of each; a missing file
+// is an empty record. It streams the file and keeps only what want
+// selects, so a record grown over many prunes costs a batch the memory of
+// its own input only. A torn last line (a crash during the append) is
+// ignored: prune deletes nothing until the append is synced, so those
+// entries are still in the journal. Damage anywhere else is an error.
+func readPruned(path string, want func(operation string) bool) (map[string]prunedRecord, error) {
+	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	if i := bytes.LastIndexByte(data, '\n'); i != len(data)-1 {
-		data = data[:i+1] // the torn tail, or the whole file if it has no line end
-	}
+	defer f.Close()
 	out := make(map[string]prunedRecord)
-	for n, line := range bytes.Split(bytes.TrimSuffix(data, []byte("\n")), []byte("\n")) {
+	br := bufio.NewReaderSize(f, 64<<10)
+	for n := 1; ; n++ {
+		line, err := br.ReadBytes('\n')
+		if errors.Is(err, io.EOF) {
+			return out, nil // a last line without its end is torn: ignored
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %v", path, err)
+		}
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
 		var r prunedRecord
 		if err := json.Unmarshal(line, &r); err != nil {
-			return nil, fmt.Errorf("%s:%d: %v", path, n+1, err)
+			return nil, fmt.Errorf("%s:%d: %v", path, n, err)
 		}
-		if r.Operation != "" {
+		if r.Operation != "" && (want == nil || want(r.Operation)) {
 			out[r.Operation] = r
 		}
 	}
-	return out, nil
 }
