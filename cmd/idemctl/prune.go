@@ -33,7 +33,7 @@ func pruneCommand(_ context.Context, args []string, e env) error {
 	path := fs.String("journal", "", "journal `FILE`")
 	older := fs.Duration("older", 24*time.Hour, "prune entries last updated longer ago than this")
 	dryRun := fs.Bool("dry-run", false, "list what would be pruned; delete nothing")
-	asJSON := fs.Bool("json", false, "list the entries as JSON lines instead of a table")
+	asJSON := fs.Bool("json", false, "list the entries pruned (or, with -dry-run, those that would be) as JSON lines on stdout;\nwithout it, -dry-run lists them as a table and a real prune lists nothing")
 	withPending := fs.Bool("include-pending", false, "prune pending and abandoned entries too: their operations may have run,\nand a rerun will not know their keys unless keys are derived")
 	rest, err := parseFlags(fs, args)
 	if err != nil {
