@@ -159,3 +159,28 @@ func TestReadPruned(t *testing.T) {
 	assert.NoError(t, err)
 	assert.Empty(t, recs)
 }
+
+// An entry pruned while pending (-include-pending) is reported failed by
+// -pruned skip, never as done: whether it ran is unknown.
+func TestPrunedPendingSkippedAsFailed(t *testing.T) {
+	srv := newServer(t, idemtest.Faults{})
+	dir := t.TempDir()
+	in := writeInput(t, dir, 2)
+	journal := filepath.Join(dir, "journal")
+	writeJournal(t, journal, idemhttp.StatePending)
+	require.Equal(t, exitOK, runIn("prune", "-journal", journal, "-older", "0s", "-include-pending").code)
+	args := []string{"batch", "-url", srv.URL, "-in", in, "-journal", journal, "-progress", "none"}
+
+	refused := runIn(args...)
+	assert.Equal(t, exitRefused, refused.code, refused.stderr)
+	assert.Contains(t, refused.stderr, `"op-000" (line 1)`)
+
+	out := runIn(append(args, "-pruned", "skip")...)
+
+	assert.Equal(t, exitFailed, out.code, out.stderr)
+	res := results(t, out.stdout)
+	assert.Equal(t, resultFailed, res[opID(0)].Result)
+	assert.Contains(t, res[opID(0)].Error, "whether it ran is unknown")
+	assert.Equal(t, resultOK, res[opID(1)].Result)
+	assert.Equal(t, map[string]int{opID(1): 1}, srv.Snapshot(), "the pruned operation is not sent")
+}
