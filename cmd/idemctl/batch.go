@@ -1,18 +1,23 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/idemkit/idemhttp"
 )
 
-const batchSynopsis = `Usage: idemctl batch -url URL -in FILE -journal FILE [-concurrency N] [-key-secret-env VAR]
+const batchSynopsis = `Usage: idemctl batch -url URL -in FILE -journal FILE [-concurrency N] [-rate N]
                      [-header 'Name: value' ...] [-header-env 'Name=VAR' ...] [flags]
 
 Sends one request per input line through idemhttp: each operation gets an
@@ -21,12 +26,25 @@ across retries and reruns. Running the same command again after a crash,
 Ctrl-C or failures resends the pending operations with their keys and skips
 the done ones, so no operation runs twice.
 
+Keys are derived from the operation id: DeriveKey(secret, id), HMAC-SHA256.
+The secret comes from the environment variable IDEMCTL_KEY_SECRET (or the
+one -key-secret-env names), else from the key file (-key-file, by default
+the journal's path + ".key"), created with a random secret (mode 0600) on
+the first run. So a rerun sends the same keys even if the journal is lost:
+back the key file up with the journal. The secret is never printed.
+-random-keys mints random keys instead, known only to the journal.
+
 ` + inputFormat + `
 Output: one JSON line per operation on stdout:
-  {"id":"charge-0001","line":1,"key":"...","result":"ok","source":"run","status":200,"attempts":1,"state":"done","response":{...}}
+  {"operation":"charge-0001","line":1,"key":"...","result":"ok","source":"run","status":200,"attempts":1,"state":"done","response":{...}}
   result: ok (2xx), failed (a definite failure), pending (outcome unknown: rerun to resend with the same key)
-  source: run (sent from the input), resume (pending from an earlier run), journal (done earlier: skipped)
+  source: run (sent from the input), resume (pending from an earlier run), journal (done earlier: skipped),
+          pruned (pruned from the journal: its recorded outcome, with -pruned skip)
 Progress and a summary go to stderr.
+
+Operations that idemctl prune deleted from the journal are listed in
+JOURNAL.pruned; a batch naming one refuses to run (exit 6) before sending
+anything, unless -pruned skip or -pruned send says what to do.
 
 Headers given with -header or -header-env are credentials: added to each
 request at send time, never written to the journal or printed. URLs are
@@ -36,9 +54,10 @@ SIGINT or SIGTERM: no new operation starts; those in flight finish (up to
 -grace) and are recorded; exit 130. A second Ctrl-C quits at once; the
 journal still holds every key.
 
-Exit codes: 0 all ok; 1 some failed or pending; 2 usage; 3 journal error;
-4 input error (malformed lines are listed on stderr, the others still run);
-5 server never reached; 130 interrupted.
+Exit codes: 0 all ok; 1 some failed or pending; 2 usage; 3 journal or key
+file error; 4 input error (malformed lines are listed on stderr, the others
+still run; if none is valid, nothing is sent); 5 server never reached;
+6 refused, nothing sent (pruned operations); 130 interrupted.
 `
 
 // batchOptions are the batch command's settings.
@@ -47,39 +66,58 @@ type batchOptions struct {
 	in          string
 	journal     string
 	concurrency int
-	keySecret   []byte // nil: keys minted and journaled
+	keys        keyFlags
+	keySecret   []byte // nil: keys minted and journaled (-random-keys)
 	creds       credentialFlags
 	timeout     time.Duration
 	attempts    int
 	grace       time.Duration
 	progress    string
+	pruned      string  // refuse, skip or send: input operations that prune deleted
+	inFormat    string  // auto, jsonl or csv
+	rate        float64 // requests per second, 0: no limit
+	spec        inputSpec
 }
 
 func batchCommand(ctx context.Context, args []string, e env) error {
 	o := &batchOptions{creds: credentialFlags{getenv: e.getenv}}
-	fs := newFlagSet("batch", batchSynopsis, e.stderr)
+	fs := newFlagSet("batch", batchSynopsis, e)
 	rawURL := fs.String("url", "", "`URL` of the requests; an input line's path is resolved against it")
-	fs.StringVar(&o.in, "in", "", "input `FILE` (JSON Lines); - reads stdin")
+	fs.StringVar(&o.in, "in", "", "input `FILE` (JSON Lines or CSV); - reads stdin")
+	fs.StringVar(&o.inFormat, "in-format", "auto", "input format: jsonl, csv, or auto (by the file's extension, .csv or .jsonl, else by\nits first character: { or # means JSON Lines)")
+	fs.StringVar(&o.spec.body, "body-format", bodyJSON, "request bodies: json (application/json) or form (application/x-www-form-urlencoded,\nas Stripe's API takes: a JSON object body becomes name=value&nested[field]=value)")
 	fs.StringVar(&o.journal, "journal", "", "journal `FILE`, created if missing: keys and outcomes across runs")
 	fs.IntVar(&o.concurrency, "concurrency", 8, "operations in flight at once")
-	secretEnv := fs.String("key-secret-env", "", "derive each key from the operation id with HMAC-SHA256 keyed by environment variable `VAR`\n(at least 16 bytes), so reruns send the same keys even without the journal;\nwithout it, keys are random and kept in the journal")
+	fs.Float64Var(&o.rate, "rate", 0, "requests per second at most, retries included (e.g. 25, or 0.5 for one every 2s); 0: no limit")
+	fs.StringVar(&o.keys.secretEnv, "key-secret-env", defaultSecretEnv, "derive each key from the operation id with HMAC-SHA256 keyed by environment variable `VAR`\n(at least 16 bytes), so reruns send the same keys even without the journal;\nwhen VAR is unset, the secret comes from -key-file")
+	fs.StringVar(&o.keys.keyFile, "key-file", "", "`FILE` holding the key secret when the environment variable is unset; created (mode 0600,\n32 random bytes) on first use. Default: the journal's path + \".key\". Back it up with the journal")
+	fs.BoolVar(&o.keys.random, "random-keys", false, "mint random keys, kept only in the journal: a lost journal or pruned entry then means\nthe rerun sends a new key, and the server runs the operation again")
 	o.creds.register(fs)
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "timeout of one attempt")
 	fs.IntVar(&o.attempts, "attempts", 0, "attempts per operation, the first included; 0 means idemhttp's default (4)")
 	fs.DurationVar(&o.grace, "grace", 10*time.Second, "after SIGINT or SIGTERM, how long operations in flight may take to finish")
 	fs.StringVar(&o.progress, "progress", "auto", "progress on stderr: auto (a bar on a terminal, else lines), bar, lines or none")
+	fs.StringVar(&o.pruned, "pruned", "refuse", "input operations that idemctl prune deleted from the journal (listed in JOURNAL.pruned):\nrefuse (exit 6 before sending anything), skip (report the recorded outcome, send nothing)\nor send (send them again: with derived keys the server replays them if it still keeps the key)")
 	rest, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
-	if err := o.validate(rest, *rawURL, *secretEnv, e.getenv); err != nil {
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "key-secret-env":
+			o.keys.secretEnvSet = true
+		case "key-file":
+			o.keys.keyFileSet = true
+		}
+	})
+	if err := o.validate(rest, *rawURL, e.getenv); err != nil {
 		return err
 	}
 	return runBatch(ctx, o, e)
 }
 
 // validate checks the flags and fills in the parsed values.
-func (o *batchOptions) validate(rest []string, rawURL, secretEnv string, getenv func(string) string) error {
+func (o *batchOptions) validate(rest []string, rawURL string, getenv func(string) string) error {
 	if len(rest) > 0 {
 		return fail(exitUsage, "unexpected argument %q (flags only; see -h)", rest[0])
 	}
@@ -95,6 +133,8 @@ func (o *batchOptions) validate(rest []string, rawURL, secretEnv string, getenv 
 		return fail(exitUsage, "-journal is required")
 	case o.concurrency < 1:
 		return fail(exitUsage, "-concurrency must be at least 1")
+	case o.rate < 0 || math.IsNaN(o.rate) || math.IsInf(o.rate, 0):
+		return fail(exitUsage, "-rate must be a number of requests per second, 0 for no limit")
 	case o.timeout <= 0:
 		return fail(exitUsage, "-timeout must be positive")
 	case o.attempts < 0:
@@ -103,20 +143,18 @@ func (o *batchOptions) validate(rest []string, rawURL, secretEnv string, getenv 
 		return fail(exitUsage, "-grace must not be negative")
 	case o.progress != "auto" && o.progress != "bar" && o.progress != "lines" && o.progress != "none":
 		return fail(exitUsage, "-progress must be auto, bar, lines or none")
+	case o.inFormat != "auto" && o.inFormat != formatJSONL && o.inFormat != formatCSV:
+		return fail(exitUsage, "-in-format must be auto, jsonl or csv")
+	case o.spec.body != bodyJSON && o.spec.body != bodyForm:
+		return fail(exitUsage, "-body-format must be json or form")
+	case o.pruned != "refuse" && o.pruned != "skip" && o.pruned != "send":
+		return fail(exitUsage, "-pruned must be refuse, skip or send")
 	}
 	if err := o.creds.check(); err != nil {
 		return err
 	}
-	if secretEnv != "" {
-		v := getenv(secretEnv)
-		if v == "" {
-			return fail(exitUsage, "-key-secret-env: environment variable %s is empty or unset", secretEnv)
-		}
-		// DeriveKey refuses short secrets; find out now, not per line.
-		if _, err := idemhttp.DeriveKey([]byte(v), "check"); err != nil {
-			return fail(exitUsage, "-key-secret-env: the secret in %s is too short: at least 16 bytes are needed", secretEnv)
-		}
-		o.keySecret = []byte(v)
+	if o.keys.secretEnv == "" {
+		return fail(exitUsage, "-key-secret-env must name an environment variable")
 	}
 	return nil
 }
@@ -124,14 +162,41 @@ func (o *batchOptions) validate(rest []string, rawURL, secretEnv string, getenv 
 // runBatch runs the batch: resume what an earlier run left pending, skip
 // what it finished, send the rest with o.concurrency workers.
 func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
-	ops, bad, err := loadInput(o.in, o.base, e.stdin)
+	ops, bad, err := loadInput(o.in, o.base, e.stdin, o.inFormat, o.spec.body)
 	if err != nil {
 		return err
 	}
-	for _, b := range bad {
+	for i, b := range bad {
+		if i == maxListedLines {
+			fmt.Fprintf(e.stderr, "idemctl batch: ... and %d more malformed lines\n", len(bad)-i)
+			break
+		}
 		fmt.Fprintf(e.stderr, "idemctl batch: %s:%d: %v\n", o.in, b.Line, b.Err)
 	}
 	inputErrs := len(bad)
+	if len(ops) == 0 && len(bad) > 0 {
+		// Not one line to run: the input is in another format, or
+		// broken throughout. Say so, rather than run nothing and count.
+		return fail(exitInput, "none of the %d input lines is a valid operation; nothing was sent (-in-format jsonl or csv, -h for the formats)", len(bad))
+	}
+
+	// The secret first: a key file that cannot be read stops the run
+	// before the journal is touched.
+	_, statErr := os.Stat(o.journal)
+	o.keySecret, err = o.keys.secret(o.journal, e.getenv)
+	if err != nil {
+		return err
+	}
+	if o.keys.createdFile != "" {
+		fmt.Fprintf(e.stderr, "idemctl batch: created key file %s (mode 0600): every key is derived from it; back it up with the journal\n", o.keys.createdFile)
+		if statErr == nil {
+			// A journal from an older idemctl (random keys by default), or
+			// one whose key file was lost. Its entries keep their keys;
+			// only operations it no longer knows get keys from the new
+			// secret, and prune's record stops those it pruned.
+			fmt.Fprintf(e.stderr, "idemctl batch: note: journal %s already existed without this key file: its entries keep their journaled keys; if an earlier key file was lost, restore it before running operations the journal no longer knows\n", o.journal)
+		}
+	}
 
 	fj, err := openJournal(o.journal, false, o.creds.names())
 	if err != nil {
@@ -142,6 +207,11 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 			err = fail(exitJournal, "close journal: %v", cerr)
 		}
 	}()
+
+	ops, prunedSkips, err := o.checkPruned(fj, ops, e)
+	if err != nil {
+		return err
+	}
 
 	pending, err := fj.Pending(context.Background())
 	if err != nil {
@@ -158,7 +228,7 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 	// lines, entries past the key retention, which it marks abandoned).
 	// The total counts every operation either path reports.
 	withInput := make(map[string]bool)
-	total := len(ops)
+	total := len(ops) + len(prunedSkips)
 	for _, p := range pending {
 		if op, ok := byID[p.Operation]; ok && o.resendable(op, p) {
 			withInput[p.Key] = true
@@ -172,6 +242,7 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 	r := newRunner(runnerConfig{
 		name: "batch", path: o.journal, fj: fj, concurrency: o.concurrency, timeout: o.timeout,
 		attempts: o.attempts, creds: &o.creds, progress: o.progress, total: total, env: e,
+		contentType: o.spec.contentType(), rate: o.rate,
 	})
 	defer r.close()
 	for _, op := range ops {
@@ -181,6 +252,9 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 	opCtx, stop := r.watch(ctx, o.grace)
 	defer stop()
 
+	for _, res := range prunedSkips {
+		r.report(res)
+	}
 	resumed, err := r.resume(opCtx)
 	if err != nil {
 		return err
@@ -226,6 +300,99 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 	r.sendAll(ctx, opCtx, todo, o)
 	stop()
 	return r.summary(ctx, total, inputErrs)
+}
+
+// checkPruned finds the input operations that idemctl prune deleted from
+// the journal, by the record beside it, before anything is sent: with
+// their entries gone, sending them would mint new keys (random keys) or
+// count on the server still keeping theirs. By -pruned it refuses the run,
+// takes them out of ops and reports their recorded outcome, or sends them.
+// An operation back in the journal (sent again by an earlier -pruned send)
+// is the journal's again.
+func (o *batchOptions) checkPruned(fj *idemhttp.FileJournal, ops []operation, e env) ([]operation, []*result, error) {
+	path := o.journal + prunedSuffix
+	inInput := make(map[string]bool, len(ops))
+	for _, op := range ops {
+		inInput[op.ID] = true
+	}
+	recs, err := readPruned(path, func(id string) bool { return inInput[id] })
+	if err != nil {
+		return nil, nil, fail(exitJournal, "read the record of pruned operations: %v", err)
+	}
+	var hit []operation
+	for _, op := range ops {
+		if _, ok := recs[op.ID]; ok {
+			hit = append(hit, op)
+		}
+	}
+	if len(hit) == 0 {
+		return ops, nil, nil
+	}
+	entries, err := fj.Entries(context.Background())
+	if err != nil {
+		return nil, nil, describeJournalErr(o.journal, err)
+	}
+	inJournal := make(map[string]bool, len(entries))
+	for _, en := range entries {
+		inJournal[en.Operation] = true
+	}
+	pruned := make(map[string]bool)
+	var names []string
+	for _, op := range hit {
+		if !inJournal[op.ID] {
+			pruned[op.ID] = true
+			if len(names) < 5 {
+				names = append(names, fmt.Sprintf("%q (line %d)", op.ID, op.Line))
+			}
+		}
+	}
+	if len(pruned) == 0 {
+		return ops, nil, nil
+	}
+	more := ""
+	if len(pruned) > len(names) {
+		more = fmt.Sprintf(" and %d more", len(pruned)-len(names))
+	}
+	switch o.pruned {
+	case "refuse":
+		return nil, nil, fail(exitRefused, "%d input operations were pruned from the journal (recorded in %s): %s%s. Nothing was sent: "+
+			"the journal no longer says whether they ran. Remove them from the input, or rerun with -pruned skip (report the recorded outcome) "+
+			"or -pruned send (send them again; safe only while the server keeps their keys)",
+			len(pruned), path, strings.Join(names, ", "), more)
+	case "send":
+		warn := "with derived keys, the server replays those it still keeps the keys of, and runs the others again"
+		if o.keySecret == nil {
+			warn = "with -random-keys they get new keys: the server runs every one of them again"
+		}
+		fmt.Fprintf(e.stderr, "idemctl batch: sending %d operations pruned from the journal again (-pruned send): %s%s; %s\n", len(pruned), strings.Join(names, ", "), more, warn)
+		return ops, nil, nil
+	}
+	var kept []operation
+	var skips []*result
+	for _, op := range ops {
+		if !pruned[op.ID] {
+			kept = append(kept, op)
+			continue
+		}
+		rec := recs[op.ID]
+		res := &result{
+			ID: op.ID, Line: op.Line, Key: rec.Key, Source: sourcePruned, Status: rec.Status, Skipped: true, State: rec.State,
+			Error: fmt.Sprintf("pruned from the journal on %s; not sent (-pruned skip)", rec.Pruned.UTC().Format(time.RFC3339)),
+		}
+		res.classify()
+		switch {
+		case rec.State != idemhttp.StateDone:
+			// Pruned with -include-pending: nobody knows whether it ran,
+			// and no rerun of this batch will find out.
+			res.Result = resultFailed
+			res.Error = fmt.Sprintf("pruned from the journal while %s on %s: whether it ran is unknown; check with the server",
+				rec.State, rec.Pruned.UTC().Format(time.RFC3339))
+		case res.Result == resultOK:
+			res.Error = ""
+		}
+		skips = append(skips, res)
+	}
+	return kept, skips, nil
 }
 
 // keyRetention is how long the server keeps keys: idemhttp's default
@@ -293,6 +460,33 @@ func skippedResult(op operation, en *idemhttp.Entry) *result {
 	return res
 }
 
+// sniffFormat decides an input's format: by the file's extension, else by
+// its first character that is not white space: JSON Lines start with an
+// object or a comment, CSV with a header.
+func sniffFormat(path string, br *bufio.Reader) string {
+	switch strings.ToLower(filepath.Ext(path)) {
+	case ".csv":
+		return formatCSV
+	case ".jsonl", ".ndjson", ".json":
+		return formatJSONL
+	}
+	for n := 1; n <= 4096; n++ {
+		b, err := br.Peek(n)
+		if len(b) < n || err != nil {
+			break
+		}
+		switch c := b[n-1]; c {
+		case ' ', '\t', '\r', '\n':
+			continue
+		case '{', '#':
+			return formatJSONL
+		default:
+			return formatCSV
+		}
+	}
+	return formatJSONL
+}
+
 // fingerprint is the fingerprint the client journals for op, to tell
 // whether the input still describes the journaled request.
 func fingerprint(op operation) string {
@@ -304,8 +498,12 @@ func fingerprint(op operation) string {
 	return idemhttp.Fingerprint(op.Method, u.String(), op.Body)
 }
 
-// loadInput reads the input file ("-": stdin).
-func loadInput(path string, base *url.URL, stdin io.Reader) ([]operation, []lineError, error) {
+// maxListedLines bounds the malformed lines listed on stderr.
+const maxListedLines = 20
+
+// loadInput reads the input file ("-": stdin) in format (auto, jsonl or
+// csv) with bodies in bodyFormat.
+func loadInput(path string, base *url.URL, stdin io.Reader, format, bodyFormat string) ([]operation, []lineError, error) {
 	var in io.Reader = stdin
 	if path != "-" {
 		f, err := os.Open(path)
@@ -315,7 +513,11 @@ func loadInput(path string, base *url.URL, stdin io.Reader) ([]operation, []line
 		defer f.Close()
 		in = f
 	}
-	ops, bad, err := readInput(in, base)
+	br := bufio.NewReaderSize(in, 64<<10)
+	if format == "auto" {
+		format = sniffFormat(path, br)
+	}
+	ops, bad, err := readInputAs(br, base, inputSpec{format: format, body: bodyFormat})
 	if err != nil {
 		return nil, nil, fail(exitInput, "read input %s: %v", path, err)
 	}

@@ -339,7 +339,7 @@ func TestBatchUnreachable(t *testing.T) {
 		assert.Equal(t, resultPending, r.Result, "nothing is lost: the keys wait in the journal")
 	}
 	pending := runIn("pending", "-journal", journal, "-json")
-	assert.Equal(t, exitOK, pending.code)
+	assert.Equal(t, exitFailed, pending.code)
 	assert.Equal(t, 3, strings.Count(pending.stdout, `"state":"pending"`))
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"golang.org/x/time/rate"
 )
 
 // openJournal opens the journal at path and turns the library's errors into
@@ -68,21 +70,52 @@ func (e *damageError) Error() string {
 func (e *damageError) Unwrap() error { return e.err }
 
 // counter counts attempts and the responses they got, below the retry
-// loop, so it sees every attempt of every client alike.
+// loop, so it sees every attempt of every client alike. With a limiter it
+// also paces them: a rate-limited API counts every attempt, retries
+// included, so the pace is kept here and not per operation.
 type counter struct {
 	rt        http.RoundTripper
+	limiter   waiter // nil: no limit
 	attempts  atomic.Int64
 	responses atomic.Int64
 }
 
-// RoundTrip counts and sends one attempt.
+// waiter is what counter needs of a *rate.Limiter.
+type waiter interface {
+	Wait(ctx context.Context) error
+}
+
+// RoundTrip waits for the limiter, then counts and sends one attempt. A
+// wait cut short by the request's context sends nothing; the client sees
+// an error and keeps the operation pending, as for any attempt it cannot
+// be sure of.
 func (c *counter) RoundTrip(r *http.Request) (*http.Response, error) {
+	if c.limiter != nil {
+		if err := c.limiter.Wait(r.Context()); err != nil {
+			if r.Body != nil {
+				r.Body.Close() // RoundTrip must close the body, even on error
+			}
+			return nil, fmt.Errorf("waiting for -rate: %w", err)
+		}
+	}
 	c.attempts.Add(1)
 	resp, err := c.rt.RoundTrip(r)
 	if resp != nil {
 		c.responses.Add(1)
 	}
 	return resp, err
+}
+
+// newLimiter returns a limiter of perSecond requests a second, none when
+// perSecond is 0. The burst is one request (more when the rate is above
+// one per millisecond, where a burst of one would cap it), so the pace is
+// even from the first second: an API's limit is usually a window a burst
+// could overrun.
+func newLimiter(perSecond float64) waiter {
+	if perSecond <= 0 {
+		return nil
+	}
+	return rate.NewLimiter(rate.Limit(perSecond), max(1, int(perSecond/1000)))
 }
 
 // newTransport returns a transport of its own, so the command can close

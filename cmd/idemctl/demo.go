@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -26,9 +27,12 @@ temporary folder, and crashes half way: the run is abandoned as a killed
 process would leave it, with the charges in flight unrecorded. A second run
 reopens the journal, resumes the pending charges with their keys and sends
 the rest. Then the same workload, crash included, goes through plain
-net/http and through go-retryablehttp (its defaults, with a short timeout and
-tiny waits; no keys, as their users send), each against a fresh server with
-the same seed, and a table shows what each server executed.
+net/http, through go-retryablehttp (its defaults, with a short timeout and
+tiny waits; no keys, as most of their users send), and through
+go-retryablehttp with an Idempotency-Key minted per call (what sending a key
+gives without a journal), each against a fresh server with the same seed,
+and a table shows what each server executed. Progress goes to stderr: a bar
+on a terminal, plain lines otherwise.
 
 Exit code 1 if idemhttp shows a duplicate or lost charge.
 `
@@ -41,11 +45,12 @@ type demoOptions struct {
 	timeout     time.Duration // per attempt, for every client
 	attempts    int           // idemhttp's MaxAttempts
 	crashAfter  float64       // fraction of the charges finished before the crash
+	progress    string        // auto, bar, lines or none
 }
 
 func demoCommand(ctx context.Context, args []string, e env) error {
 	o := &demoOptions{}
-	fs := newFlagSet("demo", demoSynopsis, e.stderr)
+	fs := newFlagSet("demo", demoSynopsis, e)
 	fs.IntVar(&o.n, "n", 500, "charges to send")
 	fs.IntVar(&o.concurrency, "concurrency", 16, "charges in flight at once")
 	fs.Uint64Var(&o.faults.Seed, "seed", 1, "fault seed; the same seed gives every client the same faults")
@@ -59,6 +64,7 @@ func demoCommand(ctx context.Context, args []string, e env) error {
 	fs.DurationVar(&o.timeout, "timeout", 250*time.Millisecond, "timeout of one attempt, for every client")
 	fs.IntVar(&o.attempts, "attempts", 6, "idemhttp's attempts per charge")
 	fs.Float64Var(&o.crashAfter, "crash-after", 0.5, "crash after this fraction of the charges finished (0: no crash)")
+	fs.StringVar(&o.progress, "progress", "auto", "progress on stderr: auto (a bar on a terminal, else lines), bar, lines or none")
 	rest, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -76,6 +82,8 @@ func demoCommand(ctx context.Context, args []string, e env) error {
 		return fail(exitUsage, "-attempts must be at least 1")
 	case o.crashAfter < 0 || o.crashAfter >= 1:
 		return fail(exitUsage, "-crash-after must be in [0, 1)")
+	case o.progress != "auto" && o.progress != "bar" && o.progress != "lines" && o.progress != "none":
+		return fail(exitUsage, "-progress must be auto, bar, lines or none")
 	}
 	for _, r := range []float64{o.faults.DropRequest, o.faults.DropResponse, o.faults.Slow, o.faults.Unavailable, o.faults.Conflict} {
 		if r < 0 || r > 1 {
@@ -117,9 +125,11 @@ func runDemo(ctx context.Context, o *demoOptions, e env) error {
 		{"idemhttp", demoIdemhttp},
 		{"net/http", demoPlain},
 		{"go-retryablehttp", demoRetryable},
+		{"go-retryablehttp + Idempotency-Key", demoRetryableKeyed},
 	} {
 		fmt.Fprintf(e.stderr, "idemctl demo: running %s...\n", col.name)
-		st, err := demoColumn(ctx, o, ops, col.name, col.run)
+		prog := newProgress(e.stderr, o.progress, len(ops), e.isTerminal != nil && e.isTerminal(e.stderr))
+		st, err := demoColumn(ctx, o, ops, col.name, prog, col.run)
 		if err != nil {
 			return err
 		}
@@ -140,13 +150,15 @@ func runDemo(ctx context.Context, o *demoOptions, e env) error {
 
 // demoColumn runs one client against a fresh server and counts what the
 // server executed.
-func demoColumn(ctx context.Context, o *demoOptions, ops []demoOp, name string,
+func demoColumn(ctx context.Context, o *demoOptions, ops []demoOp, name string, prog *progress,
 	run func(context.Context, *demoOptions, []demoOp, *idemtest.Server, *demoStats) error) (*demoStats, error) {
 	srv := idemtest.NewServer(&idemtest.Options{Faults: o.faults})
 	defer srv.Close()
-	st := &demoStats{name: name, ops: len(ops), retries: map[idemhttp.RetryReason]int{}}
+	st := &demoStats{name: name, ops: len(ops), retries: map[idemhttp.RetryReason]int{}, prog: prog}
 	start := time.Now()
-	if err := run(ctx, o, ops, srv, st); err != nil {
+	err := run(ctx, o, ops, srv, st)
+	prog.finish()
+	if err != nil {
 		return nil, err
 	}
 	st.wall = time.Since(start)
@@ -174,6 +186,12 @@ type demoStats struct {
 	mu      sync.Mutex
 	retries map[idemhttp.RetryReason]int
 
+	// prog shows the charges the client has seen succeed, the same bar
+	// (or lines) as batch. A charge failed in the first run and retried
+	// in the second counts once, when it succeeds.
+	prog *progress
+	seen map[string]bool // charges already shown as succeeded; under mu
+
 	server     idemtest.Stats
 	executed   int // executions of the workload's charges
 	duplicates int // executions beyond the first of a charge
@@ -184,6 +202,32 @@ type demoStats struct {
 	pendingAtCrash int
 	resumed        int
 	rerun          int
+}
+
+// track wraps send to report each charge the client saw succeed.
+func (s *demoStats) track(send func(context.Context, demoOp) bool) func(context.Context, demoOp) bool {
+	return func(ctx context.Context, op demoOp) bool {
+		ok := send(ctx, op)
+		if ok {
+			s.succeeded(op.id)
+		}
+		return ok
+	}
+}
+
+// succeeded shows the charge op as succeeded, once: a charge the crashed
+// run saw succeed may be resumed and succeed again.
+func (s *demoStats) succeeded(op string) {
+	s.mu.Lock()
+	first := !s.seen[op]
+	if s.seen == nil {
+		s.seen = map[string]bool{}
+	}
+	s.seen[op] = true
+	s.mu.Unlock()
+	if first && s.prog != nil {
+		s.prog.add(&result{Result: resultOK})
+	}
 }
 
 // retry counts a retry by reason. Safe for concurrent use.
@@ -282,9 +326,18 @@ func demoIdemhttp(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemte
 			OnRetry:    func(ev idemhttp.RetryEvent) { st.retry(ev.Reason) },
 		}
 	}
+	// Keys derived from the operation, as batch derives them: the secret
+	// lives as long as the demo's journal, in its temporary folder.
+	secret := make([]byte, 32)
+	_, _ = rand.Read(secret) // never fails (crypto/rand)
 	send := func(c *idemhttp.Client) func(context.Context, demoOp) bool {
-		return func(ctx context.Context, op demoOp) bool {
-			req, err := http.NewRequestWithContext(idemhttp.WithOperation(ctx, op.id), http.MethodPost, srv.URL+"/v1/charges", bytes.NewReader(op.body))
+		return st.track(func(ctx context.Context, op demoOp) bool {
+			key, err := idemhttp.DeriveKey(secret, op.id)
+			if err != nil {
+				return false
+			}
+			ctx = idemhttp.WithKey(idemhttp.WithOperation(ctx, op.id), key)
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/charges", bytes.NewReader(op.body))
 			if err != nil {
 				return false
 			}
@@ -295,7 +348,7 @@ func demoIdemhttp(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemte
 			}
 			drainClose(resp)
 			return resp.StatusCode < 300
-		}
+		})
 	}
 
 	// Run 1, killed half way.
@@ -327,6 +380,11 @@ func demoIdemhttp(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemte
 		return fail(exitJournal, "demo: resume: %v", err)
 	}
 	st.resumed = len(rrs)
+	for _, rr := range rrs {
+		if rr.Err == nil && rr.StatusCode < 300 {
+			st.succeeded(rr.Entry.Operation)
+		}
+	}
 	done, err := demoDone(fj)
 	if err != nil {
 		return err

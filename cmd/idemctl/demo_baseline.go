@@ -16,6 +16,7 @@ import (
 // that records completions (say, in its database) would. Without a key
 // the rerun has no other way to know what the server did.
 func demoTwoRuns(ctx context.Context, o *demoOptions, ops []demoOp, st *demoStats, send func(context.Context, demoOp) bool) {
+	send = st.track(send)
 	ok := pool(ctx, ops, o.concurrency, o.crashAt(), func() {}, send)
 	var rest []demoOp
 	for i, op := range ops {
@@ -62,8 +63,23 @@ type retryReasonKey struct{}
 // demoRetryable sends each charge with go-retryablehttp: its default retry
 // policy (connection errors, 429 and 5xx; at most 4 retries) and backoff
 // (which honours Retry-After on 429 and 503), with the demo's short timeout
-// and tiny waits instead of its 1-30 s, and no key, as its users send.
+// and tiny waits instead of its 1-30 s, and no key, as most of its users
+// send.
 func demoRetryable(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemtest.Server, st *demoStats) error {
+	return demoRetryableWith(ctx, o, ops, srv, st, false)
+}
+
+// demoRetryableKeyed is demoRetryable with an Idempotency-Key, minted per
+// call as careful users of it do: its retries resend the key, so they are
+// safe, but the rerun after the crash has no journal to find the first
+// run's keys in and mints new ones, and a 409 (the first attempt still in
+// progress) is not retried. The column shows what the journal and resume
+// add beyond sending a key.
+func demoRetryableKeyed(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemtest.Server, st *demoStats) error {
+	return demoRetryableWith(ctx, o, ops, srv, st, true)
+}
+
+func demoRetryableWith(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemtest.Server, st *demoStats, keyed bool) error {
 	tr := newTransport(o.concurrency)
 	defer tr.CloseIdleConnections()
 	cnt := &counter{rt: tr}
@@ -90,6 +106,9 @@ func demoRetryable(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemt
 			return false
 		}
 		req.Header.Set("Content-Type", "application/json")
+		if keyed {
+			req.Header.Set("Idempotency-Key", idemhttp.NewKey())
+		}
 		resp, err := rc.Do(req)
 		if err != nil {
 			return false

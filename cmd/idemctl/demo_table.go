@@ -102,6 +102,13 @@ func printDemoTable(w io.Writer, o *demoOptions, cols []*demoStats) {
 		fmt.Fprintf(w, "  and sent the %d charges not done.\n", idem.rerun)
 	}
 	for _, c := range cols {
+		if c.name == "go-retryablehttp + Idempotency-Key" && o.crashAt() > 0 {
+			fmt.Fprintf(w, "%s: its retries resend the key, but the rerun after the crash has no journal of the\n", c.name)
+			fmt.Fprintf(w, "  first run's keys and mints new ones for the charges it did not see succeed: %d duplicates. The journal\n", c.duplicates)
+			fmt.Fprintf(w, "  keeps each key across the crash, and resume resends it.\n")
+		}
+	}
+	for _, c := range cols {
 		if int64(c.server.Requests) > c.attempts {
 			fmt.Fprintf(w, "%s: the server saw more requests than the client made attempts: net/http's Transport resends a\n", c.name)
 			fmt.Fprintf(w, "  request carrying Idempotency-Key by itself when a reused connection dies first; with the key, that is harmless.\n")

@@ -9,17 +9,39 @@ import (
 	"strings"
 )
 
-// newFlagSet returns a flag set that reports errors instead of exiting and
-// prints usage (the command's synopsis, then its flags) to w.
-func newFlagSet(name, synopsis string, w io.Writer) *flag.FlagSet {
+// newFlagSet returns a flag set that reports errors instead of exiting.
+// Its usage (the command's synopsis, then its flags) goes to stdout when
+// asked for with -h, as the answer to a question, and to stderr after a
+// bad flag, beside the error.
+func newFlagSet(name, synopsis string, e env) *flag.FlagSet {
 	fs := flag.NewFlagSet("idemctl "+name, flag.ContinueOnError)
-	fs.SetOutput(w)
+	errOut := &flagErrors{w: e.stderr}
+	fs.SetOutput(errOut)
 	fs.Usage = func() {
+		w := e.stdout
+		if errOut.wrote {
+			w = e.stderr
+		}
 		fmt.Fprint(w, synopsis)
 		fmt.Fprintln(w, "\nFlags:")
+		fs.SetOutput(w)
 		fs.PrintDefaults()
+		fs.SetOutput(errOut)
 	}
 	return fs
+}
+
+// flagErrors is a flag set's output: the flag package writes to it only to
+// report a bad flag, just before it prints the usage.
+type flagErrors struct {
+	w     io.Writer
+	wrote bool
+}
+
+// Write notes that an error was reported and passes it on.
+func (f *flagErrors) Write(p []byte) (int, error) {
+	f.wrote = true
+	return f.w.Write(p)
 }
 
 // parseFlags parses args, allowing flags after positional arguments

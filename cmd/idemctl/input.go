@@ -19,17 +19,26 @@ import (
 const maxLineBytes = 8<<20 + 64<<10
 
 // inputFormat documents the batch input, for the usage text and README.md.
-const inputFormat = `Input: one JSON object per line (JSON Lines); blank lines and lines starting with # are skipped.
+const inputFormat = `Input: JSON Lines or CSV (-in-format auto: .csv or a first line not starting with { or #
+means CSV). JSON Lines: one object per line; blank lines and lines starting with # are skipped.
   {"id":"charge-0001","body":{"amount":1000,"currency":"usd"}}
   {"id":"refund-0002","method":"POST","path":"/v1/refunds","body":{"charge":"ch_1"}}
 Fields:
   id      required: the operation id, 1-255 printable ASCII, unique in the file. It names the
-          operation across reruns: its key is derived from it (-key-secret-env) or kept in the journal.
-  body    optional: any JSON value, sent compacted as application/json. Absent or null: no body.
+          operation across reruns: its key is derived from it.
+  body    optional: any JSON value, sent compacted as application/json. With -body-format form,
+          an object sent as a form (a=1&nested[b]=2&list[0]=3, as Stripe reads it), or a string
+          holding an encoded form. Absent or null: no body.
   method  optional: the HTTP method, POST by default.
   path    optional: a path with an optional ?query, resolved against -url as a link is:
           "/v1/refunds" replaces -url's path, "refunds" its last segment. Absent: -url itself.
           Always on -url's server: credentials never go elsewhere.
+CSV: a header row names the columns: id, method, path as above, and either a body column (the
+whole body: JSON, or an encoded form) or any number of field columns, each a body field named by
+its header (metadata[order] is fine), sent as a form or as a JSON object of strings. Empty cells
+are left out.
+  id,amount,currency,metadata[order]
+  charge-0001,1000,usd,o-1
 `
 
 // operation is one valid input line.
@@ -61,11 +70,43 @@ type inputLine struct {
 	Body   json.RawMessage `json:"body"`
 }
 
-// readInput reads the operations in r, resolving paths against base. A
+// The input formats (-in-format) and body formats (-body-format).
+const (
+	formatJSONL = "jsonl"
+	formatCSV   = "csv"
+	bodyJSON    = "json"
+	bodyForm    = "form"
+)
+
+// inputSpec says how to read an input: its format and how bodies are
+// encoded.
+type inputSpec struct {
+	format string // formatJSONL or formatCSV
+	body   string // bodyJSON or bodyForm
+}
+
+// contentType is the Content-Type of the requests' bodies.
+func (s inputSpec) contentType() string {
+	if s.body == bodyForm {
+		return "application/x-www-form-urlencoded"
+	}
+	return "application/json"
+}
+
+// readInput reads JSON Lines with JSON bodies: readInputAs with the
+// defaults.
+func readInput(r io.Reader, base *url.URL) (ops []operation, bad []lineError, err error) {
+	return readInputAs(r, base, inputSpec{format: formatJSONL, body: bodyJSON})
+}
+
+// readInputAs reads the operations in r, resolving paths against base. A
 // malformed line is reported in bad and skipped; the others are kept, so
 // one typo does not hold up a batch. err is non-nil only when r itself
-// fails.
-func readInput(r io.Reader, base *url.URL) (ops []operation, bad []lineError, err error) {
+// fails, or a CSV input has no usable header.
+func readInputAs(r io.Reader, base *url.URL, spec inputSpec) (ops []operation, bad []lineError, err error) {
+	if spec.format == formatCSV {
+		return readCSV(r, base, spec.body)
+	}
 	br := bufio.NewReaderSize(r, 64<<10)
 	seen := make(map[string]int)
 	for n := 1; ; n++ {
@@ -76,7 +117,7 @@ func readInput(r io.Reader, base *url.URL) (ops []operation, bad []lineError, er
 		if tooLong {
 			bad = append(bad, lineError{n, fmt.Errorf("longer than %d bytes", maxLineBytes)})
 		} else if t := bytes.TrimSpace(line); len(t) > 0 && t[0] != '#' {
-			op, lerr := parseLine(t, base)
+			op, lerr := parseLine(t, base, spec.body)
 			switch {
 			case lerr != nil:
 				bad = append(bad, lineError{n, lerr})
@@ -116,7 +157,7 @@ func readLine(br *bufio.Reader) (line []byte, tooLong bool, err error) {
 }
 
 // parseLine decodes and validates one line.
-func parseLine(b []byte, base *url.URL) (operation, error) {
+func parseLine(b []byte, base *url.URL, bodyFormat string) (operation, error) {
 	var in inputLine
 	dec := json.NewDecoder(bytes.NewReader(b))
 	// A misspelt field ("bdy") must not silently send an empty request.
@@ -127,35 +168,49 @@ func parseLine(b []byte, base *url.URL) (operation, error) {
 	if dec.More() {
 		return operation{}, errors.New("more than one JSON value on the line")
 	}
-	if in.ID == "" {
+	op, err := newOperation(in.ID, in.Method, in.Path, base)
+	if err != nil {
+		return operation{}, err
+	}
+	if len(in.Body) == 0 || bytes.Equal(in.Body, []byte("null")) {
+		return op, nil
+	}
+	if bodyFormat == bodyForm {
+		op.Body, err = formFromJSON(in.Body)
+		return op, err
+	}
+	// Compacted, so reformatting the file between runs does not
+	// change the request and trip the journal's fingerprint check.
+	var c bytes.Buffer
+	if err := json.Compact(&c, in.Body); err != nil {
+		return operation{}, fmt.Errorf("body: %w", err)
+	}
+	op.Body = c.Bytes()
+	return op, nil
+}
+
+// newOperation validates an operation's id, method and path.
+func newOperation(id, method, path string, base *url.URL) (operation, error) {
+	if id == "" {
 		return operation{}, errors.New(`missing "id"`)
 	}
 	// The id becomes the journal's operation id, which follows the key
 	// rules: stored, printed, compared byte for byte.
-	if err := idemhttp.ValidateKey(in.ID); err != nil {
-		return operation{}, fmt.Errorf("id %q: %w", in.ID, err)
+	if err := idemhttp.ValidateKey(id); err != nil {
+		return operation{}, fmt.Errorf("id %q: %w", id, err)
 	}
-	op := operation{ID: in.ID, Method: http.MethodPost}
-	if in.Method != "" {
-		if !validHeaderName(in.Method) { // a method is a token too
-			return operation{}, fmt.Errorf("method %q is not a valid HTTP method", in.Method)
+	op := operation{ID: id, Method: http.MethodPost}
+	if method != "" {
+		if !validHeaderName(method) { // a method is a token too
+			return operation{}, fmt.Errorf("method %q is not a valid HTTP method", method)
 		}
-		op.Method = strings.ToUpper(in.Method)
+		op.Method = strings.ToUpper(method)
 	}
-	u, err := resolve(base, in.Path)
+	u, err := resolve(base, path)
 	if err != nil {
 		return operation{}, err
 	}
 	op.URL = u
-	if len(in.Body) > 0 && !bytes.Equal(in.Body, []byte("null")) {
-		// Compacted, so reformatting the file between runs does not
-		// change the request and trip the journal's fingerprint check.
-		var c bytes.Buffer
-		if err := json.Compact(&c, in.Body); err != nil {
-			return operation{}, fmt.Errorf("body: %w", err)
-		}
-		op.Body = c.Bytes()
-	}
 	return op, nil
 }
 

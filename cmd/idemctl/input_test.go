@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -200,7 +201,7 @@ func TestCredentialFlags(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := credentialFlags{getenv: func(k string) string { return env[k] }}
 			var out strings.Builder
-			fs := newFlagSet("test", "", &out)
+			fs := newFlagSet("test", "", writerEnv(&out))
 			c.register(fs)
 
 			require.NoError(t, fs.Parse(tt.give))
@@ -218,3 +219,6 @@ func TestCredentialFlags(t *testing.T) {
 		})
 	}
 }
+
+// writerEnv is an environment whose stdout and stderr are both w.
+func writerEnv(w io.Writer) env { return env{stdout: w, stderr: w} }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -25,10 +26,14 @@ unknown; idemctl resume or rerunning the batch resends them with their keys)
 and abandoned (pending longer than the server keeps keys: check by hand).
 A table by default; -json prints one JSON object per line (bodies left out:
 see idemctl inspect).
+
+Exit codes: 0 nothing pending or abandoned; 1 some entries are pending or
+abandoned (listed); 2 usage; 3 journal error. So a script can wait for
+a journal to settle: idemctl pending -journal FILE >/dev/null && echo settled
 `
 
 func pendingCommand(_ context.Context, args []string, e env) error {
-	fs := newFlagSet("pending", pendingSynopsis, e.stderr)
+	fs := newFlagSet("pending", pendingSynopsis, e)
 	path := fs.String("journal", "", "journal `FILE`")
 	asJSON := fs.Bool("json", false, "print JSON lines instead of a table")
 	all := fs.Bool("all", false, "list done entries too")
@@ -51,21 +56,22 @@ func pendingCommand(_ context.Context, args []string, e env) error {
 	if !*all {
 		entries = slices.DeleteFunc(entries, func(en *idemhttp.Entry) bool { return en.State == idemhttp.StateDone })
 	}
-	if *asJSON {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetEscapeHTML(false)
-		for _, en := range entries {
-			if err := enc.Encode(viewEntry(en, false)); err != nil {
-				return fail(exitFailed, "write: %v", err)
-			}
+	unsettled := 0
+	for _, en := range entries {
+		if en.State != idemhttp.StateDone {
+			unsettled++
 		}
-		return nil
 	}
-	if len(entries) == 0 {
+	if len(entries) == 0 && !*asJSON {
 		fmt.Fprintf(e.stderr, "idemctl pending: nothing pending in %s\n", *path)
-		return nil
 	}
-	return writeTable(e.stdout, entries, time.Now())
+	if err := listEntries(e, entries, *asJSON, time.Now()); err != nil {
+		return err
+	}
+	if unsettled > 0 {
+		return fail(exitFailed, "%d entries pending or abandoned in %s", unsettled, *path)
+	}
+	return nil
 }
 
 // writeTable prints entries as an aligned table.
@@ -110,13 +116,14 @@ Exit codes: 0 all resolved; 1 some failed or stay pending; 2 usage;
 
 func resumeCommand(ctx context.Context, args []string, e env) error {
 	creds := credentialFlags{getenv: e.getenv}
-	fs := newFlagSet("resume", resumeSynopsis, e.stderr)
+	fs := newFlagSet("resume", resumeSynopsis, e)
 	path := fs.String("journal", "", "journal `FILE`")
 	creds.register(fs)
 	timeout := fs.Duration("timeout", 30*time.Second, "timeout of one attempt")
 	attempts := fs.Int("attempts", 0, "attempts per operation, the first included; 0 means idemhttp's default (4)")
 	grace := fs.Duration("grace", 10*time.Second, "after SIGINT or SIGTERM, how long the operation in flight may take to finish")
 	prog := fs.String("progress", "auto", "progress on stderr: auto, bar, lines or none")
+	perSecond := fs.Float64("rate", 0, "requests per second at most, retries included; 0: no limit")
 	rest, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -132,6 +139,8 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 		return fail(exitUsage, "-grace must not be negative")
 	case *prog != "auto" && *prog != "bar" && *prog != "lines" && *prog != "none":
 		return fail(exitUsage, "-progress must be auto, bar, lines or none")
+	case *perSecond < 0 || math.IsNaN(*perSecond) || math.IsInf(*perSecond, 0):
+		return fail(exitUsage, "-rate must be a number of requests per second, 0 for no limit")
 	}
 	if err := creds.check(); err != nil {
 		return err
@@ -147,7 +156,7 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 	}
 	r := newRunner(runnerConfig{
 		name: "resume", path: *path, fj: fj, concurrency: 1, timeout: *timeout,
-		attempts: *attempts, creds: &creds, progress: *prog, total: len(pending), env: e,
+		attempts: *attempts, creds: &creds, progress: *prog, total: len(pending), env: e, rate: *perSecond,
 	})
 	defer r.close()
 	opCtx, stop := r.watch(ctx, *grace)
@@ -159,48 +168,6 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 	return r.summary(ctx, len(pending), 0)
 }
 
-const pruneSynopsis = `Usage: idemctl prune -journal FILE [-older 24h]
-
-Deletes the done entries last updated more than -older ago. Pending and
-abandoned entries are never pruned: nobody knows yet whether they ran.
-
-Prune only what you will not rerun: a batch rerun skips operations whose done
-entry is in the journal, and with journaled keys (no -key-secret-env) a
-pruned operation would be sent again under a new key. The default, 24h,
-matches the retention of Stripe-style servers, after which the server has
-forgotten the key anyway.
-`
-
-func pruneCommand(_ context.Context, args []string, e env) error {
-	fs := newFlagSet("prune", pruneSynopsis, e.stderr)
-	path := fs.String("journal", "", "journal `FILE`")
-	older := fs.Duration("older", 24*time.Hour, "prune done entries last updated longer ago than this")
-	rest, err := parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	switch {
-	case len(rest) > 0:
-		return fail(exitUsage, "unexpected argument %q", rest[0])
-	case *older < 0:
-		return fail(exitUsage, "-older must not be negative")
-	}
-	fj, err := openJournal(*path, true, nil)
-	if err != nil {
-		return err
-	}
-	defer fj.Close()
-	n, err := fj.Prune(context.Background(), time.Now().Add(-*older))
-	if err != nil {
-		return describeJournalErr(*path, err)
-	}
-	fmt.Fprintf(e.stdout, "pruned %d done entries last updated more than %s ago\n", n, *older)
-	if n > 0 && *older < 24*time.Hour {
-		fmt.Fprintf(e.stderr, "idemctl prune: note: entries younger than 24h were pruned; rerunning those operations with journaled keys would send new keys\n")
-	}
-	return nil
-}
-
 const inspectSynopsis = `Usage: idemctl inspect -journal FILE [-json] KEY|OPERATION
 
 Shows one journal entry, found by its idempotency key or its operation id:
@@ -210,7 +177,7 @@ Exit code 1 when no entry matches.
 `
 
 func inspectCommand(_ context.Context, args []string, e env) error {
-	fs := newFlagSet("inspect", inspectSynopsis, e.stderr)
+	fs := newFlagSet("inspect", inspectSynopsis, e)
 	path := fs.String("journal", "", "journal `FILE`")
 	asJSON := fs.Bool("json", false, "print the entry as JSON")
 	rest, err := parseFlags(fs, args)
@@ -218,7 +185,7 @@ func inspectCommand(_ context.Context, args []string, e env) error {
 		return err
 	}
 	if len(rest) != 1 {
-		fs.Usage()
+		fmt.Fprint(e.stderr, inspectSynopsis)
 		return fail(exitUsage, "want exactly one KEY or OPERATION")
 	}
 	fj, err := openJournal(*path, true, nil)
@@ -328,7 +295,7 @@ type entryView struct {
 	Created     time.Time       `json:"created"`
 	Updated     time.Time       `json:"updated"`
 	Attempts    int             `json:"attempts"`
-	LastStatus  int             `json:"last_status,omitempty"`
+	LastStatus  int             `json:"status,omitempty"`
 	Fingerprint string          `json:"fingerprint"`
 	Header      http.Header     `json:"header,omitempty"`
 	Body        json.RawMessage `json:"body,omitempty"`        // a JSON body, as is

@@ -7,26 +7,30 @@
 //	idemctl batch   -url URL -in FILE -journal FILE [flags]
 //	idemctl pending -journal FILE [-json] [-all]
 //	idemctl resume  -journal FILE [-header 'Name: value' ...]
-//	idemctl prune   -journal FILE [-older 24h]
+//	idemctl prune   -journal FILE [-older 24h] [-dry-run] [-include-pending]
 //	idemctl inspect -journal FILE [-json] KEY|OPERATION
 //	idemctl verify  -journal FILE [-json] [-repair]
 //
-// Exit codes: 0 success; 1 some operations failed or stay pending (or
-// inspect found nothing); 2 usage error; 3 journal error (missing, locked,
-// damaged); 4 input error (unreadable file, malformed lines); 5 the server
-// was never reached; 130 stopped by SIGINT or SIGTERM, with every operation
-// in flight recorded: rerun the same command to finish.
+// Exit codes: 0 success; 1 some operations failed or stay pending (pending
+// lists some, inspect found nothing); 2 usage error; 3 journal or key file
+// error (missing, locked, damaged); 4 input error (unreadable file,
+// malformed lines); 5 the server was never reached; 6 batch refused to run
+// and sent nothing (the input names operations pruned from the journal);
+// 130 stopped by SIGINT or SIGTERM, with every operation in flight
+// recorded: rerun the same command to finish.
 //
 // See README.md beside this file for the batch input format and examples.
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"golang.org/x/term"
@@ -41,6 +45,7 @@ const (
 	exitJournal     = 3   // the journal is missing, locked or damaged
 	exitInput       = 4   // the input file is unreadable or has malformed lines
 	exitUnreachable = 5   // no operation got any response from the server
+	exitRefused     = 6   // batch refused to run; nothing was sent
 	exitInterrupted = 130 // SIGINT or SIGTERM; in-flight operations were recorded
 )
 
@@ -126,6 +131,9 @@ func run(ctx context.Context, args []string, e env) int {
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(e.stdout, usage)
 		return exitOK
+	case "version", "-version", "--version":
+		fmt.Fprintln(e.stdout, version())
+		return exitOK
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
@@ -149,6 +157,26 @@ func run(ctx context.Context, args []string, e env) int {
 	return ee.code
 }
 
+// version describes this build: idemctl's module version, the idemhttp
+// it was built with, and the Go release, from the binary's build
+// information ("(devel)" for a build from a work tree).
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "idemctl (unknown version)"
+	}
+	lib := "unknown"
+	for _, d := range bi.Deps {
+		if d.Path == "github.com/idemkit/idemhttp" {
+			lib = d.Version
+			if d.Replace != nil {
+				lib += " => " + d.Replace.Path
+			}
+		}
+	}
+	return fmt.Sprintf("idemctl %s (idemhttp %s, %s)", cmp.Or(bi.Main.Version, "(devel)"), lib, bi.GoVersion)
+}
+
 const usage = `idemctl: run HTTP operations so that retries and reruns never perform one twice
 
 Usage:
@@ -157,21 +185,24 @@ Usage:
                                 send one request per input line, resumably
   idemctl pending -journal FILE list operations whose outcome is not known yet
   idemctl resume  -journal FILE resend pending operations with their keys
-  idemctl prune   -journal FILE delete done entries older than -older (24h)
+  idemctl prune   -journal FILE delete done entries older than -older (24h); -dry-run lists them
   idemctl inspect -journal FILE KEY|OPERATION
                                 show one journal entry
   idemctl verify  -journal FILE [-repair]
                                 check the journal; -repair salvages a damaged one
 
-Run 'idemctl COMMAND -h' for a command's flags.
+Run 'idemctl COMMAND -h' for a command's flags; 'idemctl --version' for the version.
 
 Exit codes:
   0    success
-  1    some operations failed or stay pending; inspect found no entry
+  1    some operations failed or stay pending; pending listed some; inspect found no entry
   2    usage error
-  3    journal error: missing, locked by another process, or damaged
-  4    input error: unreadable input file or malformed lines (the rest still ran)
+  3    journal or key file error: missing, locked by another process, or damaged
+  4    input error: unreadable input file or malformed lines (listed; the valid
+       lines still ran, unless none was valid: then nothing was sent)
   5    the server was never reached (connection refused, unknown host)
+  6    batch refused to run, nothing sent: the input names operations pruned
+       from the journal (see batch -pruned)
   130  stopped by SIGINT or SIGTERM; operations in flight were recorded:
        rerun the same command to finish
 `

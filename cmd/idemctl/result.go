@@ -24,11 +24,12 @@ const (
 	sourceRun     = "run"     // sent from the input in this run
 	sourceResume  = "resume"  // a pending entry from an earlier run, resent with its key
 	sourceJournal = "journal" // done in an earlier run; not sent again
+	sourcePruned  = "pruned"  // pruned from the journal; its recorded outcome, not sent (-pruned skip)
 )
 
 // result is one operation's outcome: a JSON line on stdout.
 type result struct {
-	ID       string          `json:"id"`                 // operation id ("" for a journal entry without one)
+	ID       string          `json:"operation"`          // operation id ("" for a journal entry without one)
 	Line     int             `json:"line,omitempty"`     // input line, 0 for an entry not in the input
 	Key      string          `json:"key,omitempty"`      // idempotency key
 	Result   string          `json:"result"`             // ok, failed or pending

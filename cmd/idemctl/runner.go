@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -129,6 +130,8 @@ type runner struct {
 	stderr  io.Writer
 	start   time.Time
 
+	contentType string // of input operations' bodies
+
 	// lines maps input operation ids to their line numbers.
 	lines map[string]int
 
@@ -149,6 +152,8 @@ type runnerConfig struct {
 	progress    string
 	total       int
 	env         env
+	contentType string  // of input bodies; "" means application/json
+	rate        float64 // attempts per second at most; 0: no limit
 }
 
 func newRunner(cfg runnerConfig) *runner {
@@ -163,8 +168,10 @@ func newRunner(cfg runnerConfig) *runner {
 		stderr: cfg.env.stderr,
 		start:  time.Now(),
 		lines:  map[string]int{},
+
+		contentType: cmp.Or(cfg.contentType, "application/json"),
 	}
-	r.counter = &counter{rt: r.tr}
+	r.counter = &counter{rt: r.tr, limiter: newLimiter(cfg.rate)}
 	r.client = newClient(clientConfig{journal: r.gate, rt: r.counter, timeout: cfg.timeout, attempts: cfg.attempts, creds: cfg.creds})
 	return r
 }
@@ -272,7 +279,7 @@ func (r *runner) do(ctx context.Context, op operation, secret []byte) {
 		return
 	}
 	if op.Body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", r.contentType)
 	}
 	req.Header.Set("User-Agent", "idemctl")
 	resp, err := r.client.Do(req)
@@ -353,7 +360,7 @@ func (r *runner) summary(ctx context.Context, total, inputErrs int) error {
 	fmt.Fprintf(r.stderr, "idemctl %s: %d operations in %s: %d ok, %d failed, %d pending, %d not started; %d done in an earlier run (not sent), %d replayed by the server; %d attempts\n",
 		r.name, total, time.Since(r.start).Round(time.Millisecond), t.ok, t.failed, t.pending, notStarted, t.skipped, t.replayed, r.counter.attempts.Load())
 	if inputErrs > 0 {
-		fmt.Fprintf(r.stderr, "idemctl %s: %d input lines rejected (listed above); the other lines ran\n", r.name, inputErrs)
+		fmt.Fprintf(r.stderr, "idemctl %s: %d input lines rejected (listed above)\n", r.name, inputErrs)
 	}
 	switch {
 	case t.pending > 0 && notStarted > 0:

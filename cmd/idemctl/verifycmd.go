@@ -71,7 +71,7 @@ func (c stateCounts) String() string {
 
 func verifyCommand(_ context.Context, args []string, e env) error {
 	// Not fs, as in the other commands: that is io/fs here.
-	flags := newFlagSet("verify", verifySynopsis, e.stderr)
+	flags := newFlagSet("verify", verifySynopsis, e)
 	path := flags.String("journal", "", "journal `FILE`")
 	asJSON := flags.Bool("json", false, "print the report as one JSON object")
 	repair := flags.Bool("repair", false, "if the journal is damaged, copy it aside and rewrite it with only its intact entries")
