@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -127,4 +128,52 @@ func BenchmarkDoInterleaved(b *testing.B) {
 	b.ReportMetric(float64(spent[2].Nanoseconds())/n, "idemhttp-ns/req")
 	b.ReportMetric(float64(spent[2])/float64(spent[1]), "idem/retryablehttp")
 	b.ReportMetric(float64(spent[2])/float64(spent[0]), "idem/raw")
+}
+
+// BenchmarkDoHooks is BenchmarkDo's idemhttp request with no hooks and
+// with every hook set (each doing nothing), in one run: what a caller pays
+// for observing every decision. "unset" must match BenchmarkDo/idemhttp's
+// allocations.
+func BenchmarkDoHooks(b *testing.B) {
+	payload := bytes.Repeat([]byte(`{"k":"v"},`), 103)[:1024]
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"id":"ch_1","status":"succeeded"}`))
+	}))
+	defer srv.Close()
+	all := &Hooks{
+		OnCallStart:     func(ctx context.Context, _ CallEvent) context.Context { return ctx },
+		OnAttempt:       func(context.Context, AttemptEvent) {},
+		OnAttemptDone:   func(context.Context, AttemptDoneEvent) {},
+		OnRetry:         func(context.Context, RetryEvent) {},
+		OnBudgetRefused: func(context.Context, BudgetEvent) {},
+		OnGiveUp:        func(context.Context, GiveUpEvent) {},
+		OnCallDone:      func(context.Context, CallDoneEvent) {},
+		OnJournal:       func(context.Context, JournalEvent) {},
+	}
+	for _, bc := range []struct {
+		name  string
+		hooks *Hooks
+	}{{"unset", nil}, {"set", all}} {
+		b.Run(bc.name, func(b *testing.B) {
+			hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+			defer hc.CloseIdleConnections()
+			c := &Client{HTTPClient: hc, Hooks: bc.hooks}
+			b.ReportAllocs()
+			for b.Loop() {
+				req, err := http.NewRequest(http.MethodPost, srv.URL, bytes.NewReader(payload))
+				if err != nil {
+					b.Fatal(err)
+				}
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := c.Do(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
 }

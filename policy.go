@@ -326,6 +326,9 @@ const (
 	errPermanent                 // retrying cannot help
 )
 
+// errClassNames are the exported names of the classes, for hooks.
+var errClassNames = [...]ErrorClass{errUnknown: ClassUnknown, errNotSent: ClassNotSent, errPermanent: ClassPermanent}
+
 // isCertError reports a certificate the client refused: retrying cannot
 // make it acceptable.
 func isCertError(err error) bool {
@@ -390,6 +393,14 @@ func (b *budget) withdraw(timeout bool) (int64, bool) {
 			return cost, true
 		}
 	}
+}
+
+// costOf returns what a retry costs, after a timeout or not.
+func (b *budget) costOf(timeout bool) int64 {
+	if timeout {
+		return b.timeoutCost
+	}
+	return b.cost
 }
 
 // deposit returns n tokens, never past capacity.
