@@ -248,13 +248,21 @@ func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error
 		}
 		class := a.wire(err, conns, writes)
 		a.attemptDone(nil, err, errClassNames[class])
+		if class == errUnknown {
+			a.unknown = true
+		}
+		if c, ok := a.p.classifyError(err, class, a.safe); ok {
+			if c == errPermanent {
+				return false, nil // the engine hands err back untouched
+			}
+			return a.retry(ctx, ReasonClassified, nil, isTimeout(err))
+		}
 		switch class {
 		case errPermanent:
 			return false, nil // the engine hands err back untouched
 		case errNotSent:
 			return a.retry(ctx, ReasonNotSent, nil, false)
 		}
-		a.unknown = true
 		if !a.safe {
 			// A POST without a key may have run: resending could run it
 			// twice. Hand the error back as net/http would.
@@ -274,7 +282,7 @@ func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error
 		}
 		return peeked
 	}
-	v, reason := a.p.classifyStatus(resp, sig, peek)
+	v, reason := a.p.classifyResponse(resp, sig, peek)
 	switch v {
 	case vRetry:
 		return a.retry(ctx, reason, resp, false)
