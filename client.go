@@ -284,7 +284,7 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 
-	a := &attempt{c: c, cfg: cfg, p: p, operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method)}
+	a := &attempt{c: c, cfg: cfg, p: p.apply(ctx), operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method)}
 	if j != nil {
 		t0 := c.journalClock()
 		e, created, err := c.begin(ctx, j, req, key, explicit, op, body)
