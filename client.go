@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-retryablehttp"
@@ -100,6 +101,8 @@ type config struct {
 	hooks   Hooks // a copy of *Client.Hooks; every field nil when unset
 	prepare func(*http.Request) error
 	secrets []string // canonical names of the caller's secret headers
+	// inflight counts the calls in Do, for Stats.
+	inflight atomic.Int64
 	// traceable: the Transport is net/http's, which reports httptrace
 	// events, so an attempt that never obtained a connection failed
 	// before anything could be sent (see attempt.wire).
@@ -251,6 +254,8 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	}
 	c.init()
 	cfg := &c.cfg
+	cfg.inflight.Add(1)
+	defer cfg.inflight.Add(-1)
 	p := &cfg.pol
 	ctx := req.Context()
 	if err := ctx.Err(); err != nil {
