@@ -15,6 +15,6 @@
 // journal operations, and gauges of the retry budget's tokens, calls in
 // flight and pending journal entries, read from [idemhttp.Client.Stats].
 //
-// The trace context is not injected into the outgoing requests' headers:
-// wrap the client's Transport with a propagating one for that.
+// [Instrumentation.Transport] puts each attempt span's trace context in
+// the attempt's headers, so the server's spans join the trace.
 package otel

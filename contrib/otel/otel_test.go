@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -260,5 +262,49 @@ func TestGiveUpReason(t *testing.T) {
 		context.DeadlineExceeded: "deadline", context.Canceled: "canceled", io.EOF: "other",
 	} {
 		assert.Equal(t, want, idemotel.GiveUpReason(err))
+	}
+}
+
+// The server sees each attempt's own span as the parent in traceparent.
+func TestTransportPropagatesTheAttemptSpan(t *testing.T) {
+	var mu sync.Mutex
+	var parents []string
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		parents = append(parents, r.Header.Get("Traceparent"))
+		mu.Unlock()
+		if n.Add(1) == 1 {
+			w.WriteHeader(503)
+			return
+		}
+		w.WriteHeader(200)
+	}))
+	defer srv.Close()
+	r := newRig(t, fast(), idemotel.Options{})
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	r.client.HTTPClient = &http.Client{Transport: r.inst.Transport(tr, propagation.TraceContext{})}
+	req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{}`))
+	require.NoError(t, err)
+	req.Header.Set("X-Caller", "kept")
+	resp, err := r.client.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Empty(t, req.Header.Get("Traceparent"), "the caller's request is not modified")
+
+	var tries []sdktrace.ReadOnlySpan
+	for _, s := range r.spans.Ended() {
+		if s.SpanKind() == trace.SpanKindClient {
+			tries = append(tries, s)
+		}
+	}
+	require.Len(t, tries, 2)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, parents, 2)
+	for i, s := range tries {
+		assert.Contains(t, parents[i], s.SpanContext().SpanID().String(), "attempt %d", i+1)
+		assert.Contains(t, parents[i], s.SpanContext().TraceID().String())
 	}
 }
