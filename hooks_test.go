@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -205,4 +206,29 @@ func TestHooksReportResume(t *testing.T) {
 	require.Len(t, res, 1)
 	require.NoError(t, res[0].Err)
 	assert.Equal(t, []JournalOp{JournalBegin, JournalFinish, JournalResume, JournalBegin, JournalFinish}, ops)
+}
+
+// Hooks run on each call's goroutine with the call's own state: many
+// calls at once share nothing but the hooks themselves (run with -race).
+func TestHooksConcurrentCalls(t *testing.T) {
+	srv := newScripted(t, reply(200, "{}"))
+	rec := &recorder{}
+	c := &Client{Policy: fast(), Hooks: rec.hooks()}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 5 {
+				resp, err := c.Do(post(t, srv.URL, chargeBody))
+				if err == nil {
+					resp.Body.Close()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	count := map[string]int{}
+	for _, l := range rec.Lines() {
+		count[strings.Fields(l)[0]]++
+	}
+	assert.Equal(t, map[string]int{"start": 40, "attempt": 40, "done": 40, "end": 40}, count)
 }
