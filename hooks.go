@@ -31,7 +31,10 @@ type Hooks struct {
 	// The context it returns, if not nil, becomes the call's context: the
 	// attempts are sent with it and every later hook of the call gets it,
 	// so a tracer can put the call's span in it. Every call that got
-	// OnCallStart gets OnCallDone.
+	// OnCallStart gets OnCallDone, unless PrepareRequest panics. A call
+	// refused before this point (an invalid key, a body that cannot be
+	// replayed, a journal error) gets neither: see OnJournal for the
+	// journal's errors.
 	OnCallStart func(ctx context.Context, ev CallEvent) context.Context
 
 	// OnAttempt is called just before each attempt is sent.
