@@ -6,7 +6,7 @@
 // (http.request.method, url.full with credentials redacted,
 // server.address, server.port, http.response.status_code,
 // http.request.resend_count, error.type). An attempt that is retried
-// carries idemhttp.retry.reason and idemhttp.retry.delay; a call that gives
+// carries idemhttp.retry.reason and idemhttp.retry.delay_ms; a call that gives
 // up carries idemhttp.give_up.reason and an error status. The idempotency
 // key and the operation id are recorded only when [Options] allow it.
 //
