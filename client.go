@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-retryablehttp"
@@ -56,8 +57,15 @@ type Client struct {
 	Logger *slog.Logger
 
 	// OnRetry, when set, is called before each retry's wait, on the
-	// calling goroutine. It must not block.
+	// calling goroutine. It must not block. It is a shorthand for
+	// Hooks.OnRetry, without the context; both are called when both are
+	// set.
 	OnRetry func(RetryEvent)
+
+	// Hooks, when set, are called at each decision of every call:
+	// attempts, retries, give-ups, budget refusals, journal writes. See
+	// [Hooks]. nil costs nothing.
+	Hooks *Hooks
 
 	// PrepareRequest, when set, is called on every outgoing request after
 	// its journal entry is written and before the first attempt, in Do and
@@ -90,8 +98,11 @@ type config struct {
 	journal Journal
 	logger  *slog.Logger
 	onRetry func(RetryEvent)
+	hooks   Hooks // a copy of *Client.Hooks; every field nil when unset
 	prepare func(*http.Request) error
 	secrets []string // canonical names of the caller's secret headers
+	// inflight counts the calls in Do, for Stats.
+	inflight atomic.Int64
 	// traceable: the Transport is net/http's, which reports httptrace
 	// events, so an attempt that never obtained a connection failed
 	// before anything could be sent (see attempt.wire).
@@ -129,6 +140,9 @@ func (c *Client) init() {
 		cfg.journal = c.Journal
 		cfg.logger = c.Logger
 		cfg.onRetry = c.OnRetry
+		if c.Hooks.set() {
+			cfg.hooks = *c.Hooks
+		}
 		cfg.prepare = c.PrepareRequest
 		for _, h := range c.SecretHeaders {
 			cfg.secrets = append(cfg.secrets, http.CanonicalHeaderKey(h))
@@ -241,6 +255,8 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	}
 	c.init()
 	cfg := &c.cfg
+	cfg.inflight.Add(1)
+	defer cfg.inflight.Add(-1)
 	p := &cfg.pol
 	ctx := req.Context()
 	if err := ctx.Err(); err != nil {
@@ -274,9 +290,17 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 
-	a := &attempt{c: c, cfg: cfg, p: p, operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method)}
+	a := &attempt{c: c, cfg: cfg, p: p.apply(ctx), operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method)}
 	if j != nil {
+		t0 := c.journalClock()
 		e, created, err := c.begin(ctx, j, req, key, explicit, op, body)
+		if cfg.hooks.OnJournal != nil {
+			ev := JournalEvent{Op: JournalBegin, Operation: op, Err: err}
+			if e != nil {
+				ev.Key, ev.State, ev.Existing = e.Key, e.State, !created
+			}
+			c.journalEvent(ctx, ev, t0)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -294,7 +318,8 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	}
 	a.key = key
 
-	out := req.WithContext(a.context(ctx))
+	a.req = req // for the call's events until out replaces it
+	out := req.WithContext(a.context(a.callStart(ctx)))
 	a.req = out
 	switch {
 	case cfg.prepare != nil:
@@ -313,7 +338,7 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 			if getBody != nil {
 				closeBody(req)
 			}
-			return nil, fmt.Errorf("idemhttp: prepare request: %w", err)
+			return a.end(nil, fmt.Errorf("idemhttp: prepare request: %w", err))
 		}
 		if out.Header == nil {
 			out.Header = make(http.Header)
@@ -346,7 +371,7 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		if getBody != nil {
 			closeBody(req)
 		}
-		return nil, fmt.Errorf("idemhttp: %w: body: %w", ErrNotReplayable, err)
+		return a.end(nil, fmt.Errorf("idemhttp: %w: body: %w", ErrNotReplayable, err))
 	}
 
 	a.engine = retryablehttp.Client{
@@ -357,6 +382,9 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		PrepareRetry: enginePrepareRetry,
 		ErrorHandler: engineErrorHandler,
 	}
+	if cfg.hooks.OnAttempt != nil || cfg.hooks.OnAttemptDone != nil {
+		a.engine.RequestLogHook = engineRequestHook
+	}
 	a.started = true
 	resp, err := a.finish(a.engine.Do(rreq))
 	if a.firstBody != nil {
@@ -365,7 +393,7 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	if a.entry != nil {
 		c.record(ctx, a.j, a.entry, outcomeState(err), a.lastStatus, a.attempts)
 	}
-	return resp, err
+	return a.end(resp, err)
 }
 
 // discardUnsent removes the journal entry of a call that created it and
@@ -377,11 +405,14 @@ func (a *attempt) discardUnsent(ctx context.Context) {
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
+	t0 := a.c.journalClock()
 	err := a.j.Delete(ctx, a.entry.Key)
 	if err == nil || errors.Is(err, ErrNotFound) {
+		a.c.journalEvent(ctx, JournalEvent{Op: JournalDiscard, Key: a.entry.Key, Operation: a.entry.Operation}, t0)
 		return
 	}
 	err2 := a.j.Finish(ctx, a.entry.Key, Outcome{State: StateAbandoned, At: time.Now()})
+	a.c.journalEvent(ctx, JournalEvent{Op: JournalDiscard, Key: a.entry.Key, Operation: a.entry.Operation, State: StateAbandoned, Err: errors.Join(err, err2)}, t0)
 	if a.cfg.logger != nil {
 		a.cfg.logger.LogAttrs(ctx, slog.LevelError, "idemhttp: journal: could not withdraw an entry that was never sent",
 			slog.String("key", a.entry.Key), slog.String("error", errors.Join(err, err2).Error()))
@@ -523,7 +554,9 @@ func (c *Client) record(ctx context.Context, j Journal, e *Entry, s State, statu
 	if e == nil {
 		return
 	}
+	t0 := c.journalClock()
 	err := j.Finish(context.WithoutCancel(ctx), e.Key, Outcome{State: s, Status: status, Attempts: attempts, At: time.Now()})
+	c.journalEvent(ctx, JournalEvent{Op: JournalFinish, Key: e.Key, Operation: e.Operation, State: s, Err: err}, t0)
 	if err != nil && c.cfg.logger != nil {
 		c.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemhttp: journal finish failed; entry stays pending",
 			slog.String("key", e.Key), slog.String("state", string(s)), slog.String("error", err.Error()))

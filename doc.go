@@ -30,6 +30,13 @@
 //   - Durable pending keys. With a [Journal] such as [FileJournal], each
 //     key is on disk before the first attempt, so after a crash
 //     [Client.Resume] resends with the same key instead of charging twice.
+//   - Observability and extension. [Hooks] report every decision (attempts,
+//     retries, give-ups, budget refusals, journal writes) at no cost when
+//     unset; [Policy.Classify] teaches the client an API's own retry
+//     dialect; [WithAttempts] and [WithInProgressPatience] override the
+//     policy for one call; [Client.Stats] feeds health checks. The nested
+//     module contrib/otel turns the hooks into OpenTelemetry spans and
+//     metrics.
 //
 // Usage:
 //

@@ -144,6 +144,7 @@ type FileJournal struct {
 	closed   bool
 	broken   error  // a write or sync failed: the file's tail is unknown, so writes stop
 	live     int64  // bytes the index's entries would take in a compacted file
+	pending  int    // entries of byKey in state pending, for PendingCount
 	seq      uint64 // the last durable batch's sequence number
 	salt     uint64 // the file's salt (see filejournal_codec.go)
 
@@ -416,6 +417,7 @@ func (j *FileJournal) appendBeginLocked(rec *Entry, encoded []byte) *fjBatch {
 	j.appendLocked(encoded, 1)
 	b.begins = append(b.begins, le)
 	j.byKey[le.key] = le
+	j.pending++
 	if le.operation != "" {
 		j.byOp[le.operation] = le.key
 	}
@@ -457,6 +459,13 @@ func (j *FileJournal) Finish(ctx context.Context, key string, o Outcome) error {
 		return fmt.Errorf("idemhttp: journal finish %s: %w", key, ErrNotFound)
 	}
 	// Attempts are stored as a total: see the finish record's format.
+	if was, now := le.state == journalStatePending, state == journalStatePending; was != now {
+		if now {
+			j.pending++
+		} else {
+			j.pending--
+		}
+	}
 	le.state, le.lastStatus, le.updated = state, o.Status, at
 	le.attempts += o.Attempts
 	j.appendFinishLocked(le)

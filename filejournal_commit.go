@@ -173,6 +173,9 @@ func (j *FileJournal) commitOne() bool {
 // unindexLocked drops le from the index.
 func (j *FileJournal) unindexLocked(le *fjEntry) {
 	delete(j.byKey, le.key)
+	if le.state == journalStatePending {
+		j.pending--
+	}
 	if le.operation != "" && j.byOp[le.operation] == le.key {
 		delete(j.byOp, le.operation)
 	}

@@ -130,6 +130,12 @@ func (j *FileJournal) open() error {
 	}
 	j.f = f
 	j.byKey, j.byOp, j.live, j.seq, j.salt = idx.byKey, idx.byOp, idx.live, idx.seq, idx.salt
+	j.pending = 0
+	for _, le := range j.byKey {
+		if le.state == journalStatePending {
+			j.pending++
+		}
+	}
 	j.truncated, j.skipped = idx.truncated, idx.skipped
 	j.size.Store(idx.end)
 	j.cur = j.newBatchLocked(idx.end)

@@ -87,6 +87,28 @@ type Policy struct {
 
 	// Budget limits retries across all calls through one Client.
 	Budget Budget
+
+	// Classify, when set, sees every attempt's outcome (a response, with
+	// a nil error, or an error, with a nil response) before the built-in
+	// rules, for an API with its own retry dialect, such as a body field
+	// "retryable" (read it with [PeekBody]). It returns a [Verdict]:
+	// [VerdictDefault] leaves the decision to the built-in rules.
+	//
+	// Precedence, first match wins:
+	//  1. a retry body that differs from the first attempt's
+	//     ([ErrBodyChanged]) and the call's context ending always stop
+	//     the call; a response that comes with an error (a refused
+	//     redirect) is returned; Classify is not consulted for them;
+	//  2. Classify's verdict, where it applies (see each Verdict: an
+	//     unknown outcome of a request with neither a key nor an
+	//     idempotent method is retried only on [VerdictRetryUnsafe],
+	//     which may run the operation twice);
+	//  3. the built-in rules: HonorShouldRetry, then the wire contract.
+	// A retry Classify asks for is still bounded by MaxAttempts, the
+	// budget, MaxRetryAfter and the deadline, and is reported with
+	// [ReasonClassified]. Classify runs on the calling goroutine and must
+	// not close or consume the body. It must be safe for concurrent use.
+	Classify func(resp *http.Response, err error) Verdict
 }
 
 // Budget is a retry quota shared by every call through one [Client], in the
@@ -140,6 +162,7 @@ type policy struct {
 	inProgressPatience time.Duration
 	redactQuery        []string // lower case, defaults included
 	deleteGoneOK       bool
+	classify           func(*http.Response, error) Verdict
 }
 
 func (p *Policy) resolve() policy {
@@ -160,6 +183,7 @@ func (p *Policy) resolve() policy {
 		inProgressPatience: p.InProgressPatience,
 		deleteGoneOK:       p.RetriedDeleteNotFoundOK,
 		redactQuery:        secretQueryNames(p.RedactQuery),
+		classify:           p.Classify,
 	}
 	if p.KeyMethods != nil && r.keyMethods == nil {
 		r.keyMethods = []string{} // empty but non-nil: no method gets a key
@@ -231,6 +255,7 @@ const (
 	ReasonShouldRetry    RetryReason = "should_retry"    // Stripe-Should-Retry: true
 	ReasonNotSent        RetryReason = "not_sent"        // no request head was written: refused, DNS, TLS handshake
 	ReasonUnknownOutcome RetryReason = "unknown_outcome" // timeout, reset or EOF after sending
+	ReasonClassified     RetryReason = "classified"      // Policy.Classify asked for it
 )
 
 // verdict is what the policy makes of one attempt's outcome.
@@ -326,6 +351,9 @@ const (
 	errPermanent                 // retrying cannot help
 )
 
+// errClassNames are the exported names of the classes, for hooks.
+var errClassNames = [...]ErrorClass{errUnknown: ClassUnknown, errNotSent: ClassNotSent, errPermanent: ClassPermanent}
+
 // isCertError reports a certificate the client refused: retrying cannot
 // make it acceptable.
 func isCertError(err error) bool {
@@ -390,6 +418,14 @@ func (b *budget) withdraw(timeout bool) (int64, bool) {
 			return cost, true
 		}
 	}
+}
+
+// costOf returns what a retry costs, after a timeout or not.
+func (b *budget) costOf(timeout bool) int64 {
+	if timeout {
+		return b.timeoutCost
+	}
+	return b.cost
 }
 
 // deposit returns n tokens, never past capacity.

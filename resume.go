@@ -166,6 +166,7 @@ func (c *Client) ResumeEntry(ctx context.Context, e *Entry) ResumeResult {
 
 func (c *Client) resumeOne(ctx context.Context, j Journal, e *Entry, now time.Time) ResumeResult {
 	r := ResumeResult{Entry: e}
+	c.journalEvent(ctx, JournalEvent{Op: JournalResume, Key: e.Key, Operation: e.Operation, State: e.State}, time.Time{})
 	if now.Sub(e.Created) > c.cfg.pol.retention {
 		if err := j.Finish(ctx, e.Key, Outcome{State: StateAbandoned, Status: e.LastStatus, At: now}); err != nil {
 			r.Err = fmt.Errorf("idemhttp: resume %s: %w", e.Key, err)

@@ -101,6 +101,12 @@ type attempt struct {
 
 	engine retryablehttp.Client
 	rreq   retryablehttp.Request
+
+	// For hooks only (hooks.go): the redacted URL, computed once, and
+	// when the call and the current attempt started.
+	redURL       string
+	callStarted  time.Time
+	attemptStart time.Time
 }
 
 // callCtx is the outgoing request's context: the caller's, plus the call
@@ -220,8 +226,10 @@ func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error
 		// short (see body.go), and it must not go out under this key.
 		if err == nil {
 			a.lastStatus = resp.StatusCode
+			a.attemptDone(resp, nil, ClassNone)
 		} else {
 			a.lastStatus, a.lastErr = 0, err
+			a.attemptDone(nil, err, ClassUnknown)
 		}
 		return false, a.giveUp(ErrBodyChanged, nil)
 	}
@@ -231,18 +239,30 @@ func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error
 			// net/http returns a response with an error only when
 			// CheckRedirect refused to follow it: the same request would
 			// get the same redirect. The engine hands err back untouched.
+			a.attemptDone(nil, err, ClassPermanent)
 			return false, nil
 		}
 		if ctxErr := ctx.Err(); ctxErr != nil {
+			a.attemptDone(nil, err, ClassCanceled)
 			return false, a.stopped(ctxErr)
 		}
-		switch a.wire(err, conns, writes) {
+		class := a.wire(err, conns, writes)
+		a.attemptDone(nil, err, errClassNames[class])
+		if class == errUnknown {
+			a.unknown = true
+		}
+		if c, ok := a.p.classifyError(err, class, a.safe); ok {
+			if c == errPermanent {
+				return false, nil // the engine hands err back untouched
+			}
+			return a.retry(ctx, ReasonClassified, nil, isTimeout(err))
+		}
+		switch class {
 		case errPermanent:
 			return false, nil // the engine hands err back untouched
 		case errNotSent:
 			return a.retry(ctx, ReasonNotSent, nil, false)
 		}
-		a.unknown = true
 		if !a.safe {
 			// A POST without a key may have run: resending could run it
 			// twice. Hand the error back as net/http would.
@@ -252,6 +272,7 @@ func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error
 	}
 
 	a.lastStatus, a.lastErr = resp.StatusCode, nil
+	a.attemptDone(resp, nil, ClassNone)
 	sig := signals{keyed: a.keyed, safe: a.safe, fresh: a.fresh && a.attempts == 1 && !a.resent}
 	var peeked []byte
 	didPeek := false
@@ -261,7 +282,7 @@ func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error
 		}
 		return peeked
 	}
-	v, reason := a.p.classifyStatus(resp, sig, peek)
+	v, reason := a.p.classifyResponse(resp, sig, peek)
 	switch v {
 	case vRetry:
 		return a.retry(ctx, reason, resp, false)
@@ -354,6 +375,10 @@ func (a *attempt) retry(ctx context.Context, reason RetryReason, resp *http.Resp
 	}
 	cost, ok := a.c.cfg.budget.withdraw(timeout)
 	if !ok {
+		if f := a.cfg.hooks.OnBudgetRefused; f != nil {
+			b := a.c.cfg.budget
+			f(a.hookCtx(), BudgetEvent{CallEvent: a.call(), Attempts: a.attempts, Cost: b.costOf(timeout), Tokens: b.tokens.Load()})
+		}
 		return false, a.giveUp(ErrBudgetExhausted, resp)
 	}
 	a.lastCost = cost
@@ -467,6 +492,9 @@ func (a *attempt) giveUpJoin(reason, also error, resp *http.Response) *GiveUpErr
 	if resp != nil {
 		e.Body = snippet(resp)
 	}
+	if f := a.cfg.hooks.OnGiveUp; f != nil {
+		f(a.hookCtx(), GiveUpEvent{CallEvent: a.call(), Err: e})
+	}
 	return e
 }
 
@@ -499,8 +527,8 @@ func (a *attempt) finish(resp *http.Response, err error) (*http.Response, error)
 
 // notifyRetry tells the hook and the logger about a retry.
 func (c *Client) notifyRetry(ctx context.Context, a *attempt, reason RetryReason) {
-	onRetry, logger := c.cfg.onRetry, c.cfg.logger
-	if onRetry == nil && logger == nil {
+	onRetry, logger, hook := c.cfg.onRetry, c.cfg.logger, c.cfg.hooks.OnRetry
+	if onRetry == nil && logger == nil && hook == nil {
 		return
 	}
 	ev := RetryEvent{
@@ -513,6 +541,9 @@ func (c *Client) notifyRetry(ctx context.Context, a *attempt, reason RetryReason
 		Reason:    reason,
 		Status:    a.lastStatus,
 		Err:       a.lastErr,
+	}
+	if hook != nil {
+		hook(a.hookCtx(), ev)
 	}
 	if onRetry != nil {
 		onRetry(ev)

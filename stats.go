@@ -1,0 +1,76 @@
+package idemhttp
+
+// Stats is a snapshot of a [Client]'s state, for health checks and
+// gauges. See [Client.Stats].
+type Stats struct {
+	// BudgetTokens and BudgetCapacity are the retry budget's fill and
+	// size; both are 0 when the budget is disabled. A bucket near empty
+	// means retries are being refused: the servers behind the client are
+	// failing.
+	BudgetTokens   int64
+	BudgetCapacity int64
+
+	// InFlight counts the calls to Do (and the resends of Resume) running
+	// now, waits between attempts included.
+	InFlight int64
+
+	// JournalPending counts the journal's pending entries (operations
+	// whose outcome is unknown), or is -1 when the journal cannot count
+	// them cheaply (it does not implement [PendingCounter]). With no
+	// Journal it counts the client's in-memory operations.
+	JournalPending int
+}
+
+// PendingCounter is implemented by a [Journal] that can count its pending
+// entries cheaply, from memory and without I/O, for [Client.Stats], which
+// health checks call often.
+type PendingCounter interface {
+	PendingCount() int
+}
+
+// Stats returns a snapshot of c's retry budget, calls in flight and
+// pending journal entries. It is cheap and safe to call at any time, from
+// any goroutine.
+func (c *Client) Stats() Stats {
+	c.init()
+	cfg := &c.cfg
+	s := Stats{InFlight: cfg.inflight.Load(), JournalPending: -1}
+	if b := cfg.budget; b != nil {
+		s.BudgetTokens, s.BudgetCapacity = b.tokens.Load(), b.capacity
+	}
+	var j Journal = cfg.mem
+	if cfg.journal != nil {
+		j = cfg.journal
+	}
+	if pc, ok := j.(PendingCounter); ok {
+		s.JournalPending = pc.PendingCount()
+	}
+	return s
+}
+
+// PendingCount implements [PendingCounter].
+func (m *memJournal) PendingCount() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, e := range m.byKey {
+		if e.State == StatePending {
+			n++
+		}
+	}
+	return n
+}
+
+var _ PendingCounter = (*memJournal)(nil)
+
+// PendingCount implements [PendingCounter]: the entries in state pending,
+// counted as they change, so it costs a lock and no scan. It includes
+// entries whose Begin is still being synced, which [FileJournal.Pending]
+// does not list yet.
+func (j *FileJournal) PendingCount() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.pending
+}
+
+var _ PendingCounter = (*FileJournal)(nil)
