@@ -26,7 +26,7 @@ func FuzzMiddleware(f *testing.F) {
 	f.Add("POST", "", []byte("no key"))
 	f.Add("POST", "k1", bytes.Repeat([]byte("b"), 300))
 	f.Fuzz(func(t *testing.T, method, key string, body []byte) {
-		h := (&idemserver.Middleware{MaxBodyBytes: 256}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := (&idemserver.Middleware{SingleTenant: true, MaxBodyBytes: 256}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			b, _ := io.ReadAll(r.Body)
 			w.WriteHeader(http.StatusCreated)
 			_, _ = w.Write(b)

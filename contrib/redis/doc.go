@@ -18,10 +18,11 @@
 // Each key ("idemhttp:" and the middleware's scoped key) holds one string.
 // Claim is a single SET key claim NX PX lockTimeout GET (Redis 7.0 or
 // later): it records the claim, or returns what the key holds, in one
-// atomic command. Complete and Release are Lua scripts, so that the token
-// check and the write are atomic: Complete replaces the claim held by the
-// token with the response (SET ... PX ttl), keeping the first request's
-// fingerprint; Release deletes the claim held by the token. Expiry is
+// atomic command. Complete, Renew and Release are Lua scripts, so that the
+// token check and the write are atomic: Complete replaces the claim held by
+// the token with the response (SET ... PX ttl), keeping the first request's
+// fingerprint; Renew extends the claim held by the token (PEXPIRE); Release
+// deletes it. Expiry is
 // Redis's own, so nothing needs pruning and the servers' clocks need not
 // agree. Keys are single, so Redis Cluster and Ring shard them freely.
 //

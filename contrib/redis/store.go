@@ -184,6 +184,39 @@ redis.call('DEL', KEYS[1])
 return 1
 `)
 
+// renewScript extends the claim held by a token.
+//
+//	KEYS[1]  the key
+//	ARGV[1]  the claim's prefix, "C" len(token) ":" token
+//	ARGV[2]  the lock timeout in milliseconds
+//
+// It returns 1, or 0 when the token holds no live claim (an expired claim
+// is gone, so it cannot be revived).
+var renewScript = goredis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then
+	return 0
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+`)
+
+// Renew implements [idemserver.Store.Renew] with renewScript. A resent
+// Renew (see the package documentation) renews again, which is harmless.
+func (s *Store) Renew(ctx context.Context, key, token string, lockTimeout time.Duration) error {
+	if lockTimeout <= 0 {
+		return errors.New("idemhttp/redis: renew: lock timeout must be positive")
+	}
+	n, err := renewScript.Run(ctx, s.c, []string{s.prefix + key}, claimPrefix(token), millis(lockTimeout).Milliseconds()).Int()
+	if err != nil {
+		return fmt.Errorf("idemhttp/redis: renew: %w", err)
+	}
+	if n == 0 {
+		return idemserver.ErrClaimLost
+	}
+	return nil
+}
+
 // Complete implements [idemserver.Store.Complete] with completeScript. An
 // empty record is refused: it would read back as a claim still in
 // progress. Should go-redis resend the script after its reply was lost,
