@@ -16,7 +16,7 @@ import (
 // rather than cloning the header, saves the copy a store would make anyway.
 type recorder struct {
 	rw          http.ResponseWriter
-	keep        func(name string) bool // which header fields to record
+	keep        *handler               // its keepHeader says which header fields to record
 	outer       http.Header            // fields set before the handler ran, not recorded
 	record      []byte                 // head, then body; nil once the body overflows
 	bodyStart   int                    // where the body starts in record
@@ -62,8 +62,10 @@ func (c *recorder) snapshot(code int) {
 	}
 	h := c.rw.Header()
 	hint := 0 // unknown: let append size it, and takeRecord trim it
-	if n, err := strconv.Atoi(h.Get("Content-Length")); err == nil && n >= 0 {
-		hint = n
+	if v := h.Get("Content-Length"); v != "" { // Atoi's error for "" costs an allocation
+		if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+			hint = n
+		}
 	}
 	c.record = encodeHead(code, h, min(hint, c.limit), c.recorded)
 	c.bodyStart = len(c.record)
@@ -73,7 +75,7 @@ func (c *recorder) snapshot(code int) {
 // the record: not hop-by-hop, chosen by keep, and set by the handler rather
 // than left as outer middleware set it.
 func (c *recorder) recorded(name string, vs []string) bool {
-	if slices.Contains(hopHeaders, name) || !c.keep(name) {
+	if slices.Contains(hopHeaders, name) || !c.keep.keepHeader(name) {
 		return false
 	}
 	if c.outer != nil {

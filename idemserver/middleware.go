@@ -454,7 +454,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, storeKey, token st
 	// The request's context ends when the client leaves, but the work is
 	// done by then and its outcome must still be recorded.
 	ctx := context.WithoutCancel(r.Context())
-	rec := &recorder{rw: w, limit: h.maxStored, keep: h.keepHeader}
+	rec := &recorder{rw: w, limit: h.maxStored, keep: h}
 	if hdr := w.Header(); len(hdr) > 0 {
 		// Outer middleware set these before the handler ran; it will set
 		// them again, afresh, around a replay.
