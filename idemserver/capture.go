@@ -16,14 +16,14 @@ import (
 // rather than cloning the header, saves the copy a store would make anyway.
 type recorder struct {
 	rw          http.ResponseWriter
-	keep        *handler               // its keepHeader says which header fields to record
-	outer       http.Header            // fields set before the handler ran, not recorded
-	record      []byte                 // head, then body; nil once the body overflows
-	bodyStart   int                    // where the body starts in record
-	limit       int                    // most body bytes kept
-	status      int                    // final status, 0 until the header is sent
-	overflow    bool                   // the body exceeded limit: not storable
-	hijacked    bool                   // the handler took the connection: not storable
+	keep        *handler    // its keepHeader says which header fields to record
+	outer       http.Header // fields set before the handler ran, not recorded
+	record      []byte      // head, then body; nil once the body overflows
+	bodyStart   int         // where the body starts in record
+	limit       int         // most body bytes kept
+	status      int         // final status, 0 until the header is sent
+	overflow    bool        // the body exceeded limit: not storable
+	hijacked    bool        // the handler took the connection: not storable
 	wroteHeader bool
 	renewal     renewal // keeps the claim while the handler runs
 }
@@ -61,7 +61,7 @@ func (c *recorder) snapshot(code int) {
 		return // net/http panics on it; the panic releases the key
 	}
 	h := c.rw.Header()
-	hint := 0 // unknown: let append size it, and takeRecord trim it
+	hint := 0                                  // unknown: let append size it, and takeRecord trim it
 	if v := h.Get("Content-Length"); v != "" { // Atoi's error for "" costs an allocation
 		if n, err := strconv.Atoi(v); err == nil && n >= 0 {
 			hint = n
