@@ -137,6 +137,7 @@ func BenchmarkRoundTripInterleaved(b *testing.B) {
 func BenchmarkServeHTTP(b *testing.B) {
 	newReq := func(key string) *http.Request {
 		r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(benchBody))
+		r.Header.Set("Content-Type", "application/json") // as benchPost: the fingerprint canonicalises it
 		r.Header.Set("Idempotency-Key", key)
 		return r
 	}

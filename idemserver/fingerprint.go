@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -48,9 +49,7 @@ func DefaultFingerprint(r *http.Request, body []byte) string {
 	// alike.
 	switch mediaKind(r.Header.Get("Content-Type")) {
 	case kindJSON:
-		var cbuf [512]byte
-		if canon, ok := canonicalJSON(cbuf[:0], body); ok {
-			sum := sha256.Sum256(canon)
+		if sum, ok := canonicalJSONSum(body); ok {
 			b = append(append(b, sum[:]...), 'j')
 			return sumHex(b)
 		}
@@ -136,6 +135,31 @@ func mediaKind(ct string) mediaClass {
 // are compared byte for byte.
 const maxJSONDepth = 1000
 
+// canonPool keeps canonicalisers' buffers between requests: a fresh
+// buffer per request was the fingerprint's largest cost.
+var canonPool = sync.Pool{New: func() any { return new(jsonCanon) }}
+
+// maxPooledCanon bounds the buffers a pooled canonicaliser keeps, so that
+// one large body does not pin its buffers for good.
+const maxPooledCanon = 64 << 10
+
+// canonicalJSONSum returns the SHA-256 of in's canonical form (see
+// canonicalJSON), and whether in was one JSON text.
+func canonicalJSONSum(in []byte) (sum [32]byte, ok bool) {
+	c := canonPool.Get().(*jsonCanon)
+	out, ok := canonicalJSON(c.out[:0], in, c)
+	if ok {
+		sum = sha256.Sum256(out)
+	}
+	c.in = nil
+	c.out = out[:0]
+	if cap(c.out) > maxPooledCanon || cap(c.scratch) > maxPooledCanon || cap(c.str) > maxPooledCanon {
+		*c = jsonCanon{}
+	}
+	canonPool.Put(c)
+	return sum, ok
+}
+
 // canonicalJSON appends to dst the canonical form of the JSON text in
 // (RFC 8259: one value, surrounded by optional whitespace) and reports
 // whether in was such a text. The form is an unambiguous encoding, not
@@ -144,8 +168,13 @@ const maxJSONDepth = 1000
 // numbers as 'n', the length and the literal text, and 't', 'f', 'z' for
 // true, false and null. Two texts get one form exactly when they differ
 // only in whitespace, member order and string escapes.
-func canonicalJSON(dst, in []byte) ([]byte, bool) {
-	c := jsonCanon{in: in, out: dst}
+//
+// c, when not nil, lends its scratch buffers.
+func canonicalJSON(dst, in []byte, c *jsonCanon) ([]byte, bool) {
+	if c == nil {
+		c = new(jsonCanon)
+	}
+	c.in, c.pos, c.out = in, 0, dst
 	c.space()
 	if !c.value(0) {
 		return dst, false

@@ -51,7 +51,7 @@ func TestCanonicalJSONRefuses(t *testing.T) {
 		`tru`, `nul`, `"abc`, "\"a\x01\"", `"\x"`, `"\u12"`, `"\ud800"`, `"\udc00"`, `"\ud800\u0041"`,
 		"\"\xff\"", `1 2`, `[1]]`, `NaN`, strings.Repeat("[", maxJSONDepth+1) + strings.Repeat("]", maxJSONDepth+1),
 	} {
-		_, ok := canonicalJSON(nil, []byte(give))
+		_, ok := canonicalJSON(nil, []byte(give), nil)
 		assert.False(t, ok, "%q", give)
 	}
 }
@@ -61,7 +61,7 @@ func TestCanonicalJSONAccepts(t *testing.T) {
 		`0`, `-0`, `1.5e+10`, `-1E-2`, `true`, `false`, `null`, `""`, `"é"`, `[]`, `{}`, ` [ ] `,
 		`{"":{"":[]}}`, strings.Repeat("[", maxJSONDepth) + strings.Repeat("]", maxJSONDepth),
 	} {
-		_, ok := canonicalJSON(nil, []byte(give))
+		_, ok := canonicalJSON(nil, []byte(give), nil)
 		assert.True(t, ok, "%q", give)
 	}
 }
@@ -83,7 +83,7 @@ func FuzzCanonicalJSON(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
-		canon, ok := canonicalJSON(nil, in)
+		canon, ok := canonicalJSON(nil, in, nil)
 		valid := json.Valid(in)
 		if ok && !valid {
 			t.Fatalf("accepted invalid JSON %q", in)
@@ -98,7 +98,7 @@ func FuzzCanonicalJSON(f *testing.F) {
 		require.NoError(t, json.Compact(&compact, in))
 		require.NoError(t, json.Indent(&indented, in, "\t", "  "))
 		for _, other := range [][]byte{compact.Bytes(), indented.Bytes()} {
-			got, ok := canonicalJSON(nil, other)
+			got, ok := canonicalJSON(nil, other, nil)
 			if !ok || !bytes.Equal(got, canon) {
 				t.Fatalf("%q and %q canonicalise differently", in, other)
 			}
