@@ -154,7 +154,9 @@ func (s *renewSpy) Release(ctx context.Context, key, token string) error {
 // the retry ran the handler a second time and the first response was not
 // stored.)
 func TestSlowHandlerKeepsClaim(t *testing.T) {
-	const lock = 150 * time.Millisecond
+	// Long enough that a loaded machine's late timers still renew in time
+	// (three chances per lock timeout).
+	const lock = 300 * time.Millisecond
 	store := &renewSpy{MemoryStore: new(idemserver.MemoryStore)}
 	var calls atomic.Int64
 	proceed := make(chan struct{})
@@ -178,7 +180,7 @@ func TestSlowHandlerKeepsClaim(t *testing.T) {
 	assert.Equal(t, http.StatusConflict, retry.Code, "the claim outlived its lock timeout")
 	assert.Equal(t, idemserver.TypeInProgress, problemType(retry))
 	assert.Equal(t, http.StatusCreated, first.Code)
-	assert.GreaterOrEqual(t, store.renews.Load(), int64(5), "renewed every LockTimeout/3")
+	assert.GreaterOrEqual(t, store.renews.Load(), int64(3), "renewed every LockTimeout/3")
 	replay := serve(h, req{key: "k1"})
 	assert.Equal(t, "true", replay.Header().Get(idemserver.ReplayedHeader), "the slow response was stored")
 	assert.Equal(t, int64(1), calls.Load())

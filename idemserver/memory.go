@@ -56,6 +56,11 @@ var _ Store = (*MemoryStore)(nil)
 // by the responses of the claims in progress (each at most the
 // middleware's MaxStoredBody).
 //
+// Size the bounds for the request rate times the TTL: the defaults hold a
+// day of about 12 requests a second, and a server past them answers 503
+// until records expire. A busier service wants a shared store (Redis,
+// PostgreSQL) anyway, or a shorter TTL.
+//
 // The zero value is an empty store ready to use, with the default bounds.
 // A MemoryStore is safe for concurrent use and must not be copied after
 // first use; set its fields before first use.

@@ -142,7 +142,10 @@ type Middleware struct {
 
 	// MaxBodyBytes bounds the request body, which is read whole to be
 	// fingerprinted; a larger body gets 413 ([TypeBodyTooLarge]) and the
-	// handler does not run. Zero or negative means [DefaultMaxBodyBytes].
+	// handler does not run. The buffer grows with the bytes that arrive,
+	// not with a declared Content-Length, so idle clients that declare
+	// large bodies cost little. Zero or negative means
+	// [DefaultMaxBodyBytes].
 	MaxBodyBytes int64
 
 	// MaxStoredBody bounds the response body kept for replays. A larger
