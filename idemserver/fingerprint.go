@@ -135,28 +135,32 @@ func mediaKind(ct string) mediaClass {
 // are compared byte for byte.
 const maxJSONDepth = 1000
 
-// canonPool keeps canonicalisers' buffers between requests: a fresh
+// canonPool keeps the canonicaliser's buffers between requests: a fresh
 // buffer per request was the fingerprint's largest cost.
-var canonPool = sync.Pool{New: func() any { return new(jsonCanon) }}
+var canonPool = sync.Pool{New: func() any { return new(canonBuffers) }}
 
-// maxPooledCanon bounds the buffers a pooled canonicaliser keeps, so that
-// one large body does not pin its buffers for good.
+type canonBuffers struct{ out, scratch, str []byte }
+
+// maxPooledCanon bounds the buffers the pool keeps, so that one large body
+// does not pin its buffers for good.
 const maxPooledCanon = 64 << 10
 
 // canonicalJSONSum returns the SHA-256 of in's canonical form (see
 // canonicalJSON), and whether in was one JSON text.
 func canonicalJSONSum(in []byte) (sum [32]byte, ok bool) {
-	c := canonPool.Get().(*jsonCanon)
-	out, ok := canonicalJSON(c.out[:0], in, c)
+	bufs := canonPool.Get().(*canonBuffers)
+	// The canonicaliser itself lives on the stack: writing slices into a
+	// pooled heap object costs a write barrier per append while the
+	// collector runs.
+	c := jsonCanon{scratch: bufs.scratch, str: bufs.str}
+	out, ok := canonicalJSON(bufs.out[:0], in, &c)
 	if ok {
 		sum = sha256.Sum256(out)
 	}
-	c.in = nil
-	c.out = out[:0]
-	if cap(c.out) > maxPooledCanon || cap(c.scratch) > maxPooledCanon || cap(c.str) > maxPooledCanon {
-		*c = jsonCanon{}
+	if cap(out) <= maxPooledCanon && cap(c.scratch) <= maxPooledCanon && cap(c.str) <= maxPooledCanon {
+		bufs.out, bufs.scratch, bufs.str = out[:0], c.scratch[:0], c.str[:0]
+		canonPool.Put(bufs)
 	}
-	canonPool.Put(c)
 	return sum, ok
 }
 
@@ -290,8 +294,9 @@ func (c *jsonCanon) object(depth int) bool {
 			return false
 		}
 	}
+	out := c.out // not c, which would then escape to the heap
 	byName := func(a, b member) int {
-		return bytes.Compare(c.out[a.name:a.nameEnd], c.out[b.name:b.nameEnd])
+		return bytes.Compare(out[a.name:a.nameEnd], out[b.name:b.nameEnd])
 	}
 	if !slices.IsSortedFunc(members, byName) {
 		slices.SortStableFunc(members, byName)
