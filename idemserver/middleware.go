@@ -296,6 +296,7 @@ func (m *Middleware) build(h http.Handler) *handler {
 	if mw.lockTimeout <= 0 {
 		mw.lockTimeout = DefaultLockTimeout
 	}
+	mw.renewer = &renewer{h: mw, every: max(mw.lockTimeout/3, time.Millisecond)}
 	if mw.maxBody <= 0 {
 		mw.maxBody = DefaultMaxBodyBytes
 	}
@@ -370,6 +371,7 @@ type handler struct {
 	logger             *slog.Logger
 	tokenPrefix        string
 	tokens             atomic.Uint64
+	renewer            *renewer
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
