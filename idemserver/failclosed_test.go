@@ -190,6 +190,44 @@ func TestSlowHandlerKeepsClaim(t *testing.T) {
 	assert.Zero(t, store.late.Load(), "renewal stopped with the handler")
 }
 
+// TestSlowHandlersShareRenewals: claims registered at different times on
+// one handler are each renewed in time (the renewer keeps them in one list
+// by last renewal, with one timer). (Checked to fail with renewals not
+// started: each duplicate ran.)
+func TestSlowHandlersShareRenewals(t *testing.T) {
+	const lock = 300 * time.Millisecond
+	var (
+		calls   atomic.Int64
+		seen    sync.Map
+		proceed = make(chan struct{})
+	)
+	h := (&idemserver.Middleware{SingleTenant: true, LockTimeout: lock, RetryAfter: -1}).Wrap(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			calls.Add(1)
+			if _, again := seen.LoadOrStore(r.Header.Get("Idempotency-Key"), true); !again {
+				<-proceed // only the first run of a key is slow
+			}
+			w.WriteHeader(http.StatusCreated)
+		}))
+	keys := []string{"k1", "k2", "k3"}
+	done := make(chan int, len(keys))
+	for _, k := range keys {
+		go func() { done <- serve(h, req{key: k}).Code }()
+		// Staggered by a third of the lock: each claim is due at another
+		// tick. The wait orders nothing the test checks.
+		<-time.After(lock / 3)
+	}
+	<-time.After(3 * lock)
+	for _, k := range keys {
+		assert.Equal(t, http.StatusConflict, serve(h, req{key: k}).Code, "key %s still claimed", k)
+	}
+	close(proceed)
+	for range keys {
+		assert.Equal(t, http.StatusCreated, <-done)
+	}
+	assert.Equal(t, int64(len(keys)), calls.Load())
+}
+
 // TestRenewalStopsOnPanic: a panicking handler's renewal ends with it (the
 // package's goleak check would catch a timer goroutine left running).
 func TestRenewalStopsOnPanic(t *testing.T) {
