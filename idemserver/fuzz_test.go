@@ -15,7 +15,7 @@ import (
 )
 
 // FuzzMiddleware sends arbitrary methods, key header values and bodies
-// twice through the middleware: it never panics, answers only with the
+// (as raw, JSON or form content) twice through the middleware: it never panics, answers only with the
 // statuses the contract allows, and a request it ran with a valid key is
 // replayed byte for byte.
 func FuzzMiddleware(f *testing.F) {
@@ -41,6 +41,10 @@ func FuzzMiddleware(f *testing.F) {
 			}
 			if key != "" {
 				r.Header.Set("Idempotency-Key", key)
+			}
+			// Every fingerprint path: raw, canonical JSON, sorted form.
+			if ct := [...]string{"", "application/json", "application/x-www-form-urlencoded"}[len(body)%3]; ct != "" {
+				r.Header.Set("Content-Type", ct)
 			}
 			w := httptest.NewRecorder()
 			h.ServeHTTP(w, r)
