@@ -16,13 +16,16 @@ import (
 // rather than cloning the header, saves the copy a store would make anyway.
 type recorder struct {
 	rw          http.ResponseWriter
-	record      []byte // head, then body; nil once the body overflows
-	bodyStart   int    // where the body starts in record
-	limit       int    // most body bytes kept
-	status      int    // final status, 0 until the header is sent
-	overflow    bool   // the body exceeded limit: not storable
-	hijacked    bool   // the handler took the connection: not storable
+	keep        *handler    // its keepHeader says which header fields to record
+	outer       http.Header // fields set before the handler ran, not recorded
+	record      []byte      // head, then body; nil once the body overflows
+	bodyStart   int         // where the body starts in record
+	limit       int         // most body bytes kept
+	status      int         // final status, 0 until the header is sent
+	overflow    bool        // the body exceeded limit: not storable
+	hijacked    bool        // the handler took the connection: not storable
 	wroteHeader bool
+	renewal     renewal // keeps the claim while the handler runs
 }
 
 var (
@@ -58,12 +61,29 @@ func (c *recorder) snapshot(code int) {
 		return // net/http panics on it; the panic releases the key
 	}
 	h := c.rw.Header()
-	hint := 0 // unknown: let append size it, and takeRecord trim it
-	if n, err := strconv.Atoi(h.Get("Content-Length")); err == nil && n >= 0 {
-		hint = n
+	hint := 0                                  // unknown: let append size it, and takeRecord trim it
+	if v := h.Get("Content-Length"); v != "" { // Atoi's error for "" costs an allocation
+		if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+			hint = n
+		}
 	}
-	c.record = encodeHead(code, h, min(hint, c.limit), true)
+	c.record = encodeHead(code, h, min(hint, c.limit), c.recorded)
 	c.bodyStart = len(c.record)
+}
+
+// recorded reports whether the header field name, with values vs, goes in
+// the record: not hop-by-hop, chosen by keep, and set by the handler rather
+// than left as outer middleware set it.
+func (c *recorder) recorded(name string, vs []string) bool {
+	if slices.Contains(hopHeaders, name) || !c.keep.keepHeader(name) {
+		return false
+	}
+	if c.outer != nil {
+		if before, ok := c.outer[name]; ok && slices.Equal(before, vs) {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *recorder) Write(p []byte) (int, error) {
@@ -88,9 +108,6 @@ func (c *recorder) finish() {
 		c.snapshot(http.StatusOK)
 	}
 }
-
-// storable reports whether the response was captured whole.
-func (c *recorder) storable() bool { return !c.overflow && !c.hijacked && c.record != nil }
 
 // takeRecord returns the finished record for a store to keep, trimmed of
 // growth slack worth copying to be rid of: it may be kept for a day.

@@ -51,7 +51,7 @@ func TestInProgress(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			a := newBlockingApp()
-			h := (&idemserver.Middleware{RetryAfter: tt.give}).Wrap(a)
+			h := (&idemserver.Middleware{SingleTenant: true, RetryAfter: tt.give}).Wrap(a)
 			first := make(chan *httptest.ResponseRecorder)
 			go func() { first <- serve(h, req{key: "k1", body: "x"}) }()
 			<-a.started
@@ -76,7 +76,7 @@ func TestInProgress(t *testing.T) {
 func TestConcurrentRequestsRunOnce(t *testing.T) {
 	const n = 100
 	a := newBlockingApp()
-	srv := httptest.NewServer((&idemserver.Middleware{Required: true}).Wrap(a))
+	srv := httptest.NewServer((&idemserver.Middleware{SingleTenant: true, Required: true}).Wrap(a))
 	defer srv.Close()
 	client := srv.Client()
 	client.Transport.(*http.Transport).MaxIdleConnsPerHost = n
@@ -131,7 +131,7 @@ func TestConcurrentRequestsRunOnce(t *testing.T) {
 func TestTTLExpiry(t *testing.T) {
 	clk := newFakeClock()
 	a := new(app)
-	h := (&idemserver.Middleware{Store: &idemserver.MemoryStore{Now: clk.Now}, TTL: time.Hour}).Wrap(a)
+	h := (&idemserver.Middleware{SingleTenant: true, Store: &idemserver.MemoryStore{Now: clk.Now}, TTL: time.Hour}).Wrap(a)
 	q := req{key: "k1", body: "x"}
 
 	serve(h, q)
@@ -148,7 +148,7 @@ func TestTTLExpiry(t *testing.T) {
 func TestDefaultTTLIsADay(t *testing.T) {
 	clk := newFakeClock()
 	a := new(app)
-	h := (&idemserver.Middleware{Store: &idemserver.MemoryStore{Now: clk.Now}}).Wrap(a)
+	h := (&idemserver.Middleware{SingleTenant: true, Store: &idemserver.MemoryStore{Now: clk.Now}}).Wrap(a)
 	q := req{key: "k1", body: "x"}
 
 	serve(h, q)
@@ -169,9 +169,10 @@ func TestLockTimeoutTakeover(t *testing.T) {
 	a := newBlockingApp()
 	var logs bytes.Buffer
 	h := (&idemserver.Middleware{
-		Store:       &idemserver.MemoryStore{Now: clk.Now},
-		LockTimeout: time.Minute,
-		Logger:      slog.New(slog.NewTextHandler(&logs, nil)),
+		SingleTenant: true,
+		Store:        &idemserver.MemoryStore{Now: clk.Now},
+		LockTimeout:  time.Minute,
+		Logger:       slog.New(slog.NewTextHandler(&logs, nil)),
 	}).Wrap(a)
 	q := req{key: "k1", body: "x"}
 
@@ -199,7 +200,7 @@ func TestLockTimeoutTakeover(t *testing.T) {
 // TestConcurrentDistinctKeys exercises the store's shards under -race.
 func TestConcurrentDistinctKeys(t *testing.T) {
 	a := new(app)
-	h := new(idemserver.Middleware).Wrap(a)
+	h := (&idemserver.Middleware{SingleTenant: true}).Wrap(a)
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Add(1)

@@ -2,23 +2,41 @@
 // that makes any handler honour the Idempotency-Key contract, so clients
 // may retry POST and PATCH requests without the work running twice.
 //
-// Wrap a handler with a [Middleware]; its zero value works:
+// Wrap a handler with a [Middleware]. Say whose keys a request carries
+// (Principal), or that one party sends every request (SingleTenant);
+// there is no default, since one shared key space in a multi-tenant API
+// lets one caller replay another's responses:
 //
 //	mw := &idemserver.Middleware{
 //		Principal: func(r *http.Request) string { return accountOf(r) },
 //		Required:  true,
 //	}
-//	http.Handle("POST /v1/charges", mw.Wrap(chargeHandler))
+//	h, err := mw.Handler(chargeHandler) // ErrMisconfigured without Principal or SingleTenant
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	http.Handle("POST /v1/charges", h)
 //
 // The first request with a key runs the handler and its response is
 // stored; a retry with the same key and request gets that response back,
 // marked Idempotent-Replayed: true, without running the handler; a retry
 // while the first still runs gets 409 with Retry-After; the same key with a
 // different request gets 422. Keys are scoped by the Principal, so tenants
-// cannot see each other's responses.
+// cannot see each other's responses. Requests are compared by meaning
+// ([DefaultFingerprint]): a retry whose JSON members, form fields or query
+// parameters come in another order is the same request.
+//
+// The middleware fails closed: whenever it cannot tell whether the
+// handler's effect happened, it refuses rather than run it again. A claim
+// is renewed while its handler runs, however long; a response too large
+// to store keeps its key completed (410 for retries); a full or failing
+// store answers 503 and runs nothing; a handler that gives up on a
+// cancelled request without answering releases its key. Replays carry only
+// the header fields the handler set, never Set-Cookie unless allowed. See
+// [Middleware] for each rule.
 //
 // Claims and responses live in a [Store]. [MemoryStore] serves a single
-// process; stores shared by several processes (Redis, PostgreSQL) live in
-// their own modules, and every store must pass the conformance suite in
-// package storetest.
+// process, bounded in records and bytes; stores shared by several
+// processes (Redis, PostgreSQL) live in their own modules, and every store
+// must pass the conformance suite in package storetest.
 package idemserver

@@ -52,7 +52,7 @@ func chargeHandler(charges *atomic.Int64) http.Handler {
 // is made once.
 func ExampleMiddleware() {
 	var charges atomic.Int64
-	mw := &idemserver.Middleware{}
+	mw := &idemserver.Middleware{SingleTenant: true}
 	srv := httptest.NewServer(mw.Wrap(chargeHandler(&charges)))
 	defer srv.Close()
 
@@ -69,7 +69,7 @@ func ExampleMiddleware() {
 // problem, which clients recognise by its type URI.
 func ExampleMiddleware_required() {
 	var charges atomic.Int64
-	mw := &idemserver.Middleware{Required: true}
+	mw := &idemserver.Middleware{SingleTenant: true, Required: true}
 	srv := httptest.NewServer(mw.Wrap(chargeHandler(&charges)))
 	defer srv.Close()
 
@@ -82,7 +82,7 @@ func ExampleMiddleware_required() {
 // handler does not run.
 func ExampleMiddleware_mismatch() {
 	var charges atomic.Int64
-	mw := &idemserver.Middleware{}
+	mw := &idemserver.Middleware{SingleTenant: true}
 	srv := httptest.NewServer(mw.Wrap(chargeHandler(&charges)))
 	defer srv.Close()
 
@@ -118,6 +118,7 @@ func ExampleMiddleware_principal() {
 func ExampleMiddleware_writeError() {
 	var charges atomic.Int64
 	mw := &idemserver.Middleware{
+		SingleTenant: true,
 		WriteError: func(w http.ResponseWriter, _ *http.Request, p *idemserver.Problem) {
 			if p.Type != idemserver.TypeKeyMismatch {
 				idemserver.WriteProblem(w, p)

@@ -15,7 +15,7 @@ import (
 )
 
 // FuzzMiddleware sends arbitrary methods, key header values and bodies
-// twice through the middleware: it never panics, answers only with the
+// (as raw, JSON or form content) twice through the middleware: it never panics, answers only with the
 // statuses the contract allows, and a request it ran with a valid key is
 // replayed byte for byte.
 func FuzzMiddleware(f *testing.F) {
@@ -26,7 +26,7 @@ func FuzzMiddleware(f *testing.F) {
 	f.Add("POST", "", []byte("no key"))
 	f.Add("POST", "k1", bytes.Repeat([]byte("b"), 300))
 	f.Fuzz(func(t *testing.T, method, key string, body []byte) {
-		h := (&idemserver.Middleware{MaxBodyBytes: 256}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := (&idemserver.Middleware{SingleTenant: true, MaxBodyBytes: 256}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			b, _ := io.ReadAll(r.Body)
 			w.WriteHeader(http.StatusCreated)
 			_, _ = w.Write(b)
@@ -41,6 +41,10 @@ func FuzzMiddleware(f *testing.F) {
 			}
 			if key != "" {
 				r.Header.Set("Idempotency-Key", key)
+			}
+			// Every fingerprint path: raw, canonical JSON, sorted form.
+			if ct := [...]string{"", "application/json", "application/x-www-form-urlencoded"}[len(body)%3]; ct != "" {
+				r.Header.Set("Content-Type", ct)
 			}
 			w := httptest.NewRecorder()
 			h.ServeHTTP(w, r)

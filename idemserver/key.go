@@ -1,10 +1,7 @@
 package idemserver
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"net/http"
 	"strconv"
 
 	"github.com/idemkit/idemhttp"
@@ -64,22 +61,4 @@ func scopedKey(scope, key string) string {
 	b = append(b, ':')
 	b = append(b, key...)
 	return string(b)
-}
-
-// fingerprint identifies a request for key reuse checks: the hex SHA-256
-// of its method, escaped path, raw query and the SHA-256 of its body. NUL
-// separates the parts: it cannot occur in a method, an escaped path or a
-// query that net/http parsed.
-func fingerprint(r *http.Request, body []byte) string {
-	bodySum := sha256.Sum256(body)
-	var buf [512]byte // most request lines fit; longer ones spill to the heap
-	b := append(buf[:0], r.Method...)
-	b = append(b, 0)
-	b = append(b, r.URL.EscapedPath()...)
-	b = append(b, 0)
-	b = append(b, r.URL.RawQuery...)
-	b = append(b, 0)
-	b = append(b, bodySum[:]...)
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
 }

@@ -4,8 +4,23 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
+
+// Defaults for the zero [MemoryStore]'s bounds.
+const (
+	// DefaultMaxEntries is the most records a MemoryStore holds by
+	// default: 1,048,576, about 12 requests a second kept for a day's TTL.
+	DefaultMaxEntries = 1 << 20
+	// DefaultMaxBytes is the most bytes a MemoryStore's records hold by
+	// default: 1 GiB.
+	DefaultMaxBytes = 1 << 30
+)
+
+// memRecordOverhead approximates what one record costs besides its strings:
+// the map entry, the record's fields and the strings' headers.
+const memRecordOverhead = 128
 
 // memShards is the number of independently locked parts of a MemoryStore:
 // enough that 64 concurrent requests on two to sixteen cores rarely meet on
@@ -29,17 +44,46 @@ var _ Store = (*MemoryStore)(nil)
 // not scan, and Claim returns them without copying. Expired records
 // (completed ones past their TTL, claims past their lock timeout) are
 // invisible at once and deleted by a sweep of their shard at most once a
-// minute, or by [MemoryStore.Prune]. Nothing bounds the number of records
-// besides the TTL; the middleware's MaxStoredBody bounds each.
+// minute, or by [MemoryStore.Prune].
 //
-// The zero value is an empty store ready to use. A MemoryStore is safe for
-// concurrent use and must not be copied after first use.
+// The store is bounded by MaxEntries records and MaxBytes bytes. When a new
+// claim would pass either bound, Claim first sweeps expired records (the
+// key's shard, then, at most once a second, every shard), then refuses
+// with [ErrStoreFull] (the middleware answers
+// 503 with Retry-After) rather than evict a live record: an evicted
+// response or claim would let its key run a second time. Completing a
+// claim already admitted is never refused, so the bytes may pass MaxBytes
+// by the responses of the claims in progress (each at most the
+// middleware's MaxStoredBody).
+//
+// Size the bounds for the request rate times the TTL: the defaults hold a
+// day of about 12 requests a second, and a server past them answers 503
+// until records expire. A busier service wants a shared store (Redis,
+// PostgreSQL) anyway, or a shorter TTL.
+//
+// The zero value is an empty store ready to use, with the default bounds.
+// A MemoryStore is safe for concurrent use and must not be copied after
+// first use; set its fields before first use.
 type MemoryStore struct {
 	// Now returns the current time; nil means [time.Now]. Inject a fake
 	// clock to test TTL and lock expiry without sleeping.
 	Now func() time.Time
 
-	shards [memShards]memShard
+	// MaxEntries bounds the number of records (claims and responses,
+	// including expired ones no sweep has deleted yet). Zero means
+	// [DefaultMaxEntries]; negative means no bound.
+	MaxEntries int
+
+	// MaxBytes bounds the bytes the records hold: their keys, tokens,
+	// fingerprints and responses, plus an estimate of 128 bytes of
+	// bookkeeping each. Zero means [DefaultMaxBytes]; negative means no
+	// bound.
+	MaxBytes int64
+
+	entries   atomic.Int64
+	bytes     atomic.Int64
+	nextPrune atomic.Int64 // Unix nanoseconds: when a full store may sweep every shard again
+	shards    [memShards]memShard
 }
 
 type memShard struct {
@@ -55,6 +99,56 @@ type memRecord struct {
 	fingerprint string
 	record      []byte    // the response once completed
 	expires     time.Time // lock expiry while in progress, TTL expiry once completed
+}
+
+// size is what rec under key counts against MaxBytes.
+func (rec *memRecord) size(key string) int64 {
+	return int64(len(key) + len(rec.token) + len(rec.fingerprint) + len(rec.record) + memRecordOverhead)
+}
+
+func (s *MemoryStore) maxEntries() int64 {
+	switch {
+	case s.MaxEntries == 0:
+		return DefaultMaxEntries
+	case s.MaxEntries < 0:
+		return -1
+	}
+	return int64(s.MaxEntries)
+}
+
+func (s *MemoryStore) maxBytes() int64 {
+	switch {
+	case s.MaxBytes == 0:
+		return DefaultMaxBytes
+	case s.MaxBytes < 0:
+		return -1
+	}
+	return s.MaxBytes
+}
+
+// admit reserves room for a record of size bytes (and one more entry when
+// newEntry), or reports false when that would pass a bound.
+func (s *MemoryStore) admit(newEntry bool, size int64) bool {
+	if newEntry {
+		if max := s.maxEntries(); s.entries.Add(1) > max && max >= 0 {
+			s.entries.Add(-1)
+			return false
+		}
+	}
+	if max := s.maxBytes(); s.bytes.Add(size) > max && max >= 0 {
+		s.bytes.Add(-size)
+		if newEntry {
+			s.entries.Add(-1)
+		}
+		return false
+	}
+	return true
+}
+
+// forget accounts for a deleted record.
+func (s *MemoryStore) forget(size int64) {
+	s.entries.Add(-1)
+	s.bytes.Add(-size)
 }
 
 func (s *MemoryStore) now() time.Time {
@@ -74,9 +168,26 @@ func (s *MemoryStore) shard(key string) *memShard {
 	return &s.shards[h%memShards]
 }
 
-// Claim implements [Store.Claim]. It never returns an error.
+// Claim implements [Store.Claim]. Its only error is [ErrStoreFull].
 func (s *MemoryStore) Claim(_ context.Context, key string, c Claim) (ClaimResult, error) {
 	now := s.now()
+	res, ok := s.claim(key, c, now)
+	if ok {
+		return res, nil
+	}
+	// Expired records count until swept, and the key's own shard had none
+	// to spare: sweep every shard, at most once a second, and try again.
+	if next := s.nextPrune.Load(); now.UnixNano() >= next && s.nextPrune.CompareAndSwap(next, now.Add(time.Second).UnixNano()) {
+		s.prune(now)
+		if res, ok = s.claim(key, c, now); ok {
+			return res, nil
+		}
+	}
+	return ClaimResult{}, ErrStoreFull
+}
+
+// claim is Claim within key's shard; ok is false when the store is full.
+func (s *MemoryStore) claim(key string, c Claim, now time.Time) (_ ClaimResult, ok bool) {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -84,17 +195,38 @@ func (s *MemoryStore) Claim(_ context.Context, key string, c Claim) (ClaimResult
 		sh.records = make(map[string]memRecord)
 	}
 	if !now.Before(sh.nextSweep) {
-		sh.sweep(now)
+		sh.sweep(s, now)
 		sh.nextSweep = now.Add(sweepEvery)
 	}
-	if rec, ok := sh.records[key]; ok && now.Before(rec.expires) {
-		if rec.record == nil {
-			return ClaimResult{State: InProgress, Fingerprint: rec.fingerprint}, nil
+	old, exists := sh.records[key]
+	if exists && now.Before(old.expires) {
+		if old.record == nil {
+			return ClaimResult{State: InProgress, Fingerprint: old.fingerprint}, true
 		}
-		return ClaimResult{State: Completed, Fingerprint: rec.fingerprint, Record: rec.record}, nil
+		return ClaimResult{State: Completed, Fingerprint: old.fingerprint, Record: old.record}, true
 	}
-	sh.records[key] = memRecord{token: c.Token, fingerprint: c.Fingerprint, expires: now.Add(c.LockTimeout)}
-	return ClaimResult{State: Claimed}, nil
+	rec := memRecord{token: c.Token, fingerprint: c.Fingerprint, expires: now.Add(c.LockTimeout)}
+	var oldSize int64
+	if exists {
+		oldSize = old.size(key)
+	}
+	if !s.admit(!exists, rec.size(key)-oldSize) {
+		// Try once more after sweeping this shard, which may delete the
+		// expired record under key too.
+		if sh.sweep(s, now) == 0 {
+			return ClaimResult{}, false
+		}
+		_, exists = sh.records[key]
+		oldSize = 0
+		if exists {
+			oldSize = old.size(key)
+		}
+		if !s.admit(!exists, rec.size(key)-oldSize) {
+			return ClaimResult{}, false
+		}
+	}
+	sh.records[key] = rec
+	return ClaimResult{State: Claimed}, true
 }
 
 // Complete implements [Store.Complete]. It keeps record itself, and
@@ -114,6 +246,25 @@ func (s *MemoryStore) Complete(_ context.Context, key, token string, record []by
 	rec.record = record
 	rec.expires = now.Add(ttl)
 	sh.records[key] = rec
+	s.bytes.Add(int64(len(record))) // never refused: the work is done
+	return nil
+}
+
+// Renew implements [Store.Renew].
+func (s *MemoryStore) Renew(_ context.Context, key, token string, lockTimeout time.Duration) error {
+	if lockTimeout <= 0 {
+		return errors.New("idemserver: renew: lock timeout must be positive")
+	}
+	now := s.now()
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	rec, err := sh.held(key, token, now)
+	if err != nil {
+		return err
+	}
+	rec.expires = now.Add(lockTimeout)
+	sh.records[key] = rec
 	return nil
 }
 
@@ -123,10 +274,12 @@ func (s *MemoryStore) Release(_ context.Context, key, token string) error {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if _, err := sh.held(key, token, now); err != nil {
+	rec, err := sh.held(key, token, now)
+	if err != nil {
 		return err
 	}
 	delete(sh.records, key)
+	s.forget(rec.size(key))
 	return nil
 }
 
@@ -142,11 +295,12 @@ func (sh *memShard) held(key, token string, now time.Time) (memRecord, error) {
 
 // sweep deletes the shard's expired records and returns how many it
 // deleted. The caller holds sh.mu.
-func (sh *memShard) sweep(now time.Time) int {
+func (sh *memShard) sweep(s *MemoryStore, now time.Time) int {
 	n := 0
 	for k, rec := range sh.records {
 		if !now.Before(rec.expires) {
 			delete(sh.records, k)
+			s.forget(rec.size(k))
 			n++
 		}
 	}
@@ -156,19 +310,22 @@ func (sh *memShard) sweep(now time.Time) int {
 // Prune deletes every expired record now, instead of waiting for the
 // shards' own sweeps, and returns how many it deleted.
 func (s *MemoryStore) Prune() int {
-	now := s.now()
+	return s.prune(s.now())
+}
+
+func (s *MemoryStore) prune(now time.Time) int {
 	n := 0
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += sh.sweep(now)
+		n += sh.sweep(s, now)
 		sh.mu.Unlock()
 	}
 	return n
 }
 
 // Len returns the number of records held, including expired ones that no
-// sweep has deleted yet.
+// sweep has deleted yet: the count MaxEntries bounds.
 func (s *MemoryStore) Len() int {
 	n := 0
 	for i := range s.shards {
@@ -179,3 +336,6 @@ func (s *MemoryStore) Len() int {
 	}
 	return n
 }
+
+// Bytes returns the bytes the records hold, as MaxBytes counts them.
+func (s *MemoryStore) Bytes() int64 { return s.bytes.Load() }

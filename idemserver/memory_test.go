@@ -114,3 +114,68 @@ func TestClaimStateString(t *testing.T) {
 		assert.Equal(t, tt.want, tt.give.String())
 	}
 }
+
+// TestMemoryStoreBounds: a full store refuses new claims with ErrStoreFull
+// and never evicts a live record; releasing, expiry and completion keep
+// the counts right.
+func TestMemoryStoreBounds(t *testing.T) {
+	ctx := context.Background()
+	claim := idemserver.Claim{Token: "t", Fingerprint: "fp", LockTimeout: time.Minute}
+
+	t.Run("entries", func(t *testing.T) {
+		clk := newFakeClock()
+		s := &idemserver.MemoryStore{Now: clk.Now, MaxEntries: 2, MaxBytes: -1}
+		for _, k := range []string{"a", "b"} {
+			res, err := s.Claim(ctx, k, claim)
+			require.NoError(t, err)
+			require.Equal(t, idemserver.Claimed, res.State)
+		}
+		_, err := s.Claim(ctx, "c", claim)
+		assert.ErrorIs(t, err, idemserver.ErrStoreFull)
+		res, err := s.Claim(ctx, "a", claim)
+		require.NoError(t, err, "a held key is still answered")
+		assert.Equal(t, idemserver.InProgress, res.State, "and was not evicted")
+
+		require.NoError(t, s.Release(ctx, "a", "t"))
+		res, err = s.Claim(ctx, "c", claim)
+		require.NoError(t, err, "a release makes room")
+		assert.Equal(t, idemserver.Claimed, res.State)
+
+		clk.Advance(2 * time.Minute) // both claims expire, still counted
+		assert.Equal(t, 2, s.Len())
+		res, err = s.Claim(ctx, "d", claim)
+		require.NoError(t, err, "expired records are swept before refusing")
+		assert.Equal(t, idemserver.Claimed, res.State)
+	})
+
+	t.Run("bytes", func(t *testing.T) {
+		s := &idemserver.MemoryStore{MaxEntries: -1, MaxBytes: 1000}
+		_, err := s.Claim(ctx, "a", claim)
+		require.NoError(t, err)
+		require.NoError(t, s.Complete(ctx, "a", "t", make([]byte, 900), time.Hour), "completion is never refused")
+		assert.Greater(t, s.Bytes(), int64(1000))
+		_, err = s.Claim(ctx, "b", claim)
+		assert.ErrorIs(t, err, idemserver.ErrStoreFull)
+	})
+
+	t.Run("accounting", func(t *testing.T) {
+		clk := newFakeClock()
+		s := &idemserver.MemoryStore{Now: clk.Now}
+		for i := range 100 {
+			k := fmt.Sprint("k", i)
+			_, err := s.Claim(ctx, k, claim)
+			require.NoError(t, err)
+			switch i % 3 {
+			case 0:
+				require.NoError(t, s.Release(ctx, k, "t"))
+			case 1:
+				require.NoError(t, s.Complete(ctx, k, "t", []byte("record"), time.Hour))
+			}
+		}
+		assert.Equal(t, 66, s.Len())
+		clk.Advance(2 * time.Hour)
+		assert.Equal(t, 66, s.Prune())
+		assert.Zero(t, s.Len())
+		assert.Zero(t, s.Bytes(), "every byte counted in is counted out")
+	})
+}

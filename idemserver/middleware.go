@@ -44,8 +44,9 @@ const (
 // then:
 //
 //   - new key: runs the handler, capturing status, header and body as they
-//     pass to the client; stores the response if ShouldStore accepts its
-//     status, else releases the key so a retry runs again;
+//     pass to the client, and renewing the claim every third of
+//     LockTimeout while it runs; stores the response if ShouldStore accepts
+//     its status, else releases the key so a retry runs again;
 //   - same key and request, still running: 409 with Retry-After;
 //   - same key, different request (method, path, query or body): 422;
 //   - same key and request, completed: replays the stored status, header
@@ -55,21 +56,41 @@ const (
 // Requests with other methods, and keyless requests unless Required, reach
 // the handler untouched.
 //
-// A handler that panics releases its key and the panic continues to
-// net/http, which aborts the connection and logs it; the middleware does not
-// turn panics into 500s, which would hide them from outer middleware.
+// It fails closed: when it cannot tell whether the handler's effect
+// happened, it never takes the path that could run it twice.
 //
-// The lock timeout trades two failures against each other. A server that
-// crashes mid-request leaves its claim behind, and the key answers 409
-// until LockTimeout passes; but a handler that runs longer than LockTimeout
-// loses its claim, so a retry arriving after that runs the handler a second
-// time, and the late response is sent but not stored. Set LockTimeout well
-// above the handler's slowest run.
+//   - A handler that panics releases its key and the panic continues to
+//     net/http, which aborts the connection and logs it; the middleware
+//     does not turn panics into 500s, which would hide them from outer
+//     middleware.
+//   - A handler that returns without writing anything while its request's
+//     context is done (the client left, a deadline passed) is taken to have
+//     given up: its key is released, not stored as an empty 200. A handler
+//     that completed its effect must write its status before returning.
+//   - A response whose body exceeds MaxStoredBody reaches its client whole,
+//     but is not stored; its key stays completed, as not replayable, for
+//     TTL, and a retry gets 410 ([TypeNotReplayable]) instead of a second
+//     run.
+//   - A full store (see [ErrStoreFull]) and a failing store get 503 with
+//     Retry-After, and the handler does not run.
 //
-// The zero value works: POST and PATCH, optional keys in either form, a
-// [MemoryStore], a 24 h TTL. Fields are read by Wrap; changing them later
-// has no effect on handlers already wrapped. Wrapped handlers are safe for
-// concurrent use.
+// The lock timeout is how long a crashed server's claim blocks its key
+// (retries get 409 until it passes). A live handler keeps its claim however
+// long it runs, by renewing it every LockTimeout/3 ([Store.Renew]); should
+// a renewal find the claim lost (the store was unreachable for longer than
+// LockTimeout, or lost the record), the error is logged and the late
+// response is sent but not stored.
+//
+// Replays carry what the handler set: the header fields outer middleware
+// had set before the handler ran (a request id, CORS) are not stored, nor
+// are hop-by-hop fields or Set-Cookie (a session must not be handed out
+// again); ReplayHeaders and OmitHeaders choose further.
+//
+// Principal or SingleTenant must be set; the rest of the zero value works:
+// POST and PATCH, optional keys in either form, a [MemoryStore], a 24 h
+// TTL. Fields are read by [Middleware.Handler] and [Middleware.Wrap];
+// changing them later has no effect on handlers already wrapped. Wrapped
+// handlers are safe for concurrent use.
 type Middleware struct {
 	// Store keeps claims and responses. Nil means a new [MemoryStore] for
 	// each call to Wrap: set Store to share one between handlers, and use a
@@ -79,9 +100,15 @@ type Middleware struct {
 
 	// Principal returns the scope of a request's keys: the tenant, account
 	// or API key that sent it, so that one principal can never replay, block
-	// or probe another's response. Nil means one scope for all requests,
-	// right only when a single party uses the server.
+	// or probe another's response. It must be set unless SingleTenant is.
 	Principal func(r *http.Request) string
+
+	// SingleTenant says that one party alone sends every request, so that
+	// all keys share one scope. It must be set, and is then the only
+	// choice, when Principal is nil: a server with several callers that
+	// forgot Principal would let one caller replay another's responses,
+	// so that is never the default. Setting both is an error.
+	SingleTenant bool
 
 	// Methods lists the methods that take idempotency keys. Nil means POST
 	// and PATCH. Other methods pass through untouched.
@@ -115,14 +142,37 @@ type Middleware struct {
 
 	// MaxBodyBytes bounds the request body, which is read whole to be
 	// fingerprinted; a larger body gets 413 ([TypeBodyTooLarge]) and the
-	// handler does not run. Zero or negative means [DefaultMaxBodyBytes].
+	// handler does not run. The buffer grows with the bytes that arrive,
+	// not with a declared Content-Length, so idle clients that declare
+	// large bodies cost little. Zero or negative means
+	// [DefaultMaxBodyBytes].
 	MaxBodyBytes int64
 
 	// MaxStoredBody bounds the response body kept for replays. A larger
-	// response still reaches the client, but is not stored: the key is
-	// released and a retry runs the handler again. Zero or negative means
-	// [DefaultMaxStoredBody].
+	// response still reaches the client whole, but only a marker is
+	// stored: the key stays completed for TTL and a retry gets 410
+	// ([TypeNotReplayable]), since the handler ran and must not run again.
+	// Zero or negative means [DefaultMaxStoredBody].
 	MaxStoredBody int
+
+	// ReplayHeaders, when not nil, lists the only response header fields
+	// stored for replays (names in any case); Set-Cookie is replayed only
+	// if it is listed. Nil means every field the handler set, except
+	// Set-Cookie and OmitHeaders. Fields outer middleware set before the
+	// handler ran and hop-by-hop fields are never stored.
+	ReplayHeaders []string
+
+	// OmitHeaders lists response header fields never stored for replays
+	// (names in any case), such as a per-response trace id the handler
+	// sets; it wins over ReplayHeaders.
+	OmitHeaders []string
+
+	// Fingerprint identifies a request for the key reuse check: a retry
+	// must have the same fingerprint as the first request, or it gets 422.
+	// body is the whole request body; the function must not keep it. Nil
+	// means [DefaultFingerprint], which compares by meaning (JSON and form
+	// bodies, query parameters) rather than by bytes.
+	Fingerprint func(r *http.Request, body []byte) string
 
 	// ShouldStore reports whether a response with the given status is
 	// stored and replayed; otherwise the key is released. Nil means
@@ -135,12 +185,16 @@ type Middleware struct {
 	WriteError func(w http.ResponseWriter, r *http.Request, p *Problem)
 
 	// Logger receives store errors at Error level: a failed Claim or a
-	// corrupt stored record (the request was answered 503), and a failed
-	// Complete or Release after the response was sent (the response then
-	// goes unstored, or the key stays claimed until LockTimeout). Nil
-	// means [slog.Default].
+	// corrupt stored record (the request was answered 503), a failed
+	// Complete, Release or Renew (the response then goes unstored, or the
+	// key stays claimed until LockTimeout), and a misconfiguration found by
+	// Wrap. A full store is logged at Warn level. Nil means [slog.Default].
 	Logger *slog.Logger
 }
+
+// ErrMisconfigured is the error of [Middleware.Handler] for a Middleware
+// whose fields contradict each other or leave a required choice open.
+var ErrMisconfigured = errors.New("idemserver: misconfigured middleware")
 
 // DefaultShouldStore is the default storage rule: 2xx, 3xx and the 4xx a
 // retry of the same request would get again. Not stored: 5xx, which the
@@ -156,8 +210,51 @@ func DefaultShouldStore(status int) bool {
 	return status >= 200 && status < 500
 }
 
-// Wrap returns a handler that enforces the idempotency contract around h.
+// Handler returns a handler that enforces the idempotency contract around
+// h, or an error wrapping [ErrMisconfigured] when the Middleware's fields
+// do not make a safe configuration: neither Principal nor SingleTenant
+// set, or both. Prefer it to Wrap where the error can stop the server from
+// starting.
+func (m *Middleware) Handler(h http.Handler) (http.Handler, error) {
+	switch {
+	case m.Principal == nil && !m.SingleTenant:
+		return nil, fmt.Errorf("%w: Principal is nil; set Principal to scope keys by caller, or SingleTenant if one party sends every request", ErrMisconfigured)
+	case m.Principal != nil && m.SingleTenant:
+		return nil, fmt.Errorf("%w: both Principal and SingleTenant are set", ErrMisconfigured)
+	case h == nil:
+		return nil, fmt.Errorf("%w: the wrapped handler is nil", ErrMisconfigured)
+	}
+	return m.build(h), nil
+}
+
+// Wrap is [Middleware.Handler] for call sites that cannot take an error,
+// such as a route table. A Middleware that Handler refuses is never
+// half-applied: Wrap logs the error and returns a handler that answers
+// every request with 500 ([TypeMisconfigured]) and runs nothing, so the
+// mistake shows in the first test request rather than as one shared key
+// space in production. (A panic would be louder still, but this package
+// does not panic on its callers' behalf.)
 func (m *Middleware) Wrap(h http.Handler) http.Handler {
+	wrapped, err := m.Handler(h)
+	if err == nil {
+		return wrapped
+	}
+	logger := m.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	logger.Error("idemserver: middleware refuses every request", "error", err)
+	writeError := m.WriteError
+	if writeError == nil {
+		writeError = func(w http.ResponseWriter, _ *http.Request, p *Problem) { WriteProblem(w, p) }
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, r, problemMisconfigured())
+	})
+}
+
+// build resolves m's fields into a handler around h.
+func (m *Middleware) build(h http.Handler) *handler {
 	mw := &handler{
 		next:        h,
 		store:       m.Store,
@@ -172,9 +269,16 @@ func (m *Middleware) Wrap(h http.Handler) http.Handler {
 		maxBody:     m.MaxBodyBytes,
 		maxStored:   m.MaxStoredBody,
 		shouldStore: m.ShouldStore,
+		replayOnly:  canonicalNames(m.ReplayHeaders),
+		omit:        canonicalNames(m.OmitHeaders),
+		fingerprint: m.Fingerprint,
 		writeError:  m.WriteError,
 		logger:      m.Logger,
 		tokenPrefix: newTokenPrefix(),
+	}
+	if mw.fingerprint == nil {
+		mw.fingerprint = DefaultFingerprint
+		mw.legacyFingerprints = true
 	}
 	if mw.store == nil {
 		mw.store = new(MemoryStore)
@@ -192,6 +296,7 @@ func (m *Middleware) Wrap(h http.Handler) http.Handler {
 	if mw.lockTimeout <= 0 {
 		mw.lockTimeout = DefaultLockTimeout
 	}
+	mw.renewer = &renewer{h: mw, every: max(mw.lockTimeout/3, time.Millisecond)}
 	if mw.maxBody <= 0 {
 		mw.maxBody = DefaultMaxBodyBytes
 	}
@@ -208,6 +313,18 @@ func (m *Middleware) Wrap(h http.Handler) http.Handler {
 		mw.logger = slog.Default()
 	}
 	return mw
+}
+
+// canonicalNames returns names in canonical header form; nil stays nil.
+func canonicalNames(names []string) []string {
+	if names == nil {
+		return nil
+	}
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = http.CanonicalHeaderKey(n)
+	}
+	return out
 }
 
 // retryAfterValue renders d as a Retry-After delta-seconds value.
@@ -244,10 +361,17 @@ type handler struct {
 	maxBody     int64
 	maxStored   int
 	shouldStore func(int) bool
-	writeError  func(http.ResponseWriter, *http.Request, *Problem)
-	logger      *slog.Logger
-	tokenPrefix string
-	tokens      atomic.Uint64
+	replayOnly  []string // nil: all but Set-Cookie and omit
+	omit        []string
+	fingerprint func(*http.Request, []byte) string
+	// legacyFingerprints accepts the fingerprints of releases before
+	// DefaultFingerprint compared by meaning.
+	legacyFingerprints bool
+	writeError         func(http.ResponseWriter, *http.Request, *Problem)
+	logger             *slog.Logger
+	tokenPrefix        string
+	tokens             atomic.Uint64
+	renewer            *renewer
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -269,7 +393,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	key, err := parseKey(values[0], h.form)
 	if err != nil {
-		h.writeError(w, r, problemKeyInvalid(h.header, err.Error()))
+		h.writeError(w, r, problemKeyInvalid(h.header, keyProblemDetail(err)))
 		return
 	}
 	body, err := readBody(r, h.maxBody)
@@ -283,7 +407,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r.Body = newBodyReader(body)
 
-	fp := fingerprint(r, body)
+	fp := h.fingerprint(r, body)
 	scope := ""
 	if h.principal != nil {
 		scope = h.principal(r)
@@ -297,17 +421,25 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		err = fmt.Errorf("idemserver: store returned an invalid claim state %d", res.State)
 	}
 	switch {
+	case errors.Is(err, ErrStoreFull):
+		h.logger.WarnContext(r.Context(), "idemserver: store full; answered 503", "key", key, "error", err)
+		w.Header().Set("Retry-After", h.retryAfter)
+		h.writeError(w, r, problemStoreFull(key))
 	case err != nil:
 		h.storeFailed(w, r, key, err)
 	case res.State == Claimed:
 		h.run(w, r, storeKey, token)
-	case res.Fingerprint != fp:
+	case res.Fingerprint != fp && !(h.legacyFingerprints && res.Fingerprint == legacyFingerprint(r, body)):
 		h.writeError(w, r, problemKeyMismatch(h.header, key))
 	case res.State == InProgress:
 		w.Header().Set("Retry-After", h.retryAfter)
 		h.writeError(w, r, problemInProgress(h.header, key))
 	default:
-		if err := replay(w, res.Record); err != nil {
+		status, err := replay(w, res.Record)
+		switch {
+		case errors.Is(err, errNotReplayable):
+			h.writeError(w, r, problemNotReplayable(h.header, key, status))
+		case err != nil:
 			h.storeFailed(w, r, key, err)
 		}
 	}
@@ -327,7 +459,13 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, storeKey, token st
 	// The request's context ends when the client leaves, but the work is
 	// done by then and its outcome must still be recorded.
 	ctx := context.WithoutCancel(r.Context())
-	rec := &recorder{rw: w, limit: h.maxStored}
+	rec := &recorder{rw: w, limit: h.maxStored, keep: h}
+	if hdr := w.Header(); len(hdr) > 0 {
+		// Outer middleware set these before the handler ran; it will set
+		// them again, afresh, around a replay.
+		rec.outer = hdr.Clone()
+	}
+	rec.renewal.start(ctx, h, storeKey, token)
 	returned := false
 	defer func() {
 		if returned {
@@ -336,16 +474,38 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, storeKey, token st
 		// The handler panicked (or called runtime.Goexit): release the
 		// key so a retry can run, and let the panic continue unrecovered,
 		// with its original stack, to net/http.
+		rec.renewal.stop()
 		if err := h.store.Release(ctx, storeKey, token); err != nil {
 			h.logger.ErrorContext(ctx, "idemserver: release after panic failed", "error", err)
 		}
 	}()
 	h.next.ServeHTTP(rec, r)
 	returned = true
+	rec.renewal.stop()
 
+	if !rec.wroteHeader && r.Context().Err() != nil {
+		// The handler gave up on a cancelled request without answering:
+		// storing net/http's implicit empty 200 would replay a success
+		// that never happened, for a whole TTL.
+		if err := h.store.Release(ctx, storeKey, token); err != nil {
+			h.logger.ErrorContext(ctx, "idemserver: release after cancellation failed", "error", err)
+		}
+		return
+	}
 	rec.finish()
-	if rec.storable() && h.shouldStore(rec.status) {
-		if err := h.store.Complete(ctx, storeKey, token, rec.takeRecord(), h.ttl); err != nil {
+	var record []byte
+	switch {
+	case !h.shouldStore(rec.status) || rec.hijacked || rec.status < 100 || rec.status > 999:
+		// Not stored, or nothing a replay could send: the key is free.
+	case rec.overflow:
+		// The handler ran; its response is too large to keep. Keep the
+		// key completed, so a retry is told so instead of running again.
+		record = encodeUnreplayable(rec.status)
+	default:
+		record = rec.takeRecord()
+	}
+	if record != nil {
+		if err := h.store.Complete(ctx, storeKey, token, record, h.ttl); err != nil {
 			h.logger.ErrorContext(ctx, "idemserver: response not stored", "status", rec.status, "error", err)
 		}
 		return
@@ -355,18 +515,32 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, storeKey, token st
 	}
 }
 
+// keepHeader reports whether a response header field the handler set is
+// stored for replays.
+func (h *handler) keepHeader(name string) bool {
+	if slices.Contains(h.omit, name) {
+		return false
+	}
+	if h.replayOnly != nil {
+		return slices.Contains(h.replayOnly, name)
+	}
+	return name != "Set-Cookie"
+}
+
 // replay sends a stored response record, marked as a replay. A corrupt
-// record is refused before anything is written.
-func replay(w http.ResponseWriter, record []byte) error {
+// record is refused before anything is written; so is a record of a
+// response that was not kept (errNotReplayable, with the status the
+// handler answered).
+func replay(w http.ResponseWriter, record []byte) (int, error) {
 	hdr := w.Header()
 	status, body, err := parseRecord(record, hdr)
 	if err != nil {
-		return err
+		return status, err
 	}
 	hdr.Set(ReplayedHeader, "true")
 	w.WriteHeader(status)
 	_, _ = w.Write(body) // a failed write means the client left
-	return nil
+	return status, nil
 }
 
 var errTooLarge = errors.New("request body too large")
@@ -384,7 +558,14 @@ func newBodyReader(b []byte) *bodyReader {
 // Close does nothing: the server closes the connection's body itself.
 func (*bodyReader) Close() error { return nil }
 
+// minBodyBuf is the first buffer readBody reads into when the body is
+// longer or of unknown length.
+const minBodyBuf = 512
+
 // readBody reads the whole request body, refusing more than limit bytes.
+// The buffer grows with the bytes that arrive, doubling, and never from a
+// declared Content-Length alone: a client that declares a megabyte and
+// sends ten bytes costs ten bytes' buffer, not a megabyte.
 func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
@@ -392,18 +573,32 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.ContentLength > limit {
 		return nil, errTooLarge
 	}
+	// net/http's body reader stops at Content-Length, so reading that many
+	// bytes reads the whole body; with no length, read one byte past the
+	// limit to tell a body at the limit from a longer one.
+	want := limit + 1
 	if r.ContentLength >= 0 {
-		// net/http's body reader stops at Content-Length, so one exact
-		// read is the whole body.
-		body := make([]byte, r.ContentLength)
-		if _, err := io.ReadFull(r.Body, body); err != nil {
+		want = r.ContentLength
+	}
+	if want == 0 {
+		return nil, nil
+	}
+	body := make([]byte, 0, min(want, minBodyBuf))
+	for int64(len(body)) < want {
+		if len(body) == cap(body) {
+			body = slices.Grow(body, int(min(want, int64(2*cap(body))))-len(body))
+		}
+		n, err := r.Body.Read(body[len(body):min(int64(cap(body)), want)])
+		body = body[:len(body)+n]
+		if err == io.EOF {
+			if r.ContentLength >= 0 && int64(len(body)) < want {
+				return nil, io.ErrUnexpectedEOF
+			}
+			break
+		}
+		if err != nil {
 			return nil, err
 		}
-		return body, nil
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
-	if err != nil {
-		return nil, err
 	}
 	if int64(len(body)) > limit {
 		return nil, errTooLarge

@@ -74,6 +74,13 @@ func (q req) build() *http.Request {
 
 func tenantOf(r *http.Request) string { return r.Header.Get("X-Tenant") }
 
+// singleTenantUnlessScoped returns mw with SingleTenant set when it has no
+// Principal, so table rows need not repeat it.
+func singleTenantUnlessScoped(mw idemserver.Middleware) *idemserver.Middleware {
+	mw.SingleTenant = mw.Principal == nil
+	return &mw
+}
+
 // serve sends q to h and returns the recorded response.
 func serve(h http.Handler, q req) *httptest.ResponseRecorder {
 	w := httptest.NewRecorder()
@@ -133,7 +140,7 @@ func TestMiddlewareContract(t *testing.T) {
 		{name: "5xx releases the key", before: []req{{key: "k1", target: "/fail"}}, give: req{key: "k1", target: "/fail"}, wantStatus: 500, wantCalls: 2},
 		{name: "deterministic 4xx is stored", before: []req{{key: "k1", target: "/invalid"}}, give: req{key: "k1", target: "/invalid"}, wantStatus: 400, wantReplayed: true, wantCalls: 1},
 		{name: "409 from the handler releases", before: []req{{key: "k1", target: "/busy"}}, give: req{key: "k1", target: "/busy"}, wantStatus: 409, wantCalls: 2},
-		{name: "response over MaxStoredBody releases", mw: idemserver.Middleware{MaxStoredBody: 1024}, before: []req{{key: "k1", target: "/big"}}, give: req{key: "k1", target: "/big"}, wantStatus: 201, wantCalls: 2},
+		{name: "response over MaxStoredBody is not run again", mw: idemserver.Middleware{MaxStoredBody: 1024}, before: []req{{key: "k1", target: "/big"}}, give: req{key: "k1", target: "/big"}, wantStatus: 410, wantType: idemserver.TypeNotReplayable, wantCalls: 1},
 		{name: "custom ShouldStore keeps 500s", mw: idemserver.Middleware{ShouldStore: func(int) bool { return true }}, before: []req{{key: "k1", target: "/fail"}}, give: req{key: "k1", target: "/fail"}, wantStatus: 500, wantReplayed: true, wantCalls: 1},
 		{name: "same key in another tenant runs", mw: idemserver.Middleware{Principal: tenantOf}, before: []req{{key: "k1", tenant: "a"}}, give: req{key: "k1", tenant: "b"}, wantStatus: 201, wantCalls: 2},
 		{name: "same key in the same tenant replays", mw: idemserver.Middleware{Principal: tenantOf}, before: []req{{key: "k1", tenant: "a"}}, give: req{key: "k1", tenant: "a"}, wantStatus: 201, wantReplayed: true, wantCalls: 1},
@@ -142,7 +149,7 @@ func TestMiddlewareContract(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			a := new(app)
-			h := tt.mw.Wrap(a)
+			h := singleTenantUnlessScoped(tt.mw).Wrap(a)
 			for _, q := range tt.before {
 				serve(h, q)
 			}
@@ -157,7 +164,7 @@ func TestMiddlewareContract(t *testing.T) {
 
 func TestReplayIsFaithful(t *testing.T) {
 	a := new(app)
-	h := new(idemserver.Middleware).Wrap(a)
+	h := (&idemserver.Middleware{SingleTenant: true}).Wrap(a)
 	q := req{key: "k1", body: "hello"}
 	first := serve(h, q)
 	second := serve(h, q)
@@ -166,7 +173,8 @@ func TestReplayIsFaithful(t *testing.T) {
 	assert.Equal(t, first.Code, second.Code)
 	assert.Equal(t, first.Body.String(), second.Body.String())
 	assert.Equal(t, `call 1 tenant "" body "hello"`, second.Body.String())
-	assert.Equal(t, first.Header().Values("Set-Cookie"), second.Header().Values("Set-Cookie"))
+	assert.Equal(t, []string{"a=1", "b=2"}, first.Header().Values("Set-Cookie"))
+	assert.Empty(t, second.Header().Values("Set-Cookie"), "a session cookie is never handed out again")
 	assert.Equal(t, first.Header().Get("Content-Type"), second.Header().Get("Content-Type"))
 	assert.Empty(t, first.Header().Get(idemserver.ReplayedHeader))
 	assert.Equal(t, "true", second.Header().Get(idemserver.ReplayedHeader))
@@ -175,7 +183,7 @@ func TestReplayIsFaithful(t *testing.T) {
 // TestReplayOmitsHopByHopHeaders: a header that describes the first
 // connection must not be repeated on another.
 func TestReplayOmitsHopByHopHeaders(t *testing.T) {
-	h := new(idemserver.Middleware).Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	h := (&idemserver.Middleware{SingleTenant: true}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Connection", "close")
 		w.Header().Set("X-Kept", "yes")
 		w.WriteHeader(http.StatusOK)
@@ -188,7 +196,7 @@ func TestReplayOmitsHopByHopHeaders(t *testing.T) {
 }
 
 func TestKeyMissingProblemIsRecognisable(t *testing.T) {
-	h := (&idemserver.Middleware{Required: true}).Wrap(new(app))
+	h := (&idemserver.Middleware{SingleTenant: true, Required: true}).Wrap(new(app))
 	w := serve(h, req{body: "x"})
 
 	require.Equal(t, http.StatusBadRequest, w.Code)
@@ -206,7 +214,7 @@ func TestKeyMissingProblemIsRecognisable(t *testing.T) {
 
 func TestMultipleKeyHeaders(t *testing.T) {
 	a := new(app)
-	h := new(idemserver.Middleware).Wrap(a)
+	h := (&idemserver.Middleware{SingleTenant: true}).Wrap(a)
 	r := req{key: "k1"}.build()
 	r.Header.Add("Idempotency-Key", "k2")
 	w := httptest.NewRecorder()
@@ -218,7 +226,7 @@ func TestMultipleKeyHeaders(t *testing.T) {
 
 func TestCustomKeyHeader(t *testing.T) {
 	a := new(app)
-	h := (&idemserver.Middleware{KeyHeader: "x-idempotency-key", Required: true}).Wrap(a)
+	h := (&idemserver.Middleware{SingleTenant: true, KeyHeader: "x-idempotency-key", Required: true}).Wrap(a)
 	build := func() *http.Request {
 		r := req{}.build()
 		r.Header.Set("X-Idempotency-Key", "k1")
@@ -276,7 +284,7 @@ func TestPanicReleasesKey(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var calls atomic.Int64
-			h := new(idemserver.Middleware).Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			h := (&idemserver.Middleware{SingleTenant: true}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 				if calls.Add(1) == 1 {
 					panic(tt.give)
 				}
@@ -293,7 +301,8 @@ func TestPanicReleasesKey(t *testing.T) {
 
 func TestCustomWriteError(t *testing.T) {
 	h := (&idemserver.Middleware{
-		Required: true,
+		SingleTenant: true,
+		Required:     true,
 		WriteError: func(w http.ResponseWriter, _ *http.Request, p *idemserver.Problem) {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(p.Status)
@@ -318,7 +327,7 @@ func TestHandlerReadsBody(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var got []byte
-			h := new(idemserver.Middleware).Wrap(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+			h := (&idemserver.Middleware{SingleTenant: true}).Wrap(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
 				got, _ = io.ReadAll(r.Body)
 			}))
 			r := httptest.NewRequest(http.MethodPost, "/", tt.give)
@@ -331,7 +340,7 @@ func TestHandlerReadsBody(t *testing.T) {
 
 func TestUnknownLengthBodyTooLarge(t *testing.T) {
 	a := new(app)
-	h := (&idemserver.Middleware{MaxBodyBytes: 8}).Wrap(a)
+	h := (&idemserver.Middleware{SingleTenant: true, MaxBodyBytes: 8}).Wrap(a)
 	r := httptest.NewRequest(http.MethodPost, "/", io.MultiReader(strings.NewReader("0123"), strings.NewReader("45678")))
 	r.Header.Set("Idempotency-Key", "k1")
 	w := httptest.NewRecorder()
@@ -367,7 +376,7 @@ func TestStreamingHandlers(t *testing.T) {
 	// served reports each request's end, after the middleware stored or
 	// released its key: a hijacked response reaches the client before that.
 	served := make(chan struct{}, 1)
-	h := new(idemserver.Middleware).Wrap(mux)
+	h := (&idemserver.Middleware{SingleTenant: true}).Wrap(mux)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() { served <- struct{}{} }()
 		h.ServeHTTP(w, r)
@@ -433,7 +442,7 @@ func TestDefaultShouldStore(t *testing.T) {
 // TestZeroValueMiddlewaresAreIndependent: each Wrap of a Middleware with no
 // Store gets its own memory store.
 func TestZeroValueMiddlewaresAreIndependent(t *testing.T) {
-	var mw idemserver.Middleware
+	mw := idemserver.Middleware{SingleTenant: true}
 	a := new(app)
 	h1, h2 := mw.Wrap(a), mw.Wrap(a)
 	serve(h1, req{key: "k1"})
@@ -445,7 +454,7 @@ func TestZeroValueMiddlewaresAreIndependent(t *testing.T) {
 // TestSharedStore: two handlers (two server instances) sharing a store see
 // each other's keys.
 func TestSharedStore(t *testing.T) {
-	mw := idemserver.Middleware{Store: new(idemserver.MemoryStore)}
+	mw := idemserver.Middleware{SingleTenant: true, Store: new(idemserver.MemoryStore)}
 	a := new(app)
 	h1, h2 := mw.Wrap(a), mw.Wrap(a)
 	serve(h1, req{key: "k1"})
@@ -467,7 +476,7 @@ func TestUnconfiguredMethodUntouched(t *testing.T) {
 		gotWriter http.ResponseWriter
 		gotKey    string
 	)
-	h := (&idemserver.Middleware{Required: true}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := (&idemserver.Middleware{SingleTenant: true, Required: true}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		gotBody, gotWriter, gotKey = r.Body, w, r.Header.Get("Idempotency-Key")
 		w.WriteHeader(http.StatusNoContent)
 	}))

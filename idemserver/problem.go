@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 )
 
 // Problem type URIs: the type member of each problem the middleware
@@ -33,6 +34,21 @@ const (
 	// TypeStoreUnavailable: 503, the store could not be asked whether the key
 	// was seen, so the request was not run; retry after Retry-After.
 	TypeStoreUnavailable = "https://pkg.go.dev/github.com/idemkit/idemhttp/idemserver#TypeStoreUnavailable"
+	// TypeStoreFull: 503, the store is at its bound (see [ErrStoreFull])
+	// and refused to record the key rather than evict another; the request
+	// was not run. Retry with the same key after Retry-After.
+	TypeStoreFull = "https://pkg.go.dev/github.com/idemkit/idemhttp/idemserver#TypeStoreFull"
+	// TypeNotReplayable: 410, a request with this key ran to completion,
+	// but its response was too large to store (see
+	// [Middleware].MaxStoredBody), so it cannot be replayed, and it will not
+	// be run again while the key is kept (the TTL). The problem's
+	// original_status member is the status the handler answered. Do not
+	// retry: look the outcome up by other means.
+	TypeNotReplayable = "https://pkg.go.dev/github.com/idemkit/idemhttp/idemserver#TypeNotReplayable"
+	// TypeMisconfigured: 500, the middleware's configuration is unsafe (see
+	// [Middleware.Handler]), so it refuses every request and runs nothing.
+	// The server's log says why.
+	TypeMisconfigured = "https://pkg.go.dev/github.com/idemkit/idemhttp/idemserver#TypeMisconfigured"
 )
 
 // Problem is an RFC 9457 problem detail, the body of every error the
@@ -44,6 +60,10 @@ type Problem struct {
 	Status int    `json:"status"`           // HTTP status code
 	Detail string `json:"detail,omitempty"` // what went wrong with this request
 	Key    string `json:"key,omitempty"`    // the idempotency key, when it was valid
+
+	// OriginalStatus is the status the handler answered the first request
+	// with; set only for [TypeNotReplayable].
+	OriginalStatus int `json:"original_status,omitempty"`
 }
 
 // WriteProblem writes p as application/problem+json with status p.Status.
@@ -126,4 +146,51 @@ func problemStoreUnavailable(key string) *Problem {
 		Detail: "The server could not check whether this key was seen before, so it did not process the request; retry with the same key.",
 		Key:    key,
 	}
+}
+
+func problemStoreFull(key string) *Problem {
+	return &Problem{
+		Type:   TypeStoreFull,
+		Title:  "Idempotency store full",
+		Status: http.StatusServiceUnavailable,
+		Detail: "The server cannot record another key at the moment, so it did not process the request; retry with the same key after Retry-After.",
+		Key:    key,
+	}
+}
+
+func problemNotReplayable(header, key string, status int) *Problem {
+	return &Problem{
+		Type:           TypeNotReplayable,
+		Title:          "Response for this " + header + " not stored",
+		Status:         http.StatusGone,
+		Detail:         "A request with this key completed with status " + strconv.Itoa(status) + ", but its response was too large to store, so it cannot be replayed; the request will not run again under this key.",
+		Key:            key,
+		OriginalStatus: status,
+	}
+}
+
+func problemMisconfigured() *Problem {
+	return &Problem{
+		Type:   TypeMisconfigured,
+		Title:  "Idempotency middleware misconfigured",
+		Status: http.StatusInternalServerError,
+		Detail: "The server's idempotency middleware is not configured safely, so it processes no request; the server's log says why.",
+	}
+}
+
+// keyProblemDetail turns a key parsing error into a sentence for a
+// problem's detail: the reason alone, without the Go error's prefixes
+// ("idemhttp: invalid idempotency key: "), capitalised and with a stop.
+func keyProblemDetail(err error) string {
+	msg := err.Error()
+	if i := strings.LastIndex(msg, ": "); i >= 0 {
+		msg = msg[i+2:]
+	}
+	if msg == "" {
+		return "The key is invalid."
+	}
+	if c := msg[0]; c >= 'a' && c <= 'z' {
+		msg = string(c-'a'+'A') + msg[1:]
+	}
+	return strings.TrimSuffix(msg, ".") + "."
 }

@@ -14,10 +14,23 @@ import (
 // another value was written by a newer (or a foreign) format.
 const recordFormat = 1
 
+// unreplayableFormat is the first byte of the record kept for a response
+// too large to store: the format byte, then the status as an unsigned
+// varint, and nothing else. It marks the key as completed, so a retry is
+// refused rather than run a second time.
+const unreplayableFormat = 2
+
 var (
-	errCorrupt   = errors.New("corrupt response record")
-	errTruncated = errors.New("truncated")
+	errCorrupt       = errors.New("corrupt response record")
+	errTruncated     = errors.New("truncated")
+	errNotReplayable = errors.New("idemserver: response not stored: too large to replay")
 )
+
+// encodeUnreplayable returns the record for a response with status that
+// was not kept.
+func encodeUnreplayable(status int) []byte {
+	return binary.AppendUvarint([]byte{unreplayableFormat}, uint64(status))
+}
 
 // Response is a stored response, decoded: what a replay sends back.
 type Response struct {
@@ -36,7 +49,7 @@ func (r *Response) MarshalBinary() ([]byte, error) {
 	if r.Status < 100 || r.Status > 999 {
 		return nil, fmt.Errorf("idemserver: encode response: invalid status %d", r.Status)
 	}
-	b := encodeHead(r.Status, r.Header, len(r.Body), false)
+	b := encodeHead(r.Status, r.Header, len(r.Body), nil)
 	return append(b, r.Body...), nil
 }
 
@@ -44,7 +57,9 @@ func (r *Response) MarshalBinary() ([]byte, error) {
 // by the middleware, replacing r's contents; it copies what it keeps. It
 // refuses a truncated record, an unknown format and a status outside
 // 100-999, and allocates no more than the record's size, so a corrupt
-// record cannot crash the server.
+// record cannot crash the server. It also refuses the marker the
+// middleware stores for a response too large to keep (see
+// [Middleware].MaxStoredBody), which holds no response.
 func (r *Response) UnmarshalBinary(record []byte) error {
 	h := http.Header{}
 	status, body, err := parseRecord(record, h)
@@ -66,14 +81,14 @@ func (r *Response) UnmarshalBinary(record []byte) error {
 var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
 // encodeHead returns the record's head (format, status, header) in a slice
-// with room for bodyHint more bytes. With skipHop the hop-by-hop fields are
-// left out.
-func encodeHead(status int, h http.Header, bodyHint int, skipHop bool) []byte {
+// with room for bodyHint more bytes. When keep is not nil, only the fields
+// it accepts are encoded.
+func encodeHead(status int, h http.Header, bodyHint int, keep func(name string, vs []string) bool) []byte {
 	var stack [16]string // most responses have fewer header fields
 	keys := stack[:0]
 	n := 1 + uvarintLen(status) + bodyHint
 	for k, vs := range h {
-		if skipHop && slices.Contains(hopHeaders, k) {
+		if keep != nil && !keep(k, vs) {
 			continue
 		}
 		keys = append(keys, k)
@@ -113,6 +128,14 @@ func appendString(b []byte, s string) []byte {
 // when into is not nil, sets its header fields there. It checks the whole
 // head before touching into, so a corrupt record leaves into as it was.
 func parseRecord(record []byte, into http.Header) (status int, body []byte, err error) {
+	if len(record) > 0 && record[0] == unreplayableFormat {
+		d := decoder{b: record[1:]}
+		s := d.uvarint()
+		if d.err != nil || len(d.b) != 0 || s < 100 || s > 999 {
+			return 0, nil, fmt.Errorf("idemserver: %w: bad marker", errCorrupt)
+		}
+		return int(s), nil, errNotReplayable
+	}
 	if len(record) == 0 || record[0] != recordFormat {
 		return 0, nil, fmt.Errorf("idemserver: %w: unknown format", errCorrupt)
 	}

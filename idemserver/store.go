@@ -13,6 +13,14 @@ import (
 // overwrite or free a newer request's claim.
 var ErrClaimLost = errors.New("idemserver: claim lost")
 
+// ErrStoreFull is returned by [Store.Claim] when the store is at its bound
+// and refuses to record a new claim rather than evict a live record (which
+// would let its key run a second time). The middleware answers 503
+// ([TypeStoreFull]) with Retry-After; nothing ran. [MemoryStore] returns it
+// when it holds MaxEntries records or MaxBytes bytes; a shared store may
+// return it (wrapped) when its server refuses writes for lack of memory.
+var ErrStoreFull = errors.New("idemserver: store full")
+
 // ClaimState says what [Store.Claim] found under a key.
 type ClaimState int
 
@@ -88,12 +96,14 @@ type ClaimResult struct {
 // now(). A sketch of both:
 //
 //   - Redis: Claim is SET key claim NX PX lockTimeout, then GET if the key
-//     exists (or one Lua script doing both); Complete and Release are Lua
-//     scripts that compare the stored token before SET ... PX ttl or DEL.
+//     exists (or one Lua script doing both); Complete, Renew and Release
+//     are Lua scripts that compare the stored token before SET ... PX ttl,
+//     PEXPIRE or DEL.
 //   - PostgreSQL: Claim is INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE
 //     the existing row has expired (its lock or its TTL) RETURNING, then a
-//     SELECT when nothing was returned; Complete is UPDATE ... WHERE key and
-//     token match and the lock is live; Release is DELETE ... WHERE the same.
+//     SELECT when nothing was returned; Complete and Renew are UPDATE ...
+//     WHERE key and token match and the lock is live; Release is DELETE ...
+//     WHERE the same.
 //
 // Read from the primary only: a replica that lags lets two requests claim
 // the same key.
@@ -103,7 +113,18 @@ type Store interface {
 	// returns State Claimed. Otherwise it changes nothing and returns
 	// InProgress or Completed with the existing record's fingerprint. An
 	// error means nothing is known: the caller must not run the request.
+	// A store that refuses new claims because it is full returns an error
+	// that wraps [ErrStoreFull].
 	Claim(ctx context.Context, key string, c Claim) (ClaimResult, error)
+
+	// Renew extends the in-progress claim on key held by token, so that it
+	// holds the key for lockTimeout (positive) from now, as Claim did. The
+	// middleware calls it every third of the lock timeout while the handler
+	// runs, so a handler slower than the lock timeout keeps its claim. It
+	// returns ErrClaimLost if token no longer holds a live claim on key: a
+	// claim whose lock already timed out is not revived, since another
+	// request may have taken the key over.
+	Renew(ctx context.Context, key, token string, lockTimeout time.Duration) error
 
 	// Complete stores record under key, replacing the in-progress claim
 	// held by token, and keeps it for ttl (positive) from now. It returns

@@ -31,6 +31,8 @@ func (failingStore) Complete(context.Context, string, string, []byte, time.Durat
 
 func (failingStore) Release(context.Context, string, string) error { return errStoreDown }
 
+func (failingStore) Renew(context.Context, string, string, time.Duration) error { return errStoreDown }
+
 // brokenStore returns a claim result it was never meant to.
 type brokenStore struct {
 	failingStore
@@ -58,7 +60,7 @@ func TestInvalidClaimResult(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			a := new(app)
-			h := (&idemserver.Middleware{Store: brokenStore{give: tt.give}, Logger: slog.New(slog.DiscardHandler)}).Wrap(a)
+			h := (&idemserver.Middleware{SingleTenant: true, Store: brokenStore{give: tt.give}, Logger: slog.New(slog.DiscardHandler)}).Wrap(a)
 			w := serve(h, req{key: "k1"})
 			assert.Equal(t, http.StatusServiceUnavailable, w.Code)
 			assert.Zero(t, a.calls.Load())
@@ -68,7 +70,7 @@ func TestInvalidClaimResult(t *testing.T) {
 
 func TestStoreUnavailable(t *testing.T) {
 	a := new(app)
-	h := (&idemserver.Middleware{Store: failingStore{}, Logger: slog.New(slog.DiscardHandler)}).Wrap(a)
+	h := (&idemserver.Middleware{SingleTenant: true, Store: failingStore{}, Logger: slog.New(slog.DiscardHandler)}).Wrap(a)
 	w := serve(h, req{key: "k1"})
 	assert.Equal(t, http.StatusServiceUnavailable, w.Code)
 	assert.Equal(t, idemserver.TypeStoreUnavailable, problemType(w))
@@ -94,7 +96,7 @@ func (s *spyStore) Complete(ctx context.Context, key, token string, record []byt
 // documented record format, which Response.UnmarshalBinary reads.
 func TestStoredRecordFormat(t *testing.T) {
 	store := new(spyStore)
-	h := (&idemserver.Middleware{Store: store}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	h := (&idemserver.Middleware{SingleTenant: true, Store: store}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Content-Length", "11")
 		w.Header().Set("Connection", "close")

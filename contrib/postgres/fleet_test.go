@@ -169,7 +169,7 @@ func TestFleet(t *testing.T) {
 	// The effect runs inside the middleware, after the hold: the killed
 	// worker's request completes on the server, and its response is
 	// stored for whoever resends it.
-	mw := &idemserver.Middleware{Required: true}
+	mw := &idemserver.Middleware{SingleTenant: true, Required: true}
 	srv := httptest.NewServer(v.wrap(mw.Wrap(e)))
 	t.Cleanup(srv.Close)
 

@@ -149,6 +149,32 @@ SELECT true FROM idemhttp_keys WHERE key = $1 AND token = $2 AND record IS NOT N
 	return nil
 }
 
+// Renew implements [idemserver.Store.Renew] with one token-checked UPDATE
+// of the claim's expiry, measured with the database's now(). A Renew sent
+// again after a dead connection (see [retry]) renews again, which is
+// harmless.
+func (s *Store) Renew(ctx context.Context, key, token string, lockTimeout time.Duration) error {
+	if lockTimeout <= 0 {
+		return errors.New("idemhttp/postgres: renew: lock timeout must be positive")
+	}
+	var n int64
+	err := retry(ctx, func() error {
+		tag, err := s.db.Exec(ctx, `
+UPDATE idemhttp_keys SET expires_at = now() + $3::interval
+WHERE key = $1 AND token = $2 AND record IS NULL AND expires_at > now()`,
+			[]byte(key), []byte(token), lockTimeout)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("idemhttp/postgres: renew: %w", err)
+	}
+	if n == 0 {
+		return idemserver.ErrClaimLost
+	}
+	return nil
+}
+
 // Release implements [idemserver.Store.Release]. A Release sent again
 // after a dead connection, whose first try deleted the claim after all,
 // reports ErrClaimLost; the key is free either way.

@@ -11,17 +11,22 @@
 //	)
 //
 //	rdb := goredis.NewClient(&goredis.Options{Addr: "redis-primary:6379"})
-//	mw := &idemserver.Middleware{Store: idemredis.NewStore(rdb, nil), Principal: accountOf}
+//	store := idemredis.NewStore(rdb, nil)
+//	if err := store.CheckEvictionPolicy(ctx); err != nil {
+//		log.Fatal(err) // maxmemory-policy is not noeviction
+//	}
+//	mw := &idemserver.Middleware{Store: store, Principal: accountOf}
 //
 // # Commands
 //
 // Each key ("idemhttp:" and the middleware's scoped key) holds one string.
 // Claim is a single SET key claim NX PX lockTimeout GET (Redis 7.0 or
 // later): it records the claim, or returns what the key holds, in one
-// atomic command. Complete and Release are Lua scripts, so that the token
-// check and the write are atomic: Complete replaces the claim held by the
-// token with the response (SET ... PX ttl), keeping the first request's
-// fingerprint; Release deletes the claim held by the token. Expiry is
+// atomic command. Complete, Renew and Release are Lua scripts, so that the
+// token check and the write are atomic: Complete replaces the claim held by
+// the token with the response (SET ... PX ttl), keeping the first request's
+// fingerprint; Renew extends the claim held by the token (PEXPIRE); Release
+// deletes it. Expiry is
 // Redis's own, so nothing needs pruning and the servers' clocks need not
 // agree. Keys are single, so Redis Cluster and Ring shard them freely.
 //
@@ -36,6 +41,25 @@
 // not EVALSHA_RO), so go-redis routes every call to the primary even with
 // ReadOnly or RouteByLatency set on a ClusterClient; do not give it a
 // client connected to a replica.
+//
+// # Eviction
+//
+// The server must run with maxmemory-policy noeviction. Every record the
+// store writes carries a TTL, so under memory pressure every other policy
+// may evict one: the allkeys-* policies any key, the volatile-* policies any
+// key with a TTL (volatile-ttl the soonest to expire, in-progress claims
+// first). An evicted claim or response lets its key run a second time.
+// Under noeviction a full Redis refuses writes instead: claims fail, the
+// middleware answers 503, and nothing runs twice.
+//
+// The Store asks for the policy (CONFIG GET maxmemory-policy, on every
+// primary of a Cluster or shard of a Ring) before its first claim, and
+// refuses claims with an [*EvictionPolicyError] until the answer is
+// noeviction; [Store.CheckEvictionPolicy] makes the same check at start.
+// A server that refuses CONFIG GET cannot be checked and is refused too.
+// [Options].AllowEviction skips the check, for those who accept the risk
+// or know the policy by other means. The policy is checked once: a later
+// CONFIG SET goes unseen.
 //
 // # Durability
 //

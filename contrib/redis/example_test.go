@@ -1,6 +1,7 @@
 package redis_test
 
 import (
+	"context"
 	"log"
 	"net/http"
 
@@ -25,4 +26,17 @@ func ExampleNewStore() {
 		w.WriteHeader(http.StatusCreated)
 	})))
 	log.Fatal(http.ListenAndServe(":8080", nil))
+}
+
+// Check the server's maxmemory-policy at start, so that a Redis that may
+// evict records stops the service from starting rather than answering
+// every request with 503.
+func ExampleStore_CheckEvictionPolicy() {
+	rdb := goredis.NewClient(&goredis.Options{Addr: "redis-primary:6379"})
+	defer rdb.Close()
+	store := idemredis.NewStore(rdb, nil)
+	if err := store.CheckEvictionPolicy(context.Background()); err != nil {
+		log.Fatal(err) // for instance: maxmemory-policy is allkeys-lru on redis-primary:6379: ...
+	}
+	_ = &idemserver.Middleware{Store: store, Principal: func(r *http.Request) string { return r.Header.Get("X-Account") }}
 }

@@ -31,9 +31,10 @@ type privateRedis struct {
 	sock string
 	cmd  *exec.Cmd
 	out  bytes.Buffer
+	args []string // more redis-server arguments
 }
 
-func startPrivateRedis(t *testing.T) *privateRedis {
+func startPrivateRedis(t *testing.T, args ...string) *privateRedis {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -45,7 +46,7 @@ func startPrivateRedis(t *testing.T) *privateRedis {
 	dir, err := os.MkdirTemp("", "idemredis")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	r := &privateRedis{t: t, dir: dir, sock: filepath.Join(dir, "redis.sock")}
+	r := &privateRedis{t: t, dir: dir, sock: filepath.Join(dir, "redis.sock"), args: args}
 	r.start()
 	t.Cleanup(r.kill)
 	return r
@@ -53,9 +54,9 @@ func startPrivateRedis(t *testing.T) *privateRedis {
 
 func (r *privateRedis) start() {
 	r.t.Helper()
-	r.cmd = exec.Command("redis-server",
+	r.cmd = exec.Command("redis-server", append([]string{
 		"--port", "0", "--unixsocket", r.sock, "--unixsocketperm", "700",
-		"--dir", r.dir, "--save", "", "--appendonly", "yes", "--appendfsync", "always")
+		"--dir", r.dir, "--save", "", "--appendonly", "yes", "--appendfsync", "always"}, r.args...)...)
 	r.cmd.Stdout, r.cmd.Stderr = &r.out, &r.out
 	require.NoError(r.t, r.cmd.Start())
 	c := goredis.NewClient(&goredis.Options{Network: "unix", Addr: r.sock, MaxRetries: -1})

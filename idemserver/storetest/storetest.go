@@ -123,6 +123,10 @@ func (f *fixture) release(key, token string) error {
 	return f.s.Release(f.ctx, key, token)
 }
 
+func (f *fixture) renew(key, token string) error {
+	return f.s.Renew(f.ctx, key, token, f.lock())
+}
+
 // record returns a response record with the given body, as the
 // middleware would store it.
 func record(body string) []byte {
@@ -225,6 +229,21 @@ func run(t *testing.T, h harness) {
 			{"complete unknown key", func(f *fixture) error { return f.complete("other", "t1", record("x")) }, idemserver.ErrClaimLost, idemserver.InProgress},
 			{"release unknown key", func(f *fixture) error { return f.release("other", "t1") }, idemserver.ErrClaimLost, idemserver.InProgress},
 			{"release frees the key", func(f *fixture) error { return f.release("k", "t1") }, nil, idemserver.Claimed},
+			{"renew keeps the claim", func(f *fixture) error { return f.renew("k", "t1") }, nil, idemserver.InProgress},
+			{"renew with another token", func(f *fixture) error { return f.renew("k", "t2") }, idemserver.ErrClaimLost, idemserver.InProgress},
+			{"renew unknown key", func(f *fixture) error { return f.renew("other", "t1") }, idemserver.ErrClaimLost, idemserver.InProgress},
+			{"renew after complete", func(f *fixture) error {
+				require.NoError(f.t, f.complete("k", "t1", record("x")))
+				return f.renew("k", "t1")
+			}, idemserver.ErrClaimLost, idemserver.Completed},
+			{"renew after release", func(f *fixture) error {
+				require.NoError(f.t, f.release("k", "t1"))
+				return f.renew("k", "t1")
+			}, idemserver.ErrClaimLost, idemserver.Claimed},
+			{"complete after renew", func(f *fixture) error {
+				require.NoError(f.t, f.renew("k", "t1"))
+				return f.complete("k", "t1", record("x"))
+			}, nil, idemserver.Completed},
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
@@ -275,6 +294,34 @@ func run(t *testing.T, h harness) {
 		done := f.claim("k", "fourth", "fp-new")
 		require.Equal(t, idemserver.Completed, done.State)
 		assert.Equal(t, record("fresh"), done.Record)
+	})
+
+	t.Run("RenewExtendsLock", func(t *testing.T) {
+		f := h.fixture(t)
+		f.mustClaim("k", "t1", "fp")
+		// Renewed three units in, the claim outlives its first lock
+		// timeout (four units) by two units at least.
+		f.advance(3 * f.unit)
+		require.NoError(t, f.renew("k", "t1"))
+		f.advance(3 * f.unit)
+		held := f.claim("k", "t2", "fp2")
+		assert.Equal(t, idemserver.InProgress, held.State, "a renewed claim holds its key past the first lock timeout")
+		assert.Equal(t, "fp", held.Fingerprint)
+		require.NoError(t, f.complete("k", "t1", record("slow")), "a renewed claim completes")
+		done := f.claim("k", "t3", "fp")
+		require.Equal(t, idemserver.Completed, done.State)
+		assert.Equal(t, record("slow"), done.Record)
+	})
+
+	t.Run("RenewedClaimStillExpires", func(t *testing.T) {
+		f := h.fixture(t)
+		f.mustClaim("k", "t1", "fp")
+		f.advance(f.unit)
+		require.NoError(t, f.renew("k", "t1"))
+		f.advance(f.lock() + f.unit)
+		assert.ErrorIs(t, f.renew("k", "t1"), idemserver.ErrClaimLost, "an expired claim is not revived")
+		assert.Equal(t, idemserver.Claimed, f.claim("k", "t2", "fp").State)
+		assert.ErrorIs(t, f.renew("k", "t1"), idemserver.ErrClaimLost, "a stale token cannot renew the newer claim")
 	})
 
 	t.Run("ExpiredClaimCannotComplete", func(t *testing.T) {

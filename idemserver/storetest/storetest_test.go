@@ -40,7 +40,15 @@ var brokenStores = map[string]func(now func() time.Time) idemserver.Store{
 	"truncates records": func(now func() time.Time) idemserver.Store {
 		return truncating{&idemserver.MemoryStore{Now: now}}
 	},
+	"renew does nothing": func(now func() time.Time) idemserver.Store {
+		return renewless{&idemserver.MemoryStore{Now: now}}
+	},
 }
+
+// renewless accepts Renew without extending the claim.
+type renewless struct{ *idemserver.MemoryStore }
+
+func (renewless) Renew(context.Context, string, string, time.Duration) error { return nil }
 
 // tokenBlind completes and releases with whatever token last claimed the
 // key: the bug a store without a token check has.
@@ -119,6 +127,7 @@ func TestSuiteCatchesBrokenStores(t *testing.T) {
 		{"ignores tokens", "--- FAIL: TestBrokenStore/LockTimeoutTakeover"},
 		{"never expires", "--- FAIL: TestBrokenStore/TTL"},
 		{"truncates records", "--- FAIL: TestBrokenStore/RecordFidelity"},
+		{"renew does nothing", "--- FAIL: TestBrokenStore/RenewExtendsLock"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.give, func(t *testing.T) {
