@@ -22,11 +22,6 @@ func ParseKey(v string, form KeyForm) (string, error) { return parseKey(v, form)
 // more than limit bytes, as [Middleware] does before fingerprinting.
 func ReadBody(r *http.Request, limit int64) ([]byte, error) { return readBody(r, limit) }
 
-// Fingerprint returns the fingerprint [Middleware] compares to decide
-// whether a request reusing a key is the same request (method, path,
-// query and body), given the request's whole body.
-func Fingerprint(r *http.Request, body []byte) string { return fingerprint(r, body) }
-
 // ScopedKey returns the store key under which [Middleware] keeps the
 // record of key for a principal's scope: the two joined unambiguously,
 // so no scope and key can collide with another's.

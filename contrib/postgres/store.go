@@ -162,7 +162,7 @@ func (s *Store) Renew(ctx context.Context, key, token string, lockTimeout time.D
 		tag, err := s.db.Exec(ctx, `
 UPDATE idemhttp_keys SET expires_at = now() + $3::interval
 WHERE key = $1 AND token = $2 AND record IS NULL AND expires_at > now()`,
-			[]byte(key), []byte(token), lockTimeout)
+			rowKey(key), []byte(token), lockTimeout)
 		n = tag.RowsAffected()
 		return err
 	})

@@ -125,6 +125,11 @@ type TxOptions struct {
 	// [idemserver.DefaultShouldStore], which commits no 5xx.
 	ShouldStore func(status int) bool
 
+	// Fingerprint identifies a request, to tell a retry of it from another
+	// request reusing its key, as [idemserver.Middleware.Fingerprint] does.
+	// Nil means [idemserver.DefaultFingerprint].
+	Fingerprint func(r *http.Request, body []byte) string
+
 	// WriteError writes the middleware's own error responses; nil means
 	// [idemserver.WriteProblem].
 	WriteError func(w http.ResponseWriter, r *http.Request, p *idemserver.Problem)
@@ -210,6 +215,7 @@ type TxMiddleware struct {
 	maxBody     int64
 	maxStored   int
 	shouldStore func(int) bool
+	fingerprint func(*http.Request, []byte) string
 	writeError  func(http.ResponseWriter, *http.Request, *idemserver.Problem)
 	logger      *slog.Logger
 	tokenPrefix string
@@ -247,6 +253,7 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 		maxBody:     opts.MaxBodyBytes,
 		maxStored:   opts.MaxStoredBody,
 		shouldStore: opts.ShouldStore,
+		fingerprint: opts.Fingerprint,
 		writeError:  opts.WriteError,
 		logger:      opts.Logger,
 		tokenPrefix: newTokenPrefix(),
@@ -278,6 +285,9 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 	}
 	if m.maxStored <= 0 {
 		m.maxStored = idemserver.DefaultMaxStoredBody
+	}
+	if m.fingerprint == nil {
+		m.fingerprint = idemserver.DefaultFingerprint
 	}
 	if m.shouldStore == nil {
 		m.shouldStore = idemserver.DefaultShouldStore
@@ -410,7 +420,7 @@ func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			Scope: scope,
 			Token: string(strconv.AppendUint([]byte(m.tokenPrefix), m.tokens.Add(1), 36)),
 		},
-		fingerprint: idemserver.Fingerprint(r, body),
+		fingerprint: m.fingerprint(r, body),
 	}
 	c.row = rowKey(idemserver.ScopedKey(scope, key))
 	h.serve(w, r, c)

@@ -39,7 +39,7 @@ func BenchmarkTxMiddleware(b *testing.B) {
 		}
 	})
 	tx := newTx(b, s, conc, nil)
-	store := &idemserver.Middleware{Store: postgres.NewStore(pool)}
+	store := &idemserver.Middleware{Store: postgres.NewStore(pool), SingleTenant: true}
 	handlers := []struct {
 		name string
 		h    http.Handler

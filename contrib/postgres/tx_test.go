@@ -566,7 +566,7 @@ func TestTxSharesTheStoresTable(t *testing.T) {
 	h := newTx(t, s, 2, nil).WrapFunc(chargeTx)
 	req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader("x"))
 	_, err := postgres.NewStore(s.pool(t, 1)).Claim(ctx, idemserver.ScopedKey("", "k"),
-		idemserver.Claim{Token: "other", Fingerprint: idemserver.Fingerprint(req, []byte("x")), LockTimeout: time.Minute})
+		idemserver.Claim{Token: "other", Fingerprint: idemserver.DefaultFingerprint(req, []byte("x")), LockTimeout: time.Minute})
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusConflict, post(t, h, "k", "x").Status)
 	assert.Equal(t, http.StatusUnprocessableEntity, post(t, h, "k", "y").Status)
