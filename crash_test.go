@@ -1,11 +1,11 @@
 package idemhttp
 
 import (
-	"errors"
 	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"

@@ -234,4 +234,3 @@ func cloneEntry(e *Entry) *Entry {
 	c.Body = bytes.Clone(e.Body)
 	return &c
 }
-
