@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -409,9 +410,6 @@ func outcomeState(err error) State {
 	return StatePending
 }
 
-// secretHeaders never reach a journal.
-var secretHeaders = [...]string{"Authorization", "Cookie", "Proxy-Authorization"}
-
 // begin records the pending entry for a keyed call before anything is
 // sent, or finds the entry a previous run left for the same operation.
 func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key, op string, body []byte) (*Entry, error) {
@@ -423,14 +421,7 @@ func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key, o
 	if candidate == "" {
 		candidate = NewKey()
 	}
-	h := req.Header.Clone()
-	h.Del(c.pol.keyHeader)
-	for _, s := range secretHeaders {
-		h.Del(s)
-	}
-	for _, s := range c.SecretHeaders {
-		h.Del(s)
-	}
+	h := SafeHeader(req.Header.Clone(), append(slices.Clip(c.SecretHeaders), c.pol.keyHeader)...)
 	now := time.Now()
 	e := &Entry{
 		Operation:   op,

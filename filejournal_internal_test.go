@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"math"
 	"net/http"
 	"os"
@@ -21,6 +20,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idemhttp/internal/wal"
 )
 
 // Helpers here start with ij (internal journal) so that they cannot clash
@@ -519,7 +520,7 @@ func TestJournalFileHeader(t *testing.T) {
 	withVersion := func(v uint32) []byte {
 		h := bytes.Clone(hdr)
 		binary.LittleEndian.PutUint32(h[8:], v)
-		binary.LittleEndian.PutUint32(h[20:], crc32.Checksum(h[:20], journalCRC))
+		binary.LittleEndian.PutUint32(h[20:], journalCRC(h[:20]))
 		return h
 	}
 	for _, give := range [][]byte{hdr, ijFile(ijBatch(1, fjAppendDelete(nil, "k")))} {
@@ -529,24 +530,25 @@ func TestJournalFileHeader(t *testing.T) {
 	}
 
 	tests := []struct {
-		name string
-		give []byte
-		want string
+		name    string
+		give    []byte
+		wantErr error
+		want    string
 	}{
-		{name: "empty", give: nil, want: "not an idemhttp journal"},
-		{name: "short", give: hdr[:fjFileHdrLen-1], want: "not an idemhttp journal"},
-		{name: "bbolt file", give: ijCat([]byte{16: 0xed, 17: 0xda, 18: 0x0c, 19: 0xed}, make([]byte, 4096)), want: "not an idemhttp journal"},
-		{name: "lowercase magic", give: ijCat([]byte("idemjrnl"), hdr[8:]), want: "not an idemhttp journal"},
-		{name: "flipped CRC", give: ijFlip(hdr, 21), want: "damaged file header"},
-		{name: "flipped version", give: ijFlip(hdr, 8), want: "damaged file header"},
-		{name: "flipped salt", give: ijFlip(hdr, 13), want: "damaged file header"},
-		{name: "bbolt-era version", give: withVersion(2), want: "journal format version 2,"},
-		{name: "future version", give: withVersion(fjVersion + 1), want: fmt.Sprintf("journal format version %d,", fjVersion+1)},
+		{name: "empty", give: nil, wantErr: ErrNotJournal, want: "not an idemhttp journal"},
+		{name: "short", give: hdr[:fjFileHdrLen-1], wantErr: ErrNotJournal, want: "not an idemhttp journal"},
+		{name: "bbolt file", give: ijCat([]byte{16: 0xed, 17: 0xda, 18: 0x0c, 19: 0xed}, make([]byte, 4096)), wantErr: ErrNotJournal, want: "not an idemhttp journal"},
+		{name: "lowercase magic", give: ijCat([]byte("idemjrnl"), hdr[8:]), wantErr: ErrNotJournal, want: "not an idemhttp journal"},
+		{name: "flipped CRC", give: ijFlip(hdr, 21), wantErr: ErrJournalCorrupt, want: "damaged file header"},
+		{name: "flipped version", give: ijFlip(hdr, 8), wantErr: ErrJournalCorrupt, want: "damaged file header"},
+		{name: "flipped salt", give: ijFlip(hdr, 13), wantErr: ErrJournalCorrupt, want: "damaged file header"},
+		{name: "bbolt-era version", give: withVersion(2), wantErr: ErrJournalVersion, want: "journal format version 2,"},
+		{name: "future version", give: withVersion(fjVersion + 1), wantErr: ErrJournalVersion, want: fmt.Sprintf("journal format version %d,", fjVersion+1)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := fjCheckFileHeader(tt.give)
-			assert.ErrorIs(t, err, ErrJournalCorrupt)
+			assert.ErrorIs(t, err, tt.wantErr)
 			assert.ErrorContains(t, err, tt.want)
 		})
 	}
@@ -604,12 +606,12 @@ func TestJournalReplay(t *testing.T) {
 
 	idx, err := fjReplay(file, false)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"a", "c"}, ijKeys(idx))
+	assert.Equal(t, []string{"a", "c"}, ijKeys(idx.fjIndex))
 	assert.Equal(t, map[string]string{"op-a": "a"}, idx.byOp, "a deleted entry frees its operation")
-	assert.Equal(t, uint64(3), idx.seq)
-	assert.Equal(t, int64(len(file)), idx.end)
-	assert.Zero(t, idx.truncated)
-	assert.Zero(t, idx.skipped)
+	assert.Equal(t, uint64(3), idx.Seq)
+	assert.Equal(t, int64(len(file)), idx.End)
+	assert.Zero(t, idx.Truncated)
+	assert.Zero(t, idx.Skipped)
 	assert.Equal(t, int64(len(a)+len(c)+2*fjEntryOverhead), idx.live)
 
 	wantA := &fjEntry{
@@ -625,7 +627,8 @@ func TestJournalReplay(t *testing.T) {
 
 	empty, err := fjReplay(fjFileHeader(ijSalt), false)
 	require.NoError(t, err)
-	assert.Equal(t, &fjIndex{byKey: map[string]*fjEntry{}, byOp: map[string]string{}, salt: ijSalt, end: fjFileHdrLen}, empty)
+	assert.Equal(t, &fjIndex{byKey: map[string]*fjEntry{}, byOp: map[string]string{}}, empty.fjIndex)
+	assert.Equal(t, &wal.Replayed{Salt: ijSalt, End: fjFileHdrLen}, empty.Replayed)
 }
 
 // Finish records hold totals, not deltas: compaction folds a finish into
@@ -698,10 +701,10 @@ func TestJournalReplayRefusesDamage(t *testing.T) {
 
 			idx, err = fjReplay(tt.give, true)
 			require.NoError(t, err, "salvage skips damage")
-			assert.Equal(t, tt.wantKeys, ijKeys(idx))
-			assert.Equal(t, tt.wantSkipped, idx.skipped)
-			assert.Zero(t, idx.truncated)
-			assert.Equal(t, int64(len(tt.give)), idx.end)
+			assert.Equal(t, tt.wantKeys, ijKeys(idx.fjIndex))
+			assert.Equal(t, tt.wantSkipped, idx.Skipped)
+			assert.Zero(t, idx.Truncated)
+			assert.Equal(t, int64(len(tt.give)), idx.End)
 		})
 	}
 }
@@ -719,10 +722,10 @@ func TestJournalReplaySalvageSkipsAGapInTheLastBatch(t *testing.T) {
 
 	idx, err := fjReplay(file, true)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"a"}, ijKeys(idx))
-	assert.Zero(t, idx.truncated, "a batch that passes its CRC is never cut off")
-	assert.Equal(t, int64(len(gap)), idx.skipped)
-	assert.Equal(t, int64(len(file)), idx.end)
+	assert.Equal(t, []string{"a"}, ijKeys(idx.fjIndex))
+	assert.Zero(t, idx.Truncated, "a batch that passes its CRC is never cut off")
+	assert.Equal(t, int64(len(gap)), idx.Skipped)
+	assert.Equal(t, int64(len(file)), idx.End)
 }
 
 // A damaged last batch is a group commit a crash interrupted before any
@@ -755,12 +758,12 @@ func TestJournalReplayCutsTornTail(t *testing.T) {
 			for _, salvage := range []bool{false, true} {
 				idx, err := fjReplay(file, salvage)
 				require.NoError(t, err, "salvage %v", salvage)
-				assert.Equal(t, []string{"a"}, ijKeys(idx))
+				assert.Equal(t, []string{"a"}, ijKeys(idx.fjIndex))
 				assert.Equal(t, byte(journalStatePending), idx.byKey["a"].state, "the torn finish is not applied")
-				assert.Equal(t, int64(fjFileHdrLen+len(b1)), idx.end, "end at the torn batch's start")
-				assert.Equal(t, int64(len(tt.give)), idx.truncated)
-				assert.Zero(t, idx.skipped)
-				assert.Equal(t, uint64(1), idx.seq)
+				assert.Equal(t, int64(fjFileHdrLen+len(b1)), idx.End, "end at the torn batch's start")
+				assert.Equal(t, int64(len(tt.give)), idx.Truncated)
+				assert.Zero(t, idx.Skipped)
+				assert.Equal(t, uint64(1), idx.Seq)
 			}
 		})
 	}
@@ -786,8 +789,8 @@ func TestJournalReplayTornTailHidingABatch(t *testing.T) {
 		t.Run(fmt.Sprintf("salvage=%v", salvage), func(t *testing.T) {
 			idx, err := fjReplay(file, salvage)
 			require.NoError(t, err, "a torn tail is not damage")
-			assert.Equal(t, []string{"a"}, ijKeys(idx), "nothing from inside the body is applied")
-			assert.Equal(t, int64(len(torn)), idx.truncated)
+			assert.Equal(t, []string{"a"}, ijKeys(idx.fjIndex), "nothing from inside the body is applied")
+			assert.Equal(t, int64(len(torn)), idx.Truncated)
 		})
 	}
 }
@@ -907,19 +910,19 @@ func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 		require.Nil(t, idx)
 		return
 	}
-	require.GreaterOrEqual(t, idx.end, int64(fjFileHdrLen))
-	require.LessOrEqual(t, idx.end, int64(len(file)))
-	require.Equal(t, int64(len(file))-idx.end, idx.truncated, "everything after end is cut off")
-	require.LessOrEqual(t, idx.skipped, idx.end-fjFileHdrLen)
+	require.GreaterOrEqual(t, idx.End, int64(fjFileHdrLen))
+	require.LessOrEqual(t, idx.End, int64(len(file)))
+	require.Equal(t, int64(len(file))-idx.End, idx.Truncated, "everything after end is cut off")
+	require.LessOrEqual(t, idx.Skipped, idx.End-fjFileHdrLen)
 	if !salvage {
-		require.Zero(t, idx.skipped)
+		require.Zero(t, idx.Skipped)
 	}
 	var live int64
 	for key, le := range idx.byKey {
 		require.Equal(t, key, le.key)
 		require.Nil(t, le.batch)
 		require.GreaterOrEqual(t, le.off, int64(fjFileHdrLen+fjBatchHdrLen), key)
-		require.LessOrEqual(t, le.off+int64(le.size), idx.end, key)
+		require.LessOrEqual(t, le.off+int64(le.size), idx.End, key)
 		payload, n, ok := fjReadRecord(file[le.off : le.off+int64(le.size)])
 		require.True(t, ok, "record of %q at %d", key, le.off)
 		require.Equal(t, int(le.size), n)
@@ -1030,7 +1033,8 @@ func ijWaitBatched(t *testing.T, j *FileJournal, n int) {
 	require.Eventually(t, func() bool {
 		j.mu.Lock()
 		defer j.mu.Unlock()
-		return len(j.cur.begins) == n
+		b := j.log.Pending()
+		return b != nil && j.pend[b] != nil && len(j.pend[b].begins) == n
 	}, 10*time.Second, time.Millisecond)
 }
 
@@ -1171,11 +1175,7 @@ func TestJournalFaultRacingCompact(t *testing.T) {
 	// Wait until Compact waits for the file: a waiting writer makes
 	// TryRLock fail.
 	require.Eventually(t, func() bool {
-		if j.fileMu.TryRLock() {
-			j.fileMu.RUnlock()
-			return false
-		}
-		return true
+		return j.log.FileBusy()
 	}, 10*time.Second, time.Millisecond)
 	releaseOnce()
 
@@ -1200,7 +1200,7 @@ func ijDurable(j *FileJournal, path, key string) error {
 	le := j.byKey[key]
 	var published bool
 	if le != nil {
-		published = le.batch == nil && le.off+int64(le.size) <= j.size.Load()
+		published = le.batch == nil && le.off+int64(le.size) <= j.durable
 	}
 	j.mu.Unlock()
 	if !published {
@@ -1314,7 +1314,7 @@ func TestJournalRedactURL(t *testing.T) {
 		{give: "https://user:hunter2@api.example.com/%zz", wantErr: true},
 	}
 	for _, tt := range tests {
-		got, err := journalRedactURL(tt.give)
+		got, err := redactURL(tt.give)
 		assert.Equal(t, tt.want, got, tt.give)
 		assert.Equal(t, tt.wantErr, err != nil, tt.give)
 		if err != nil {
@@ -1337,8 +1337,8 @@ func TestJournalReplayFindsABatchAcrossWindows(t *testing.T) {
 			assert.ErrorContains(t, err, fmt.Sprintf("followed by a valid one at offset %d", want))
 			idx, err := fjReplay(file, true)
 			require.NoError(t, err)
-			assert.Equal(t, []string{"a", "c"}, ijKeys(idx))
-			assert.Equal(t, int64(garbage), idx.skipped)
+			assert.Equal(t, []string{"a", "c"}, ijKeys(idx.fjIndex))
+			assert.Equal(t, int64(garbage), idx.Skipped)
 		})
 	}
 }
@@ -1369,4 +1369,29 @@ func TestJournalCommitGroupsWithOneProcessor(t *testing.T) {
 	st := j.Stats()
 	t.Logf("%d Begins in %d commits", st.Writes, st.Commits)
 	assert.Less(t, st.Commits, st.Writes/4)
+}
+
+// A directory sync that fails after compaction's rename stops writes: the
+// rename may not survive a power cut, and writes to the new file would be
+// lost with it.
+func TestJournalFaultDirSyncStopsWrites(t *testing.T) {
+	if !wal.CanRewrite {
+		t.Skip("no compaction on this platform")
+	}
+	injected := errors.New("injected directory sync failure")
+	j, _ := ijOpen(t, func(s string) error {
+		if s == "syncdir" {
+			return injected
+		}
+		return nil
+	})
+	ctx := context.Background()
+	_, err := j.Begin(ctx, ijEntry("k1", ""))
+	require.NoError(t, err)
+	assert.ErrorIs(t, j.Compact(ctx), injected)
+	_, err = j.Begin(ctx, ijEntry("k2", ""))
+	assert.ErrorIs(t, err, injected)
+	_, err = j.Get(ctx, "k1")
+	assert.NoError(t, err, "reads go on")
+	assert.ErrorIs(t, j.Close(), injected)
 }

@@ -39,7 +39,7 @@ func pendingCommand(_ context.Context, args []string, e env) error {
 	if len(rest) > 0 {
 		return fail(exitUsage, "unexpected argument %q", rest[0])
 	}
-	fj, err := openJournal(*path, true, nil)
+	fj, err := openJournalReadOnly(*path)
 	if err != nil {
 		return err
 	}
@@ -221,7 +221,7 @@ func inspectCommand(_ context.Context, args []string, e env) error {
 		fs.Usage()
 		return fail(exitUsage, "want exactly one KEY or OPERATION")
 	}
-	fj, err := openJournal(*path, true, nil)
+	fj, err := openJournalReadOnly(*path)
 	if err != nil {
 		return err
 	}
