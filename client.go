@@ -448,6 +448,9 @@ func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key, o
 	if existing.Fingerprint != fp {
 		return nil, &KeyMismatchError{Key: existing.Key, Operation: existing.Operation}
 	}
+	if existing.State != StateDone && latest(existing.Created, existing.Updated).After(now.Add(ClockTolerance)) {
+		return nil, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", existing.Operation, existing.Key, existing.Created.Format(time.RFC3339), ErrClockJump)
+	}
 	if existing.State == StateAbandoned || now.Sub(existing.Created) > c.pol.retention {
 		return nil, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", existing.Operation, existing.Key, existing.Created.Format(time.RFC3339), ErrKeyExpired)
 	}

@@ -2298,3 +2298,31 @@ func TestFileJournalNoticesReplacedFile(t *testing.T) {
 		})
 	}
 }
+
+// A journal prunes its done entries past Retention by itself, so that a
+// process that never restarts stays bounded; pending and abandoned
+// entries stay. The pruner stops with Close (goleak checks it).
+func TestFileJournalPrunesByItself(t *testing.T) {
+	ctx := context.Background()
+	j := fjOpen(t, fjPath(t), &idemhttp.JournalOptions{Retention: time.Hour, PruneInterval: time.Millisecond})
+	old := time.Now().Add(-2 * time.Hour)
+	for _, k := range []string{"done-old", "done-new", "pending-old", "abandoned-old"} {
+		_, err := j.Begin(ctx, fjEntry(k, ""))
+		require.NoError(t, err)
+	}
+	finish := func(key string, s idemhttp.State, at time.Time) {
+		require.NoError(t, j.Finish(ctx, key, idemhttp.Outcome{State: s, Status: 201, Attempts: 1, At: at}))
+	}
+	finish("done-old", idemhttp.StateDone, old)
+	finish("done-new", idemhttp.StateDone, time.Now())
+	finish("abandoned-old", idemhttp.StateAbandoned, old)
+
+	require.Eventually(t, func() bool {
+		_, err := j.Get(ctx, "done-old")
+		return errors.Is(err, idemhttp.ErrNotFound)
+	}, 10*time.Second, time.Millisecond)
+	for _, k := range []string{"done-new", "pending-old", "abandoned-old"} {
+		_, err := j.Get(ctx, k)
+		assert.NoError(t, err, k)
+	}
+}

@@ -234,6 +234,10 @@ type ResumeResult struct {
 // forgotten its key, so a resend could run the operation twice. It is
 // marked abandoned and reported with an error wrapping [ErrKeyExpired]. An
 // entry whose body was not stored cannot be resent either ([ErrNotReplayable]).
+// Nor is an entry when the clock is behind the journal (an entry created
+// or updated in the future, by more than [ClockTolerance]): its age cannot
+// be known, so every entry is reported with an error wrapping
+// [ErrClockJump] and left pending.
 // Done entries older than the retention are pruned.
 //
 // The error is non-nil only when the journal itself fails; per-entry
@@ -254,13 +258,40 @@ func (c *Client) Resume(ctx context.Context) ([]ResumeResult, error) {
 		return nil, fmt.Errorf("idemhttp: resume: %w", err)
 	}
 	results := make([]ResumeResult, 0, len(pending))
+	// The newest time the journal holds: a clock below it was set back,
+	// and every entry's age is then in doubt, not only the future ones'.
+	var newest time.Time
+	for _, e := range pending {
+		newest = latest(newest, e.Created, e.Updated)
+	}
 	for _, e := range pending {
 		if err := ctx.Err(); err != nil {
 			return results, err
 		}
+		if newest.After(now.Add(ClockTolerance)) {
+			results = append(results, ResumeResult{Entry: e, Err: fmt.Errorf("idemhttp: resume %s: %w: the journal holds times up to %s, the clock says %s",
+				e.Key, ErrClockJump, newest.Format(time.RFC3339), now.Format(time.RFC3339))})
+			continue
+		}
 		results = append(results, c.resumeOne(ctx, j, e, now))
 	}
 	return results, nil
+}
+
+// ClockTolerance is how far ahead of the clock a journaled time may be
+// before [Client.Resume] and [Client.Do] take it as a clock that was set
+// back ([ErrClockJump]): clocks of machines sharing a journal, and one
+// machine's clock stepped by NTP, disagree by that much.
+const ClockTolerance = time.Minute
+
+func latest(ts ...time.Time) time.Time {
+	var m time.Time
+	for _, t := range ts {
+		if t.After(m) {
+			m = t
+		}
+	}
+	return m
 }
 
 // ResumeEntry resends one pending entry of the client's journal, as
@@ -278,6 +309,10 @@ func (c *Client) ResumeEntry(ctx context.Context, e *Entry) ResumeResult {
 
 func (c *Client) resumeOne(ctx context.Context, j Journal, e *Entry, now time.Time) ResumeResult {
 	r := ResumeResult{Entry: e}
+	if t := latest(e.Created, e.Updated); t.After(now.Add(ClockTolerance)) {
+		r.Err = fmt.Errorf("idemhttp: resume %s (created %s): %w", e.Key, e.Created.Format(time.RFC3339), ErrClockJump)
+		return r
+	}
 	if now.Sub(e.Created) > c.pol.retention {
 		if err := j.Finish(ctx, e.Key, Outcome{State: StateAbandoned, Status: e.LastStatus, At: now}); err != nil {
 			r.Err = fmt.Errorf("idemhttp: resume %s: %w", e.Key, err)
