@@ -190,6 +190,11 @@ type FileJournal struct {
 	live    int64                     // bytes the index's entries would take in a compacted file
 	durable int64                     // the end of the file's part the index reflects
 
+	// While a compaction runs, the entries published after its snapshot:
+	// their offsets move with the batches it copies.
+	compacting bool
+	moved      []*fjEntry
+
 	// fault, when set (by tests only, before any write), is called before
 	// each commit's write ("write") and between the write and its sync
 	// ("sync", which on Linux is part of the write), and its error is
@@ -468,6 +473,9 @@ func (j *FileJournal) onCommit(b *wal.Batch, err error) {
 	}
 	for _, le := range p.begins {
 		le.batch = nil
+	}
+	if j.compacting {
+		j.moved = append(j.moved, p.begins...)
 	}
 	for _, le := range p.deletes {
 		if j.byKey[le.key] == le {

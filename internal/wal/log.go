@@ -34,9 +34,10 @@ type Options struct {
 	OnCommit func(b *Batch, err error)
 
 	// Fault, when set, is called before each commit's write ("write"),
-	// between the write and its sync ("sync"), and before a rewrite syncs
-	// the directory ("syncdir"); its error is taken as that step's. For
-	// tests.
+	// between the write and its sync ("sync"), when a rewrite has written
+	// the live records and starts copying the batches committed meanwhile
+	// ("catchup"), and before it syncs the directory ("syncdir"); its
+	// error is taken as that step's. For tests.
 	Fault func(step string) error
 }
 
@@ -60,9 +61,10 @@ type Log struct {
 	// committer for its write and sync, exclusively by Rewrite, which
 	// replaces the file. Lock order: fileMu, then the caller's locks, then
 	// mu.
-	fileMu sync.RWMutex
-	f      *os.File
-	fi     os.FileInfo // f's identity, to notice the path naming another file
+	fileMu    sync.RWMutex
+	f         *os.File
+	rewriteMu sync.Mutex  // one Rewrite at a time: a second would wait on fileMu while the first holds it shared
+	fi        os.FileInfo // f's identity, to notice the path naming another file
 
 	mu       sync.Mutex
 	cur      *Batch // the batch being filled
@@ -732,34 +734,47 @@ func (w *Writer) flush() error {
 }
 
 // Rewrite replaces the file with a new one holding the records fill
-// writes, atomically: the new file is written beside the old one, synced
-// and renamed over it, so a crash at any point leaves one or the other
-// whole. fill reads the old file through r. While it runs the file is
-// held exclusively: no batch is written, and Append goes on into the
-// batch being filled.
+// writes, then every batch the old file holds from the offset fill
+// returns on, atomically: the new file is written beside the old one,
+// synced and renamed over it, so a crash at any point leaves one or the
+// other whole.
 //
-// Once the new file is in place, Rewrite calls swap, which must call
-// move exactly once with its own locks held (those Append is called
-// under): move switches the log to the new file and returns by how much
-// the offsets Append returned for the batch being filled have moved.
-// A failed directory sync after the rename is returned, and stops
-// writes: the rename may not survive a power cut.
-func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) error, swap func(move func() int64)) error {
+// Writers are held up only at the very end. fill reads the old file
+// through r while commits go on; it returns from, the end of the part of
+// the old file its records stand for, which must be the end of a batch
+// the caller saw committed. The batches committed from there on are then
+// copied as they are (sealed again for their new place), a round at a
+// time while commits go on, and the last few with the file held
+// exclusively, before the rename.
+//
+// Once the new file is in place, Rewrite calls swap, which must call move
+// exactly once with its own locks held (those Append is called under):
+// move switches the log to the new file and returns by how much every
+// offset at or past from has moved: those of the copied batches and those
+// Append returned for the batch being filled. A failed directory sync
+// after the rename is returned, and stops writes: the rename may not
+// survive a power cut.
+func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) (from int64, err error), swap func(move func() int64)) error {
 	if !CanRewrite {
 		return errors.ErrUnsupported
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	l.fileMu.Lock()
-	defer l.fileMu.Unlock()
-	l.mu.Lock()
-	if err := l.writableLocked(); err != nil {
-		l.mu.Unlock()
+	l.rewriteMu.Lock()
+	defer l.rewriteMu.Unlock()
+	l.fileMu.RLock()
+	shared := true
+	defer func() {
+		if shared {
+			l.fileMu.RUnlock()
+		} else {
+			l.fileMu.Unlock()
+		}
+	}()
+	if err := l.Writable(); err != nil {
 		return err
 	}
-	seq := l.seq
-	l.mu.Unlock()
 
 	tmp := l.path + RewriteSuffix
 	// The new file becomes the journal: it needs the same flags.
@@ -776,15 +791,46 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) error,
 	if err != nil {
 		return fail(err)
 	}
-	w := &Writer{f: nf, salt: salt, seq: seq, batchStart: -1}
+	w := &Writer{f: nf, salt: salt, batchStart: -1}
 	w.buf = append(make([]byte, 0, rewriteBatch+64<<10), FileHeader(salt)...)
-	if err := fill(Reader{l}, w); err != nil {
+	from, err := fill(Reader{l}, w)
+	if err != nil {
 		return fail(err)
 	}
 	if err := w.flush(); err != nil {
 		return fail(err)
 	}
-	end := w.off
+	tailStart := w.off
+	if err := l.step("catchup"); err != nil {
+		return fail(err)
+	}
+	// Catch up with the commits made meanwhile, without holding them up,
+	// until what is left is small.
+	copied := from
+	for round := 0; round < 8; round++ {
+		end := l.size.Load()
+		if round > 0 && end-copied < rewriteBatch {
+			break
+		}
+		if copied, err = l.copyBatches(w, copied, end); err != nil {
+			return fail(err)
+		}
+	}
+	if err := datasync(nf); err != nil {
+		return fail(err)
+	}
+
+	// The rest with the file held: no batch is in flight from here.
+	l.fileMu.RUnlock()
+	l.fileMu.Lock()
+	shared = false
+	if err := l.Writable(); err != nil {
+		return fail(err)
+	}
+	end := l.size.Load()
+	if copied, err = l.copyBatches(w, copied, end); err != nil {
+		return fail(err)
+	}
 	if err := datasync(nf); err != nil {
 		return fail(err)
 	}
@@ -802,6 +848,7 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) error,
 		dirErr = syncDir(l.path)
 	}
 
+	delta := tailStart - from
 	var old *os.File
 	moved := false
 	move := func() int64 {
@@ -810,10 +857,9 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) error,
 		defer l.mu.Unlock()
 		old = l.f
 		l.f, l.fi = nf, nfi
-		delta := end - l.cur.off
-		l.cur.off = end
+		l.cur.off += delta
 		l.seq, l.salt = w.seq, salt
-		l.size.Store(end)
+		l.size.Store(w.off)
 		l.skipped = 0 // the damage Salvage skipped is not in the new file
 		l.marked = false
 		l.rewrites.Add(1)
@@ -831,4 +877,35 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) error,
 		return fmt.Errorf("sync the directory after a rewrite: %w", dirErr)
 	}
 	return nil
+}
+
+// copyBatches appends the old file's batches from off to end (durable,
+// so whole and valid) to w, each sealed again for its place in the new
+// file, and returns end. The file must be held, shared or exclusively.
+func (l *Log) copyBatches(w *Writer, off, end int64) (int64, error) {
+	l.mu.Lock()
+	salt := l.salt
+	l.mu.Unlock()
+	rd := &batchReader{r: l.f, size: end, salt: salt}
+	for off < end {
+		_, records, n, ok, err := rd.batchAt(off)
+		if err != nil {
+			return 0, err
+		}
+		if !ok {
+			return 0, fmt.Errorf("%w: committed batch at offset %d does not read back", ErrCorrupt, off)
+		}
+		start := len(w.buf)
+		w.buf = append(w.buf, make([]byte, BatchHeaderLen)...)
+		w.buf = append(w.buf, records...)
+		w.seq++
+		SealBatch(w.buf[start:], w.seq, w.off+int64(start), w.salt)
+		if len(w.buf) >= rewriteBatch {
+			if err := w.flush(); err != nil {
+				return 0, err
+			}
+		}
+		off += int64(n)
+	}
+	return end, w.flush()
 }

@@ -74,9 +74,11 @@ func TestLogRewrite(t *testing.T) {
 	l, err := Open(path, nil, (&collect{}).apply)
 	require.NoError(t, err)
 	appendRecord(t, l, "Bold")
-	err = l.Rewrite(context.Background(), func(_ Reader, w *Writer) error {
+	from := l.Size()
+	appendRecord(t, l, "Bkept") // after from: copied as it is
+	err = l.Rewrite(context.Background(), func(_ Reader, w *Writer) (int64, error) {
 		_, err := w.Append(16, func(buf []byte) []byte { return AppendRecord(buf, []byte("Bnew")) })
-		return err
+		return from, err
 	}, func(move func() int64) { move() })
 	require.NoError(t, err)
 	appendRecord(t, l, "Bafter")
@@ -87,6 +89,6 @@ func TestLogRewrite(t *testing.T) {
 	var c collect
 	l, err = Open(path, &Options{ReadOnly: true}, c.apply)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"Bnew", "Bafter"}, c.payloads)
+	assert.Equal(t, []string{"Bnew", "Bkept", "Bafter"}, c.payloads)
 	require.NoError(t, l.Close())
 }
