@@ -185,7 +185,7 @@ type FileJournal struct {
 	// Rewrite), then mu, then the log's own lock (Append).
 	mu      sync.Mutex
 	byKey   map[string]*fjEntry
-	byOp    map[string]string
+	byOp    map[string]*fjEntry
 	pend    map[*wal.Batch]*fjPending // what each batch not yet on disk stores and deletes
 	live    int64                     // bytes the index's entries would take in a compacted file
 	durable int64                     // the end of the file's part the index reflects
@@ -412,8 +412,8 @@ var fjEncodeBufs = &wal.Bufs{}
 // that, for key.
 func (j *FileJournal) lookupLocked(operation, key string) *fjEntry {
 	if operation != "" {
-		if k, ok := j.byOp[operation]; ok {
-			return j.byKey[k]
+		if le, ok := j.byOp[operation]; ok {
+			return le
 		}
 	}
 	return j.byKey[key]
@@ -432,8 +432,9 @@ func (j *FileJournal) pendingLocked(b *wal.Batch) *fjPending {
 // indexBeginLocked indexes the entry whose begin record of size bytes
 // was appended at off in batch b, reserved until the batch is durable.
 func (j *FileJournal) indexBeginLocked(rec *Entry, b *wal.Batch, off int64, size int) {
+	key, op := fjKeyOp(rec.Key, rec.Operation)
 	le := &fjEntry{
-		key: rec.Key, operation: rec.Operation, created: rec.Created, updated: rec.Updated,
+		key: key, operation: op, created: rec.Created, updated: rec.Updated,
 		attempts: rec.Attempts, lastStatus: rec.LastStatus, state: journalStatePending,
 		off: off, size: int32(size), batch: b,
 	}
@@ -441,7 +442,7 @@ func (j *FileJournal) indexBeginLocked(rec *Entry, b *wal.Batch, off int64, size
 	p.begins = append(p.begins, le)
 	j.byKey[le.key] = le
 	if le.operation != "" {
-		j.byOp[le.operation] = le.key
+		j.byOp[le.operation] = le
 	}
 	j.live += int64(size) + fjEntryOverhead
 }
@@ -487,7 +488,7 @@ func (j *FileJournal) onCommit(b *wal.Batch, err error) {
 // unindexLocked drops le from the index.
 func (j *FileJournal) unindexLocked(le *fjEntry) {
 	delete(j.byKey, le.key)
-	if le.operation != "" && j.byOp[le.operation] == le.key {
+	if le.operation != "" && j.byOp[le.operation] == le {
 		delete(j.byOp, le.operation)
 	}
 	j.live -= int64(le.size) + fjEntryOverhead
@@ -573,8 +574,8 @@ func (j *FileJournal) Lookup(ctx context.Context, operation string) (*Entry, err
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	var le *fjEntry
-	if k, ok := j.byOp[operation]; ok && operation != "" {
-		le = j.byKey[k]
+	if operation != "" {
+		le = j.byOp[operation]
 	}
 	if le == nil || le.batch != nil || le.deleting {
 		return nil, fmt.Errorf("idemhttp: journal lookup %s: %w", operation, ErrNotFound)

@@ -17,12 +17,12 @@ const fjCompactMin = 1 << 20
 // fjIndex is the in-memory state replay builds.
 type fjIndex struct {
 	byKey map[string]*fjEntry
-	byOp  map[string]string
+	byOp  map[string]*fjEntry
 	live  int64
 }
 
 func newFjIndex() *fjIndex {
-	return &fjIndex{byKey: make(map[string]*fjEntry), byOp: make(map[string]string)}
+	return &fjIndex{byKey: make(map[string]*fjEntry), byOp: make(map[string]*fjEntry)}
 }
 
 // applyRecord is the [wal.ApplyFunc] that builds the index.
@@ -32,6 +32,13 @@ func (idx *fjIndex) applyRecord(off int64, n int, payload []byte) error {
 		return err
 	}
 	return idx.apply(rec, off, n)
+}
+
+// fjKeyOp returns copies of key and operation that share one allocation:
+// the index holds millions of them.
+func fjKeyOp(key, operation string) (string, string) {
+	both := key + operation
+	return both[:len(key)], both[len(key):]
 }
 
 // fjReplayed is a replay's index and what the log found.
@@ -64,12 +71,16 @@ func (idx *fjIndex) apply(rec *fjRecord, off int64, n int) error {
 			if _, dup := idx.byOp[rec.operation]; dup {
 				return fmt.Errorf("%w: operation %q stored twice", ErrJournalCorrupt, rec.operation)
 			}
-			idx.byOp[rec.operation] = rec.key
 		}
-		idx.byKey[rec.key] = &fjEntry{
-			key: rec.key, operation: rec.operation, created: rec.created, updated: rec.updated,
+		key, op := fjKeyOp(rec.key, rec.operation)
+		le := &fjEntry{
+			key: key, operation: op, created: rec.created, updated: rec.updated,
 			attempts: rec.attempts, lastStatus: rec.lastStatus, state: rec.state,
 			off: off, size: int32(n),
+		}
+		idx.byKey[key] = le
+		if op != "" {
+			idx.byOp[op] = le
 		}
 		idx.live += int64(n) + fjEntryOverhead
 	case fjKindFinish:
@@ -195,6 +206,7 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		newSize int32
 	}
 	var all []live
+	var byKey, byOp map[string]*fjEntry
 	fill := func(r wal.Reader, w *wal.Writer) (int64, error) {
 		j.mu.Lock()
 		from := j.durable
@@ -208,10 +220,22 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		// copies as they are: their offsets move with them.
 		j.compacting, j.moved = true, nil
 		j.mu.Unlock()
-		// Key and created time never change: sorting needs no lock.
+		// Key, operation and created time never change: sorting and new
+		// maps need no lock.
 		slices.SortFunc(all, func(a, b live) int {
 			return cmp.Or(a.le.created.Compare(b.le.created), strings.Compare(a.le.key, b.le.key))
 		})
+		// Go maps never shrink: after a large prune the old ones keep
+		// their peak size. Build new ones, sized to what is live, for
+		// the swap to take.
+		byKey, byOp = make(map[string]*fjEntry, len(all)), make(map[string]*fjEntry)
+		for i := range all {
+			le := all[i].le
+			byKey[le.key] = le
+			if le.operation != "" {
+				byOp[le.operation] = le
+			}
+		}
 		// Every entry durable at from is written, even one deleted
 		// since: the delete record, in a batch copied after, must find
 		// it. Its state is read under mu, a chunk at a time, so that
@@ -267,19 +291,35 @@ func (j *FileJournal) compact(ctx context.Context) error {
 			le := all[i].le
 			if j.byKey[le.key] == le {
 				j.live += int64(all[i].newSize) - int64(le.size)
+			} else {
+				// Deleted since the snapshot.
+				delete(byKey, le.key)
+				if le.operation != "" && byOp[le.operation] == le {
+					delete(byOp, le.operation)
+				}
 			}
 			le.off, le.size = all[i].newOff, all[i].newSize
 		}
 		// Batches committed since, and the one being filled, moved as a
-		// whole.
-		for _, le := range j.moved {
+		// whole; their entries join the new maps.
+		keep := func(le *fjEntry) {
 			le.off += delta
+			if j.byKey[le.key] == le {
+				byKey[le.key] = le
+				if le.operation != "" {
+					byOp[le.operation] = le
+				}
+			}
+		}
+		for _, le := range j.moved {
+			keep(le)
 		}
 		for _, p := range j.pend {
 			for _, le := range p.begins {
-				le.off += delta
+				keep(le)
 			}
 		}
+		j.byKey, j.byOp = byKey, byOp
 		j.compacting, j.moved = false, nil
 		j.durable = j.log.Size()
 	}

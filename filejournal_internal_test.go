@@ -607,7 +607,7 @@ func TestJournalReplay(t *testing.T) {
 	idx, err := fjReplay(file, false)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"a", "c"}, ijKeys(idx.fjIndex))
-	assert.Equal(t, map[string]string{"op-a": "a"}, idx.byOp, "a deleted entry frees its operation")
+	assert.Equal(t, map[string]*fjEntry{"op-a": idx.byKey["a"]}, idx.byOp, "a deleted entry frees its operation")
 	assert.Equal(t, uint64(3), idx.Seq)
 	assert.Equal(t, int64(len(file)), idx.End)
 	assert.Zero(t, idx.Truncated)
@@ -627,7 +627,7 @@ func TestJournalReplay(t *testing.T) {
 
 	empty, err := fjReplay(fjFileHeader(ijSalt), false)
 	require.NoError(t, err)
-	assert.Equal(t, &fjIndex{byKey: map[string]*fjEntry{}, byOp: map[string]string{}}, empty.fjIndex)
+	assert.Equal(t, &fjIndex{byKey: map[string]*fjEntry{}, byOp: map[string]*fjEntry{}}, empty.fjIndex)
 	assert.Equal(t, &wal.Replayed{Salt: ijSalt, End: fjFileHdrLen}, empty.Replayed)
 }
 
@@ -934,14 +934,14 @@ func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 		require.Contains(t, []byte{journalStatePending, journalStateDone, journalStateAbandoned}, le.state)
 		require.GreaterOrEqual(t, le.attempts, 0)
 		if le.operation != "" {
-			require.Equal(t, key, idx.byOp[le.operation], "operation of %q", key)
+			require.Same(t, le, idx.byOp[le.operation], "operation of %q", key)
 		}
 		live += int64(le.size) + fjEntryOverhead
 	}
 	require.Equal(t, live, idx.live, "live bytes are the entries' records")
-	for op, key := range idx.byOp {
-		require.Contains(t, idx.byKey, key, "operation %q", op)
-		require.Equal(t, op, idx.byKey[key].operation)
+	for op, le := range idx.byOp {
+		require.Same(t, le, idx.byKey[le.key], "operation %q", op)
+		require.Equal(t, op, le.operation)
 	}
 }
 
