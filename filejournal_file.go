@@ -25,13 +25,90 @@ func newFjIndex() *fjIndex {
 	return &fjIndex{byKey: make(map[string]*fjEntry), byOp: make(map[string]*fjEntry)}
 }
 
-// applyRecord is the [wal.ApplyFunc] that builds the index.
+// applyRecord is the [wal.ApplyFunc] that builds the index. Begin
+// records, nearly all of a file, are read for the fields the index keeps
+// only, without allocating the request: opening a journal of a million
+// entries is mostly this. The request's fields are checked when the entry
+// is read back (Get, Pending, Resume) and by Verify, which decode it in
+// full: a header out of order, say, is found there, not here.
 func (idx *fjIndex) applyRecord(off int64, n int, payload []byte) error {
+	if len(payload) > 0 && payload[0] == fjKindBegin {
+		return idx.applyBegin(off, n, payload)
+	}
 	rec, err := fjDecodeRecord(payload)
 	if err != nil {
 		return err
 	}
 	return idx.apply(rec, off, n)
+}
+
+// verifyRecord is applyRecord decoding every record in full, for Verify.
+func (idx *fjIndex) verifyRecord(off int64, n int, payload []byte) error {
+	rec, err := fjDecodeRecord(payload)
+	if err != nil {
+		return err
+	}
+	return idx.apply(rec, off, n)
+}
+
+// applyBegin indexes a begin record, stored at off with length n,
+// skipping the request's fields.
+func (idx *fjIndex) applyBegin(off int64, n int, payload []byte) error {
+	r := journalReader{b: payload[1:]}
+	key := r.bytes()
+	op := r.bytes()
+	r.bytes() // method
+	r.bytes() // URL
+	r.bytes() // fingerprint
+	for range r.count() {
+		r.bytes() // name
+		for range r.count() {
+			r.bytes() // value
+		}
+	}
+	created := r.time()
+	updated := r.time()
+	state := r.state()
+	attempts := r.int()
+	lastStatus := r.int()
+	switch r.byte() {
+	case 0:
+	case 1:
+		r.bytes()
+	default:
+		r.fail("bad body flag")
+	}
+	if r.err == nil && len(r.b) > 0 {
+		r.fail("%d trailing bytes", len(r.b))
+	}
+	if r.err != nil {
+		return r.err
+	}
+	if attempts < 0 {
+		return fmt.Errorf("%w: negative attempts %d", ErrJournalCorrupt, attempts)
+	}
+	if _, exists := idx.byKey[string(key)]; exists {
+		return fmt.Errorf("%w: key %q stored twice", ErrJournalCorrupt, key)
+	}
+	if err := ValidateKey(string(key)); err != nil {
+		return fmt.Errorf("%w: record with a bad key", ErrJournalCorrupt)
+	}
+	if len(op) > 0 {
+		if _, dup := idx.byOp[string(op)]; dup {
+			return fmt.Errorf("%w: operation %q stored twice", ErrJournalCorrupt, op)
+		}
+	}
+	both := string(key) + string(op)
+	le := &fjEntry{
+		key: both[:len(key)], operation: both[len(key):], created: created, updated: updated,
+		attempts: attempts, lastStatus: lastStatus, state: state, off: off, size: int32(n),
+	}
+	idx.byKey[le.key] = le
+	if le.operation != "" {
+		idx.byOp[le.operation] = le
+	}
+	idx.live += int64(n) + fjEntryOverhead
+	return nil
 }
 
 // fjKeyOp returns copies of key and operation that share one allocation:
@@ -127,7 +204,7 @@ func (j *FileJournal) verify(ctx context.Context) error {
 			return fmt.Errorf("%w: %d damaged bytes were skipped when the journal was opened", ErrJournalCorrupt, skipped)
 		}
 		idx := newFjIndex()
-		res, err := r.Replay(size, idx.applyRecord)
+		res, err := r.Replay(size, idx.verifyRecord)
 		if err != nil {
 			return err
 		}
