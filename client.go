@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"slices"
 	"sync"
 	"time"
 
@@ -421,7 +420,8 @@ func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key, o
 	if candidate == "" {
 		candidate = NewKey()
 	}
-	h := SafeHeader(req.Header.Clone(), append(slices.Clip(c.SecretHeaders), c.pol.keyHeader)...)
+	h := req.Header.Clone()
+	dropSecrets(h, c.pol.keyHeader, c.SecretHeaders)
 	now := time.Now()
 	e := &Entry{
 		Operation:   op,

@@ -351,3 +351,23 @@ func TestResumeRefusesWhenTheClockJumpedBack(t *testing.T) {
 	assert.ErrorIs(t, err, ErrClockJump, "a rerun of the operation is refused too")
 	assert.Empty(t, srv.Hits())
 }
+
+// Headers set straight into the map bypass canonical names; the client
+// still keeps them, the key header and the caller's secrets out of the
+// journal. Before SafeHeader's rule, Header.Del missed "authorization".
+func TestJournalNeverSeesSecretsInAnyCase(t *testing.T) {
+	j := newRecJournal()
+	srv := newScripted(t, reply(200, "{}"))
+	req := post(t, srv.URL, chargeBody)
+	req.Header["authorization"] = []string{"Bearer sk_live_lower"}
+	req.Header["COOKIE"] = []string{"s=upper"}
+	req.Header["x-api-key"] = []string{"k_123"}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&Client{Journal: j, SecretHeaders: []string{"X-Api-Key"}}).Do(req.WithContext(WithOperation(context.Background(), "op-secret")))
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+
+	e, err := j.Lookup(context.Background(), "op-secret")
+	require.NoError(t, err)
+	assert.Equal(t, http.Header{"Content-Type": {"application/json"}}, e.Header)
+}

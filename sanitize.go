@@ -30,6 +30,17 @@ func isSecret(name string, secret []string) bool {
 	return false
 }
 
+// dropSecrets deletes from h, in place, the headers SafeHeader leaves
+// out, and extra (a key header of another name), in any letter case. For
+// a header map the caller owns, such as a clone.
+func dropSecrets(h http.Header, extra string, secret []string) {
+	for name, vals := range h {
+		if len(vals) == 0 || isSecret(name, secret) || strings.EqualFold(name, extra) {
+			delete(h, name)
+		}
+	}
+}
+
 // SafeHeader returns the headers of h that a journal may store: all but
 // Authorization, Cookie, Proxy-Authorization, the key header
 // ([DefaultKeyHeader]) and the names in secret, matched in any letter
