@@ -192,6 +192,8 @@ type FileJournal struct {
 	mu      sync.Mutex
 	byKey   map[string]*fjEntry
 	byOp    map[string]*fjEntry
+	all     []*fjEntry                // every entry indexed, in order, and some gone since: for scans a chunk at a time
+	scanMu  sync.Mutex                // one scan of all at a time: it rewrites all
 	pend    map[*wal.Batch]*fjPending // what each batch not yet on disk stores and deletes
 	live    int64                     // bytes the index's entries would take in a compacted file
 	durable int64                     // the end of the file's part the index reflects
@@ -228,6 +230,7 @@ type fjEntry struct {
 	lastStatus     int
 	state          byte
 	deleting       bool       // a delete record is on its way
+	gone           bool       // dropped from the index
 	off            int64      // the begin record's offset in the file
 	size           int32      // the begin record's length, header included
 	batch          *wal.Batch // until the begin record is durable; nil after
@@ -277,7 +280,7 @@ func OpenFileJournal(path string, opts *JournalOptions) (*FileJournal, error) {
 		return nil, fmt.Errorf("idemhttp: open journal %s: %w", path, err)
 	}
 	j.log = log
-	j.byKey, j.byOp, j.live = idx.byKey, idx.byOp, idx.live
+	j.byKey, j.byOp, j.live, j.all = idx.byKey, idx.byOp, idx.live, idx.all
 	j.durable = log.Size()
 	if !j.readOnly && !j.salvage && j.worthCompacting() {
 		// Best effort: a failed compaction leaves the file as it was,
@@ -446,6 +449,7 @@ func (j *FileJournal) indexBeginLocked(rec *Entry, b *wal.Batch, off int64, size
 	}
 	p := j.pendingLocked(b)
 	p.begins = append(p.begins, le)
+	j.all = append(j.all, le)
 	j.byKey[le.key] = le
 	if le.operation != "" {
 		j.byOp[le.operation] = le
@@ -493,6 +497,7 @@ func (j *FileJournal) onCommit(b *wal.Batch, err error) {
 
 // unindexLocked drops le from the index.
 func (j *FileJournal) unindexLocked(le *fjEntry) {
+	le.gone = true
 	delete(j.byKey, le.key)
 	if le.operation != "" && j.byOp[le.operation] == le {
 		delete(j.byOp, le.operation)
@@ -718,7 +723,17 @@ func (j *FileJournal) Prune(ctx context.Context, cutoff time.Time) (int, error) 
 // Deleting a pending entry forgets an operation whose outcome is unknown:
 // rerunning it mints a new key and may run it twice.
 func (j *FileJournal) Delete(ctx context.Context, key string) error {
-	n, err := j.remove(ctx, func(le *fjEntry) bool { return le.key == key })
+	err := ctx.Err()
+	n := 0
+	if err == nil {
+		j.mu.Lock()
+		le := j.byKey[key]
+		err = j.log.Writable()
+		j.mu.Unlock()
+		if err == nil && le != nil {
+			n, err = j.removeChunk([]*fjEntry{le}, func(*fjEntry) bool { return true })
+		}
+	}
 	if err == nil && n == 0 {
 		err = ErrNotFound
 	}
@@ -728,41 +743,71 @@ func (j *FileJournal) Delete(ctx context.Context, key string) error {
 	return nil
 }
 
-// fjRemoveChunk bounds the delete records remove appends at once, so
-// that neither the index lock nor one batch grows with the number of
-// entries removed.
+// fjRemoveChunk bounds the delete records remove appends at once, and the
+// entries it looks at per hold of the index lock, so that neither the
+// lock nor one batch grows with the journal.
 const fjRemoveChunk = 4096
 
 // remove appends a delete record for every durable entry that doomed
 // selects, a chunk at a time, waits for them to be on disk, and drops
-// the entries from the index. It returns how many it removed.
+// the entries from the index. It returns how many it removed. It scans
+// the entries a chunk at a time, releasing the index lock in between,
+// and drops the gone ones from the list it scans as it goes.
 func (j *FileJournal) remove(ctx context.Context, doomed func(*fjEntry) bool) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	j.mu.Lock()
 	if err := j.log.Writable(); err != nil {
-		j.mu.Unlock()
 		return 0, err
 	}
-	var les []*fjEntry
-	for _, le := range j.byKey {
-		if le.batch == nil && !le.deleting && doomed(le) {
-			les = append(les, le)
-		}
-	}
-	j.mu.Unlock()
+	j.scanMu.Lock()
+	defer j.scanMu.Unlock()
+	var kept []*fjEntry
 	removed := 0
-	for len(les) > 0 {
-		chunk := les[:min(len(les), fjRemoveChunk)]
-		n, err := j.removeChunk(chunk, doomed)
-		removed += n
-		if err != nil {
+	for i := 0; ; {
+		if err := ctx.Err(); err != nil {
 			return removed, err
 		}
-		les = les[len(chunk):]
+		j.mu.Lock()
+		if i >= len(j.all) {
+			// Entries appended during the scan were looked at too; the
+			// list is now the live ones, in order.
+			j.all = append(kept, j.all[i:]...)
+			j.mu.Unlock()
+			return removed, nil
+		}
+		end := min(i+fjRemoveChunk, len(j.all))
+		var les []*fjEntry
+		for _, le := range j.all[i:end] {
+			switch {
+			case le.gone:
+			case le.batch == nil && !le.deleting && doomed(le):
+				les = append(les, le)
+			default:
+				kept = append(kept, le)
+			}
+		}
+		i = end
+		j.mu.Unlock()
+		if len(les) > 0 {
+			n, err := j.removeChunk(les, doomed)
+			removed += n
+			j.mu.Lock()
+			for _, le := range les {
+				if !le.gone { // not deleted after all: still listed
+					kept = append(kept, le)
+				}
+			}
+			j.mu.Unlock()
+			if err != nil {
+				// The list keeps everything from here on.
+				j.mu.Lock()
+				j.all = append(kept, j.all[i:]...)
+				j.mu.Unlock()
+				return removed, err
+			}
+		}
 	}
-	return removed, nil
 }
 
 // removeChunk deletes the entries of les that are still in the index and
@@ -773,7 +818,7 @@ func (j *FileJournal) removeChunk(les []*fjEntry, doomed func(*fjEntry) bool) (i
 		var keep []*fjEntry
 		need := 0
 		for _, le := range les {
-			if j.byKey[le.key] == le && le.batch == nil && !le.deleting && doomed(le) {
+			if !le.gone && le.batch == nil && !le.deleting && doomed(le) {
 				keep = append(keep, le)
 				need += fjDeleteMax(le.key)
 			}

@@ -18,6 +18,7 @@ const fjCompactMin = 1 << 20
 type fjIndex struct {
 	byKey map[string]*fjEntry
 	byOp  map[string]*fjEntry
+	all   []*fjEntry // in the order begun; deleted ones marked gone
 	live  int64
 }
 
@@ -104,6 +105,7 @@ func (idx *fjIndex) applyBegin(off int64, n int, payload []byte) error {
 		attempts: attempts, lastStatus: lastStatus, state: state, off: off, size: int32(n),
 	}
 	idx.byKey[le.key] = le
+	idx.all = append(idx.all, le)
 	if le.operation != "" {
 		idx.byOp[le.operation] = le
 	}
@@ -156,6 +158,7 @@ func (idx *fjIndex) apply(rec *fjRecord, off int64, n int) error {
 			off: off, size: int32(n),
 		}
 		idx.byKey[key] = le
+		idx.all = append(idx.all, le)
 		if op != "" {
 			idx.byOp[op] = le
 		}
@@ -170,6 +173,7 @@ func (idx *fjIndex) apply(rec *fjRecord, off int64, n int) error {
 			return fmt.Errorf("%w: deletion of unknown key %q", ErrJournalCorrupt, rec.key)
 		}
 		delete(idx.byKey, rec.key)
+		le.gone = true
 		if le.operation != "" {
 			delete(idx.byOp, le.operation)
 		}
@@ -273,6 +277,9 @@ func (j *FileJournal) Compact(ctx context.Context) error {
 }
 
 func (j *FileJournal) compact(ctx context.Context) error {
+	// The swap replaces the list a scan walks: not during one.
+	j.scanMu.Lock()
+	defer j.scanMu.Unlock()
 	// What the old file holds up to from: every entry durable then, with
 	// where its begin record is.
 	type live struct {
@@ -366,7 +373,7 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		delta := move()
 		for i := range all {
 			le := all[i].le
-			if j.byKey[le.key] == le {
+			if !le.gone {
 				j.live += int64(all[i].newSize) - int64(le.size)
 			} else {
 				// Deleted since the snapshot.
@@ -381,7 +388,7 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		// whole; their entries join the new maps.
 		keep := func(le *fjEntry) {
 			le.off += delta
-			if j.byKey[le.key] == le {
+			if !le.gone {
 				byKey[le.key] = le
 				if le.operation != "" {
 					byOp[le.operation] = le
@@ -397,6 +404,21 @@ func (j *FileJournal) compact(ctx context.Context) error {
 			}
 		}
 		j.byKey, j.byOp = byKey, byOp
+		list := make([]*fjEntry, 0, len(byKey))
+		for i := range all {
+			if !all[i].le.gone {
+				list = append(list, all[i].le)
+			}
+		}
+		for _, le := range j.moved {
+			if !le.gone {
+				list = append(list, le)
+			}
+		}
+		for _, p := range j.pend {
+			list = append(list, p.begins...)
+		}
+		j.all = list
 		j.compacting, j.moved = false, nil
 		j.durable = j.log.Size()
 	}

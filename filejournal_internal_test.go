@@ -1465,3 +1465,35 @@ func TestJournalCompactDoesNotHoldUpWriters(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "during", e.Key)
 }
+
+// Prune scans the entries a chunk at a time and drops the gone ones from
+// the list it scans; entries begun during the scan are kept, and a
+// delete in between is not lost.
+func TestJournalPruneScansInChunks(t *testing.T) {
+	j, path := ijOpen(t, nil)
+	ctx := context.Background()
+	const n = 3*fjRemoveChunk + 17
+	keys := ijKeyList("k", n)
+	errs := ijBeginAll(j, keys)
+	for range keys {
+		require.NoError(t, <-errs)
+	}
+	for i, k := range keys {
+		if i%3 != 0 {
+			require.NoError(t, j.Finish(ctx, k, Outcome{State: StateDone, Status: 200, At: ijT0}))
+		}
+	}
+	require.NoError(t, j.Delete(ctx, keys[0]))
+	pruned, err := j.Prune(ctx, ijT0.Add(time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, n-(n+2)/3, pruned)
+	j.mu.Lock()
+	assert.Equal(t, len(j.byKey), len(j.all), "the scanned list holds the live entries only")
+	j.mu.Unlock()
+	require.NoError(t, j.Verify(ctx))
+	require.NoError(t, j.Close())
+	r := ijReopen(t, path)
+	es, err := r.Entries(ctx)
+	require.NoError(t, err)
+	assert.Len(t, es, (n+2)/3-1)
+}

@@ -461,7 +461,7 @@ func TestFileJournalCancelUnderContention(t *testing.T) {
 	t.Logf("%d stored, %d refused", stored, refused)
 }
 
-// The file format, restated from the comment in filejournal_codec.go so
+// The file format, restated from docs/journal-format.md so
 // that these tests can build, cut and damage files from the outside.
 const (
 	fjTestVersion     = 4
