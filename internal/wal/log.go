@@ -827,8 +827,7 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) (from 
 	if err := l.Writable(); err != nil {
 		return fail(err)
 	}
-	end := l.size.Load()
-	if copied, err = l.copyBatches(w, copied, end); err != nil {
+	if _, err = l.copyBatches(w, copied, l.size.Load()); err != nil {
 		return fail(err)
 	}
 	if err := datasync(nf); err != nil {
