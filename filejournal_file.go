@@ -43,7 +43,8 @@ func (idx *fjIndex) applyRecord(off int64, n int, payload []byte) error {
 	return idx.apply(rec, off, n)
 }
 
-// verifyRecord is applyRecord decoding every record in full, for Verify.
+// verifyRecord is applyRecord decoding every record in full, for Verify
+// (and the tests, which check that both accept the same files).
 func (idx *fjIndex) verifyRecord(off int64, n int, payload []byte) error {
 	rec, err := fjDecodeRecord(payload)
 	if err != nil {
@@ -61,11 +62,23 @@ func (idx *fjIndex) applyBegin(off int64, n int, payload []byte) error {
 	r.bytes() // method
 	r.bytes() // URL
 	r.bytes() // fingerprint
-	for range r.count() {
-		r.bytes() // name
-		for range r.count() {
+	// Header names in order, each with a value, as fjDecodeRecord
+	// requires: the index accepts no record a full decode refuses.
+	var prev []byte
+	for i := range r.count() {
+		name := r.bytes()
+		vals := r.count()
+		for range vals {
 			r.bytes() // value
 		}
+		if r.err != nil {
+			break
+		}
+		if (i > 0 && bytes.Compare(name, prev) <= 0) || vals == 0 {
+			r.fail("header %q out of order, repeated or empty", name)
+			break
+		}
+		prev = name
 	}
 	created := r.time()
 	updated := r.time()
@@ -130,8 +143,15 @@ type fjReplayed struct {
 // included. With salvage, damage in the middle of the file is skipped
 // instead of refused.
 func fjReplay(data []byte, salvage bool) (*fjReplayed, error) {
+	return fjReplayWith(data, salvage, (*fjIndex).applyRecord)
+}
+
+// fjReplayWith is fjReplay applying records with apply.
+func fjReplayWith(data []byte, salvage bool, apply func(*fjIndex, int64, int, []byte) error) (*fjReplayed, error) {
 	idx := newFjIndex()
-	res, err := wal.Replay(bytes.NewReader(data), int64(len(data)), salvage, idx.applyRecord)
+	res, err := wal.Replay(bytes.NewReader(data), int64(len(data)), salvage, func(off int64, n int, p []byte) error {
+		return apply(idx, off, n, p)
+	})
 	if err != nil {
 		return nil, err
 	}
