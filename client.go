@@ -478,9 +478,6 @@ func outcomeState(err error) State {
 	return StatePending
 }
 
-// secretHeaders never reach a journal.
-var secretHeaders = [...]string{"Authorization", "Cookie", "Proxy-Authorization"}
-
 // begin records the pending entry for a keyed call before anything is
 // sent, or finds the entry a previous run left for the same operation.
 // created reports whether the entry is this call's own.
@@ -504,13 +501,7 @@ func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key st
 		candidate = NewKey()
 	}
 	h := req.Header.Clone()
-	deleteFold(h, p.keyHeader)
-	for _, s := range secretHeaders {
-		deleteFold(h, s)
-	}
-	for _, s := range c.cfg.secrets {
-		deleteFold(h, s)
-	}
+	dropSecrets(h, p.keyHeader, c.cfg.secrets)
 	now := time.Now()
 	e = &Entry{
 		Operation:   op,
@@ -539,6 +530,9 @@ func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key st
 	}
 	if existing.State == StateDone {
 		return nil, false, &DoneError{Operation: existing.Operation, Key: existing.Key, Status: existing.LastStatus, Attempts: existing.Attempts, Finished: existing.Updated}
+	}
+	if latest(existing.Created, existing.Updated).After(now.Add(ClockTolerance)) {
+		return nil, false, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", existing.Operation, existing.Key, existing.Created.Format(time.RFC3339), ErrClockJump)
 	}
 	if existing.State == StateAbandoned || now.Sub(existing.Created) > p.retention {
 		return nil, false, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", existing.Operation, existing.Key, existing.Created.Format(time.RFC3339), ErrKeyExpired)

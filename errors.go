@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idemhttp/internal/wal"
 )
 
 // Sentinel errors. Each says why a call stopped; test for them with
@@ -75,24 +77,56 @@ var (
 	// the call sent nothing. A [*DoneError] carries its key and status.
 	ErrAlreadyDone = errors.New("operation already done")
 
+	// ErrClockJump: a journaled entry was created, or last updated, after
+	// the clock's current time: the clock was set back (or was ahead when
+	// the entry was written). Its age, and so whether the server still
+	// holds its key, cannot be known, so it is not resent; the entry stays
+	// pending for a person or a reconciliation step, or for the clock to
+	// catch up.
+	ErrClockJump = errors.New("journal entry is newer than the clock: the clock jumped")
+
 	// ErrNotFound: the journal has no entry for that key or operation.
 	ErrNotFound = errors.New("journal entry not found")
 )
 
-// Errors of the file journal.
+// Errors of the file journal. They are the journal engine's own values,
+// so errors.Is matches them however deep the engine's error is wrapped.
 var (
 	// ErrJournalLocked: another FileJournal (in this process or another)
-	// has the journal file open. Two writers would each believe they own
-	// the pending keys, so the second open fails at once instead of waiting.
-	ErrJournalLocked = errors.New("journal file is locked: another journal has it open")
+	// has the journal file open for writing. Two writers would each
+	// believe they own the pending keys, so the second open fails at once
+	// instead of waiting. Inspection can open it
+	// [JournalOptions.ReadOnly].
+	ErrJournalLocked = wal.ErrLocked
 
 	// ErrJournalCorrupt: the journal file or one of its entries is damaged
-	// (truncated, overwritten, a failed disk). Nothing was guessed: restore
-	// the file from a backup, or inspect and delete the damaged entries.
-	ErrJournalCorrupt = errors.New("journal file is corrupt")
+	// (overwritten, a failed disk, or damage before the marker of a clean
+	// close). Nothing was guessed: restore the file from a backup, or
+	// inspect and repair it ([JournalOptions.SkipVerify], idemctl verify
+	// -repair).
+	ErrJournalCorrupt = wal.ErrCorrupt
+
+	// ErrJournalVersion: the journal file is in a format version this
+	// build does not read, usually one written by a newer release. The
+	// file is intact: open it with the release that wrote it.
+	ErrJournalVersion = wal.ErrVersion
+
+	// ErrNotJournal: the file is not a journal at all (for example a
+	// batch's input named where the journal was meant). Nothing in it was
+	// changed.
+	ErrNotJournal = wal.ErrNotJournal
 
 	// ErrJournalClosed: the FileJournal was closed.
-	ErrJournalClosed = errors.New("journal is closed")
+	ErrJournalClosed = wal.ErrClosed
+
+	// ErrJournalReadOnly: the FileJournal was opened
+	// [JournalOptions.ReadOnly], and the call would write.
+	ErrJournalReadOnly = wal.ErrReadOnly
+
+	// ErrJournalReplaced: the journal file was deleted, or another file
+	// renamed over its path, while it was open. Writes stop: they would go
+	// to a file nobody opens again.
+	ErrJournalReplaced = wal.ErrReplaced
 )
 
 // snippetLen bounds how much of a response body an error keeps.

@@ -461,10 +461,10 @@ func TestFileJournalCancelUnderContention(t *testing.T) {
 	t.Logf("%d stored, %d refused", stored, refused)
 }
 
-// The file format, restated from the comment in filejournal_codec.go so
+// The file format, restated from docs/journal-format.md so
 // that these tests can build, cut and damage files from the outside.
 const (
-	fjTestVersion     = 3
+	fjTestVersion     = 4
 	fjTestFileHdrLen  = 24
 	fjTestBatchMagic  = 0x314a4449 // "IDJ1" read as little endian, before the salt
 	fjTestBatchHdrLen = 20
@@ -553,7 +553,26 @@ func fjFileSize(t *testing.T, path string) int64 {
 	return fi.Size()
 }
 
+// fjReadFile returns the journal file at path as a crash would have left
+// it: without the close marker that a clean Close appends (a batch of one
+// record whose payload is the byte 0), so that the tests that cut and
+// damage files see the file's last data batch at its end.
 func fjReadFile(t *testing.T, path string) []byte {
+	t.Helper()
+	raw := fjReadRaw(t, path)
+	if n := len(raw) - fjTestMarkerLen; n >= fjTestFileHdrLen &&
+		bytes.Equal(raw[n+4:n+8], []byte{9, 0, 0, 0}) && bytes.Equal(raw[n+20:n+24], []byte{1, 0, 0, 0}) && raw[len(raw)-1] == 0 {
+		raw = raw[:n]
+	}
+	return raw
+}
+
+// fjTestMarkerLen is the size of the close marker's batch: a batch
+// header, a record header and one byte.
+const fjTestMarkerLen = fjTestBatchHdrLen + 8 + 1
+
+// fjReadRaw returns the file at path as it is.
+func fjReadRaw(t *testing.T, path string) []byte {
 	t.Helper()
 	raw, err := os.ReadFile(path)
 	require.NoError(t, err)
@@ -756,7 +775,7 @@ func TestFileJournalPrune(t *testing.T) {
 		st := j.Stats()
 		assert.Zero(t, st.Compactions, "nothing left to compact on open")
 		assert.Zero(t, st.TruncatedBytes)
-		assert.Equal(t, after.FileBytes, st.FileBytes)
+		assert.Equal(t, after.FileBytes+fjTestMarkerLen, st.FileBytes, "the compacted file and Close's marker")
 		require.NoError(t, j.Verify(ctx))
 	})
 }
@@ -893,36 +912,49 @@ func TestFileJournalRefusesForeignFiles(t *testing.T) {
 	flippedMagic[3] ^= 0x20
 	flippedSalt := bytes.Clone(valid)
 	flippedSalt[15] ^= 0x01
+	notJournal, version, corrupt := idemhttp.ErrNotJournal, idemhttp.ErrJournalVersion, idemhttp.ErrJournalCorrupt
 	tests := []struct {
-		name string
-		give []byte
-		want string
+		name    string
+		give    []byte
+		wantErr error
+		want    string
 	}{
-		{name: "random bytes", give: random, want: "not an idemhttp journal"},
-		{name: "random bytes shorter than a header", give: random[:10], want: "not an idemhttp journal"},
-		{name: "a bbolt file", give: append(bytes.Clone(bolt), bolt...), want: "not an idemhttp journal"},
-		{name: "another program's file", give: append([]byte("SQLite format 3\x00"), make([]byte, 84)...), want: "not an idemhttp journal"},
-		{name: "a text file shorter than a header", give: []byte("hello\n"), want: "not an idemhttp journal"},
-		{name: "a journal with a damaged magic", give: flippedMagic, want: "not an idemhttp journal"},
-		{name: "format version 4", give: fjReheader(valid, fjFileHeader(4, salt, false)), want: "format version 4"},
-		{name: "format version 2", give: fjReheader(valid, fjFileHeader(2, salt, false)), want: "format version 2"},
-		{name: "a version 2 header cut short", give: fjFileHeader(2, salt, false)[:16], want: "not an idemhttp journal"},
-		{name: "a header with a bad CRC", give: fjReheader(valid, fjFileHeader(fjTestVersion, salt, true)), want: "damaged file header"},
-		{name: "a header with a flipped salt bit", give: flippedSalt, want: "damaged file header"},
-		{name: "a bare header with a bad CRC", give: fjFileHeader(fjTestVersion, salt, true), want: "damaged file header"},
-		{name: "a journal with the unsalted 16-byte header", give: append(fjOldHeader(), valid[fjTestFileHdrLen:]...), want: "damaged file header"},
+		{name: "random bytes", give: random, wantErr: notJournal, want: "not an idemhttp journal"},
+		{name: "random bytes shorter than a header", give: random[:10], wantErr: notJournal, want: "not an idemhttp journal"},
+		{name: "a bbolt file", give: append(bytes.Clone(bolt), bolt...), wantErr: notJournal, want: "not an idemhttp journal"},
+		{name: "another program's file", give: append([]byte("SQLite format 3\x00"), make([]byte, 84)...), wantErr: notJournal, want: "not an idemhttp journal"},
+		{name: "a text file shorter than a header", give: []byte("hello\n"), wantErr: notJournal, want: "not an idemhttp journal"},
+		{name: "a journal with a damaged magic", give: flippedMagic, wantErr: notJournal, want: "not an idemhttp journal"},
+		{name: "format version 5", give: fjReheader(valid, fjFileHeader(5, salt, false)), wantErr: version, want: "format version 5"},
+		{name: "format version 3", give: fjReheader(valid, fjFileHeader(3, salt, false)), wantErr: version, want: "format version 3"},
+		{name: "format version 2", give: fjReheader(valid, fjFileHeader(2, salt, false)), wantErr: version, want: "format version 2"},
+		{name: "a version 2 header cut short", give: fjFileHeader(2, salt, false)[:16], wantErr: notJournal, want: "not an idemhttp journal"},
+		{name: "a header with a bad CRC", give: fjReheader(valid, fjFileHeader(fjTestVersion, salt, true)), wantErr: corrupt, want: "damaged file header"},
+		{name: "a header with a flipped salt bit", give: flippedSalt, wantErr: corrupt, want: "damaged file header"},
+		{name: "a bare header with a bad CRC", give: fjFileHeader(fjTestVersion, salt, true), wantErr: corrupt, want: "damaged file header"},
+		{name: "a journal with the unsalted 16-byte header", give: append(fjOldHeader(), valid[fjTestFileHdrLen:]...), wantErr: corrupt, want: "damaged file header"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			path := fjWriteFile(t, tt.give)
+			// Readable by others, as an input file would be: opening it
+			// must not tighten its mode either.
+			require.NoError(t, os.Chmod(path, 0o644))
 			err := fjOpenRefused(t, path, nil)
-			assert.ErrorIs(t, err, idemhttp.ErrJournalCorrupt)
+			assert.ErrorIs(t, err, tt.wantErr)
 			assert.ErrorContains(t, err, tt.want)
 			assert.Equal(t, tt.give, fjReadFile(t, path), "the file is left as it was")
 
 			err = fjOpenRefused(t, path, &idemhttp.JournalOptions{SkipVerify: true})
-			assert.ErrorIs(t, err, idemhttp.ErrJournalCorrupt, "SkipVerify salvages batches, not other files")
+			assert.ErrorIs(t, err, tt.wantErr, "SkipVerify salvages batches, not other files")
+			err = fjOpenRefused(t, path, &idemhttp.JournalOptions{ReadOnly: true})
+			assert.ErrorIs(t, err, tt.wantErr)
 			assert.Equal(t, tt.give, fjReadFile(t, path), "the file is left as it was")
+			if runtime.GOOS != "windows" {
+				fi, err := os.Stat(path)
+				require.NoError(t, err)
+				assert.Equal(t, os.FileMode(0o644), fi.Mode().Perm(), "the file's mode is left as it was")
+			}
 		})
 	}
 }
@@ -1466,7 +1498,11 @@ func TestFileJournalFlippedBytes(t *testing.T) {
 
 		j, err := idemhttp.OpenFileJournal(path, nil)
 		if off < last {
-			require.ErrorIs(t, err, idemhttp.ErrJournalCorrupt, "offset %d", off)
+			if off < 8 {
+				require.ErrorIs(t, err, idemhttp.ErrNotJournal, "offset %d: the magic", off)
+			} else {
+				require.ErrorIs(t, err, idemhttp.ErrJournalCorrupt, "offset %d", off)
+			}
 			require.Nil(t, j)
 			require.Equal(t, b, fjReadFile(t, path), "offset %d: a refused file is left as it was", off)
 			refused++
@@ -1479,6 +1515,50 @@ func TestFileJournalFlippedBytes(t *testing.T) {
 		require.NoError(t, os.Remove(path))
 	}
 	t.Logf("%d flips in %d bytes: %d opened, %d refused", opened+refused, len(valid), opened, refused)
+}
+
+// After a clean close nothing can be torn: the close marker follows the
+// last data batch, so damage anywhere in it is corruption, refused, where
+// the same damage in a file that a crash left (no marker: see
+// TestFileJournalFlippedBytes) is cut off as a torn tail and kept aside.
+func TestFileJournalDamageAfterCleanClose(t *testing.T) {
+	ctx := context.Background()
+	path := fjPath(t)
+	j := fjOpen(t, path, nil)
+	for i := range 3 {
+		_, err := j.Begin(ctx, fjBodyEntry(fmt.Sprintf("key-%d", i), 100))
+		require.NoError(t, err)
+	}
+	require.NoError(t, j.Close())
+	raw := fjReadRaw(t, path)
+	unmarked := fjReadFile(t, path)
+	require.Len(t, raw, len(unmarked)+fjTestMarkerLen, "Close appended its marker")
+	batches := fjBatches(t, unmarked)
+	last := batches[len(batches)-2]
+
+	j = fjOpen(t, path, nil)
+	assert.True(t, j.Stats().CleanClose)
+	require.NoError(t, j.Close())
+	assert.Equal(t, raw, fjReadRaw(t, path), "a clean journal opened and closed again gains no second marker")
+
+	for _, off := range []int{last + 3, last + 30, len(unmarked) - 1} {
+		b := bytes.Clone(raw)
+		b[off] ^= 0x10
+		p := fjWriteFile(t, b)
+		err := fjOpenRefused(t, p, nil)
+		assert.ErrorIs(t, err, idemhttp.ErrJournalCorrupt, "offset %d", off)
+		assert.Equal(t, b, fjReadRaw(t, p), "offset %d: refused and left as it was", off)
+
+		// Without the marker, the same damage is a torn tail: cut off,
+		// and kept aside in a .torn- file, never just deleted.
+		p = fjWriteFile(t, b[:len(unmarked)])
+		j := fjOpen(t, p, nil)
+		st := j.Stats()
+		assert.Equal(t, int64(len(unmarked)-last), st.TruncatedBytes, "offset %d", off)
+		require.NotEmpty(t, st.TornFile)
+		assert.Equal(t, b[last:len(unmarked)], fjReadRaw(t, st.TornFile), "offset %d: the cut tail is kept byte for byte", off)
+		assert.False(t, st.CleanClose)
+	}
 }
 
 // fjExercise uses a journal that opened despite a flipped byte at off,
@@ -2080,4 +2160,169 @@ func fjWhileRunning(wg *sync.WaitGroup, fn func()) int {
 		fn()
 	}
 	return n
+}
+
+// Inspection opens read-only: while a writer holds the lock, on a file
+// nobody may write, showing the file as it was when opened, refusing
+// writes, and changing nothing.
+func TestFileJournalReadOnly(t *testing.T) {
+	ctx := context.Background()
+	path := fjPath(t)
+	w := fjOpen(t, path, nil)
+	_, err := w.Begin(ctx, fjEntry("k1", "op-1"))
+	require.NoError(t, err)
+	require.NoError(t, w.Finish(ctx, "k1", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1, At: fjAt(1)}))
+	require.NoError(t, w.Sync(ctx))
+	_, err = w.Begin(ctx, fjEntry("k2", ""))
+	require.NoError(t, err)
+	if runtime.GOOS != "windows" {
+		// As on a read-only mount: the file cannot be opened for writing.
+		require.NoError(t, os.Chmod(path, 0o400))
+	}
+	before := fjReadRaw(t, path)
+
+	r := fjOpen(t, path, &idemhttp.JournalOptions{ReadOnly: true})
+	_, err = w.Begin(ctx, fjEntry("k3", "")) // after the snapshot
+	require.NoError(t, err)
+
+	got, err := r.Entries(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"k1", "k2"}, []string{got[0].Key, got[1].Key}, "the file as it was when opened")
+	require.Len(t, got, 2)
+	assert.Equal(t, idemhttp.StateDone, got[0].State)
+	e, err := r.Lookup(ctx, "op-1")
+	require.NoError(t, err)
+	assert.Equal(t, "k1", e.Key)
+	require.NoError(t, r.Verify(ctx))
+
+	_, err = r.Begin(ctx, fjEntry("k4", ""))
+	assert.ErrorIs(t, err, idemhttp.ErrJournalReadOnly)
+	assert.ErrorIs(t, r.Finish(ctx, "k2", idemhttp.Outcome{State: idemhttp.StateDone}), idemhttp.ErrJournalReadOnly)
+	_, err = r.Prune(ctx, fjAt(100))
+	assert.ErrorIs(t, err, idemhttp.ErrJournalReadOnly)
+	assert.ErrorIs(t, r.Delete(ctx, "k1"), idemhttp.ErrJournalReadOnly)
+	assert.ErrorIs(t, r.Compact(ctx), idemhttp.ErrJournalReadOnly)
+	require.NoError(t, r.Close())
+	assert.Equal(t, before, fjReadRaw(t, path)[:len(before)], "the reader wrote nothing")
+	if runtime.GOOS != "windows" {
+		fi, err := os.Stat(path)
+		require.NoError(t, err)
+		assert.Equal(t, os.FileMode(0o400), fi.Mode().Perm(), "the reader left the mode alone")
+	}
+
+	_, err = idemhttp.OpenFileJournal(filepath.Join(t.TempDir(), "missing"), &idemhttp.JournalOptions{ReadOnly: true})
+	assert.ErrorIs(t, err, os.ErrNotExist, "read-only never creates a journal")
+}
+
+// A torn tail is only ignored by a read-only open: the file stays as it
+// is, for the writer to deal with.
+func TestFileJournalReadOnlyIgnoresTornTail(t *testing.T) {
+	ctx := context.Background()
+	path := fjPath(t)
+	j := fjOpen(t, path, nil)
+	_, err := j.Begin(ctx, fjEntry("k1", ""))
+	require.NoError(t, err)
+	_, err = j.Begin(ctx, fjEntry("k2", ""))
+	require.NoError(t, err)
+	require.NoError(t, j.Close())
+	raw := fjReadFile(t, path)
+	torn := fjWriteFile(t, raw[:len(raw)-5])
+
+	r := fjOpen(t, torn, &idemhttp.JournalOptions{ReadOnly: true})
+	assert.Positive(t, r.Stats().TruncatedBytes)
+	assert.Empty(t, r.Stats().TornFile)
+	_, err = r.Get(ctx, "k1")
+	require.NoError(t, err)
+	_, err = r.Get(ctx, "k2")
+	assert.ErrorIs(t, err, idemhttp.ErrNotFound)
+	require.NoError(t, r.Close())
+	assert.Equal(t, raw[:len(raw)-5], fjReadRaw(t, torn))
+}
+
+// A journal opened through a symbolic link stays behind the link after
+// compaction: the link's target is replaced, not the link.
+func TestFileJournalCompactKeepsSymlink(t *testing.T) {
+	fjSkipNoCompact(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	target := filepath.Join(dir, "data", "journal.db")
+	require.NoError(t, os.Mkdir(filepath.Dir(target), 0o700))
+	link := filepath.Join(dir, "journal.db")
+	require.NoError(t, os.Symlink(target, link))
+
+	j := fjOpen(t, link, nil)
+	_, err := j.Begin(ctx, fjEntry("k1", ""))
+	require.NoError(t, err)
+	require.NoError(t, j.Compact(ctx))
+	_, err = j.Begin(ctx, fjEntry("k2", ""))
+	require.NoError(t, err)
+
+	fi, err := os.Lstat(link)
+	require.NoError(t, err)
+	assert.Equal(t, os.ModeSymlink, fi.Mode()&os.ModeSymlink, "still a link")
+	require.NoError(t, j.Close())
+	r := fjOpen(t, target, &idemhttp.JournalOptions{ReadOnly: true})
+	assert.Len(t, fjEntries(t, r), 2, "the target holds the journal")
+}
+
+// A journal file deleted or replaced while open stops taking writes:
+// they would go to a file nobody opens again.
+func TestFileJournalNoticesReplacedFile(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("an open file cannot be removed on Windows")
+	}
+	ctx := context.Background()
+	for _, tt := range []struct {
+		name string
+		give func(t *testing.T, path string)
+	}{
+		{"deleted", func(t *testing.T, path string) { require.NoError(t, os.Remove(path)) }},
+		{"replaced", func(t *testing.T, path string) {
+			other := path + ".other"
+			require.NoError(t, os.WriteFile(other, []byte("x"), 0o600))
+			require.NoError(t, os.Rename(other, path))
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			path := fjPath(t)
+			j, err := idemhttp.OpenFileJournal(path, nil)
+			require.NoError(t, err)
+			_, err = j.Begin(ctx, fjEntry("k1", ""))
+			require.NoError(t, err)
+			tt.give(t, path)
+			_, err = j.Begin(ctx, fjEntry("k2", ""))
+			assert.ErrorIs(t, err, idemhttp.ErrJournalReplaced)
+			_, err = j.Begin(ctx, fjEntry("k3", ""))
+			assert.ErrorIs(t, err, idemhttp.ErrJournalReplaced, "writes stay stopped")
+			assert.ErrorIs(t, j.Close(), idemhttp.ErrJournalReplaced)
+		})
+	}
+}
+
+// A journal prunes its done entries past Retention by itself, so that a
+// process that never restarts stays bounded; pending and abandoned
+// entries stay. The pruner stops with Close (goleak checks it).
+func TestFileJournalPrunesByItself(t *testing.T) {
+	ctx := context.Background()
+	j := fjOpen(t, fjPath(t), &idemhttp.JournalOptions{Retention: time.Hour, PruneInterval: time.Millisecond})
+	old := time.Now().Add(-2 * time.Hour)
+	for _, k := range []string{"done-old", "done-new", "pending-old", "abandoned-old"} {
+		_, err := j.Begin(ctx, fjEntry(k, ""))
+		require.NoError(t, err)
+	}
+	finish := func(key string, s idemhttp.State, at time.Time) {
+		require.NoError(t, j.Finish(ctx, key, idemhttp.Outcome{State: s, Status: 201, Attempts: 1, At: at}))
+	}
+	finish("done-old", idemhttp.StateDone, old)
+	finish("done-new", idemhttp.StateDone, time.Now())
+	finish("abandoned-old", idemhttp.StateAbandoned, old)
+
+	require.Eventually(t, func() bool {
+		_, err := j.Get(ctx, "done-old")
+		return errors.Is(err, idemhttp.ErrNotFound)
+	}, 10*time.Second, time.Millisecond)
+	for _, k := range []string{"done-new", "pending-old", "abandoned-old"} {
+		_, err := j.Get(ctx, k)
+		assert.NoError(t, err, k)
+	}
 }

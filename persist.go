@@ -82,6 +82,13 @@ type Journal interface {
 	// Get returns the entry for key, or an error wrapping [ErrNotFound].
 	Get(ctx context.Context, key string) (*Entry, error)
 
+	// Lookup returns the entry for operation (an id given to
+	// [WithOperation]), or an error wrapping [ErrNotFound]. It is meant
+	// for skipping operations already done, many at a time: an
+	// implementation may leave out the request (Method, URL, Header, Body
+	// and Fingerprint) to avoid reading it; Get(ctx, e.Key) returns it.
+	Lookup(ctx context.Context, operation string) (*Entry, error)
+
 	// Pending returns the entries in state pending, oldest first.
 	Pending(ctx context.Context) ([]*Entry, error)
 
@@ -176,6 +183,15 @@ func (m *memJournal) Get(_ context.Context, key string) (*Entry, error) {
 		return nil, fmt.Errorf("get %s: %w", key, ErrNotFound)
 	}
 	return cloneEntry(e), nil
+}
+
+func (m *memJournal) Lookup(_ context.Context, operation string) (*Entry, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if k, ok := m.byOp[operation]; ok {
+		return cloneEntry(m.byKey[k]), nil
+	}
+	return nil, fmt.Errorf("lookup %s: %w", operation, ErrNotFound)
 }
 
 func (m *memJournal) Pending(context.Context) ([]*Entry, error) {

@@ -309,3 +309,65 @@ func TestResumeEntryConcurrently(t *testing.T) {
 	assert.Empty(t, left)
 	assert.Len(t, srv.Hits(), 8)
 }
+
+// A clock set back makes journaled times lie in the future: the entries'
+// ages, and so whether the server still holds their keys, are unknown, so
+// nothing is resent and the entries stay pending. Without the check, the
+// future entry below (created "in an hour", really much older) would be
+// resent as young.
+func TestResumeRefusesWhenTheClockJumpedBack(t *testing.T) {
+	ctx := context.Background()
+	j := newRecJournal()
+	srv := newScripted(t, reply(200, "{}"), reply(200, "{}"))
+	now := time.Now()
+	future := now.Add(time.Hour)
+	for _, e := range []*Entry{
+		{Key: "k-future", Operation: "op-future", Created: future, Updated: future},
+		{Key: "k-now", Created: now, Updated: now},
+	} {
+		e.Method, e.URL, e.Body, e.State = "POST", srv.URL, []byte(chargeBody), StatePending
+		e.Fingerprint = Fingerprint("POST", srv.URL, e.Body)
+		_, err := j.Begin(ctx, e)
+		require.NoError(t, err)
+	}
+	c := &Client{Journal: j}
+
+	results, err := c.Resume(ctx)
+	require.NoError(t, err)
+	require.Len(t, results, 2)
+	for _, r := range results {
+		assert.ErrorIs(t, r.Err, ErrClockJump, r.Entry.Key)
+	}
+	assert.Empty(t, srv.Hits(), "nothing resent while the clock is behind the journal")
+	r := c.ResumeEntry(ctx, results[1].Entry)
+	assert.ErrorIs(t, r.Err, ErrClockJump, "ResumeEntry checks the entry itself too")
+	for _, k := range []string{"k-future", "k-now"} {
+		e, err := j.Get(ctx, k)
+		require.NoError(t, err)
+		assert.Equal(t, StatePending, e.State, "left pending, not abandoned")
+	}
+
+	_, err = c.Do(post(t, srv.URL, chargeBody).WithContext(WithOperation(ctx, "op-future")))
+	assert.ErrorIs(t, err, ErrClockJump, "a rerun of the operation is refused too")
+	assert.Empty(t, srv.Hits())
+}
+
+// Headers set straight into the map bypass canonical names; the client
+// still keeps them, the key header and the caller's secrets out of the
+// journal. Before SafeHeader's rule, Header.Del missed "authorization".
+func TestJournalNeverSeesSecretsInAnyCase(t *testing.T) {
+	j := newRecJournal()
+	srv := newScripted(t, reply(200, "{}"))
+	req := post(t, srv.URL, chargeBody)
+	req.Header["authorization"] = []string{"Bearer sk_live_lower"}
+	req.Header["COOKIE"] = []string{"s=upper"}
+	req.Header["x-api-key"] = []string{"k_123"}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&Client{Journal: j, SecretHeaders: []string{"X-Api-Key"}}).Do(req.WithContext(WithOperation(context.Background(), "op-secret")))
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+
+	e, err := j.Lookup(context.Background(), "op-secret")
+	require.NoError(t, err)
+	assert.Equal(t, http.Header{"Content-Type": {"application/json"}}, e.Header)
+}

@@ -58,8 +58,11 @@ func (c *Client) Resume(ctx context.Context) ([]ResumeResult, error) {
 // forgotten its key, so a resend could run the operation twice. It is
 // marked abandoned and reported with an error wrapping [ErrKeyExpired]. An
 // entry whose body was not stored cannot be resent either
-// ([ErrNotReplayable]). Done entries older than the retention are pruned
-// first.
+// ([ErrNotReplayable]). Nor is an entry when the clock is behind the
+// journal (an entry created or updated in the future, by more than
+// [ClockTolerance]): its age cannot be known, so every entry is reported
+// with an error wrapping [ErrClockJump] and left pending. Done entries
+// older than the retention are pruned first.
 //
 // The error is non-nil only when the journal itself fails, or ctx ends;
 // per-entry failures are in the results. Cancelling ctx stops the
@@ -87,6 +90,13 @@ func (c *Client) ResumeWith(ctx context.Context, opts *ResumeOptions) ([]ResumeR
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: resume: %w", err)
 	}
+	// The newest time the journal holds: a clock below it was set back, and
+	// every entry's age is then in doubt, not only the future ones'.
+	var newest time.Time
+	for _, e := range pending {
+		newest = latest(newest, e.Created, e.Updated)
+	}
+	clockBack := newest.After(now.Add(ClockTolerance))
 	if o.Filter != nil {
 		kept := pending[:0]
 		for _, e := range pending {
@@ -113,7 +123,13 @@ func (c *Client) ResumeWith(ctx context.Context, opts *ResumeOptions) ([]ResumeR
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				r := c.resumeOne(ctx, j, pending[i], now)
+				var r ResumeResult
+				if clockBack {
+					r = ResumeResult{Entry: pending[i], Err: fmt.Errorf("idemhttp: resume %s: %w: the journal holds times up to %s, the clock says %s",
+						pending[i].Key, ErrClockJump, newest.Format(time.RFC3339), now.Format(time.RFC3339))}
+				} else {
+					r = c.resumeOne(ctx, j, pending[i], now)
+				}
 				if o.OnResult != nil {
 					mu.Lock()
 					o.OnResult(r)
@@ -151,6 +167,22 @@ dispatch:
 	return results, nil
 }
 
+// ClockTolerance is how far ahead of the clock a journaled time may be
+// before [Client.Resume] and [Client.Do] take it as a clock that was set
+// back ([ErrClockJump]): clocks of machines sharing a journal, and one
+// machine's clock stepped by NTP, disagree by that much.
+const ClockTolerance = time.Minute
+
+func latest(ts ...time.Time) time.Time {
+	var m time.Time
+	for _, t := range ts {
+		if t.After(m) {
+			m = t
+		}
+	}
+	return m
+}
+
 // ResumeEntry resends one pending entry of the client's journal, as
 // [Client.Resume] does for each: with its key and stored body, never past
 // the retention ([ErrKeyExpired]). Use it for entries a worker claimed from
@@ -167,6 +199,10 @@ func (c *Client) ResumeEntry(ctx context.Context, e *Entry) ResumeResult {
 func (c *Client) resumeOne(ctx context.Context, j Journal, e *Entry, now time.Time) ResumeResult {
 	r := ResumeResult{Entry: e}
 	c.journalEvent(ctx, JournalEvent{Op: JournalResume, Key: e.Key, Operation: e.Operation, State: e.State}, time.Time{})
+	if t := latest(e.Created, e.Updated); t.After(now.Add(ClockTolerance)) {
+		r.Err = fmt.Errorf("idemhttp: resume %s (created %s): %w", e.Key, e.Created.Format(time.RFC3339), ErrClockJump)
+		return r
+	}
 	if now.Sub(e.Created) > c.cfg.pol.retention {
 		if err := j.Finish(ctx, e.Key, Outcome{State: StateAbandoned, Status: e.LastStatus, At: now}); err != nil {
 			r.Err = fmt.Errorf("idemhttp: resume %s: %w", e.Key, err)

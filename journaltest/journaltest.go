@@ -48,6 +48,8 @@ func Run(t *testing.T, open func(t *testing.T) idemhttp.Journal) {
 		{"FinishUnknownKey", testFinishUnknownKey},
 		{"GetUnknownKey", testGetUnknownKey},
 		{"GetReturnsCopy", testGetReturnsCopy},
+		{"LookupByOperation", testLookupByOperation},
+		{"LookupUnknownOperation", testLookupUnknownOperation},
 		{"PendingOldestFirst", testPendingOldestFirst},
 		{"Prune", testPrune},
 		{"Delete", testDelete},
@@ -264,6 +266,41 @@ func testGetReturnsCopy(t *testing.T, j idemhttp.Journal) {
 	assertEntry(t, e, again)
 }
 
+func testLookupByOperation(t *testing.T, j idemhttp.Journal) {
+	ctx := context.Background()
+	begin(t, j, entry("k1", "op-1", at(0)))
+	begin(t, j, entry("k2", "", at(1)))
+
+	got, err := j.Lookup(ctx, "op-1")
+	require.NoError(t, err)
+	assert.Equal(t, "k1", got.Key)
+	assert.Equal(t, "op-1", got.Operation)
+	assert.Equal(t, idemhttp.StatePending, got.State)
+	assert.True(t, at(0).Equal(got.Created), "Created: want %v, got %v", at(0), got.Created)
+
+	require.NoError(t, j.Finish(ctx, "k1", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 2, At: at(5)}))
+	got, err = j.Lookup(ctx, "op-1")
+	require.NoError(t, err)
+	assert.Equal(t, idemhttp.StateDone, got.State)
+	assert.Equal(t, 201, got.LastStatus)
+	assert.Equal(t, 2, got.Attempts)
+	assert.True(t, at(5).Equal(got.Updated), "Updated: want %v, got %v", at(5), got.Updated)
+
+	// The request, which Lookup may leave out, is one Get away.
+	full, err := j.Get(ctx, got.Key)
+	require.NoError(t, err)
+	assert.Equal(t, entry("k1", "op-1", at(0)).Body, full.Body)
+}
+
+func testLookupUnknownOperation(t *testing.T, j idemhttp.Journal) {
+	ctx := context.Background()
+	begin(t, j, entry("k1", "", at(0)))
+	for _, op := range []string{"op-missing", "k1", ""} {
+		_, err := j.Lookup(ctx, op)
+		assert.ErrorIs(t, err, idemhttp.ErrNotFound, "operation %q", op)
+	}
+}
+
 func testPendingOldestFirst(t *testing.T, j idemhttp.Journal) {
 	ctx := context.Background()
 	tests := []struct {
@@ -362,11 +399,10 @@ func testDelete(t *testing.T, j idemhttp.Journal) {
 func testHeadersRoundTrip(t *testing.T, j idemhttp.Journal) {
 	e := entry("k1", "", at(0))
 	e.Header = http.Header{
-		"Content-Type":    {"application/json"},
-		"Idempotency-Key": {"k1"},
-		"X-Multi":         {"one", "two", "three"},
-		"X-Empty-Value":   {""},
-		"Stripe-Version":  {"2024-06-20"},
+		"Content-Type":   {"application/json"},
+		"X-Multi":        {"one", "two", "three"},
+		"X-Empty-Value":  {""},
+		"Stripe-Version": {"2024-06-20"},
 	}
 	begin(t, j, e)
 
@@ -382,7 +418,12 @@ func testSecretsNeverStored(t *testing.T, j idemhttp.Journal) {
 		"Authorization":       {"Bearer sk_live_secret"},
 		"Cookie":              {"s=secret"},
 		"Proxy-Authorization": {"Basic c2VjcmV0"},
+		"Idempotency-Key":     {"k1"},
+		// A caller may fill the map directly, bypassing canonical names.
 		"authorization":       {"Bearer non-canonical"},
+		"cookie":              {"s=lowercase"},
+		"PROXY-AUTHORIZATION": {"Basic upper"},
+		"idempotency-key":     {"k1"},
 		"Content-Type":        {"application/json"},
 	}
 	begin(t, j, e)

@@ -25,6 +25,12 @@ func openJournal(path string, mustExist bool, secret []string) (*idemhttp.FileJo
 	return openJournalWith(path, mustExist, &idemhttp.JournalOptions{SecretHeaders: secret})
 }
 
+// openJournalReadOnly opens the journal at path, which must exist, for
+// inspection: without the writer's lock and without changing the file.
+func openJournalReadOnly(path string) (*idemhttp.FileJournal, error) {
+	return openJournalWith(path, true, &idemhttp.JournalOptions{ReadOnly: true})
+}
+
 // openJournalWith is openJournal with every option of the library:
 // verify -repair needs SkipVerify.
 func openJournalWith(path string, mustExist bool, opts *idemhttp.JournalOptions) (*idemhttp.FileJournal, error) {
@@ -42,6 +48,10 @@ func openJournalWith(path string, mustExist bool, opts *idemhttp.JournalOptions)
 		return j, nil
 	case errors.Is(err, idemhttp.ErrJournalLocked):
 		return nil, fail(exitJournal, "journal %s is in use by another process (another idemctl batch or resume?): wait for it to finish, or use another -journal file", path)
+	case errors.Is(err, idemhttp.ErrNotJournal):
+		return nil, fail(exitJournal, "%s is not an idemhttp journal (was another file named as -journal?); it was left as it was", path)
+	case errors.Is(err, idemhttp.ErrJournalVersion):
+		return nil, fail(exitJournal, "journal %s: %v; the file is intact: use the idemctl release that wrote it", path, err)
 	case errors.Is(err, idemhttp.ErrJournalCorrupt):
 		return nil, &exitError{code: exitJournal, err: &damageError{path: path, err: err}}
 	default:

@@ -44,7 +44,7 @@ func pendingCommand(_ context.Context, args []string, e env) error {
 	if len(rest) > 0 {
 		return fail(exitUsage, "unexpected argument %q", rest[0])
 	}
-	fj, err := openJournal(*path, true, nil)
+	fj, err := openJournalReadOnly(*path)
 	if err != nil {
 		return err
 	}
@@ -188,7 +188,7 @@ func inspectCommand(_ context.Context, args []string, e env) error {
 		fmt.Fprint(e.stderr, inspectSynopsis)
 		return fail(exitUsage, "want exactly one KEY or OPERATION")
 	}
-	fj, err := openJournal(*path, true, nil)
+	fj, err := openJournalReadOnly(*path)
 	if err != nil {
 		return err
 	}

@@ -20,10 +20,12 @@ const verifySynopsis = `Usage: idemctl verify -journal FILE [-json] [-repair]
 
 Reads the whole journal again and checks every batch and entry against its
 checksum, then reports the entries by state, the file's size and the
-journal's estimate of its live entries' size. If opening the journal cut
-off a torn tail, it says so: that is normal after a crash, a group commit
-that the crash interrupted before any caller was told it succeeded; nothing
-acknowledged is lost.
+journal's estimate of its live entries' size. It only reads: it works while
+another process writes the journal, and on a read-only mount. If the
+journal ends in an incomplete batch (a torn tail), it says so: after a
+crash that is most likely a group commit the crash interrupted before any
+caller was told it succeeded, but damage to the last batches looks the
+same, so the next writer keeps the tail in a FILE.torn-TIME file.
 
 A damaged journal (exit code 3) has lost data that was acknowledged. Restore
 it from a backup if there is one. If not, -repair salvages it: it copies the
@@ -52,7 +54,7 @@ type verifyReport struct {
 	Entries        *stateCounts `json:"entries,omitempty"`
 	FileBytes      int64        `json:"file_bytes"`
 	LiveBytes      int64        `json:"live_bytes,omitempty"`
-	TruncatedBytes int64        `json:"truncated_bytes"` // the torn tail that opening cut off
+	TruncatedBytes int64        `json:"truncated_bytes"` // the torn tail after the last whole batch
 	Repaired       bool         `json:"repaired,omitempty"`
 	Backup         string       `json:"backup,omitempty"`        // the damaged file's copy
 	SkippedBytes   int64        `json:"skipped_bytes,omitempty"` // damaged bytes the repair left out
@@ -124,7 +126,7 @@ func verifyCommand(_ context.Context, args []string, e env) error {
 // returns the damage found, wrapping [idemhttp.ErrJournalCorrupt], or an
 // exitError when the journal cannot be checked at all (missing, locked).
 func checkJournal(ctx context.Context, path string, rep *verifyReport) (damage, err error) {
-	fj, err := openJournal(path, true, nil)
+	fj, err := openJournalReadOnly(path)
 	if err != nil {
 		var de *damageError
 		if errors.As(err, &de) {
@@ -180,26 +182,26 @@ func countEntries(ctx context.Context, fj *idemhttp.FileJournal) (stateCounts, e
 // skipping the damaged batches and compacts it, which rewrites the file
 // with only the entries that survived, and verifies the result.
 func repairJournal(ctx context.Context, path string, rep *verifyReport) error {
+	// The writer's lock first: a journal another process has open is not
+	// copied nor touched (the check before only read it).
+	fj, openErr := openJournalWith(path, true, &idemhttp.JournalOptions{SkipVerify: true})
+	var de *damageError
+	if openErr != nil && !errors.As(openErr, &de) {
+		return openErr
+	}
 	backup, err := backupJournal(path, time.Now())
 	if err != nil {
+		if fj != nil {
+			_ = fj.Close()
+		}
 		return fail(exitJournal, "journal %s is damaged, and copying it aside failed, so it was left as it is: %v", path, err)
 	}
 	rep.Backup = backup
 	// From here on every message names the copy: it is the only record
 	// of the entries the repair leaves out.
-	fj, err := openJournalWith(path, true, &idemhttp.JournalOptions{SkipVerify: true})
-	if err != nil {
-		var ee *exitError
-		if errors.As(err, &ee) && ee.code == exitJournal {
-			// Locked since the check, or damaged beyond what SkipVerify
-			// skips (the file header).
-			var de *damageError
-			if errors.As(err, &de) {
-				return fail(exitJournal, "journal %s cannot be repaired: %v\nThe damaged file was copied to %s; restore the journal from a backup", path, de.err, backup)
-			}
-			return fail(exitJournal, "%v\nThe damaged file was copied to %s; nothing else was changed", ee.err, backup)
-		}
-		return err
+	if openErr != nil {
+		// Damaged beyond what SkipVerify skips (the file header).
+		return fail(exitJournal, "journal %s cannot be repaired: %v\nThe damaged file was copied to %s; restore the journal from a backup", path, de.err, backup)
 	}
 	defer fj.Close()
 	// Compact resets SkippedBytes, since the new file holds no damage:
@@ -310,7 +312,7 @@ func printReport(e env, rep *verifyReport, asJSON bool) error {
 	// not called the compacted size here.
 	row("live", "%d bytes (the live entries, as the journal estimates them)", rep.LiveBytes)
 	if rep.TruncatedBytes > 0 {
-		row("torn tail", "%d bytes cut off: a group commit that a crash interrupted before any caller was told it succeeded (normal after a crash; nothing acknowledged was lost)", rep.TruncatedBytes)
+		row("torn tail", "%d bytes at the end do not form a whole batch: most likely a group commit that a crash interrupted before any caller was told it succeeded, but damage to the last batches looks the same; the next writer keeps them in a .torn- file beside the journal", rep.TruncatedBytes)
 	}
 	if err := tw.Flush(); err != nil {
 		return fail(exitFailed, "write: %v", err)

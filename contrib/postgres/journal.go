@@ -7,8 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -49,8 +47,8 @@ type JournalOptions struct {
 	OmitBodies bool
 
 	// SecretHeaders names request headers never written to the table, in
-	// addition to Authorization, Cookie and Proxy-Authorization, which are
-	// always withheld. Names are matched case-insensitively.
+	// addition to those [idemhttp.SafeHeader] always withholds. Names are
+	// matched in any letter case.
 	SecretHeaders []string
 
 	// ClientClock makes the journal store the times it is given (the
@@ -116,7 +114,7 @@ type Journal struct {
 	lease       time.Duration
 	omitBodies  bool
 	clientClock bool
-	secret      map[string]bool // canonical header names never stored
+	secret      []string // SecretHeaders, beyond what idemhttp.SanitizeEntry always withholds
 }
 
 // NewJournal returns a Journal on db, which must reach the primary. A nil
@@ -132,14 +130,7 @@ func NewJournal(db DB, opts *JournalOptions) *Journal {
 		omitBodies:  opts.OmitBodies,
 		clientClock: opts.ClientClock,
 		token:       newLeaseToken(),
-		secret: map[string]bool{
-			"Authorization":       true,
-			"Cookie":              true,
-			"Proxy-Authorization": true,
-		},
-	}
-	for _, name := range opts.SecretHeaders {
-		j.secret[http.CanonicalHeaderKey(name)] = true
+		secret:      slices.Clone(opts.SecretHeaders),
 	}
 	if j.worker == "" {
 		host, _ := os.Hostname()
@@ -302,45 +293,22 @@ func readBegin(br pgx.BatchResults) (existing *idemhttp.Entry, inserted bool, er
 }
 
 // sanitize returns the entry to store and its header as JSON, or an error
-// for an entry the table cannot hold faithfully.
+// for an entry the table cannot hold faithfully. What may be stored at all
+// is [idemhttp.SanitizeEntry]'s rule, shared with every journal.
 func (j *Journal) sanitize(e *idemhttp.Entry) (*idemhttp.Entry, []byte, error) {
-	if err := idemhttp.ValidateKey(e.Key); err != nil {
+	rec, err := idemhttp.SanitizeEntry(e, j.secret...)
+	if err != nil {
 		return nil, nil, err
-	}
-	if e.Operation != "" {
-		if err := idemhttp.ValidateKey(e.Operation); err != nil {
-			return nil, nil, fmt.Errorf("idemhttp/postgres: journal begin %s: %w: operation id: %w", e.Key, idemhttp.ErrInvalidRequest, err)
-		}
 	}
 	invalid := func(what string) error {
 		return fmt.Errorf("idemhttp/postgres: journal begin %s: %w: %s", e.Key, idemhttp.ErrInvalidRequest, what)
 	}
-	if e.Attempts < 0 {
-		return nil, nil, invalid("negative attempts")
-	}
-	u, err := redactURL(e.URL)
-	if err != nil {
-		return nil, nil, invalid(err.Error())
-	}
-	for _, s := range []string{e.Method, u, e.Fingerprint} {
+	for _, s := range []string{rec.Method, rec.URL, rec.Fingerprint} {
 		if !textSafe(s) {
 			return nil, nil, invalid("method, URL or fingerprint is not valid UTF-8 without NUL")
 		}
 	}
-	rec := *e
-	rec.URL = u
-	rec.State = idemhttp.StatePending
-	if rec.Created.IsZero() {
-		rec.Created = time.Now()
-	}
-	if rec.Updated.IsZero() {
-		rec.Updated = rec.Created
-	}
-	rec.Header = make(http.Header, len(e.Header))
-	for name, vals := range e.Header {
-		if j.secret[http.CanonicalHeaderKey(name)] || len(vals) == 0 {
-			continue
-		}
+	for name, vals := range rec.Header {
 		// jsonb would replace invalid UTF-8 and cannot hold NUL: refuse
 		// rather than resend a header that differs from the original.
 		if !textSafe(name) {
@@ -351,39 +319,23 @@ func (j *Journal) sanitize(e *idemhttp.Entry) (*idemhttp.Entry, []byte, error) {
 				return nil, nil, invalid("header " + name + " is not valid UTF-8 without NUL")
 			}
 		}
-		rec.Header[name] = vals
 	}
-	header, err := json.Marshal(rec.Header)
-	if err != nil {
-		return nil, nil, invalid(err.Error())
+	header := []byte("{}")
+	if rec.Header != nil {
+		if header, err = json.Marshal(rec.Header); err != nil {
+			return nil, nil, invalid(err.Error())
+		}
 	}
 	if j.omitBodies {
 		rec.Body = nil
 	}
-	return &rec, header, nil
+	return rec, header, nil
 }
 
 // textSafe reports whether s survives a PostgreSQL text or jsonb column
 // unchanged.
 func textSafe(s string) bool {
 	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
-}
-
-// redactURL drops a password from a URL's userinfo, as FileJournal does:
-// the client strips it already; this is the last line of defence.
-func redactURL(raw string) (string, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "", errors.New("URL does not parse") // not err: it quotes the URL, password and all
-	}
-	if u.User == nil {
-		return raw, nil
-	}
-	if _, ok := u.User.Password(); !ok {
-		return raw, nil
-	}
-	u.User = url.User(u.User.Username())
-	return u.String(), nil
 }
 
 // scanEntry reads one row of entryColumns.
@@ -534,6 +486,23 @@ func (j *Journal) Get(ctx context.Context, key string) (*idemhttp.Entry, error) 
 	}
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp/postgres: journal get %s: %w", key, err)
+	}
+	return e, nil
+}
+
+// Lookup implements [idemhttp.Journal.Lookup]: the entry for operation,
+// with its request, in one query.
+func (j *Journal) Lookup(ctx context.Context, operation string) (*idemhttp.Entry, error) {
+	var e *idemhttp.Entry
+	err := retry(ctx, func() (err error) {
+		e, err = scanEntry(j.db.QueryRow(ctx, selectEntries+`WHERE operation = $1`, operation))
+		return err
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("idemhttp/postgres: journal lookup %s: %w", operation, idemhttp.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp/postgres: journal lookup %s: %w", operation, err)
 	}
 	return e, nil
 }

@@ -1,0 +1,88 @@
+package idemhttp_test
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/idemkit/idemhttp"
+)
+
+// A journal of its own stores what SanitizeEntry leaves of an entry, so
+// that the rules for what may rest on disk live in one place.
+func ExampleSanitizeEntry() {
+	e := &idemhttp.Entry{
+		Key:    "5f0c1d0e-2b1a-4c3d-9e8f-7a6b5c4d3e2f",
+		Method: http.MethodPost,
+		URL:    "https://user:secret@api.example.com/v1/charges",
+		Header: http.Header{
+			"Content-Type":  {"application/json"},
+			"authorization": {"Bearer sk_live_123"}, // any letter case
+			"X-Api-Key":     {"k_123"},
+		},
+	}
+	rec, err := idemhttp.SanitizeEntry(e, "X-Api-Key")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(rec.URL)
+	fmt.Println(slices.Sorted(maps.Keys(rec.Header)))
+	fmt.Println(rec.State)
+	// Output:
+	// https://user@api.example.com/v1/charges
+	// [Content-Type]
+	// pending
+}
+
+// Inspection tools open a journal read-only: without the writer's lock,
+// so while the writer runs, and without changing the file.
+func ExampleJournalOptions_readOnly() {
+	dir, err := os.MkdirTemp("", "journal")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "journal")
+	ctx := context.Background()
+
+	w, err := idemhttp.OpenFileJournal(path, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer w.Close()
+	_, err = w.Begin(ctx, &idemhttp.Entry{
+		Operation: "invoice-42", Key: "5f0c1d0e-2b1a-4c3d-9e8f-7a6b5c4d3e2f",
+		Method: http.MethodPost, URL: "https://api.example.com/v1/charges",
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	r, err := idemhttp.OpenFileJournal(path, &idemhttp.JournalOptions{ReadOnly: true})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer r.Close()
+	e, err := r.Lookup(ctx, "invoice-42")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(e.Key, e.State)
+	fmt.Println(r.Verify(ctx))
+	_, err = r.Begin(ctx, &idemhttp.Entry{Key: "another", Method: http.MethodPost, URL: "https://api.example.com/"})
+	fmt.Println(err)
+	// Output:
+	// 5f0c1d0e-2b1a-4c3d-9e8f-7a6b5c4d3e2f pending
+	// <nil>
+	// idemhttp: journal begin another: journal is open read-only
+}

@@ -1,0 +1,44 @@
+package idemhttp
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// fjPruner prunes a FileJournal's done entries past their retention in
+// the background, so that a process that never restarts stays bounded
+// without its owner scheduling anything. It runs from OpenFileJournal
+// until Close.
+type fjPruner struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func startFjPruner(j *FileJournal, retention, every time.Duration) *fjPruner {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &fjPruner{cancel: cancel}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			// A failed prune (the journal broke, or closed) is retried at
+			// the next tick; the error is the next writer's to report.
+			_, _ = j.Prune(ctx, time.Now().Add(-retention))
+		}
+	}()
+	return p
+}
+
+// stop ends the pruner and waits for it.
+func (p *fjPruner) stop() {
+	p.cancel()
+	p.wg.Wait()
+}

@@ -1,0 +1,910 @@
+package wal
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Options configures [Open]. The zero value opens for writing.
+type Options struct {
+	// ReadOnly opens an existing file for reading only: no lock, no
+	// write, no mode change, no repair. The log shows the file as it was
+	// when it was opened (a writer's later appends and rewrites are not
+	// seen), also while another process writes it and on a read-only
+	// mount. A torn tail is ignored, not cut off.
+	ReadOnly bool
+
+	// Salvage replays past damage instead of refusing it (see [Replay]).
+	Salvage bool
+
+	// OnCommit, when set, is called for every batch once it is on disk,
+	// or with the error that stopped it, before anyone waiting for it is
+	// woken (write, sync, publish). It runs on the committer with the file
+	// held shared: it must not call [Log.Rewrite] or wait for a batch.
+	OnCommit func(b *Batch, err error)
+
+	// Fault, when set, is called before each commit's write ("write"),
+	// between the write and its sync ("sync"), when a rewrite has written
+	// the live records and starts copying the batches committed meanwhile
+	// ("catchup"), and before it syncs the directory ("syncdir"); its
+	// error is taken as that step's. For tests.
+	Fault func(step string) error
+}
+
+// Stats are a log's counters since it was opened.
+type Stats struct {
+	Writes, Commits, Rewrites uint64
+	Truncated, Skipped        int64  // see [Replayed]
+	TornPath                  string // where the cut tail was kept, "" if none
+	Clean                     bool   // the file had been closed cleanly before this open
+	Size                      int64  // the durable part of the file
+}
+
+// Log is an append-only file of checksummed records written in batches
+// with group commit. It knows nothing of what the records mean. It is
+// safe for concurrent use.
+type Log struct {
+	path string // the file itself, symlinks resolved
+	opts Options
+
+	// fileMu guards the file itself: held shared by every read and by the
+	// committer for its write and sync, exclusively by Rewrite, which
+	// replaces the file. Lock order: fileMu, then the caller's locks, then
+	// mu.
+	fileMu    sync.RWMutex
+	f         *os.File
+	rewriteMu sync.Mutex  // one Rewrite at a time: a second would wait on fileMu while the first holds it shared
+	fi        os.FileInfo // f's identity, to notice the path naming another file
+
+	mu       sync.Mutex
+	cur      *Batch // the batch being filled
+	inflight *Batch // the batch being written, nil if none
+	closed   bool
+	broken   error  // a write or sync failed: the file's tail is unknown, so writes stop
+	seq      uint64 // the last durable batch's sequence number
+	salt     uint64
+	marked   bool // the file ends with a close marker
+
+	kick     chan struct{} // wakes the committer; capacity 1
+	stop     chan struct{} // closed by Close
+	loopDone chan struct{} // closed when the committer has returned
+
+	writes, commits, rewrites atomic.Uint64
+	size                      atomic.Int64
+	truncated, skipped        int64
+	tornPath                  string
+	clean                     bool
+}
+
+// Batch is a group of records written and made durable together (one
+// group commit).
+type Batch struct {
+	off  int64  // where the batch goes in the file
+	buf  []byte // batch header space, then the records; nil once written
+	end  int64  // End, once buf is nil
+	done chan struct{}
+	err  error // set before done is closed
+}
+
+// Done is closed once the batch is on disk or failed.
+func (b *Batch) Done() <-chan struct{} { return b.done }
+
+// Err is why the batch failed, nil if it is on disk. Valid once Done is
+// closed, and in [Options.OnCommit].
+func (b *Batch) Err() error { return b.err }
+
+// End is the file offset just past the batch.
+func (b *Batch) End() int64 {
+	if b.buf == nil {
+		return b.end
+	}
+	return b.off + int64(len(b.buf))
+}
+
+func (b *Batch) empty() bool { return len(b.buf) == BatchHeaderLen }
+
+// Open opens the log at path and replays it through apply. For writing,
+// it creates the file (mode 0600) if it does not exist or is empty, takes
+// its lock without waiting ([ErrLocked]), tightens the mode of a file
+// others may read, moves a torn tail aside into a file named after the
+// journal with a ".torn-" suffix and the time, and starts the committer.
+// A file that is not a journal gives [ErrNotJournal] and is left as it
+// was.
+func Open(path string, opts *Options, apply ApplyFunc) (*Log, error) {
+	l := &Log{kick: make(chan struct{}, 1), stop: make(chan struct{}), loopDone: make(chan struct{})}
+	if opts != nil {
+		l.opts = *opts
+	}
+	l.path = path
+	if l.opts.ReadOnly {
+		if err := l.openReadOnly(apply); err != nil {
+			return nil, err
+		}
+		close(l.loopDone)
+		return l, nil
+	}
+	if err := l.open(apply); err != nil {
+		return nil, err
+	}
+	go l.commitLoop()
+	return l, nil
+}
+
+// openReadOnly opens the file as it is now, without the lock.
+func (l *Log) openReadOnly(apply ApplyFunc) error {
+	f, err := os.Open(l.path)
+	if err != nil {
+		return err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		_ = f.Close()
+		return err
+	}
+	res, err := Replay(f, fi.Size(), l.opts.Salvage, apply)
+	if err != nil {
+		_ = f.Close()
+		return err
+	}
+	l.f, l.fi = f, fi
+	l.setReplayed(res)
+	l.closed = false
+	l.broken = ErrReadOnly
+	return nil
+}
+
+func (l *Log) setReplayed(res *Replayed) {
+	l.seq, l.salt = res.Seq, res.Salt
+	l.truncated, l.skipped, l.clean, l.marked = res.Truncated, res.Skipped, res.Clean, res.Clean
+	l.size.Store(res.End)
+	l.cur = newBatch(res.End)
+}
+
+// open opens, locks and replays the file for writing, creating it if
+// needed, and moves a torn tail aside.
+func (l *Log) open(apply ApplyFunc) error {
+	f, err := openLocked(l.path, os.O_RDWR|os.O_CREATE|syncFlag())
+	if err != nil {
+		return err
+	}
+	fail := func(err error) error {
+		_ = f.Close()
+		return err
+	}
+	// A symlinked journal stays where the link points: rewrites go beside
+	// the target and rename over it. Resolved once the file exists, since
+	// opening may just have created the target.
+	if real, err := filepath.EvalSymlinks(l.path); err == nil {
+		l.path = real
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return fail(err)
+	}
+	size := fi.Size()
+	if size < FileHeaderLen {
+		if size, err = initFile(f, l.path, size); err != nil {
+			return fail(err)
+		}
+	} else {
+		hdr := make([]byte, FileHeaderLen)
+		if _, err := f.ReadAt(hdr, 0); err != nil {
+			return fail(err)
+		}
+		if _, err := CheckFileHeader(hdr); err != nil {
+			return fail(err) // before anything changes the file
+		}
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		if err := f.Chmod(0o600); err != nil {
+			return fail(err)
+		}
+	}
+	res, err := Replay(f, size, l.opts.Salvage, apply)
+	if err != nil {
+		return fail(err)
+	}
+	if res.Truncated > 0 {
+		torn, err := keepTail(f, l.path, res.End, res.Truncated)
+		if err != nil {
+			return fail(fmt.Errorf("keep the torn tail: %w", err))
+		}
+		l.tornPath = torn
+		if err := f.Truncate(res.End); err != nil {
+			return fail(err)
+		}
+		if err := datasync(f); err != nil {
+			return fail(err)
+		}
+	}
+	// A rewrite that a crash interrupted before its rename leaves its
+	// temporary file; the journal itself is the old file, intact. Only
+	// now, with the lock held, is no other process rewriting.
+	if err := os.Remove(l.path + RewriteSuffix); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fail(err)
+	}
+	if fi, err = f.Stat(); err != nil {
+		return fail(err)
+	}
+	l.f, l.fi = f, fi
+	l.setReplayed(res)
+	return nil
+}
+
+// TornSuffix starts the name of the file a torn tail is kept in, beside
+// the journal, followed by the time it was cut.
+const TornSuffix = ".torn-"
+
+// keepTail copies the n bytes of f at off into a new file beside path
+// and makes it durable, so that cutting them off loses nothing a person
+// might need: a tail that is damage rather than a torn write can still be
+// examined.
+func keepTail(f *os.File, path string, off, n int64) (string, error) {
+	name := path + TornSuffix + time.Now().UTC().Format("20060102T150405.000000000Z")
+	t, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return "", err
+	}
+	_, err = io.Copy(t, io.NewSectionReader(f, off, n))
+	if err == nil {
+		err = datasync(t)
+	}
+	if cerr := t.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = syncDir(name)
+	}
+	if err != nil {
+		_ = os.Remove(name)
+		return "", err
+	}
+	return name, nil
+}
+
+// openLocked opens path with mode 0600 (when it creates it) and takes
+// its lock without waiting.
+//
+// A lock is taken on an open file, and Rewrite renames a new file over
+// the path: a process that opened the old file just before the rename
+// could lock it after its owner let go, and write to a file nobody will
+// read again. So the locked file must still be the one the path names;
+// if not, it is opened again.
+func openLocked(path string, flag int) (*os.File, error) {
+	for range 10 {
+		f, err := os.OpenFile(path, flag, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		if err := lock(f); err != nil {
+			_ = f.Close()
+			return nil, err
+		}
+		fi, err := f.Stat()
+		if err != nil {
+			_ = f.Close()
+			return nil, err
+		}
+		if now, err := os.Stat(path); err != nil || !os.SameFile(fi, now) {
+			_ = f.Close() // replaced since it was opened: try the new one
+			continue
+		}
+		return f, nil
+	}
+	return nil, ErrLocked // replaced ten times over: someone else is busy with it
+}
+
+// initFile writes the header of a new journal into f, of size bytes
+// (fewer than a header), and returns the file's new size. A file that
+// short is empty, or holds a header whose write a crash cut short; the
+// salt is random, so only the magic and the version of a short header can
+// be compared. Anything else is not a journal, and is left alone.
+func initFile(f *os.File, path string, size int64) (int64, error) {
+	data := make([]byte, size)
+	if _, err := f.ReadAt(data, 0); err != nil {
+		return 0, err
+	}
+	var want [12]byte
+	copy(want[:], fileMagic[:])
+	binary.LittleEndian.PutUint32(want[8:], Version)
+	if !bytes.HasPrefix(want[:], data[:min(len(data), len(want))]) {
+		_, err := CheckFileHeader(data)
+		return 0, err
+	}
+	salt, err := NewSalt()
+	if err != nil {
+		return 0, err
+	}
+	hdr := FileHeader(salt)
+	if _, err := f.WriteAt(hdr, 0); err != nil {
+		return 0, err
+	}
+	if err := datasync(f); err != nil {
+		return 0, err
+	}
+	if err := syncDir(path); err != nil {
+		return 0, err
+	}
+	return int64(len(hdr)), nil
+}
+
+// maxPooledBuf bounds the batch buffers kept for reuse, so that one
+// batch of huge bodies does not pin its memory for the process's life.
+const maxPooledBuf = 8 << 20
+
+// Bufs is a pool of byte buffers. The zero value is ready to use.
+type Bufs struct{ p sync.Pool }
+
+// Get returns a buffer of length 0.
+func (p *Bufs) Get() *[]byte {
+	if b, ok := p.p.Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, 0, 64<<10)
+	return &b
+}
+
+// Put returns b to the pool, unless it grew past what is worth keeping.
+func (p *Bufs) Put(b *[]byte) {
+	if cap(*b) <= maxPooledBuf {
+		*b = (*b)[:0]
+		p.p.Put(b)
+	}
+}
+
+// batchBufs recycles batch buffers: under load every batch holds tens of
+// request bodies, and growing a fresh buffer for each was most of the
+// journal's allocation.
+var batchBufs = &Bufs{}
+
+func newBatch(off int64) *Batch {
+	buf := batchBufs.Get()
+	return &Batch{off: off, buf: (*buf)[:BatchHeaderLen], done: make(chan struct{})}
+}
+
+// Writable reports why no record may be appended now, if so.
+func (l *Log) Writable() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.writableLocked()
+}
+
+func (l *Log) writableLocked() error {
+	if l.closed {
+		return ErrClosed
+	}
+	return l.broken
+}
+
+// Append adds records to the batch being filled: fn appends them (at
+// most need bytes) to the buffer it is given and returns it. It returns
+// the batch, and the file offset at which fn's bytes will be, which
+// [Log.Rewrite] may move (see its swap). With the batch full, it returns
+// it and [ErrBatchFull] without calling fn: wait for the batch and try
+// again. Append does not wait for the disk; wait for the batch's Done.
+func (l *Log) Append(need, records int, fn func([]byte) []byte) (*Batch, int64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.writableLocked(); err != nil {
+		return nil, 0, err
+	}
+	b := l.cur
+	if !b.empty() && len(b.buf)+need > MaxBatch {
+		// A batch must stay within what replay accepts.
+		l.wake()
+		return b, 0, ErrBatchFull
+	}
+	n := len(b.buf)
+	b.buf = fn(b.buf)
+	l.writes.Add(uint64(records))
+	if n == BatchHeaderLen {
+		l.wake()
+	}
+	return b, b.off + int64(n), nil
+}
+
+// Pending returns the batch that holds the last records appended, or nil
+// if they are all on disk already.
+func (l *Log) Pending() *Batch {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.cur.empty() {
+		return l.cur
+	}
+	return l.inflight
+}
+
+// Kick makes sure the committer looks at the batch being filled.
+func (l *Log) Kick() { l.wake() }
+
+func (l *Log) wake() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// commitLoop is the log's one writer. It seals the current batch as soon
+// as it holds a record and the previous one is on disk, so a lone caller
+// pays one synchronous write, and under load each one carries every
+// record that arrived while the previous one ran. It runs from Open until
+// Close, which it answers by writing what is left and a close marker.
+func (l *Log) commitLoop() {
+	defer close(l.loopDone)
+	for {
+		select {
+		case <-l.kick:
+			// Callers that are runnable join the batch before it is
+			// sealed: a yield, no timer, and for a lone caller it returns
+			// at once. Without it, with one processor (GOMAXPROCS=1, a
+			// one-CPU container), the kick makes this goroutine the next
+			// to run, it seals each caller's record alone, and the
+			// callers behind it never share a commit.
+			runtime.Gosched()
+			for l.commitOne() {
+			}
+		case <-l.stop:
+			for l.commitOne() {
+			}
+			l.mu.Lock()
+			mark := l.broken == nil && !l.marked
+			if mark {
+				l.cur.buf = AppendRecord(l.cur.buf, closeMarker)
+			}
+			l.mu.Unlock()
+			if mark {
+				l.commitOne()
+			}
+			return
+		}
+	}
+}
+
+// commitOne writes and syncs the current batch, if it holds anything,
+// and reports whether it did.
+//
+// Durability order: the batch is written and synced while fileMu is held
+// shared (Rewrite, which replaces the file, waits), then OnCommit
+// publishes it, and only then are its waiters woken. The next batch is
+// written only after this one's sync returned, which is what lets replay
+// tell a torn tail from damage.
+func (l *Log) commitOne() bool {
+	l.fileMu.RLock()
+	defer l.fileMu.RUnlock()
+	l.mu.Lock()
+	b := l.cur
+	if b.empty() {
+		l.mu.Unlock()
+		return false
+	}
+	l.cur = newBatch(b.End())
+	l.inflight = b
+	err := l.broken
+	seq, salt := l.seq+1, l.salt
+	l.mu.Unlock()
+
+	if err == nil {
+		err = l.write(b, seq, salt)
+	}
+
+	l.mu.Lock()
+	b.err = err
+	if err != nil {
+		// The file's tail is unknown now (a failed fdatasync may have
+		// dropped dirty pages), so no later record may depend on it.
+		if l.broken == nil {
+			l.broken = err
+		}
+	} else {
+		l.seq = seq
+		l.marked = isCloseMarker(b.buf[BatchHeaderLen:])
+		l.size.Store(b.End())
+	}
+	l.inflight = nil
+	l.mu.Unlock()
+	if l.opts.OnCommit != nil {
+		l.opts.OnCommit(b, err)
+	}
+	buf := b.buf
+	b.end, b.buf = b.End(), nil
+	batchBufs.Put(&buf)
+	close(b.done)
+	return true
+}
+
+// write seals, writes and syncs b.
+func (l *Log) write(b *Batch, seq, salt uint64) error {
+	SealBatch(b.buf, seq, b.off, salt)
+	err := l.step("write")
+	if err == nil {
+		// The path must still name the file: a journal deleted or
+		// replaced underneath would take every later write nowhere.
+		if now, serr := os.Stat(l.path); serr != nil || !os.SameFile(l.fi, now) {
+			err = ErrReplaced
+		}
+	}
+	if err == nil {
+		_, err = l.f.WriteAt(b.buf, b.off)
+	}
+	if err == nil {
+		if err = l.step("sync"); err == nil && !writeSyncs() {
+			err = datasync(l.f)
+		}
+	}
+	if err == nil {
+		l.commits.Add(1)
+		return nil
+	}
+	if !errors.Is(err, ErrReplaced) {
+		// The callers are told this batch failed, so it must not come
+		// back when the file is next opened, as it would if the write
+		// reached the page cache: cut it off. If even that fails, the
+		// next open may find it whole: a Begin reported failed may
+		// reappear.
+		if terr := l.f.Truncate(b.off); terr == nil {
+			_ = datasync(l.f)
+		}
+	}
+	return fmt.Errorf("journal writes stopped: %w", err)
+}
+
+func (l *Log) step(name string) error {
+	if l.opts.Fault == nil {
+		return nil
+	}
+	return l.opts.Fault(name)
+}
+
+// Flush returns once every record appended before it was called is on
+// disk, with the error of a failed write, or ctx's error if ctx ends
+// first.
+func (l *Log) Flush(ctx context.Context) error {
+	if err := l.Writable(); err != nil {
+		return err
+	}
+	b := l.Pending()
+	if b == nil {
+		return nil
+	}
+	l.wake()
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return b.err
+}
+
+// Close writes what is still buffered and a close marker, closes the
+// file and releases its lock. It returns the error of that last write,
+// or of an earlier one. Close is idempotent; later calls on the log
+// return [ErrClosed].
+func (l *Log) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	l.mu.Unlock()
+	if !l.opts.ReadOnly {
+		close(l.stop)
+	}
+	<-l.loopDone
+	l.fileMu.Lock()
+	defer l.fileMu.Unlock()
+	err := l.f.Close()
+	l.mu.Lock()
+	broken := l.broken
+	l.mu.Unlock()
+	if broken != nil && !errors.Is(broken, ErrReadOnly) {
+		return broken
+	}
+	return err
+}
+
+// Stats returns the log's counters.
+func (l *Log) Stats() Stats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return Stats{
+		Writes: l.writes.Load(), Commits: l.commits.Load(), Rewrites: l.rewrites.Load(),
+		Truncated: l.truncated, Skipped: l.skipped, TornPath: l.tornPath, Clean: l.clean,
+		Size: l.size.Load(),
+	}
+}
+
+// Size is the size of the file's durable part.
+func (l *Log) Size() int64 { return l.size.Load() }
+
+// FileBusy reports whether the file is held exclusively, or a
+// [Log.Rewrite] waits for it. For tests that must know a rewrite waits.
+func (l *Log) FileBusy() bool {
+	if l.fileMu.TryRLock() {
+		l.fileMu.RUnlock()
+		return false
+	}
+	return true
+}
+
+// Reader reads records back from the file while [Log.View] holds it.
+type Reader struct{ l *Log }
+
+// View calls fn with the file held shared: no [Log.Rewrite] replaces it
+// meanwhile, so offsets looked up inside fn stay valid. It returns
+// [ErrClosed] after Close.
+func (l *Log) View(fn func(r Reader) error) error {
+	l.fileMu.RLock()
+	defer l.fileMu.RUnlock()
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	return fn(Reader{l})
+}
+
+// Record reads the record of n bytes at off and returns its payload,
+// using buf if it is large enough. A record that fails its checksum
+// gives an error wrapping [ErrCorrupt].
+func (r Reader) Record(off int64, n int, buf []byte) ([]byte, error) {
+	if cap(buf) < n {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := r.l.f.ReadAt(buf, off); err != nil {
+		return nil, err
+	}
+	payload, m, ok := ReadRecord(buf)
+	if !ok || m != n {
+		return nil, fmt.Errorf("%w: the record at offset %d fails its checksum", ErrCorrupt, off)
+	}
+	return payload, nil
+}
+
+// Replay replays the first size bytes of the file, as [Replay] does.
+func (r Reader) Replay(size int64, apply ApplyFunc) (*Replayed, error) {
+	return Replay(r.l.f, size, false, apply)
+}
+
+// Skipped is the size of the damage skipped when the log was opened,
+// until a rewrite drops it.
+func (r Reader) Skipped() int64 {
+	r.l.mu.Lock()
+	defer r.l.mu.Unlock()
+	return r.l.skipped
+}
+
+// RewriteSuffix names the temporary file [Log.Rewrite] writes beside the
+// journal.
+const RewriteSuffix = ".compact"
+
+// rewriteBatch is the size of the batches Rewrite writes.
+const rewriteBatch = 4 << 20
+
+// Writer writes the records of a new file during [Log.Rewrite].
+type Writer struct {
+	f          *os.File
+	salt, seq  uint64
+	buf        []byte
+	off        int64 // of buf[0] in the new file
+	batchStart int
+}
+
+// Append appends the records fn appends to its buffer (at most need
+// bytes) and returns the file offset of the first.
+func (w *Writer) Append(need int, fn func([]byte) []byte) (int64, error) {
+	if w.batchStart >= 0 && len(w.buf)-w.batchStart+need > rewriteBatch {
+		if err := w.flush(); err != nil {
+			return 0, err
+		}
+	}
+	if w.batchStart < 0 {
+		w.batchStart = len(w.buf)
+		w.buf = append(w.buf, make([]byte, BatchHeaderLen)...)
+	}
+	start := len(w.buf)
+	w.buf = fn(w.buf)
+	return w.off + int64(start), nil
+}
+
+func (w *Writer) flush() error {
+	if w.batchStart >= 0 {
+		w.seq++
+		SealBatch(w.buf[w.batchStart:], w.seq, w.off+int64(w.batchStart), w.salt)
+		w.batchStart = -1
+	}
+	if _, err := w.f.WriteAt(w.buf, w.off); err != nil {
+		return err
+	}
+	w.off += int64(len(w.buf))
+	w.buf = w.buf[:0]
+	return nil
+}
+
+// Rewrite replaces the file with a new one holding the records fill
+// writes, then every batch the old file holds from the offset fill
+// returns on, atomically: the new file is written beside the old one,
+// synced and renamed over it, so a crash at any point leaves one or the
+// other whole.
+//
+// Writers are held up only at the very end. fill reads the old file
+// through r while commits go on; it returns from, the end of the part of
+// the old file its records stand for, which must be the end of a batch
+// the caller saw committed. The batches committed from there on are then
+// copied as they are (sealed again for their new place), a round at a
+// time while commits go on, and the last few with the file held
+// exclusively, before the rename.
+//
+// Once the new file is in place, Rewrite calls swap, which must call move
+// exactly once with its own locks held (those Append is called under):
+// move switches the log to the new file and returns by how much every
+// offset at or past from has moved: those of the copied batches and those
+// Append returned for the batch being filled. A failed directory sync
+// after the rename is returned, and stops writes: the rename may not
+// survive a power cut.
+func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) (from int64, err error), swap func(move func() int64)) error {
+	if !CanRewrite {
+		return errors.ErrUnsupported
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	l.rewriteMu.Lock()
+	defer l.rewriteMu.Unlock()
+	l.fileMu.RLock()
+	shared := true
+	defer func() {
+		if shared {
+			l.fileMu.RUnlock()
+		} else {
+			l.fileMu.Unlock()
+		}
+	}()
+	if err := l.Writable(); err != nil {
+		return err
+	}
+
+	tmp := l.path + RewriteSuffix
+	// The new file becomes the journal: it needs the same flags.
+	nf, err := openLocked(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC|syncFlag())
+	if err != nil {
+		return err
+	}
+	fail := func(err error) error {
+		_ = nf.Close()
+		_ = os.Remove(tmp)
+		return err
+	}
+	salt, err := NewSalt()
+	if err != nil {
+		return fail(err)
+	}
+	w := &Writer{f: nf, salt: salt, batchStart: -1}
+	w.buf = append(make([]byte, 0, rewriteBatch+64<<10), FileHeader(salt)...)
+	from, err := fill(Reader{l}, w)
+	if err != nil {
+		return fail(err)
+	}
+	if err := w.flush(); err != nil {
+		return fail(err)
+	}
+	tailStart := w.off
+	if err := l.step("catchup"); err != nil {
+		return fail(err)
+	}
+	// Catch up with the commits made meanwhile, without holding them up,
+	// until what is left is small.
+	copied := from
+	for round := 0; round < 8; round++ {
+		end := l.size.Load()
+		if round > 0 && end-copied < rewriteBatch {
+			break
+		}
+		if copied, err = l.copyBatches(w, copied, end); err != nil {
+			return fail(err)
+		}
+	}
+	if err := datasync(nf); err != nil {
+		return fail(err)
+	}
+
+	// The rest with the file held: no batch is in flight from here.
+	l.fileMu.RUnlock()
+	l.fileMu.Lock()
+	shared = false
+	if err := l.Writable(); err != nil {
+		return fail(err)
+	}
+	if _, err = l.copyBatches(w, copied, l.size.Load()); err != nil {
+		return fail(err)
+	}
+	if err := datasync(nf); err != nil {
+		return fail(err)
+	}
+	nfi, err := nf.Stat()
+	if err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(tmp, l.path); err != nil {
+		return fail(err)
+	}
+	// From here the new file is the journal: switch to it even if the
+	// directory sync fails, and report that.
+	dirErr := l.step("syncdir")
+	if dirErr == nil {
+		dirErr = syncDir(l.path)
+	}
+
+	delta := tailStart - from
+	var old *os.File
+	moved := false
+	move := func() int64 {
+		moved = true
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		old = l.f
+		l.f, l.fi = nf, nfi
+		l.cur.off += delta
+		l.seq, l.salt = w.seq, salt
+		l.size.Store(w.off)
+		l.skipped = 0 // the damage Salvage skipped is not in the new file
+		l.marked = false
+		l.rewrites.Add(1)
+		if dirErr != nil && l.broken == nil {
+			l.broken = fmt.Errorf("journal writes stopped: sync the directory after a rewrite: %w", dirErr)
+		}
+		return delta
+	}
+	swap(move)
+	if !moved {
+		move()
+	}
+	_ = old.Close() // releases the old inode's lock; nf holds the new one's
+	if dirErr != nil {
+		return fmt.Errorf("sync the directory after a rewrite: %w", dirErr)
+	}
+	return nil
+}
+
+// copyBatches appends the old file's batches from off to end (durable,
+// so whole and valid) to w, each sealed again for its place in the new
+// file, and returns end. The file must be held, shared or exclusively.
+func (l *Log) copyBatches(w *Writer, off, end int64) (int64, error) {
+	l.mu.Lock()
+	salt := l.salt
+	l.mu.Unlock()
+	rd := &batchReader{r: l.f, size: end, salt: salt}
+	for off < end {
+		_, records, n, ok, err := rd.batchAt(off)
+		if err != nil {
+			return 0, err
+		}
+		if !ok {
+			return 0, fmt.Errorf("%w: committed batch at offset %d does not read back", ErrCorrupt, off)
+		}
+		start := len(w.buf)
+		w.buf = append(w.buf, make([]byte, BatchHeaderLen)...)
+		w.buf = append(w.buf, records...)
+		w.seq++
+		SealBatch(w.buf[start:], w.seq, w.off+int64(start), w.salt)
+		if len(w.buf) >= rewriteBatch {
+			if err := w.flush(); err != nil {
+				return 0, err
+			}
+		}
+		off += int64(n)
+	}
+	return end, w.flush()
+}
