@@ -73,7 +73,7 @@ const ext4GoingFlagsNoLogFlush = 0x2
 // powerCompact acknowledged Begins the finished ones are pruned and the
 // file is compacted. It reports on file descriptor 3, one line per write:
 //
-//	ack KEY          Begin(KEY) returned nil
+//	ack KEY NS       Begin(KEY) returned nil, at NS on CLOCK_MONOTONIC
 //	compacting       Prune returned, Compact is about to start
 //	compacted US ERR Compact returned after US microseconds ("ok" or its error)
 //	stop ERR         a goroutine stopped on an error (after the cut, EIO)
@@ -122,7 +122,7 @@ func TestPowerCutChild(t *testing.T) {
 					report("stop %v", err)
 					return
 				}
-				report("ack %s", key)
+				report("ack %s %d", key, monoNanos())
 				if acked.Add(1)%powerCompact == 0 {
 					select {
 					case compact <- struct{}{}:
@@ -183,15 +183,31 @@ func (p cutPlan) String() string {
 }
 
 // cutResult is what a round found after the power came back.
+//
+// Only Begins that returned before the cut began must survive it: with
+// a real power cut nothing returns afterwards, but here the child lives
+// on, and ext4 can report a synchronous write that races the shutdown as
+// done. Seen in 3 of 61 rounds: one to three Begins acknowledged once
+// the ioctl had begun (once even after it had returned) and lost, while
+// no Begin acknowledged before it ever was. Those are counted apart, as
+// late, and logged.
 type cutResult struct {
-	acked, kept   int      // acknowledged Begins; of which keep- (never finished)
-	lost          []string // acknowledged keep- entries missing or not pending
+	acked, kept   int      // acknowledged Begins; of which keep- (never finished) before the cut
+	lost          []string // keep- entries acknowledged before the cut, missing or not pending
+	late          int      // keep- entries acknowledged once the cut had begun
+	lateLost      int      // of which missing
+	afterCut      int      // Begins acknowledged after the ioctl returned
 	inCompaction  bool     // the cut interrupted a Compact (it failed)
 	openErr       error    // OpenFileJournal's error after the cut
 	verifyErr     error    // Verify's
 	fsck          string   // what e2fsck said, when it changed something
 	compactions   int      // Compacts the child started
 	truncatedTail int64    // JournalStats.TruncatedBytes of the reopened journal
+}
+
+func (r cutResult) String() string {
+	return fmt.Sprintf("%d Begins acknowledged, %d pending before the cut, %d of those lost; %d pending acknowledged once the cut had begun, %d of those lost; %d acknowledged after the ioctl returned; Verify: %v; %d tail bytes cut off%s",
+		r.acked, r.kept, len(r.lost), r.late, r.lateLost, r.afterCut, r.verifyErr, r.truncatedTail, r.fsck)
 }
 
 func TestPowerCut(t *testing.T) {
@@ -229,8 +245,7 @@ func TestPowerCut(t *testing.T) {
 			if r.inCompaction {
 				hitCompaction++
 			}
-			t.Logf("round %d (%v): %d Begins acknowledged, %d of them pending, %d of those lost; Verify: %v; cut during a compaction: %v; %d tail bytes cut off%s",
-				round, p, r.acked, r.kept, len(r.lost), r.verifyErr, r.inCompaction, r.truncatedTail, r.fsck)
+			t.Logf("round %d (%v): %v; cut during a compaction: %v", round, p, r, r.inCompaction)
 			// A compaction may end before the cut lands: then try again,
 			// a few times, with another seed.
 			if round == len(plans)-1 && hitCompaction == 0 && len(plans) < 8 {
@@ -252,8 +267,7 @@ func TestPowerCut(t *testing.T) {
 				continue
 			}
 			lost += len(r.lost)
-			t.Logf("round %d (%v): %d Begins acknowledged, %d of them pending, %d of those lost; Verify: %v%s",
-				round, p, r.acked, r.kept, len(r.lost), r.verifyErr, r.fsck)
+			t.Logf("round %d (%v): %v", round, p, r)
 		}
 		t.Logf("control: nosync build lost %d acknowledged entries in %d rounds", lost, len(plans))
 		assert.Positive(t, lost, "the build without syncs lost nothing: this test cannot tell a journal that syncs from one that does not")
@@ -337,13 +351,20 @@ func powerCutRound(t *testing.T, child string, p cutPlan) cutResult {
 	defer watchdog.Stop()
 
 	var res cutResult
-	var acked []string
+	type ack struct {
+		key string
+		at  int64 // CLOCK_MONOTONIC
+	}
+	var acked []ack
 	var cutErr error
+	var cutAt, cutEnd int64
 	cut, awaitCompaction := false, false
 	var lastCompaction time.Duration
 	powerCut := func() {
 		cut = true
+		cutAt = monoNanos()
 		cutErr = fs.shutdown()
+		cutEnd = monoNanos()
 	}
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
@@ -353,7 +374,12 @@ func powerCutRound(t *testing.T, child string, p cutPlan) cutResult {
 		}
 		switch f[0] {
 		case "ack":
-			acked = append(acked, f[1])
+			if len(f) < 3 {
+				continue
+			}
+			at, err := strconv.ParseInt(f[2], 10, 64)
+			require.NoError(t, err)
+			acked = append(acked, ack{f[1], at})
 			if !cut && p.afterAcks > 0 && len(acked) >= p.afterAcks {
 				powerCut()
 				_ = cmd.Process.Kill()
@@ -395,12 +421,19 @@ func powerCutRound(t *testing.T, child string, p cutPlan) cutResult {
 	require.NoError(t, fs.mount())
 
 	res.acked = len(acked)
-	fj, err := idemhttp.OpenFileJournal(filepath.Join(fs.mnt, "journal.db"), nil)
-	for _, k := range acked {
-		if strings.HasPrefix(k, "keep-") {
+	for _, a := range acked {
+		if a.at > cutEnd {
+			res.afterCut++
+		}
+		switch {
+		case !strings.HasPrefix(a.key, "keep-"):
+		case a.at < cutAt:
 			res.kept++
+		default:
+			res.late++
 		}
 	}
+	fj, err := idemhttp.OpenFileJournal(filepath.Join(fs.mnt, "journal.db"), nil)
 	if err != nil {
 		res.openErr = err
 		return res
@@ -409,15 +442,28 @@ func powerCutRound(t *testing.T, child string, p cutPlan) cutResult {
 	res.truncatedTail = fj.Stats().TruncatedBytes
 	ctx := context.Background()
 	res.verifyErr = fj.Verify(ctx)
-	for _, k := range acked {
-		if !strings.HasPrefix(k, "keep-") {
+	for _, a := range acked {
+		if !strings.HasPrefix(a.key, "keep-") {
 			continue // finished, and perhaps pruned
 		}
-		if e, err := fj.Get(ctx, k); err != nil || e.State != idemhttp.StatePending {
-			res.lost = append(res.lost, k)
+		e, err := fj.Get(ctx, a.key)
+		switch present := err == nil && e.State == idemhttp.StatePending; {
+		case present:
+		case a.at < cutAt:
+			res.lost = append(res.lost, a.key)
+		default:
+			res.lateLost++
 		}
 	}
 	return res
+}
+
+// monoNanos reads CLOCK_MONOTONIC, which, unlike the monotonic reading in
+// a time.Time, is comparable between processes.
+func monoNanos() int64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
 }
 
 // buildNoSyncChild starts compiling this package's tests with the
