@@ -187,10 +187,10 @@ func (p cutPlan) String() string {
 // Only Begins that returned before the cut began must survive it: with
 // a real power cut nothing returns afterwards, but here the child lives
 // on, and ext4 can report a synchronous write that races the shutdown as
-// done. Seen in 3 of 61 rounds: one to three Begins acknowledged once
-// the ioctl had begun (once even after it had returned) and lost, while
-// no Begin acknowledged before it ever was. Those are counted apart, as
-// late, and logged.
+// done. Seen in 2 of 60 rounds: one or two Begins acknowledged once the
+// ioctl had begun (once after it had returned) were lost, while no Begin
+// acknowledged before it ever was. Those are counted apart, as late, and
+// logged.
 type cutResult struct {
 	acked, kept   int      // acknowledged Begins; of which keep- (never finished) before the cut
 	lost          []string // keep- entries acknowledged before the cut, missing or not pending
