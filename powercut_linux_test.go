@@ -187,7 +187,7 @@ func (p cutPlan) String() string {
 // Only Begins that returned before the cut began must survive it: with
 // a real power cut nothing returns afterwards, but here the child lives
 // on, and ext4 can report a synchronous write that races the shutdown as
-// done. Seen in 7 of 176 rounds: one to four Begins acknowledged once the
+// done. Seen in 7 of 180 rounds: one to four Begins acknowledged once the
 // ioctl had begun were lost, while no Begin acknowledged before it ever
 // was. Those are counted apart, as late, and logged.
 type cutResult struct {
