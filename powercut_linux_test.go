@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -480,7 +481,7 @@ func buildNoSyncChild(t *testing.T) func() string {
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, s := range bi.Settings {
 			switch {
-			case s.Key == "-tags" && s.Value != "":
+			case s.Key == "-tags" && s.Value != "" && !slices.Contains(strings.Split(s.Value, ","), tags):
 				tags = s.Value + "," + tags
 			case s.Key == "-race" && s.Value == "true":
 				race = true
