@@ -481,7 +481,9 @@ func buildNoSyncChild(t *testing.T) func() string {
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, s := range bi.Settings {
 			switch {
-			case s.Key == "-tags" && s.Value != "" && !slices.Contains(strings.Split(s.Value, ","), tags):
+			case s.Key == "-tags" && slices.Contains(strings.Split(s.Value, ","), tags):
+				tags = s.Value
+			case s.Key == "-tags" && s.Value != "":
 				tags = s.Value + "," + tags
 			case s.Key == "-race" && s.Value == "true":
 				race = true
