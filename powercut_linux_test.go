@@ -260,7 +260,7 @@ func TestPowerCut(t *testing.T) {
 	})
 
 	t.Run("nosync-control", func(t *testing.T) {
-		child := control()
+		child := control(t)
 		plans := []cutPlan{commitCut(), compactionCut()}
 		lost := 0
 		for round, p := range plans {
@@ -293,10 +293,13 @@ func powerCutPrereqs(t *testing.T) {
 	if os.Geteuid() != 0 {
 		missing("not root")
 	}
-	for _, tool := range []string{"mkfs.ext4", "e2fsck", "losetup", "go"} {
-		if _, err := exec.LookPath(tool); err != nil {
+	for _, tool := range []string{"mkfs.ext4", "e2fsck", "losetup"} {
+		if _, err := exec.LookPath(sbin(tool)); err != nil {
 			missing("%v", err)
 		}
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		missing("the control is built with the go command: %v", err)
 	}
 	// Try the whole cycle once on a scratch image.
 	fs := newLoopFS(t)
@@ -473,8 +476,9 @@ func monoNanos() int64 {
 // buildNoSyncChild starts compiling this package's tests with the
 // idemhttp_nosync tag, and with the flags this binary was built with
 // (-race, tags), so the build cache serves everything but this package.
-// The returned function waits for the build and returns the binary.
-func buildNoSyncChild(t *testing.T) func() string {
+// The returned function waits for the build and returns the binary, or
+// fails the test it is given.
+func buildNoSyncChild(t *testing.T) func(*testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "nosync.test")
 	tags, race := "idemhttp_nosync", false
@@ -509,7 +513,8 @@ func buildNoSyncChild(t *testing.T) func() string {
 		})
 	}
 	t.Cleanup(func() { cancel(); finish() })
-	return func() string {
+	return func(t *testing.T) string {
+		t.Helper()
 		start := time.Now()
 		finish()
 		require.NoError(t, err, "go %s:\n%s", strings.Join(args, " "), out.String())
@@ -553,7 +558,7 @@ func (fs *loopFS) mkfs() error {
 }
 
 func (fs *loopFS) attach() error {
-	out, err := exec.Command("losetup", "--find", "--show", fs.img).CombinedOutput()
+	out, err := exec.Command(sbin("losetup"), "--find", "--show", fs.img).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("losetup --find --show: %w: %s", err, bytes.TrimSpace(out))
 	}
@@ -607,7 +612,7 @@ func (fs *loopFS) release() error {
 // changed something (exit status 1), and an error when it could not fix
 // the filesystem.
 func (fs *loopFS) fsck() (string, error) {
-	out, err := exec.Command("e2fsck", "-f", "-p", fs.img).CombinedOutput()
+	out, err := exec.Command(sbin("e2fsck"), "-f", "-p", fs.img).CombinedOutput()
 	var ee *exec.ExitError
 	switch {
 	case err == nil:
@@ -620,8 +625,23 @@ func (fs *loopFS) fsck() (string, error) {
 	}
 }
 
+// sbin finds a system tool on PATH or, since a PATH may leave them out,
+// in /usr/sbin or /sbin; it returns name itself when it finds none, for
+// exec to report.
+func sbin(name string) string {
+	if _, err := exec.LookPath(name); err == nil {
+		return name
+	}
+	for _, dir := range []string{"/usr/sbin", "/sbin"} {
+		if p := filepath.Join(dir, name); unix.Access(p, unix.X_OK) == nil {
+			return p
+		}
+	}
+	return name
+}
+
 func command(name string, args ...string) error {
-	out, err := exec.Command(name, args...).CombinedOutput()
+	out, err := exec.Command(sbin(name), args...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(out))
 	}
