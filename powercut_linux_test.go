@@ -214,6 +214,11 @@ func (r cutResult) String() string {
 		r.acked, r.kept, len(r.lost), r.late, r.lateLost, r.afterCut, verify, r.truncatedTail, r.fsck)
 }
 
+// TestPowerCut is described at the top of this file. Checked to fail
+// with the guarantee broken: the nosync control does on every run, and a
+// build whose compaction opened the new file without O_DSYNC lost entries
+// in all 4 rounds. It does not notice the directory sync after compaction
+// removed: on ext4 the next synchronous append commits the rename too.
 func TestPowerCut(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cuts the power under a loop-mounted ext4 filesystem")
@@ -227,7 +232,7 @@ func TestPowerCut(t *testing.T) {
 		base, err = strconv.ParseUint(s, 10, 64)
 		require.NoError(t, err)
 	}
-	t.Logf("base seed %d (set %s to replay)", base, powerEnvSeed)
+	t.Logf("base seed %d (set %s to rerun the same plan; the timing differs)", base, powerEnvSeed)
 	rng := rand.New(rand.NewPCG(base, 0))
 	commitCut := func() cutPlan { return cutPlan{seed: rng.Uint64(), afterAcks: 200 + rng.IntN(1400)} }
 	compactionCut := func() cutPlan {
