@@ -354,7 +354,9 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	case body != nil:
 		err = rreq.SetBody(body)
 	case getBody != nil:
-		if inMemory(req.Body) != nil {
+		if trustedBody(req) {
+			a.firstBody, a.trusted = req.Body, true
+		} else if inMemory(req.Body) != nil {
 			a.bodyRef.done(hashInMemory(inMemory(req.Body)))
 			a.firstBody = req.Body
 		} else {

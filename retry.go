@@ -98,6 +98,7 @@ type attempt struct {
 	bodyRef   bodyRef
 	getBody   func() (io.ReadCloser, error)
 	probing   bool
+	trusted   bool // GetBody is net/http's own over the same bytes: no check needed
 
 	engine retryablehttp.Client
 	rreq   retryablehttp.Request

@@ -810,3 +810,29 @@ func TestSilentResendMakesAKeyUsed(t *testing.T) {
 	assert.Equal(t, 2, info.Attempts, "net/http's own resend is not an attempt")
 	assert.True(t, info.Replayed)
 }
+
+// Only net/http's own GetBody over a whole in-memory body skips the body
+// check: it returns the bytes the first attempt sends by construction.
+func TestTrustedBody(t *testing.T) {
+	mk := func(b io.Reader) *http.Request {
+		r, err := http.NewRequest(http.MethodPost, "http://127.0.0.1/", b)
+		require.NoError(t, err)
+		return r
+	}
+	assert.True(t, trustedBody(mk(strings.NewReader(chargeBody))))
+	assert.True(t, trustedBody(mk(bytes.NewReader([]byte(chargeBody)))))
+	assert.True(t, trustedBody(mk(bytes.NewBufferString(chargeBody))))
+
+	read := mk(strings.NewReader(chargeBody))
+	_, _ = read.Body.Read(make([]byte, 3))
+	assert.False(t, trustedBody(read), "part of the body was read: GetBody would resend it")
+
+	grown := bytes.NewBufferString(chargeBody)
+	appended := mk(grown)
+	grown.WriteString("more")
+	assert.False(t, trustedBody(appended), "bytes appended since: the first attempt would send them, GetBody not")
+
+	own := mk(strings.NewReader(chargeBody))
+	own.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(chargeBody)), nil }
+	assert.False(t, trustedBody(own), "the caller's own GetBody is checked")
+}
