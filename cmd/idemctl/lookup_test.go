@@ -19,10 +19,12 @@ import (
 // countingJournal counts the journal calls of a batch that could read
 // requests back from the file (Get; Begin, which returns the existing
 // entry whole) and its Lookups. batchJournal has no Entries, so the batch
-// cannot read every entry through it; finishFails makes Finish fail.
+// cannot read every entry through it; beginFails and finishFails make
+// those fail.
 type countingJournal struct {
 	batchJournal
 	gets, begins, lookups atomic.Int64
+	beginFails            bool
 	finishFails           bool
 }
 
@@ -33,6 +35,9 @@ func (c *countingJournal) Get(ctx context.Context, key string) (*idemhttp.Entry,
 
 func (c *countingJournal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry, error) {
 	c.begins.Add(1)
+	if c.beginFails {
+		return nil, errDiskFull
+	}
 	return c.batchJournal.Begin(ctx, e)
 }
 
@@ -134,25 +139,38 @@ func TestBatchChangedDoneLineUnchecked(t *testing.T) {
 	assertOnce(t, srv, 3)
 }
 
-// A journal write that fails under a call (here Finish, which Do only
-// logs) stops the run, seen through Hooks.OnJournal: no further operation
-// starts, and the exit code says the journal failed.
+// A journal write that fails under a call stops the run, seen through
+// Hooks.OnJournal: no further operation starts, and the exit code says the
+// journal failed. A failed Begin also comes back from Do; a failed Finish
+// Do only logs.
 //
-// Checked to fail: with onJournal not set on the client, all 3 ran and
-// the exit code was 1 (pending), not 3.
+// Checked to fail: with onJournal not set on the client, both exited 1,
+// not 3, and "finish" ran all 3.
 func TestBatchJournalFailureStops(t *testing.T) {
-	srv := newServer(t, idemtest.Faults{})
-	dir := t.TempDir()
-	in := writeInput(t, dir, 3)
-	journal := filepath.Join(dir, "journal")
+	tests := []struct {
+		name    string
+		give    *countingJournal
+		wantRan map[string]int
+		wantRes string
+	}{
+		{"begin", &countingJournal{beginFails: true}, map[string]int{}, resultFailed},
+		{"finish", &countingJournal{finishFails: true}, map[string]int{opID(0): 1}, resultPending},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newServer(t, idemtest.Faults{})
+			dir := t.TempDir()
+			in := writeInput(t, dir, 3)
+			journal := filepath.Join(dir, "journal")
 
-	cj := countingJournal{finishFails: true}
-	out := runWrapped(&cj, "batch", "-url", srv.URL, "-in", in, "-journal", journal, "-progress", "none", "-concurrency", "1")
+			out := runWrapped(tt.give, "batch", "-url", srv.URL, "-in", in, "-journal", journal, "-progress", "none", "-concurrency", "1")
 
-	assert.Equal(t, exitJournal, out.code, out.stderr)
-	assert.Contains(t, out.stderr, errDiskFull.Error())
-	assert.Equal(t, map[string]int{opID(0): 1}, srv.Snapshot(), "nothing started after the failure")
-	res := results(t, out.stdout)
-	require.Len(t, res, 1)
-	assert.Equal(t, resultPending, res[opID(0)].Result, "its outcome did not reach the journal")
+			assert.Equal(t, exitJournal, out.code, out.stderr)
+			assert.Contains(t, out.stderr, errDiskFull.Error())
+			assert.Equal(t, tt.wantRan, srv.Snapshot(), "nothing started after the failure")
+			res := results(t, out.stdout)
+			require.Len(t, res, 1, out.stdout)
+			assert.Equal(t, tt.wantRes, res[opID(0)].Result)
+		})
+	}
 }
