@@ -237,10 +237,11 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 	for _, op := range ops {
 		byID[op.ID] = op
 	}
-	// Those of this input's pending operations go with the input: Do finds
-	// the pending entry by operation id and resends it with its key, as
-	// Resume would. Resume keeps the rest (other inputs' entries, changed
-	// lines, entries past the key retention, which it marks abandoned).
+	// The pending entries of this input's operations go with the input,
+	// concurrently, not through Resume: Do finds the pending entry by
+	// operation id and resends it with its key, as Resume would. Resume
+	// keeps the rest (other inputs' entries, changed lines, entries past
+	// the key retention, which it marks abandoned).
 	// The total counts every operation either path reports.
 	withInput := make(map[string]bool)
 	total := len(ops) + len(prunedSkips)
