@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -76,6 +77,7 @@ type batchOptions struct {
 	pruned      string  // refuse, skip or send: input operations that prune deleted
 	inFormat    string  // auto, jsonl or csv
 	rate        float64 // requests per second, 0: no limit
+	checkDone   bool    // read done rows' requests back to warn about changed lines
 	spec        inputSpec
 }
 
@@ -97,6 +99,7 @@ func batchCommand(ctx context.Context, args []string, e env) error {
 	fs.IntVar(&o.attempts, "attempts", 0, "attempts per operation, the first included; 0 means idemhttp's default (4)")
 	fs.DurationVar(&o.grace, "grace", 10*time.Second, "after SIGINT or SIGTERM, how long operations in flight may take to finish")
 	fs.StringVar(&o.progress, "progress", "auto", "progress on stderr: auto (a bar on a terminal, else lines), bar, lines or none")
+	fs.BoolVar(&o.checkDone, "check-done", false, "read back the journaled request of every input operation already done, and warn (exit 4)\nwhen the line changed since; off, done rows are skipped from the journal's index alone")
 	fs.StringVar(&o.pruned, "pruned", "refuse", "input operations that idemctl prune deleted from the journal (listed in JOURNAL.pruned):\nrefuse (exit 6 before sending anything), skip (report the recorded outcome, send nothing)\nor send (send them again: with derived keys the server replays them if it still keeps the key)")
 	rest, err := parseFlags(fs, args)
 	if err != nil {
@@ -198,34 +201,47 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 		}
 	}
 
-	fj, err := openJournal(o.journal, false, o.creds.names())
+	fileJournal, err := openJournal(o.journal, false, o.creds.names())
 	if err != nil {
 		return err
 	}
 	defer func() {
-		if cerr := fj.Close(); cerr != nil && err == nil {
+		if cerr := fileJournal.Close(); cerr != nil && err == nil {
 			err = fail(exitJournal, "close journal: %v", cerr)
 		}
 	}()
+	var fj batchJournal = fileJournal
+	if e.wrapJournal != nil {
+		fj = e.wrapJournal(fj)
+	}
 
 	ops, prunedSkips, err := o.checkPruned(fj, ops, e)
 	if err != nil {
 		return err
 	}
 
+	// The pending entries are read whole: Resume needs their requests
+	// anyway, and a changed line is found by comparing fingerprints. Done
+	// entries, most of a rerun's journal, are only looked up by id below.
 	pending, err := fj.Pending(context.Background())
 	if err != nil {
 		return describeJournalErr(o.journal, err)
+	}
+	pendingByOp := make(map[string]*idemhttp.Entry)
+	for _, p := range pending {
+		if p.Operation != "" {
+			pendingByOp[p.Operation] = p
+		}
 	}
 	byID := make(map[string]operation, len(ops))
 	for _, op := range ops {
 		byID[op.ID] = op
 	}
-	// Client.Resume resends pending entries one at a time. Those of this
-	// input's operations go with the input instead, concurrently: Do finds
-	// the pending entry by operation id and resends it with its key, as
-	// Resume would. Resume keeps the rest (other inputs' entries, changed
-	// lines, entries past the key retention, which it marks abandoned).
+	// The pending entries of this input's operations go with the input,
+	// concurrently, not through Resume: Do finds the pending entry by
+	// operation id and resends it with its key, as Resume would. Resume
+	// keeps the rest (other inputs' entries, changed lines, entries past
+	// the key retention, which it marks abandoned).
 	// The total counts every operation either path reports.
 	withInput := make(map[string]bool)
 	total := len(ops) + len(prunedSkips)
@@ -248,7 +264,7 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 	for _, op := range ops {
 		r.lines[op.ID] = op.Line
 	}
-	r.gate.hide = func(e *idemhttp.Entry) bool { return withInput[e.Key] }
+	r.hide = func(e *idemhttp.Entry) bool { return withInput[e.Key] }
 	opCtx, stop := r.watch(ctx, o.grace)
 	defer stop()
 
@@ -260,39 +276,48 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 		return err
 	}
 
-	// What the journal says after resuming decides what to send.
-	entries, err := fj.Entries(context.Background())
-	if err != nil {
-		return describeJournalErr(o.journal, err)
-	}
-	byOp := make(map[string]*idemhttp.Entry, len(entries))
-	for _, en := range entries {
-		if en.Operation != "" {
-			byOp[en.Operation] = en
-		}
+	// What the journal says after resuming decides what to send, row by
+	// row with Lookup: from the index, without reading requests back.
+	warnChanged := func(op operation, key string) {
+		// The journal's request stands: it may have run. A changed
+		// request is a new operation and needs a new id.
+		inputErrs++
+		r.prog.printf("idemctl batch: %s:%d: operation %q differs (method, URL or body) from the request journaled under key %s; the journaled one stands: give a new operation a new id\n",
+			o.in, op.Line, op.ID, key)
 	}
 	var todo []operation
 	for _, op := range ops {
-		en := byOp[op.ID]
-		if en != nil && en.Fingerprint != fingerprint(op) {
-			// The journal's request stands: it may have run. A changed
-			// request is a new operation and needs a new id.
-			inputErrs++
-			r.prog.printf("idemctl batch: %s:%d: operation %q differs (method, URL or body) from the request journaled under key %s; the journaled one stands: give a new operation a new id\n",
-				o.in, op.Line, op.ID, en.Key)
+		if p := pendingByOp[op.ID]; p != nil && p.Fingerprint != fingerprint(op) {
+			warnChanged(op, p.Key)
 		}
+		if resumed[op.ID] {
+			continue // reported by resume
+		}
+		en, err := fj.Lookup(context.Background(), op.ID)
 		switch {
-		case resumed[op.ID]:
-			// Reported by resume.
-		case en == nil:
+		case errors.Is(err, idemhttp.ErrNotFound):
 			todo = append(todo, op)
+		case err != nil:
+			return describeJournalErr(o.journal, err)
 		case en.State == idemhttp.StatePending:
 			// Left pending by an earlier run: resent with its key. (Or
 			// one Resume did not reach because a signal came: sendAll
 			// starts nothing then.)
-			op.resume = true
+			op.resume, op.key = true, en.Key
 			todo = append(todo, op)
 		default:
+			// Done (or abandoned): nothing is sent, so a changed line
+			// cannot run; only -check-done reads the request back to
+			// say so.
+			if o.checkDone {
+				full, err := fj.Get(context.Background(), en.Key)
+				if err != nil {
+					return describeJournalErr(o.journal, err)
+				}
+				if full.Fingerprint != fingerprint(op) {
+					warnChanged(op, en.Key)
+				}
+			}
 			r.report(skippedResult(op, en))
 		}
 	}
@@ -309,7 +334,7 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 // takes them out of ops and reports their recorded outcome, or sends them.
 // An operation back in the journal (sent again by an earlier -pruned send)
 // is the journal's again.
-func (o *batchOptions) checkPruned(fj *idemhttp.FileJournal, ops []operation, e env) ([]operation, []*result, error) {
+func (o *batchOptions) checkPruned(fj batchJournal, ops []operation, e env) ([]operation, []*result, error) {
 	path := o.journal + prunedSuffix
 	inInput := make(map[string]bool, len(ops))
 	for _, op := range ops {
@@ -328,18 +353,14 @@ func (o *batchOptions) checkPruned(fj *idemhttp.FileJournal, ops []operation, e 
 	if len(hit) == 0 {
 		return ops, nil, nil
 	}
-	entries, err := fj.Entries(context.Background())
-	if err != nil {
-		return nil, nil, describeJournalErr(o.journal, err)
-	}
-	inJournal := make(map[string]bool, len(entries))
-	for _, en := range entries {
-		inJournal[en.Operation] = true
-	}
 	pruned := make(map[string]bool)
 	var names []string
 	for _, op := range hit {
-		if !inJournal[op.ID] {
+		_, err := fj.Lookup(context.Background(), op.ID)
+		if err != nil && !errors.Is(err, idemhttp.ErrNotFound) {
+			return nil, nil, describeJournalErr(o.journal, err)
+		}
+		if err != nil {
 			pruned[op.ID] = true
 			if len(names) < 5 {
 				names = append(names, fmt.Sprintf("%q (line %d)", op.ID, op.Line))
@@ -428,7 +449,7 @@ func (r *runner) sendAll(ctx, opCtx context.Context, ops []operation, o *batchOp
 	}
 feed:
 	for _, op := range ops {
-		if ctx.Err() != nil || r.gate.stopping.Load() {
+		if ctx.Err() != nil || r.stopping.Load() {
 			break
 		}
 		select {

@@ -298,8 +298,10 @@ func TestBatchMalformedLines(t *testing.T) {
 	assert.Equal(t, map[string]int{"op-000": 1, "op-003": 1}, srv.Snapshot(), "the valid lines ran")
 }
 
-// A line whose request changed since it was journaled is an input error;
-// the journaled request stands and is not sent again.
+// A line whose request changed since it was journaled done is an input
+// error with -check-done, which reads done rows' requests back; the
+// journaled request stands and is not sent again. (Without -check-done:
+// TestBatchChangedDoneLineUnchecked.)
 func TestBatchChangedLine(t *testing.T) {
 	srv := newServer(t, idemtest.Faults{})
 	dir := t.TempDir()
@@ -311,7 +313,7 @@ func TestBatchChangedLine(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(in, []byte(strings.Replace(string(data), `"amount":101`, `"amount":999`, 1)), 0o600))
 
-	out := runIn(args...)
+	out := runIn(append(args, "-check-done")...)
 
 	assert.Equal(t, exitInput, out.code, out.stderr)
 	assert.Contains(t, out.stderr, `in.jsonl:2: operation "op-001" differs`)

@@ -144,20 +144,39 @@ type clientConfig struct {
 	timeout  time.Duration // per attempt
 	attempts int           // 0 means the policy's default
 	creds    *credentialFlags
+
+	// stopping, when set and true, makes every call that has not sent
+	// its first attempt fail with errStopping, sending nothing.
+	stopping *atomic.Bool
+	// onJournal, when set, sees every journal operation (Hooks.OnJournal).
+	onJournal func(context.Context, idemhttp.JournalEvent)
 }
 
 // newClient returns an idemhttp client whose credentials come only from
 // PrepareRequest, so they never reach the journal, and are listed as
-// secret for good measure.
+// secret for good measure. PrepareRequest is also the stop gate: it runs
+// once per call, in Do and in Resume, before anything is sent.
 func newClient(cfg clientConfig) *idemhttp.Client {
 	c := &idemhttp.Client{
 		HTTPClient: &http.Client{Transport: cfg.rt, Timeout: cfg.timeout},
 		Journal:    cfg.journal,
 		Policy:     &idemhttp.Policy{MaxAttempts: cfg.attempts},
 	}
-	if h := cfg.creds.headers; len(h) > 0 {
+	if cfg.onJournal != nil {
+		c.Hooks = &idemhttp.Hooks{OnJournal: cfg.onJournal}
+	}
+	var h http.Header
+	if cfg.creds != nil {
+		h = cfg.creds.headers
+	}
+	if len(h) > 0 {
 		c.SecretHeaders = cfg.creds.names()
+	}
+	if len(h) > 0 || cfg.stopping != nil {
 		c.PrepareRequest = func(r *http.Request) error {
+			if cfg.stopping != nil && cfg.stopping.Load() {
+				return errStopping
+			}
 			for k, vv := range h {
 				r.Header[k] = slices.Clone(vv)
 			}

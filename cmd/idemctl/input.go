@@ -52,6 +52,8 @@ type operation struct {
 	// resume is set when an earlier run left the operation pending: the
 	// send resends it with its journaled key.
 	resume bool
+	// key is the key the journal holds for the operation, "" if none.
+	key string
 }
 
 // lineError is a malformed input line.

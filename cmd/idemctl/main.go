@@ -82,6 +82,9 @@ type env struct {
 	// isTerminal reports whether w is a terminal, which decides between
 	// a progress bar and plain progress lines.
 	isTerminal func(w io.Writer) bool
+	// wrapJournal, when set, wraps the journal batch opens: a test seam
+	// that counts the journal's reads. nil in production.
+	wrapJournal func(batchJournal) batchJournal
 }
 
 func main() {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,135 +15,73 @@ import (
 	"github.com/idemkit/idemhttp"
 )
 
-// errStopping is what gatedJournal.Begin returns once the run is
-// stopping: Do fails before sending anything, so the operation simply has
-// not started.
+// errStopping is what the client's PrepareRequest returns once the run is
+// stopping: Do (and Resume, which sends through Do) fails before sending
+// anything, so the operation simply has not started. PrepareRequest runs
+// once per call, after the journal entry is written and before the first
+// attempt; an entry the call created is withdrawn, one it found stays
+// pending, as it was.
 var errStopping = errors.New("stopping: operation not started")
 
-// gatedJournal is the journal as the batch and resume commands see it. It
-// refuses to begin operations once a signal has arrived, which stops both
-// the input loop and Client.Resume from starting new ones while those in
-// flight finish; it remembers the key of each operation, which Do does not
-// return on failure; and it notices the journal failing underneath.
-type gatedJournal struct {
+// batchJournal is what the batch and resume commands need of the journal:
+// a *idemhttp.FileJournal, or in tests a wrapper that counts its reads.
+type batchJournal interface {
 	idemhttp.Journal
-	stopping atomic.Bool
-
-	// hide, when set, keeps entries out of Pending, and so out of
-	// Client.Resume: the batch resends them itself. Set before use.
-	hide func(*idemhttp.Entry) bool
-
-	mu   sync.Mutex
-	keys map[string]string // operation id -> key
-	err  error             // the first failed journal write
+	// Sync returns the error of any earlier failed write.
+	Sync(ctx context.Context) error
 }
 
-func newGatedJournal(j idemhttp.Journal) *gatedJournal {
-	return &gatedJournal{Journal: j, keys: make(map[string]string)}
+// notJournalFailure lists the errors a Begin reports that say nothing
+// about the file: the call's own request or key was refused, or the
+// operation's entry decided the call (done, changed, expired). Any other
+// error of a journal operation is taken as the journal failing.
+var notJournalFailure = []error{
+	idemhttp.ErrInvalidKey, idemhttp.ErrInvalidRequest, idemhttp.ErrKeyConflict, idemhttp.ErrKeyMismatch,
+	idemhttp.ErrAlreadyDone, idemhttp.ErrKeyExpired, idemhttp.ErrClockJump,
+	context.Canceled, context.DeadlineExceeded,
 }
 
-// Begin refuses new operations once the run is stopping, and records the
-// key of each operation it begins or finds.
-func (g *gatedJournal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry, error) {
-	if g.stopping.Load() {
-		return nil, errStopping
-	}
-	existing, err := g.Journal.Begin(ctx, e)
-	if err != nil {
-		// A Begin cancelled while it queued (the grace period ended) or
-		// refusing a bad entry wrote nothing, and says nothing about
-		// the file.
-		if ctx.Err() == nil && !errors.Is(err, idemhttp.ErrInvalidKey) && !errors.Is(err, idemhttp.ErrInvalidRequest) {
-			g.failed(err)
-		}
-		return nil, err
-	}
-	if e.Operation != "" {
-		key := e.Key
-		if existing != nil {
-			key = existing.Key
-		}
-		g.mu.Lock()
-		g.keys[e.Operation] = key
-		g.mu.Unlock()
-	}
-	return existing, nil
-}
-
-// Finish records an outcome; a failure stops the run.
-func (g *gatedJournal) Finish(ctx context.Context, key string, o idemhttp.Outcome) error {
-	err := g.Journal.Finish(ctx, key, o)
-	if err != nil {
-		g.failed(err)
-	}
-	return err
-}
-
-// Pending returns the pending entries that are not hidden.
-func (g *gatedJournal) Pending(ctx context.Context) ([]*idemhttp.Entry, error) {
-	es, err := g.Journal.Pending(ctx)
-	if err != nil || g.hide == nil {
-		return es, err
-	}
-	return slices.DeleteFunc(es, g.hide), nil
-}
-
-// failed records a journal write failure and stops the run: with a
-// journal that cannot write (disk full, file damaged), every further
-// operation would be sent without a durable key.
-func (g *gatedJournal) failed(err error) {
-	g.stopping.Store(true)
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.err == nil {
-		g.err = err
-	}
-}
-
-// key returns the key journaled for operation, "" if none was.
-func (g *gatedJournal) key(operation string) string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.keys[operation]
-}
-
-// journalErr returns the first journal write failure.
-func (g *gatedJournal) journalErr() error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.err
-}
-
-// runner is what the batch and resume commands share: the client over a
-// gated journal, the result stream, progress, and the signal handling.
+// runner is what the batch and resume commands share: the client, the
+// result stream, progress, and the signal handling.
+//
+// It has no journal wrapper of its own (issue 15): the stop gate is the
+// client's PrepareRequest, keys come from the journal's Lookup, DeriveKey
+// or the errors and ResponseInfo of Do, journal failures from
+// Hooks.OnJournal (Do only logs a failed Finish) and a final Sync, and
+// entries the batch sends itself are kept from Resume by its Filter.
 type runner struct {
-	name    string // command name, for messages
-	path    string // journal file
-	fj      *idemhttp.FileJournal
-	gate    *gatedJournal
-	counter *counter
-	tr      *http.Transport
-	client  *idemhttp.Client
-	out     *resultWriter
-	prog    *progress
-	stderr  io.Writer
-	start   time.Time
+	name     string // command name, for messages
+	path     string // journal file
+	fj       batchJournal
+	stopping atomic.Bool // set by a signal or a journal failure: start nothing new
+	counter  *counter
+	tr       *http.Transport
+	client   *idemhttp.Client
+	out      *resultWriter
+	prog     *progress
+	stderr   io.Writer
+	start    time.Time
 
 	contentType string // of input operations' bodies
 
 	// lines maps input operation ids to their line numbers.
 	lines map[string]int
 
+	// hide, when set, keeps pending entries out of Resume: the batch
+	// resends them itself. Set before resume.
+	hide func(*idemhttp.Entry) bool
+
 	mu             sync.Mutex
 	neverConnected int   // failures where no request reached a server
 	firstNoConnect error // the first of them, for the message
+	jerr           error // the first journal write failure
 }
 
 // runnerConfig configures newRunner.
 type runnerConfig struct {
 	name        string
 	path        string
-	fj          *idemhttp.FileJournal
+	fj          batchJournal
 	concurrency int
 	timeout     time.Duration
 	attempts    int
@@ -161,7 +98,6 @@ func newRunner(cfg runnerConfig) *runner {
 		name:   cfg.name,
 		path:   cfg.path,
 		fj:     cfg.fj,
-		gate:   newGatedJournal(cfg.fj),
 		tr:     newTransport(cfg.concurrency),
 		out:    newResultWriter(cfg.env.stdout),
 		prog:   newProgress(cfg.env.stderr, cfg.progress, cfg.total, cfg.env.isTerminal != nil && cfg.env.isTerminal(cfg.env.stderr)),
@@ -172,8 +108,56 @@ func newRunner(cfg runnerConfig) *runner {
 		contentType: cmp.Or(cfg.contentType, "application/json"),
 	}
 	r.counter = &counter{rt: r.tr, limiter: newLimiter(cfg.rate)}
-	r.client = newClient(clientConfig{journal: r.gate, rt: r.counter, timeout: cfg.timeout, attempts: cfg.attempts, creds: cfg.creds})
+	r.client = newClient(clientConfig{
+		journal: cfg.fj, rt: r.counter, timeout: cfg.timeout, attempts: cfg.attempts, creds: cfg.creds,
+		stopping: &r.stopping, onJournal: r.onJournal,
+	})
 	return r
+}
+
+// onJournal notices the journal failing underneath a call (Hooks.OnJournal)
+// and stops the run: with a journal that cannot write (disk full, file
+// damaged), every further operation would be sent without a durable key.
+// Do returns a failed Begin as an error, but only logs a failed Finish.
+func (r *runner) onJournal(ctx context.Context, ev idemhttp.JournalEvent) {
+	if ev.Err == nil {
+		return
+	}
+	if ev.Op == idemhttp.JournalBegin {
+		// A Begin cancelled while it queued (the grace period ended), or
+		// refusing the call, wrote nothing and says nothing about the file.
+		if ctx.Err() != nil {
+			return
+		}
+		for _, s := range notJournalFailure {
+			if errors.Is(ev.Err, s) {
+				return
+			}
+		}
+	}
+	r.failed(ev.Err)
+}
+
+// failed records a journal write failure and stops the run.
+func (r *runner) failed(err error) {
+	r.stopping.Store(true)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.jerr == nil {
+		r.jerr = err
+	}
+}
+
+// journalErr returns the first journal write failure; it asks the journal
+// too, for a write no hook saw (Resume abandoning an expired entry).
+func (r *runner) journalErr() error {
+	r.mu.Lock()
+	err := r.jerr
+	r.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return r.fj.Sync(context.Background())
 }
 
 // watch returns the context for requests, and a function to call when
@@ -192,7 +176,7 @@ func (r *runner) watch(ctx context.Context, grace time.Duration) (context.Contex
 			return
 		case <-ctx.Done():
 		}
-		r.gate.stopping.Store(true)
+		r.stopping.Store(true)
 		r.prog.printf("idemctl %s: %v: starting no new operations; waiting up to %s for those in flight (Ctrl-C again quits at once: the journal keeps their keys)\n",
 			r.name, context.Cause(ctx), grace)
 		t := time.NewTimer(grace)
@@ -219,12 +203,16 @@ func (r *runner) close() {
 	r.tr.CloseIdleConnections()
 }
 
-// resume resends the journal's pending entries (those the gate does not
-// hide) with Client.Resume and reports each. It returns the operation ids
+// resume resends the journal's pending entries (those r.hide does not
+// hide) with Client.ResumeWith and reports each. It returns the operation ids
 // it reported; its error, with exit code 3, says the journal failed.
 func (r *runner) resume(ctx context.Context) (map[string]bool, error) {
 	done := map[string]bool{}
-	rrs, err := r.client.Resume(ctx)
+	var opts idemhttp.ResumeOptions
+	if r.hide != nil {
+		opts.Filter = func(e *idemhttp.Entry) bool { return !r.hide(e) }
+	}
+	rrs, err := r.client.ResumeWith(ctx, &opts)
 	for _, rr := range rrs {
 		if errors.Is(rr.Err, errStopping) {
 			continue // not started: stays pending for the next run
@@ -251,14 +239,20 @@ func (r *runner) resume(ctx context.Context) (map[string]bool, error) {
 }
 
 // do sends one input operation and reports it. secret, when set, derives
-// the key from the operation id.
+// the key from the operation id; op.key, when set, is the key the journal
+// holds for it, which Do uses (the operation's journaled key wins).
 func (r *runner) do(ctx context.Context, op operation, secret []byte) {
 	rctx := idemhttp.WithOperation(ctx, op.ID)
 	res := &result{ID: op.ID, Line: op.Line, Source: sourceRun}
 	if op.resume {
 		res.Source = sourceResume
 	}
-	if secret != nil {
+	switch {
+	case op.key != "":
+		// The journal's entry, found by Lookup: Do resends it with its
+		// key; a derived key that differs would be a conflict.
+		res.Key = op.key
+	case secret != nil:
 		key, err := idemhttp.DeriveKey(secret, op.ID)
 		if err != nil { // unreachable: the secret and the id were validated
 			res.Error = err.Error()
@@ -282,9 +276,22 @@ func (r *runner) do(ctx context.Context, op operation, secret []byte) {
 		req.Header.Set("Content-Type", r.contentType)
 	}
 	req.Header.Set("User-Agent", "idemctl")
+	if r.stopping.Load() {
+		return // not started
+	}
 	resp, err := r.client.Do(req)
 	if errors.Is(err, errStopping) {
 		return // not started
+	}
+	if k := sentKey(resp, err); k != "" {
+		res.Key = k
+	}
+	var de *idemhttp.DoneError
+	if errors.As(err, &de) {
+		// Done by the time Do looked (the same id twice in the input):
+		// nothing was sent.
+		r.report(skippedResult(op, &idemhttp.Entry{Key: de.Key, LastStatus: de.Status, Attempts: de.Attempts, State: idemhttp.StateDone}))
+		return
 	}
 	if err == nil {
 		res.Status, res.Replayed = resp.StatusCode, idemhttp.Replayed(resp)
@@ -298,10 +305,29 @@ func (r *runner) do(ctx context.Context, op operation, secret []byte) {
 		}
 	}
 	r.setErr(res, err)
-	if k := r.gate.key(op.ID); k != "" {
-		res.Key = k
-	}
 	r.finish(res)
+}
+
+// sentKey returns the key a call used, from its response or its error, ""
+// when neither says (a call refused before its key was chosen).
+func sentKey(resp *http.Response, err error) string {
+	if resp != nil {
+		if info, ok := idemhttp.ResponseInfo(resp); ok {
+			return info.Key
+		}
+	}
+	var gu *idemhttp.GiveUpError
+	var km *idemhttp.KeyMismatchError
+	var de *idemhttp.DoneError
+	switch {
+	case errors.As(err, &gu):
+		return gu.Key
+	case errors.As(err, &km):
+		return km.Key
+	case errors.As(err, &de):
+		return de.Key
+	}
+	return ""
 }
 
 // setErr records a call's error in res, with the status it carries.
@@ -333,8 +359,16 @@ func (r *runner) setErr(res *result, err error) {
 func (r *runner) finish(res *result) {
 	if res.Key != "" {
 		// The requests' context may be cancelled by now; this local read
-		// must still happen.
-		if e, err := r.fj.Get(context.Background(), res.Key); err == nil {
+		// must still happen. Lookup answers from the index, without
+		// reading the request back; Get for an entry without an id.
+		var e *idemhttp.Entry
+		var err error
+		if res.ID != "" {
+			e, err = r.fj.Lookup(context.Background(), res.ID)
+		} else {
+			e, err = r.fj.Get(context.Background(), res.Key)
+		}
+		if err == nil && e.Key == res.Key {
 			res.State, res.Attempts = e.State, e.Attempts
 			if res.Status == 0 {
 				res.Status = e.LastStatus
@@ -378,8 +412,8 @@ func (r *runner) summary(ctx context.Context, total, inputErrs int) error {
 	noConnect, firstNoConnect := r.neverConnected, r.firstNoConnect
 	r.mu.Unlock()
 	switch {
-	case r.gate.journalErr() != nil:
-		return describeJournalErr(r.path, r.gate.journalErr())
+	case r.journalErr() != nil:
+		return describeJournalErr(r.path, r.journalErr())
 	case ctx.Err() != nil && t.pending+notStarted > 0:
 		return &exitError{code: exitInterrupted}
 	case noConnect > 0 && r.counter.responses.Load() == 0:
