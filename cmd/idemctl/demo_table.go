@@ -115,7 +115,7 @@ func printDemoTable(w io.Writer, o *demoOptions, cols []*demoStats) {
 		}
 	}
 	if o.faults.RetryAfter > 0 && (o.faults.Unavailable > 0 || o.faults.Conflict > 0) {
-		fmt.Fprintf(w, "wall time: idemhttp waits as the server asks (Retry-After %s) on 503 and 409, and resumes one entry at a time;\n", o.faults.RetryAfter)
+		fmt.Fprintf(w, "wall time: idemhttp waits as the server asks (Retry-After %s) on 503 and 409, and resumes 16 entries at a time;\n", o.faults.RetryAfter)
 		fmt.Fprintf(w, "  go-retryablehttp honours Retry-After on 503 only, and net/http never retries.\n")
 	}
 }

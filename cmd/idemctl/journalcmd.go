@@ -104,7 +104,7 @@ func age(now, t time.Time) string {
 const resumeSynopsis = `Usage: idemctl resume -journal FILE [-header 'Name: value' ...] [-header-env 'Name=VAR' ...] [flags]
 
 Resends every pending entry of the journal with its original key, method,
-URL and body (idemhttp Client.Resume), one at a time, oldest first, and
+URL and body (idemhttp Client.ResumeWith), -concurrency at a time, and
 prints each outcome as a JSON line (see idemctl batch -h). The URLs are the
 stored ones; credentials are not stored, so pass them again with -header or
 -header-env. An entry older than the server's key retention (24h) is not
@@ -124,6 +124,7 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 	grace := fs.Duration("grace", 10*time.Second, "after SIGINT or SIGTERM, how long the operation in flight may take to finish")
 	prog := fs.String("progress", "auto", "progress on stderr: auto, bar, lines or none")
 	perSecond := fs.Float64("rate", 0, "requests per second at most, retries included; 0: no limit")
+	concurrency := fs.Int("concurrency", 16, "entries resent at once")
 	rest, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -131,6 +132,8 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 	switch {
 	case len(rest) > 0:
 		return fail(exitUsage, "unexpected argument %q", rest[0])
+	case *concurrency < 1:
+		return fail(exitUsage, "-concurrency must be at least 1")
 	case *timeout <= 0:
 		return fail(exitUsage, "-timeout must be positive")
 	case *attempts < 0:
@@ -155,7 +158,7 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 		return describeJournalErr(*path, err)
 	}
 	r := newRunner(runnerConfig{
-		name: "resume", path: *path, fj: fj, concurrency: 1, timeout: *timeout,
+		name: "resume", path: *path, fj: fj, concurrency: *concurrency, timeout: *timeout,
 		attempts: *attempts, creds: &creds, progress: *prog, total: len(pending), env: e, rate: *perSecond,
 	})
 	defer r.close()

@@ -63,6 +63,7 @@ type runner struct {
 	start    time.Time
 
 	contentType string // of input operations' bodies
+	concurrency int    // operations (and resends) in flight at once
 
 	// lines maps input operation ids to their line numbers.
 	lines map[string]int
@@ -95,15 +96,16 @@ type runnerConfig struct {
 
 func newRunner(cfg runnerConfig) *runner {
 	r := &runner{
-		name:   cfg.name,
-		path:   cfg.path,
-		fj:     cfg.fj,
-		tr:     newTransport(cfg.concurrency),
-		out:    newResultWriter(cfg.env.stdout),
-		prog:   newProgress(cfg.env.stderr, cfg.progress, cfg.total, cfg.env.isTerminal != nil && cfg.env.isTerminal(cfg.env.stderr)),
-		stderr: cfg.env.stderr,
-		start:  time.Now(),
-		lines:  map[string]int{},
+		name:        cfg.name,
+		path:        cfg.path,
+		fj:          cfg.fj,
+		concurrency: cfg.concurrency,
+		tr:          newTransport(cfg.concurrency),
+		out:         newResultWriter(cfg.env.stdout),
+		prog:        newProgress(cfg.env.stderr, cfg.progress, cfg.total, cfg.env.isTerminal != nil && cfg.env.isTerminal(cfg.env.stderr)),
+		stderr:      cfg.env.stderr,
+		start:       time.Now(),
+		lines:       map[string]int{},
 
 		contentType: cmp.Or(cfg.contentType, "application/json"),
 	}
@@ -208,7 +210,7 @@ func (r *runner) close() {
 // it reported; its error, with exit code 3, says the journal failed.
 func (r *runner) resume(ctx context.Context) (map[string]bool, error) {
 	done := map[string]bool{}
-	var opts idemhttp.ResumeOptions
+	opts := idemhttp.ResumeOptions{Concurrency: r.concurrency}
 	if r.hide != nil {
 		opts.Filter = func(e *idemhttp.Entry) bool { return !r.hide(e) }
 	}
