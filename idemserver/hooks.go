@@ -203,8 +203,20 @@ func (hk *Hooks) claim(ctx context.Context, r *http.Request, scope, key string, 
 	hk.OnClaim(ctx, ClaimEvent{RequestEvent: hk.event(r, scope, key), Outcome: out, Status: status, Latency: latency})
 }
 
-func (hk *Hooks) renewFailed(ctx context.Context, ev *RequestEvent, lost bool, err error) {
-	if hk == nil || hk.OnRenewFailed == nil || ev == nil {
+// renewEventKey is the context key of the request identity the renewal
+// of a claim reports to OnRenewFailed.
+type renewEventKey struct{}
+
+func withRenewEvent(ctx context.Context, ev RequestEvent) context.Context {
+	return context.WithValue(ctx, renewEventKey{}, &ev)
+}
+
+func (hk *Hooks) renewFailed(ctx context.Context, lost bool, err error) {
+	if hk == nil || hk.OnRenewFailed == nil {
+		return
+	}
+	ev, ok := ctx.Value(renewEventKey{}).(*RequestEvent)
+	if !ok {
 		return
 	}
 	hk.OnRenewFailed(ctx, RenewFailedEvent{RequestEvent: *ev, Lost: lost, Err: err})

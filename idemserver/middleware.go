@@ -497,9 +497,10 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeK
 		rec.outer = hdr.Clone()
 	}
 	if h.hooks != nil {
-		// Built here, so the renewal's goroutine never reads the request.
-		ev := h.hooks.event(r, scope, key)
-		rec.renewal.ev = &ev
+		// For OnRenewFailed, built here so that the renewal's goroutine
+		// never reads the request. In the context rather than in the
+		// renewal, so that a request without hooks does not pay for it.
+		ctx = withRenewEvent(ctx, h.hooks.event(r, scope, key))
 	}
 	rec.renewal.start(ctx, h, storeKey, token)
 	returned := false

@@ -46,9 +46,6 @@ type renewal struct {
 	// Renew calls the renewer makes on the request's behalf, so that
 	// traces and loggers see them; it lives no longer than the request.
 	ctx context.Context
-	// ev identifies the request to the hooks; set, before start, only
-	// when there are hooks (a pointer, so a request without costs 8 bytes).
-	ev *RequestEvent
 
 	// Guarded by r.mu:
 	since      time.Time // registered or last renewed
@@ -128,12 +125,12 @@ func (r *renewer) renew(rn *renewal) {
 		// Nothing to keep: the Complete after the handler will fail too,
 		// and log that the response was not stored.
 		r.h.logger.ErrorContext(rn.ctx, "idemserver: claim lost while the handler ran; a retry may run it again", "error", err)
-		r.h.hooks.renewFailed(rn.ctx, rn.ev, true, err)
+		r.h.hooks.renewFailed(rn.ctx, true, err)
 	case err != nil:
 		// The store may be back before the lock times out: try again at
 		// the next interval.
 		r.h.logger.ErrorContext(rn.ctx, "idemserver: renewing the claim failed", "error", err)
-		r.h.hooks.renewFailed(rn.ctx, rn.ev, false, err)
+		r.h.hooks.renewFailed(rn.ctx, false, err)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
