@@ -496,7 +496,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeK
 		// them again, afresh, around a replay.
 		rec.outer = hdr.Clone()
 	}
-	if h.hooks != nil {
+	if h.hooks != nil && h.hooks.OnRenewFailed != nil {
 		// For OnRenewFailed, built here so that the renewal's goroutine
 		// never reads the request. In the context rather than in the
 		// renewal, so that a request without hooks does not pay for it.
