@@ -114,7 +114,7 @@ const (
 type ReleasedEvent struct {
 	RequestEvent
 	Reason  ReleaseReason
-	Status  int           // the handler's status, 0 if it answered nothing (canceled, panic)
+	Status  int           // the handler's status, 0 if it wrote none (always for canceled)
 	Latency time.Duration // from the claim to the key released
 }
 
