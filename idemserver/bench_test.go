@@ -1,6 +1,7 @@
 package idemserver_test
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -133,7 +134,8 @@ func BenchmarkRoundTripInterleaved(b *testing.B) {
 }
 
 // BenchmarkServeHTTP measures the middleware alone, without the network:
-// a new key per request, and a replay of one stored key.
+// a new key per request (without and with hooks), and a replay of one
+// stored key.
 func BenchmarkServeHTTP(b *testing.B) {
 	newReq := func(key string) *http.Request {
 		r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(benchBody))
@@ -151,6 +153,24 @@ func BenchmarkServeHTTP(b *testing.B) {
 	})
 	b.Run("new-key", func(b *testing.B) {
 		h := (&idemserver.Middleware{SingleTenant: true}).Wrap(benchHandler)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			h.ServeHTTP(httptest.NewRecorder(), newReq("k-"+strconv.Itoa(i)))
+		}
+	})
+	b.Run("new-key-hooks", func(b *testing.B) {
+		// Every hook set, doing nothing: the cost of building the events.
+		hooks := &idemserver.Hooks{
+			OnClaim:       func(context.Context, idemserver.ClaimEvent) {},
+			OnStored:      func(context.Context, idemserver.StoredEvent) {},
+			OnReleased:    func(context.Context, idemserver.ReleasedEvent) {},
+			OnRenewFailed: func(context.Context, idemserver.RenewFailedEvent) {},
+			OnStoreError:  func(context.Context, idemserver.StoreErrorEvent) {},
+			OnRefused:     func(context.Context, idemserver.RefusedEvent) {},
+		}
+		h := (&idemserver.Middleware{SingleTenant: true, Hooks: hooks}).Wrap(benchHandler)
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {

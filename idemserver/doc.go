@@ -39,4 +39,8 @@
 // process, bounded in records and bytes; stores shared by several
 // processes (Redis, PostgreSQL) live in their own modules, and every store
 // must pass the conformance suite in package storetest.
+//
+// [Hooks] report each decision (claims and their outcomes, stored
+// responses, released keys, renewal failures, store errors, refusals) for
+// metrics and traces; idemhttp's contrib/otel module builds on them.
 package idemserver

@@ -190,6 +190,12 @@ type Middleware struct {
 	// key stays claimed until LockTimeout), and a misconfiguration found by
 	// Wrap. A full store is logged at Warn level. Nil means [slog.Default].
 	Logger *slog.Logger
+
+	// Hooks, when not nil, are called at each decision: claims, stored
+	// responses, released keys, renewal failures, store errors and
+	// refusals. Wrap and Handler copy the struct, so later changes to it
+	// have no effect on handlers already wrapped. Nil costs nothing.
+	Hooks *Hooks
 }
 
 // ErrMisconfigured is the error of [Middleware.Handler] for a Middleware
@@ -248,9 +254,20 @@ func (m *Middleware) Wrap(h http.Handler) http.Handler {
 	if writeError == nil {
 		writeError = func(w http.ResponseWriter, _ *http.Request, p *Problem) { WriteProblem(w, p) }
 	}
+	hooks := m.copyHooks()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, problemMisconfigured())
+		hooks.refused(r.Context(), r, "", "", RefusedMisconfigured, http.StatusInternalServerError, err)
 	})
+}
+
+// copyHooks returns a copy of m.Hooks, nil if it is nil.
+func (m *Middleware) copyHooks() *Hooks {
+	if m.Hooks == nil {
+		return nil
+	}
+	hk := *m.Hooks
+	return &hk
 }
 
 // build resolves m's fields into a handler around h.
@@ -274,6 +291,7 @@ func (m *Middleware) build(h http.Handler) *handler {
 		fingerprint: m.Fingerprint,
 		writeError:  m.WriteError,
 		logger:      m.Logger,
+		hooks:       m.copyHooks(),
 		tokenPrefix: newTokenPrefix(),
 	}
 	if mw.fingerprint == nil {
@@ -369,6 +387,7 @@ type handler struct {
 	legacyFingerprints bool
 	writeError         func(http.ResponseWriter, *http.Request, *Problem)
 	logger             *slog.Logger
+	hooks              *Hooks // nil: none
 	tokenPrefix        string
 	tokens             atomic.Uint64
 	renewer            *renewer
@@ -415,47 +434,59 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	storeKey := scopedKey(scope, key)
 	token := string(strconv.AppendUint([]byte(h.tokenPrefix), h.tokens.Add(1), 36))
 
+	start := h.hooks.clock()
 	res, err := h.store.Claim(r.Context(), storeKey, Claim{Token: token, Fingerprint: fp, LockTimeout: h.lockTimeout})
+	claimLatency := since(start)
 	if err == nil && (res.State < Claimed || res.State > Completed) {
 		// Running the handler on a result we cannot trust could run it twice.
 		err = fmt.Errorf("idemserver: store returned an invalid claim state %d", res.State)
 	}
+	ctx := r.Context()
 	switch {
 	case errors.Is(err, ErrStoreFull):
-		h.logger.WarnContext(r.Context(), "idemserver: store full; answered 503", "key", key, "error", err)
+		h.logger.WarnContext(ctx, "idemserver: store full; answered 503", "key", key, "error", err)
 		w.Header().Set("Retry-After", h.retryAfter)
 		h.writeError(w, r, problemStoreFull(key))
+		h.hooks.refused(ctx, r, scope, key, RefusedStoreFull, http.StatusServiceUnavailable, err)
 	case err != nil:
-		h.storeFailed(w, r, key, err)
+		h.storeFailed(w, r, scope, key, StoreOpClaim, err)
 	case res.State == Claimed:
-		h.run(w, r, storeKey, token)
+		h.hooks.claim(ctx, r, scope, key, ClaimNew, 0, claimLatency)
+		h.run(w, r, scope, key, storeKey, token, start)
 	case res.Fingerprint != fp && !(h.legacyFingerprints && res.Fingerprint == legacyFingerprint(r, body)):
 		h.writeError(w, r, problemKeyMismatch(h.header, key))
+		h.hooks.claim(ctx, r, scope, key, ClaimMismatch, http.StatusUnprocessableEntity, claimLatency)
 	case res.State == InProgress:
 		w.Header().Set("Retry-After", h.retryAfter)
 		h.writeError(w, r, problemInProgress(h.header, key))
+		h.hooks.claim(ctx, r, scope, key, ClaimInProgress, http.StatusConflict, claimLatency)
 	default:
 		status, err := replay(w, res.Record)
 		switch {
 		case errors.Is(err, errNotReplayable):
 			h.writeError(w, r, problemNotReplayable(h.header, key, status))
+			h.hooks.claim(ctx, r, scope, key, ClaimNotReplayable, http.StatusGone, claimLatency)
 		case err != nil:
-			h.storeFailed(w, r, key, err)
+			h.storeFailed(w, r, scope, key, StoreOpReplay, err)
+		default:
+			h.hooks.claim(ctx, r, scope, key, ClaimReplay, status, claimLatency)
 		}
 	}
 }
 
 // storeFailed answers 503 when the store cannot say what became of a key:
 // without that, running the handler could run it twice.
-func (h *handler) storeFailed(w http.ResponseWriter, r *http.Request, key string, err error) {
+func (h *handler) storeFailed(w http.ResponseWriter, r *http.Request, scope, key string, op StoreOp, err error) {
 	h.logger.ErrorContext(r.Context(), "idemserver: store failed; answered 503", "key", key, "error", err)
 	w.Header().Set("Retry-After", h.retryAfter)
 	h.writeError(w, r, problemStoreUnavailable(key))
+	h.hooks.storeError(r.Context(), r, scope, key, op, http.StatusServiceUnavailable, err)
 }
 
 // run serves a request whose key this process has just claimed, then
-// stores the response or releases the key.
-func (h *handler) run(w http.ResponseWriter, r *http.Request, storeKey, token string) {
+// stores the response or releases the key. scope, key and start (the
+// claim's time, zero without hooks) are for the hooks.
+func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeKey, token string, start time.Time) {
 	// The request's context ends when the client leaves, but the work is
 	// done by then and its outcome must still be recorded.
 	ctx := context.WithoutCancel(r.Context())
@@ -464,6 +495,12 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, storeKey, token st
 		// Outer middleware set these before the handler ran; it will set
 		// them again, afresh, around a replay.
 		rec.outer = hdr.Clone()
+	}
+	if h.hooks != nil && h.hooks.OnRenewFailed != nil {
+		// For OnRenewFailed, built here so that the renewal's goroutine
+		// never reads the request. In the context rather than in the
+		// renewal, so that a request without hooks does not pay for it.
+		ctx = withRenewEvent(ctx, h.hooks.event(r, scope, key))
 	}
 	rec.renewal.start(ctx, h, storeKey, token)
 	returned := false
@@ -477,7 +514,10 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, storeKey, token st
 		rec.renewal.stop()
 		if err := h.store.Release(ctx, storeKey, token); err != nil {
 			h.logger.ErrorContext(ctx, "idemserver: release after panic failed", "error", err)
+			h.hooks.storeError(ctx, r, scope, key, StoreOpRelease, rec.status, err)
+			return
 		}
+		h.hooks.released(ctx, r, scope, key, ReleasePanic, rec.status, start)
 	}()
 	h.next.ServeHTTP(rec, r)
 	returned = true
@@ -489,14 +529,24 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, storeKey, token st
 		// that never happened, for a whole TTL.
 		if err := h.store.Release(ctx, storeKey, token); err != nil {
 			h.logger.ErrorContext(ctx, "idemserver: release after cancellation failed", "error", err)
+			h.hooks.storeError(ctx, r, scope, key, StoreOpRelease, 0, err)
+			return
 		}
+		h.hooks.released(ctx, r, scope, key, ReleaseCanceled, 0, start)
 		return
 	}
 	rec.finish()
 	var record []byte
+	reason := ReleaseNotStorable
 	switch {
-	case !h.shouldStore(rec.status) || rec.hijacked || rec.status < 100 || rec.status > 999:
-		// Not stored, or nothing a replay could send: the key is free.
+	case rec.hijacked || rec.status < 100 || rec.status > 999:
+		// Nothing a replay could send: the key is free.
+	case !h.shouldStore(rec.status):
+		// Not stored: the key is free.
+		reason = ReleaseNotStored
+		if rec.status >= 500 {
+			reason = ReleaseServerError
+		}
 	case rec.overflow:
 		// The handler ran; its response is too large to keep. Keep the
 		// key completed, so a retry is told so instead of running again.
@@ -507,12 +557,18 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, storeKey, token st
 	if record != nil {
 		if err := h.store.Complete(ctx, storeKey, token, record, h.ttl); err != nil {
 			h.logger.ErrorContext(ctx, "idemserver: response not stored", "status", rec.status, "error", err)
+			h.hooks.storeError(ctx, r, scope, key, StoreOpComplete, rec.status, err)
+			return
 		}
+		h.hooks.stored(ctx, r, scope, key, rec.status, !rec.overflow, start)
 		return
 	}
 	if err := h.store.Release(ctx, storeKey, token); err != nil {
 		h.logger.ErrorContext(ctx, "idemserver: release failed", "status", rec.status, "error", err)
+		h.hooks.storeError(ctx, r, scope, key, StoreOpRelease, rec.status, err)
+		return
 	}
+	h.hooks.released(ctx, r, scope, key, reason, rec.status, start)
 }
 
 // keepHeader reports whether a response header field the handler set is

@@ -125,10 +125,12 @@ func (r *renewer) renew(rn *renewal) {
 		// Nothing to keep: the Complete after the handler will fail too,
 		// and log that the response was not stored.
 		r.h.logger.ErrorContext(rn.ctx, "idemserver: claim lost while the handler ran; a retry may run it again", "error", err)
+		r.h.hooks.renewFailed(rn.ctx, true, err)
 	case err != nil:
 		// The store may be back before the lock times out: try again at
 		// the next interval.
 		r.h.logger.ErrorContext(rn.ctx, "idemserver: renewing the claim failed", "error", err)
+		r.h.hooks.renewFailed(rn.ctx, false, err)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

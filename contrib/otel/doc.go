@@ -17,4 +17,11 @@
 //
 // [Instrumentation.Transport] puts each attempt span's trace context in
 // the attempt's headers, so the server's spans join the trace.
+//
+// On the server, [NewServer] returns the [idemserver.Hooks] that count an
+// idemserver.Middleware's claims by outcome (replays, 409s, 422s),
+// stored responses, releases by reason, renewal failures, store errors
+// and refusals (metrics under idemhttp.server.), and add events to the
+// server span an HTTP instrumentation such as otelhttp put in the
+// request's context; it starts no spans of its own.
 package otel

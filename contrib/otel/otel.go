@@ -34,7 +34,7 @@ const (
 	JournalOpAttr    = attribute.Key("idemhttp.journal.op")
 )
 
-// Options configure [New]. The zero value uses the global providers and
+// Options configure [New] and [NewServer]. The zero value uses the global providers and
 // records neither keys nor operation ids.
 type Options struct {
 	// TracerProvider and MeterProvider; nil means the global ones
@@ -52,6 +52,12 @@ type Options struct {
 	// the call's span. Operation ids are often order or customer ids.
 	// Off by default.
 	RecordOperation bool
+
+	// RecordScope puts the principal's scope (idemserver's
+	// Middleware.Principal) on the server span's events, for
+	// [NewServer]. A scope often names a tenant or an account. Off by
+	// default. (RecordKey applies to the server's events too.)
+	RecordScope bool
 }
 
 // Instrumentation holds the tracer and the instruments for one Client.
