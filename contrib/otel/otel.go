@@ -68,6 +68,7 @@ type Instrumentation struct {
 	opts   Options
 	hooks  idemhttp.Hooks
 	reg    metric.Registration
+	jreg   metric.Registration // the journal's write and sync counters, nil if it has none
 
 	attempts, retries, giveUps, refusals, waits, calls, journalOps metric.Int64Counter
 	attemptDuration                                                metric.Float64Histogram
@@ -133,6 +134,12 @@ func New(c *idemhttp.Client, opts *Options) (*Instrumentation, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp/contrib/otel: gauges: %w", err)
 	}
+	if js, ok := c.Journal.(journalStats); ok {
+		if in.jreg, err = registerJournalStats(m, js); err != nil {
+			_ = in.reg.Unregister()
+			return nil, err
+		}
+	}
 	in.hooks = idemhttp.Hooks{
 		OnCallStart:     in.callStart,
 		OnAttempt:       in.attempt,
@@ -172,7 +179,40 @@ func (in *Instrumentation) Hooks() *idemhttp.Hooks {
 // Close stops the gauges' callback. The counters and spans stop when the
 // client stops calling the hooks.
 func (in *Instrumentation) Close() error {
-	return in.reg.Unregister()
+	err := in.reg.Unregister()
+	if in.jreg != nil {
+		err = errors.Join(err, in.jreg.Unregister())
+	}
+	return err
+}
+
+// journalStats is what a journal that counts its writes offers
+// ([idemhttp.FileJournal]).
+type journalStats interface {
+	Stats() idemhttp.JournalStats
+}
+
+// registerJournalStats exports a journal's record writes and its syncs
+// (group commits): syncs per write is what group commit saves, and a
+// dashboard's first question about journal cost.
+func registerJournalStats(m metric.Meter, js journalStats) (metric.Registration, error) {
+	writes, err1 := m.Int64ObservableCounter("idemhttp.client.journal.writes",
+		metric.WithDescription("records the journal appended: one per Begin that stored an entry, per Finish and per deleted entry"), metric.WithUnit("{record}"))
+	syncs, err2 := m.Int64ObservableCounter("idemhttp.client.journal.syncs",
+		metric.WithDescription("synchronous writes (group commits) the journal made"), metric.WithUnit("{sync}"))
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, fmt.Errorf("idemhttp/contrib/otel: journal counters: %w", err)
+	}
+	reg, err := m.RegisterCallback(func(_ context.Context, obs metric.Observer) error {
+		s := js.Stats()
+		obs.ObserveInt64(writes, int64(s.Writes))
+		obs.ObserveInt64(syncs, int64(s.Commits))
+		return nil
+	}, writes, syncs)
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp/contrib/otel: journal counters: %w", err)
+	}
+	return reg, nil
 }
 
 // call is one call's tracing state, carried in its context.

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -307,4 +308,37 @@ func TestTransportPropagatesTheAttemptSpan(t *testing.T) {
 		assert.Contains(t, parents[i], s.SpanContext().SpanID().String(), "attempt %d", i+1)
 		assert.Contains(t, parents[i], s.SpanContext().TraceID().String())
 	}
+}
+
+// The journal's record writes and syncs are exported when the journal
+// counts them (FileJournal does): syncs per write is group commit's gain.
+func TestJournalWritesAndSyncs(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	fj, err := idemhttp.OpenFileJournal(filepath.Join(t.TempDir(), "journal"), nil)
+	require.NoError(t, err)
+	defer fj.Close()
+
+	r := &rig{spans: tracetest.NewSpanRecorder(), reader: sdkmetric.NewManualReader()}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(r.reader))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	r.client = &idemhttp.Client{Journal: fj}
+	inst, err := idemotel.New(r.client, &idemotel.Options{MeterProvider: mp})
+	require.NoError(t, err)
+	r.client.Hooks = inst.Hooks()
+	for range 3 {
+		_, err := r.post(t, context.Background(), srv.URL)
+		require.NoError(t, err)
+	}
+	require.NoError(t, fj.Sync(context.Background()))
+	writes := r.sums(t, "idemhttp.client.journal.writes", "")[""]
+	syncs := r.sums(t, "idemhttp.client.journal.syncs", "")[""]
+	assert.Equal(t, int64(fj.Stats().Writes), writes)
+	assert.GreaterOrEqual(t, writes, int64(6), "a Begin and a Finish per call")
+	assert.Positive(t, syncs)
+	assert.LessOrEqual(t, syncs, writes)
+	require.NoError(t, inst.Close())
 }
