@@ -108,6 +108,10 @@ const (
 	ReleaseNotStorable ReleaseReason = "not_storable" // a hijacked connection, a 101 or an invalid status: nothing a replay could send
 	ReleaseCanceled    ReleaseReason = "canceled"     // the request was cancelled and the handler answered nothing
 	ReleasePanic       ReleaseReason = "panic"        // the handler panicked
+	// The reasons of a transactional middleware (contrib/postgres's
+	// TxMiddleware), whose release is a rollback of the handler's writes:
+	ReleaseRolledBack ReleaseReason = "rolled_back" // the handler returned an error, or the commit was refused
+	ReleaseClaimLost  ReleaseReason = "claim_lost"  // another claimer took the key meanwhile: the writes did not commit
 )
 
 // ReleasedEvent describes a released key. See [Hooks.OnReleased].

@@ -137,6 +137,17 @@ type TxOptions struct {
 	// Logger receives handler errors and database failures at Error
 	// level. Nil means [slog.Default].
 	Logger *slog.Logger
+
+	// Hooks, when set, are told of every keyed request's claim and of how
+	// it ended, as [idemserver.Middleware.Hooks] are: OnClaim (new, 409,
+	// replay, 422), then one of OnStored (committed), OnReleased (rolled
+	// back: idemserver.ReleaseRolledBack for a handler error or a refused
+	// commit, ReleaseClaimLost, ReleaseServerError, ReleaseNotStored,
+	// ReleaseNotStorable for a response too large or invalid,
+	// ReleasePanic) or OnStoreError (the claim or the commit's outcome
+	// unknown: 503). Requests without a key report nothing. Nil costs
+	// nothing. The struct is copied by NewTxMiddleware.
+	Hooks *idemserver.Hooks
 }
 
 // TxMiddleware makes a [TxHandler] idempotent with the record of its
@@ -216,6 +227,7 @@ type TxMiddleware struct {
 	maxStored   int
 	shouldStore func(int) bool
 	fingerprint func(*http.Request, []byte) string
+	hooks       *idemserver.Hooks // a copy of TxOptions.Hooks, nil if none
 	writeError  func(http.ResponseWriter, *http.Request, *idemserver.Problem)
 	logger      *slog.Logger
 	tokenPrefix string
@@ -254,6 +266,7 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 		maxStored:   opts.MaxStoredBody,
 		shouldStore: opts.ShouldStore,
 		fingerprint: opts.Fingerprint,
+		hooks:       copyHooks(opts.Hooks),
 		writeError:  opts.WriteError,
 		logger:      opts.Logger,
 		tokenPrefix: newTokenPrefix(),
@@ -451,11 +464,14 @@ func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
 	if c != nil {
 		key = c.Key
 	}
+	rep := h.reporter(r, c)
 	run, outcome, res, err := h.begin(ctx, c)
+	rep.claimed()
 	if err != nil {
 		m.logger.ErrorContext(ctx, "idemhttp/postgres: begin or claim failed; answered 503", "key", key, "error", err)
 		w.Header().Set("Retry-After", m.retryAfter)
 		m.writeError(w, r, idemserver.ProblemStoreUnavailable(key))
+		rep.storeError(idemserver.StoreOpClaim, http.StatusServiceUnavailable, err)
 		return
 	}
 	switch {
@@ -465,20 +481,25 @@ func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
 		// claim; a running TxMiddleware request's fingerprint is unknown
 		// until it commits).
 		m.writeError(w, r, idemserver.ProblemKeyMismatch(m.header, key))
+		rep.claim(idemserver.ClaimMismatch, http.StatusUnprocessableEntity)
 		return
 	case outcome == claimBusy:
 		w.Header().Set("Retry-After", m.retryAfter)
 		m.writeError(w, r, idemserver.ProblemInProgress(m.header, key))
+		rep.claim(idemserver.ClaimInProgress, http.StatusConflict)
 		return
 	case outcome == claimCompleted:
 		h.replay(w, r, key, res.Record)
+		rep.claim(idemserver.ClaimReplay, recordStatus(res.Record))
 		return
 	}
+	rep.claim(idemserver.ClaimNew, 0)
 
 	// From here the transaction is open and, for a keyed request, holds
 	// the key. Every path that does not commit rolls back, a panic's too:
 	// the deferred rollback runs before the panic continues to net/http.
 	defer run.rollback(ctx) // nothing once committed
+	defer rep.panicked()    // reports a panic: every other path has reported
 	if c != nil {
 		r = r.WithContext(context.WithValue(r.Context(), txKeyContext{}, c.TxKey))
 	}
@@ -489,10 +510,12 @@ func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
 	case herr != nil:
 		m.logger.ErrorContext(ctx, "idemhttp/postgres: handler failed; rolled back", "key", key, "error", herr)
 		m.writeError(w, r, problemRolledBack(key))
+		rep.released(idemserver.ReleaseRolledBack, buf.finalStatus())
 		return
 	case buf.overflow:
 		m.logger.ErrorContext(ctx, "idemhttp/postgres: response too large to store; rolled back", "key", key, "limit", m.maxStored)
 		m.writeError(w, r, problemResponseTooLarge(key, m.maxStored))
+		rep.released(idemserver.ReleaseNotStorable, buf.finalStatus())
 		return
 	}
 	status := buf.finalStatus()
@@ -505,6 +528,11 @@ func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
 		// not stay.
 		run.rollback(ctx)
 		buf.send(w, nil)
+		if status >= 500 {
+			rep.released(idemserver.ReleaseServerError, status)
+		} else {
+			rep.released(idemserver.ReleaseNotStored, status)
+		}
 		return
 	}
 	var record []byte
@@ -514,6 +542,7 @@ func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
 		if err != nil { // a status outside 100-999: net/http would panic on it
 			m.logger.ErrorContext(ctx, "idemhttp/postgres: response not storable; rolled back", "key", key, "error", err)
 			m.writeError(w, r, problemRolledBack(key))
+			rep.released(idemserver.ReleaseNotStorable, status)
 			return
 		}
 	}
@@ -529,18 +558,26 @@ func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
 			m.logger.ErrorContext(ctx, "idemhttp/postgres: claim lost; rolled back", "key", key)
 			w.Header().Set("Retry-After", m.retryAfter)
 			m.writeError(w, r, idemserver.ProblemInProgress(m.header, key))
+			rep.released(idemserver.ReleaseClaimLost, status)
 			return
 		}
 		if errors.As(err, &pgErr) {
 			m.logger.ErrorContext(ctx, "idemhttp/postgres: commit refused; rolled back", "key", key, "error", err)
 			m.writeError(w, r, problemRolledBack(key))
+			rep.released(idemserver.ReleaseRolledBack, status)
 			return
 		}
 		m.logger.ErrorContext(ctx, "idemhttp/postgres: commit outcome unknown; answered 503", "key", key, "error", err)
 		w.Header().Set("Retry-After", m.retryAfter)
 		m.writeError(w, r, idemserver.ProblemStoreUnavailable(key))
+		rep.storeError(idemserver.StoreOpComplete, http.StatusServiceUnavailable, err)
 		return
 	}
 	h.step("after-commit")
 	buf.send(w, h.m.at)
+	if c != nil {
+		rep.stored(status)
+	} else {
+		rep.done = true
+	}
 }
