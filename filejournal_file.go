@@ -2,11 +2,9 @@ package idemhttp
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/idemkit/idemhttp/internal/wal"
 )
@@ -112,25 +110,14 @@ func (idx *fjIndex) applyBegin(off int64, n int, payload []byte) error {
 			return fmt.Errorf("%w: operation %q stored twice", ErrJournalCorrupt, op)
 		}
 	}
-	both := string(key) + string(op)
-	le := &fjEntry{
-		key: both[:len(key)], operation: both[len(key):], created: created, updated: updated,
-		attempts: attempts, lastStatus: lastStatus, state: state, off: off, size: int32(n),
-	}
-	idx.byKey[le.key] = le
+	le := newFjEntry(string(key), string(op), created, updated, attempts, lastStatus, state, off, n)
+	idx.byKey[le.key()] = le
 	idx.all = append(idx.all, le)
-	if le.operation != "" {
-		idx.byOp[le.operation] = le
+	if le.operation() != "" {
+		idx.byOp[le.operation()] = le
 	}
 	idx.live += int64(n) + fjEntryOverhead
 	return nil
-}
-
-// fjKeyOp returns copies of key and operation that share one allocation:
-// the index holds millions of them.
-func fjKeyOp(key, operation string) (string, string) {
-	both := key + operation
-	return both[:len(key)], both[len(key):]
 }
 
 // fjReplayed is a replay's index and what the log found.
@@ -171,31 +158,27 @@ func (idx *fjIndex) apply(rec *fjRecord, off int64, n int) error {
 				return fmt.Errorf("%w: operation %q stored twice", ErrJournalCorrupt, rec.operation)
 			}
 		}
-		key, op := fjKeyOp(rec.key, rec.operation)
-		le := &fjEntry{
-			key: key, operation: op, created: rec.created, updated: rec.updated,
-			attempts: rec.attempts, lastStatus: rec.lastStatus, state: rec.state,
-			off: off, size: int32(n),
-		}
-		idx.byKey[key] = le
+		le := newFjEntry(rec.key, rec.operation, rec.created, rec.updated, rec.attempts, rec.lastStatus, rec.state, off, n)
+		idx.byKey[le.key()] = le
 		idx.all = append(idx.all, le)
-		if op != "" {
-			idx.byOp[op] = le
+		if le.operation() != "" {
+			idx.byOp[le.operation()] = le
 		}
 		idx.live += int64(n) + fjEntryOverhead
 	case fjKindFinish:
 		if !exists {
 			return fmt.Errorf("%w: outcome of unknown key %q", ErrJournalCorrupt, rec.key)
 		}
-		le.state, le.lastStatus, le.attempts, le.updated = rec.state, rec.lastStatus, rec.attempts, rec.updated
+		le.state, le.lastStatus, le.attempts = rec.state, rec.lastStatus, rec.attempts
+		le.setUpdated(rec.updated)
 	case fjKindDelete:
 		if !exists {
 			return fmt.Errorf("%w: deletion of unknown key %q", ErrJournalCorrupt, rec.key)
 		}
 		delete(idx.byKey, rec.key)
 		le.gone = true
-		if le.operation != "" {
-			delete(idx.byOp, le.operation)
+		if le.operation() != "" {
+			delete(idx.byOp, le.operation())
 		}
 		idx.live -= int64(le.size) + fjEntryOverhead
 	}
@@ -219,7 +202,7 @@ func (j *FileJournal) verify(ctx context.Context) error {
 		size := j.durable
 		want := make(map[string]place, len(j.byKey))
 		for k, le := range j.byKey {
-			if le.batch == nil {
+			if !le.unsynced {
 				want[k] = place{le.off, le.size}
 			}
 		}
@@ -316,7 +299,7 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		from := j.durable
 		all = make([]live, 0, len(j.byKey))
 		for _, le := range j.byKey {
-			if le.batch == nil {
+			if !le.unsynced {
 				all = append(all, live{le: le, off: le.off, size: le.size})
 			}
 		}
@@ -327,7 +310,7 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		// Key, operation and created time never change: sorting and new
 		// maps need no lock.
 		slices.SortFunc(all, func(a, b live) int {
-			return cmp.Or(a.le.created.Compare(b.le.created), strings.Compare(a.le.key, b.le.key))
+			return fjCompareCreated(a.le, b.le)
 		})
 		// Go maps never shrink: after a large prune the old ones keep
 		// their peak size. Build new ones, sized to what is live, for
@@ -335,9 +318,9 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		byKey, byOp = make(map[string]*fjEntry, len(all)), make(map[string]*fjEntry)
 		for i := range all {
 			le := all[i].le
-			byKey[le.key] = le
-			if le.operation != "" {
-				byOp[le.operation] = le
+			byKey[le.key()] = le
+			if le.operation() != "" {
+				byOp[le.operation()] = le
 			}
 		}
 		// Every entry durable at from is written, even one deleted
@@ -352,12 +335,13 @@ func (j *FileJournal) compact(ctx context.Context) error {
 					return 0, err
 				}
 			}
-			snap := fjEntry{key: all[i].le.key, off: all[i].off, size: all[i].size}
+			snap := fjEntry{keyOp: all[i].le.keyOp, keyLen: all[i].le.keyLen, off: all[i].off, size: all[i].size}
 			j.mu.Lock()
 			le := all[i].le
-			gone := j.byKey[le.key] != le
+			gone := j.byKey[le.key()] != le
 			if !gone {
-				snap.created, snap.updated, snap.attempts, snap.lastStatus, snap.state = le.created, le.updated, le.attempts, le.lastStatus, le.state
+				snap.createdSec, snap.createdNs, snap.updatedSec, snap.updatedNs = le.createdSec, le.createdNs, le.updatedSec, le.updatedNs
+				snap.attempts, snap.lastStatus, snap.state = le.attempts, le.lastStatus, le.state
 			}
 			j.mu.Unlock()
 			var err error
@@ -397,9 +381,9 @@ func (j *FileJournal) compact(ctx context.Context) error {
 				j.live += int64(all[i].newSize) - int64(le.size)
 			} else {
 				// Deleted since the snapshot.
-				delete(byKey, le.key)
-				if le.operation != "" && byOp[le.operation] == le {
-					delete(byOp, le.operation)
+				delete(byKey, le.key())
+				if le.operation() != "" && byOp[le.operation()] == le {
+					delete(byOp, le.operation())
 				}
 			}
 			le.off, le.size = all[i].newOff, all[i].newSize
@@ -409,9 +393,9 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		keep := func(le *fjEntry) {
 			le.off += delta
 			if !le.gone {
-				byKey[le.key] = le
-				if le.operation != "" {
-					byOp[le.operation] = le
+				byKey[le.key()] = le
+				if le.operation() != "" {
+					byOp[le.operation()] = le
 				}
 			}
 		}

@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -583,7 +584,7 @@ type ijOutcome struct {
 }
 
 func ijOutcomeOf(le *fjEntry) ijOutcome {
-	return ijOutcome{state: le.state, lastStatus: le.lastStatus, attempts: le.attempts, updated: le.updated}
+	return ijOutcome{state: le.state, lastStatus: le.lastStatus, attempts: le.attempts, updated: le.updated()}
 }
 
 // ijKeys returns the index's keys, sorted.
@@ -614,15 +615,9 @@ func TestJournalReplay(t *testing.T) {
 	assert.Zero(t, idx.Skipped)
 	assert.Equal(t, int64(len(a)+len(c)+2*fjEntryOverhead), idx.live)
 
-	wantA := &fjEntry{
-		key: "a", operation: "op-a", created: ijT0, updated: t1, attempts: 1, lastStatus: 201, state: journalStateDone,
-		off: fjFileHdrLen + fjBatchHdrLen, size: int32(len(a)),
-	}
+	wantA := newFjEntry("a", "op-a", ijT0, t1, 1, 201, journalStateDone, fjFileHdrLen+fjBatchHdrLen, len(a))
 	assert.Equal(t, wantA, idx.byKey["a"])
-	wantC := &fjEntry{
-		key: "c", created: ijT0, updated: ijT0, state: journalStatePending,
-		off: int64(fjFileHdrLen + len(b1) + len(b2) + fjBatchHdrLen), size: int32(len(c)),
-	}
+	wantC := newFjEntry("c", "", ijT0, ijT0, 0, 0, journalStatePending, int64(fjFileHdrLen+len(b1)+len(b2)+fjBatchHdrLen), len(c))
 	assert.Equal(t, wantC, idx.byKey["c"])
 
 	empty, err := fjReplay(fjFileHeader(ijSalt), false)
@@ -934,8 +929,8 @@ func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 	}
 	var live int64
 	for key, le := range idx.byKey {
-		require.Equal(t, key, le.key)
-		require.Nil(t, le.batch)
+		require.Equal(t, key, le.key())
+		require.False(t, le.unsynced)
 		require.GreaterOrEqual(t, le.off, int64(fjFileHdrLen+fjBatchHdrLen), key)
 		require.LessOrEqual(t, le.off+int64(le.size), idx.End, key)
 		payload, n, ok := fjReadRecord(file[le.off : le.off+int64(le.size)])
@@ -945,18 +940,18 @@ func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 		require.NoError(t, err)
 		require.Equal(t, byte(fjKindBegin), rec.kind)
 		require.Equal(t, key, rec.key)
-		require.Equal(t, rec.operation, le.operation)
+		require.Equal(t, rec.operation, le.operation())
 		require.Contains(t, []byte{journalStatePending, journalStateDone, journalStateAbandoned}, le.state)
 		require.GreaterOrEqual(t, le.attempts, 0)
-		if le.operation != "" {
-			require.Same(t, le, idx.byOp[le.operation], "operation of %q", key)
+		if le.operation() != "" {
+			require.Same(t, le, idx.byOp[le.operation()], "operation of %q", key)
 		}
 		live += int64(le.size) + fjEntryOverhead
 	}
 	require.Equal(t, live, idx.live, "live bytes are the entries' records")
 	for op, le := range idx.byOp {
-		require.Same(t, le, idx.byKey[le.key], "operation %q", op)
-		require.Equal(t, op, le.operation)
+		require.Same(t, le, idx.byKey[le.key()], "operation %q", op)
+		require.Equal(t, op, le.operation())
 	}
 }
 
@@ -1215,7 +1210,7 @@ func ijDurable(j *FileJournal, path, key string) error {
 	le := j.byKey[key]
 	var published bool
 	if le != nil {
-		published = le.batch == nil && le.off+int64(le.size) <= j.durable
+		published = !le.unsynced && le.off+int64(le.size) <= j.durable
 	}
 	j.mu.Unlock()
 	if !published {
@@ -1515,8 +1510,16 @@ func TestJournalPruneScansInChunks(t *testing.T) {
 
 // ijIndexView is what the index keeps of an entry, for comparing two.
 func ijIndexView(le *fjEntry) fjEntry {
-	return fjEntry{
-		key: le.key, operation: le.operation, created: le.created, updated: le.updated,
-		attempts: le.attempts, lastStatus: le.lastStatus, state: le.state, off: le.off, size: le.size,
+	v := *le
+	v.deleting, v.gone, v.unsynced = false, false, false
+	return v
+}
+
+// TestFjEntrySize pins the index entry's size: a million of them are a
+// journal's memory. 80 bytes is a malloc size class; one byte more takes
+// 96.
+func TestFjEntrySize(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) == 8 {
+		assert.LessOrEqual(t, unsafe.Sizeof(fjEntry{}), uintptr(80))
 	}
 }
