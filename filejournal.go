@@ -190,8 +190,8 @@ type FileJournal struct {
 	// mu guards the index. Lock order: the log's file lock (View,
 	// Rewrite), then mu, then the log's own lock (Append).
 	mu      sync.Mutex
-	byKey   map[string]*fjEntry
-	byOp    map[string]*fjEntry
+	byKey   *fjTable
+	byOp    *fjTable
 	all     []*fjEntry                // every entry indexed, in order, and some gone since: for scans a chunk at a time
 	scanMu  sync.Mutex                // one scan of all at a time: it rewrites all
 	pend    map[*wal.Batch]*fjPending // what each batch not yet on disk stores and deletes
@@ -315,7 +315,7 @@ func OpenFileJournal(path string, opts *JournalOptions) (*FileJournal, error) {
 	}
 	j.log = log
 	j.byKey, j.byOp, j.live, j.all = idx.byKey, idx.byOp, idx.live, idx.all
-	for _, le := range j.byKey {
+	for le := range j.byKey.all() {
 		if le.state == journalStatePending {
 			j.pending++
 		}
@@ -461,11 +461,11 @@ var fjEncodeBufs = &wal.Bufs{}
 // that, for key.
 func (j *FileJournal) lookupLocked(operation, key string) *fjEntry {
 	if operation != "" {
-		if le, ok := j.byOp[operation]; ok {
+		if le := j.byOp.get(operation); le != nil {
 			return le
 		}
 	}
-	return j.byKey[key]
+	return j.byKey.get(key)
 }
 
 // pendingLocked returns what batch b, not yet on disk, stores and deletes.
@@ -487,9 +487,9 @@ func (j *FileJournal) indexBeginLocked(rec *Entry, b *wal.Batch, off int64, size
 	p := j.pendingLocked(b)
 	p.begins = append(p.begins, le)
 	j.all = append(j.all, le)
-	j.byKey[le.key()] = le
+	j.byKey.put(le)
 	if le.operation() != "" {
-		j.byOp[le.operation()] = le
+		j.byOp.put(le)
 	}
 	j.live += int64(size) + fjEntryOverhead
 	j.pending++
@@ -512,7 +512,7 @@ func (j *FileJournal) onCommit(b *wal.Batch, err error) {
 	if err != nil {
 		for _, le := range p.begins {
 			delete(j.batchOf, le)
-			if j.byKey[le.key()] == le {
+			if j.byKey.get(le.key()) == le {
 				j.unindexLocked(le)
 			}
 		}
@@ -529,7 +529,7 @@ func (j *FileJournal) onCommit(b *wal.Batch, err error) {
 		j.moved = append(j.moved, p.begins...)
 	}
 	for _, le := range p.deletes {
-		if j.byKey[le.key()] == le {
+		if j.byKey.get(le.key()) == le {
 			j.unindexLocked(le)
 		}
 	}
@@ -538,12 +538,12 @@ func (j *FileJournal) onCommit(b *wal.Batch, err error) {
 // unindexLocked drops le from the index.
 func (j *FileJournal) unindexLocked(le *fjEntry) {
 	le.gone = true
-	delete(j.byKey, le.key())
+	j.byKey.del(le.key())
 	if le.state == journalStatePending {
 		j.pending--
 	}
-	if le.operation() != "" && j.byOp[le.operation()] == le {
-		delete(j.byOp, le.operation())
+	if le.operation() != "" && j.byOp.get(le.operation()) == le {
+		j.byOp.del(le.operation())
 	}
 	j.live -= int64(le.size) + fjEntryOverhead
 }
@@ -574,7 +574,8 @@ func (j *FileJournal) Finish(ctx context.Context, key string, o Outcome) error {
 	}
 	for {
 		j.mu.Lock()
-		le, ok := j.byKey[key]
+		le := j.byKey.get(key)
+		ok := le != nil
 		if !ok || le.deleting {
 			j.mu.Unlock()
 			if err := j.log.Writable(); err != nil {
@@ -637,7 +638,7 @@ func (j *FileJournal) Lookup(ctx context.Context, operation string) (*Entry, err
 	defer j.mu.Unlock()
 	var le *fjEntry
 	if operation != "" {
-		le = j.byOp[operation]
+		le = j.byOp.get(operation)
 	}
 	if le == nil || le.unsynced || le.deleting {
 		return nil, fmt.Errorf("idemhttp: journal lookup %s: %w", operation, ErrNotFound)
@@ -654,7 +655,8 @@ func (j *FileJournal) read(key string) (*Entry, error) {
 	var e *Entry
 	err := j.log.View(func(r wal.Reader) error {
 		j.mu.Lock()
-		le, ok := j.byKey[key]
+		le := j.byKey.get(key)
+		ok := le != nil
 		if !ok || le.unsynced {
 			j.mu.Unlock()
 			return ErrNotFound
@@ -718,7 +720,7 @@ func (j *FileJournal) list(ctx context.Context, keep func(*fjEntry) bool) ([]*En
 	err := j.log.View(func(r wal.Reader) error {
 		var snaps []fjEntry
 		j.mu.Lock()
-		for _, le := range j.byKey {
+		for le := range j.byKey.all() {
 			if !le.unsynced && !le.deleting && keep(le) {
 				snaps = append(snaps, *le)
 			}
@@ -776,7 +778,7 @@ func (j *FileJournal) Delete(ctx context.Context, key string) error {
 	n := 0
 	if err == nil {
 		j.mu.Lock()
-		le := j.byKey[key]
+		le := j.byKey.get(key)
 		err = j.log.Writable()
 		j.mu.Unlock()
 		if err == nil && le != nil {

@@ -589,8 +589,8 @@ func ijOutcomeOf(le *fjEntry) ijOutcome {
 
 // ijKeys returns the index's keys, sorted.
 func ijKeys(idx *fjIndex) []string {
-	keys := make([]string, 0, len(idx.byKey))
-	for k := range idx.byKey {
+	keys := make([]string, 0, idx.byKey.len())
+	for k := range ijMap(idx.byKey) {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
@@ -608,7 +608,7 @@ func TestJournalReplay(t *testing.T) {
 	idx, err := fjReplay(file, false)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"a", "c"}, ijKeys(idx.fjIndex))
-	assert.Equal(t, map[string]*fjEntry{"op-a": idx.byKey["a"]}, idx.byOp, "a deleted entry frees its operation")
+	assert.Equal(t, map[string]*fjEntry{"op-a": idx.byKey.get("a")}, ijMap(idx.byOp), "a deleted entry frees its operation")
 	assert.Equal(t, uint64(3), idx.Seq)
 	assert.Equal(t, int64(len(file)), idx.End)
 	assert.Zero(t, idx.Truncated)
@@ -616,13 +616,16 @@ func TestJournalReplay(t *testing.T) {
 	assert.Equal(t, int64(len(a)+len(c)+2*fjEntryOverhead), idx.live)
 
 	wantA := newFjEntry("a", "op-a", ijT0, t1, 1, 201, journalStateDone, fjFileHdrLen+fjBatchHdrLen, len(a))
-	assert.Equal(t, wantA, idx.byKey["a"])
+	assert.Equal(t, wantA, idx.byKey.get("a"))
 	wantC := newFjEntry("c", "", ijT0, ijT0, 0, 0, journalStatePending, int64(fjFileHdrLen+len(b1)+len(b2)+fjBatchHdrLen), len(c))
-	assert.Equal(t, wantC, idx.byKey["c"])
+	assert.Equal(t, wantC, idx.byKey.get("c"))
 
 	empty, err := fjReplay(fjFileHeader(ijSalt), false)
 	require.NoError(t, err)
-	assert.Equal(t, &fjIndex{byKey: map[string]*fjEntry{}, byOp: map[string]*fjEntry{}}, empty.fjIndex)
+	assert.Zero(t, empty.byKey.len())
+	assert.Zero(t, empty.byOp.len())
+	assert.Empty(t, empty.all)
+	assert.Zero(t, empty.live)
 	assert.Equal(t, &wal.Replayed{Salt: ijSalt, End: fjFileHdrLen}, empty.Replayed)
 }
 
@@ -649,8 +652,8 @@ func TestJournalReplayFinishIsAbsolute(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			idx, err := fjReplay(tt.give, false)
 			require.NoError(t, err)
-			require.Contains(t, idx.byKey, "a")
-			assert.Equal(t, want, ijOutcomeOf(idx.byKey["a"]))
+			require.NotNil(t, idx.byKey.get("a"))
+			assert.Equal(t, want, ijOutcomeOf(idx.byKey.get("a")))
 		})
 	}
 }
@@ -754,7 +757,7 @@ func TestJournalReplayCutsTornTail(t *testing.T) {
 				idx, err := fjReplay(file, salvage)
 				require.NoError(t, err, "salvage %v", salvage)
 				assert.Equal(t, []string{"a"}, ijKeys(idx.fjIndex))
-				assert.Equal(t, byte(journalStatePending), idx.byKey["a"].state, "the torn finish is not applied")
+				assert.Equal(t, byte(journalStatePending), idx.byKey.get("a").state, "the torn finish is not applied")
 				assert.Equal(t, int64(fjFileHdrLen+len(b1)), idx.End, "end at the torn batch's start")
 				assert.Equal(t, int64(len(tt.give)), idx.Truncated)
 				assert.Zero(t, idx.Skipped)
@@ -906,9 +909,9 @@ func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 	require.Equal(t, fullErr == nil, err == nil, "fast: %v, full: %v", err, fullErr)
 	if err == nil {
 		require.Equal(t, full.Replayed, idx.Replayed)
-		require.Equal(t, len(full.byKey), len(idx.byKey))
-		for k, le := range full.byKey {
-			got := idx.byKey[k]
+		require.Equal(t, full.byKey.len(), idx.byKey.len())
+		for k, le := range ijMap(full.byKey) {
+			got := idx.byKey.get(k)
 			require.NotNil(t, got, k)
 			require.Equal(t, ijIndexView(le), ijIndexView(got), k)
 		}
@@ -928,7 +931,7 @@ func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 		require.Zero(t, idx.Skipped)
 	}
 	var live int64
-	for key, le := range idx.byKey {
+	for key, le := range ijMap(idx.byKey) {
 		require.Equal(t, key, le.key())
 		require.False(t, le.unsynced)
 		require.GreaterOrEqual(t, le.off, int64(fjFileHdrLen+fjBatchHdrLen), key)
@@ -944,13 +947,13 @@ func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 		require.Contains(t, []byte{journalStatePending, journalStateDone, journalStateAbandoned}, le.state)
 		require.GreaterOrEqual(t, le.attempts, 0)
 		if le.operation() != "" {
-			require.Same(t, le, idx.byOp[le.operation()], "operation of %q", key)
+			require.Same(t, le, idx.byOp.get(le.operation()), "operation of %q", key)
 		}
 		live += int64(le.size) + fjEntryOverhead
 	}
 	require.Equal(t, live, idx.live, "live bytes are the entries' records")
-	for op, le := range idx.byOp {
-		require.Same(t, le, idx.byKey[le.key()], "operation %q", op)
+	for op, le := range ijMap(idx.byOp) {
+		require.Same(t, le, idx.byKey.get(le.key()), "operation %q", op)
 		require.Equal(t, op, le.operation())
 	}
 }
@@ -1207,7 +1210,7 @@ func TestJournalFaultRacingCompact(t *testing.T) {
 // the file holds now.
 func ijDurable(j *FileJournal, path, key string) error {
 	j.mu.Lock()
-	le := j.byKey[key]
+	le := j.byKey.get(key)
 	var published bool
 	if le != nil {
 		published = !le.unsynced && le.off+int64(le.size) <= j.durable
@@ -1224,7 +1227,7 @@ func ijDurable(j *FileJournal, path, key string) error {
 	if err != nil {
 		return err
 	}
-	if _, ok := idx.byKey[key]; !ok {
+	if idx.byKey.get(key) == nil {
 		return fmt.Errorf("%s: not in the file", key)
 	}
 	return nil
@@ -1498,7 +1501,7 @@ func TestJournalPruneScansInChunks(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, n-(n+2)/3, pruned)
 	j.mu.Lock()
-	assert.Equal(t, len(j.byKey), len(j.all), "the scanned list holds the live entries only")
+	assert.Equal(t, j.byKey.len(), len(j.all), "the scanned list holds the live entries only")
 	j.mu.Unlock()
 	require.NoError(t, j.Verify(ctx))
 	require.NoError(t, j.Close())
@@ -1522,4 +1525,13 @@ func TestFjEntrySize(t *testing.T) {
 	if unsafe.Sizeof(uintptr(0)) == 8 {
 		assert.LessOrEqual(t, unsafe.Sizeof(fjEntry{}), uintptr(80))
 	}
+}
+
+// ijMap returns what t indexes, as a map.
+func ijMap(t *fjTable) map[string]*fjEntry {
+	m := make(map[string]*fjEntry, t.len())
+	for le := range t.all() {
+		m[t.name(le)] = le
+	}
+	return m
 }
