@@ -162,13 +162,13 @@ type JournalStats struct {
 // Records are never rewritten in place. When pruned and deleted entries
 // make up more than half of the file, and at least 1 MiB of it, Prune and
 // OpenFileJournal rewrite it with only the live entries (see
-// [FileJournal.Compact]). Memory holds the index: about 250 to 300 bytes
-// per entry with its key and operation id; request bodies and headers
-// stay on disk. Done entries older than [JournalOptions.Retention] are
+// [FileJournal.Compact]). Memory holds the index: about 120 bytes per
+// entry plus its key and operation id; request bodies and headers stay
+// on disk. Done entries older than [JournalOptions.Retention] are
 // pruned in the background.
 //
 // Opening reads the whole file to rebuild the index: about 0.2 s for
-// 100 000 entries of 1 KiB and 4 s for a million on a small VM. At a
+// 100 000 entries of 1 KiB and 2 to 3 s for a million on a small VM. At a
 // million entries a Prune, which scans the index under its lock, can
 // hold a Begin up for a few hundred milliseconds; at 100 000, a few
 // tens. bench/README.md has the measurements.
