@@ -430,14 +430,18 @@ func (j *FileJournal) Begin(ctx context.Context, e *Entry) (*Entry, error) {
 			return nil, nil
 		}
 		if found.unsynced {
-			b := j.batchOf[found]
 			// Stored by a Begin whose batch is not on disk yet: its
-			// outcome decides.
+			// outcome decides. (A failed batch's entries leave the index
+			// with it, and batchOf then: b is nil only for one of those,
+			// which a lookup cannot return.)
+			b := j.batchOf[found]
 			j.mu.Unlock()
-			select {
-			case <-b.Done():
-			case <-ctx.Done():
-				return nil, ctx.Err()
+			if b != nil {
+				select {
+				case <-b.Done():
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
 			}
 			continue
 		}
