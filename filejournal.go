@@ -162,13 +162,13 @@ type JournalStats struct {
 // Records are never rewritten in place. When pruned and deleted entries
 // make up more than half of the file, and at least 1 MiB of it, Prune and
 // OpenFileJournal rewrite it with only the live entries (see
-// [FileJournal.Compact]). Memory holds the index: about 250 to 300 bytes
-// per entry with its key and operation id; request bodies and headers
-// stay on disk. Done entries older than [JournalOptions.Retention] are
+// [FileJournal.Compact]). Memory holds the index: about 120 bytes per
+// entry plus its key and operation id; request bodies and headers stay
+// on disk. Done entries older than [JournalOptions.Retention] are
 // pruned in the background.
 //
 // Opening reads the whole file to rebuild the index: about 0.2 s for
-// 100 000 entries of 1 KiB and 4 s for a million on a small VM. At a
+// 100 000 entries of 1 KiB and 2 to 3 s for a million on a small VM. At a
 // million entries a Prune, which scans the index under its lock, can
 // hold a Begin up for a few hundred milliseconds; at 100 000, a few
 // tens. bench/README.md has the measurements.
@@ -190,11 +190,12 @@ type FileJournal struct {
 	// mu guards the index. Lock order: the log's file lock (View,
 	// Rewrite), then mu, then the log's own lock (Append).
 	mu      sync.Mutex
-	byKey   map[string]*fjEntry
-	byOp    map[string]*fjEntry
+	byKey   *fjTable
+	byOp    *fjTable
 	all     []*fjEntry                // every entry indexed, in order, and some gone since: for scans a chunk at a time
 	scanMu  sync.Mutex                // one scan of all at a time: it rewrites all
 	pend    map[*wal.Batch]*fjPending // what each batch not yet on disk stores and deletes
+	batchOf map[*fjEntry]*wal.Batch   // the batch of each entry whose begin record is not on disk yet
 	live    int64                     // bytes the index's entries would take in a compacted file
 	pending int                       // indexed entries in state pending, for PendingCount
 	durable int64                     // the end of the file's part the index reflects
@@ -222,19 +223,50 @@ type fjPending struct {
 
 // fjEntry is the index's view of one entry: its state, and where its
 // begin record (with the request: method, URL, headers, body) is in the
-// file.
+// file. The index holds millions of them, so it is packed (80 bytes on
+// 64-bit platforms, checked by TestFjEntrySize): the key and operation id
+// share one string, times are kept as the file stores them (Unix seconds
+// and nanoseconds), and the batch of a begin record not yet durable is in
+// [FileJournal]'s batchOf, not here.
 type fjEntry struct {
-	key, operation string
-	created        time.Time
-	updated        time.Time
-	attempts       int
-	lastStatus     int
-	state          byte
-	deleting       bool       // a delete record is on its way
-	gone           bool       // dropped from the index
-	off            int64      // the begin record's offset in the file
-	size           int32      // the begin record's length, header included
-	batch          *wal.Batch // until the begin record is durable; nil after
+	keyOp                  string // the key, then the operation id
+	createdSec, updatedSec int64
+	off                    int64 // the begin record's offset in the file
+	attempts, lastStatus   int
+	createdNs, updatedNs   uint32
+	size                   int32  // the begin record's length, header included
+	keyLen                 uint16 // of keyOp's key; keys are at most MaxKeyLen bytes
+	state                  byte
+	deleting               bool // a delete record is on its way
+	gone                   bool // dropped from the index
+	unsynced               bool // the begin record is not durable yet: batchOf has its batch
+}
+
+// newFjEntry returns an index entry for a begin record of size bytes at
+// off, its key and operation copied into one allocation.
+func newFjEntry(key, operation string, created, updated time.Time, attempts, lastStatus int, state byte, off int64, size int) *fjEntry {
+	le := &fjEntry{
+		keyOp: key + operation, keyLen: uint16(len(key)),
+		attempts: attempts, lastStatus: lastStatus, state: state, off: off, size: int32(size),
+	}
+	le.createdSec, le.createdNs = fjSplitTime(created)
+	le.setUpdated(updated)
+	return le
+}
+
+func (le *fjEntry) key() string       { return le.keyOp[:le.keyLen] }
+func (le *fjEntry) operation() string { return le.keyOp[le.keyLen:] }
+
+// created and updated return the times as read back from the file: UTC,
+// without a monotonic reading.
+func (le *fjEntry) created() time.Time { return fjUnixTime(le.createdSec, le.createdNs) }
+func (le *fjEntry) updated() time.Time { return fjUnixTime(le.updatedSec, le.updatedNs) }
+
+func (le *fjEntry) setUpdated(t time.Time) { le.updatedSec, le.updatedNs = fjSplitTime(t) }
+
+// fjCompareCreated orders entries by created time, then key.
+func fjCompareCreated(a, b *fjEntry) int {
+	return cmp.Or(cmp.Compare(a.createdSec, b.createdSec), cmp.Compare(a.createdNs, b.createdNs), strings.Compare(a.key(), b.key()))
 }
 
 // fjEntryOverhead approximates an index entry's memory and a compacted
@@ -264,6 +296,7 @@ func OpenFileJournal(path string, opts *JournalOptions) (*FileJournal, error) {
 		salvage:    opts.SkipVerify,
 		readOnly:   opts.ReadOnly,
 		pend:       make(map[*wal.Batch]*fjPending),
+		batchOf:    make(map[*fjEntry]*wal.Batch),
 	}
 	idx := newFjIndex()
 	log, err := wal.Open(path, &wal.Options{
@@ -282,7 +315,7 @@ func OpenFileJournal(path string, opts *JournalOptions) (*FileJournal, error) {
 	}
 	j.log = log
 	j.byKey, j.byOp, j.live, j.all = idx.byKey, idx.byOp, idx.live, idx.all
-	for _, le := range j.byKey {
+	for le := range j.byKey.all() {
 		if le.state == journalStatePending {
 			j.pending++
 		}
@@ -396,18 +429,23 @@ func (j *FileJournal) Begin(ctx context.Context, e *Entry) (*Entry, error) {
 			}
 			return nil, nil
 		}
-		if b := found.batch; b != nil {
+		if found.unsynced {
 			// Stored by a Begin whose batch is not on disk yet: its
-			// outcome decides.
+			// outcome decides. (A failed batch's entries leave the index
+			// with it, and batchOf then: b is nil only for one of those,
+			// which a lookup cannot return.)
+			b := j.batchOf[found]
 			j.mu.Unlock()
-			select {
-			case <-b.Done():
-			case <-ctx.Done():
-				return nil, ctx.Err()
+			if b != nil {
+				select {
+				case <-b.Done():
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
 			}
 			continue
 		}
-		key := found.key
+		key := found.key()
 		j.mu.Unlock()
 		existing, err := j.read(key)
 		if errors.Is(err, ErrNotFound) {
@@ -427,11 +465,11 @@ var fjEncodeBufs = &wal.Bufs{}
 // that, for key.
 func (j *FileJournal) lookupLocked(operation, key string) *fjEntry {
 	if operation != "" {
-		if le, ok := j.byOp[operation]; ok {
+		if le := j.byOp.get(operation); le != nil {
 			return le
 		}
 	}
-	return j.byKey[key]
+	return j.byKey.get(key)
 }
 
 // pendingLocked returns what batch b, not yet on disk, stores and deletes.
@@ -447,18 +485,15 @@ func (j *FileJournal) pendingLocked(b *wal.Batch) *fjPending {
 // indexBeginLocked indexes the entry whose begin record of size bytes
 // was appended at off in batch b, reserved until the batch is durable.
 func (j *FileJournal) indexBeginLocked(rec *Entry, b *wal.Batch, off int64, size int) {
-	key, op := fjKeyOp(rec.Key, rec.Operation)
-	le := &fjEntry{
-		key: key, operation: op, created: rec.Created, updated: rec.Updated,
-		attempts: rec.Attempts, lastStatus: rec.LastStatus, state: journalStatePending,
-		off: off, size: int32(size), batch: b,
-	}
+	le := newFjEntry(rec.Key, rec.Operation, rec.Created, rec.Updated, rec.Attempts, rec.LastStatus, journalStatePending, off, size)
+	le.unsynced = true
+	j.batchOf[le] = b
 	p := j.pendingLocked(b)
 	p.begins = append(p.begins, le)
 	j.all = append(j.all, le)
-	j.byKey[le.key] = le
-	if le.operation != "" {
-		j.byOp[le.operation] = le
+	j.byKey.put(le)
+	if le.operation() != "" {
+		j.byOp.put(le)
 	}
 	j.live += int64(size) + fjEntryOverhead
 	j.pending++
@@ -480,7 +515,8 @@ func (j *FileJournal) onCommit(b *wal.Batch, err error) {
 	}
 	if err != nil {
 		for _, le := range p.begins {
-			if j.byKey[le.key] == le {
+			delete(j.batchOf, le)
+			if j.byKey.get(le.key()) == le {
 				j.unindexLocked(le)
 			}
 		}
@@ -490,13 +526,14 @@ func (j *FileJournal) onCommit(b *wal.Batch, err error) {
 		return
 	}
 	for _, le := range p.begins {
-		le.batch = nil
+		le.unsynced = false
+		delete(j.batchOf, le)
 	}
 	if j.compacting {
 		j.moved = append(j.moved, p.begins...)
 	}
 	for _, le := range p.deletes {
-		if j.byKey[le.key] == le {
+		if j.byKey.get(le.key()) == le {
 			j.unindexLocked(le)
 		}
 	}
@@ -505,12 +542,12 @@ func (j *FileJournal) onCommit(b *wal.Batch, err error) {
 // unindexLocked drops le from the index.
 func (j *FileJournal) unindexLocked(le *fjEntry) {
 	le.gone = true
-	delete(j.byKey, le.key)
+	j.byKey.del(le.key())
 	if le.state == journalStatePending {
 		j.pending--
 	}
-	if le.operation != "" && j.byOp[le.operation] == le {
-		delete(j.byOp, le.operation)
+	if le.operation() != "" && j.byOp.get(le.operation()) == le {
+		j.byOp.del(le.operation())
 	}
 	j.live -= int64(le.size) + fjEntryOverhead
 }
@@ -541,7 +578,8 @@ func (j *FileJournal) Finish(ctx context.Context, key string, o Outcome) error {
 	}
 	for {
 		j.mu.Lock()
-		le, ok := j.byKey[key]
+		le := j.byKey.get(key)
+		ok := le != nil
 		if !ok || le.deleting {
 			j.mu.Unlock()
 			if err := j.log.Writable(); err != nil {
@@ -570,7 +608,8 @@ func (j *FileJournal) Finish(ctx context.Context, key string, o Outcome) error {
 				j.pending--
 			}
 		}
-		le.state, le.lastStatus, le.updated, le.attempts = state, o.Status, at, attempts
+		le.state, le.lastStatus, le.attempts = state, o.Status, attempts
+		le.setUpdated(at)
 		j.mu.Unlock()
 		return nil
 	}
@@ -603,13 +642,13 @@ func (j *FileJournal) Lookup(ctx context.Context, operation string) (*Entry, err
 	defer j.mu.Unlock()
 	var le *fjEntry
 	if operation != "" {
-		le = j.byOp[operation]
+		le = j.byOp.get(operation)
 	}
-	if le == nil || le.batch != nil || le.deleting {
+	if le == nil || le.unsynced || le.deleting {
 		return nil, fmt.Errorf("idemhttp: journal lookup %s: %w", operation, ErrNotFound)
 	}
 	return &Entry{
-		Operation: le.operation, Key: le.key, Created: le.created, Updated: le.updated,
+		Operation: le.operation(), Key: le.key(), Created: le.created(), Updated: le.updated(),
 		Attempts: le.attempts, LastStatus: le.lastStatus, State: journalStateOf(le.state),
 	}, nil
 }
@@ -620,8 +659,9 @@ func (j *FileJournal) read(key string) (*Entry, error) {
 	var e *Entry
 	err := j.log.View(func(r wal.Reader) error {
 		j.mu.Lock()
-		le, ok := j.byKey[key]
-		if !ok || le.batch != nil {
+		le := j.byKey.get(key)
+		ok := le != nil
+		if !ok || le.unsynced {
 			j.mu.Unlock()
 			return ErrNotFound
 		}
@@ -639,17 +679,17 @@ func (j *FileJournal) read(key string) (*Entry, error) {
 func fjReadEntry(r wal.Reader, le *fjEntry, buf []byte) (*Entry, error) {
 	payload, err := r.Record(le.off, int(le.size), buf)
 	if err != nil {
-		return nil, fmt.Errorf("entry %s: %w", le.key, err)
+		return nil, fmt.Errorf("entry %s: %w", le.key(), err)
 	}
 	rec, err := fjDecodeRecord(payload)
 	if err != nil {
-		return nil, fmt.Errorf("entry %s: %w", le.key, err)
+		return nil, fmt.Errorf("entry %s: %w", le.key(), err)
 	}
-	if rec.kind != fjKindBegin || rec.key != le.key {
-		return nil, fmt.Errorf("%w: entry %s: the record at offset %d is not its own", ErrJournalCorrupt, le.key, le.off)
+	if rec.kind != fjKindBegin || rec.key != le.key() {
+		return nil, fmt.Errorf("%w: entry %s: the record at offset %d is not its own", ErrJournalCorrupt, le.key(), le.off)
 	}
 	e := rec.entry()
-	e.State, e.Updated, e.Attempts, e.LastStatus = journalStateOf(le.state), le.updated, le.attempts, le.lastStatus
+	e.State, e.Updated, e.Attempts, e.LastStatus = journalStateOf(le.state), le.updated(), le.attempts, le.lastStatus
 	return e, nil
 }
 
@@ -684,15 +724,13 @@ func (j *FileJournal) list(ctx context.Context, keep func(*fjEntry) bool) ([]*En
 	err := j.log.View(func(r wal.Reader) error {
 		var snaps []fjEntry
 		j.mu.Lock()
-		for _, le := range j.byKey {
-			if le.batch == nil && !le.deleting && keep(le) {
+		for le := range j.byKey.all() {
+			if !le.unsynced && !le.deleting && keep(le) {
 				snaps = append(snaps, *le)
 			}
 		}
 		j.mu.Unlock()
-		slices.SortFunc(snaps, func(a, b fjEntry) int {
-			return cmp.Or(a.created.Compare(b.created), strings.Compare(a.key, b.key))
-		})
+		slices.SortFunc(snaps, func(a, b fjEntry) int { return fjCompareCreated(&a, &b) })
 		out = make([]*Entry, 0, len(snaps))
 		var buf []byte
 		for i := range snaps {
@@ -720,7 +758,7 @@ func (j *FileJournal) list(ctx context.Context, keep func(*fjEntry) bool) ([]*En
 // error: the file stays as it was and the next Prune tries again.
 func (j *FileJournal) Prune(ctx context.Context, cutoff time.Time) (int, error) {
 	n, err := j.remove(ctx, func(le *fjEntry) bool {
-		return le.state == journalStateDone && le.updated.Before(cutoff)
+		return le.state == journalStateDone && le.updated().Before(cutoff)
 	})
 	if err != nil {
 		return n, fmt.Errorf("idemhttp: journal prune: %w", err)
@@ -744,7 +782,7 @@ func (j *FileJournal) Delete(ctx context.Context, key string) error {
 	n := 0
 	if err == nil {
 		j.mu.Lock()
-		le := j.byKey[key]
+		le := j.byKey.get(key)
 		err = j.log.Writable()
 		j.mu.Unlock()
 		if err == nil && le != nil {
@@ -798,7 +836,7 @@ func (j *FileJournal) remove(ctx context.Context, doomed func(*fjEntry) bool) (i
 		for _, le := range j.all[i:end] {
 			switch {
 			case le.gone:
-			case le.batch == nil && !le.deleting && doomed(le):
+			case !le.unsynced && !le.deleting && doomed(le):
 				les = append(les, le)
 			default:
 				kept = append(kept, le)
@@ -835,9 +873,9 @@ func (j *FileJournal) removeChunk(les []*fjEntry, doomed func(*fjEntry) bool) (i
 		var keep []*fjEntry
 		need := 0
 		for _, le := range les {
-			if !le.gone && le.batch == nil && !le.deleting && doomed(le) {
+			if !le.gone && !le.unsynced && !le.deleting && doomed(le) {
 				keep = append(keep, le)
-				need += fjDeleteMax(le.key)
+				need += fjDeleteMax(le.key())
 			}
 		}
 		if len(keep) == 0 {
@@ -846,7 +884,7 @@ func (j *FileJournal) removeChunk(les []*fjEntry, doomed func(*fjEntry) bool) (i
 		}
 		b, _, err := j.log.Append(need, len(keep), func(buf []byte) []byte {
 			for _, le := range keep {
-				buf = fjAppendDelete(buf, le.key)
+				buf = fjAppendDelete(buf, le.key())
 			}
 			return buf
 		})

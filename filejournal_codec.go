@@ -390,8 +390,19 @@ func (r *journalReader) time() time.Time {
 	if r.err != nil {
 		return time.Time{}
 	}
+	return fjUnixTime(sec, uint32(nsec))
+}
+
+// fjUnixTime is the time the file stores as sec and nsec (< 1e9): UTC, or
+// the zero Time.
+func fjUnixTime(sec int64, nsec uint32) time.Time {
 	if sec == (time.Time{}).Unix() && nsec == 0 {
 		return time.Time{}
 	}
 	return time.Unix(sec, int64(nsec)).UTC()
+}
+
+// fjSplitTime is t as the file stores it: see journalAppendTime.
+func fjSplitTime(t time.Time) (int64, uint32) {
+	return t.Unix(), uint32(t.Nanosecond())
 }

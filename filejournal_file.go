@@ -2,11 +2,9 @@ package idemhttp
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/idemkit/idemhttp/internal/wal"
 )
@@ -16,14 +14,14 @@ const fjCompactMin = 1 << 20
 
 // fjIndex is the in-memory state replay builds.
 type fjIndex struct {
-	byKey map[string]*fjEntry
-	byOp  map[string]*fjEntry
+	byKey *fjTable
+	byOp  *fjTable
 	all   []*fjEntry // in the order begun; deleted ones marked gone
 	live  int64
 }
 
 func newFjIndex() *fjIndex {
-	return &fjIndex{byKey: make(map[string]*fjEntry), byOp: make(map[string]*fjEntry)}
+	return &fjIndex{byKey: newFjTable(false, 0), byOp: newFjTable(true, 0)}
 }
 
 // applyRecord is the [wal.ApplyFunc] that builds the index. Begin
@@ -101,36 +99,25 @@ func (idx *fjIndex) applyBegin(off int64, n int, payload []byte) error {
 	if attempts < 0 {
 		return fmt.Errorf("%w: negative attempts %d", ErrJournalCorrupt, attempts)
 	}
-	if _, exists := idx.byKey[string(key)]; exists {
+	if idx.byKey.getBytes(key) != nil {
 		return fmt.Errorf("%w: key %q stored twice", ErrJournalCorrupt, key)
 	}
 	if err := ValidateKey(string(key)); err != nil {
 		return fmt.Errorf("%w: record with a bad key", ErrJournalCorrupt)
 	}
 	if len(op) > 0 {
-		if _, dup := idx.byOp[string(op)]; dup {
+		if idx.byOp.getBytes(op) != nil {
 			return fmt.Errorf("%w: operation %q stored twice", ErrJournalCorrupt, op)
 		}
 	}
-	both := string(key) + string(op)
-	le := &fjEntry{
-		key: both[:len(key)], operation: both[len(key):], created: created, updated: updated,
-		attempts: attempts, lastStatus: lastStatus, state: state, off: off, size: int32(n),
-	}
-	idx.byKey[le.key] = le
+	le := newFjEntry(string(key), string(op), created, updated, attempts, lastStatus, state, off, n)
+	idx.byKey.put(le)
 	idx.all = append(idx.all, le)
-	if le.operation != "" {
-		idx.byOp[le.operation] = le
+	if le.operation() != "" {
+		idx.byOp.put(le)
 	}
 	idx.live += int64(n) + fjEntryOverhead
 	return nil
-}
-
-// fjKeyOp returns copies of key and operation that share one allocation:
-// the index holds millions of them.
-func fjKeyOp(key, operation string) (string, string) {
-	both := key + operation
-	return both[:len(key)], both[len(key):]
 }
 
 // fjReplayed is a replay's index and what the log found.
@@ -160,42 +147,39 @@ func fjReplayWith(data []byte, salvage bool, apply func(*fjIndex, int64, int, []
 
 // apply applies one record, stored at off with length n, to the index.
 func (idx *fjIndex) apply(rec *fjRecord, off int64, n int) error {
-	le, exists := idx.byKey[rec.key]
+	le := idx.byKey.get(rec.key)
+	exists := le != nil
 	switch rec.kind {
 	case fjKindBegin:
 		if exists {
 			return fmt.Errorf("%w: key %q stored twice", ErrJournalCorrupt, rec.key)
 		}
 		if rec.operation != "" {
-			if _, dup := idx.byOp[rec.operation]; dup {
+			if idx.byOp.get(rec.operation) != nil {
 				return fmt.Errorf("%w: operation %q stored twice", ErrJournalCorrupt, rec.operation)
 			}
 		}
-		key, op := fjKeyOp(rec.key, rec.operation)
-		le := &fjEntry{
-			key: key, operation: op, created: rec.created, updated: rec.updated,
-			attempts: rec.attempts, lastStatus: rec.lastStatus, state: rec.state,
-			off: off, size: int32(n),
-		}
-		idx.byKey[key] = le
+		le := newFjEntry(rec.key, rec.operation, rec.created, rec.updated, rec.attempts, rec.lastStatus, rec.state, off, n)
+		idx.byKey.put(le)
 		idx.all = append(idx.all, le)
-		if op != "" {
-			idx.byOp[op] = le
+		if le.operation() != "" {
+			idx.byOp.put(le)
 		}
 		idx.live += int64(n) + fjEntryOverhead
 	case fjKindFinish:
 		if !exists {
 			return fmt.Errorf("%w: outcome of unknown key %q", ErrJournalCorrupt, rec.key)
 		}
-		le.state, le.lastStatus, le.attempts, le.updated = rec.state, rec.lastStatus, rec.attempts, rec.updated
+		le.state, le.lastStatus, le.attempts = rec.state, rec.lastStatus, rec.attempts
+		le.setUpdated(rec.updated)
 	case fjKindDelete:
 		if !exists {
 			return fmt.Errorf("%w: deletion of unknown key %q", ErrJournalCorrupt, rec.key)
 		}
-		delete(idx.byKey, rec.key)
+		idx.byKey.del(rec.key)
 		le.gone = true
-		if le.operation != "" {
-			delete(idx.byOp, le.operation)
+		if le.operation() != "" {
+			idx.byOp.del(le.operation())
 		}
 		idx.live -= int64(le.size) + fjEntryOverhead
 	}
@@ -217,10 +201,10 @@ func (j *FileJournal) verify(ctx context.Context) error {
 		}
 		j.mu.Lock()
 		size := j.durable
-		want := make(map[string]place, len(j.byKey))
-		for k, le := range j.byKey {
-			if le.batch == nil {
-				want[k] = place{le.off, le.size}
+		want := make(map[string]place, j.byKey.len())
+		for le := range j.byKey.all() {
+			if !le.unsynced {
+				want[le.key()] = place{le.off, le.size}
 			}
 		}
 		j.mu.Unlock()
@@ -235,7 +219,8 @@ func (j *FileJournal) verify(ctx context.Context) error {
 		if res.Truncated > 0 {
 			return fmt.Errorf("%w: damaged batch at offset %d, inside data already on disk", ErrJournalCorrupt, res.End)
 		}
-		for k, le := range idx.byKey {
+		for le := range idx.byKey.all() {
+			k := le.key()
 			p, ok := want[k]
 			if !ok {
 				return fmt.Errorf("%w: entry %s is in the file but not in the index", ErrJournalCorrupt, k)
@@ -245,7 +230,7 @@ func (j *FileJournal) verify(ctx context.Context) error {
 			}
 		}
 		for k := range want {
-			if _, ok := idx.byKey[k]; !ok {
+			if idx.byKey.get(k) == nil {
 				return fmt.Errorf("%w: entry %s is in the index but not in the file", ErrJournalCorrupt, k)
 			}
 		}
@@ -310,13 +295,13 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		newSize int32
 	}
 	var all []live
-	var byKey, byOp map[string]*fjEntry
+	var byKey, byOp *fjTable
 	fill := func(r wal.Reader, w *wal.Writer) (int64, error) {
 		j.mu.Lock()
 		from := j.durable
-		all = make([]live, 0, len(j.byKey))
-		for _, le := range j.byKey {
-			if le.batch == nil {
+		all = make([]live, 0, j.byKey.len())
+		for le := range j.byKey.all() {
+			if !le.unsynced {
 				all = append(all, live{le: le, off: le.off, size: le.size})
 			}
 		}
@@ -327,17 +312,17 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		// Key, operation and created time never change: sorting and new
 		// maps need no lock.
 		slices.SortFunc(all, func(a, b live) int {
-			return cmp.Or(a.le.created.Compare(b.le.created), strings.Compare(a.le.key, b.le.key))
+			return fjCompareCreated(a.le, b.le)
 		})
 		// Go maps never shrink: after a large prune the old ones keep
 		// their peak size. Build new ones, sized to what is live, for
 		// the swap to take.
-		byKey, byOp = make(map[string]*fjEntry, len(all)), make(map[string]*fjEntry)
+		byKey, byOp = newFjTable(false, len(all)), newFjTable(true, 0)
 		for i := range all {
 			le := all[i].le
-			byKey[le.key] = le
-			if le.operation != "" {
-				byOp[le.operation] = le
+			byKey.put(le)
+			if le.operation() != "" {
+				byOp.put(le)
 			}
 		}
 		// Every entry durable at from is written, even one deleted
@@ -352,12 +337,13 @@ func (j *FileJournal) compact(ctx context.Context) error {
 					return 0, err
 				}
 			}
-			snap := fjEntry{key: all[i].le.key, off: all[i].off, size: all[i].size}
+			snap := fjEntry{keyOp: all[i].le.keyOp, keyLen: all[i].le.keyLen, off: all[i].off, size: all[i].size}
 			j.mu.Lock()
 			le := all[i].le
-			gone := j.byKey[le.key] != le
+			gone := j.byKey.get(le.key()) != le
 			if !gone {
-				snap.created, snap.updated, snap.attempts, snap.lastStatus, snap.state = le.created, le.updated, le.attempts, le.lastStatus, le.state
+				snap.createdSec, snap.createdNs, snap.updatedSec, snap.updatedNs = le.createdSec, le.createdNs, le.updatedSec, le.updatedNs
+				snap.attempts, snap.lastStatus, snap.state = le.attempts, le.lastStatus, le.state
 			}
 			j.mu.Unlock()
 			var err error
@@ -397,9 +383,9 @@ func (j *FileJournal) compact(ctx context.Context) error {
 				j.live += int64(all[i].newSize) - int64(le.size)
 			} else {
 				// Deleted since the snapshot.
-				delete(byKey, le.key)
-				if le.operation != "" && byOp[le.operation] == le {
-					delete(byOp, le.operation)
+				byKey.del(le.key())
+				if le.operation() != "" && byOp.get(le.operation()) == le {
+					byOp.del(le.operation())
 				}
 			}
 			le.off, le.size = all[i].newOff, all[i].newSize
@@ -409,9 +395,9 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		keep := func(le *fjEntry) {
 			le.off += delta
 			if !le.gone {
-				byKey[le.key] = le
-				if le.operation != "" {
-					byOp[le.operation] = le
+				byKey.put(le)
+				if le.operation() != "" {
+					byOp.put(le)
 				}
 			}
 		}
@@ -424,7 +410,7 @@ func (j *FileJournal) compact(ctx context.Context) error {
 			}
 		}
 		j.byKey, j.byOp = byKey, byOp
-		list := make([]*fjEntry, 0, len(byKey))
+		list := make([]*fjEntry, 0, byKey.len())
 		for i := range all {
 			if !all[i].le.gone {
 				list = append(list, all[i].le)

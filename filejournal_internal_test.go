@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -583,13 +584,13 @@ type ijOutcome struct {
 }
 
 func ijOutcomeOf(le *fjEntry) ijOutcome {
-	return ijOutcome{state: le.state, lastStatus: le.lastStatus, attempts: le.attempts, updated: le.updated}
+	return ijOutcome{state: le.state, lastStatus: le.lastStatus, attempts: le.attempts, updated: le.updated()}
 }
 
 // ijKeys returns the index's keys, sorted.
 func ijKeys(idx *fjIndex) []string {
-	keys := make([]string, 0, len(idx.byKey))
-	for k := range idx.byKey {
+	keys := make([]string, 0, idx.byKey.len())
+	for k := range ijMap(idx.byKey) {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
@@ -607,27 +608,24 @@ func TestJournalReplay(t *testing.T) {
 	idx, err := fjReplay(file, false)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"a", "c"}, ijKeys(idx.fjIndex))
-	assert.Equal(t, map[string]*fjEntry{"op-a": idx.byKey["a"]}, idx.byOp, "a deleted entry frees its operation")
+	assert.Equal(t, map[string]*fjEntry{"op-a": idx.byKey.get("a")}, ijMap(idx.byOp), "a deleted entry frees its operation")
 	assert.Equal(t, uint64(3), idx.Seq)
 	assert.Equal(t, int64(len(file)), idx.End)
 	assert.Zero(t, idx.Truncated)
 	assert.Zero(t, idx.Skipped)
 	assert.Equal(t, int64(len(a)+len(c)+2*fjEntryOverhead), idx.live)
 
-	wantA := &fjEntry{
-		key: "a", operation: "op-a", created: ijT0, updated: t1, attempts: 1, lastStatus: 201, state: journalStateDone,
-		off: fjFileHdrLen + fjBatchHdrLen, size: int32(len(a)),
-	}
-	assert.Equal(t, wantA, idx.byKey["a"])
-	wantC := &fjEntry{
-		key: "c", created: ijT0, updated: ijT0, state: journalStatePending,
-		off: int64(fjFileHdrLen + len(b1) + len(b2) + fjBatchHdrLen), size: int32(len(c)),
-	}
-	assert.Equal(t, wantC, idx.byKey["c"])
+	wantA := newFjEntry("a", "op-a", ijT0, t1, 1, 201, journalStateDone, fjFileHdrLen+fjBatchHdrLen, len(a))
+	assert.Equal(t, wantA, idx.byKey.get("a"))
+	wantC := newFjEntry("c", "", ijT0, ijT0, 0, 0, journalStatePending, int64(fjFileHdrLen+len(b1)+len(b2)+fjBatchHdrLen), len(c))
+	assert.Equal(t, wantC, idx.byKey.get("c"))
 
 	empty, err := fjReplay(fjFileHeader(ijSalt), false)
 	require.NoError(t, err)
-	assert.Equal(t, &fjIndex{byKey: map[string]*fjEntry{}, byOp: map[string]*fjEntry{}}, empty.fjIndex)
+	assert.Zero(t, empty.byKey.len())
+	assert.Zero(t, empty.byOp.len())
+	assert.Empty(t, empty.all)
+	assert.Zero(t, empty.live)
 	assert.Equal(t, &wal.Replayed{Salt: ijSalt, End: fjFileHdrLen}, empty.Replayed)
 }
 
@@ -654,8 +652,8 @@ func TestJournalReplayFinishIsAbsolute(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			idx, err := fjReplay(tt.give, false)
 			require.NoError(t, err)
-			require.Contains(t, idx.byKey, "a")
-			assert.Equal(t, want, ijOutcomeOf(idx.byKey["a"]))
+			require.NotNil(t, idx.byKey.get("a"))
+			assert.Equal(t, want, ijOutcomeOf(idx.byKey.get("a")))
 		})
 	}
 }
@@ -759,7 +757,7 @@ func TestJournalReplayCutsTornTail(t *testing.T) {
 				idx, err := fjReplay(file, salvage)
 				require.NoError(t, err, "salvage %v", salvage)
 				assert.Equal(t, []string{"a"}, ijKeys(idx.fjIndex))
-				assert.Equal(t, byte(journalStatePending), idx.byKey["a"].state, "the torn finish is not applied")
+				assert.Equal(t, byte(journalStatePending), idx.byKey.get("a").state, "the torn finish is not applied")
 				assert.Equal(t, int64(fjFileHdrLen+len(b1)), idx.End, "end at the torn batch's start")
 				assert.Equal(t, int64(len(tt.give)), idx.Truncated)
 				assert.Zero(t, idx.Skipped)
@@ -911,9 +909,9 @@ func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 	require.Equal(t, fullErr == nil, err == nil, "fast: %v, full: %v", err, fullErr)
 	if err == nil {
 		require.Equal(t, full.Replayed, idx.Replayed)
-		require.Equal(t, len(full.byKey), len(idx.byKey))
-		for k, le := range full.byKey {
-			got := idx.byKey[k]
+		require.Equal(t, full.byKey.len(), idx.byKey.len())
+		for k, le := range ijMap(full.byKey) {
+			got := idx.byKey.get(k)
 			require.NotNil(t, got, k)
 			require.Equal(t, ijIndexView(le), ijIndexView(got), k)
 		}
@@ -933,9 +931,9 @@ func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 		require.Zero(t, idx.Skipped)
 	}
 	var live int64
-	for key, le := range idx.byKey {
-		require.Equal(t, key, le.key)
-		require.Nil(t, le.batch)
+	for key, le := range ijMap(idx.byKey) {
+		require.Equal(t, key, le.key())
+		require.False(t, le.unsynced)
 		require.GreaterOrEqual(t, le.off, int64(fjFileHdrLen+fjBatchHdrLen), key)
 		require.LessOrEqual(t, le.off+int64(le.size), idx.End, key)
 		payload, n, ok := fjReadRecord(file[le.off : le.off+int64(le.size)])
@@ -945,18 +943,18 @@ func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 		require.NoError(t, err)
 		require.Equal(t, byte(fjKindBegin), rec.kind)
 		require.Equal(t, key, rec.key)
-		require.Equal(t, rec.operation, le.operation)
+		require.Equal(t, rec.operation, le.operation())
 		require.Contains(t, []byte{journalStatePending, journalStateDone, journalStateAbandoned}, le.state)
 		require.GreaterOrEqual(t, le.attempts, 0)
-		if le.operation != "" {
-			require.Same(t, le, idx.byOp[le.operation], "operation of %q", key)
+		if le.operation() != "" {
+			require.Same(t, le, idx.byOp.get(le.operation()), "operation of %q", key)
 		}
 		live += int64(le.size) + fjEntryOverhead
 	}
 	require.Equal(t, live, idx.live, "live bytes are the entries' records")
-	for op, le := range idx.byOp {
-		require.Same(t, le, idx.byKey[le.key], "operation %q", op)
-		require.Equal(t, op, le.operation)
+	for op, le := range ijMap(idx.byOp) {
+		require.Same(t, le, idx.byKey.get(le.key()), "operation %q", op)
+		require.Equal(t, op, le.operation())
 	}
 }
 
@@ -1212,10 +1210,10 @@ func TestJournalFaultRacingCompact(t *testing.T) {
 // the file holds now.
 func ijDurable(j *FileJournal, path, key string) error {
 	j.mu.Lock()
-	le := j.byKey[key]
+	le := j.byKey.get(key)
 	var published bool
 	if le != nil {
-		published = le.batch == nil && le.off+int64(le.size) <= j.durable
+		published = !le.unsynced && le.off+int64(le.size) <= j.durable
 	}
 	j.mu.Unlock()
 	if !published {
@@ -1229,7 +1227,7 @@ func ijDurable(j *FileJournal, path, key string) error {
 	if err != nil {
 		return err
 	}
-	if _, ok := idx.byKey[key]; !ok {
+	if idx.byKey.get(key) == nil {
 		return fmt.Errorf("%s: not in the file", key)
 	}
 	return nil
@@ -1503,7 +1501,7 @@ func TestJournalPruneScansInChunks(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, n-(n+2)/3, pruned)
 	j.mu.Lock()
-	assert.Equal(t, len(j.byKey), len(j.all), "the scanned list holds the live entries only")
+	assert.Equal(t, j.byKey.len(), len(j.all), "the scanned list holds the live entries only")
 	j.mu.Unlock()
 	require.NoError(t, j.Verify(ctx))
 	require.NoError(t, j.Close())
@@ -1515,8 +1513,25 @@ func TestJournalPruneScansInChunks(t *testing.T) {
 
 // ijIndexView is what the index keeps of an entry, for comparing two.
 func ijIndexView(le *fjEntry) fjEntry {
-	return fjEntry{
-		key: le.key, operation: le.operation, created: le.created, updated: le.updated,
-		attempts: le.attempts, lastStatus: le.lastStatus, state: le.state, off: le.off, size: le.size,
+	v := *le
+	v.deleting, v.gone, v.unsynced = false, false, false
+	return v
+}
+
+// TestFjEntrySize pins the index entry's size: a million of them are a
+// journal's memory. 80 bytes is a malloc size class; one byte more takes
+// 96.
+func TestFjEntrySize(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) == 8 {
+		assert.LessOrEqual(t, unsafe.Sizeof(fjEntry{}), uintptr(80))
 	}
+}
+
+// ijMap returns what t indexes, as a map.
+func ijMap(t *fjTable) map[string]*fjEntry {
+	m := make(map[string]*fjEntry, t.len())
+	for le := range t.all() {
+		m[t.name(le)] = le
+	}
+	return m
 }

@@ -18,7 +18,7 @@ func countPending(j *FileJournal) int {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	n := 0
-	for _, le := range j.byKey {
+	for _, le := range ijMap(j.byKey) {
 		if le.state == journalStatePending {
 			n++
 		}
@@ -80,8 +80,8 @@ func TestFileJournalPendingCount(t *testing.T) {
 func (j *FileJournal) byKeySnapshot() map[string]bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	m := make(map[string]bool, len(j.byKey))
-	for k := range j.byKey {
+	m := make(map[string]bool, j.byKey.len())
+	for k := range ijMap(j.byKey) {
 		m[k] = true
 	}
 	return m
