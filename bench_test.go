@@ -12,61 +12,85 @@ import (
 	"github.com/hashicorp/go-retryablehttp"
 )
 
-// BenchmarkDo sends the same 1 KiB JSON POST to one loopback server through
-// raw net/http, go-retryablehttp and idemhttp, each with its own transport
-// of identical settings, so the sub-benchmarks differ only in the client.
-func BenchmarkDo(b *testing.B) {
-	payload := bytes.Repeat([]byte(`{"k":"v"},`), 103)[:1024]
+// The request every BenchmarkDo* sends: a 1 KiB JSON POST to a loopback
+// server that reads it and answers a small charge object.
+
+var benchPayload = bytes.Repeat([]byte(`{"k":"v"},`), 103)[:1024]
+
+type doFunc func(*http.Request) (*http.Response, error)
+
+func newChargeServer(b *testing.B) *httptest.Server {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"id":"ch_1","status":"succeeded"}`))
 	}))
-	defer srv.Close()
-	newHTTP := func() *http.Client {
-		return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
-	}
-	send := func(b *testing.B, do func(*http.Request) (*http.Response, error)) {
-		b.ReportAllocs()
-		for b.Loop() {
-			req, err := http.NewRequest(http.MethodPost, srv.URL, bytes.NewReader(payload))
-			if err != nil {
-				b.Fatal(err)
-			}
-			req.Header.Set("Content-Type", "application/json")
-			resp, err := do(req)
-			if err != nil {
-				b.Fatal(err)
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-	}
+	b.Cleanup(srv.Close)
+	return srv
+}
 
-	b.Run("raw", func(b *testing.B) {
-		hc := newHTTP()
-		defer hc.CloseIdleConnections()
-		send(b, hc.Do)
-	})
-	b.Run("retryablehttp", func(b *testing.B) {
-		hc := newHTTP()
-		defer hc.CloseIdleConnections()
-		rc := retryablehttp.NewClient()
-		rc.HTTPClient, rc.Logger = hc, nil
-		send(b, func(r *http.Request) (*http.Response, error) {
-			rr, err := retryablehttp.FromRequest(r)
-			if err != nil {
-				return nil, err
+// newBenchHTTP returns an http.Client with a transport of its own, the
+// same settings for every client compared.
+func newBenchHTTP(b *testing.B) *http.Client {
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	b.Cleanup(hc.CloseIdleConnections)
+	return hc
+}
+
+// retryableDo sends through go-retryablehttp over hc; with keyed, the
+// caller sets a fresh Idempotency-Key on each request.
+func retryableDo(hc *http.Client, keyed bool) doFunc {
+	rc := retryablehttp.NewClient()
+	rc.HTTPClient, rc.Logger = hc, nil
+	return func(r *http.Request) (*http.Response, error) {
+		if keyed {
+			r.Header.Set("Idempotency-Key", NewKey())
+		}
+		rr, err := retryablehttp.FromRequest(r)
+		if err != nil {
+			return nil, err
+		}
+		return rc.Do(rr)
+	}
+}
+
+// sendCharge sends the benchmark's request to url through do and reads
+// the answer to the end, as every caller that reuses connections must.
+func sendCharge(b *testing.B, url string, do doFunc) {
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(benchPayload))
+	if err != nil {
+		b.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+}
+
+// BenchmarkDo sends the same 1 KiB JSON POST to one loopback server through
+// raw net/http, go-retryablehttp and idemhttp, each with its own transport
+// of identical settings, so the sub-benchmarks differ only in the client.
+func BenchmarkDo(b *testing.B) {
+	srv := newChargeServer(b)
+	for _, bc := range []struct {
+		name string
+		do   func(*http.Client) doFunc
+	}{
+		{"raw", func(hc *http.Client) doFunc { return hc.Do }},
+		{"retryablehttp", func(hc *http.Client) doFunc { return retryableDo(hc, false) }},
+		{"idemhttp", func(hc *http.Client) doFunc { return (&Client{HTTPClient: hc}).Do }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			do := bc.do(newBenchHTTP(b))
+			b.ReportAllocs()
+			for b.Loop() {
+				sendCharge(b, srv.URL, do)
 			}
-			return rc.Do(rr)
 		})
-	})
-	b.Run("idemhttp", func(b *testing.B) {
-		hc := newHTTP()
-		defer hc.CloseIdleConnections()
-		c := &Client{HTTPClient: hc}
-		send(b, c.Do)
-	})
+	}
 }
 
 // BenchmarkDoInterleaved sends the same request as BenchmarkDo through
@@ -78,52 +102,19 @@ func BenchmarkDo(b *testing.B) {
 // parses one more header for every keyed client, a cost of idempotency
 // itself that go-retryablehttp alone does not pay.
 func BenchmarkDoInterleaved(b *testing.B) {
-	payload := bytes.Repeat([]byte(`{"k":"v"},`), 103)[:1024]
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"id":"ch_1","status":"succeeded"}`))
-	}))
-	defer srv.Close()
-	newHTTP := func() *http.Client {
-		return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	srv := newChargeServer(b)
+	clients := []doFunc{
+		newBenchHTTP(b).Do,
+		retryableDo(newBenchHTTP(b), false),
+		retryableDo(newBenchHTTP(b), true),
+		(&Client{HTTPClient: newBenchHTTP(b)}).Do,
 	}
-	raw, rhc, khc, ihc := newHTTP(), newHTTP(), newHTTP(), newHTTP()
-	for _, hc := range []*http.Client{raw, rhc, khc, ihc} {
-		defer hc.CloseIdleConnections()
-	}
-	retryable := func(hc *http.Client, keyed bool) func(*http.Request) (*http.Response, error) {
-		rc := retryablehttp.NewClient()
-		rc.HTTPClient, rc.Logger = hc, nil
-		return func(r *http.Request) (*http.Response, error) {
-			if keyed {
-				r.Header.Set("Idempotency-Key", NewKey())
-			}
-			rr, err := retryablehttp.FromRequest(r)
-			if err != nil {
-				return nil, err
-			}
-			return rc.Do(rr)
-		}
-	}
-	idem := &Client{HTTPClient: ihc}
-	clients := []func(*http.Request) (*http.Response, error){raw.Do, retryable(rhc, false), retryable(khc, true), idem.Do}
 	var spent [4]time.Duration
 	b.ReportAllocs()
 	for b.Loop() {
 		for i, do := range clients {
 			start := time.Now()
-			req, err := http.NewRequest(http.MethodPost, srv.URL, bytes.NewReader(payload))
-			if err != nil {
-				b.Fatal(err)
-			}
-			req.Header.Set("Content-Type", "application/json")
-			resp, err := do(req)
-			if err != nil {
-				b.Fatal(err)
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
+			sendCharge(b, srv.URL, do)
 			spent[i] += time.Since(start)
 		}
 	}
@@ -137,19 +128,10 @@ func BenchmarkDoInterleaved(b *testing.B) {
 	b.ReportMetric(float64(spent[3])/float64(spent[0]), "idem/raw")
 }
 
-// BenchmarkDoHooks is BenchmarkDo's idemhttp request with no hooks and
-// with every hook set (each doing nothing), in one run: what a caller pays
-// for observing every decision. "unset" must match BenchmarkDo/idemhttp's
-// allocations.
-func BenchmarkDoHooks(b *testing.B) {
-	payload := bytes.Repeat([]byte(`{"k":"v"},`), 103)[:1024]
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"id":"ch_1","status":"succeeded"}`))
-	}))
-	defer srv.Close()
-	all := &Hooks{
+// noopHooks sets every hook, each doing nothing: what observing every
+// decision costs before the observer does any work.
+func noopHooks() *Hooks {
+	return &Hooks{
 		OnCallStart:     func(ctx context.Context, _ CallEvent) context.Context { return ctx },
 		OnAttempt:       func(context.Context, AttemptEvent) {},
 		OnAttemptDone:   func(context.Context, AttemptDoneEvent) {},
@@ -159,27 +141,23 @@ func BenchmarkDoHooks(b *testing.B) {
 		OnCallDone:      func(context.Context, CallDoneEvent) {},
 		OnJournal:       func(context.Context, JournalEvent) {},
 	}
+}
+
+// BenchmarkDoHooks is BenchmarkDo's idemhttp request with no hooks and
+// with every hook set (each doing nothing), in one run: what a caller pays
+// for observing every decision. "unset" must match BenchmarkDo/idemhttp's
+// allocations.
+func BenchmarkDoHooks(b *testing.B) {
+	srv := newChargeServer(b)
 	for _, bc := range []struct {
 		name  string
 		hooks *Hooks
-	}{{"unset", nil}, {"set", all}} {
+	}{{"unset", nil}, {"set", noopHooks()}} {
 		b.Run(bc.name, func(b *testing.B) {
-			hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
-			defer hc.CloseIdleConnections()
-			c := &Client{HTTPClient: hc, Hooks: bc.hooks}
+			c := &Client{HTTPClient: newBenchHTTP(b), Hooks: bc.hooks}
 			b.ReportAllocs()
 			for b.Loop() {
-				req, err := http.NewRequest(http.MethodPost, srv.URL, bytes.NewReader(payload))
-				if err != nil {
-					b.Fatal(err)
-				}
-				req.Header.Set("Content-Type", "application/json")
-				resp, err := c.Do(req)
-				if err != nil {
-					b.Fatal(err)
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
+				sendCharge(b, srv.URL, c.Do)
 			}
 		})
 	}
@@ -191,27 +169,8 @@ func BenchmarkDoHooks(b *testing.B) {
 // shared machine the two then see the same noise. Which goes first
 // alternates, so neither gets the warmer connection or scheduler slot.
 func BenchmarkDoHooksInterleaved(b *testing.B) {
-	payload := bytes.Repeat([]byte(`{"k":"v"},`), 103)[:1024]
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"id":"ch_1","status":"succeeded"}`))
-	}))
-	defer srv.Close()
-	all := &Hooks{
-		OnCallStart:   func(ctx context.Context, _ CallEvent) context.Context { return ctx },
-		OnAttempt:     func(context.Context, AttemptEvent) {},
-		OnAttemptDone: func(context.Context, AttemptDoneEvent) {},
-		OnRetry:       func(context.Context, RetryEvent) {},
-		OnGiveUp:      func(context.Context, GiveUpEvent) {},
-		OnCallDone:    func(context.Context, CallDoneEvent) {},
-		OnJournal:     func(context.Context, JournalEvent) {},
-	}
-	uhc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
-	shc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
-	defer uhc.CloseIdleConnections()
-	defer shc.CloseIdleConnections()
-	clients := []*Client{{HTTPClient: uhc}, {HTTPClient: shc, Hooks: all}}
+	srv := newChargeServer(b)
+	clients := []*Client{{HTTPClient: newBenchHTTP(b)}, {HTTPClient: newBenchHTTP(b), Hooks: noopHooks()}}
 	var spent [2]time.Duration
 	round := 0
 	b.ReportAllocs()
@@ -219,19 +178,8 @@ func BenchmarkDoHooksInterleaved(b *testing.B) {
 		round++
 		for k := range clients {
 			i := (k + round) % 2 // alternate which goes first
-			c := clients[i]
 			start := time.Now()
-			req, err := http.NewRequest(http.MethodPost, srv.URL, bytes.NewReader(payload))
-			if err != nil {
-				b.Fatal(err)
-			}
-			req.Header.Set("Content-Type", "application/json")
-			resp, err := c.Do(req)
-			if err != nil {
-				b.Fatal(err)
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
+			sendCharge(b, srv.URL, clients[i].Do)
 			spent[i] += time.Since(start)
 		}
 	}

@@ -175,27 +175,17 @@ var netHTTPGetBody = func() (ptrs [3]uintptr) {
 	return ptrs
 }()
 
-// trustedBody reports whether req's body and GetBody are the ones
-// http.NewRequest made from an in-memory reader, and the body is still
-// whole (nothing read from it since, nothing appended), so that GetBody
-// returns exactly the bytes the first attempt sends.
-func trustedBody(req *http.Request) bool {
+// trustedBody reports whether req's GetBody is the one http.NewRequest
+// made for mem, req's in-memory body (from inMemory), and the body is
+// still whole (nothing read from it since, nothing appended), so that
+// GetBody returns exactly the bytes the first attempt sends.
+func trustedBody(req *http.Request, mem io.Reader) bool {
 	p := reflect.ValueOf(req.GetBody).Pointer()
 	if p == 0 || (p != netHTTPGetBody[0] && p != netHTTPGetBody[1] && p != netHTTPGetBody[2]) {
 		return false
 	}
-	var left int64
-	switch r := inMemory(req.Body).(type) {
-	case *bytes.Buffer:
-		left = int64(r.Len())
-	case *bytes.Reader:
-		left = int64(r.Len())
-	case *strings.Reader:
-		left = int64(r.Len())
-	default:
-		return false
-	}
-	return left == req.ContentLength
+	l, ok := mem.(interface{ Len() int }) // all three in-memory readers
+	return ok && int64(l.Len()) == req.ContentLength
 }
 
 // nopCloserTypes are the types io.NopCloser returns, which net/http looks

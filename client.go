@@ -354,12 +354,13 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	case body != nil:
 		err = rreq.SetBody(body)
 	case getBody != nil:
-		if trustedBody(req) {
+		switch mem := inMemory(req.Body); {
+		case mem != nil && trustedBody(req, mem):
 			a.firstBody, a.trusted = req.Body, true
-		} else if inMemory(req.Body) != nil {
-			a.bodyRef.done(hashInMemory(inMemory(req.Body)))
+		case mem != nil:
+			a.bodyRef.done(hashInMemory(mem))
 			a.firstBody = req.Body
-		} else {
+		default:
 			a.first.reset(req.Body, &a.bodyRef, false)
 			a.firstBody = &a.first
 		}

@@ -644,10 +644,8 @@ func snippet(resp *http.Response) []byte {
 		return nil
 	}
 	// The body is about to be discarded: a stall must not hold the call.
-	body := resp.Body
-	t := time.AfterFunc(drainTimeout, func() { _ = body.Close() })
-	b, _ := io.ReadAll(io.LimitReader(body, snippetLen))
-	t.Stop()
+	var b []byte
+	readWithin(resp.Body, func(r io.Reader) { b, _ = io.ReadAll(io.LimitReader(r, snippetLen)) })
 	if len(b) == 0 {
 		return nil
 	}
@@ -680,7 +678,14 @@ func drainWithin(body io.ReadCloser) {
 	if body == nil || body == http.NoBody {
 		return
 	}
+	readWithin(body, func(r io.Reader) { _, _ = io.Copy(io.Discard, io.LimitReader(r, drainLimit)) })
+}
+
+// readWithin runs read on a body about to be discarded and closes the body
+// if read takes longer than drainTimeout, which aborts its connection and
+// ends the read with an error instead of holding the call.
+func readWithin(body io.ReadCloser, read func(io.Reader)) {
 	t := time.AfterFunc(drainTimeout, func() { _ = body.Close() })
-	_, _ = io.Copy(io.Discard, io.LimitReader(body, drainLimit))
-	t.Stop()
+	defer t.Stop()
+	read(body)
 }
