@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -299,6 +300,9 @@ func OpenFileJournal(path string, opts *JournalOptions) (*FileJournal, error) {
 		batchOf:    make(map[*fjEntry]*wal.Batch),
 	}
 	idx := newFjIndex()
+	if fi, err := os.Stat(path); err == nil {
+		idx.fileSize = fi.Size()
+	}
 	log, err := wal.Open(path, &wal.Options{
 		ReadOnly: opts.ReadOnly,
 		Salvage:  opts.SkipVerify,

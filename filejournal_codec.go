@@ -393,6 +393,18 @@ func (r *journalReader) time() time.Time {
 	return fjUnixTime(sec, uint32(nsec))
 }
 
+// timeParts reads a time as the file stores it, seconds and nanoseconds,
+// without making a time.Time of it.
+func (r *journalReader) timeParts() (int64, uint32) {
+	sec := r.varint()
+	nsec := r.uvarint()
+	if nsec >= uint64(time.Second) {
+		r.fail("nanoseconds %d out of range", nsec)
+		return 0, 0
+	}
+	return sec, uint32(nsec)
+}
+
 // fjUnixTime is the time the file stores as sec and nsec (< 1e9): UTC, or
 // the zero Time.
 func fjUnixTime(sec int64, nsec uint32) time.Time {

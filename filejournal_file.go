@@ -18,7 +18,15 @@ type fjIndex struct {
 	byOp  *fjTable
 	all   []*fjEntry // in the order begun; deleted ones marked gone
 	live  int64
+
+	scratch  []byte // applyBegin's, for the key and operation id
+	fileSize int64  // of the file replayed, 0 if not known
 }
+
+// fjEstimateAfter is how many begin records replay reads before it
+// estimates how many the file holds, from the bytes they took, and sizes
+// the tables for that many.
+const fjEstimateAfter = 1 << 16
 
 func newFjIndex() *fjIndex {
 	return &fjIndex{byKey: newFjTable(false, 0), byOp: newFjTable(true, 0)}
@@ -78,8 +86,8 @@ func (idx *fjIndex) applyBegin(off int64, n int, payload []byte) error {
 		}
 		prev = name
 	}
-	created := r.time()
-	updated := r.time()
+	createdSec, createdNs := r.timeParts()
+	updatedSec, updatedNs := r.timeParts()
 	state := r.state()
 	attempts := r.int()
 	lastStatus := r.int()
@@ -99,23 +107,32 @@ func (idx *fjIndex) applyBegin(off int64, n int, payload []byte) error {
 	if attempts < 0 {
 		return fmt.Errorf("%w: negative attempts %d", ErrJournalCorrupt, attempts)
 	}
-	if idx.byKey.getBytes(key) != nil {
-		return fmt.Errorf("%w: key %q stored twice", ErrJournalCorrupt, key)
-	}
-	if err := ValidateKey(string(key)); err != nil {
+	if err := validateKeyBytes(key); err != nil {
 		return fmt.Errorf("%w: record with a bad key", ErrJournalCorrupt)
 	}
-	if len(op) > 0 {
-		if idx.byOp.getBytes(op) != nil {
-			return fmt.Errorf("%w: operation %q stored twice", ErrJournalCorrupt, op)
+	// One allocation for the key and the operation id together.
+	idx.scratch = append(append(idx.scratch[:0], key...), op...)
+	le := &fjEntry{
+		keyOp: string(idx.scratch), keyLen: uint16(len(key)), attempts: attempts, lastStatus: lastStatus, state: state, off: off, size: int32(n),
+		createdSec: createdSec, createdNs: createdNs, updatedSec: updatedSec, updatedNs: updatedNs,
+	}
+	if len(idx.all) == fjEstimateAfter && idx.fileSize > off {
+		// Grow the tables once to what the whole file will hold at this
+		// rate, instead of doubling every shard again and again.
+		est := int(int64(len(idx.all)) * idx.fileSize / off)
+		idx.byKey.reserve(est)
+		if len(op) > 0 {
+			idx.byOp.reserve(est)
 		}
 	}
-	le := newFjEntry(string(key), string(op), created, updated, attempts, lastStatus, state, off, n)
-	idx.byKey.put(le)
-	idx.all = append(idx.all, le)
-	if le.operation() != "" {
-		idx.byOp.put(le)
+	if idx.byKey.insertNew(idx.byKey.hashBytes(key), le) != nil {
+		return fmt.Errorf("%w: key %q stored twice", ErrJournalCorrupt, key)
 	}
+	if len(op) > 0 && idx.byOp.insertNew(idx.byOp.hashBytes(op), le) != nil {
+		idx.byKey.del(le.key()) // a salvage goes on without it
+		return fmt.Errorf("%w: operation %q stored twice", ErrJournalCorrupt, op)
+	}
+	idx.all = append(idx.all, le)
 	idx.live += int64(n) + fjEntryOverhead
 	return nil
 }

@@ -33,7 +33,7 @@ func TestFjTable(t *testing.T) {
 				require.Equal(t, model, ijMap(tab))
 				for k, le := range model {
 					require.Same(t, le, tab.get(k), k)
-					require.Same(t, le, tab.getBytes([]byte(k)), k)
+					require.Same(t, le, tab.getBytes(tab.hashBytes([]byte(k)), []byte(k)), k)
 				}
 			}
 			const n = 20_000

@@ -69,8 +69,12 @@ func DeriveKey(secret []byte, operation string) (string, error) {
 // quote, and without leading or trailing spaces, which HTTP strips from
 // header values so the server would see a different key. The error wraps
 // [ErrInvalidKey].
-func ValidateKey(key string) error {
-	if key == "" {
+func ValidateKey(key string) error { return validateKeyBytes(key) }
+
+// validateKeyBytes is ValidateKey for a key held as a string or as bytes
+// (a journal's replay, which would otherwise copy every key to check it).
+func validateKeyBytes[T string | []byte](key T) error {
+	if len(key) == 0 {
 		return fmt.Errorf("idemhttp: %w: empty key", ErrInvalidKey)
 	}
 	if len(key) > MaxKeyLen {
