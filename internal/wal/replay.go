@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"sync"
 )
 
 // ApplyFunc receives one record during replay: its offset in the file,
@@ -51,7 +52,39 @@ func Replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc) (*Replayed
 	rd := &batchReader{r: r, size: size, salt: salt}
 	off := int64(FileHeaderLen)
 	marker := false
+	var ra *readAhead
+	if size-off >= 2*int64(readAheadWindow) {
+		ra = startReadAhead(r, size, salt, off)
+		defer ra.stop()
+	}
 	for off < size {
+		if ra != nil {
+			// The usual case, a file with no damage: runs of whole,
+			// checked batches in sequence, read and checked by the
+			// read-ahead while the records before them are applied.
+			run, more := <-ra.runs
+			if more && run.off == off && (res.Seq == 0 || run.batches[0].seq == res.Seq+1) {
+				for _, bt := range run.batches {
+					records := run.buf[bt.start+BatchHeaderLen : bt.start+bt.n]
+					marker = isCloseMarker(records)
+					if !marker {
+						if err := applyChecked(records, off+BatchHeaderLen, salvage, apply); err != nil {
+							return nil, fmt.Errorf("batch at offset %d: %w", off, err)
+						}
+					}
+					res.Seq = bt.seq
+					off += int64(bt.n)
+				}
+				ra.recycle(run.buf)
+				continue
+			}
+			// Past the last run the read-ahead could check: whatever
+			// comes next (damage, a torn tail, a batch out of
+			// sequence, the end) is judged below, one batch at a time.
+			ra.stop()
+			ra = nil
+			continue
+		}
 		seq, records, n, ok, err := rd.batchAt(off)
 		if err != nil {
 			return nil, err
@@ -122,6 +155,158 @@ func applyBatch(records []byte, base int64, salvage bool, apply ApplyFunc) error
 		p += n
 	}
 	return nil
+}
+
+// applyChecked is applyBatch for a batch whose records were all checked
+// already (by the read-ahead).
+func applyChecked(records []byte, base int64, salvage bool, apply ApplyFunc) error {
+	for p := 0; p < len(records); {
+		n := RecordHeaderLen + int(binary.LittleEndian.Uint32(records[p:]))
+		if err := apply(base+int64(p), n, records[p+RecordHeaderLen:p+n]); err != nil && !salvage {
+			return fmt.Errorf("record at offset %d: %w", base+int64(p), err)
+		}
+		p += n
+	}
+	return nil
+}
+
+// readAheadWindow is how much of the file the read-ahead reads at once;
+// a batch larger than that is read whole.
+var readAheadWindow = 4 << 20 // a variable for the tests
+
+// readAhead reads a file's batches ahead of replay, on a goroutine of its
+// own, and checks them (the batch's CRC, every record's framing and CRC,
+// the sequence numbers), so that replaying a large journal takes the
+// time of the slower of reading and applying, not of both: on a small
+// VM, opening a million entries of 1 KiB spent about 40% of its time in
+// reads and CRCs. It hands over runs of batches that replay would accept
+// as they are, and stops at the first batch it would not: replay judges
+// that one, and everything after it, itself.
+type readAhead struct {
+	runs chan aheadRun // closed when the read-ahead stops
+	free chan []byte   // buffers back from replay
+	done chan struct{} // closed by stop
+	wg   sync.WaitGroup
+	once sync.Once
+}
+
+// aheadRun is a run of consecutive checked batches, read from off into
+// buf.
+type aheadRun struct {
+	off     int64
+	buf     []byte
+	batches []aheadBatch
+}
+
+type aheadBatch struct {
+	seq      uint64
+	start, n int // in the run's buf
+}
+
+func startReadAhead(r io.ReaderAt, size int64, salt uint64, off int64) *readAhead {
+	ra := &readAhead{runs: make(chan aheadRun, 1), free: make(chan []byte, 3), done: make(chan struct{})}
+	for range 3 {
+		ra.free <- make([]byte, readAheadWindow)
+	}
+	ra.wg.Add(1)
+	go func() {
+		defer ra.wg.Done()
+		defer close(ra.runs)
+		ra.loop(r, size, salt, off)
+	}()
+	return ra
+}
+
+// stop ends the read-ahead and waits for it. Idempotent.
+func (ra *readAhead) stop() {
+	ra.once.Do(func() {
+		close(ra.done)
+		for range ra.runs { // unblock a pending send
+		}
+		ra.wg.Wait()
+	})
+}
+
+// recycle gives a run's buffer back.
+func (ra *readAhead) recycle(buf []byte) {
+	select {
+	case ra.free <- buf:
+	default:
+	}
+}
+
+func (ra *readAhead) loop(r io.ReaderAt, size int64, salt uint64, off int64) {
+	var seq uint64
+	for off < size {
+		var buf []byte
+		select {
+		case buf = <-ra.free:
+		case <-ra.done:
+			return
+		}
+		buf = buf[:cap(buf)]
+		n := int(min(int64(len(buf)), size-off))
+		if _, err := r.ReadAt(buf[:n], off); err != nil {
+			return // replay reads it again, and reports the error
+		}
+		run := aheadRun{off: off, buf: buf}
+		p, final := 0, false
+		for p+BatchHeaderLen <= n {
+			bsize := binary.LittleEndian.Uint32(buf[p+4:])
+			if binary.LittleEndian.Uint32(buf[p:]) != Magic(salt) || bsize == 0 || bsize > MaxBatch ||
+				int64(bsize) > size-off-int64(p)-BatchHeaderLen {
+				final = true
+				break
+			}
+			total := BatchHeaderLen + int(bsize)
+			if p+total > n {
+				if p > 0 {
+					break // the next window starts with it
+				}
+				// Larger than the window: read it whole.
+				big := make([]byte, total)
+				if _, err := r.ReadAt(big, off); err != nil {
+					return
+				}
+				run.buf, buf, n = big, big, total
+			}
+			bseq, records, bn, ok := ReadBatch(buf[p:p+total], off+int64(p), salt)
+			if !ok || (seq != 0 && bseq != seq+1) || !recordsValid(records) {
+				final = true
+				break
+			}
+			run.batches = append(run.batches, aheadBatch{seq: bseq, start: p, n: bn})
+			seq = bseq
+			p += bn
+		}
+		// A header cut by the window's end continues in the next one;
+		// at the end of the file, the next finds no batch and stops.
+		if len(run.batches) == 0 {
+			return
+		}
+		select {
+		case ra.runs <- run:
+		case <-ra.done:
+			return
+		}
+		if final {
+			return
+		}
+		off += int64(p)
+	}
+}
+
+// recordsValid reports whether records is a sequence of whole records
+// that pass their checks.
+func recordsValid(records []byte) bool {
+	for p := 0; p < len(records); {
+		_, n, ok := ReadRecord(records[p:])
+		if !ok {
+			return false
+		}
+		p += n
+	}
+	return true
 }
 
 // batchReader reads and checks batches from the first size bytes of a
