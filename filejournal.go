@@ -201,16 +201,32 @@ type FileJournal struct {
 	pending int                       // indexed entries in state pending, for PendingCount
 	durable int64                     // the end of the file's part the index reflects
 
-	// While a compaction runs, the entries published after its snapshot:
-	// their offsets move with the batches it copies.
+	// While a compaction runs, the entries published after its snapshot
+	// (their offsets move with the batches it copies), and those deleted
+	// after it (marked goneLate).
 	compacting bool
 	moved      []*fjEntry
+	lateGone   []*fjEntry
+
+	// gen counts the files the journal has switched to. An entry whose
+	// gen is behind was in the file before the last compaction: its
+	// place in the new file is remap[slot] until the compaction's
+	// fix-up pass, a chunk at a time, brings it up to date. That keeps
+	// the switch, during which writers wait, from touching every entry.
+	gen   uint8
+	remap []fjPlace
 
 	// fault, when set (by tests only, before any write), is called before
 	// each commit's write ("write") and between the write and its sync
 	// ("sync", which on Linux is part of the write), and its error is
 	// taken as that step's.
 	fault func(step string) error
+
+	// hook, when set (by tests only), is called by a compaction after
+	// the first chunk of its snapshot ("snapshot") and after it switched
+	// files, before the fix-up pass ("switched"), with no lock held but
+	// the compaction's own.
+	hook func(point string)
 
 	pruner *fjPruner // nil when pruning is off
 }
@@ -236,11 +252,14 @@ type fjEntry struct {
 	attempts, lastStatus   int
 	createdNs, updatedNs   uint32
 	size                   int32  // the begin record's length, header included
+	slot                   int32  // while gen is behind: the entry's place in the compaction's list (FileJournal.remap)
 	keyLen                 uint16 // of keyOp's key; keys are at most MaxKeyLen bytes
 	state                  byte
-	deleting               bool // a delete record is on its way
-	gone                   bool // dropped from the index
-	unsynced               bool // the begin record is not durable yet: batchOf has its batch
+	deleting               bool  // a delete record is on its way
+	gone                   bool  // dropped from the index
+	unsynced               bool  // the begin record is not durable yet: batchOf has its batch
+	goneLate               bool  // deleted while a compaction runs, after its snapshot
+	gen                    uint8 // the file generation off and size are in: see FileJournal.place
 }
 
 // newFjEntry returns an index entry for a begin record of size bytes at
@@ -253,6 +272,31 @@ func newFjEntry(key, operation string, created, updated time.Time, attempts, las
 	le.createdSec, le.createdNs = fjSplitTime(created)
 	le.setUpdated(updated)
 	return le
+}
+
+// fjPlace is where a compaction found an entry's begin record in the
+// old file, and where it wrote it in the new one.
+type fjPlace struct {
+	le            *fjEntry
+	off, newOff   int64
+	size, newSize int32
+}
+
+// placeLocked returns where le's begin record is in the current file.
+func (j *FileJournal) placeLocked(le *fjEntry) (int64, int32) {
+	if le.gen != j.gen {
+		p := &j.remap[le.slot]
+		return p.newOff, p.newSize
+	}
+	return le.off, le.size
+}
+
+// snapLocked returns a copy of le placed in the current file, for a
+// reader to use outside the index lock (and inside the log's View).
+func (j *FileJournal) snapLocked(le *fjEntry) fjEntry {
+	snap := *le
+	snap.off, snap.size = j.placeLocked(le)
+	return snap
 }
 
 func (le *fjEntry) key() string       { return le.keyOp[:le.keyLen] }
@@ -490,7 +534,7 @@ func (j *FileJournal) pendingLocked(b *wal.Batch) *fjPending {
 // was appended at off in batch b, reserved until the batch is durable.
 func (j *FileJournal) indexBeginLocked(rec *Entry, b *wal.Batch, off int64, size int) {
 	le := newFjEntry(rec.Key, rec.Operation, rec.Created, rec.Updated, rec.Attempts, rec.LastStatus, journalStatePending, off, size)
-	le.unsynced = true
+	le.unsynced, le.gen = true, j.gen
 	j.batchOf[le] = b
 	p := j.pendingLocked(b)
 	p.begins = append(p.begins, le)
@@ -539,6 +583,10 @@ func (j *FileJournal) onCommit(b *wal.Batch, err error) {
 	for _, le := range p.deletes {
 		if j.byKey.get(le.key()) == le {
 			j.unindexLocked(le)
+			if j.compacting {
+				le.goneLate = true
+				j.lateGone = append(j.lateGone, le)
+			}
 		}
 	}
 }
@@ -669,7 +717,7 @@ func (j *FileJournal) read(key string) (*Entry, error) {
 			j.mu.Unlock()
 			return ErrNotFound
 		}
-		snap := *le
+		snap := j.snapLocked(le)
 		j.mu.Unlock()
 		var err error
 		e, err = fjReadEntry(r, &snap, nil)
@@ -730,7 +778,7 @@ func (j *FileJournal) list(ctx context.Context, keep func(*fjEntry) bool) ([]*En
 		j.mu.Lock()
 		for le := range j.byKey.all() {
 			if !le.unsynced && !le.deleting && keep(le) {
-				snaps = append(snaps, *le)
+				snaps = append(snaps, j.snapLocked(le))
 			}
 		}
 		j.mu.Unlock()

@@ -221,7 +221,8 @@ func (j *FileJournal) verify(ctx context.Context) error {
 		want := make(map[string]place, j.byKey.len())
 		for le := range j.byKey.all() {
 			if !le.unsynced {
-				want[le.key()] = place{le.off, le.size}
+				off, size := j.placeLocked(le)
+				want[le.key()] = place{off, size}
 			}
 		}
 		j.mu.Unlock()
@@ -304,36 +305,44 @@ func (j *FileJournal) compact(ctx context.Context) error {
 	defer j.scanMu.Unlock()
 	// What the old file holds up to from: every entry durable then, with
 	// where its begin record is.
-	type live struct {
-		le      *fjEntry
-		off     int64
-		size    int32
-		newOff  int64
-		newSize int32
-	}
-	var all []live
+	var all []fjPlace
 	var byKey, byOp *fjTable
+	var list []*fjEntry
+	switched := false
 	fill := func(r wal.Reader, w *wal.Writer) (int64, error) {
 		j.mu.Lock()
 		from := j.durable
-		all = make([]live, 0, j.byKey.len())
-		for le := range j.byKey.all() {
-			if !le.unsynced {
-				all = append(all, live{le: le, off: le.off, size: le.size})
+		listed := len(j.all)
+		// Entries published from here on are in batches the rewrite
+		// copies as they are: their offsets move with them. Entries
+		// deleted from here on are marked goneLate.
+		j.compacting, j.moved, j.lateGone = true, nil, nil
+		j.mu.Unlock()
+		// Every entry durable at from is in the list (which only grows
+		// while scanMu is held), begun before from; those deleted since
+		// are still wanted: the delete record, in a batch copied after,
+		// must find its entry. The list is read a chunk at a time, so
+		// that Begin is never held up for long.
+		all = make([]fjPlace, 0, listed)
+		for i := 0; i < listed; i += fjRemoveChunk {
+			j.mu.Lock()
+			for _, le := range j.all[i:min(i+fjRemoveChunk, listed)] {
+				if le.off < from && !le.unsynced && (!le.gone || le.goneLate) {
+					all = append(all, fjPlace{le: le, off: le.off, size: le.size})
+				}
+			}
+			j.mu.Unlock()
+			if i == 0 && j.hook != nil {
+				j.hook("snapshot")
 			}
 		}
-		// Entries published from here on are in batches the rewrite
-		// copies as they are: their offsets move with them.
-		j.compacting, j.moved = true, nil
-		j.mu.Unlock()
 		// Key, operation and created time never change: sorting and new
-		// maps need no lock.
-		slices.SortFunc(all, func(a, b live) int {
+		// tables need no lock.
+		slices.SortFunc(all, func(a, b fjPlace) int {
 			return fjCompareCreated(a.le, b.le)
 		})
-		// Go maps never shrink: after a large prune the old ones keep
-		// their peak size. Build new ones, sized to what is live, for
-		// the swap to take.
+		// Tables never shrink below their peak by themselves as much as
+		// a new one sized to what is live: build new ones for the swap.
 		byKey, byOp = newFjTable(false, len(all)), newFjTable(true, 0)
 		for i := range all {
 			le := all[i].le
@@ -342,10 +351,8 @@ func (j *FileJournal) compact(ctx context.Context) error {
 				byOp.put(le)
 			}
 		}
-		// Every entry durable at from is written, even one deleted
-		// since: the delete record, in a batch copied after, must find
-		// it. Its state is read under mu, a chunk at a time, so that
-		// Begin is never held up for long.
+		// Each entry's state is read under mu, and its slot in all set,
+		// an entry at a time, so that Begin is never held up for long.
 		var rbuf []byte
 		var e *Entry
 		for i := range all {
@@ -354,14 +361,15 @@ func (j *FileJournal) compact(ctx context.Context) error {
 					return 0, err
 				}
 			}
-			snap := fjEntry{keyOp: all[i].le.keyOp, keyLen: all[i].le.keyLen, off: all[i].off, size: all[i].size}
-			j.mu.Lock()
 			le := all[i].le
-			gone := j.byKey.get(le.key()) != le
+			snap := fjEntry{keyOp: le.keyOp, keyLen: le.keyLen, off: all[i].off, size: all[i].size}
+			j.mu.Lock()
+			gone := le.gone
 			if !gone {
 				snap.createdSec, snap.createdNs, snap.updatedSec, snap.updatedNs = le.createdSec, le.createdNs, le.updatedSec, le.updatedNs
 				snap.attempts, snap.lastStatus, snap.state = le.attempts, le.lastStatus, le.state
 			}
+			le.slot = int32(i)
 			j.mu.Unlock()
 			var err error
 			if e, err = fjReadEntry(r, &snap, rbuf); err != nil {
@@ -388,29 +396,39 @@ func (j *FileJournal) compact(ctx context.Context) error {
 			}
 			all[i].newOff, all[i].newSize = off, int32(n)
 		}
+		// The list the swap installs, built here, outside the lock: an
+		// entry deleted from now on stays in it, marked gone, as the
+		// list allows.
+		list = make([]*fjEntry, 0, len(all))
+		for i := range all {
+			list = append(list, all[i].le)
+		}
 		return from, nil
 	}
+	// swap runs with writers held up: it does only what changed since
+	// the snapshot, and leaves the entries of all behind the new
+	// generation, for the fix-up below.
 	swap := func(move func() int64) {
 		j.mu.Lock()
 		defer j.mu.Unlock()
 		delta := move()
-		for i := range all {
-			le := all[i].le
-			if !le.gone {
-				j.live += int64(all[i].newSize) - int64(le.size)
-			} else {
-				// Deleted since the snapshot.
+		switched = true
+		for _, le := range j.lateGone {
+			// Deleted since the snapshot: out of the new tables too.
+			if byKey.get(le.key()) == le {
 				byKey.del(le.key())
-				if le.operation() != "" && byOp.get(le.operation()) == le {
-					byOp.del(le.operation())
-				}
 			}
-			le.off, le.size = all[i].newOff, all[i].newSize
+			if le.operation() != "" && byOp.get(le.operation()) == le {
+				byOp.del(le.operation())
+			}
 		}
+		j.gen++
+		j.remap = all
 		// Batches committed since, and the one being filled, moved as a
-		// whole; their entries join the new maps.
+		// whole; their entries join the new tables.
 		keep := func(le *fjEntry) {
 			le.off += delta
+			le.gen = j.gen
 			if !le.gone {
 				byKey.put(le)
 				if le.operation() != "" {
@@ -420,36 +438,57 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		}
 		for _, le := range j.moved {
 			keep(le)
+			list = append(list, le)
 		}
 		for _, p := range j.pend {
 			for _, le := range p.begins {
 				keep(le)
-			}
-		}
-		j.byKey, j.byOp = byKey, byOp
-		list := make([]*fjEntry, 0, byKey.len())
-		for i := range all {
-			if !all[i].le.gone {
-				list = append(list, all[i].le)
-			}
-		}
-		for _, le := range j.moved {
-			if !le.gone {
 				list = append(list, le)
 			}
 		}
-		for _, p := range j.pend {
-			list = append(list, p.begins...)
-		}
-		j.all = list
-		j.compacting, j.moved = false, nil
+		j.byKey, j.byOp, j.all = byKey, byOp, list
+		j.endCompactingLocked()
 		j.durable = j.log.Size()
 	}
 	err := j.log.Rewrite(ctx, fill, swap)
 	if err != nil {
 		j.mu.Lock()
-		j.compacting, j.moved = false, nil
+		if j.compacting {
+			j.endCompactingLocked()
+		}
+		j.mu.Unlock()
+	}
+	if switched {
+		if j.hook != nil {
+			j.hook("switched")
+		}
+		// Writers go on; the entries of the old file are brought to the
+		// new one's places a chunk at a time. Until then placeLocked
+		// finds them through remap.
+		for i := 0; i < len(all); i += fjRemoveChunk {
+			j.mu.Lock()
+			for k := i; k < min(i+fjRemoveChunk, len(all)); k++ {
+				p := &all[k]
+				if le := p.le; le.gen != j.gen {
+					if !le.gone {
+						j.live += int64(p.newSize) - int64(le.size)
+					}
+					le.off, le.size, le.gen = p.newOff, p.newSize, j.gen
+				}
+			}
+			j.mu.Unlock()
+		}
+		j.mu.Lock()
+		j.remap = nil
 		j.mu.Unlock()
 	}
 	return err
+}
+
+// endCompactingLocked ends what a compaction's snapshot started.
+func (j *FileJournal) endCompactingLocked() {
+	for _, le := range j.lateGone {
+		le.goneLate = false
+	}
+	j.compacting, j.moved, j.lateGone = false, nil, nil
 }
