@@ -728,6 +728,9 @@ func (w *Writer) flush() error {
 	if _, err := w.f.WriteAt(w.buf, w.off); err != nil {
 		return err
 	}
+	if err := writeback(w.f, w.off, int64(len(w.buf))); err != nil {
+		return err
+	}
 	w.off += int64(len(w.buf))
 	w.buf = w.buf[:0]
 	return nil
@@ -764,11 +767,13 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) (from 
 	l.rewriteMu.Lock()
 	defer l.rewriteMu.Unlock()
 	l.fileMu.RLock()
-	shared := true
+	shared, unlocked := true, false
 	defer func() {
-		if shared {
+		switch {
+		case unlocked:
+		case shared:
 			l.fileMu.RUnlock()
-		} else {
+		default:
 			l.fileMu.Unlock()
 		}
 	}()
@@ -782,6 +787,17 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) (from 
 	if err != nil {
 		return err
 	}
+	// The rewrite's own writes go through a second descriptor without
+	// the sync flag, and the file is synced once they are done: a
+	// synchronous write of every few MiB would queue each commit's sync
+	// behind it (a Begin waited 66 ms for one at a million entries).
+	bulk, err := os.OpenFile(tmp, os.O_WRONLY, 0)
+	if err != nil {
+		_ = nf.Close()
+		_ = os.Remove(tmp)
+		return err
+	}
+	defer bulk.Close()
 	fail := func(err error) error {
 		_ = nf.Close()
 		_ = os.Remove(tmp)
@@ -791,7 +807,7 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) (from 
 	if err != nil {
 		return fail(err)
 	}
-	w := &Writer{f: nf, salt: salt, batchStart: -1}
+	w := &Writer{f: bulk, salt: salt, batchStart: -1}
 	w.buf = append(make([]byte, 0, rewriteBatch+64<<10), FileHeader(salt)...)
 	from, err := fill(Reader{l}, w)
 	if err != nil {
@@ -871,6 +887,11 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) (from 
 	if !moved {
 		move()
 	}
+	// Closing the old file frees it, since the rename unlinked it: for a
+	// large journal, tens of milliseconds in the kernel (91 ms for a
+	// 1.2 GB file on a small VM). Writers need not wait for that.
+	l.fileMu.Unlock()
+	unlocked = true
 	_ = old.Close() // releases the old inode's lock; nf holds the new one's
 	if dirErr != nil {
 		return fmt.Errorf("sync the directory after a rewrite: %w", dirErr)
