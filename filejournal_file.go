@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/idemkit/idemhttp/internal/wal"
 )
@@ -18,6 +19,7 @@ type fjIndex struct {
 	byOp  *fjTable
 	all   []*fjEntry // in the order begun; deleted ones marked gone
 	live  int64
+	high  time.Time // the latest time in any record: see FileJournal.high
 }
 
 func newFjIndex() *fjIndex {
@@ -110,6 +112,7 @@ func (idx *fjIndex) applyBegin(off int64, n int, payload []byte) error {
 			return fmt.Errorf("%w: operation %q stored twice", ErrJournalCorrupt, op)
 		}
 	}
+	idx.high = latest(idx.high, created, updated)
 	le := newFjEntry(string(key), string(op), created, updated, attempts, lastStatus, state, off, n)
 	idx.byKey.put(le)
 	idx.all = append(idx.all, le)
@@ -147,6 +150,12 @@ func fjReplayWith(data []byte, salvage bool, apply func(*fjIndex, int64, int, []
 
 // apply applies one record, stored at off with length n, to the index.
 func (idx *fjIndex) apply(rec *fjRecord, off int64, n int) error {
+	if rec.kind == fjKindClock {
+		// The mark when the file was compacted: deleted entries' times
+		// count too (see FileJournal.HighWater).
+		idx.high = latest(idx.high, rec.updated)
+		return nil
+	}
 	le := idx.byKey.get(rec.key)
 	exists := le != nil
 	switch rec.kind {
@@ -183,6 +192,7 @@ func (idx *fjIndex) apply(rec *fjRecord, off int64, n int) error {
 		}
 		idx.live -= int64(le.size) + fjEntryOverhead
 	}
+	idx.high = latest(idx.high, rec.created, rec.updated)
 	return nil
 }
 
@@ -308,7 +318,13 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		// Entries published from here on are in batches the rewrite
 		// copies as they are: their offsets move with them.
 		j.compacting, j.moved = true, nil
+		high := j.high
 		j.mu.Unlock()
+		// The mark first: the records it was taken from may not be
+		// copied (see HighWater); later batches can only raise it.
+		if _, err := w.Append(fjClockMax, func(buf []byte) []byte { return fjAppendClock(buf, high) }); err != nil {
+			return 0, err
+		}
 		// Key, operation and created time never change: sorting and new
 		// maps need no lock.
 		slices.SortFunc(all, func(a, b live) int {
