@@ -105,7 +105,7 @@ type config struct {
 	onRetry func(RetryEvent)
 	hooks   Hooks // a copy of *Client.Hooks; every field nil when unset
 	prepare func(*http.Request) error
-	secrets []string // canonical names of the caller's secret headers
+	secrets []string         // canonical names of the caller's secret headers
 	now     func() time.Time // Client.clock, or time.Now
 	// inflight counts the calls in Do, for Stats.
 	inflight atomic.Int64
