@@ -83,6 +83,11 @@ type Client struct {
 	// host.
 	SecretHeaders []string
 
+	// clock, when set (by tests only, before the first call), replaces
+	// time.Now for the journal's times and the retention and clock
+	// checks, so that tests can set the clock back.
+	clock func() time.Time
+
 	once sync.Once
 	cfg  config
 }
@@ -100,7 +105,8 @@ type config struct {
 	onRetry func(RetryEvent)
 	hooks   Hooks // a copy of *Client.Hooks; every field nil when unset
 	prepare func(*http.Request) error
-	secrets []string // canonical names of the caller's secret headers
+	secrets []string         // canonical names of the caller's secret headers
+	now     func() time.Time // Client.clock, or time.Now
 	// inflight counts the calls in Do, for Stats.
 	inflight atomic.Int64
 	// traceable: the Transport is net/http's, which reports httptrace
@@ -144,6 +150,10 @@ func (c *Client) init() {
 			cfg.hooks = *c.Hooks
 		}
 		cfg.prepare = c.PrepareRequest
+		cfg.now = c.clock
+		if cfg.now == nil {
+			cfg.now = time.Now
+		}
 		for _, h := range c.SecretHeaders {
 			cfg.secrets = append(cfg.secrets, http.CanonicalHeaderKey(h))
 		}
@@ -414,7 +424,7 @@ func (a *attempt) discardUnsent(ctx context.Context) {
 		a.c.journalEvent(ctx, JournalEvent{Op: JournalDiscard, Key: a.entry.Key, Operation: a.entry.Operation}, t0)
 		return
 	}
-	err2 := a.j.Finish(ctx, a.entry.Key, Outcome{State: StateAbandoned, At: time.Now()})
+	err2 := a.j.Finish(ctx, a.entry.Key, Outcome{State: StateAbandoned, At: a.cfg.now()})
 	a.c.journalEvent(ctx, JournalEvent{Op: JournalDiscard, Key: a.entry.Key, Operation: a.entry.Operation, State: StateAbandoned, Err: errors.Join(err, err2)}, t0)
 	if a.cfg.logger != nil {
 		a.cfg.logger.LogAttrs(ctx, slog.LevelError, "idemhttp: journal: could not withdraw an entry that was never sent",
@@ -505,7 +515,7 @@ func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key st
 	}
 	h := req.Header.Clone()
 	dropSecrets(h, p.keyHeader, c.cfg.secrets)
-	now := time.Now()
+	now := c.cfg.now()
 	e = &Entry{
 		Operation:   op,
 		Key:         candidate,
@@ -537,6 +547,17 @@ func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key st
 	if latest(existing.Created, existing.Updated).After(now.Add(ClockTolerance)) {
 		return nil, false, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", existing.Operation, existing.Key, existing.Created.Format(time.RFC3339), ErrClockJump)
 	}
+	// The entry's own times may be older than the clock while newer
+	// entries, pruned since, showed the clock was set back: then this
+	// entry's age, checked below against the retention, is not known.
+	mark, err := journalHighWater(ctx, j)
+	if err != nil {
+		return nil, false, fmt.Errorf("idemhttp: journal: %w", err)
+	}
+	if mark.After(now.Add(ClockTolerance)) {
+		return nil, false, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w: the journal holds times up to %s, the clock says %s",
+			existing.Operation, existing.Key, existing.Created.Format(time.RFC3339), ErrClockJump, mark.Format(time.RFC3339), now.Format(time.RFC3339))
+	}
 	if existing.State == StateAbandoned || now.Sub(existing.Created) > p.retention {
 		return nil, false, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", existing.Operation, existing.Key, existing.Created.Format(time.RFC3339), ErrKeyExpired)
 	}
@@ -552,7 +573,7 @@ func (c *Client) record(ctx context.Context, j Journal, e *Entry, s State, statu
 		return
 	}
 	t0 := c.journalClock()
-	err := j.Finish(context.WithoutCancel(ctx), e.Key, Outcome{State: s, Status: status, Attempts: attempts, At: time.Now()})
+	err := j.Finish(context.WithoutCancel(ctx), e.Key, Outcome{State: s, Status: status, Attempts: attempts, At: c.cfg.now()})
 	c.journalEvent(ctx, JournalEvent{Op: JournalFinish, Key: e.Key, Operation: e.Operation, State: s, Err: err}, t0)
 	if err != nil && c.cfg.logger != nil {
 		c.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemhttp: journal finish failed; entry stays pending",

@@ -78,11 +78,12 @@ var (
 	ErrAlreadyDone = errors.New("operation already done")
 
 	// ErrClockJump: a journaled entry was created, or last updated, after
-	// the clock's current time: the clock was set back (or was ahead when
-	// the entry was written). Its age, and so whether the server still
-	// holds its key, cannot be known, so it is not resent; the entry stays
-	// pending for a person or a reconciliation step, or for the clock to
-	// catch up.
+	// the clock's current time, or the clock is below the latest time the
+	// journal ever recorded ([ClockJournal]): the clock was set back (or
+	// was ahead when the entry was written). Its age, and so whether the
+	// server still holds its key, cannot be known, so it is not resent;
+	// the entry stays pending for a person or a reconciliation step, or
+	// for the clock to catch up.
 	ErrClockJump = errors.New("journal entry is newer than the clock: the clock jumped")
 
 	// ErrNotFound: the journal has no entry for that key or operation.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	"github.com/idemkit/idemhttp"
 )
@@ -85,4 +86,48 @@ func ExampleJournalOptions_readOnly() {
 	// 5f0c1d0e-2b1a-4c3d-9e8f-7a6b5c4d3e2f pending
 	// <nil>
 	// idemhttp: journal begin another: journal is open read-only
+}
+
+// The journal remembers the latest time it has recorded, also once the
+// entry that held it is gone: a clock set back below it is noticed, and
+// Client.Resume resends nothing (ErrClockJump).
+func ExampleFileJournal_HighWater() {
+	dir, err := os.MkdirTemp("", "journal")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	j, err := idemhttp.OpenFileJournal(filepath.Join(dir, "journal"), nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer j.Close()
+
+	at := time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC)
+	_, err = j.Begin(ctx, &idemhttp.Entry{
+		Key: "5f0c1d0e-2b1a-4c3d-9e8f-7a6b5c4d3e2f", Method: http.MethodPost,
+		URL: "https://api.example.com/v1/charges", Created: at, Updated: at,
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := j.Delete(ctx, "5f0c1d0e-2b1a-4c3d-9e8f-7a6b5c4d3e2f"); err != nil {
+		fmt.Println(err)
+		return
+	}
+	mark, err := j.HighWater(ctx)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(mark)
+	clock := at.Add(-2 * time.Hour) // a clock set back 2 h
+	fmt.Println("clock behind the journal:", mark.Sub(clock) > idemhttp.ClockTolerance)
+	// Output:
+	// 2026-12-01 09:30:00 +0000 UTC
+	// clock behind the journal: true
 }

@@ -200,6 +200,7 @@ type FileJournal struct {
 	live    int64                     // bytes the index's entries would take in a compacted file
 	pending int                       // indexed entries in state pending, for PendingCount
 	durable int64                     // the end of the file's part the index reflects
+	high    time.Time                 // the high-water mark: see HighWater
 
 	// While a compaction runs, the entries published after its snapshot
 	// (their offsets move with the batches it copies), and those deleted
@@ -362,7 +363,7 @@ func OpenFileJournal(path string, opts *JournalOptions) (*FileJournal, error) {
 		return nil, fmt.Errorf("idemhttp: open journal %s: %w", path, err)
 	}
 	j.log = log
-	j.byKey, j.byOp, j.live, j.all = idx.byKey, idx.byOp, idx.live, idx.all
+	j.byKey, j.byOp, j.live, j.all, j.high = idx.byKey, idx.byOp, idx.live, idx.all, idx.high
 	for le := range j.byKey.all() {
 		if le.state == journalStatePending {
 			j.pending++
@@ -545,6 +546,10 @@ func (j *FileJournal) indexBeginLocked(rec *Entry, b *wal.Batch, off int64, size
 	}
 	j.live += int64(size) + fjEntryOverhead
 	j.pending++
+	// Raised before the batch is durable, and not lowered if it fails: a
+	// mark too high only makes the clock checks stricter.
+	j.raiseLocked(rec.Created)
+	j.raiseLocked(rec.Updated)
 }
 
 // onCommit publishes a batch once it is on disk, or drops what it stored
@@ -662,6 +667,7 @@ func (j *FileJournal) Finish(ctx context.Context, key string, o Outcome) error {
 		}
 		le.state, le.lastStatus, le.attempts = state, o.Status, attempts
 		le.setUpdated(at)
+		j.raiseLocked(at)
 		j.mu.Unlock()
 		return nil
 	}

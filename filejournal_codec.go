@@ -17,6 +17,10 @@ const (
 	fjKindBegin  = 'B'
 	fjKindFinish = 'F'
 	fjKindDelete = 'D'
+	// fjKindClock holds one time: the journal's high-water mark (see
+	// [FileJournal.HighWater]) when the file was compacted, so that the
+	// mark outlives the records it was taken from.
+	fjKindClock = 'T'
 
 	fjRecHdrLen = wal.RecordHeaderLen
 	fjMaxRecord = wal.MaxRecord
@@ -41,7 +45,7 @@ type fjRecord struct {
 	fingerprint string
 	header      http.Header
 	created     time.Time
-	updated     time.Time
+	updated     time.Time // and a clock record's time
 	state       byte
 	attempts    int
 	lastStatus  int
@@ -164,6 +168,19 @@ func fjAppendFinish(dst []byte, key string, state byte, status, attempts int, up
 	return dst
 }
 
+// fjClockMax bounds the size of a clock record.
+const fjClockMax = fjRecHdrLen + 1 + 20
+
+// fjAppendClock appends a framed clock record holding t to dst.
+func fjAppendClock(dst []byte, t time.Time) []byte {
+	start := len(dst)
+	dst = append(dst, make([]byte, fjRecHdrLen)...)
+	dst = append(dst, fjKindClock)
+	dst = journalAppendTime(dst, t)
+	fjFinishRecord(dst[start:])
+	return dst
+}
+
 // fjAppendDelete appends a framed delete record to dst.
 func fjAppendDelete(dst []byte, key string) []byte {
 	start := len(dst)
@@ -228,6 +245,8 @@ func fjDecodeRecord(p []byte) (*fjRecord, error) {
 		rec.updated = r.time()
 	case fjKindDelete:
 		rec.key = r.str()
+	case fjKindClock:
+		rec.updated = r.time()
 	default:
 		r.fail("unknown record kind %d", rec.kind)
 	}
@@ -239,6 +258,9 @@ func fjDecodeRecord(p []byte) (*fjRecord, error) {
 	}
 	if rec.attempts < 0 {
 		return nil, fmt.Errorf("%w: negative attempts %d", ErrJournalCorrupt, rec.attempts)
+	}
+	if rec.kind == fjKindClock {
+		return rec, nil // the one kind without a key
 	}
 	if err := ValidateKey(rec.key); err != nil {
 		return nil, fmt.Errorf("%w: record with a bad key", ErrJournalCorrupt)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/idemkit/idemhttp/internal/wal"
 )
@@ -18,9 +19,26 @@ type fjIndex struct {
 	byOp  *fjTable
 	all   []*fjEntry // in the order begun; deleted ones marked gone
 	live  int64
+	high  time.Time // the latest time in any record: see FileJournal.high
 
+	// See raiseParts.
+	highSec  int64
+	highNs   uint32
+	highSet  bool
 	scratch  []byte // applyBegin's, for the key and operation id
 	fileSize int64  // of the file replayed, 0 if not known
+}
+
+// raiseParts raises idx.high to the time the file stores as sec and ns,
+// if later, without making a time.Time of every record's times: highSec
+// and highNs are the last time it raised the mark to (a lower bound of
+// it, apply raising it too).
+func (idx *fjIndex) raiseParts(sec int64, ns uint32) {
+	if idx.highSet && (sec < idx.highSec || (sec == idx.highSec && ns <= idx.highNs)) {
+		return
+	}
+	idx.high = latest(idx.high, fjUnixTime(sec, ns))
+	idx.highSec, idx.highNs, idx.highSet = sec, ns, true
 }
 
 // fjEstimateAfter is how many begin records replay reads before it
@@ -134,6 +152,8 @@ func (idx *fjIndex) applyBegin(off int64, n int, payload []byte) error {
 	}
 	idx.all = append(idx.all, le)
 	idx.live += int64(n) + fjEntryOverhead
+	idx.raiseParts(createdSec, createdNs)
+	idx.raiseParts(updatedSec, updatedNs)
 	return nil
 }
 
@@ -164,6 +184,12 @@ func fjReplayWith(data []byte, salvage bool, apply func(*fjIndex, int64, int, []
 
 // apply applies one record, stored at off with length n, to the index.
 func (idx *fjIndex) apply(rec *fjRecord, off int64, n int) error {
+	if rec.kind == fjKindClock {
+		// The mark when the file was compacted: deleted entries' times
+		// count too (see FileJournal.HighWater).
+		idx.high = latest(idx.high, rec.updated)
+		return nil
+	}
 	le := idx.byKey.get(rec.key)
 	exists := le != nil
 	switch rec.kind {
@@ -200,6 +226,7 @@ func (idx *fjIndex) apply(rec *fjRecord, off int64, n int) error {
 		}
 		idx.live -= int64(le.size) + fjEntryOverhead
 	}
+	idx.high = latest(idx.high, rec.created, rec.updated)
 	return nil
 }
 
@@ -335,6 +362,14 @@ func (j *FileJournal) compact(ctx context.Context) error {
 			if i == 0 && j.hook != nil {
 				j.hook("snapshot")
 			}
+		}
+		j.mu.Lock()
+		high := j.high
+		j.mu.Unlock()
+		// The mark first: the records it was taken from may not be
+		// copied (see HighWater); later batches can only raise it.
+		if _, err := w.Append(fjClockMax, func(buf []byte) []byte { return fjAppendClock(buf, high) }); err != nil {
+			return 0, err
 		}
 		// Key, operation and created time never change: sorting and new
 		// tables need no lock.

@@ -163,6 +163,26 @@ func TestJournalCodecFinishAndDeleteRoundTrip(t *testing.T) {
 			give: fjAppendDelete(nil, "7f8e2f9a-1c3b-4d5e-8f60-718293a4b5c6"),
 			want: &fjRecord{kind: fjKindDelete, key: "7f8e2f9a-1c3b-4d5e-8f60-718293a4b5c6"},
 		},
+		{
+			name: "clock",
+			give: fjAppendClock(nil, t0),
+			want: &fjRecord{kind: fjKindClock, updated: t0},
+		},
+		{
+			name: "clock before 1970",
+			give: fjAppendClock(nil, time.Unix(-3_000_000_000, 999_999_999).UTC()),
+			want: &fjRecord{kind: fjKindClock, updated: time.Unix(-3_000_000_000, 999_999_999).UTC()},
+		},
+		{
+			name: "clock at the zero time",
+			give: fjAppendClock(nil, time.Time{}),
+			want: &fjRecord{kind: fjKindClock},
+		},
+		{
+			name: "clock far ahead",
+			give: fjAppendClock(nil, time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)),
+			want: &fjRecord{kind: fjKindClock, updated: time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -364,6 +384,12 @@ func TestJournalDecodeRecordRejects(t *testing.T) {
 		{name: "finish key with a newline", give: ijFinishPayload("k\n", journalStateDone, 0, ijEpoch), want: "bad key"},
 		{name: "delete key too long", give: ijCat([]byte{fjKindDelete}, ijStr(tooLong)), want: "bad key"},
 		{name: "delete key with a quote", give: ijCat([]byte{fjKindDelete}, ijStr(`a"b`)), want: "bad key"},
+		{name: "clock without its time", give: []byte{fjKindClock}, want: "bad varint"},
+		{name: "clock without nanoseconds", give: ijCat([]byte{fjKindClock}, ijV(1)), want: "bad varint"},
+		{name: "clock trailing byte", give: ijCat([]byte{fjKindClock}, ijEpoch, []byte{0}), want: "1 trailing bytes"},
+		{name: "clock with a key", give: ijCat([]byte{fjKindClock}, ijStr("k"), ijEpoch), want: "trailing"},
+		{name: "clock nanoseconds out of range", give: ijCat([]byte{fjKindClock}, ijV(0), ijUv(uint64(time.Second))), want: "nanoseconds"},
+		{name: "lowercase clock kind", give: ijCat([]byte{'t'}, ijEpoch), want: "unknown record kind"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -387,6 +413,7 @@ func TestJournalDecodeRecordRejectsTruncation(t *testing.T) {
 		{name: "begin", give: full[fjRecHdrLen:]},
 		{name: "finish", give: fjAppendFinish(nil, "k", journalStateDone, 201, 3, time.Unix(1e9, 1))[fjRecHdrLen:]},
 		{name: "delete", give: fjAppendDelete(nil, "key")[fjRecHdrLen:]},
+		{name: "clock", give: fjAppendClock(nil, time.Unix(1e9, 123_456_789))[fjRecHdrLen:]},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -803,6 +830,8 @@ func ijSeedPayloads(t testing.TB) [][]byte {
 		fjAppendFinish(nil, "k", journalStateDone, 201, 2, ijT0)[fjRecHdrLen:],
 		fjAppendFinish(nil, "k", journalStateAbandoned, -1, 0, time.Time{})[fjRecHdrLen:],
 		fjAppendDelete(nil, "k")[fjRecHdrLen:],
+		fjAppendClock(nil, ijT0)[fjRecHdrLen:],
+		ijCat([]byte{fjKindClock}, ijEpoch, []byte{0}),
 		ijBeginPayload("k", ijHeader("A", "B"), journalStateDone, 2, ijCat([]byte{1}, ijStr("abc"))),
 		ijBeginPayload("k", ijHeader("B", "A"), journalStatePending, 0, ijNoBody),
 		[]byte{'X'},
@@ -832,6 +861,8 @@ func FuzzDecodeRecord(f *testing.F) {
 			again = fjAppendFinish(nil, rec.key, rec.state, rec.lastStatus, rec.attempts, rec.updated)
 		case fjKindDelete:
 			again = fjAppendDelete(nil, rec.key)
+		case fjKindClock:
+			again = fjAppendClock(nil, rec.updated)
 		default:
 			t.Fatalf("decoded a record of unknown kind %q", rec.kind)
 		}
@@ -852,6 +883,7 @@ func ijSeedFiles(t testing.TB) [][]byte {
 		ijFile(b1, ijFlip(b2, 25), b3),
 		ijFile(b1, b2[:len(b2)-3]),
 		ijFile(ijBatch(1, a), ijBatch(3, c)),
+		ijFile(ijBatch(1, fjAppendClock(nil, ijT0.Add(time.Hour)), a, b), b2),
 	}
 }
 
@@ -916,6 +948,7 @@ func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 			require.Equal(t, ijIndexView(le), ijIndexView(got), k)
 		}
 		require.Equal(t, full.live, idx.live)
+		require.Equal(t, full.high, idx.high, "the high-water mark")
 	}
 	if err != nil {
 		require.False(t, salvage, "salvage never refuses: %v", err)

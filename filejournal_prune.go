@@ -31,6 +31,13 @@ func startFjPruner(j *FileJournal, retention, every time.Duration) *fjPruner {
 			}
 			// A failed prune (the journal broke, or closed) is retried at
 			// the next tick; the error is the next writer's to report.
+			//
+			// The cutoff trusts the clock, and needs no check against the
+			// high-water mark (HighWater): a clock set back gives an
+			// earlier cutoff, which prunes fewer done entries, never more.
+			// Only a clock set forward prunes early, a done entry whose
+			// operation a rerun would then send again under a new key;
+			// nothing here can tell that clock from a correct one.
 			_, _ = j.Prune(ctx, time.Now().Add(-retention))
 		}
 	}()

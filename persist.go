@@ -105,6 +105,25 @@ type Journal interface {
 	Delete(ctx context.Context, key string) error
 }
 
+// ClockJournal is implemented by a [Journal] that remembers the latest
+// time it has ever recorded (an entry's Created or Updated time, an
+// outcome's At), including the times of entries it has pruned or deleted
+// since. A [Client] whose journal implements it judges the clock against
+// that mark as well as against the entries still there: a clock more
+// than [ClockTolerance] below the mark was set back, and every pending
+// entry's age is then in doubt, so [Client.Resume] resends none of them
+// and [Client.Do] does not reuse one ([ErrClockJump]). Without it, the
+// client sees the jump only while the entries newer than the clock are
+// still in the journal: once they are pruned, an entry really older than
+// the server's key retention may look younger and be resent under a key
+// the server has forgotten. [FileJournal] implements it.
+type ClockJournal interface {
+	// HighWater returns the mark: the latest time recorded, never
+	// lower than before, or the zero Time when the journal recorded
+	// none.
+	HighWater(ctx context.Context) (time.Time, error)
+}
+
 // memJournal is the Journal a Client uses when it has none and a call
 // names an operation: keys live for the life of the Client, so an
 // operation retried by the caller reuses its key and a changed body is

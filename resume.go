@@ -59,10 +59,13 @@ func (c *Client) Resume(ctx context.Context) ([]ResumeResult, error) {
 // marked abandoned and reported with an error wrapping [ErrKeyExpired]. An
 // entry whose body was not stored cannot be resent either
 // ([ErrNotReplayable]). Nor is an entry when the clock is behind the
-// journal (an entry created or updated in the future, by more than
-// [ClockTolerance]): its age cannot be known, so every entry is reported
-// with an error wrapping [ErrClockJump] and left pending. Done entries
-// older than the retention are pruned first.
+// journal, by more than [ClockTolerance]: an entry created or updated in
+// the future, or, with a journal that implements [ClockJournal] (as
+// [FileJournal] does), a clock below the latest time the journal ever
+// recorded, entries pruned since included. Entries' ages cannot be known
+// then, so every entry is reported with an error wrapping [ErrClockJump]
+// and left pending. Done entries older than the retention are pruned
+// first.
 //
 // The error is non-nil only when the journal itself fails, or ctx ends;
 // per-entry failures are in the results. Cancelling ctx stops the
@@ -82,7 +85,7 @@ func (c *Client) ResumeWith(ctx context.Context, opts *ResumeOptions) ([]ResumeR
 	if j == nil {
 		j = c.cfg.mem
 	}
-	now := time.Now()
+	now := c.cfg.now()
 	if _, err := j.Prune(ctx, now.Add(-c.cfg.pol.retention)); err != nil {
 		return nil, fmt.Errorf("idemhttp: resume: prune: %w", err)
 	}
@@ -90,9 +93,16 @@ func (c *Client) ResumeWith(ctx context.Context, opts *ResumeOptions) ([]ResumeR
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: resume: %w", err)
 	}
-	// The newest time the journal holds: a clock below it was set back, and
-	// every entry's age is then in doubt, not only the future ones'.
-	var newest time.Time
+	// The newest time the journal holds or, with a ClockJournal, ever
+	// held: a clock below it was set back, and every entry's age is then
+	// in doubt, not only the future ones'. The entries' own times alone
+	// miss a jump once the newer entries are pruned: a pending entry 25 h
+	// old would look 23 h old after the clock went back 2 h, and be
+	// resent under a key a server with 24 h retention has forgotten.
+	newest, err := journalHighWater(ctx, j)
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp: resume: %w", err)
+	}
 	for _, e := range pending {
 		newest = latest(newest, e.Created, e.Updated)
 	}
@@ -128,7 +138,7 @@ func (c *Client) ResumeWith(ctx context.Context, opts *ResumeOptions) ([]ResumeR
 					r = ResumeResult{Entry: pending[i], Err: fmt.Errorf("idemhttp: resume %s: %w: the journal holds times up to %s, the clock says %s",
 						pending[i].Key, ErrClockJump, newest.Format(time.RFC3339), now.Format(time.RFC3339))}
 				} else {
-					r = c.resumeOne(ctx, j, pending[i], now)
+					r = c.resumeOne(ctx, j, pending[i], now, time.Time{})
 				}
 				if o.OnResult != nil {
 					mu.Lock()
@@ -185,7 +195,8 @@ func latest(ts ...time.Time) time.Time {
 
 // ResumeEntry resends one pending entry of the client's journal, as
 // [Client.Resume] does for each: with its key and stored body, never past
-// the retention ([ErrKeyExpired]). Use it for entries a worker claimed from
+// the retention ([ErrKeyExpired]), nor with the clock behind the journal
+// ([ErrClockJump]). Use it for entries a worker claimed from
 // a shared journal.
 func (c *Client) ResumeEntry(ctx context.Context, e *Entry) ResumeResult {
 	c.init()
@@ -193,14 +204,35 @@ func (c *Client) ResumeEntry(ctx context.Context, e *Entry) ResumeResult {
 	if j == nil {
 		j = c.cfg.mem
 	}
-	return c.resumeOne(ctx, j, e, time.Now())
+	mark, err := journalHighWater(ctx, j)
+	if err != nil {
+		return ResumeResult{Entry: e, Err: fmt.Errorf("idemhttp: resume %s: %w", e.Key, err)}
+	}
+	return c.resumeOne(ctx, j, e, c.cfg.now(), mark)
 }
 
-func (c *Client) resumeOne(ctx context.Context, j Journal, e *Entry, now time.Time) ResumeResult {
+// journalHighWater returns j's high-water mark if it is a [ClockJournal],
+// else the zero Time.
+func journalHighWater(ctx context.Context, j Journal) (time.Time, error) {
+	cj, ok := j.(ClockJournal)
+	if !ok {
+		return time.Time{}, nil
+	}
+	t, err := cj.HighWater(ctx)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("high water: %w", err)
+	}
+	return t, nil
+}
+
+// resumeOne resends e. mark is the journal's high-water mark, when the
+// caller has not checked the clock against it already.
+func (c *Client) resumeOne(ctx context.Context, j Journal, e *Entry, now, mark time.Time) ResumeResult {
 	r := ResumeResult{Entry: e}
 	c.journalEvent(ctx, JournalEvent{Op: JournalResume, Key: e.Key, Operation: e.Operation, State: e.State}, time.Time{})
-	if t := latest(e.Created, e.Updated); t.After(now.Add(ClockTolerance)) {
-		r.Err = fmt.Errorf("idemhttp: resume %s (created %s): %w", e.Key, e.Created.Format(time.RFC3339), ErrClockJump)
+	if t := latest(e.Created, e.Updated, mark); t.After(now.Add(ClockTolerance)) {
+		r.Err = fmt.Errorf("idemhttp: resume %s (created %s): %w: the journal holds times up to %s, the clock says %s",
+			e.Key, e.Created.Format(time.RFC3339), ErrClockJump, t.Format(time.RFC3339), now.Format(time.RFC3339))
 		return r
 	}
 	if now.Sub(e.Created) > c.cfg.pol.retention {

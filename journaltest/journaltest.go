@@ -27,7 +27,8 @@ import (
 )
 
 // Run runs the conformance suite against the journals open returns, one
-// subtest at a time. open must return a new, empty journal in its default
+// subtest at a time. A journal that implements [idemhttp.ClockJournal]
+// is checked for it too; the others skip that subtest. open must return a new, empty journal in its default
 // configuration (storing bodies) each time it is called, and release it
 // with t.Cleanup. Times in the suite are whole milliseconds in UTC, so an
 // implementation that stores microseconds passes; times read back are
@@ -56,6 +57,7 @@ func Run(t *testing.T, open func(t *testing.T) idemhttp.Journal) {
 		{"HeadersRoundTrip", testHeadersRoundTrip},
 		{"SecretsNeverStored", testSecretsNeverStored},
 		{"EmptyBodyIsNotNoBody", testEmptyBodyIsNotNoBody},
+		{"HighWater", testHighWater},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -456,4 +458,36 @@ func testEmptyBodyIsNotNoBody(t *testing.T, j idemhttp.Journal) {
 		require.NoError(t, err)
 		assert.Equal(t, tt.want, got.Body, "body %d", i)
 	}
+}
+
+// A ClockJournal's mark is the latest time it ever recorded, and never
+// goes down: not for an earlier outcome, nor when the entries that held
+// the latest time are pruned or deleted.
+func testHighWater(t *testing.T, j idemhttp.Journal) {
+	cj, ok := j.(idemhttp.ClockJournal)
+	if !ok {
+		t.Skip("not a ClockJournal")
+	}
+	ctx := context.Background()
+	mark := func() time.Time {
+		t.Helper()
+		m, err := cj.HighWater(ctx)
+		require.NoError(t, err)
+		return m
+	}
+	assert.True(t, mark().IsZero(), "an empty journal has no mark")
+	begin(t, j, entry("k-old", "op-old", at(1)))
+	begin(t, j, entry("k-new", "op-new", at(10)))
+	assert.True(t, at(10).Equal(mark()), "the latest Created: %v", mark())
+	require.NoError(t, j.Finish(ctx, "k-new", idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1, At: at(20)}))
+	assert.True(t, at(20).Equal(mark()), "an outcome's time: %v", mark())
+	require.NoError(t, j.Finish(ctx, "k-old", idemhttp.Outcome{State: idemhttp.StatePending, At: at(5)}))
+	assert.True(t, at(20).Equal(mark()), "an earlier outcome does not lower it: %v", mark())
+
+	n, err := j.Prune(ctx, at(30))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	assert.True(t, at(20).Equal(mark()), "pruning the newest entry keeps it: %v", mark())
+	require.NoError(t, j.Delete(ctx, "k-old"))
+	assert.True(t, at(20).Equal(mark()), "deleting every entry keeps it: %v", mark())
 }

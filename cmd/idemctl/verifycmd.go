@@ -19,8 +19,11 @@ import (
 const verifySynopsis = `Usage: idemctl verify -journal FILE [-json] [-repair]
 
 Reads the whole journal again and checks every batch and entry against its
-checksum, then reports the entries by state, the file's size and the
-journal's estimate of its live entries' size. It only reads: it works while
+checksum, then reports the entries by state, the file's size, the
+journal's estimate of its live entries' size and the latest time the
+journal has recorded (entries pruned since included), with a warning when
+the clock is below it: the clock was set back, and resume refuses to
+resend until it passes that time. It only reads: it works while
 another process writes the journal, and on a read-only mount. If the
 journal ends in an incomplete batch (a torn tail), it says so: after a
 crash that is most likely a group commit the crash interrupted before any
@@ -58,6 +61,28 @@ type verifyReport struct {
 	Repaired       bool         `json:"repaired,omitempty"`
 	Backup         string       `json:"backup,omitempty"`        // the damaged file's copy
 	SkippedBytes   int64        `json:"skipped_bytes,omitempty"` // damaged bytes the repair left out
+	// HighWater is the latest time the journal has recorded, entries
+	// pruned since included ([idemhttp.FileJournal.HighWater]); nil for a
+	// journal that recorded none. A clock more than
+	// [idemhttp.ClockTolerance] below it makes resume and reruns refuse.
+	HighWater *time.Time `json:"high_water,omitempty"`
+	// ClockBehind is how far the clock is below HighWater, when it is by
+	// more than the tolerance; 0 otherwise.
+	ClockBehind time.Duration `json:"clock_behind_ns,omitempty"`
+}
+
+// setHighWater fills in rep's HighWater and ClockBehind from fj, as of
+// now.
+func setHighWater(ctx context.Context, fj *idemhttp.FileJournal, rep *verifyReport, now time.Time) error {
+	mark, err := fj.HighWater(ctx)
+	if err != nil || mark.IsZero() {
+		return err
+	}
+	rep.HighWater = &mark
+	if d := mark.Sub(now); d > idemhttp.ClockTolerance {
+		rep.ClockBehind = d
+	}
+	return nil
 }
 
 // stateCounts counts entries by state.
@@ -145,6 +170,9 @@ func checkJournal(ctx context.Context, path string, rep *verifyReport) (damage, 
 	st := fj.Stats()
 	rep.Entries = &counts
 	rep.FileBytes, rep.LiveBytes, rep.TruncatedBytes = st.FileBytes, st.LiveBytes, st.TruncatedBytes
+	if err := setHighWater(ctx, fj, rep, time.Now()); err != nil {
+		return nil, describeJournalErr(path, err)
+	}
 	return nil, nil
 }
 
@@ -224,6 +252,9 @@ func repairJournal(ctx context.Context, path string, rep *verifyReport) error {
 	st = fj.Stats()
 	rep.Entries = &counts
 	rep.FileBytes, rep.LiveBytes = st.FileBytes, st.LiveBytes
+	if err := setHighWater(ctx, fj, rep, time.Now()); err != nil {
+		return fail(exitJournal, "journal %s after the repair: %v\nThe damaged file was copied to %s", path, err, backup)
+	}
 	if err := fj.Close(); err != nil {
 		return fail(exitJournal, "journal %s after the repair: %v\nThe damaged file was copied to %s", path, err, backup)
 	}
@@ -311,6 +342,14 @@ func printReport(e env, rep *verifyReport, asJSON bool) error {
 	// memory in the index as well: it can exceed the file's size, so it is
 	// not called the compacted size here.
 	row("live", "%d bytes (the live entries, as the journal estimates them)", rep.LiveBytes)
+	if rep.HighWater != nil {
+		row("latest time", "%s (the latest time the journal has recorded; resume refuses while the clock is more than %s below it)",
+			rep.HighWater.Format(time.RFC3339Nano), idemhttp.ClockTolerance)
+	}
+	if rep.ClockBehind > 0 {
+		row("clock", "%s behind the journal: the clock was set back, and the age of every pending entry is unknown; resume and reruns refuse (clock jumped) until the clock passes the latest time",
+			rep.ClockBehind.Round(time.Second))
+	}
 	if rep.TruncatedBytes > 0 {
 		row("torn tail", "%d bytes at the end do not form a whole batch: most likely a group commit that a crash interrupted before any caller was told it succeeded, but damage to the last batches looks the same; the next writer keeps them in a .torn- file beside the journal", rep.TruncatedBytes)
 	}

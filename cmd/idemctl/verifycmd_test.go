@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -92,6 +93,8 @@ func TestVerifyHealthy(t *testing.T) {
 		assert.Regexp(t, `(?m)^entries +2 pending, 1 done, 1 abandoned$`, out.stdout)
 		assert.Regexp(t, fmt.Sprintf(`(?m)^file +%d bytes$`, fi.Size()), out.stdout)
 		assert.Regexp(t, `(?m)^live +\d+ bytes`, out.stdout)
+		assert.Regexp(t, `(?m)^latest time +\d{4}-`, out.stdout)
+		assert.NotContains(t, out.stdout, "behind the journal")
 		assert.NotContains(t, out.stdout, "torn tail")
 	})
 
@@ -347,4 +350,36 @@ func TestVerifyRepairDamagedHeader(t *testing.T) {
 	after, err := os.ReadFile(journal)
 	require.NoError(t, err)
 	assert.Equal(t, data, after)
+}
+
+// verify shows the journal's high-water mark, and says when the clock is
+// below it: the entry that held the later time is gone, so only the mark
+// remembers it. Checked to fail: with setHighWater a no-op, neither row
+// nor field appears.
+func TestVerifyShowsTheClockBehindTheJournal(t *testing.T) {
+	journal := filepath.Join(t.TempDir(), "journal")
+	fj, err := idemhttp.OpenFileJournal(journal, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	ahead := time.Now().Add(2 * time.Hour).UTC().Truncate(time.Second)
+	_, err = fj.Begin(ctx, &idemhttp.Entry{
+		Key: "key-ahead", Method: "POST", URL: "http://api.example/v1/charges",
+		Created: ahead, Updated: ahead,
+	})
+	require.NoError(t, err)
+	require.NoError(t, fj.Delete(ctx, "key-ahead"))
+	require.NoError(t, fj.Close())
+
+	out := runIn("verify", "-journal", journal)
+	require.Equal(t, exitOK, out.code, out.stderr)
+	assert.Regexp(t, `(?m)^latest time +`+regexp.QuoteMeta(ahead.Format(time.RFC3339Nano))+` `, out.stdout)
+	assert.Regexp(t, `(?m)^clock +(1h59m\d+s|2h0m0s) behind the journal`, out.stdout)
+
+	out = runIn("verify", "-json", "-journal", journal)
+	require.Equal(t, exitOK, out.code, out.stderr)
+	var rep verifyReport
+	require.NoError(t, json.Unmarshal([]byte(out.stdout), &rep))
+	require.NotNil(t, rep.HighWater)
+	assert.True(t, ahead.Equal(*rep.HighWater))
+	assert.Greater(t, rep.ClockBehind, time.Hour)
 }

@@ -1,0 +1,53 @@
+package idemhttp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// HighWater implements [ClockJournal]: it returns the latest time the
+// journal has ever recorded, the zero Time for a journal that never
+// recorded one. That is the latest Created or Updated time of any entry
+// it stored, and of any outcome Finish recorded, since the file was
+// created: entries pruned, deleted or dropped by compaction since count
+// too, because compaction writes the mark into the new file (see
+// docs/journal-format.md). A journal written by an older build that
+// was never compacted by this one counts only the records still in it.
+//
+// The mark never goes down. A clock set back below it, by more than
+// [ClockTolerance], makes [Client.Resume] refuse to resend and
+// [Client.Do] refuse to reuse a pending entry ([ErrClockJump]): the age
+// of every entry, and so whether the server still holds its key, is then
+// in doubt. Entries written while the clock was far ahead keep it so
+// until the clock passes the mark; resolve the pending entries by hand
+// and start a new journal file to get rid of a wrong mark.
+//
+// HighWater reads memory only. It includes times of writes not yet on
+// disk, and of writes that failed: a mark too high only makes the checks
+// stricter. After Close it returns an error wrapping [ErrJournalClosed].
+func (j *FileJournal) HighWater(ctx context.Context) (time.Time, error) {
+	if err := ctx.Err(); err != nil {
+		return time.Time{}, err
+	}
+	if err := j.log.Writable(); errors.Is(err, ErrJournalClosed) {
+		return time.Time{}, fmt.Errorf("idemhttp: journal high water: %w", err)
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.high.IsZero() {
+		return time.Time{}, nil
+	}
+	return j.high.UTC(), nil
+}
+
+var _ ClockJournal = (*FileJournal)(nil)
+
+// raiseLocked raises the high-water mark to t if t is later. Only the
+// wall clock counts: with monotonic readings on both sides, After would
+// compare those, and the time of a call made after the clock was set back
+// could then lower the mark.
+func (j *FileJournal) raiseLocked(t time.Time) {
+	j.high = latest(j.high, t.Round(0))
+}

@@ -1,0 +1,254 @@
+package idemhttp
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// ijHighWater returns j's mark, failing the test on an error.
+func ijHighWater(t *testing.T, j *FileJournal) time.Time {
+	t.Helper()
+	mark, err := j.HighWater(context.Background())
+	require.NoError(t, err)
+	return mark
+}
+
+// ijBeginAt stores a pending entry for key created at created.
+func ijBeginAt(t *testing.T, j *FileJournal, key string, created time.Time) {
+	t.Helper()
+	e := ijEntry(key, "op-"+key)
+	e.Created, e.Updated = created, created
+	existing, err := j.Begin(context.Background(), e)
+	require.NoError(t, err)
+	require.Nil(t, existing)
+}
+
+// The mark is the latest time any record held, and it outlives the
+// records: reopening replays it, deleting or pruning the newest entry
+// keeps it, and compaction, which drops those entries' records, carries
+// it in a clock record. Checked to fail: with fill's clock record
+// holding an earlier time, "compact" and "prune and compact" reopen
+// with the mark at t1, the pending entry's time. (Replay not raising the
+// mark for begin records is caught by TestJournalHighWaterReplay and
+// FuzzReplay's seeds; here the finish record carries t3.)
+func TestJournalHighWaterSurvives(t *testing.T) {
+	t1 := ijT0
+	t2 := ijT0.Add(25 * time.Hour)
+	t3 := t2.Add(time.Second) // when the newer entry got its outcome
+	tests := []struct {
+		name  string
+		after func(t *testing.T, j *FileJournal)
+	}{
+		{name: "reopen", after: func(*testing.T, *FileJournal) {}},
+		{name: "delete", after: func(t *testing.T, j *FileJournal) {
+			require.NoError(t, j.Delete(context.Background(), "new"))
+		}},
+		{name: "prune", after: func(t *testing.T, j *FileJournal) {
+			n, err := j.Prune(context.Background(), t3.Add(time.Hour))
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+		}},
+		{name: "compact", after: func(t *testing.T, j *FileJournal) {
+			require.NoError(t, j.Delete(context.Background(), "new"))
+			require.NoError(t, j.Compact(context.Background()))
+		}},
+		{name: "prune and compact", after: func(t *testing.T, j *FileJournal) {
+			_, err := j.Prune(context.Background(), t3.Add(time.Hour))
+			require.NoError(t, err)
+			require.NoError(t, j.Compact(context.Background()))
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			path := filepath.Join(t.TempDir(), "journal")
+			j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+			require.NoError(t, err)
+			assert.True(t, ijHighWater(t, j).IsZero(), "a new journal has no mark")
+			ijBeginAt(t, j, "old", t1)
+			ijBeginAt(t, j, "new", t2)
+			require.NoError(t, j.Finish(ctx, "new", Outcome{State: StateDone, Status: 200, Attempts: 1, At: t3}))
+			assert.Equal(t, t3, ijHighWater(t, j), "Finish raises the mark")
+			tt.after(t, j)
+			assert.Equal(t, t3, ijHighWater(t, j), "before the reopen")
+			require.NoError(t, j.Close())
+			_, err = j.HighWater(ctx)
+			assert.ErrorIs(t, err, ErrJournalClosed)
+
+			j = ijReopen(t, path)
+			assert.Equal(t, t3, ijHighWater(t, j), "after the reopen")
+			require.NoError(t, j.Verify(ctx))
+			ro, err := OpenFileJournal(path, &JournalOptions{ReadOnly: true})
+			require.NoError(t, err)
+			defer ro.Close()
+			assert.Equal(t, t3, ijHighWater(t, ro), "read-only")
+		})
+	}
+}
+
+// Compaction writes the mark as the first record of the new file, in the
+// clock record's encoding; a second compaction keeps it.
+func TestJournalCompactWritesTheMarkFirst(t *testing.T) {
+	ctx := context.Background()
+	j, path := ijOpen(t, nil)
+	t2 := ijT0.Add(time.Hour)
+	ijBeginAt(t, j, "a", ijT0)
+	ijBeginAt(t, j, "b", t2)
+	require.NoError(t, j.Delete(ctx, "b"))
+	for range 2 {
+		require.NoError(t, j.Compact(ctx))
+		raw, err := os.ReadFile(path)
+		require.NoError(t, err)
+		payload, _, ok := fjReadRecord(raw[fjFileHdrLen+fjBatchHdrLen:])
+		require.True(t, ok)
+		rec, err := fjDecodeRecord(payload)
+		require.NoError(t, err)
+		assert.Equal(t, &fjRecord{kind: fjKindClock, updated: t2}, rec)
+		assert.Equal(t, t2, ijHighWater(t, j))
+	}
+}
+
+// A file without a clock record (written by an older build, or never
+// compacted) opens, and its mark is the latest time its records hold,
+// deleted entries' included. A clock record anywhere counts, even one
+// holding a time later than every entry.
+func TestJournalHighWaterReplay(t *testing.T) {
+	t1, t2, t3 := ijT0, ijT0.Add(time.Hour), ijT0.Add(2*time.Hour)
+	a, b := ijBegin(t, ijEntry("a", "op-a")), ijEntry("b", "op-b")
+	b.Created, b.Updated = t1, t2
+	tests := []struct {
+		name string
+		give []byte
+		want time.Time
+	}{
+		{name: "empty", give: ijFile(), want: time.Time{}},
+		{name: "begins only", give: ijFile(ijBatch(1, a, ijBegin(t, b))), want: t2},
+		{
+			name: "finish of a deleted entry",
+			give: ijFile(ijBatch(1, a, ijBegin(t, b)), ijBatch(2, fjAppendFinish(nil, "b", journalStateDone, 200, 1, t3), fjAppendDelete(nil, "b"))),
+			want: t3,
+		},
+		{name: "clock record first", give: ijFile(ijBatch(1, fjAppendClock(nil, t3), a)), want: t3},
+		{name: "clock record older than the entries", give: ijFile(ijBatch(1, fjAppendClock(nil, t1), ijBegin(t, b))), want: t2},
+		{name: "clock record alone", give: ijFile(ijBatch(1, fjAppendClock(nil, t3))), want: t3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "journal")
+			require.NoError(t, os.WriteFile(path, tt.give, 0o600))
+			j := ijReopen(t, path)
+			assert.Equal(t, tt.want, ijHighWater(t, j))
+			require.NoError(t, j.Verify(context.Background()))
+
+			idx, err := fjReplay(tt.give, false)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, idx.high, "the fast replay")
+			full, err := fjReplayWith(tt.give, false, (*fjIndex).verifyRecord)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, full.high, "the full replay")
+		})
+	}
+}
+
+// The end to end hole that the mark closes: a pending entry 25 h old, a
+// newer entry done and pruned, the clock set back 2 h, so that the
+// pending entry looks 23 h old, within the 24 h retention. Resuming it
+// would resend it under a key the server has forgotten: the operation
+// would run twice. With the mark, Resume sends nothing and reports
+// ErrClockJump, and a rerun of the operation is refused too. The last
+// step shows that the test bites: the same journal, its mark hidden
+// behind a Journal without HighWater, makes Resume resend, and the
+// server runs the operation a second time. Checked to fail: with
+// journalHighWater ignoring ClockJournal, Resume, ResumeEntry and Do
+// all go ahead; with fill's clock record holding an earlier time, the
+// reopened journal has forgotten t0+25h and Resume resends.
+func TestResumeRefusesBelowTheHighWaterMark(t *testing.T) {
+	ctx := context.Background()
+	clock := &ijClock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	t0 := clock.now()
+	// The server runs every request it gets: it has forgotten the keys
+	// (24 h retention). Its first request's response is lost.
+	srv := newScripted(t, drop, reply(200, "{}"))
+	path := filepath.Join(t.TempDir(), "journal")
+	j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+	require.NoError(t, err)
+	pol := fast()
+	pol.MaxAttempts = 1
+	newClient := func(j Journal) *Client { return &Client{Journal: j, Policy: pol, clock: clock.now} }
+	c := newClient(j)
+
+	_, err = c.Do(post(t, srv.URL+"/old", chargeBody).WithContext(WithOperation(ctx, "old")))
+	require.Error(t, err, "the response was lost")
+	clock.set(t0.Add(25 * time.Hour))
+	resp, err := c.Do(post(t, srv.URL+"/new", chargeBody).WithContext(WithOperation(ctx, "new")))
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	// The done entry is pruned (an operator's `idemctl prune`, say), the
+	// file compacted and reopened: nothing in it holds t0+25h but the
+	// clock record.
+	n, err := j.Prune(ctx, clock.now().Add(time.Second))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.NoError(t, j.Compact(ctx))
+	require.NoError(t, j.Close())
+	j = ijReopen(t, path)
+	pending, err := j.Pending(ctx)
+	require.NoError(t, err)
+	require.Len(t, pending, 1)
+	require.Equal(t, t0, pending[0].Created)
+	require.Len(t, srv.Hits(), 2)
+
+	clock.set(t0.Add(23 * time.Hour)) // set back 2 h
+	c = newClient(j)
+	results, err := c.Resume(ctx)
+	require.NoError(t, err)
+	require.Len(t, results, 1)
+	assert.ErrorIs(t, results[0].Err, ErrClockJump)
+	r := c.ResumeEntry(ctx, pending[0])
+	assert.ErrorIs(t, r.Err, ErrClockJump, "ResumeEntry checks the mark too")
+	_, err = c.Do(post(t, srv.URL+"/old", chargeBody).WithContext(WithOperation(ctx, "old")))
+	assert.ErrorIs(t, err, ErrClockJump, "a rerun of the operation is refused")
+	assert.Len(t, srv.Hits(), 2, "nothing resent")
+	e, err := j.Lookup(ctx, "old")
+	require.NoError(t, err)
+	assert.Equal(t, StatePending, e.State, "left pending")
+
+	// The control: the journal's entries' own times alone do not show
+	// the jump, and the entry is resent.
+	results, err = newClient(ijNoMark{j}).Resume(ctx)
+	require.NoError(t, err)
+	require.Len(t, results, 1)
+	assert.NoError(t, results[0].Err)
+	hits := srv.Hits()
+	require.Len(t, hits, 3, "without the mark, the operation ran twice")
+	assert.Equal(t, hits[0].Key, hits[2].Key)
+}
+
+// ijNoMark hides a journal's HighWater: a Journal that is not a
+// ClockJournal.
+type ijNoMark struct{ Journal }
+
+// ijClock is a clock a test sets.
+type ijClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *ijClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *ijClock) set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
