@@ -341,6 +341,13 @@ func (r *journalReader) uvarint() uint64 {
 	if r.err != nil {
 		return 0
 	}
+	if len(r.b) > 0 && r.b[0] < 0x80 {
+		// One byte: nearly every length and count. Replay reads a
+		// dozen per begin record, a million records at a time.
+		v := uint64(r.b[0])
+		r.b = r.b[1:]
+		return v
+	}
 	v, n := binary.Uvarint(r.b)
 	if n <= 0 {
 		r.fail("bad varint")

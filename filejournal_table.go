@@ -34,9 +34,8 @@ type fjTable struct {
 }
 
 // fjShard is one shard of a fjTable: a power-of-two number of slots, or
-// none. hashes[i] is the low 32 bits of the hash of slots[i]'s string
-// (meaningless when slots[i] is nil); a string's home slot is its low
-// bits.
+// none. hashes[i] is the tag (see fjTag) of slots[i]'s string, or 0
+// for an empty slot.
 type fjShard struct {
 	slots  []*fjEntry
 	hashes []uint32
@@ -99,6 +98,16 @@ func (t *fjTable) shard(h uint64) *fjShard { return &t.shards[h>>(64-fjShardBits
 // len returns how many entries the table holds.
 func (t *fjTable) len() int { return t.n }
 
+// fjTag is the 32 bits of hash h a slot keeps: its low 32 bits, but
+// never 0, which marks an empty slot. A string's home slot in a shard is
+// its tag's low bits.
+func fjTag(h uint64) uint32 {
+	if v := uint32(h); v != 0 {
+		return v
+	}
+	return 1
+}
+
 // get returns the entry indexed by s, or nil.
 func (t *fjTable) get(s string) *fjEntry {
 	sh, i := t.find(t.hash(s), s)
@@ -115,34 +124,38 @@ func (t *fjTable) getBytes(h uint64, b []byte) *fjEntry {
 		return nil
 	}
 	mask := uint64(len(sh.slots) - 1)
-	h32 := uint32(h)
-	for i := h & mask; ; i = (i + 1) & mask {
-		le := sh.slots[i]
-		if le == nil {
+	tag := fjTag(h)
+	for i := uint64(tag) & mask; ; i = (i + 1) & mask {
+		switch sh.hashes[i] {
+		case 0:
 			return nil
-		}
-		if sh.hashes[i] == h32 && t.name(le) == string(b) {
-			return le
+		case tag:
+			if le := sh.slots[i]; t.name(le) == string(b) {
+				return le
+			}
 		}
 	}
 }
 
 // find returns the shard of s, whose hash is h, and the slot of the
-// entry indexed by s in it, or -1.
+// entry indexed by s in it, or -1. A probe reads the tags only, and
+// follows a slot's pointer (a cache miss, and another for its string)
+// only when the tag matches.
 func (t *fjTable) find(h uint64, s string) (*fjShard, int) {
 	sh := t.shard(h)
 	if sh.n == 0 {
 		return sh, -1
 	}
 	mask := uint64(len(sh.slots) - 1)
-	h32 := uint32(h)
-	for i := h & mask; ; i = (i + 1) & mask {
-		le := sh.slots[i]
-		if le == nil {
+	tag := fjTag(h)
+	for i := uint64(tag) & mask; ; i = (i + 1) & mask {
+		switch sh.hashes[i] {
+		case 0:
 			return sh, -1
-		}
-		if sh.hashes[i] == h32 && t.name(le) == s {
-			return sh, int(i)
+		case tag:
+			if t.name(sh.slots[i]) == s {
+				return sh, int(i)
+			}
 		}
 	}
 }
@@ -152,25 +165,9 @@ func (t *fjTable) put(le *fjEntry) { t.putHashed(t.hash(t.name(le)), le) }
 
 // putHashed is put for an entry whose string's hash is h.
 func (t *fjTable) putHashed(h uint64, le *fjEntry) {
-	s := t.name(le)
-	sh := t.shard(h)
-	if (sh.n+1)*4 > len(sh.slots)*3 {
-		t.resize(sh, max(fjShardMin, 2*len(sh.slots)))
-	}
-	mask := uint64(len(sh.slots) - 1)
-	h32 := uint32(h)
-	for i := h & mask; ; i = (i + 1) & mask {
-		cur := sh.slots[i]
-		if cur == nil {
-			sh.slots[i], sh.hashes[i] = le, h32
-			sh.n++
-			t.n++
-			return
-		}
-		if sh.hashes[i] == h32 && t.name(cur) == s {
-			sh.slots[i] = le
-			return
-		}
+	if cur := t.insertNew(h, le); cur != nil {
+		sh, i := t.find(h, t.name(le))
+		sh.slots[i] = le
 	}
 }
 
@@ -185,17 +182,18 @@ func (t *fjTable) insertNew(h uint64, le *fjEntry) *fjEntry {
 		t.resize(sh, max(fjShardMin, 2*len(sh.slots)))
 	}
 	mask := uint64(len(sh.slots) - 1)
-	h32 := uint32(h)
-	for i := h & mask; ; i = (i + 1) & mask {
-		cur := sh.slots[i]
-		if cur == nil {
-			sh.slots[i], sh.hashes[i] = le, h32
+	tag := fjTag(h)
+	for i := uint64(tag) & mask; ; i = (i + 1) & mask {
+		switch sh.hashes[i] {
+		case 0:
+			sh.slots[i], sh.hashes[i] = le, tag
 			sh.n++
 			t.n++
 			return nil
-		}
-		if sh.hashes[i] == h32 && t.name(cur) == s {
-			return cur
+		case tag:
+			if cur := sh.slots[i]; t.name(cur) == s {
+				return cur
+			}
 		}
 	}
 }
@@ -212,17 +210,17 @@ func (t *fjTable) del(s string) {
 	mask := uint64(len(sh.slots) - 1)
 	gap := uint64(at)
 	for j := (gap + 1) & mask; ; j = (j + 1) & mask {
-		cur := sh.slots[j]
-		if cur == nil {
+		tag := sh.hashes[j]
+		if tag == 0 {
 			break
 		}
-		home := uint64(sh.hashes[j]) & mask
+		home := uint64(tag) & mask
 		if (j-home)&mask >= (j-gap)&mask {
-			sh.slots[gap], sh.hashes[gap] = cur, sh.hashes[j]
+			sh.slots[gap], sh.hashes[gap] = sh.slots[j], tag
 			gap = j
 		}
 	}
-	sh.slots[gap] = nil
+	sh.slots[gap], sh.hashes[gap] = nil, 0
 	sh.n--
 	t.n--
 	if sh.n == 0 {
@@ -232,23 +230,22 @@ func (t *fjTable) del(s string) {
 	}
 }
 
-// resize moves sh's entries into size slots, from the hash bits kept:
-// no string is read or hashed again. A shard holds at most 2^32 slots,
-// which the bits kept can address.
+// resize moves sh's entries into size slots, from their tags: no string
+// is read or hashed again. A shard holds at most 2^32 slots, which the
+// tags can address.
 func (t *fjTable) resize(sh *fjShard, size int) {
-	old, oldHashes := sh.slots, sh.hashes
+	old, oldTags := sh.slots, sh.hashes
 	sh.slots, sh.hashes = make([]*fjEntry, size), make([]uint32, size)
 	mask := uint64(size - 1)
-	for k, le := range old {
-		if le == nil {
+	for k, tag := range oldTags {
+		if tag == 0 {
 			continue
 		}
-		h32 := oldHashes[k]
-		i := uint64(h32) & mask
-		for sh.slots[i] != nil {
+		i := uint64(tag) & mask
+		for sh.hashes[i] != 0 {
 			i = (i + 1) & mask
 		}
-		sh.slots[i], sh.hashes[i] = le, h32
+		sh.slots[i], sh.hashes[i] = old[k], tag
 	}
 }
 
