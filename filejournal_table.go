@@ -9,9 +9,10 @@ import (
 // operation id (byOp). It does what a map[string]*fjEntry would, in less
 // memory: a map slot holds a 16-byte string header and a pointer, about
 // 38 bytes per entry at the load Go maps run at, where a slot here is one
-// pointer and 32 bits of its string's hash, the string being the entry's
-// own, about 21 bytes per entry. The index holds millions of entries,
-// twice.
+// pointer and a 16-bit tag from its string's hash, the string being the
+// entry's own: 13 to 27 bytes per entry (21 at a million), depending on
+// where the shards are between doublings. The index holds millions of
+// entries, twice.
 //
 // It is open addressing with linear probing and backward-shift deletion,
 // split into fjShards shards that grow and shrink on their own, so that
@@ -19,11 +20,11 @@ import (
 // at a million). Strings are hashed with a random seed per table, so
 // that keys chosen to collide cannot make one shard's probes long.
 //
-// The hash bits kept beside each pointer are what make it fast at a
-// million entries: a probe compares them first and follows the pointer
-// (a cache miss, and another for the string) only when they match, and
-// growing a shard rehashes nothing. Without them, opening a journal of a
-// million entries spent most of its time in probe chains.
+// The tags are what make it fast at a million entries: a probe reads
+// them only (a zero tag is an empty slot), and follows a pointer (a
+// cache miss, and another for the string) only when a tag matches, one
+// time in 65 536 for a string that is not there. Without them, opening a
+// journal of a million entries spent most of its time in probe chains.
 //
 // A fjTable is not safe for concurrent use: the index's lock guards it.
 type fjTable struct {
@@ -35,10 +36,10 @@ type fjTable struct {
 
 // fjShard is one shard of a fjTable: a power-of-two number of slots, or
 // none. hashes[i] is the tag (see fjTag) of slots[i]'s string, or 0
-// for an empty slot.
+// for an empty slot; a string's home slot is its hash's low bits.
 type fjShard struct {
 	slots  []*fjEntry
-	hashes []uint32
+	hashes []uint16
 	n      int
 }
 
@@ -60,7 +61,7 @@ func newFjTable(byOp bool, hint int) *fjTable {
 		}
 		for i := range t.shards {
 			t.shards[i].slots = make([]*fjEntry, size)
-			t.shards[i].hashes = make([]uint32, size)
+			t.shards[i].hashes = make([]uint16, size)
 		}
 	}
 	return t
@@ -98,11 +99,12 @@ func (t *fjTable) shard(h uint64) *fjShard { return &t.shards[h>>(64-fjShardBits
 // len returns how many entries the table holds.
 func (t *fjTable) len() int { return t.n }
 
-// fjTag is the 32 bits of hash h a slot keeps: its low 32 bits, but
-// never 0, which marks an empty slot. A string's home slot in a shard is
-// its tag's low bits.
-func fjTag(h uint64) uint32 {
-	if v := uint32(h); v != 0 {
+// fjTag is the 16 bits of hash h a slot keeps: bits 32 to 47, which
+// neither the shard (the top bits) nor the home slot (the low bits) is
+// chosen by, so that a tag tells apart entries with the same home; but
+// never 0, which marks an empty slot.
+func fjTag(h uint64) uint16 {
+	if v := uint16(h >> 32); v != 0 {
 		return v
 	}
 	return 1
@@ -125,7 +127,7 @@ func (t *fjTable) getBytes(h uint64, b []byte) *fjEntry {
 	}
 	mask := uint64(len(sh.slots) - 1)
 	tag := fjTag(h)
-	for i := uint64(tag) & mask; ; i = (i + 1) & mask {
+	for i := h & mask; ; i = (i + 1) & mask {
 		switch sh.hashes[i] {
 		case 0:
 			return nil
@@ -148,7 +150,7 @@ func (t *fjTable) find(h uint64, s string) (*fjShard, int) {
 	}
 	mask := uint64(len(sh.slots) - 1)
 	tag := fjTag(h)
-	for i := uint64(tag) & mask; ; i = (i + 1) & mask {
+	for i := h & mask; ; i = (i + 1) & mask {
 		switch sh.hashes[i] {
 		case 0:
 			return sh, -1
@@ -183,7 +185,7 @@ func (t *fjTable) insertNew(h uint64, le *fjEntry) *fjEntry {
 	}
 	mask := uint64(len(sh.slots) - 1)
 	tag := fjTag(h)
-	for i := uint64(tag) & mask; ; i = (i + 1) & mask {
+	for i := h & mask; ; i = (i + 1) & mask {
 		switch sh.hashes[i] {
 		case 0:
 			sh.slots[i], sh.hashes[i] = le, tag
@@ -214,7 +216,7 @@ func (t *fjTable) del(s string) {
 		if tag == 0 {
 			break
 		}
-		home := uint64(tag) & mask
+		home := t.hash(t.name(sh.slots[j])) & mask
 		if (j-home)&mask >= (j-gap)&mask {
 			sh.slots[gap], sh.hashes[gap] = sh.slots[j], tag
 			gap = j
@@ -230,22 +232,21 @@ func (t *fjTable) del(s string) {
 	}
 }
 
-// resize moves sh's entries into size slots, from their tags: no string
-// is read or hashed again. A shard holds at most 2^32 slots, which the
-// tags can address.
+// resize rehashes sh's entries into size slots.
 func (t *fjTable) resize(sh *fjShard, size int) {
 	old, oldTags := sh.slots, sh.hashes
-	sh.slots, sh.hashes = make([]*fjEntry, size), make([]uint32, size)
+	sh.slots, sh.hashes = make([]*fjEntry, size), make([]uint16, size)
 	mask := uint64(size - 1)
 	for k, tag := range oldTags {
 		if tag == 0 {
 			continue
 		}
-		i := uint64(tag) & mask
+		le := old[k]
+		i := t.hash(t.name(le)) & mask
 		for sh.hashes[i] != 0 {
 			i = (i + 1) & mask
 		}
-		sh.slots[i], sh.hashes[i] = old[k], tag
+		sh.slots[i], sh.hashes[i] = le, tag
 	}
 }
 
