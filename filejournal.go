@@ -352,6 +352,7 @@ func OpenFileJournal(path string, opts *JournalOptions) (*FileJournal, error) {
 		ReadOnly: opts.ReadOnly,
 		Salvage:  opts.SkipVerify,
 		OnCommit: j.onCommit,
+		Digest:   fjDigest,
 		Fault: func(step string) error {
 			if j.fault == nil {
 				return nil

@@ -934,6 +934,18 @@ func ijReseal(file []byte) []byte {
 // ijCheckReplay replays file and checks the index's invariants.
 func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 	idx, err := fjReplay(file, salvage)
+	// With the read-ahead, which digests begin records on its own
+	// goroutine, on a file of any size: the same outcome.
+	restore := wal.SetReadAheadWindow(64)
+	ahead, aheadErr := fjReplay(file, salvage)
+	restore()
+	require.Equal(t, fmt.Sprint(err), fmt.Sprint(aheadErr), "without and with the read-ahead")
+	if err == nil {
+		require.Equal(t, idx.Replayed, ahead.Replayed)
+		require.Equal(t, ijMap(idx.byKey), ijMap(ahead.byKey))
+		require.Equal(t, idx.live, ahead.live)
+		require.Equal(t, idx.high, ahead.high)
+	}
 	// Opening indexes begin records without decoding their requests;
 	// Verify decodes everything. Both must accept the same files and
 	// build the same index.

@@ -33,6 +33,13 @@ type Options struct {
 	// held shared: it must not call [Log.Rewrite] or wait for a batch.
 	OnCommit func(b *Batch, err error)
 
+	// Digest, when set, makes what apply is given of each record during
+	// Open's replay, instead of the payload: for a large file it runs on
+	// the read-ahead's goroutine (see [Replay]), so that the work of
+	// reading a record's fields overlaps the applying of those before.
+	// It must be safe to call from another goroutine than apply's.
+	Digest DigestFunc
+
 	// Fault, when set, is called before each commit's write ("write"),
 	// between the write and its sync ("sync"), when a rewrite has written
 	// the live records and starts copying the batches committed meanwhile
@@ -151,7 +158,7 @@ func (l *Log) openReadOnly(apply ApplyFunc) error {
 		_ = f.Close()
 		return err
 	}
-	res, err := Replay(f, fi.Size(), l.opts.Salvage, apply)
+	res, err := replay(f, fi.Size(), l.opts.Salvage, apply, l.opts.Digest)
 	if err != nil {
 		_ = f.Close()
 		return err
@@ -210,7 +217,7 @@ func (l *Log) open(apply ApplyFunc) error {
 			return fail(err)
 		}
 	}
-	res, err := Replay(f, size, l.opts.Salvage, apply)
+	res, err := replay(f, size, l.opts.Salvage, apply, l.opts.Digest)
 	if err != nil {
 		return fail(err)
 	}

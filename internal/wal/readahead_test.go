@@ -2,6 +2,7 @@ package wal
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -52,9 +53,28 @@ type raOutcome struct {
 	err     string
 }
 
+// raDigest is a DigestFunc for the tests: a payload whose second byte is
+// 'E' (one in 256 of raFile's) is refused, any other digested to its
+// length and its reversed first bytes.
+func raDigest(dst, p []byte) ([]byte, error) {
+	if len(p) > 1 && p[1] == 'E' {
+		return dst, errors.New("digest refused")
+	}
+	dst = append(dst, byte(len(p)), byte(len(p)>>8))
+	for i := min(len(p), 16) - 1; i >= 0; i-- {
+		dst = append(dst, p[i])
+	}
+	return dst, nil
+}
+
 // raReplay replays data with the read-ahead's window set to window (0:
 // no read-ahead), failing apply at record failAt (-1: never).
 func raReplay(t *testing.T, data []byte, salvage bool, window, failAt int) raOutcome {
+	return raReplayDigest(t, data, salvage, window, failAt, nil)
+}
+
+// raReplayDigest is raReplay with a DigestFunc.
+func raReplayDigest(t *testing.T, data []byte, salvage bool, window, failAt int, digest DigestFunc) raOutcome {
 	t.Helper()
 	saved := readAheadWindow
 	defer func() { readAheadWindow = saved }()
@@ -64,13 +84,13 @@ func raReplay(t *testing.T, data []byte, salvage bool, window, failAt int) raOut
 		readAheadWindow = window
 	}
 	var out raOutcome
-	res, err := Replay(bytes.NewReader(data), int64(len(data)), salvage, func(off int64, n int, p []byte) error {
+	res, err := replay(bytes.NewReader(data), int64(len(data)), salvage, func(off int64, n int, p []byte) error {
 		out.records = append(out.records, fmt.Sprintf("%d/%d/%x", off, n, p))
 		if len(out.records)-1 == failAt {
 			return errors.New("apply refused")
 		}
 		return nil
-	})
+	}, digest)
 	if err != nil {
 		out.err = err.Error()
 	}
@@ -89,20 +109,25 @@ func raReplay(t *testing.T, data []byte, salvage bool, window, failAt int) raOut
 // replay's own reads at the first batch it would not accept) gives the
 // same records, the same result and the same error as replay without it.
 // (With the read-ahead's sequence check removed, or its records' checks,
-// it fails: checked both.) goleak, in TestMain, checks that no read-ahead
-// outlives its replay.
+// it fails: checked both.) Each case runs with a DigestFunc too (the
+// read-ahead then digests the records, and a refused digest makes replay
+// judge that batch itself); with the read-ahead handing over a batch
+// whose digest was refused it fails (checked). goleak, in TestMain,
+// checks that no read-ahead outlives its replay.
 func TestReplayReadAheadChangesNothing(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 13))
 	check := func(t *testing.T, name string, data []byte, failAt int) {
 		t.Helper()
 		for _, salvage := range []bool{false, true} {
-			want := raReplay(t, data, salvage, 0, failAt)
-			for _, window := range []int{BatchHeaderLen, 1000, 4096} {
-				if int64(len(data)) < 2*int64(window) {
-					continue
+			for _, digest := range []DigestFunc{nil, raDigest} {
+				want := raReplayDigest(t, data, salvage, 0, failAt, digest)
+				for _, window := range []int{BatchHeaderLen, 1000, 4096} {
+					if int64(len(data)) < 2*int64(window) {
+						continue
+					}
+					got := raReplayDigest(t, data, salvage, window, failAt, digest)
+					require.Equal(t, want, got, "%s, salvage %v, digest %v, window %d", name, salvage, digest != nil, window)
 				}
-				got := raReplay(t, data, salvage, window, failAt)
-				require.Equal(t, want, got, "%s, salvage %v, window %d", name, salvage, window)
 			}
 		}
 	}
@@ -130,6 +155,18 @@ func TestReplayReadAheadChangesNothing(t *testing.T) {
 			SealBatch(swapped[a:a+(c-b)], uint64(i+2), a, salt)
 			SealBatch(swapped[a+(c-b):c], uint64(i+1), a+(c-b), salt)
 			check(t, fmt.Sprintf("batches %d and %d swapped", i, i+1), swapped, -1)
+		}
+		// A record whose digest is refused.
+		for range 4 {
+			i := rng.IntN(len(offs) - 1)
+			refused := bytes.Clone(data)
+			refused[offs[i]+BatchHeaderLen+RecordHeaderLen+1] = 'E'
+			bt := refused[offs[i]:offs[i+1]]
+			// The record's CRC and the batch's, made again.
+			rec := bt[BatchHeaderLen:]
+			FinishRecord(rec[:RecordHeaderLen+int(binary.LittleEndian.Uint32(rec))])
+			SealBatch(bt, uint64(i+1), offs[i], salt)
+			check(t, fmt.Sprintf("digest of batch %d refused", i), refused, -1)
 		}
 		// A record that fails its CRC in a batch that passes its own: a
 		// batch written that way.

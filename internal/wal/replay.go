@@ -40,6 +40,48 @@ type Replayed struct {
 // skips it (and any batch out of sequence), and ignores apply's errors
 // and a batch's records after one that does not parse.
 func Replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc) (*Replayed, error) {
+	return replay(r, size, salvage, apply, nil)
+}
+
+// ReplayDigest is Replay passing apply what digest makes of each payload
+// (see [Options.Digest]), as [Open] does.
+func ReplayDigest(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest DigestFunc) (*Replayed, error) {
+	return replay(r, size, salvage, apply, digest)
+}
+
+// SetReadAheadWindow sets how much of a file the read-ahead reads at
+// once, n bytes, and returns what restores it: for tests, which need the
+// read-ahead on files of a few KiB (it runs for files of two windows or
+// more). It must not be called while a replay runs.
+func SetReadAheadWindow(n int) (restore func()) {
+	saved := readAheadWindow
+	readAheadWindow = max(n, BatchHeaderLen)
+	return func() { readAheadWindow = saved }
+}
+
+// DigestFunc makes what apply needs of a record's payload (see
+// [Options.Digest]): it appends it to dst and returns it, or returns the
+// error apply would have returned for the record.
+type DigestFunc func(dst, payload []byte) ([]byte, error)
+
+// replay is Replay passing apply, if digest is set, what digest makes of
+// each payload instead of the payload. For a file read ahead, digest
+// runs on the read-ahead's goroutine.
+func replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest DigestFunc) (*Replayed, error) {
+	// applyDigest takes what the read-ahead digested; apply, the records
+	// replay reads itself, digested here.
+	applyDigest := apply
+	if digest != nil {
+		var scratch []byte
+		apply = func(off int64, n int, payload []byte) error {
+			d, err := digest(scratch[:0], payload)
+			scratch = d
+			if err != nil {
+				return err
+			}
+			return applyDigest(off, n, d)
+		}
+	}
 	hdr := make([]byte, min(size, FileHeaderLen))
 	if _, err := r.ReadAt(hdr, 0); err != nil {
 		return nil, err
@@ -54,7 +96,7 @@ func Replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc) (*Replayed
 	marker := false
 	var ra *readAhead
 	if size-off >= 2*int64(readAheadWindow) {
-		ra = startReadAhead(r, size, salt, off)
+		ra = startReadAhead(r, size, salt, off, digest)
 		defer ra.stop()
 	}
 	for off < size {
@@ -64,18 +106,26 @@ func Replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc) (*Replayed
 			// read-ahead while the records before them are applied.
 			run, more := <-ra.runs
 			if more && run.off == off && (res.Seq == 0 || run.batches[0].seq == res.Seq+1) {
+				rec := 0
 				for _, bt := range run.batches {
 					records := run.buf[bt.start+BatchHeaderLen : bt.start+bt.n]
 					marker = isCloseMarker(records)
-					if !marker {
-						if err := applyChecked(records, off+BatchHeaderLen, salvage, apply); err != nil {
-							return nil, fmt.Errorf("batch at offset %d: %w", off, err)
-						}
+					var err error
+					switch {
+					case marker:
+					case digest == nil:
+						err = applyChecked(records, off+BatchHeaderLen, salvage, apply)
+					default:
+						err = run.applyDigests(rec, bt.recs, off+BatchHeaderLen, salvage, applyDigest)
 					}
+					if err != nil {
+						return nil, fmt.Errorf("batch at offset %d: %w", off, err)
+					}
+					rec = bt.recs
 					res.Seq = bt.seq
 					off += int64(bt.n)
 				}
-				ra.recycle(run.buf)
+				ra.recycle(run)
 				continue
 			}
 			// Past the last run the read-ahead could check: whatever
@@ -170,6 +220,23 @@ func applyChecked(records []byte, base int64, salvage bool, apply ApplyFunc) err
 	return nil
 }
 
+// applyDigests passes apply the digests of the run's records from to
+// end, the records of one batch whose records start at file offset base.
+func (run *aheadRun) applyDigests(from, end int, base int64, salvage bool, apply ApplyFunc) error {
+	off, d := base, 0
+	if from > 0 {
+		d = int(run.recs[from-1].dend)
+	}
+	for _, rec := range run.recs[from:end] {
+		if err := apply(off, int(rec.n), run.digests[d:rec.dend]); err != nil && !salvage {
+			return fmt.Errorf("record at offset %d: %w", off, err)
+		}
+		off += int64(rec.n)
+		d = int(rec.dend)
+	}
+	return nil
+}
+
 // readAheadWindow is how much of the file the read-ahead reads at once;
 // a batch larger than that is read whole.
 var readAheadWindow = 4 << 20 // a variable for the tests
@@ -183,30 +250,37 @@ var readAheadWindow = 4 << 20 // a variable for the tests
 // as they are, and stops at the first batch it would not: replay judges
 // that one, and everything after it, itself.
 type readAhead struct {
-	runs chan aheadRun // closed when the read-ahead stops
-	free chan []byte   // buffers back from replay
-	done chan struct{} // closed by stop
-	wg   sync.WaitGroup
-	once sync.Once
+	runs   chan *aheadRun // closed when the read-ahead stops
+	free   chan *aheadRun // runs back from replay, for their buffers
+	done   chan struct{}  // closed by stop
+	digest DigestFunc
+	wg     sync.WaitGroup
+	once   sync.Once
 }
 
 // aheadRun is a run of consecutive checked batches, read from off into
-// buf.
+// buf, and with a DigestFunc the digests of their records.
 type aheadRun struct {
 	off     int64
 	buf     []byte
 	batches []aheadBatch
+	digests []byte
+	recs    []aheadRec
 }
 
 type aheadBatch struct {
 	seq      uint64
 	start, n int // in the run's buf
+	recs     int // the index in recs past the batch's last record
 }
 
-func startReadAhead(r io.ReaderAt, size int64, salt uint64, off int64) *readAhead {
-	ra := &readAhead{runs: make(chan aheadRun, 1), free: make(chan []byte, 3), done: make(chan struct{})}
+// aheadRec is a record's length and where its digest ends in digests.
+type aheadRec struct{ n, dend int32 }
+
+func startReadAhead(r io.ReaderAt, size int64, salt uint64, off int64, digest DigestFunc) *readAhead {
+	ra := &readAhead{runs: make(chan *aheadRun, 1), free: make(chan *aheadRun, 3), done: make(chan struct{}), digest: digest}
 	for range 3 {
-		ra.free <- make([]byte, readAheadWindow)
+		ra.free <- &aheadRun{buf: make([]byte, readAheadWindow)}
 	}
 	ra.wg.Add(1)
 	go func() {
@@ -227,29 +301,48 @@ func (ra *readAhead) stop() {
 	})
 }
 
-// recycle gives a run's buffer back.
-func (ra *readAhead) recycle(buf []byte) {
+// recycle gives a run back, for its buffers.
+func (ra *readAhead) recycle(run *aheadRun) {
 	select {
-	case ra.free <- buf:
+	case ra.free <- run:
 	default:
 	}
+}
+
+// digestBatch appends the digests of a checked batch's records to run,
+// and reports whether digest took them all. On false, run is as before.
+func (ra *readAhead) digestBatch(run *aheadRun, records []byte) bool {
+	d, r := len(run.digests), len(run.recs)
+	for p := 0; p < len(records); {
+		n := RecordHeaderLen + int(binary.LittleEndian.Uint32(records[p:]))
+		var err error
+		run.digests, err = ra.digest(run.digests, records[p+RecordHeaderLen:p+n])
+		if err != nil {
+			// Replay digests the batch again, and takes the error.
+			run.digests, run.recs = run.digests[:d], run.recs[:r]
+			return false
+		}
+		run.recs = append(run.recs, aheadRec{n: int32(n), dend: int32(len(run.digests))})
+		p += n
+	}
+	return true
 }
 
 func (ra *readAhead) loop(r io.ReaderAt, size int64, salt uint64, off int64) {
 	var seq uint64
 	for off < size {
-		var buf []byte
+		var run *aheadRun
 		select {
-		case buf = <-ra.free:
+		case run = <-ra.free:
 		case <-ra.done:
 			return
 		}
-		buf = buf[:cap(buf)]
+		buf := run.buf[:cap(run.buf)]
+		run.off, run.buf, run.batches, run.digests, run.recs = off, buf, run.batches[:0], run.digests[:0], run.recs[:0]
 		n := int(min(int64(len(buf)), size-off))
 		if _, err := r.ReadAt(buf[:n], off); err != nil {
 			return // replay reads it again, and reports the error
 		}
-		run := aheadRun{off: off, buf: buf}
 		p, final := 0, false
 		for p+BatchHeaderLen <= n {
 			bsize := binary.LittleEndian.Uint32(buf[p+4:])
@@ -271,11 +364,12 @@ func (ra *readAhead) loop(r io.ReaderAt, size int64, salt uint64, off int64) {
 				run.buf, buf, n = big, big, total
 			}
 			bseq, records, bn, ok := ReadBatch(buf[p:p+total], off+int64(p), salt)
-			if !ok || (seq != 0 && bseq != seq+1) || !recordsValid(records) {
+			if !ok || (seq != 0 && bseq != seq+1) || !recordsValid(records) ||
+				(ra.digest != nil && !isCloseMarker(records) && !ra.digestBatch(run, records)) {
 				final = true
 				break
 			}
-			run.batches = append(run.batches, aheadBatch{seq: bseq, start: p, n: bn})
+			run.batches = append(run.batches, aheadBatch{seq: bseq, start: p, n: bn, recs: len(run.recs)})
 			seq = bseq
 			p += bn
 		}
