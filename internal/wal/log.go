@@ -511,7 +511,10 @@ func (l *Log) commitLoop() {
 			// A batch of lazy records has waited LazyDelay for a record
 			// someone waits for. (The timer is stopped whenever a batch
 			// is sealed, on this goroutine: a tick that arrives is for the
-			// batch being filled.)
+			// batch being filled. Under the timer semantics before Go
+			// 1.23, which a main module declaring an older go version
+			// gets, a stale tick can still arrive: it only commits a
+			// batch early.)
 			for force := true; l.commitOne(force); force = false {
 			}
 		case <-l.kick:
