@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idemhttp/internal/wal"
 )
 
 // wbOpen opens a journal whose Finish records wait up to writeBehind for
@@ -144,4 +146,41 @@ func TestJournalWriteBehindWrittenBy(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A Finish written behind while a compaction runs: the compacted file
+// takes the entry's state from the index (done), and the finish record,
+// still in the batch being filled, moves to the new file with it and is
+// committed there later. Replaying both gives the same entry: attempts
+// are stored as a total, so the record is not counted twice. Checked to
+// fail (the reopen finds damage) with the rewrite not moving the offset
+// of the batch being filled.
+func TestJournalWriteBehindAcrossCompact(t *testing.T) {
+	if !wal.CanRewrite {
+		t.Skip("no compaction on this platform")
+	}
+	j, path := wbOpen(t, time.Hour)
+	ctx := context.Background()
+	for _, k := range []string{"a", "b"} {
+		_, err := j.Begin(ctx, ijEntry(k, ""))
+		require.NoError(t, err)
+	}
+	require.NoError(t, j.Finish(ctx, "a", Outcome{State: StateDone, Status: 201, Attempts: 2}))
+	require.Equal(t, StatePending, wbState(t, path, "a"), "precondition: written behind")
+	require.NoError(t, j.Compact(ctx))
+	assert.Equal(t, StateDone, wbState(t, path, "a"), "the compacted file has the index's state")
+	assert.Equal(t, uint64(1), j.Stats().Compactions)
+	wbWithin(t, "a Begin after the compaction", func() error {
+		_, err := j.Begin(ctx, ijEntry("c", ""))
+		return err
+	})
+	require.NoError(t, j.Close())
+
+	r := ijReopen(t, path)
+	assert.NoError(t, r.Verify(ctx))
+	e, err := r.Get(ctx, "a")
+	require.NoError(t, err)
+	assert.Equal(t, StateDone, e.State)
+	assert.Equal(t, 2, e.Attempts)
+	assert.Equal(t, 201, e.LastStatus)
 }
