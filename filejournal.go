@@ -59,7 +59,16 @@ type JournalOptions struct {
 	// PruneInterval is how often the background pruning runs; zero means
 	// one hour.
 	PruneInterval time.Duration
+
+	// writeBehind, for tests, is how long a Finish's record may wait for
+	// company (wal.Options.LazyDelay); zero means [JournalWriteBehind].
+	writeBehind time.Duration
 }
+
+// JournalWriteBehind bounds how long a [FileJournal] keeps an outcome
+// recorded by Finish only in memory when no other write comes to carry it
+// to disk: 20 ms (see FileJournal's Durability).
+const JournalWriteBehind = wal.DefaultLazyDelay
 
 // DefaultRetention is how long a [FileJournal] keeps done entries unless
 // [JournalOptions.Retention] says otherwise: 24 hours, like
@@ -126,14 +135,19 @@ type JournalStats struct {
 // per request, and a lone caller never waits for company: the next batch
 // is sealed as soon as the previous sync returns.
 //
-// Finish is write-behind: its record joins the next batch and Finish
-// returns without waiting for the sync. That halves the syncs a request
-// waits for and loses nothing: the outcome is on disk before any Begin
-// that stores an entry after it returns, and before Close or
-// [FileJournal.Sync] returns; if the process dies first, the entry is
-// still pending after the restart, and [Client.Resume] resends it under
-// the same key, which the server answers with its stored response instead
-// of running the operation again. Delete and Prune wait for their sync.
+// Finish is write-behind: its record joins the batch being filled and
+// Finish returns without waiting for the sync, and without starting a
+// commit of its own: the record goes with the next write someone waits
+// for, so a lone caller's request costs about one sync (its Begin's),
+// not two. That halves the syncs a request waits for and loses nothing:
+// the outcome is on disk before any Begin that stores an entry after it
+// returns, before Delete, Prune, Close or [FileJournal.Sync] returns, and
+// otherwise within [JournalWriteBehind] (20 ms) of the Finish, plus the
+// commit's own time and any wait for a compaction's last step, which
+// holds the file; if the process dies first, the entry is still pending
+// after the restart, and [Client.Resume] resends it under the same key,
+// which the server answers with its stored response instead of running
+// the operation again. Delete and Prune wait for their sync.
 //
 // After a failed write or sync, or once the file was deleted or replaced
 // underneath it, the journal takes no more writes until it is closed and
@@ -349,10 +363,11 @@ func OpenFileJournal(path string, opts *JournalOptions) (*FileJournal, error) {
 		idx.fileSize = fi.Size()
 	}
 	log, err := wal.Open(path, &wal.Options{
-		ReadOnly: opts.ReadOnly,
-		Salvage:  opts.SkipVerify,
-		OnCommit: j.onCommit,
-		Digest:   fjDigest,
+		ReadOnly:  opts.ReadOnly,
+		Salvage:   opts.SkipVerify,
+		LazyDelay: opts.writeBehind,
+		OnCommit:  j.onCommit,
+		Digest:    fjDigest,
 		Fault: func(step string) error {
 			if j.fault == nil {
 				return nil
@@ -617,8 +632,8 @@ func (j *FileJournal) unindexLocked(le *fjEntry) {
 // an error wrapping [ErrNotFound] for an unknown key.
 //
 // The new state is visible at once to this journal's readers; its record
-// is written behind (see [FileJournal]). Finish does not wait for the disk,
-// so ctx is only checked on entry.
+// is written behind, within [JournalWriteBehind] (see [FileJournal]).
+// Finish does not wait for the disk, so ctx is only checked on entry.
 func (j *FileJournal) Finish(ctx context.Context, key string, o Outcome) error {
 	state, ok := journalStateByte(o.State)
 	if !ok {
@@ -647,7 +662,9 @@ func (j *FileJournal) Finish(ctx context.Context, key string, o Outcome) error {
 		}
 		// Attempts are stored as a total: see the finish record's format.
 		attempts := le.attempts + o.Attempts
-		b, _, err := j.log.Append(fjFinishMax(key), 1, func(buf []byte) []byte {
+		// Lazy: the record waits for the next Begin's commit (or the
+		// bound) instead of starting one nobody waits for.
+		b, _, err := j.log.AppendLazy(fjFinishMax(key), 1, func(buf []byte) []byte {
 			return fjAppendFinish(buf, key, state, o.Status, attempts, at)
 		})
 		if errors.Is(err, wal.ErrBatchFull) {

@@ -27,10 +27,10 @@ import (
 // they share the server and differ only in Client.Journal.
 //
 // syncs/req is the journal's group commits (each one synchronous write)
-// per request: between 1 and 2 for a lone caller (Begin waits
-// for its own; Finish's record is written behind, usually in a commit of
-// its own that overlaps the next request), and far less at c64, where
-// concurrent calls share them.
+// per request: about 1 for a lone caller (Begin waits for its own;
+// Finish's record is written behind and starts no commit, so it goes with
+// the next Begin's), and far less at c64, where concurrent calls share
+// them.
 func BenchmarkJournal(b *testing.B) {
 	srv, payload := newJournalBenchServer()
 	defer srv.Close()

@@ -40,6 +40,14 @@ type Options struct {
 	// It must be safe to call from another goroutine than apply's.
 	Digest DigestFunc
 
+	// LazyDelay bounds how long a record appended with [Log.AppendLazy]
+	// waits in memory when nobody waits for its batch: the committer takes
+	// such a batch once a record that someone waits for joins it, on
+	// [Log.Flush] or [Log.Close], or LazyDelay after its first lazy record,
+	// whichever comes first. Zero means [DefaultLazyDelay]; a negative
+	// value makes lazy records start a commit like any other.
+	LazyDelay time.Duration
+
 	// Fault, when set, is called before each commit's write ("write"),
 	// between the write and its sync ("sync"), when a rewrite has written
 	// the live records and starts copying the batches committed meanwhile
@@ -47,6 +55,12 @@ type Options struct {
 	// error is taken as that step's. For tests.
 	Fault func(step string) error
 }
+
+// DefaultLazyDelay is [Options.LazyDelay]'s default. A lone caller
+// whose next waited-for record follows a lazy one within it shares one
+// commit with it; the bound is how long that record may stay only in
+// memory otherwise.
+const DefaultLazyDelay = 20 * time.Millisecond
 
 // Stats are a log's counters since it was opened.
 type Stats struct {
@@ -86,6 +100,13 @@ type Log struct {
 	stop     chan struct{} // closed by Close
 	loopDone chan struct{} // closed when the committer has returned
 
+	// lazyTimer is armed while the batch being filled holds lazy records
+	// and nobody waits for it (lazyArmed, guarded by mu), and stopped when
+	// the batch is sealed: no timer runs while the log is idle.
+	lazyTimer *time.Timer
+	lazyArmed bool
+	lazyDelay time.Duration // LazyDelay resolved; negative: lazy records are not lazy
+
 	writes, commits, rewrites atomic.Uint64
 	size                      atomic.Int64
 	truncated, skipped        int64
@@ -101,6 +122,10 @@ type Batch struct {
 	end  int64  // End, once buf is nil
 	done chan struct{}
 	err  error // set before done is closed
+	// waited: someone waits for the batch (a record appended with Append,
+	// a Flush), so the committer takes it as soon as it can. Guarded by
+	// the log's mu.
+	waited bool
 }
 
 // Done is closed once the batch is on disk or failed.
@@ -133,6 +158,10 @@ func Open(path string, opts *Options, apply ApplyFunc) (*Log, error) {
 		l.opts = *opts
 	}
 	l.path = path
+	l.lazyDelay = l.opts.LazyDelay
+	if l.lazyDelay == 0 {
+		l.lazyDelay = DefaultLazyDelay
+	}
 	if l.opts.ReadOnly {
 		if err := l.openReadOnly(apply); err != nil {
 			return nil, err
@@ -143,6 +172,8 @@ func Open(path string, opts *Options, apply ApplyFunc) (*Log, error) {
 	if err := l.open(apply); err != nil {
 		return nil, err
 	}
+	l.lazyTimer = time.NewTimer(time.Hour)
+	l.lazyTimer.Stop()
 	go l.commitLoop()
 	return l, nil
 }
@@ -399,7 +430,22 @@ func (l *Log) writableLocked() error {
 // [Log.Rewrite] may move (see its swap). With the batch full, it returns
 // it and [ErrBatchFull] without calling fn: wait for the batch and try
 // again. Append does not wait for the disk; wait for the batch's Done.
+// The committer takes the batch as soon as the previous one is on disk.
 func (l *Log) Append(need, records int, fn func([]byte) []byte) (*Batch, int64, error) {
+	return l.append(need, records, false, fn)
+}
+
+// AppendLazy is [Log.Append] for records nobody waits for (write-behind):
+// they join the batch being filled without starting a commit. The batch
+// is committed when a record appended with Append joins it, on
+// [Log.Flush] or [Log.Close], or [Options.LazyDelay] after its first lazy
+// record, whichever comes first. Whoever waits for the batch AppendLazy
+// returns must call [Log.Flush] first, or it may wait that long.
+func (l *Log) AppendLazy(need, records int, fn func([]byte) []byte) (*Batch, int64, error) {
+	return l.append(need, records, l.lazyDelay > 0, fn)
+}
+
+func (l *Log) append(need, records int, lazy bool, fn func([]byte) []byte) (*Batch, int64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.writableLocked(); err != nil {
@@ -407,17 +453,33 @@ func (l *Log) Append(need, records int, fn func([]byte) []byte) (*Batch, int64, 
 	}
 	b := l.cur
 	if !b.empty() && len(b.buf)+need > MaxBatch {
-		// A batch must stay within what replay accepts.
-		l.wake()
+		// A batch must stay within what replay accepts. The caller waits
+		// for this one before it tries again.
+		l.waitedLocked(b)
 		return b, 0, ErrBatchFull
 	}
 	n := len(b.buf)
 	b.buf = fn(b.buf)
 	l.writes.Add(uint64(records))
-	if n == BatchHeaderLen {
-		l.wake()
+	switch {
+	case !lazy:
+		l.waitedLocked(b)
+	case !b.waited && !l.lazyArmed:
+		// The first lazy record of a batch nobody waits for yet: it is
+		// committed within the bound even if nobody comes.
+		l.lazyArmed = true
+		l.lazyTimer.Reset(l.lazyDelay)
 	}
 	return b, b.off + int64(n), nil
+}
+
+// waitedLocked marks b, the batch being filled, as waited for, and wakes
+// the committer the first time.
+func (l *Log) waitedLocked(b *Batch) {
+	if !b.waited {
+		b.waited = true
+		l.wake()
+	}
 }
 
 // Pending returns the batch that holds the last records appended, or nil
@@ -425,14 +487,15 @@ func (l *Log) Append(need, records int, fn func([]byte) []byte) (*Batch, int64, 
 func (l *Log) Pending() *Batch {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.pendingLocked()
+}
+
+func (l *Log) pendingLocked() *Batch {
 	if !l.cur.empty() {
 		return l.cur
 	}
 	return l.inflight
 }
-
-// Kick makes sure the committer looks at the batch being filled.
-func (l *Log) Kick() { l.wake() }
 
 func (l *Log) wake() {
 	select {
@@ -442,14 +505,25 @@ func (l *Log) wake() {
 }
 
 // commitLoop is the log's one writer. It seals the current batch as soon
-// as it holds a record and the previous one is on disk, so a lone caller
-// pays one synchronous write, and under load each one carries every
-// record that arrived while the previous one ran. It runs from Open until
+// as someone waits for it and the previous one is on disk, so a lone
+// caller pays one synchronous write, and under load each one carries every
+// record that arrived while the previous one ran. A batch of lazy records
+// only waits for company, or for the lazy timer. It runs from Open until
 // Close, which it answers by writing what is left and a close marker.
 func (l *Log) commitLoop() {
 	defer close(l.loopDone)
 	for {
 		select {
+		case <-l.lazyTimer.C:
+			// A batch of lazy records has waited LazyDelay for a record
+			// someone waits for. (The timer is stopped whenever a batch
+			// is sealed, on this goroutine: a tick that arrives is for the
+			// batch being filled. Under the timer semantics before Go
+			// 1.23, which a main module declaring an older go version
+			// gets, a stale tick can still arrive: it only commits a
+			// batch early.)
+			for force := true; l.commitOne(force); force = false {
+			}
 		case <-l.kick:
 			// Callers that are runnable join the batch before it is
 			// sealed: a yield, no timer, and for a lone caller it returns
@@ -458,10 +532,10 @@ func (l *Log) commitLoop() {
 			// to run, it seals each caller's record alone, and the
 			// callers behind it never share a commit.
 			runtime.Gosched()
-			for l.commitOne() {
+			for l.commitOne(false) {
 			}
 		case <-l.stop:
-			for l.commitOne() {
+			for l.commitOne(true) {
 			}
 			l.mu.Lock()
 			mark := l.broken == nil && !l.marked
@@ -470,29 +544,37 @@ func (l *Log) commitLoop() {
 			}
 			l.mu.Unlock()
 			if mark {
-				l.commitOne()
+				l.commitOne(true)
 			}
+			l.mu.Lock()
+			l.lazyTimer.Stop() // stopped already, unless the last batch failed to seal
+			l.lazyArmed = false
+			l.mu.Unlock()
 			return
 		}
 	}
 }
 
-// commitOne writes and syncs the current batch, if it holds anything,
-// and reports whether it did.
+// commitOne writes and syncs the current batch, if it holds anything and
+// someone waits for it (or force), and reports whether it did.
 //
 // Durability order: the batch is written and synced while fileMu is held
 // shared (Rewrite, which replaces the file, waits), then OnCommit
 // publishes it, and only then are its waiters woken. The next batch is
 // written only after this one's sync returned, which is what lets replay
 // tell a torn tail from damage.
-func (l *Log) commitOne() bool {
+func (l *Log) commitOne(force bool) bool {
 	l.fileMu.RLock()
 	defer l.fileMu.RUnlock()
 	l.mu.Lock()
 	b := l.cur
-	if b.empty() {
+	if b.empty() || !b.waited && !force {
 		l.mu.Unlock()
 		return false
+	}
+	if l.lazyArmed {
+		l.lazyTimer.Stop() // the lazy records go now
+		l.lazyArmed = false
 	}
 	l.cur = newBatch(b.End())
 	l.inflight = b
@@ -576,14 +658,19 @@ func (l *Log) step(name string) error {
 // disk, with the error of a failed write, or ctx's error if ctx ends
 // first.
 func (l *Log) Flush(ctx context.Context) error {
-	if err := l.Writable(); err != nil {
+	l.mu.Lock()
+	if err := l.writableLocked(); err != nil {
+		l.mu.Unlock()
 		return err
 	}
-	b := l.Pending()
+	b := l.pendingLocked()
+	if b == l.cur && b != nil {
+		l.waitedLocked(b) // lazy records go now
+	}
+	l.mu.Unlock()
 	if b == nil {
 		return nil
 	}
-	l.wake()
 	select {
 	case <-b.done:
 	case <-ctx.Done():

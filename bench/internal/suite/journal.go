@@ -43,10 +43,10 @@ type JournalResult struct {
 	P50, P99    time.Duration // latency of one operation
 }
 
-// SyncsPerRequest is commits per request: between 1 and 2 for a lone
-// caller (each entry waits for its own commit before the request is sent;
-// the outcome is written behind, in a commit of its own or shared with
-// the next entry), less when concurrent calls share commits.
+// SyncsPerRequest is commits per request: about 1 for a lone caller
+// (each entry waits for its own commit before the request is sent; the
+// outcome is written behind and starts no commit, so it goes with the
+// next entry's), less when concurrent calls share commits.
 func (r JournalResult) SyncsPerRequest() float64 {
 	return float64(r.Commits) / float64(r.Requests)
 }
