@@ -67,13 +67,9 @@ func raDigest(dst, p []byte) ([]byte, error) {
 	return dst, nil
 }
 
-// raReplay replays data with the read-ahead's window set to window (0:
-// no read-ahead), failing apply at record failAt (-1: never).
-func raReplay(t *testing.T, data []byte, salvage bool, window, failAt int) raOutcome {
-	return raReplayDigest(t, data, salvage, window, failAt, nil)
-}
-
-// raReplayDigest is raReplay with a DigestFunc.
+// raReplayDigest replays data with the read-ahead's window set to window
+// (0: no read-ahead) and digest, failing apply at record failAt (-1:
+// never).
 func raReplayDigest(t *testing.T, data []byte, salvage bool, window, failAt int, digest DigestFunc) raOutcome {
 	t.Helper()
 	saved := readAheadWindow
