@@ -177,16 +177,22 @@ type JournalStats struct {
 // Records are never rewritten in place. When pruned and deleted entries
 // make up more than half of the file, and at least 1 MiB of it, Prune and
 // OpenFileJournal rewrite it with only the live entries (see
-// [FileJournal.Compact]). Memory holds the index: about 120 bytes per
-// entry plus its key and operation id; request bodies and headers stay
-// on disk. Done entries older than [JournalOptions.Retention] are
-// pruned in the background.
+// [FileJournal.Compact]). Memory holds the index: about 120 to 150
+// bytes per entry plus its key and operation id (180 to 200 bytes in all
+// with a 36-byte key and a 12-byte operation id); request bodies and
+// headers stay on disk. Done entries older than
+// [JournalOptions.Retention] are pruned in the background.
 //
-// Opening reads the whole file to rebuild the index: about 0.2 s for
-// 100 000 entries of 1 KiB and 2 to 3 s for a million on a small VM. At a
-// million entries a Prune, which scans the index under its lock, can
-// hold a Begin up for a few hundred milliseconds; at 100 000, a few
-// tens. bench/README.md has the measurements.
+// Opening reads the whole file to rebuild the index, reading and checking
+// the file on one goroutine while another indexes what it read: about
+// 0.1 s for 100 000 entries of 1 KiB and about 1 s for a million on a
+// small two-core VM (1.6 s on one core). Prune and compaction
+// hold the index's lock a chunk of entries at a time and push their own
+// writes to the disk a MiB at a time, so that a Begin meanwhile waits
+// tens of milliseconds at most. Past a few million entries, the heap and
+// the open time, which grow with the entries, are the limits: prune more
+// often, or keep a journal per batch. bench/README.md has the
+// measurements.
 //
 // Entries never hold what [SanitizeEntry] removes (credentials, the key
 // header, [JournalOptions.SecretHeaders], a URL password), whatever the
