@@ -15,11 +15,17 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// collect is an ApplyFunc that keeps every payload it is given.
-type collect struct{ payloads []string }
+// collect is an ApplyFunc that keeps every record it is given.
+type collect struct {
+	payloads []string
+	offs     []int64
+	sizes    []int
+}
 
-func (c *collect) apply(_ int64, _ int, p []byte) error {
+func (c *collect) apply(off int64, n int, p []byte) error {
 	c.payloads = append(c.payloads, string(p))
+	c.offs = append(c.offs, off)
+	c.sizes = append(c.sizes, n)
 	return nil
 }
 
