@@ -8,6 +8,7 @@ import (
 	"io"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -480,5 +481,73 @@ func checkReplay(t *testing.T, f []byte, salvage bool) {
 		require.NoError(t, err)
 		require.Equal(t, res, sres)
 		require.Equal(t, got, sgot)
+	}
+}
+
+// Regression: looking for a valid batch after a torn one checked the CRC
+// of every batch magic found, over as many bytes as it claimed. A
+// payload of magics that each claim the rest of the payload made that
+// quadratic: a torn 4 MiB request body (this test's) meant a TiB of CRC,
+// about a minute, and a torn 64 MiB one (the largest record) hours. The
+// magic now depends on the file's salt, which a payload cannot know, so
+// such a payload is passed over. Checked to fail (past the limit) with
+// the magic unsalted.
+func TestReplayTornTailSearchIsLinear(t *testing.T) {
+	const size = 4 << 20
+	// crafted returns a payload of magic, each claiming as much of the
+	// rest of the payload as there is.
+	crafted := func(magic uint32) []byte {
+		b := make([]byte, 0, size)
+		for len(b) < size {
+			b = binary.LittleEndian.AppendUint32(b, magic)
+			b = binary.LittleEndian.AppendUint32(b, uint32(max(size-len(b)-64, 1)))
+		}
+		return b
+	}
+	tests := []struct {
+		name string
+		give []byte
+	}{
+		{name: "the unsalted magic", give: crafted(batchMagic)},
+		{name: "another file's magic", give: crafted(Magic(testSalt + 0x9e3779b97f4a7c15))},
+		// A journal file uploaded: this file's magic, but each batch
+		// claiming its own length and sealed for another offset. Each
+		// one's CRC is computed, over its own bytes: linear too.
+		{name: "batches of this file's salt", give: func() []byte {
+			b := make([]byte, 0, size)
+			for seq := uint64(5); len(b) < size; seq++ {
+				one := batch(seq, rec(fmt.Sprintf("Bk%d", seq)))
+				SealBatch(one, seq, int64(len(b)), testSalt)
+				b = append(b, one...)
+			}
+			return b
+		}()},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := file(batch(1, rec("Ba")), batch(2, rec("B"+string(tt.give))))
+			f = f[:len(f)-1] // torn
+			type result struct {
+				res *Replayed
+				err error
+			}
+			done := make(chan result, 1)
+			start := time.Now()
+			go func() {
+				res, _, err := replayBytes(f, false)
+				done <- result{res, err}
+			}()
+			// Linear, this takes well under a second, even with -race;
+			// quadratic (with the magic unsalted), about a minute.
+			const limit = 10 * time.Second
+			select {
+			case r := <-done:
+				require.NoError(t, r.err)
+				assert.Equal(t, int64(len(f)-FileHeaderLen-len(batch(1, rec("Ba")))), r.res.Truncated)
+				t.Logf("torn tail of %d bytes replayed in %v", r.res.Truncated, time.Since(start))
+			case <-time.After(limit):
+				t.Fatalf("a torn tail of %d bytes still replaying after %v", len(f), limit)
+			}
+		})
 	}
 }
