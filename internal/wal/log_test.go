@@ -206,7 +206,13 @@ func TestLogOnCommitBeforeWake(t *testing.T) {
 	for w := range 8 {
 		wg.Go(func() {
 			for i := range 5 {
-				b := appendNoWait(t, l, fmt.Sprintf("B%d-%d", w, i))
+				p := fmt.Sprintf("B%d-%d", w, i)
+				b, _, err := l.Append(RecordHeaderLen+len(p), 1, func(buf []byte) []byte {
+					return AppendRecord(buf, []byte(p))
+				})
+				if !assert.NoError(t, err) { // not require: this is not the test's goroutine
+					return
+				}
 				<-b.Done()
 				mu.Lock()
 				c, ok := commits[b]
