@@ -452,7 +452,12 @@ func checkReplay(t *testing.T, f []byte, salvage bool) {
 	}
 	if res.Clean {
 		require.Zero(t, res.Truncated)
-		require.True(t, isCloseMarker(f[res.End-RecordHeaderLen-1:]), "Clean, and the file ends with a marker")
+		// Not with salvage: a batch after the marker that salvage skips
+		// for its sequence number leaves Clean set (seed
+		// marker-then-stale-batch); the marker is then not the file's end.
+		if !salvage {
+			require.True(t, isCloseMarker(f[res.End-RecordHeaderLen-1:]), "Clean, and the file ends with a marker")
+		}
 	}
 	prev := int64(FileHeaderLen + BatchHeaderLen)
 	for i, off := range got.offs {
