@@ -37,7 +37,7 @@ type ijCodecCase struct {
 }
 
 // ijSampleEntries cover every begin field's edge cases; they also seed
-// FuzzDecodeRecord and FuzzReplay.
+// FuzzDecodeRecord and FuzzJournalIndex.
 func ijSampleEntries() []ijCodecCase {
 	t0 := time.Date(2025, 3, 1, 12, 0, 0, 123456789, time.UTC)
 	full := &Entry{
