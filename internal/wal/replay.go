@@ -149,6 +149,7 @@ func replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest Dig
 			res.Skipped += int64(n)
 			res.Seq = 0
 			off += int64(n)
+			marker = false // a marker before it is not the file's end
 			continue
 		}
 		if !ok {
@@ -168,6 +169,7 @@ func replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest Dig
 			res.Skipped += next - off
 			res.Seq = 0 // accept the next batch's number, whatever it is
 			off = next
+			marker = false
 			continue
 		}
 		marker = isCloseMarker(records)

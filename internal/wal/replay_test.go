@@ -452,12 +452,10 @@ func checkReplay(t *testing.T, f []byte, salvage bool) {
 	}
 	if res.Clean {
 		require.Zero(t, res.Truncated)
-		// Not with salvage: a batch after the marker that salvage skips
-		// for its sequence number leaves Clean set (seed
-		// marker-then-stale-batch); the marker is then not the file's end.
-		if !salvage {
-			require.True(t, isCloseMarker(f[res.End-RecordHeaderLen-1:]), "Clean, and the file ends with a marker")
-		}
+		// Also with salvage: a batch after the marker that salvage
+		// skips makes the file not end with it (seed
+		// marker-then-stale-batch; Clean stayed set before the fix).
+		require.True(t, isCloseMarker(f[res.End-RecordHeaderLen-1:]), "Clean, and the file ends with a marker")
 	}
 	prev := int64(FileHeaderLen + BatchHeaderLen)
 	for i, off := range got.offs {
