@@ -180,13 +180,8 @@ func Open(path string, opts *Options, apply ApplyFunc) (*Log, error) {
 
 // openReadOnly opens the file as it is now, without the lock.
 func (l *Log) openReadOnly(apply ApplyFunc) error {
-	f, err := os.Open(l.path)
+	f, fi, err := openViewer(l.path)
 	if err != nil {
-		return err
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		_ = f.Close()
 		return err
 	}
 	res, err := replay(f, fi.Size(), l.opts.Salvage, apply, l.opts.Digest)
@@ -199,6 +194,40 @@ func (l *Log) openReadOnly(apply ApplyFunc) error {
 	l.closed = false
 	l.broken = ErrReadOnly
 	return nil
+}
+
+// viewerOpen is os.Open, replaced by a test that needs a read-only open
+// to race a rename.
+var viewerOpen = os.Open
+
+// openViewer opens path for reading and takes a read-only open's shared
+// lock (see freeReplaced), so that a writer that replaces the file leaves
+// this one whole. A file being freed refuses the lock: it was replaced,
+// so the path is opened again, as it is when the path names another file
+// once the lock is held.
+func openViewer(path string) (*os.File, os.FileInfo, error) {
+	for range 10 {
+		f, err := viewerOpen(path)
+		if err != nil {
+			return nil, nil, err
+		}
+		err = lockViewer(f)
+		var fi, now os.FileInfo
+		if err == nil {
+			fi, err = f.Stat()
+		}
+		if err == nil {
+			now, err = os.Stat(path)
+		}
+		if err == nil && os.SameFile(fi, now) {
+			return f, fi, nil
+		}
+		_ = f.Close()
+		if err != nil && !errors.Is(err, ErrLocked) && !errors.Is(err, os.ErrNotExist) {
+			return nil, nil, err
+		}
+	}
+	return nil, nil, ErrLocked // replaced ten times over
 }
 
 func (l *Log) setReplayed(res *Replayed) {
@@ -983,10 +1012,12 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) (from 
 	}
 	// Closing the old file frees it, since the rename unlinked it: for a
 	// large journal, tens of milliseconds in the kernel (91 ms for a
-	// 1.2 GB file on a small VM). Writers need not wait for that.
+	// 1.2 GB file on a small VM), and a slow journal commit for the file
+	// system. Writers need not wait for the first, and freeReplaced
+	// spreads the second.
 	l.fileMu.Unlock()
 	unlocked = true
-	_ = old.Close() // releases the old inode's lock; nf holds the new one's
+	freeReplaced(old) // and releases the old inode's lock; nf holds the new one's
 	if dirErr != nil {
 		return fmt.Errorf("sync the directory after a rewrite: %w", dirErr)
 	}
