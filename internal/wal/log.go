@@ -106,6 +106,10 @@ type Log struct {
 	lazyTimer *time.Timer
 	lazyArmed bool
 	lazyDelay time.Duration // LazyDelay resolved; negative: lazy records are not lazy
+	// grouped: the last batch sealed held the records of more than one
+	// Append, so callers are concurrent: lazy records are then taken as
+	// waited for. Guarded by mu.
+	grouped bool
 
 	writes, commits, rewrites atomic.Uint64
 	size                      atomic.Int64
@@ -126,6 +130,9 @@ type Batch struct {
 	// a Flush), so the committer takes it as soon as it can. Guarded by
 	// the log's mu.
 	waited bool
+	// appends: records appended with Append (not AppendLazy), whose
+	// callers wait for the batch. Guarded by the log's mu.
+	appends int
 }
 
 // Done is closed once the batch is on disk or failed.
@@ -492,6 +499,17 @@ func (l *Log) append(need, records int, lazy bool, fn func([]byte) []byte) (*Bat
 	l.writes.Add(uint64(records))
 	switch {
 	case !lazy:
+		b.appends++
+		l.waitedLocked(b)
+	case l.grouped:
+		// Concurrent callers (the last commit carried several): lazy
+		// records are taken as waited for, so that the committer goes
+		// from one commit to the next, each carrying what arrived during
+		// the one before. Left to wait for a Begin, it idled between
+		// commits, and each one, started by the first Begin to come,
+		// carried fewer: at 64 callers 0.095 syncs per request instead
+		// of 0.066. A lone caller's records are one per commit, and its
+		// outcomes stay lazy.
 		l.waitedLocked(b)
 	case !b.waited && !l.lazyArmed:
 		// The first lazy record of a batch nobody waits for yet: it is
@@ -605,6 +623,7 @@ func (l *Log) commitOne(force bool) bool {
 		l.lazyTimer.Stop() // the lazy records go now
 		l.lazyArmed = false
 	}
+	l.grouped = b.appends > 1
 	l.cur = newBatch(b.End())
 	l.inflight = b
 	err := l.broken
