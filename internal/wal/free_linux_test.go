@@ -71,7 +71,7 @@ func TestOpenViewerSkipsAFileBeingFreed(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "log")
 	require.NoError(t, os.WriteFile(path, []byte("old"), 0o600))
-	require.NoError(t, os.Link(path, path+".old")) // to open the old file after the rename
+	require.NoError(t, os.Link(path, path+".old"))  // to open the old file after the rename
 	freeing, err := os.OpenFile(path, os.O_RDWR, 0) // a write lock needs a descriptor open for writing
 	require.NoError(t, err)
 	defer freeing.Close()
