@@ -647,7 +647,6 @@ func (l *Log) commitOne(force bool) bool {
 		l.marked = isCloseMarker(b.buf[BatchHeaderLen:])
 		l.size.Store(b.End())
 	}
-	l.inflight = nil
 	l.mu.Unlock()
 	if l.opts.OnCommit != nil {
 		l.opts.OnCommit(b, err)
@@ -656,6 +655,13 @@ func (l *Log) commitOne(force bool) bool {
 	b.end, b.buf = b.End(), nil
 	batchBufs.Put(&buf)
 	close(b.done)
+	// Only now: a Flush that finds no batch in flight returns at once,
+	// and its caller may then read the batch (End), which the lines
+	// above write. (Cleared before them, a Flush could return while they
+	// ran: a data race the race detector found in TestLogFlush.)
+	l.mu.Lock()
+	l.inflight = nil
+	l.mu.Unlock()
 	return true
 }
 
