@@ -966,7 +966,14 @@ func (j *FileJournal) removeChunk(les []*fjEntry, doomed func(*fjEntry) bool) (i
 			j.mu.Unlock()
 			return 0, nil
 		}
-		b, _, err := j.log.Append(need, len(keep), func(buf []byte) []byte {
+		// The batch also records when it ran: a delete is the journal
+		// seeing the clock, and the entries it drops may have held the
+		// latest times, so the high-water mark (HighWater) must not go
+		// with them. (Without it, a clock set forward, then back while
+		// only pruning ran, went unnoticed.) Not counted in Writes.
+		now := time.Now().Round(0)
+		b, _, err := j.log.Append(fjClockMax+need, len(keep), func(buf []byte) []byte {
+			buf = fjAppendClock(buf, now)
 			for _, le := range keep {
 				buf = fjAppendDelete(buf, le.key())
 			}
@@ -984,6 +991,7 @@ func (j *FileJournal) removeChunk(les []*fjEntry, doomed func(*fjEntry) bool) (i
 		for _, le := range keep {
 			le.deleting = true
 		}
+		j.raiseLocked(now)
 		p := j.pendingLocked(b)
 		p.deletes = append(p.deletes, keep...)
 		j.mu.Unlock()

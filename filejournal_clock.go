@@ -10,7 +10,8 @@ import (
 // HighWater implements [ClockJournal]: it returns the latest time the
 // journal has ever recorded, the zero Time for a journal that never
 // recorded one. That is the latest Created or Updated time of any entry
-// it stored, and of any outcome Finish recorded, since the file was
+// it stored, of any outcome Finish recorded, and of every Prune or
+// Delete that removed entries (the time it ran), since the file was
 // created: entries pruned, deleted or dropped by compaction since count
 // too, because compaction writes the mark into the new file (see
 // docs/journal-format.md). A journal written by an older build that

@@ -39,8 +39,10 @@ func ijBeginAt(t *testing.T, j *FileJournal, key string, created time.Time) {
 // mark for begin records is caught by TestJournalHighWaterReplay and
 // FuzzReplay's seeds; here the finish record carries t3.)
 func TestJournalHighWaterSurvives(t *testing.T) {
-	t1 := ijT0
-	t2 := ijT0.Add(25 * time.Hour)
+	// Ahead of the clock, so that the time Prune and Delete record (see
+	// TestJournalPruneAndDeleteRecordTheirTime) leaves the mark at t3.
+	t1 := time.Now().Add(48 * time.Hour).UTC().Truncate(time.Second)
+	t2 := t1.Add(25 * time.Hour)
 	t3 := t2.Add(time.Second) // when the newer entry got its outcome
 	tests := []struct {
 		name  string
@@ -93,13 +95,46 @@ func TestJournalHighWaterSurvives(t *testing.T) {
 	}
 }
 
+// Prune and Delete record when they ran: the entries they drop may have
+// held the latest times, and a clock set forward, then back while only
+// pruning ran, went unnoticed without it (an entry really 25 h old then
+// looks 23 h old). The mark is at least the time each one ran, also
+// after a reopen. Without the clock record in their batches, it stays at
+// the entries' times (checked).
+func TestJournalPruneAndDeleteRecordTheirTime(t *testing.T) {
+	ctx := context.Background()
+	for _, op := range []string{"prune", "delete"} {
+		t.Run(op, func(t *testing.T) {
+			j, path := ijOpen(t, nil)
+			ijBeginAt(t, j, "old", ijT0)
+			require.NoError(t, j.Finish(ctx, "old", Outcome{State: StateDone, Status: 200, Attempts: 1, At: ijT0}))
+			require.Equal(t, ijT0, ijHighWater(t, j))
+			before := time.Now().Round(0)
+			if op == "prune" {
+				n, err := j.Prune(ctx, ijT0.Add(time.Hour))
+				require.NoError(t, err)
+				require.Equal(t, 1, n)
+			} else {
+				require.NoError(t, j.Delete(ctx, "old"))
+			}
+			assert.False(t, ijHighWater(t, j).Before(before.Truncate(time.Second)), "the time it ran")
+			require.NoError(t, j.Close())
+			r := ijReopen(t, path)
+			assert.False(t, ijHighWater(t, r).Before(before.Truncate(time.Second)), "after a reopen")
+			require.NoError(t, r.Verify(ctx))
+		})
+	}
+}
+
 // Compaction writes the mark as the first record of the new file, in the
 // clock record's encoding; a second compaction keeps it.
 func TestJournalCompactWritesTheMarkFirst(t *testing.T) {
 	ctx := context.Background()
 	j, path := ijOpen(t, nil)
-	t2 := ijT0.Add(time.Hour)
-	ijBeginAt(t, j, "a", ijT0)
+	// Ahead of the clock, as in TestJournalHighWaterSurvives.
+	t1 := time.Now().Add(48 * time.Hour).UTC().Truncate(time.Second)
+	t2 := t1.Add(time.Hour)
+	ijBeginAt(t, j, "a", t1)
 	ijBeginAt(t, j, "b", t2)
 	require.NoError(t, j.Delete(ctx, "b"))
 	for range 2 {

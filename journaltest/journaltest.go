@@ -462,7 +462,8 @@ func testEmptyBodyIsNotNoBody(t *testing.T, j idemhttp.Journal) {
 
 // A ClockJournal's mark is the latest time it ever recorded, and never
 // goes down: not for an earlier outcome, nor when the entries that held
-// the latest time are pruned or deleted.
+// the latest time are pruned or deleted (a prune or delete may raise it
+// to the time it ran).
 func testHighWater(t *testing.T, j idemhttp.Journal) {
 	cj, ok := j.(idemhttp.ClockJournal)
 	if !ok {
@@ -484,10 +485,13 @@ func testHighWater(t *testing.T, j idemhttp.Journal) {
 	require.NoError(t, j.Finish(ctx, "k-old", idemhttp.Outcome{State: idemhttp.StatePending, At: at(5)}))
 	assert.True(t, at(20).Equal(mark()), "an earlier outcome does not lower it: %v", mark())
 
+	// Prune and Delete keep it, and may raise it to the time they ran
+	// (FileJournal records that time: the entries they drop may have
+	// held the latest times).
 	n, err := j.Prune(ctx, at(30))
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	assert.True(t, at(20).Equal(mark()), "pruning the newest entry keeps it: %v", mark())
+	assert.False(t, mark().Before(at(20)), "pruning the newest entry keeps it: %v", mark())
 	require.NoError(t, j.Delete(ctx, "k-old"))
-	assert.True(t, at(20).Equal(mark()), "deleting every entry keeps it: %v", mark())
+	assert.False(t, mark().Before(at(20)), "deleting every entry keeps it: %v", mark())
 }
