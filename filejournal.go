@@ -280,7 +280,7 @@ type fjEntry struct {
 	gone                   bool  // dropped from the index
 	unsynced               bool  // the begin record is not durable yet: batchOf has its batch
 	goneLate               bool  // deleted while a compaction runs, after its snapshot
-	gen                    uint8 // the file generation off and size are in: see FileJournal.place
+	gen                    uint8 // the file generation off and size are in: see FileJournal.placeLocked
 }
 
 // newFjEntry returns an index entry for a begin record of size bytes at

@@ -410,16 +410,11 @@ func (r *journalReader) bytes() []byte {
 func (r *journalReader) str() string { return string(r.bytes()) }
 
 func (r *journalReader) time() time.Time {
-	sec := r.varint()
-	nsec := r.uvarint()
-	if nsec >= uint64(time.Second) {
-		r.fail("nanoseconds %d out of range", nsec)
-		return time.Time{}
-	}
+	sec, nsec := r.timeParts()
 	if r.err != nil {
 		return time.Time{}
 	}
-	return fjUnixTime(sec, uint32(nsec))
+	return fjUnixTime(sec, nsec)
 }
 
 // timeParts reads a time as the file stores it, seconds and nanoseconds,

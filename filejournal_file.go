@@ -22,24 +22,16 @@ type fjIndex struct {
 	live  int64
 	high  time.Time // the latest time in any record: see FileJournal.high
 
-	// See raiseParts.
-	highSec  int64
-	highNs   uint32
-	highSet  bool
 	scratch  []byte // indexBegin's, for the key and operation id
 	fileSize int64  // of the file replayed, 0 if not known
 }
 
 // raiseParts raises idx.high to the time the file stores as sec and ns,
-// if later, without making a time.Time of every record's times: highSec
-// and highNs are the last time it raised the mark to (a lower bound of
-// it, apply raising it too).
+// if later.
 func (idx *fjIndex) raiseParts(sec int64, ns uint32) {
-	if idx.highSet && (sec < idx.highSec || (sec == idx.highSec && ns <= idx.highNs)) {
-		return
+	if t := fjUnixTime(sec, ns); t.After(idx.high) {
+		idx.high = t
 	}
-	idx.high = latest(idx.high, fjUnixTime(sec, ns))
-	idx.highSec, idx.highNs, idx.highSet = sec, ns, true
 }
 
 // fjEstimateAfter is how many begin records replay reads before it

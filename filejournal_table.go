@@ -163,11 +163,9 @@ func (t *fjTable) find(h uint64, s string) (*fjShard, int) {
 }
 
 // put indexes le, replacing the entry indexed by the same string if any.
-func (t *fjTable) put(le *fjEntry) { t.putHashed(t.hash(t.name(le)), le) }
-
-// putHashed is put for an entry whose string's hash is h.
-func (t *fjTable) putHashed(h uint64, le *fjEntry) {
-	if cur := t.insertNew(h, le); cur != nil {
+func (t *fjTable) put(le *fjEntry) {
+	h := t.hash(t.name(le))
+	if t.insertNew(h, le) != nil {
 		sh, i := t.find(h, t.name(le))
 		sh.slots[i] = le
 	}

@@ -52,9 +52,6 @@ const (
 // file instead (see openReadOnly).
 func freeReplaced(old *os.File) {
 	defer old.Close()
-	if syncDisabled {
-		return
-	}
 	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: viewerByte, Len: 1}
 	if err := unix.FcntlFlock(old.Fd(), unix.F_OFD_SETLK, &lk); err != nil {
 		return // a reader has it, or no OFD locks: the close frees it

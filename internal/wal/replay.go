@@ -311,20 +311,28 @@ func (ra *readAhead) recycle(run *aheadRun) {
 	}
 }
 
-// digestBatch appends the digests of a checked batch's records to run,
-// and reports whether digest took them all. On false, run is as before.
-func (ra *readAhead) digestBatch(run *aheadRun, records []byte) bool {
+// takeBatch reports whether the read-ahead may hand over a batch with
+// these records: every record whole and passing its checks and, with a
+// DigestFunc, digested into run (on false, run is as before). A close
+// marker is not digested: replay does not apply it. One pass over the
+// records does both.
+func (ra *readAhead) takeBatch(run *aheadRun, records []byte) bool {
+	if isCloseMarker(records) {
+		return true
+	}
 	d, r := len(run.digests), len(run.recs)
 	for p := 0; p < len(records); {
-		n := RecordHeaderLen + int(binary.LittleEndian.Uint32(records[p:]))
-		var err error
-		run.digests, err = ra.digest(run.digests, records[p+RecordHeaderLen:p+n])
-		if err != nil {
-			// Replay digests the batch again, and takes the error.
+		payload, n, ok := ReadRecord(records[p:])
+		if ok && ra.digest != nil {
+			var err error
+			run.digests, err = ra.digest(run.digests, payload)
+			ok = err == nil // on an error, replay digests the batch again and takes it
+			run.recs = append(run.recs, aheadRec{n: int32(n), dend: int32(len(run.digests))})
+		}
+		if !ok {
 			run.digests, run.recs = run.digests[:d], run.recs[:r]
 			return false
 		}
-		run.recs = append(run.recs, aheadRec{n: int32(n), dend: int32(len(run.digests))})
 		p += n
 	}
 	return true
@@ -366,8 +374,7 @@ func (ra *readAhead) loop(r io.ReaderAt, size int64, salt uint64, off int64) {
 				run.buf, buf, n = big, big, total
 			}
 			bseq, records, bn, ok := ReadBatch(buf[p:p+total], off+int64(p), salt)
-			if !ok || (seq != 0 && bseq != seq+1) || !recordsValid(records) ||
-				(ra.digest != nil && !isCloseMarker(records) && !ra.digestBatch(run, records)) {
+			if !ok || (seq != 0 && bseq != seq+1) || !ra.takeBatch(run, records) {
 				final = true
 				break
 			}
@@ -390,19 +397,6 @@ func (ra *readAhead) loop(r io.ReaderAt, size int64, salt uint64, off int64) {
 		}
 		off += int64(p)
 	}
-}
-
-// recordsValid reports whether records is a sequence of whole records
-// that pass their checks.
-func recordsValid(records []byte) bool {
-	for p := 0; p < len(records); {
-		_, n, ok := ReadRecord(records[p:])
-		if !ok {
-			return false
-		}
-		p += n
-	}
-	return true
 }
 
 // batchReader reads and checks batches from the first size bytes of a
