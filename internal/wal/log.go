@@ -48,6 +48,23 @@ type Options struct {
 	// value makes lazy records start a commit like any other.
 	LazyDelay time.Duration
 
+	// Resume, when set, lets Open's replay start from a checkpoint
+	// instead of the file's first batch: it is asked, once the header is
+	// read, for a checkpoint of the file with that salt (see
+	// [Checkpoint]). When the batch the checkpoint names is in the file as
+	// named (offset, length, sequence number and stored CRC all match),
+	// load is called; if it returns nil, apply is given only the records
+	// after that batch. Otherwise the replay reads the whole file, as
+	// without Resume. load must leave the caller's state as it found it
+	// when it fails. Resume is not asked with Salvage.
+	Resume func(salt uint64) (cp Checkpoint, load func() error, ok bool)
+
+	// OnClose, when set, is called by [Log.Close] once the close marker
+	// is on disk, with the file still locked (no other writer can open
+	// it), with the checkpoint of that marker: the whole log as closed.
+	// It is not called after a failed write, nor for a read-only log.
+	OnClose func(cp Checkpoint)
+
 	// Fault, when set, is called before each commit's write ("write"),
 	// between the write and its sync ("sync"), when a rewrite has written
 	// the live records and starts copying the batches committed meanwhile
@@ -68,8 +85,27 @@ type Stats struct {
 	Truncated, Skipped        int64  // see [Replayed]
 	TornPath                  string // where the cut tail was kept, "" if none
 	Clean                     bool   // the file had been closed cleanly before this open
+	Resumed                   bool   // Open's replay started from a checkpoint: see [Options.Resume]
 	Size                      int64  // the durable part of the file
 }
+
+// A Checkpoint names one batch of a log file: the last one a caller's
+// state, saved elsewhere, already holds. A file is only ever appended to
+// between two rewrites, and every rewrite gives it a new salt, so a file
+// in which that batch is found as named holds, up to the batch's end,
+// exactly what it held when the checkpoint was taken (a cut tail only
+// ever removes batches nobody was told were durable; the checkpoints
+// [Options.OnClose] gives name a close marker, which was).
+type Checkpoint struct {
+	Salt uint64 // the file's
+	Off  int64  // where the batch starts
+	Len  int    // its length, header included
+	Seq  uint64 // its sequence number
+	CRC  uint32 // the CRC its header stores
+}
+
+// End is where the batch cp names ends.
+func (cp Checkpoint) End() int64 { return cp.Off + int64(cp.Len) }
 
 // Log is an append-only file of checksummed records written in batches
 // with group commit. It knows nothing of what the records mean. It is
@@ -94,7 +130,8 @@ type Log struct {
 	broken   error  // a write or sync failed: the file's tail is unknown, so writes stop
 	seq      uint64 // the last durable batch's sequence number
 	salt     uint64
-	marked   bool // the file ends with a close marker
+	marked   bool       // the file ends with a close marker
+	last     Checkpoint // the last durable batch, when marked: the marker
 
 	kick     chan struct{} // wakes the committer; capacity 1
 	stop     chan struct{} // closed by Close
@@ -115,7 +152,7 @@ type Log struct {
 	size                      atomic.Int64
 	truncated, skipped        int64
 	tornPath                  string
-	clean                     bool
+	clean, resumed            bool
 }
 
 // Batch is a group of records written and made durable together (one
@@ -191,7 +228,7 @@ func (l *Log) openReadOnly(apply ApplyFunc) error {
 	if err != nil {
 		return err
 	}
-	res, err := replay(f, fi.Size(), l.opts.Salvage, apply, l.opts.Digest)
+	res, err := replay(f, fi.Size(), l.opts.Salvage, apply, l.opts.Digest, l.resume())
 	if err != nil {
 		_ = f.Close()
 		return err
@@ -237,9 +274,19 @@ func openViewer(path string) (*os.File, os.FileInfo, error) {
 	return nil, nil, ErrLocked // replaced ten times over
 }
 
+// resume is Options.Resume for replay: nil with Salvage, which reads
+// the whole file so that it reports all it skips.
+func (l *Log) resume() func(uint64) (Checkpoint, func() error, bool) {
+	if l.opts.Salvage {
+		return nil
+	}
+	return l.opts.Resume
+}
+
 func (l *Log) setReplayed(res *Replayed) {
 	l.seq, l.salt = res.Seq, res.Salt
 	l.truncated, l.skipped, l.clean, l.marked = res.Truncated, res.Skipped, res.Clean, res.Clean
+	l.last, l.resumed = res.Last, res.Resumed
 	l.size.Store(res.End)
 	l.cur = newBatch(res.End)
 }
@@ -284,7 +331,7 @@ func (l *Log) open(apply ApplyFunc) error {
 			return fail(err)
 		}
 	}
-	res, err := replay(f, size, l.opts.Salvage, apply, l.opts.Digest)
+	res, err := replay(f, size, l.opts.Salvage, apply, l.opts.Digest, l.resume())
 	if err != nil {
 		return fail(err)
 	}
@@ -645,6 +692,7 @@ func (l *Log) commitOne(force bool) bool {
 	} else {
 		l.seq = seq
 		l.marked = isCloseMarker(b.buf[BatchHeaderLen:])
+		l.last = Checkpoint{Salt: salt, Off: b.off, Len: len(b.buf), Seq: seq, CRC: binary.LittleEndian.Uint32(b.buf[16:])}
 		l.size.Store(b.End())
 	}
 	l.mu.Unlock()
@@ -751,10 +799,13 @@ func (l *Log) Close() error {
 	<-l.loopDone
 	l.fileMu.Lock()
 	defer l.fileMu.Unlock()
-	err := l.f.Close()
 	l.mu.Lock()
-	broken := l.broken
+	broken, marked, last := l.broken, l.marked, l.last
 	l.mu.Unlock()
+	if broken == nil && marked && l.opts.OnClose != nil {
+		l.opts.OnClose(last)
+	}
+	err := l.f.Close()
 	if broken != nil && !errors.Is(broken, ErrReadOnly) {
 		return broken
 	}
@@ -767,7 +818,7 @@ func (l *Log) Stats() Stats {
 	defer l.mu.Unlock()
 	return Stats{
 		Writes: l.writes.Load(), Commits: l.commits.Load(), Rewrites: l.rewrites.Load(),
-		Truncated: l.truncated, Skipped: l.skipped, TornPath: l.tornPath, Clean: l.clean,
+		Truncated: l.truncated, Skipped: l.skipped, TornPath: l.tornPath, Clean: l.clean, Resumed: l.resumed,
 		Size: l.size.Load(),
 	}
 }

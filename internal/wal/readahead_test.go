@@ -86,7 +86,7 @@ func raReplayDigest(t *testing.T, data []byte, salvage bool, window, failAt int,
 			return errors.New("apply refused")
 		}
 		return nil
-	}, digest)
+	}, digest, nil)
 	if err != nil {
 		out.err = err.Error()
 	}

@@ -30,6 +30,13 @@ type Replayed struct {
 	// Clean is true when the last valid batch is the marker a clean close
 	// writes, with nothing after it.
 	Clean bool
+
+	// Last names the last valid batch (zero if none).
+	Last Checkpoint
+
+	// Resumed is true when the replay started after a checkpoint's batch
+	// (see [Options.Resume]): the records up to its end were not applied.
+	Resumed bool
 }
 
 // Replay reads the first size bytes of r, a journal file, a batch at a
@@ -40,13 +47,19 @@ type Replayed struct {
 // skips it (and any batch out of sequence), and ignores apply's errors
 // and a batch's records after one that does not parse.
 func Replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc) (*Replayed, error) {
-	return replay(r, size, salvage, apply, nil)
+	return replay(r, size, salvage, apply, nil, nil)
 }
 
 // ReplayDigest is Replay passing apply what digest makes of each payload
 // (see [Options.Digest]), as [Open] does.
 func ReplayDigest(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest DigestFunc) (*Replayed, error) {
-	return replay(r, size, salvage, apply, digest)
+	return replay(r, size, salvage, apply, digest, nil)
+}
+
+// ReplayFrom is ReplayDigest starting from a checkpoint, as Open does
+// with [Options.Resume] (which it asks with salvage false only).
+func ReplayFrom(r io.ReaderAt, size int64, apply ApplyFunc, digest DigestFunc, resume func(salt uint64) (Checkpoint, func() error, bool)) (*Replayed, error) {
+	return replay(r, size, false, apply, digest, resume)
 }
 
 // SetReadAheadWindow sets how much of a file the read-ahead reads at
@@ -65,9 +78,10 @@ func SetReadAheadWindow(n int) (restore func()) {
 type DigestFunc func(dst, payload []byte) ([]byte, error)
 
 // replay is Replay passing apply, if digest is set, what digest makes of
-// each payload instead of the payload. For a file read ahead, digest
-// runs on the read-ahead's goroutine.
-func replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest DigestFunc) (*Replayed, error) {
+// each payload instead of the payload, and starting after the batch of
+// resume's checkpoint if it is in the file (see [Options.Resume]). For a
+// file read ahead, digest runs on the read-ahead's goroutine.
+func replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest DigestFunc, resume func(uint64) (Checkpoint, func() error, bool)) (*Replayed, error) {
 	// applyDigest takes what the read-ahead digested; apply, the records
 	// replay reads itself, digested here.
 	applyDigest := apply
@@ -94,6 +108,18 @@ func replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest Dig
 	rd := &batchReader{r: r, size: size, salt: salt}
 	off := int64(FileHeaderLen)
 	marker := false
+	if resume != nil {
+		if cp, load, ok := resume(salt); ok && cp.Salt == salt && cp.Off >= off && cp.Off < size {
+			seq, records, n, ok, err := rd.batchAt(cp.Off)
+			if err != nil {
+				return nil, err
+			}
+			if ok && seq == cp.Seq && n == cp.Len && binary.LittleEndian.Uint32(rd.buf[16:]) == cp.CRC && load() == nil {
+				off, res.Seq, res.Last, res.Resumed = cp.End(), seq, cp, true
+				marker = isCloseMarker(records)
+			}
+		}
+	}
 	var ra *readAhead
 	if size-off >= 2*int64(readAheadWindow) {
 		ra = startReadAhead(r, size, salt, off, digest)
@@ -123,6 +149,7 @@ func replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest Dig
 					}
 					rec = bt.recs
 					res.Seq = bt.seq
+					res.Last = Checkpoint{Salt: salt, Off: off, Len: bt.n, Seq: bt.seq, CRC: binary.LittleEndian.Uint32(run.buf[bt.start+16:])}
 					off += int64(bt.n)
 				}
 				ra.recycle(run)
@@ -179,6 +206,7 @@ func replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest Dig
 			}
 		}
 		res.Seq = seq
+		res.Last = Checkpoint{Salt: salt, Off: off, Len: n, Seq: seq, CRC: binary.LittleEndian.Uint32(rd.buf[16:])}
 		off += int64(n)
 	}
 	res.End = off
