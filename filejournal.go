@@ -107,6 +107,12 @@ type JournalStats struct {
 	// damaged end of the file is reported as corruption.
 	CleanClose bool
 
+	// IndexLoaded reports whether the open read the index from the index
+	// file that the last clean close wrote beside the journal (see
+	// [FileJournal]), replaying only what was written after that close,
+	// instead of rebuilding it from the whole file.
+	IndexLoaded bool
+
 	// SkippedBytes is the size of the damaged batches that
 	// [JournalOptions.SkipVerify] skipped when the file was opened, until
 	// [FileJournal.Compact] rewrites the file without them (then 0).
@@ -250,6 +256,9 @@ type FileJournal struct {
 	hook func(point string)
 
 	pruner *fjPruner // nil when pruning is off
+
+	indexPath string         // of the index file: see filejournal_index.go
+	indexFrom wal.Checkpoint // the index file's, if the open read it
 }
 
 var _ Journal = (*FileJournal)(nil)
@@ -368,7 +377,19 @@ func OpenFileJournal(path string, opts *JournalOptions) (*FileJournal, error) {
 	if fi, err := os.Stat(path); err == nil {
 		idx.fileSize = fi.Size()
 	}
+	// The index file the last clean close wrote, if any: replay starts
+	// after the close marker it names when the file still holds it.
+	j.indexPath = fjIndexPath(path)
+	var resume func(uint64) (wal.Checkpoint, func() error, bool)
+	var xf *fjIndexFile
+	if !opts.SkipVerify {
+		xf = openFjIndex(j.indexPath)
+		defer xf.close()
+		resume = xf.resume(idx)
+	}
 	log, err := wal.Open(path, &wal.Options{
+		Resume:    resume,
+		OnClose:   j.writeIndex,
 		ReadOnly:  opts.ReadOnly,
 		Salvage:   opts.SkipVerify,
 		LazyDelay: opts.writeBehind,
@@ -385,6 +406,9 @@ func OpenFileJournal(path string, opts *JournalOptions) (*FileJournal, error) {
 		return nil, fmt.Errorf("idemhttp: open journal %s: %w", path, err)
 	}
 	j.log = log
+	if log.Stats().Resumed {
+		j.indexFrom = xf.cp
+	}
 	j.byKey, j.byOp, j.live, j.all, j.high = idx.byKey, idx.byOp, idx.live, idx.all, idx.high
 	for le := range j.byKey.all() {
 		if le.state == journalStatePending {
@@ -426,7 +450,7 @@ func (j *FileJournal) Stats() JournalStats {
 	j.mu.Unlock()
 	return JournalStats{
 		Writes: st.Writes, Commits: st.Commits, Compactions: st.Rewrites,
-		TruncatedBytes: st.Truncated, TornFile: st.TornPath, CleanClose: st.Clean,
+		TruncatedBytes: st.Truncated, TornFile: st.TornPath, CleanClose: st.Clean, IndexLoaded: st.Resumed,
 		SkippedBytes: st.Skipped, FileBytes: st.Size, LiveBytes: live + wal.FileHeaderLen,
 	}
 }

@@ -94,12 +94,16 @@ func ijHeap() uint64 {
 }
 
 // BenchmarkFileJournalScale opens a journal of n entries (1 KiB bodies,
-// three in four done and past the cutoff) with a warm page cache, then
-// prunes them, which compacts the file, while one caller keeps calling
+// three in four done and past the cutoff) with a warm page cache, as
+// after a crash (no index file: the whole file is replayed), closes it
+// (which writes the index file) and opens it again from the index file,
+// then prunes, which compacts the file, while one caller keeps calling
 // Begin, and reports:
-// open-ms, heap-B/entry (the index, after opening), prune-ms (Prune and
-// the compaction it triggers), max-begin-ms (the slowest Begin during
-// the prune) and heap-after-prune-B/entry (per entry still live).
+// open-ms (the replay), heap-B/entry (the index, after opening),
+// close-ms, open-index-ms (the open from the index file), prune-ms
+// (Prune and the compaction it triggers), max-begin-ms (the slowest
+// Begin during the prune) and heap-after-prune-B/entry (per entry still
+// live).
 func BenchmarkFileJournalScale(b *testing.B) {
 	for _, n := range []int{100_000, 1_000_000} {
 		b.Run(fmt.Sprintf("entries=%d", n), func(b *testing.B) {
@@ -123,6 +127,20 @@ func BenchmarkFileJournalScale(b *testing.B) {
 				}
 				openTime, openCPU := time.Since(start), ijCPU()-cpu0
 				heap := ijHeap() - base
+				start = time.Now()
+				if err := j.Close(); err != nil {
+					b.Fatal(err)
+				}
+				closeTime := time.Since(start)
+				start, cpu0 = time.Now(), ijCPU()
+				j, err = OpenFileJournal(cp, &JournalOptions{Retention: -1})
+				if err != nil {
+					b.Fatal(err)
+				}
+				indexTime, indexCPU := time.Since(start), ijCPU()-cpu0
+				if !j.Stats().IndexLoaded {
+					b.Fatal("the index file was not used")
+				}
 
 				var stop atomic.Bool
 				var worst atomic.Int64
@@ -169,8 +187,12 @@ func BenchmarkFileJournalScale(b *testing.B) {
 					b.Fatal(err)
 				}
 				_ = os.Remove(cp)
+				_ = os.Remove(cp + fjIndexSuffix)
 				b.ReportMetric(float64(openTime.Microseconds())/1000, "open-ms")
 				b.ReportMetric(float64(openCPU.Microseconds())/1000, "open-cpu-ms")
+				b.ReportMetric(float64(closeTime.Microseconds())/1000, "close-ms")
+				b.ReportMetric(float64(indexTime.Microseconds())/1000, "open-index-ms")
+				b.ReportMetric(float64(indexCPU.Microseconds())/1000, "open-index-cpu-ms")
 				b.ReportMetric(float64(heap)/float64(n), "heap-B/entry")
 				b.ReportMetric(float64(pruneTime.Microseconds())/1000, "prune-ms")
 				b.ReportMetric(float64(worst.Load())/1e6, "max-begin-ms")

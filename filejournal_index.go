@@ -1,0 +1,428 @@
+package idemhttp
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+
+	"github.com/idemkit/idemhttp/internal/wal"
+)
+
+// The index file. Opening a journal of a million entries rebuilds its
+// index from the whole file, a gigabyte and more with 1 KiB bodies: about
+// a second of two cores. A clean close of a large journal therefore also
+// writes the index itself, the few dozen bytes the index keeps of each
+// entry, to a file beside the journal (its name with fjIndexSuffix). The
+// next open reads that instead, and replays only the batches written
+// after the close, if any.
+//
+// The index file names the close marker it was written after (a
+// wal.Checkpoint: the file's salt, the marker's offset, length, sequence
+// number and CRC), and is used only when the journal file holds that very
+// batch there. Every rewrite gives the file a new salt and, in between,
+// the file is only appended to, so a file that holds the batch holds, up
+// to its end, exactly what it held at the close: the index file is then
+// the index of that part, and the batches after it (a later open that
+// did not close cleanly, or a build that writes no index file) are
+// replayed onto it. Anything else, a file of another salt or of another
+// format version, a damaged or short index file, an entry that could not
+// be in the journal, is ignored, and the whole journal is replayed as
+// before: the journal file stays the one source of truth, and the index
+// file is never needed. It is written without a sync, since a torn one is
+// refused by its checksums.
+//
+// What the open no longer does is read every record: damage to the body
+// of an old entry is found when the entry is read back (its record's CRC)
+// and by Verify (idemctl verify), which still replays the whole file and
+// compares it with the index, however it was built.
+
+// fjIndexSuffix follows the journal's name (symlinks resolved) in the
+// name of its index file.
+const fjIndexSuffix = ".index"
+
+// fjIndexMin is the journal size from which a clean close writes an index
+// file: a smaller journal replays in a few milliseconds. A variable for
+// the tests.
+var fjIndexMin int64 = 8 << 20
+
+// The index file's layout, all integers little-endian:
+//
+//	header (fjIndexHeaderLen bytes):
+//	  magic "idemidx\n", version u32, chunks u32,
+//	  checkpoint: salt u64, offset i64, length u32, CRC u32, sequence u64,
+//	  entries u64, high-water mark: seconds i64, nanoseconds u32,
+//	  CRC u32 of the bytes before it
+//	chunks, each: payload length u32, entries u32, CRC u32 of the
+//	  payload, then the entries, each:
+//	  begin record offset i64, created seconds i64, updated seconds i64,
+//	  record length u32, created ns u32, updated ns u32, attempts u32,
+//	  last status i32, key length u16, operation length u16, state u8,
+//	  then the key and the operation id.
+const (
+	fjIndexMagic      = "idemidx\n"
+	fjIndexVersion    = 1
+	fjIndexHeaderLen  = 72
+	fjIndexChunkHdr   = 12
+	fjIndexEntryFixed = 49
+	fjIndexChunkMax   = 8192    // entries per chunk
+	fjIndexChunkBytes = 4 << 20 // the largest chunk payload a reader accepts
+)
+
+var fjIndexCRC = crc32.MakeTable(crc32.Castagnoli)
+
+// errFjIndex is why an index file is not used; it never leaves the
+// package: the journal is replayed instead.
+var errFjIndex = errors.New("index file refused")
+
+// fjIndexPath is the name of the index file of the journal at path.
+func fjIndexPath(path string) string {
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		path = real
+	}
+	return path + fjIndexSuffix
+}
+
+// fjIndexFile is an index file opened for a replay: its header read and
+// checked.
+type fjIndexFile struct {
+	f       *os.File
+	cp      wal.Checkpoint
+	entries uint64
+	chunks  uint32
+	high    [2]int64 // seconds, nanoseconds
+}
+
+// openFjIndex opens the index file at path and checks its header; nil if
+// there is none, or none this build reads.
+func openFjIndex(path string) *fjIndexFile {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	var h [fjIndexHeaderLen]byte
+	if _, err := io.ReadFull(f, h[:]); err != nil || string(h[:8]) != fjIndexMagic ||
+		binary.LittleEndian.Uint32(h[8:]) != fjIndexVersion ||
+		crc32.Checksum(h[:68], fjIndexCRC) != binary.LittleEndian.Uint32(h[68:]) {
+		_ = f.Close()
+		return nil
+	}
+	le := binary.LittleEndian
+	return &fjIndexFile{
+		f:      f,
+		chunks: le.Uint32(h[12:]),
+		cp: wal.Checkpoint{
+			Salt: le.Uint64(h[16:]), Off: int64(le.Uint64(h[24:])), Len: int(le.Uint32(h[32:])),
+			CRC: le.Uint32(h[36:]), Seq: le.Uint64(h[40:]),
+		},
+		entries: le.Uint64(h[48:]),
+		high:    [2]int64{int64(le.Uint64(h[56:])), int64(le.Uint32(h[64:]))},
+	}
+}
+
+func (x *fjIndexFile) close() {
+	if x != nil {
+		_ = x.f.Close()
+	}
+}
+
+// resume is the [wal.Options.Resume] of an open that found x: the
+// checkpoint, and what loads the index file into idx.
+func (x *fjIndexFile) resume(idx *fjIndex) func(uint64) (wal.Checkpoint, func() error, bool) {
+	return func(salt uint64) (wal.Checkpoint, func() error, bool) {
+		if x == nil || x.cp.Salt != salt {
+			return wal.Checkpoint{}, nil, false
+		}
+		return x.cp, func() error { return x.load(idx) }, true
+	}
+}
+
+// load reads the index file's entries into idx, which must be empty, and
+// leaves it as it was on an error. Entries are decoded by a few
+// goroutines a chunk at a time, then the two tables are filled at once,
+// each on its own goroutine.
+func (x *fjIndexFile) load(idx *fjIndex) error {
+	// An entry takes fjIndexEntryFixed bytes and more, so the count can
+	// not exceed what the file could hold, whatever its header says.
+	fi, err := x.f.Stat()
+	if err != nil {
+		return err
+	}
+	if x.entries > uint64(fi.Size())/fjIndexEntryFixed || x.high[1] >= 1e9 {
+		return errFjIndex
+	}
+	all := make([]*fjEntry, x.entries)
+	type chunk struct {
+		buf      *[]byte
+		start, n int
+	}
+	workers := max(1, min(runtime.GOMAXPROCS(0), 4))
+	work := make(chan chunk)
+	bufs := make(chan *[]byte, workers+1)
+	for range workers + 1 {
+		b := make([]byte, 0, 1<<20)
+		bufs <- &b
+	}
+	var failed sync.Once
+	var loadErr error
+	fail := func(err error) { failed.Do(func() { loadErr = err }) }
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := range work {
+				if err := fjDecodeIndexChunk(*c.buf, all[c.start:c.start+c.n], x.cp.Off); err != nil {
+					fail(err)
+				}
+				bufs <- c.buf
+			}
+		}()
+	}
+	r := bufio.NewReaderSize(io.NewSectionReader(x.f, fjIndexHeaderLen, fi.Size()-fjIndexHeaderLen), 1<<20)
+	read := func() error {
+		start := 0
+		var h [fjIndexChunkHdr]byte
+		for range x.chunks {
+			if _, err := io.ReadFull(r, h[:]); err != nil {
+				return errFjIndex
+			}
+			size, n := binary.LittleEndian.Uint32(h[:]), int(binary.LittleEndian.Uint32(h[4:]))
+			if size > fjIndexChunkBytes || n == 0 || n > fjIndexChunkMax || n > len(all)-start {
+				return errFjIndex
+			}
+			bp := <-bufs
+			b := append((*bp)[:0], make([]byte, size)...)
+			*bp = b
+			if _, err := io.ReadFull(r, b); err != nil || crc32.Checksum(b, fjIndexCRC) != binary.LittleEndian.Uint32(h[8:]) {
+				bufs <- bp
+				return errFjIndex
+			}
+			work <- chunk{buf: bp, start: start, n: n}
+			start += n
+		}
+		if start != len(all) {
+			return errFjIndex
+		}
+		if _, err := r.ReadByte(); err != io.EOF {
+			return errFjIndex // trailing bytes
+		}
+		return nil
+	}
+	if err := read(); err != nil {
+		fail(err)
+	}
+	close(work)
+	wg.Wait()
+	if loadErr != nil {
+		return loadErr
+	}
+
+	byKey, byOp := newFjTable(false, len(all)), newFjTable(true, 0)
+	var live int64
+	ops := 0
+	for _, le := range all {
+		live += int64(le.size) + fjEntryOverhead
+		if int(le.keyLen) < len(le.keyOp) {
+			ops++
+		}
+	}
+	if ops > 0 {
+		byOp.reserve(ops)
+	}
+	// The two tables are filled at once: each insert checks that its
+	// string is not there already, as replay does.
+	var dupKey, dupOp bool
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for _, le := range all {
+			if int(le.keyLen) < len(le.keyOp) && byOp.insertNew(byOp.hash(le.operation()), le) != nil {
+				dupOp = true
+				return
+			}
+		}
+	}()
+	for _, le := range all {
+		if byKey.insertNew(byKey.hash(le.key()), le) != nil {
+			dupKey = true
+			break
+		}
+	}
+	wg.Wait()
+	if dupKey || dupOp {
+		return errFjIndex
+	}
+	idx.byKey, idx.byOp, idx.all, idx.live = byKey, byOp, all, live
+	idx.high = fjUnixTime(x.high[0], uint32(x.high[1]))
+	return nil
+}
+
+// fjDecodeIndexChunk decodes a chunk's payload, which must hold exactly
+// len(to) entries, into to. Every entry is checked as replay checks a
+// begin record's fields (a valid key, a known state), and must lie in
+// the file before the checkpoint at cpOff.
+func fjDecodeIndexChunk(b []byte, to []*fjEntry, cpOff int64) error {
+	le := binary.LittleEndian
+	i := 0
+	for len(b) > 0 {
+		if len(b) < fjIndexEntryFixed || i == len(to) {
+			return errFjIndex
+		}
+		keyLen, opLen := int(le.Uint16(b[44:])), int(le.Uint16(b[46:]))
+		if len(b) < fjIndexEntryFixed+keyLen+opLen {
+			return errFjIndex
+		}
+		e := &fjEntry{
+			off: int64(le.Uint64(b)), createdSec: int64(le.Uint64(b[8:])), updatedSec: int64(le.Uint64(b[16:])),
+			size: int32(le.Uint32(b[24:])), createdNs: le.Uint32(b[28:]), updatedNs: le.Uint32(b[32:]),
+			attempts: int(int32(le.Uint32(b[36:]))), lastStatus: int(int32(le.Uint32(b[40:]))),
+			keyLen: uint16(keyLen), state: b[48],
+		}
+		keyOp := b[fjIndexEntryFixed : fjIndexEntryFixed+keyLen+opLen]
+		if e.off < wal.FileHeaderLen || e.size <= wal.RecordHeaderLen || e.off > cpOff-int64(e.size) ||
+			e.createdNs >= 1e9 || e.updatedNs >= 1e9 || e.attempts < 0 ||
+			e.state < journalStatePending || e.state > journalStateAbandoned ||
+			validateKeyBytes(keyOp[:keyLen]) != nil {
+			return errFjIndex
+		}
+		e.keyOp = string(keyOp)
+		to[i] = e
+		i++
+		b = b[fjIndexEntryFixed+keyLen+opLen:]
+	}
+	if i != len(to) {
+		return errFjIndex
+	}
+	return nil
+}
+
+// writeIndex is the journal's [wal.Options.OnClose]: it writes the index
+// file for the checkpoint cp of the close marker, or removes a stale one
+// for a journal too small to need one. It is best effort: a journal whose
+// index file is missing or refused is replayed in full when opened.
+func (j *FileJournal) writeIndex(cp wal.Checkpoint) {
+	// After SkipVerify, the file may hold damage that an index file
+	// would hide from the next open, which must refuse it.
+	if j.salvage || cp.End() < fjIndexMin {
+		_ = os.Remove(j.indexPath)
+		return
+	}
+	if j.indexFrom == cp {
+		return // opened from it, and nothing written since: it is the index still
+	}
+	if err := j.writeIndexFile(cp); err != nil {
+		_ = os.Remove(j.indexPath)
+	}
+}
+
+func (j *FileJournal) writeIndexFile(cp wal.Checkpoint) (err error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	var n uint64
+	for _, le := range j.all {
+		if le.gone {
+			continue
+		}
+		if le.unsynced || le.deleting || le.attempts > math.MaxInt32 || le.lastStatus > math.MaxInt32 || le.lastStatus < math.MinInt32 {
+			// Not what the file holds (a batch that failed would have
+			// left the log broken, and this is not called): refuse.
+			return errFjIndex
+		}
+		n++
+	}
+	dir, base := filepath.Split(j.indexPath)
+	f, err := os.CreateTemp(dir, base+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = os.Rename(f.Name(), j.indexPath)
+		}
+		if err != nil {
+			_ = os.Remove(f.Name())
+		}
+	}()
+	chunks := (n + fjIndexChunkMax - 1) / fjIndexChunkMax
+	bo := binary.LittleEndian
+	h := make([]byte, 0, fjIndexHeaderLen)
+	h = append(h, fjIndexMagic...)
+	h = bo.AppendUint32(h, fjIndexVersion)
+	h = bo.AppendUint32(h, uint32(chunks))
+	h = bo.AppendUint64(h, cp.Salt)
+	h = bo.AppendUint64(h, uint64(cp.Off))
+	h = bo.AppendUint32(h, uint32(cp.Len))
+	h = bo.AppendUint32(h, cp.CRC)
+	h = bo.AppendUint64(h, cp.Seq)
+	h = bo.AppendUint64(h, n)
+	sec, ns := fjSplitTime(j.high)
+	h = bo.AppendUint64(h, uint64(sec))
+	h = bo.AppendUint32(h, ns)
+	h = bo.AppendUint32(h, crc32.Checksum(h, fjIndexCRC))
+	w := bufio.NewWriterSize(f, 1<<20)
+	if _, err := w.Write(h); err != nil {
+		return err
+	}
+	payload := make([]byte, 0, 1<<20)
+	count := 0
+	flush := func() error {
+		var ch [fjIndexChunkHdr]byte
+		bo.PutUint32(ch[:], uint32(len(payload)))
+		bo.PutUint32(ch[4:], uint32(count))
+		bo.PutUint32(ch[8:], crc32.Checksum(payload, fjIndexCRC))
+		if _, err := w.Write(ch[:]); err != nil {
+			return err
+		}
+		_, err := w.Write(payload)
+		payload, count = payload[:0], 0
+		return err
+	}
+	for _, e := range j.all {
+		if e.gone {
+			continue
+		}
+		off, size := j.placeLocked(e)
+		payload = bo.AppendUint64(payload, uint64(off))
+		payload = bo.AppendUint64(payload, uint64(e.createdSec))
+		payload = bo.AppendUint64(payload, uint64(e.updatedSec))
+		payload = bo.AppendUint32(payload, uint32(size))
+		payload = bo.AppendUint32(payload, e.createdNs)
+		payload = bo.AppendUint32(payload, e.updatedNs)
+		payload = bo.AppendUint32(payload, uint32(e.attempts))
+		payload = bo.AppendUint32(payload, uint32(int32(e.lastStatus)))
+		payload = bo.AppendUint16(payload, e.keyLen)
+		payload = bo.AppendUint16(payload, uint16(len(e.keyOp)-int(e.keyLen)))
+		payload = append(payload, e.state)
+		payload = append(payload, e.keyOp...)
+		if count++; count == fjIndexChunkMax {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if count > 0 {
+		if err := flush(); err != nil {
+			return err
+		}
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// String describes an index file for errors and tests.
+func (x *fjIndexFile) String() string {
+	return fmt.Sprintf("index file of salt %#x, %d entries up to offset %d", x.cp.Salt, x.entries, x.cp.End())
+}

@@ -1,0 +1,461 @@
+package idemhttp
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idemhttp/internal/wal"
+)
+
+// IDEMHTTP_JOURNAL_INDEX=always runs every test with an index file
+// written at every clean close, whatever the journal's size, so that the
+// tests that reopen a journal open it from its index file: CI runs the
+// package's tests once more that way.
+func init() {
+	if os.Getenv("IDEMHTTP_JOURNAL_INDEX") == "always" {
+		fjIndexMin = 0
+	}
+}
+
+// ijIndexAlways makes every clean close in the test write an index file,
+// whatever the journal's size.
+func ijIndexAlways(t *testing.T) { ijIndexMin(t, 0) }
+
+// ijIndexMin sets fjIndexMin for the test.
+func ijIndexMin(t *testing.T, n int64) {
+	saved := fjIndexMin
+	fjIndexMin = n
+	t.Cleanup(func() { fjIndexMin = saved })
+}
+
+// ijIndexState is everything an open builds of a journal's index, as
+// comparable values: the entries in order, with their places in the
+// file, and the totals.
+type ijIndexState struct {
+	entries []fjEntry
+	live    int64
+	high    int64 // Unix ns
+	pending int
+}
+
+func ijStateOf(j *FileJournal) ijIndexState {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	var st ijIndexState
+	for _, le := range j.all {
+		if le.gone {
+			continue
+		}
+		v := ijIndexView(le)
+		v.off, v.size = j.placeLocked(le)
+		v.gen, v.slot, v.goneLate = 0, 0, false
+		st.entries = append(st.entries, v)
+	}
+	st.live, st.high, st.pending = j.live, j.high.UnixNano(), j.pending
+	return st
+}
+
+// ijIndexWorkload gives j entries of every kind: pending and done, with
+// and without an operation id, finished, deleted, pruned, with (if
+// compact) a compaction in the middle, so that entries are found through
+// its remap, and entries begun after it.
+func ijIndexWorkload(t *testing.T, j *FileJournal, rng *rand.Rand, prefix string, compact bool) {
+	t.Helper()
+	ctx := context.Background()
+	begin := func(i int) {
+		e := ijEntry(fmt.Sprintf("%s-%04d", prefix, i), "")
+		if i%2 == 0 {
+			e.Operation = fmt.Sprintf("%s-op-%04d", prefix, i)
+		}
+		e.Body = make([]byte, rng.IntN(300))
+		e.Created = time.Now().Add(-time.Duration(rng.IntN(3600)) * time.Second)
+		_, err := j.Begin(ctx, e)
+		require.NoError(t, err)
+	}
+	finish := func(i int, st State) {
+		key := fmt.Sprintf("%s-%04d", prefix, i)
+		require.NoError(t, j.Finish(ctx, key, Outcome{State: st, Status: 200 + i%5, Attempts: 1 + i%3, At: time.Now()}))
+	}
+	for i := range 200 {
+		begin(i)
+	}
+	for i := 0; i < 200; i += 3 {
+		finish(i, StateDone)
+	}
+	for i := 1; i < 200; i += 7 {
+		require.NoError(t, j.Delete(ctx, fmt.Sprintf("%s-%04d", prefix, i)))
+	}
+	_, err := j.Prune(ctx, time.Now().Add(time.Hour)) // every done entry
+	require.NoError(t, err)
+	if compact {
+		require.NoError(t, j.Compact(ctx))
+	}
+	for i := 200; i < 300; i++ {
+		begin(i)
+	}
+	for i := 202; i < 300; i += 5 {
+		finish(i, StateDone)
+	}
+	finish(250, StateAbandoned)
+	require.NoError(t, j.Delete(ctx, fmt.Sprintf("%s-%04d", prefix, 260)))
+}
+
+// ijReplayedState opens a copy of the journal at path without its index
+// file, so that the open replays the whole file, and returns its index.
+func ijReplayedState(t *testing.T, path string) ijIndexState {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	cp := filepath.Join(t.TempDir(), "replayed")
+	require.NoError(t, os.WriteFile(cp, data, 0o600))
+	j, err := OpenFileJournal(cp, &JournalOptions{ReadOnly: true})
+	require.NoError(t, err)
+	defer j.Close()
+	require.False(t, j.Stats().IndexLoaded)
+	return ijStateOf(j)
+}
+
+// The index file a clean close writes is the index a full replay builds:
+// every entry with its fields and place in the file, in the same order,
+// the live bytes, the pending count and the high-water mark. And a
+// journal opened from it and then written, crashed (a byte copy of the
+// file, no close marker after the index file's) and opened again builds
+// from the index file and the batches after it what a full replay of
+// the copy does. Checked to fail with the high-water mark or an entry's
+// updated time left out of the file, and with the batches after the
+// checkpoint not replayed.
+func TestJournalIndexFileIsTheReplayedIndex(t *testing.T) {
+	ijIndexAlways(t)
+	path := filepath.Join(t.TempDir(), "journal")
+	j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+	require.NoError(t, err)
+	ijIndexWorkload(t, j, rand.New(rand.NewPCG(1, 2)), "a", true)
+	want := ijStateOf(j)
+	require.NoError(t, j.Close())
+	require.FileExists(t, path+fjIndexSuffix)
+
+	j, err = OpenFileJournal(path, &JournalOptions{Retention: -1})
+	require.NoError(t, err)
+	st := j.Stats()
+	assert.True(t, st.IndexLoaded)
+	assert.True(t, st.CleanClose)
+	got := ijStateOf(j)
+	assert.Equal(t, want, got)
+	assert.Equal(t, ijReplayedState(t, path), got)
+	require.NoError(t, j.Verify(context.Background()))
+
+	// Written after an open from the index file (no compaction, which
+	// would make the index file stale), then a crash.
+	ijIndexWorkload(t, j, rand.New(rand.NewPCG(3, 4)), "b", false)
+	require.NoError(t, j.Sync(context.Background()))
+	crashed := filepath.Join(t.TempDir(), "crashed")
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(crashed, data, 0o600))
+	idx, err := os.ReadFile(path + fjIndexSuffix)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(crashed+fjIndexSuffix, idx, 0o600))
+	want = ijStateOf(j)
+	require.NoError(t, j.Close())
+
+	c, err := OpenFileJournal(crashed, &JournalOptions{ReadOnly: true})
+	require.NoError(t, err)
+	defer c.Close()
+	st = c.Stats()
+	assert.True(t, st.IndexLoaded, "the batches after the index file's close marker are replayed onto it")
+	assert.False(t, st.CleanClose)
+	got = ijStateOf(c)
+	assert.Equal(t, ijReplayedState(t, crashed), got)
+	assert.Equal(t, want, got)
+	require.NoError(t, c.Verify(context.Background()))
+}
+
+// An index file is used only for the file it was written for: one from
+// another journal, from before a compaction (the file has a new salt),
+// damaged, cut short or with bytes after it, naming a batch the file
+// does not hold as named, or one whose journal lost its tail (the close
+// marker it names), is ignored, and the journal is replayed in full: its
+// entries are those of the file. Checked to fail with each of the salt,
+// the marker's CRC, length and sequence number, and a chunk's CRC not
+// compared.
+func TestJournalIndexFileRefusedWhenItDoesNotMatch(t *testing.T) {
+	ijIndexAlways(t)
+	ctx := context.Background()
+	build := func(t *testing.T, prefix string) string {
+		path := filepath.Join(t.TempDir(), "journal")
+		j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+		require.NoError(t, err)
+		ijIndexWorkload(t, j, rand.New(rand.NewPCG(5, 6)), prefix, true)
+		require.NoError(t, j.Close())
+		return path
+	}
+	check := func(t *testing.T, path string) {
+		t.Helper()
+		want := ijReplayedState(t, path)
+		j, err := OpenFileJournal(path, &JournalOptions{ReadOnly: true})
+		require.NoError(t, err)
+		defer j.Close()
+		assert.False(t, j.Stats().IndexLoaded, "index file used")
+		assert.Equal(t, want, ijStateOf(j))
+	}
+	edit := func(t *testing.T, path string, fn func([]byte) []byte) {
+		b, err := os.ReadFile(path)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(path, fn(b), 0o600))
+	}
+	t.Run("another journal's", func(t *testing.T) {
+		a, b := build(t, "a"), build(t, "b")
+		idx, err := os.ReadFile(b + fjIndexSuffix)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(a+fjIndexSuffix, idx, 0o600))
+		check(t, a)
+	})
+	t.Run("before a compaction", func(t *testing.T) {
+		path := build(t, "a")
+		idx, err := os.ReadFile(path + fjIndexSuffix)
+		require.NoError(t, err)
+		j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+		require.NoError(t, err)
+		require.NoError(t, j.Compact(ctx))
+		require.NoError(t, j.Close())
+		require.NoError(t, os.WriteFile(path+fjIndexSuffix, idx, 0o600))
+		check(t, path)
+	})
+	t.Run("the same journal, its marker cut off", func(t *testing.T) {
+		path := build(t, "a")
+		edit(t, path, func(b []byte) []byte { return b[:len(b)-1] })
+		check(t, path)
+	})
+	t.Run("the same journal, its marker replaced", func(t *testing.T) {
+		// The marker cut off, and another batch written where it was,
+		// as a writer would after losing it: same salt, offset and
+		// sequence number, other records.
+		path := build(t, "a")
+		idx, err := os.ReadFile(path + fjIndexSuffix)
+		require.NoError(t, err)
+		x := openFjIndex(path + fjIndexSuffix)
+		require.NotNil(t, x)
+		x.close()
+		edit(t, path, func(b []byte) []byte {
+			require.Equal(t, int64(len(b)), x.cp.End())
+			return b[:x.cp.Off]
+		})
+		j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+		require.NoError(t, err)
+		_, err = j.Begin(ctx, ijEntry("after", ""))
+		require.NoError(t, err)
+		require.NoError(t, j.Close())
+		require.NoError(t, os.WriteFile(path+fjIndexSuffix, idx, 0o600))
+		check(t, path)
+	})
+	for _, tt := range []struct {
+		name string
+		fn   func([]byte) []byte
+	}{
+		{"a byte flipped in an entry", func(b []byte) []byte { b[len(b)/2] ^= 1; return b }},
+		{"a byte flipped in an entry's time", func(b []byte) []byte { b[fjIndexHeaderLen+fjIndexChunkHdr+8] ^= 1; return b }},
+		{"a byte flipped in the header", func(b []byte) []byte { b[30] ^= 1; return b }},
+		{"cut short", func(b []byte) []byte { return b[:len(b)-10] }},
+		{"bytes after it", func(b []byte) []byte { return append(b, 0) }},
+		{"empty", func([]byte) []byte { return nil }},
+		// The header's own CRC made right again: what is refused is the
+		// field.
+		{"another version", ijIndexHeaderEdit(8, 4)},
+		{"another salt", ijIndexHeaderEdit(16, 8)},
+		{"another marker offset", ijIndexHeaderEdit(24, 8)},
+		{"another marker length", ijIndexHeaderEdit(32, 4)},
+		{"another marker CRC", ijIndexHeaderEdit(36, 4)},
+		{"another marker sequence number", ijIndexHeaderEdit(40, 8)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			path := build(t, "a")
+			edit(t, path+fjIndexSuffix, tt.fn)
+			check(t, path)
+		})
+	}
+}
+
+// ijIndexHeaderEdit returns an edit of an index file that adds 1 to the
+// header field of n bytes at off, and seals the header again.
+func ijIndexHeaderEdit(off, n int) func([]byte) []byte {
+	return func(b []byte) []byte {
+		if n == 4 {
+			binary.LittleEndian.PutUint32(b[off:], binary.LittleEndian.Uint32(b[off:])+1)
+		} else {
+			binary.LittleEndian.PutUint64(b[off:], binary.LittleEndian.Uint64(b[off:])+1)
+		}
+		binary.LittleEndian.PutUint32(b[68:], crc32.Checksum(b[:68], fjIndexCRC))
+		return b
+	}
+}
+
+// After a clean close, an old entry's damaged body is not read by the
+// open (the index file stands for the records), but it is found: reading
+// the entry back fails with ErrJournalCorrupt, and so does Verify, which
+// still replays the whole file. Without the index file, the open refuses
+// the file, as it always did.
+func TestJournalIndexFileDamageStillFound(t *testing.T) {
+	ijIndexAlways(t)
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "journal")
+	j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+	require.NoError(t, err)
+	e := ijEntry("damaged", "")
+	e.Body = []byte(strings.Repeat("x", 64))
+	_, err = j.Begin(ctx, e)
+	require.NoError(t, err)
+	for i := range 20 {
+		_, err = j.Begin(ctx, ijEntry(fmt.Sprintf("k-%d", i), ""))
+		require.NoError(t, err)
+	}
+	require.NoError(t, j.Close())
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	i := strings.Index(string(b), strings.Repeat("x", 64))
+	require.Positive(t, i)
+	b[i+10] = 'y'
+	require.NoError(t, os.WriteFile(path, b, 0o600))
+
+	j, err = OpenFileJournal(path, &JournalOptions{Retention: -1})
+	require.NoError(t, err)
+	assert.True(t, j.Stats().IndexLoaded)
+	_, err = j.Get(ctx, "damaged")
+	require.ErrorIs(t, err, ErrJournalCorrupt)
+	require.ErrorIs(t, j.Verify(ctx), ErrJournalCorrupt)
+	require.NoError(t, j.Close())
+
+	require.NoError(t, os.Remove(path+fjIndexSuffix))
+	_, err = OpenFileJournal(path, &JournalOptions{Retention: -1})
+	require.ErrorIs(t, err, ErrJournalCorrupt)
+}
+
+// A small journal gets no index file, and a clean close removes the one
+// it had when it grew small; a read-only open writes none.
+func TestJournalIndexFileOnlyForLargeJournals(t *testing.T) {
+	ijIndexMin(t, 8<<20)
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "journal")
+	j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+	require.NoError(t, err)
+	_, err = j.Begin(ctx, ijEntry("k", ""))
+	require.NoError(t, err)
+	require.NoError(t, j.Close())
+	assert.NoFileExists(t, path+fjIndexSuffix)
+
+	fjIndexMin = 0
+	r, err := OpenFileJournal(path, &JournalOptions{ReadOnly: true})
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	assert.NoFileExists(t, path+fjIndexSuffix, "a read-only open wrote one")
+
+	j, err = OpenFileJournal(path, &JournalOptions{Retention: -1})
+	require.NoError(t, err)
+	require.NoError(t, j.Close())
+	require.FileExists(t, path+fjIndexSuffix)
+	info, err := os.Stat(path + fjIndexSuffix)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+
+	fjIndexMin = 1 << 40
+	j, err = OpenFileJournal(path, &JournalOptions{Retention: -1})
+	require.NoError(t, err)
+	assert.True(t, j.Stats().IndexLoaded)
+	require.NoError(t, j.Close())
+	assert.NoFileExists(t, path+fjIndexSuffix)
+	left, err := filepath.Glob(path + fjIndexSuffix + "*")
+	require.NoError(t, err)
+	assert.Empty(t, left)
+
+	// After SkipVerify, the file may hold damage the index file would
+	// hide from the next open: a clean close writes none, and removes
+	// the one there was.
+	fjIndexMin = 0
+	j, err = OpenFileJournal(path, &JournalOptions{Retention: -1})
+	require.NoError(t, err)
+	require.NoError(t, j.Close())
+	require.FileExists(t, path+fjIndexSuffix)
+	j, err = OpenFileJournal(path, &JournalOptions{Retention: -1, SkipVerify: true})
+	require.NoError(t, err)
+	assert.False(t, j.Stats().IndexLoaded)
+	require.NoError(t, j.Close())
+	assert.NoFileExists(t, path+fjIndexSuffix)
+}
+
+// The index file's entries are checked as replay checks a begin record,
+// whatever their chunk's CRC says: FuzzJournalIndexChunk's inputs are
+// chunk payloads, sealed with a valid CRC into an index file for a real
+// journal, and the open must never fail or panic for them, and must use
+// one only if every entry in it could be in the file.
+func FuzzJournalIndexChunk(f *testing.F) {
+	dir := f.TempDir()
+	base := filepath.Join(dir, "journal")
+	saved := fjIndexMin
+	fjIndexMin = 0
+	j, err := OpenFileJournal(base, &JournalOptions{Retention: -1})
+	require.NoError(f, err)
+	for i := range 3 {
+		e := ijEntry(fmt.Sprintf("k-%d", i), "")
+		if i == 1 {
+			e.Operation = "op-1"
+		}
+		_, err := j.Begin(context.Background(), e)
+		require.NoError(f, err)
+	}
+	require.NoError(f, j.Close())
+	fjIndexMin = saved
+	journal, err := os.ReadFile(base)
+	require.NoError(f, err)
+	index, err := os.ReadFile(base + fjIndexSuffix)
+	require.NoError(f, err)
+	hdr := index[:fjIndexHeaderLen]
+	f.Add(index[fjIndexHeaderLen+fjIndexChunkHdr:], uint8(3))
+	f.Fuzz(func(t *testing.T, payload []byte, n uint8) {
+		if n == 0 {
+			n = 1
+		}
+		path := filepath.Join(t.TempDir(), "journal")
+		require.NoError(t, os.WriteFile(path, journal, 0o600))
+		h := slices.Clone(hdr)
+		binary.LittleEndian.PutUint32(h[12:], 1)
+		binary.LittleEndian.PutUint64(h[48:], uint64(n))
+		binary.LittleEndian.PutUint32(h[68:], crc32.Checksum(h[:68], fjIndexCRC))
+		file := binary.LittleEndian.AppendUint32(h, uint32(len(payload)))
+		file = binary.LittleEndian.AppendUint32(file, uint32(n))
+		file = binary.LittleEndian.AppendUint32(file, crc32.Checksum(payload, fjIndexCRC))
+		require.NoError(t, os.WriteFile(path+fjIndexSuffix, append(file, payload...), 0o600))
+
+		j, err := OpenFileJournal(path, &JournalOptions{ReadOnly: true})
+		require.NoError(t, err, "an index file made the open fail")
+		defer j.Close()
+		if !j.Stats().IndexLoaded {
+			return
+		}
+		x := openFjIndex(path + fjIndexSuffix)
+		require.NotNil(t, x)
+		x.close()
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		assert.Equal(t, int(n), j.byKey.len())
+		for _, le := range j.all {
+			assert.NoError(t, validateKeyBytes(le.key()))
+			assert.GreaterOrEqual(t, le.off, int64(wal.FileHeaderLen))
+			assert.LessOrEqual(t, le.off+int64(le.size), x.cp.Off)
+			assert.Same(t, le, j.byKey.get(le.key()))
+			if op := le.operation(); op != "" {
+				assert.Same(t, le, j.byOp.get(op))
+			}
+		}
+	})
+}
