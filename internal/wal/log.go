@@ -207,13 +207,17 @@ func Open(path string, opts *Options, apply ApplyFunc) (*Log, error) {
 		l.lazyDelay = DefaultLazyDelay
 	}
 	if l.opts.ReadOnly {
-		if err := l.openReadOnly(apply); err != nil {
+		err := l.openReadOnly(apply)
+		l.dropResume()
+		if err != nil {
 			return nil, err
 		}
 		close(l.loopDone)
 		return l, nil
 	}
-	if err := l.open(apply); err != nil {
+	err := l.open(apply)
+	l.dropResume()
+	if err != nil {
 		return nil, err
 	}
 	l.lazyTimer = time.NewTimer(time.Hour)
@@ -221,6 +225,12 @@ func Open(path string, opts *Options, apply ApplyFunc) (*Log, error) {
 	go l.commitLoop()
 	return l, nil
 }
+
+// dropResume forgets Options.Resume once Open's replay is over: the
+// state its load filled is the caller's to drop, and a log lives as long
+// as its journal (a closure kept here kept every entry of the first
+// index alive: a prune returned no memory).
+func (l *Log) dropResume() { l.opts.Resume = nil }
 
 // openReadOnly opens the file as it is now, without the lock.
 func (l *Log) openReadOnly(apply ApplyFunc) error {
