@@ -89,6 +89,7 @@ func (idx *fjIndex) verifyRecord(off int64, n int, payload []byte) error {
 // the record (or its digest).
 type fjBegin struct {
 	key, op                []byte
+	keyOp                  []byte // key then op, when adjacent (a digest's); nil otherwise
 	createdSec, updatedSec int64
 	createdNs, updatedNs   uint32
 	state                  byte
@@ -152,8 +153,15 @@ func fjScanBegin(payload []byte) (fjBegin, error) {
 }
 
 // fjKindDigest starts the digest of a begin record: never a record's
-// kind in a file.
+// kind in a file (fjDigest refuses a record of that kind, as a full
+// decode does, so that none passes for a digest).
 const fjKindDigest = 'b'
+
+// fjDigestLen is the fixed part of a digest: its kind, then created and
+// updated seconds, attempts and last status (8 bytes each), created and
+// updated nanoseconds (4 each), the key's length (2) and the operation
+// id's (4), and the state; the key and the operation id follow.
+const fjDigestLen = 1 + 4*8 + 2*4 + 2 + 4 + 1
 
 // fjDigest is the [wal.DigestFunc] of a journal's replay: a begin record
 // becomes the few dozen bytes of it the index keeps, checked as
@@ -161,55 +169,67 @@ const fjKindDigest = 'b'
 // It runs on the read-ahead's goroutine while the records before are
 // indexed, so that opening a large journal checks and reads its records
 // on one core and indexes them on another: the index then reads a
-// compact digest instead of the first cache lines of every 1 KiB record.
+// compact digest instead of the first cache lines of every 1 KiB record,
+// at fixed offsets, the applier being the busier of the two.
 // It must not touch the index.
 func fjDigest(dst, payload []byte) ([]byte, error) {
 	if len(payload) == 0 || payload[0] != fjKindBegin {
+		if len(payload) > 0 && payload[0] == fjKindDigest {
+			_, err := fjDecodeRecord(payload) // an unknown kind, as Verify says
+			return dst, err
+		}
 		return append(dst, payload...), nil
 	}
 	b, err := fjScanBegin(payload)
 	if err != nil {
 		return dst, err
 	}
+	le := binary.LittleEndian
 	dst = append(dst, fjKindDigest)
-	dst = binary.AppendUvarint(dst, uint64(len(b.key)))
-	dst = append(dst, b.key...)
-	dst = binary.AppendUvarint(dst, uint64(len(b.op)))
-	dst = append(dst, b.op...)
-	dst = binary.AppendVarint(dst, b.createdSec)
-	dst = binary.AppendUvarint(dst, uint64(b.createdNs))
-	dst = binary.AppendVarint(dst, b.updatedSec)
-	dst = binary.AppendUvarint(dst, uint64(b.updatedNs))
+	dst = le.AppendUint64(dst, uint64(b.createdSec))
+	dst = le.AppendUint64(dst, uint64(b.updatedSec))
+	dst = le.AppendUint64(dst, uint64(b.attempts))
+	dst = le.AppendUint64(dst, uint64(b.lastStatus))
+	dst = le.AppendUint32(dst, b.createdNs)
+	dst = le.AppendUint32(dst, b.updatedNs)
+	dst = le.AppendUint16(dst, uint16(len(b.key))) // at most MaxKeyLen: fjScanBegin checked it
+	dst = le.AppendUint32(dst, uint32(len(b.op)))  // within a record, below MaxRecord
 	dst = append(dst, b.state)
-	dst = binary.AppendVarint(dst, int64(b.attempts))
-	dst = binary.AppendVarint(dst, int64(b.lastStatus))
-	return dst, nil
+	dst = append(dst, b.key...)
+	return append(dst, b.op...), nil
 }
 
 // fjUndigest reads what fjDigest made.
 func fjUndigest(d []byte) (fjBegin, error) {
 	var b fjBegin
-	r := journalReader{b: d[1:]}
-	b.key = r.bytes()
-	b.op = r.bytes()
-	b.createdSec, b.createdNs = r.timeParts()
-	b.updatedSec, b.updatedNs = r.timeParts()
-	b.state = r.state()
-	b.attempts = r.int()
-	b.lastStatus = r.int()
-	if r.err == nil && len(r.b) > 0 {
-		r.fail("%d trailing bytes", len(r.b))
+	if len(d) < fjDigestLen {
+		return b, fmt.Errorf("%w: short digest", ErrJournalCorrupt)
 	}
-	return b, r.err
+	le := binary.LittleEndian
+	kl, ol := int(le.Uint16(d[41:])), int(le.Uint32(d[43:]))
+	if len(d)-fjDigestLen != kl+ol {
+		return b, fmt.Errorf("%w: digest of %d bytes for %d", ErrJournalCorrupt, len(d), fjDigestLen+kl+ol)
+	}
+	b.createdSec, b.updatedSec = int64(le.Uint64(d[1:])), int64(le.Uint64(d[9:]))
+	b.attempts, b.lastStatus = int(int64(le.Uint64(d[17:]))), int(int64(le.Uint64(d[25:])))
+	b.createdNs, b.updatedNs = le.Uint32(d[33:]), le.Uint32(d[37:])
+	b.state = d[47]
+	b.keyOp = d[fjDigestLen:]
+	b.key, b.op = b.keyOp[:kl], b.keyOp[kl:]
+	return b, nil
 }
 
 // indexBegin indexes the begin record b, stored at off with length n.
 func (idx *fjIndex) indexBegin(off int64, n int, b *fjBegin) error {
 	key, op := b.key, b.op
 	// One allocation for the key and the operation id together.
-	idx.scratch = append(append(idx.scratch[:0], key...), op...)
+	keyOp := b.keyOp
+	if keyOp == nil {
+		idx.scratch = append(append(idx.scratch[:0], key...), op...)
+		keyOp = idx.scratch
+	}
 	le := &fjEntry{
-		keyOp: string(idx.scratch), keyLen: uint16(len(key)), attempts: b.attempts, lastStatus: b.lastStatus, state: b.state, off: off, size: int32(n),
+		keyOp: string(keyOp), keyLen: uint16(len(key)), attempts: b.attempts, lastStatus: b.lastStatus, state: b.state, off: off, size: int32(n),
 		createdSec: b.createdSec, createdNs: b.createdNs, updatedSec: b.updatedSec, updatedNs: b.updatedNs,
 	}
 	if len(idx.all) == fjEstimateAfter && idx.fileSize > off {
@@ -220,6 +240,7 @@ func (idx *fjIndex) indexBegin(off int64, n int, b *fjBegin) error {
 		if len(op) > 0 {
 			idx.byOp.reserve(est)
 		}
+		idx.all = slices.Grow(idx.all, est-len(idx.all))
 	}
 	if idx.byKey.insertNew(idx.byKey.hashBytes(key), le) != nil {
 		return fmt.Errorf("%w: key %q stored twice", ErrJournalCorrupt, key)

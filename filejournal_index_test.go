@@ -459,3 +459,17 @@ func FuzzJournalIndexChunk(f *testing.F) {
 		}
 	})
 }
+
+// A record of the digest's kind in a file is an unknown record, as
+// Verify says, not a begin record in short: replay digests begin
+// records itself, and a digest it did not make must not pass for one.
+// Checked to fail with fjDigest passing such a record through.
+func TestJournalRefusesADigestInTheFile(t *testing.T) {
+	d, err := fjDigest(nil, ijBegin(t, ijEntry("k", ""))[wal.RecordHeaderLen:])
+	require.NoError(t, err)
+	file := ijFile(ijBatch(1, fjAppendRecord(nil, d)))
+	_, err = fjReplay(file, false)
+	require.ErrorIs(t, err, ErrJournalCorrupt)
+	ijCheckReplay(t, file, false)
+	ijCheckReplay(t, file, true)
+}
