@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"os"
 	"slices"
 	"time"
 
@@ -444,6 +445,17 @@ func (j *FileJournal) compact(ctx context.Context) error {
 	var byKey, byOp *fjTable
 	var list []*fjEntry
 	switched := false
+	// The index file of the new file, as of the last batch of records
+	// fill writes (the batches copied after it are replayed onto it): a
+	// crash after the compaction then opens from it.
+	var xw *fjIndexWriter
+	var xcp wal.Checkpoint
+	var xhigh time.Time
+	defer func() {
+		if xw != nil {
+			xw.abort()
+		}
+	}()
 	fill := func(r wal.Reader, w *wal.Writer) (int64, error) {
 		j.mu.Lock()
 		from := j.durable
@@ -473,7 +485,20 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		}
 		j.mu.Lock()
 		high := j.high
+		live := j.live
 		j.mu.Unlock()
+		if !j.salvage && live >= fjIndexMin {
+			xw, _ = newFjIndexWriter(j.indexPath) // best effort, as at Close
+		}
+		// The index file's mark is what replay would make of the new
+		// file up to its checkpoint: the clock record's, raised by the
+		// records' own times.
+		markSec, markNs := fjSplitTime(high)
+		raise := func(sec int64, ns uint32) {
+			if sec > markSec || sec == markSec && ns > markNs {
+				markSec, markNs = sec, ns
+			}
+		}
 		// The mark first: the records it was taken from may not be
 		// copied (see HighWater); later batches can only raise it.
 		if _, err := w.Append(fjClockMax, func(buf []byte) []byte { return fjAppendClock(buf, high) }); err != nil {
@@ -525,10 +550,12 @@ func (j *FileJournal) compact(ctx context.Context) error {
 			size, _ := fjBeginSize(e)
 			var encErr error
 			var n int
+			var rec []byte
 			off, err := w.Append(fjRecHdrLen+size, func(buf []byte) []byte {
 				start := len(buf)
 				buf, encErr = fjAppendBegin(buf, e)
 				n = len(buf) - start
+				rec = buf[start:]
 				return buf
 			})
 			if err != nil {
@@ -538,6 +565,27 @@ func (j *FileJournal) compact(ctx context.Context) error {
 				return 0, encErr
 			}
 			all[i].newOff, all[i].newSize = off, int32(n)
+			if xw != nil {
+				// The entry as replay would index the record written.
+				b, err := fjScanBegin(rec[fjRecHdrLen:])
+				if err != nil {
+					return 0, err
+				}
+				ie := fjEntry{
+					keyOp: le.keyOp, keyLen: le.keyLen, state: b.state, attempts: b.attempts, lastStatus: b.lastStatus,
+					createdSec: b.createdSec, createdNs: b.createdNs, updatedSec: b.updatedSec, updatedNs: b.updatedNs,
+				}
+				xw.add(&ie, off, int32(n))
+				raise(b.createdSec, b.createdNs)
+				raise(b.updatedSec, b.updatedNs)
+			}
+		}
+		if xw != nil {
+			cp, err := w.Checkpoint()
+			if err != nil {
+				return 0, err
+			}
+			xcp, xhigh = cp, fjUnixTime(markSec, markNs)
 		}
 		// The list the swap installs, built here, outside the lock: an
 		// entry deleted from now on stays in it, marked gone, as the
@@ -600,6 +648,14 @@ func (j *FileJournal) compact(ctx context.Context) error {
 			j.endCompactingLocked()
 		}
 		j.mu.Unlock()
+	}
+	if err == nil && switched && xw != nil {
+		// The new file is in place (the old index file names the old
+		// salt: no open uses it any more).
+		if xw.finish(xcp, xhigh) != nil {
+			_ = os.Remove(j.indexPath)
+		}
+		xw = nil
 	}
 	if switched {
 		if j.hook != nil {

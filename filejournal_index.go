@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/idemkit/idemhttp/internal/wal"
 )
@@ -98,6 +99,7 @@ type fjIndexFile struct {
 	entries uint64
 	chunks  uint32
 	high    [2]int64 // seconds, nanoseconds
+	loaded  bool     // into an index, by resume's load
 }
 
 // openFjIndex opens the index file at path and checks its header; nil if
@@ -140,7 +142,11 @@ func (x *fjIndexFile) resume(idx *fjIndex) func(uint64) (wal.Checkpoint, func() 
 		if x == nil || x.cp.Salt != salt {
 			return wal.Checkpoint{}, nil, false
 		}
-		return x.cp, func() error { return x.load(idx) }, true
+		return x.cp, func() error {
+			err := x.load(idx)
+			x.loaded = err == nil
+			return err
+		}, true
 	}
 }
 
@@ -179,7 +185,7 @@ func (x *fjIndexFile) load(idx *fjIndex) error {
 		go func() {
 			defer wg.Done()
 			for c := range work {
-				if err := fjDecodeIndexChunk(*c.buf, all[c.start:c.start+c.n], x.cp.Off); err != nil {
+				if err := fjDecodeIndexChunk(*c.buf, all[c.start:c.start+c.n], x.cp.End()); err != nil {
 					fail(err)
 				}
 				bufs <- c.buf
@@ -268,8 +274,8 @@ func (x *fjIndexFile) load(idx *fjIndex) error {
 // fjDecodeIndexChunk decodes a chunk's payload, which must hold exactly
 // len(to) entries, into to. Every entry is checked as replay checks a
 // begin record's fields (a valid key, a known state), and must lie in
-// the file before the checkpoint at cpOff.
-func fjDecodeIndexChunk(b []byte, to []*fjEntry, cpOff int64) error {
+// the file before end, where the checkpoint's batch ends.
+func fjDecodeIndexChunk(b []byte, to []*fjEntry, end int64) error {
 	le := binary.LittleEndian
 	i := 0
 	for len(b) > 0 {
@@ -287,7 +293,7 @@ func fjDecodeIndexChunk(b []byte, to []*fjEntry, cpOff int64) error {
 			keyLen: uint16(keyLen), state: b[48],
 		}
 		keyOp := b[fjIndexEntryFixed : fjIndexEntryFixed+keyLen+opLen]
-		if e.off < wal.FileHeaderLen || e.size <= wal.RecordHeaderLen || e.off > cpOff-int64(e.size) ||
+		if e.off < wal.FileHeaderLen || e.size <= wal.RecordHeaderLen || e.off > end-int64(e.size) ||
 			e.createdNs >= 1e9 || e.updatedNs >= 1e9 || e.attempts < 0 ||
 			e.state < journalStatePending || e.state > journalStateAbandoned ||
 			validateKeyBytes(keyOp[:keyLen]) != nil {
@@ -323,103 +329,143 @@ func (j *FileJournal) writeIndex(cp wal.Checkpoint) {
 	}
 }
 
-func (j *FileJournal) writeIndexFile(cp wal.Checkpoint) (err error) {
+func (j *FileJournal) writeIndexFile(cp wal.Checkpoint) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	var n uint64
 	for _, le := range j.all {
-		if le.gone {
-			continue
-		}
-		if le.unsynced || le.deleting || le.attempts > math.MaxInt32 || le.lastStatus > math.MaxInt32 || le.lastStatus < math.MinInt32 {
+		if !le.gone && (le.unsynced || le.deleting) {
 			// Not what the file holds (a batch that failed would have
 			// left the log broken, and this is not called): refuse.
 			return errFjIndex
 		}
-		n++
 	}
-	dir, base := filepath.Split(j.indexPath)
-	f, err := os.CreateTemp(dir, base+".tmp-*")
+	x, err := newFjIndexWriter(j.indexPath)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if cerr := f.Close(); err == nil {
-			err = cerr
+	for _, le := range j.all {
+		if !le.gone {
+			off, size := j.placeLocked(le)
+			x.add(le, off, size)
 		}
-		if err == nil {
-			err = os.Rename(f.Name(), j.indexPath)
-		}
-		if err != nil {
-			_ = os.Remove(f.Name())
-		}
-	}()
-	chunks := (n + fjIndexChunkMax - 1) / fjIndexChunkMax
+	}
+	return x.finish(cp, j.high)
+}
+
+// fjIndexWriter writes an index file a chunk at a time, to a temporary
+// file beside it that finish renames into place: its memory is a chunk's,
+// whatever the number of entries.
+type fjIndexWriter struct {
+	f       *os.File
+	path    string
+	w       *bufio.Writer
+	payload []byte
+	count   int    // entries in payload
+	n       uint64 // entries in all
+	chunks  uint32
+	err     error
+}
+
+func newFjIndexWriter(path string) (*fjIndexWriter, error) {
+	dir, base := filepath.Split(path)
+	f, err := os.CreateTemp(dir, base+".tmp-*")
+	if err != nil {
+		return nil, err
+	}
+	x := &fjIndexWriter{f: f, path: path, w: bufio.NewWriterSize(f, 1<<20), payload: make([]byte, 0, 1<<20)}
+	// The header goes in last, when the checkpoint is known.
+	_, x.err = x.w.Write(make([]byte, fjIndexHeaderLen))
+	return x, nil
+}
+
+// add adds the entry whose begin record is at off, size bytes long.
+func (x *fjIndexWriter) add(e *fjEntry, off int64, size int32) {
+	if x.err != nil {
+		return
+	}
+	if e.attempts > math.MaxInt32 || e.lastStatus > math.MaxInt32 || e.lastStatus < math.MinInt32 {
+		x.err = errFjIndex // too large for the format: replay instead
+		return
+	}
 	bo := binary.LittleEndian
-	h := make([]byte, 0, fjIndexHeaderLen)
-	h = append(h, fjIndexMagic...)
-	h = bo.AppendUint32(h, fjIndexVersion)
-	h = bo.AppendUint32(h, uint32(chunks))
-	h = bo.AppendUint64(h, cp.Salt)
-	h = bo.AppendUint64(h, uint64(cp.Off))
-	h = bo.AppendUint32(h, uint32(cp.Len))
-	h = bo.AppendUint32(h, cp.CRC)
-	h = bo.AppendUint64(h, cp.Seq)
-	h = bo.AppendUint64(h, n)
-	sec, ns := fjSplitTime(j.high)
-	h = bo.AppendUint64(h, uint64(sec))
-	h = bo.AppendUint32(h, ns)
-	h = bo.AppendUint32(h, crc32.Checksum(h, fjIndexCRC))
-	w := bufio.NewWriterSize(f, 1<<20)
-	if _, err := w.Write(h); err != nil {
-		return err
+	p := x.payload
+	p = bo.AppendUint64(p, uint64(off))
+	p = bo.AppendUint64(p, uint64(e.createdSec))
+	p = bo.AppendUint64(p, uint64(e.updatedSec))
+	p = bo.AppendUint32(p, uint32(size))
+	p = bo.AppendUint32(p, e.createdNs)
+	p = bo.AppendUint32(p, e.updatedNs)
+	p = bo.AppendUint32(p, uint32(e.attempts))
+	p = bo.AppendUint32(p, uint32(int32(e.lastStatus)))
+	p = bo.AppendUint16(p, e.keyLen)
+	p = bo.AppendUint16(p, uint16(len(e.keyOp)-int(e.keyLen)))
+	p = append(p, e.state)
+	x.payload = append(p, e.keyOp...)
+	x.n++
+	if x.count++; x.count == fjIndexChunkMax {
+		x.flush()
 	}
-	payload := make([]byte, 0, 1<<20)
-	count := 0
-	flush := func() error {
-		var ch [fjIndexChunkHdr]byte
-		bo.PutUint32(ch[:], uint32(len(payload)))
-		bo.PutUint32(ch[4:], uint32(count))
-		bo.PutUint32(ch[8:], crc32.Checksum(payload, fjIndexCRC))
-		if _, err := w.Write(ch[:]); err != nil {
-			return err
-		}
-		_, err := w.Write(payload)
-		payload, count = payload[:0], 0
-		return err
+}
+
+// flush writes the chunk being filled.
+func (x *fjIndexWriter) flush() {
+	if x.err != nil || x.count == 0 {
+		return
 	}
-	for _, e := range j.all {
-		if e.gone {
-			continue
-		}
-		off, size := j.placeLocked(e)
-		payload = bo.AppendUint64(payload, uint64(off))
-		payload = bo.AppendUint64(payload, uint64(e.createdSec))
-		payload = bo.AppendUint64(payload, uint64(e.updatedSec))
-		payload = bo.AppendUint32(payload, uint32(size))
-		payload = bo.AppendUint32(payload, e.createdNs)
-		payload = bo.AppendUint32(payload, e.updatedNs)
-		payload = bo.AppendUint32(payload, uint32(e.attempts))
-		payload = bo.AppendUint32(payload, uint32(int32(e.lastStatus)))
-		payload = bo.AppendUint16(payload, e.keyLen)
-		payload = bo.AppendUint16(payload, uint16(len(e.keyOp)-int(e.keyLen)))
-		payload = append(payload, e.state)
-		payload = append(payload, e.keyOp...)
-		if count++; count == fjIndexChunkMax {
-			if err := flush(); err != nil {
-				return err
-			}
-		}
+	var ch [fjIndexChunkHdr]byte
+	bo := binary.LittleEndian
+	bo.PutUint32(ch[:], uint32(len(x.payload)))
+	bo.PutUint32(ch[4:], uint32(x.count))
+	bo.PutUint32(ch[8:], crc32.Checksum(x.payload, fjIndexCRC))
+	if _, x.err = x.w.Write(ch[:]); x.err == nil {
+		_, x.err = x.w.Write(x.payload)
 	}
-	if count > 0 {
-		if err := flush(); err != nil {
-			return err
-		}
+	x.payload, x.count = x.payload[:0], 0
+	x.chunks++
+}
+
+// finish writes the header, for the checkpoint cp and the high-water
+// mark high, and renames the file into place; on an error, it removes
+// it.
+func (x *fjIndexWriter) finish(cp wal.Checkpoint, high time.Time) error {
+	x.flush()
+	if x.err == nil {
+		x.err = x.w.Flush()
 	}
-	if err := w.Flush(); err != nil {
-		return err
+	if x.err == nil {
+		bo := binary.LittleEndian
+		h := make([]byte, 0, fjIndexHeaderLen)
+		h = append(h, fjIndexMagic...)
+		h = bo.AppendUint32(h, fjIndexVersion)
+		h = bo.AppendUint32(h, x.chunks)
+		h = bo.AppendUint64(h, cp.Salt)
+		h = bo.AppendUint64(h, uint64(cp.Off))
+		h = bo.AppendUint32(h, uint32(cp.Len))
+		h = bo.AppendUint32(h, cp.CRC)
+		h = bo.AppendUint64(h, cp.Seq)
+		h = bo.AppendUint64(h, x.n)
+		sec, ns := fjSplitTime(high)
+		h = bo.AppendUint64(h, uint64(sec))
+		h = bo.AppendUint32(h, ns)
+		h = bo.AppendUint32(h, crc32.Checksum(h, fjIndexCRC))
+		_, x.err = x.f.WriteAt(h, 0)
 	}
-	return nil
+	if err := x.f.Close(); x.err == nil {
+		x.err = err
+	}
+	if x.err == nil {
+		x.err = os.Rename(x.f.Name(), x.path)
+	}
+	if x.err != nil {
+		_ = os.Remove(x.f.Name())
+	}
+	return x.err
+}
+
+// abort removes the file.
+func (x *fjIndexWriter) abort() {
+	_ = x.f.Close()
+	_ = os.Remove(x.f.Name())
 }
 
 // String describes an index file for errors and tests.

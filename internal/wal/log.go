@@ -909,6 +909,19 @@ type Writer struct {
 	buf        []byte
 	off        int64 // of buf[0] in the new file
 	batchStart int
+	last       Checkpoint // the last batch sealed
+}
+
+// Checkpoint seals the batch being filled, writes what is buffered and
+// returns the checkpoint of the last batch written, for state saved as
+// of the records appended so far (see [Options.Resume]): it names the
+// new file, and stands for its records once the rewrite is in place.
+// The zero Checkpoint if nothing was appended.
+func (w *Writer) Checkpoint() (Checkpoint, error) {
+	if err := w.flush(); err != nil {
+		return Checkpoint{}, err
+	}
+	return w.last, nil
 }
 
 // Append appends the records fn appends to its buffer (at most need
@@ -931,7 +944,9 @@ func (w *Writer) Append(need int, fn func([]byte) []byte) (int64, error) {
 func (w *Writer) flush() error {
 	if w.batchStart >= 0 {
 		w.seq++
-		SealBatch(w.buf[w.batchStart:], w.seq, w.off+int64(w.batchStart), w.salt)
+		b := w.buf[w.batchStart:]
+		SealBatch(b, w.seq, w.off+int64(w.batchStart), w.salt)
+		w.last = Checkpoint{Salt: w.salt, Off: w.off + int64(w.batchStart), Len: len(b), Seq: w.seq, CRC: binary.LittleEndian.Uint32(b[16:])}
 		w.batchStart = -1
 	}
 	if _, err := w.f.WriteAt(w.buf, w.off); err != nil {
