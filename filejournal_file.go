@@ -351,10 +351,22 @@ func (j *FileJournal) verify(ctx context.Context) error {
 		j.mu.Lock()
 		size := j.durable
 		want := make(map[string]place, j.byKey.len())
+		// A read-only journal's index is the file's as it was opened,
+		// nothing newer: all of it can be compared, which finds an index
+		// file that disagrees with the records (see FileJournal). A
+		// writer's entries may hold outcomes not on disk yet.
+		var states map[string]fjStateView
+		high := j.high
+		if j.readOnly {
+			states = make(map[string]fjStateView, j.byKey.len())
+		}
 		for le := range j.byKey.all() {
 			if !le.unsynced {
 				off, size := j.placeLocked(le)
 				want[le.key()] = place{off, size}
+				if states != nil {
+					states[le.key()] = fjStateOf(le)
+				}
 			}
 		}
 		j.mu.Unlock()
@@ -378,6 +390,12 @@ func (j *FileJournal) verify(ctx context.Context) error {
 			if p.off != le.off || p.size != le.size {
 				return fmt.Errorf("%w: entry %s is at offset %d in the file, %d in the index", ErrJournalCorrupt, k, le.off, p.off)
 			}
+			if st, ok := states[k]; ok && st != fjStateOf(le) {
+				return fmt.Errorf("%w: entry %s: its state, times or counts in the file are not the index's", ErrJournalCorrupt, k)
+			}
+		}
+		if states != nil && !idx.high.Equal(high) {
+			return fmt.Errorf("%w: the file's high-water mark is %v, the index's %v", ErrJournalCorrupt, idx.high, high)
 		}
 		for k := range want {
 			if idx.byKey.get(k) == nil {
@@ -386,6 +404,23 @@ func (j *FileJournal) verify(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// fjStateView is what Verify compares of an entry besides its place:
+// the fields records set, and the operation id.
+type fjStateView struct {
+	keyOp                  string
+	createdSec, updatedSec int64
+	createdNs, updatedNs   uint32
+	attempts, lastStatus   int
+	state                  byte
+}
+
+func fjStateOf(le *fjEntry) fjStateView {
+	return fjStateView{
+		keyOp: le.keyOp, createdSec: le.createdSec, updatedSec: le.updatedSec, createdNs: le.createdNs, updatedNs: le.updatedNs,
+		attempts: le.attempts, lastStatus: le.lastStatus, state: le.state,
+	}
 }
 
 // worthCompacting reports whether compaction would at least halve a file
@@ -488,7 +523,7 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		live := j.live
 		j.mu.Unlock()
 		if !j.salvage && live >= fjIndexMin {
-			xw, _ = newFjIndexWriter(j.indexPath) // best effort, as at Close
+			xw, _ = newFjIndexWriter(j.indexPath, true) // best effort, as at Close
 		}
 		// The index file's mark is what replay would make of the new
 		// file up to its checkpoint: the clock record's, raised by the

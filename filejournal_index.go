@@ -339,7 +339,7 @@ func (j *FileJournal) writeIndexFile(cp wal.Checkpoint) error {
 			return errFjIndex
 		}
 	}
-	x, err := newFjIndexWriter(j.indexPath)
+	x, err := newFjIndexWriter(j.indexPath, false) // nothing commits after Close
 	if err != nil {
 		return err
 	}
@@ -366,16 +366,38 @@ type fjIndexWriter struct {
 	err     error
 }
 
-func newFjIndexWriter(path string) (*fjIndexWriter, error) {
+// newFjIndexWriter starts an index file for path. With push, each MiB
+// written is pushed to the disk as it goes (see [wal.WriteBack]): for a
+// compaction's, written while Begins commit.
+func newFjIndexWriter(path string, push bool) (*fjIndexWriter, error) {
 	dir, base := filepath.Split(path)
 	f, err := os.CreateTemp(dir, base+".tmp-*")
 	if err != nil {
 		return nil, err
 	}
-	x := &fjIndexWriter{f: f, path: path, w: bufio.NewWriterSize(f, 1<<20), payload: make([]byte, 0, 1<<20)}
+	var w io.Writer = f
+	if push {
+		w = &fjPushWriter{f: f}
+	}
+	x := &fjIndexWriter{f: f, path: path, w: bufio.NewWriterSize(w, 1<<20), payload: make([]byte, 0, 1<<20)}
 	// The header goes in last, when the checkpoint is known.
 	_, x.err = x.w.Write(make([]byte, fjIndexHeaderLen))
 	return x, nil
+}
+
+// fjPushWriter writes to f and pushes what it wrote to the disk.
+type fjPushWriter struct {
+	f   *os.File
+	off int64
+}
+
+func (w *fjPushWriter) Write(p []byte) (int, error) {
+	n, err := w.f.Write(p)
+	if err == nil {
+		err = wal.WriteBack(w.f, w.off, int64(n))
+	}
+	w.off += int64(n)
+	return n, err
 }
 
 // add adds the entry whose begin record is at off, size bytes long.

@@ -511,7 +511,7 @@ func TestJournalIndexFileThatTheTailContradicts(t *testing.T) {
 	// The copy's index file, for the same checkpoint, without k-3.
 	r, err := OpenFileJournal(path, &JournalOptions{ReadOnly: true})
 	require.NoError(t, err)
-	w, err := newFjIndexWriter(crashed + fjIndexSuffix)
+	w, err := newFjIndexWriter(crashed+fjIndexSuffix, false)
 	require.NoError(t, err)
 	r.mu.Lock()
 	added := 0
@@ -533,4 +533,59 @@ func TestJournalIndexFileThatTheTailContradicts(t *testing.T) {
 	_, err = c.Get(ctx, "k-3")
 	require.ErrorIs(t, err, ErrNotFound)
 	require.NoError(t, c.Close())
+}
+
+// Verify of a read-only journal compares everything the index holds of
+// each entry with what a replay of the file builds, not just where the
+// entry is: an index file whose CRCs hold but whose entry says done
+// where the file says pending is found, as is one with another
+// high-water mark. Checked to fail with Verify comparing places only.
+func TestJournalVerifyFindsAnIndexFileThatLies(t *testing.T) {
+	ijIndexAlways(t)
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "journal")
+	j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+	require.NoError(t, err)
+	for i := range 5 {
+		_, err := j.Begin(ctx, ijEntry(fmt.Sprintf("k-%d", i), ""))
+		require.NoError(t, err)
+	}
+	require.NoError(t, j.Close())
+	x := openFjIndex(path + fjIndexSuffix)
+	require.NotNil(t, x)
+	x.close()
+	lie := func(t *testing.T, edit func(le *fjEntry), high time.Time) {
+		r, err := OpenFileJournal(path, &JournalOptions{ReadOnly: true})
+		require.NoError(t, err)
+		w, err := newFjIndexWriter(path+fjIndexSuffix, true)
+		require.NoError(t, err)
+		r.mu.Lock()
+		for _, le := range r.all {
+			v := *le
+			edit(&v)
+			w.add(&v, le.off, le.size)
+		}
+		if high.IsZero() {
+			high = r.high
+		}
+		r.mu.Unlock()
+		require.NoError(t, r.Close())
+		require.NoError(t, w.finish(x.cp, high))
+
+		v, err := OpenFileJournal(path, &JournalOptions{ReadOnly: true})
+		require.NoError(t, err)
+		defer v.Close()
+		require.True(t, v.Stats().IndexLoaded)
+		require.ErrorIs(t, v.Verify(ctx), ErrJournalCorrupt)
+	}
+	t.Run("state", func(t *testing.T) {
+		lie(t, func(le *fjEntry) {
+			if le.key() == "k-2" {
+				le.state = journalStateDone
+			}
+		}, time.Time{})
+	})
+	t.Run("high-water mark", func(t *testing.T) {
+		lie(t, func(*fjEntry) {}, time.Now().Add(time.Hour))
+	})
 }

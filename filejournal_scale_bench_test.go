@@ -97,13 +97,15 @@ func ijHeap() uint64 {
 // three in four done and past the cutoff) with a warm page cache, as
 // after a crash (no index file: the whole file is replayed), closes it
 // (which writes the index file) and opens it again from the index file,
-// then prunes, which compacts the file, while one caller keeps calling
-// Begin, and reports:
+// then prunes, which compacts the file (and writes its index file),
+// while one caller keeps calling Begin, then opens a copy of the result
+// as a crash would leave it, and reports:
 // open-ms (the replay), heap-B/entry (the index, after opening),
 // close-ms, open-index-ms (the open from the index file), prune-ms
 // (Prune and the compaction it triggers), max-begin-ms (the slowest
-// Begin during the prune) and heap-after-prune-B/entry (per entry still
-// live).
+// Begin during the prune), heap-after-prune-B/entry (per entry still
+// live) and open-after-prune-ms (the crashed copy, from the compaction's
+// index file).
 func BenchmarkFileJournalScale(b *testing.B) {
 	for _, n := range []int{100_000, 1_000_000} {
 		b.Run(fmt.Sprintf("entries=%d", n), func(b *testing.B) {
@@ -182,6 +184,26 @@ func BenchmarkFileJournalScale(b *testing.B) {
 				}
 				after := ijHeap() - base
 				b.StopTimer()
+				// A crash after the prune: a copy of the file and of the
+				// index file the compaction wrote, opened read-only.
+				if err := j.Sync(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+				crashed := cp + ".crashed"
+				ijCopyFile(b, cp, crashed)
+				ijCopyFile(b, cp+fjIndexSuffix, crashed+fjIndexSuffix)
+				start = time.Now()
+				c, err := OpenFileJournal(crashed, &JournalOptions{ReadOnly: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				crashTime := time.Since(start)
+				if !c.Stats().IndexLoaded {
+					b.Fatal("the compaction's index file was not used")
+				}
+				_ = c.Close()
+				_ = os.Remove(crashed)
+				_ = os.Remove(crashed + fjIndexSuffix)
 				st := j.Stats()
 				if err := j.Close(); err != nil {
 					b.Fatal(err)
@@ -195,6 +217,7 @@ func BenchmarkFileJournalScale(b *testing.B) {
 				b.ReportMetric(float64(indexCPU.Microseconds())/1000, "open-index-cpu-ms")
 				b.ReportMetric(float64(heap)/float64(n), "heap-B/entry")
 				b.ReportMetric(float64(pruneTime.Microseconds())/1000, "prune-ms")
+				b.ReportMetric(float64(crashTime.Microseconds())/1000, "open-after-prune-ms")
 				b.ReportMetric(float64(worst.Load())/1e6, "max-begin-ms")
 				b.ReportMetric(float64(idle)/1e6, "max-begin-idle-ms")
 				b.ReportMetric(float64(after)/float64(n-pruned), "heap-after-prune-B/entry")

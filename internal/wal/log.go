@@ -912,6 +912,13 @@ type Writer struct {
 	last       Checkpoint // the last batch sealed
 }
 
+// WriteBack writes the n bytes of f at off out to the disk and waits for
+// them, a MiB at a time, syncing nothing else (Linux; elsewhere it does
+// nothing): for a file written beside a log while commits go on, as a
+// rewrite's own writes are, so that a commit's sync never waits for much
+// of its dirty data.
+func WriteBack(f *os.File, off, n int64) error { return writeback(f, off, n) }
+
 // Checkpoint seals the batch being filled, writes what is buffered and
 // returns the checkpoint of the last batch written, for state saved as
 // of the records appended so far (see [Options.Resume]): it names the
