@@ -108,9 +108,9 @@ type JournalStats struct {
 	CleanClose bool
 
 	// IndexLoaded reports whether the open read the index from the index
-	// file that the last clean close wrote beside the journal (see
-	// [FileJournal]), replaying only what was written after that close,
-	// instead of rebuilding it from the whole file.
+	// file that the last clean close or compaction wrote beside the
+	// journal (see [FileJournal]), replaying only what was written after
+	// it, instead of rebuilding it from the whole file.
 	IndexLoaded bool
 
 	// SkippedBytes is the size of the damaged batches that
@@ -194,7 +194,7 @@ type JournalStats struct {
 // itself to a file beside the journal, named after it with ".index" (mode
 // 0600; it holds keys and operation ids, as the journal does, and
 // nothing SanitizeEntry removes): about 100 bytes per entry, written in
-// 0.2 to 0.4 s for a million entries, and not written again by a close
+// 0.2 to 0.5 s for a million entries, and not written again by a close
 // that has nothing new to add. A compaction writes one too, for the new
 // file. The next open reads it instead of the whole file, and replays
 // only the batches written after the point it names: about 0.3 to 0.5 s
@@ -212,11 +212,11 @@ type JournalStats struct {
 // file is read, and a close removes it.
 //
 // Opening without a usable index file (a journal never closed cleanly
-// nor compacted, say) reads the whole file to rebuild the index, reading and checking the file on one
-// goroutine while another indexes what it read: about 0.1 s for 100 000
-// entries of 1 KiB and about 1 s for a million on a small two-core VM
-// (1.6 s on one core). Prune and compaction
-// hold the index's lock a chunk of entries at a time and push their own
+// nor compacted, say) reads the whole file to rebuild the index, reading
+// and checking the file on one goroutine while another indexes what it
+// read: about 0.1 s for 100 000 entries of 1 KiB and about 1.1 s for a
+// million on a small two-core VM. Prune and compaction hold the index's
+// lock a chunk of entries at a time and push their own
 // writes to the disk a MiB at a time, so that a Begin meanwhile waits
 // tens of milliseconds at most. Past a few million entries, the heap and
 // the open time, which grow with the entries, are the limits: prune more

@@ -334,5 +334,8 @@ func TestRetryDelay(t *testing.T) {
 	<-failed
 	cancel()
 	require.ErrorIs(t, wait(t, errc), context.Canceled)
-	assert.Equal(t, 1, ready(t, conn, queue))
+	// The broker requeues it once it has processed the nack, which Run
+	// does not wait for.
+	require.Eventually(t, func() bool { return ready(t, conn, queue) == 1 }, 10*time.Second, 10*time.Millisecond,
+		"the delivery is back in the queue")
 }

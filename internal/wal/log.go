@@ -95,7 +95,8 @@ type Stats struct {
 // in which that batch is found as named holds, up to the batch's end,
 // exactly what it held when the checkpoint was taken (a cut tail only
 // ever removes batches nobody was told were durable; the checkpoints
-// [Options.OnClose] gives name a close marker, which was).
+// [Options.OnClose] gives name a close marker, which was, and those of
+// [Writer.Checkpoint] a batch of a rewrite, synced before the rename).
 type Checkpoint struct {
 	Salt uint64 // the file's
 	Off  int64  // where the batch starts
@@ -131,7 +132,7 @@ type Log struct {
 	seq      uint64 // the last durable batch's sequence number
 	salt     uint64
 	marked   bool       // the file ends with a close marker
-	last     Checkpoint // the last durable batch, when marked: the marker
+	last     Checkpoint // the last durable batch (when marked, the marker)
 
 	kick     chan struct{} // wakes the committer; capacity 1
 	stop     chan struct{} // closed by Close

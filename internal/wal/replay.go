@@ -56,12 +56,6 @@ func ReplayDigest(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, dige
 	return replay(r, size, salvage, apply, digest, nil)
 }
 
-// ReplayFrom is ReplayDigest starting from a checkpoint, as Open does
-// with [Options.Resume] (which it asks with salvage false only).
-func ReplayFrom(r io.ReaderAt, size int64, apply ApplyFunc, digest DigestFunc, resume func(salt uint64) (Checkpoint, func() error, bool)) (*Replayed, error) {
-	return replay(r, size, false, apply, digest, resume)
-}
-
 // SetReadAheadWindow sets how much of a file the read-ahead reads at
 // once, n bytes, and returns what restores it: for tests, which need the
 // read-ahead on files of a few KiB (it runs for files of two windows or
