@@ -23,7 +23,10 @@ checksum, then reports the entries by state, the file's size, the
 journal's estimate of its live entries' size and the latest time the
 journal has recorded (entries pruned since included), with a warning when
 the clock is below it: the clock was set back, and resume refuses to
-resend until it passes that time. It only reads: it works while
+resend until it passes that time. A journal opened from its index file
+(FILE.index, which a clean close or a compaction of a journal of 8 MiB
+or more writes) gets that index checked against the whole file too, and
+says so. It only reads: it works while
 another process writes the journal, and on a read-only mount. If the
 journal ends in an incomplete batch (a torn tail), it says so: after a
 crash that is most likely a group commit the crash interrupted before any
@@ -69,6 +72,11 @@ type verifyReport struct {
 	// ClockBehind is how far the clock is below HighWater, when it is by
 	// more than the tolerance; 0 otherwise.
 	ClockBehind time.Duration `json:"clock_behind_ns,omitempty"`
+	// IndexFile is true when the journal was opened from the index file
+	// its last clean close or compaction wrote beside it
+	// ([idemhttp.JournalStats.IndexLoaded]): verify then also checked that
+	// index, entry by entry, against the whole file.
+	IndexFile bool `json:"index_file,omitempty"`
 }
 
 // setHighWater fills in rep's HighWater and ClockBehind from fj, as of
@@ -170,6 +178,7 @@ func checkJournal(ctx context.Context, path string, rep *verifyReport) (damage, 
 	st := fj.Stats()
 	rep.Entries = &counts
 	rep.FileBytes, rep.LiveBytes, rep.TruncatedBytes = st.FileBytes, st.LiveBytes, st.TruncatedBytes
+	rep.IndexFile = st.IndexLoaded
 	if err := setHighWater(ctx, fj, rep, time.Now()); err != nil {
 		return nil, describeJournalErr(path, err)
 	}
@@ -349,6 +358,9 @@ func printReport(e env, rep *verifyReport, asJSON bool) error {
 	if rep.ClockBehind > 0 {
 		row("clock", "%s behind the journal: the clock was set back, and the age of every pending entry is unknown; resume and reruns refuse (clock jumped) until the clock passes the latest time",
 			rep.ClockBehind.Round(time.Second))
+	}
+	if rep.IndexFile {
+		row("index file", "%s%s: opened from it, and it matches the whole journal", rep.Journal, ".index")
 	}
 	if rep.TruncatedBytes > 0 {
 		row("torn tail", "%d bytes at the end do not form a whole batch: most likely a group commit that a crash interrupted before any caller was told it succeeded, but damage to the last batches looks the same; the next writer keeps them in a .torn- file beside the journal", rep.TruncatedBytes)

@@ -383,3 +383,33 @@ func TestVerifyShowsTheClockBehindTheJournal(t *testing.T) {
 	assert.True(t, ahead.Equal(*rep.HighWater))
 	assert.Greater(t, rep.ClockBehind, time.Hour)
 }
+
+// verify of a journal large enough for an index file (8 MiB) opens from
+// it and says so (Verify then compares that index with the whole file,
+// field by field: the root package tests that a lying index file is
+// found). Checked to fail with IndexFile never set.
+func TestVerifyOpensFromTheIndexFile(t *testing.T) {
+	journal := filepath.Join(t.TempDir(), "journal")
+	fj, err := idemhttp.OpenFileJournal(journal, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	body := bytes.Repeat([]byte("x"), 100<<10)
+	for i := range 90 {
+		_, err := fj.Begin(ctx, &idemhttp.Entry{
+			Key: fmt.Sprintf("key-%02d", i), Method: "POST", URL: "http://api.example/v1/charges", Body: body,
+		})
+		require.NoError(t, err)
+	}
+	require.NoError(t, fj.Close())
+	require.FileExists(t, journal+".index")
+
+	out := runIn("verify", "-journal", journal)
+	require.Equal(t, exitOK, out.code, out.stderr)
+	assert.Regexp(t, `(?m)^index file +`+regexp.QuoteMeta(journal+".index")+`: opened from it`, out.stdout)
+	out = runIn("verify", "-json", "-journal", journal)
+	require.Equal(t, exitOK, out.code, out.stderr)
+	var rep verifyReport
+	require.NoError(t, json.Unmarshal([]byte(out.stdout), &rep))
+	assert.True(t, rep.IndexFile)
+	assert.Equal(t, 90, rep.Entries.Pending)
+}
