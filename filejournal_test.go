@@ -2247,3 +2247,24 @@ func TestFileJournalPrunesByItself(t *testing.T) {
 		assert.NoError(t, err, k)
 	}
 }
+
+// A read-only open (idemctl pending, inspect, verify) of a journal whose
+// header its writer had not all written (a crash while it created the
+// file) shows an empty journal, as a writer's open makes it one, instead
+// of calling the file not a journal.
+func TestFileJournalReadOnlyTornHeader(t *testing.T) {
+	salt := uint64(0x5eed)
+	for _, n := range []int{0, 5, 12, 23} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			path := fjWriteFile(t, fjFileHeader(fjTestVersion, salt, false)[:n])
+			j, err := idemhttp.OpenFileJournal(path, &idemhttp.JournalOptions{ReadOnly: true})
+			require.NoError(t, err)
+			es, err := j.Entries(context.Background())
+			require.NoError(t, err)
+			assert.Empty(t, es)
+			require.NoError(t, j.Verify(context.Background()))
+			require.NoError(t, j.Close())
+			assert.Len(t, fjReadFile(t, path), n, "left as it was")
+		})
+	}
+}

@@ -436,6 +436,17 @@ func openLocked(path string, flag int) (*os.File, error) {
 	return nil, ErrLocked // replaced ten times over: someone else is busy with it
 }
 
+// tornHeader reports whether b, fewer bytes than a file header, is what a
+// new file holds before its header is written (nothing), or while: the
+// salt is random, so only the magic and the version of a short header can
+// be compared.
+func tornHeader(b []byte) bool {
+	var want [12]byte
+	copy(want[:], fileMagic[:])
+	binary.LittleEndian.PutUint32(want[8:], Version)
+	return len(b) < FileHeaderLen && bytes.HasPrefix(want[:], b[:min(len(b), len(want))])
+}
+
 // initFile writes the header of a new journal into f, of size bytes
 // (fewer than a header), and returns the file's new size. A file that
 // short is empty, or holds a header whose write a crash cut short; the
@@ -446,10 +457,7 @@ func initFile(f *os.File, path string, size int64) (int64, error) {
 	if _, err := f.ReadAt(data, 0); err != nil {
 		return 0, err
 	}
-	var want [12]byte
-	copy(want[:], fileMagic[:])
-	binary.LittleEndian.PutUint32(want[8:], Version)
-	if !bytes.HasPrefix(want[:], data[:min(len(data), len(want))]) {
+	if !tornHeader(data) {
 		_, err := CheckFileHeader(data)
 		return 0, err
 	}

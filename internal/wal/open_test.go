@@ -1,6 +1,7 @@
 package wal
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -245,4 +246,43 @@ func TestOpenCreates(t *testing.T) {
 	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "tightened")
 	_, err = os.Stat(path + RewriteSuffix)
 	assert.ErrorIs(t, err, os.ErrNotExist, "the leftover rewrite is removed")
+}
+
+// A file shorter than a header that holds the start of one, or nothing,
+// is a new log whose header a writer has not written yet, or had not
+// all written when it crashed: a writer's Open writes the header, and a
+// read-only Open (and Replay) sees an empty log, where before it said
+// the file was not a journal at all. Checked to fail with replay's
+// tornHeader check removed. Other short files are not journals
+// (TestOpenLeavesForeignFilesAlone).
+func TestOpenReadOnlyTornHeader(t *testing.T) {
+	hdr := FileHeader(testSalt)
+	for _, n := range []int{0, 1, 8, 12, FileHeaderLen - 1} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "log")
+			writeFile(t, path, hdr[:n], 0o600)
+			var c collect
+			l, err := Open(path, &Options{ReadOnly: true}, c.apply)
+			require.NoError(t, err)
+			assert.Empty(t, c.payloads)
+			assert.Equal(t, int64(n), l.Stats().Size)
+			require.NoError(t, l.View(func(r Reader) error {
+				res, err := r.Replay(int64(n), c.apply)
+				require.NoError(t, err)
+				assert.Equal(t, &Replayed{End: int64(n)}, res)
+				return nil
+			}))
+			require.NoError(t, l.Close())
+
+			res, err := Replay(bytes.NewReader(hdr[:n]), int64(n), false, c.apply)
+			require.NoError(t, err)
+			assert.Equal(t, &Replayed{End: int64(n)}, res)
+
+			w := openLog(t, path, nil) // the writer writes the header
+			appendRecord(t, w, "Bfirst")
+			require.NoError(t, w.Close())
+			_, all := replayFile(t, path)
+			assert.Equal(t, []string{"Bfirst"}, all)
+		})
+	}
 }

@@ -91,8 +91,16 @@ func replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest Dig
 		}
 	}
 	hdr := make([]byte, min(size, FileHeaderLen))
-	if _, err := r.ReadAt(hdr, 0); err != nil {
-		return nil, err
+	if size > 0 {
+		if _, err := r.ReadAt(hdr, 0); err != nil {
+			return nil, err
+		}
+	}
+	if tornHeader(hdr) {
+		// A new file, its header not (or not all) written yet, as a
+		// writer would create it: an empty log. (A writer's Open writes
+		// the header first; a read-only open, or Verify, sees it so.)
+		return &Replayed{End: size}, nil
 	}
 	salt, err := CheckFileHeader(hdr)
 	if err != nil {
