@@ -373,6 +373,13 @@ func (l *Log) open(apply ApplyFunc) error {
 	return nil
 }
 
+// createTorn creates the file keepTail copies a torn tail into; a test
+// replaces it to make that fail (the tests run as root, whom a read-only
+// directory does not stop).
+var createTorn = func(name string) (*os.File, error) {
+	return os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+}
+
 // TornSuffix starts the name of the file a torn tail is kept in, beside
 // the journal, followed by the time it was cut.
 const TornSuffix = ".torn-"
@@ -383,7 +390,7 @@ const TornSuffix = ".torn-"
 // examined.
 func keepTail(f *os.File, path string, off, n int64) (string, error) {
 	name := path + TornSuffix + time.Now().UTC().Format("20060102T150405.000000000Z")
-	t, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	t, err := createTorn(name)
 	if err != nil {
 		return "", err
 	}

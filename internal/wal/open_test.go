@@ -3,6 +3,7 @@ package wal
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -283,6 +284,50 @@ func TestOpenReadOnlyTornHeader(t *testing.T) {
 			require.NoError(t, w.Close())
 			_, all := replayFile(t, path)
 			assert.Equal(t, []string{"Bfirst"}, all)
+		})
+	}
+}
+
+// When the torn tail cannot be kept (its file cannot be created, or the
+// copy fails), Open fails and changes nothing: the tail is not cut off,
+// and no partial copy is left beside the log; the next Open keeps it and
+// cuts it. Checked to fail with the copy's error ignored (the tail is
+// then cut off with no copy of it).
+func TestOpenKeepTailFails(t *testing.T) {
+	for name, create := range map[string]func(string) (*os.File, error){
+		"create": func(string) (*os.File, error) { return nil, errors.New("disk full") },
+		"copy": func(name string) (*os.File, error) {
+			f, err := os.Create(name)
+			if err != nil {
+				return nil, err
+			}
+			_ = f.Close()
+			return os.Open(name) // read-only: the copy's write fails
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "log")
+			l := openLog(t, path, nil)
+			appendRecord(t, l, "Bone")
+			require.NoError(t, l.Close())
+			raw, err := os.ReadFile(path)
+			require.NoError(t, err)
+			torn := cat(raw, []byte("half a batch"))
+			writeFile(t, path, torn, 0o600)
+			before := dirState(t, dir)
+
+			saved := createTorn
+			createTorn = create
+			_, err = Open(path, nil, (&collect{}).apply)
+			createTorn = saved
+			require.ErrorContains(t, err, "keep the torn tail")
+			assert.Equal(t, before, dirState(t, dir), "nothing changed")
+
+			l = openLog(t, path, nil)
+			st := l.Stats()
+			assert.Equal(t, int64(len("half a batch")), st.Truncated)
+			assert.NotEmpty(t, st.TornPath)
 		})
 	}
 }
