@@ -432,10 +432,11 @@ func (ra *readAhead) loop(r io.ReaderAt, size int64, salt uint64, off int64) {
 // batchReader reads and checks batches from the first size bytes of a
 // journal file with salt.
 type batchReader struct {
-	r    io.ReaderAt
-	size int64
-	salt uint64
-	buf  []byte // the last batch read; records alias it
+	r      io.ReaderAt
+	size   int64
+	salt   uint64
+	buf    []byte // the last batch read; records alias it
+	window []byte // find's, kept for the next damaged region
 }
 
 // batchAt reads the batch at off, as ReadBatch checks it. err is only
@@ -475,7 +476,12 @@ const FindWindow = 1 << 20
 func (rd *batchReader) find(from int64, after uint64) (int64, error) {
 	var magic [4]byte
 	binary.LittleEndian.PutUint32(magic[:], Magic(rd.salt))
-	window := make([]byte, FindWindow+len(magic)-1)
+	if rd.window == nil {
+		// One window for every damaged region a salvage crosses: a MiB
+		// each time added up to gigabytes over a badly damaged file.
+		rd.window = make([]byte, FindWindow+len(magic)-1)
+	}
+	window := rd.window
 	for from < rd.size {
 		w := window[:min(int64(len(window)), rd.size-from)]
 		if _, err := rd.r.ReadAt(w, from); err != nil {

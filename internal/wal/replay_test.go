@@ -571,3 +571,23 @@ func withoutLast(t *testing.T, res *Replayed) *Replayed {
 	got.Last = Checkpoint{}
 	return &got
 }
+
+// Salvaging a file with many damaged regions searches past each one
+// with the same window: before, every search allocated a MiB of its own
+// (gigabytes over a badly damaged file). Checked to fail with the window
+// allocated per search.
+func TestReplaySalvageReusesItsWindow(t *testing.T) {
+	var pieces [][]byte
+	for i := range 64 {
+		pieces = append(pieces, batch(uint64(2*i+1), rec("Bgood")), flip(batch(uint64(2*i+2), rec("Bbad")), BatchHeaderLen+9))
+	}
+	f := file(pieces...)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	res, c, err := replayBytes(f, true)
+	runtime.ReadMemStats(&after)
+	require.NoError(t, err)
+	assert.Len(t, c.payloads, 64)
+	assert.Positive(t, res.Skipped)
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(8<<20), "allocated for 64 damaged regions")
+}
