@@ -1,0 +1,82 @@
+//go:build linux
+
+package wal
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// BenchmarkCommitWrite measures what a commit's synchronous write costs
+// where the log writes it today, at the end of the file ("append": the
+// file grows, so ext4 commits its journal for the new size and blocks
+// every time), against writing into a tail preallocated with zeros and
+// synced first ("prealloc": blocks allocated and written, nothing but
+// data to make durable), for a lone Begin's batch (1300 bytes) and a
+// busy commit's (20 000). It reports cpu-µs/op, the process's CPU per
+// write (most of it in the kernel), beside ns/op. The log does not
+// preallocate yet: this is the measurement issue 13 asked for (fallocate
+// was tried in session 3: its unwritten extents are converted at the
+// first write, a journal commit again, and made no difference).
+//
+//	go test -run '^$' -bench CommitWrite -benchtime=2000x ./internal/wal
+func BenchmarkCommitWrite(b *testing.B) {
+	for _, size := range []int{1300, 20_000} {
+		for _, prealloc := range []bool{false, true} {
+			name := "append"
+			if prealloc {
+				name = "prealloc"
+			}
+			b.Run(fmt.Sprintf("%s/size=%d", name, size), func(b *testing.B) {
+				path := filepath.Join(b.TempDir(), "log")
+				if prealloc {
+					zeros := make([]byte, 1<<20)
+					f, err := os.Create(path)
+					if err != nil {
+						b.Fatal(err)
+					}
+					for n := 0; n < b.N*size+len(zeros); n += len(zeros) {
+						if _, err := f.Write(zeros); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if err := f.Sync(); err != nil {
+						b.Fatal(err)
+					}
+					_ = f.Close()
+				}
+				f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syncFlag(), 0o600)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer f.Close()
+				buf := make([]byte, size)
+				for i := range buf {
+					buf[i] = byte(i)
+				}
+				cpu0 := benchCPU()
+				b.ResetTimer()
+				for i := range b.N {
+					if _, err := f.WriteAt(buf, int64(i*size)); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				b.ReportMetric(float64((benchCPU()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
+			})
+		}
+	}
+}
+
+// benchCPU is the CPU time the process has used, user and system.
+func benchCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
