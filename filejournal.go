@@ -318,10 +318,15 @@ type fjEntry struct {
 // newFjEntry returns an index entry for a begin record of size bytes at
 // off, its key and operation copied into one allocation.
 func newFjEntry(key, operation string, created, updated time.Time, attempts, lastStatus int, state byte, off int64, size int) *fjEntry {
-	le := &fjEntry{
-		keyOp: key + operation, keyLen: uint16(len(key)),
-		attempts: attempts, lastStatus: lastStatus, state: state, off: off, size: int32(size),
-	}
+	le := new(fjEntry)
+	*le = fjEntryOf(key+operation, uint16(len(key)), created, updated, attempts, lastStatus, state, off, size)
+	return le
+}
+
+// fjEntryOf is the index entry newFjEntry makes, for keyOp, the key (of
+// keyLen bytes) and the operation id in one string.
+func fjEntryOf(keyOp string, keyLen uint16, created, updated time.Time, attempts, lastStatus int, state byte, off int64, size int) fjEntry {
+	le := fjEntry{keyOp: keyOp, keyLen: keyLen, attempts: attempts, lastStatus: lastStatus, state: state, off: off, size: int32(size)}
 	le.createdSec, le.createdNs = fjSplitTime(created)
 	le.setUpdated(updated)
 	return le

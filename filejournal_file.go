@@ -528,12 +528,7 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		// The index file's mark is what replay would make of the new
 		// file up to its checkpoint: the clock record's, raised by the
 		// records' own times.
-		markSec, markNs := fjSplitTime(high)
-		raise := func(sec int64, ns uint32) {
-			if sec > markSec || sec == markSec && ns > markNs {
-				markSec, markNs = sec, ns
-			}
-		}
+		xhigh = high
 		// The mark first: the records it was taken from may not be
 		// copied (see HighWater); later batches can only raise it.
 		if _, err := w.Append(fjClockMax, func(buf []byte) []byte { return fjAppendClock(buf, high) }); err != nil {
@@ -585,12 +580,10 @@ func (j *FileJournal) compact(ctx context.Context) error {
 			size, _ := fjBeginSize(e)
 			var encErr error
 			var n int
-			var rec []byte
 			off, err := w.Append(fjRecHdrLen+size, func(buf []byte) []byte {
 				start := len(buf)
 				buf, encErr = fjAppendBegin(buf, e)
 				n = len(buf) - start
-				rec = buf[start:]
 				return buf
 			})
 			if err != nil {
@@ -601,18 +594,13 @@ func (j *FileJournal) compact(ctx context.Context) error {
 			}
 			all[i].newOff, all[i].newSize = off, int32(n)
 			if xw != nil {
-				// The entry as replay would index the record written.
-				b, err := fjScanBegin(rec[fjRecHdrLen:])
-				if err != nil {
-					return 0, err
-				}
-				ie := fjEntry{
-					keyOp: le.keyOp, keyLen: le.keyLen, state: b.state, attempts: b.attempts, lastStatus: b.lastStatus,
-					createdSec: b.createdSec, createdNs: b.createdNs, updatedSec: b.updatedSec, updatedNs: b.updatedNs,
-				}
+				// The entry as replay will index the record just written:
+				// fjAppendBegin stores e's fields as they are (and refused
+				// a state it does not know).
+				st, _ := journalStateByte(e.State)
+				ie := fjEntryOf(le.keyOp, le.keyLen, e.Created, e.Updated, e.Attempts, e.LastStatus, st, off, n)
 				xw.add(&ie, off, int32(n))
-				raise(b.createdSec, b.createdNs)
-				raise(b.updatedSec, b.updatedNs)
+				xhigh = latest(xhigh, e.Created, e.Updated)
 			}
 		}
 		if xw != nil {
@@ -620,7 +608,7 @@ func (j *FileJournal) compact(ctx context.Context) error {
 			if err != nil {
 				return 0, err
 			}
-			xcp, xhigh = cp, fjUnixTime(markSec, markNs)
+			xcp = cp
 		}
 		// The list the swap installs, built here, outside the lock: an
 		// entry deleted from now on stays in it, marked gone, as the

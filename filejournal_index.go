@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"math"
 	"os"
@@ -77,8 +76,6 @@ const (
 	fjIndexChunkBytes = 4 << 20 // the largest chunk payload a reader accepts
 )
 
-var fjIndexCRC = crc32.MakeTable(crc32.Castagnoli)
-
 // errFjIndex is why an index file is not used; it never leaves the
 // package: the journal is replayed instead.
 var errFjIndex = errors.New("index file refused")
@@ -112,7 +109,7 @@ func openFjIndex(path string) *fjIndexFile {
 	var h [fjIndexHeaderLen]byte
 	if _, err := io.ReadFull(f, h[:]); err != nil || string(h[:8]) != fjIndexMagic ||
 		binary.LittleEndian.Uint32(h[8:]) != fjIndexVersion ||
-		crc32.Checksum(h[:68], fjIndexCRC) != binary.LittleEndian.Uint32(h[68:]) {
+		wal.Checksum(h[:68]) != binary.LittleEndian.Uint32(h[68:]) {
 		_ = f.Close()
 		return nil
 	}
@@ -207,7 +204,7 @@ func (x *fjIndexFile) load(idx *fjIndex) error {
 			bp := <-bufs
 			b := append((*bp)[:0], make([]byte, size)...)
 			*bp = b
-			if _, err := io.ReadFull(r, b); err != nil || crc32.Checksum(b, fjIndexCRC) != binary.LittleEndian.Uint32(h[8:]) {
+			if _, err := io.ReadFull(r, b); err != nil || wal.Checksum(b) != binary.LittleEndian.Uint32(h[8:]) {
 				bufs <- bp
 				return errFjIndex
 			}
@@ -332,22 +329,22 @@ func (j *FileJournal) writeIndex(cp wal.Checkpoint) {
 func (j *FileJournal) writeIndexFile(cp wal.Checkpoint) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	for _, le := range j.all {
-		if !le.gone && (le.unsynced || le.deleting) {
-			// Not what the file holds (a batch that failed would have
-			// left the log broken, and this is not called): refuse.
-			return errFjIndex
-		}
-	}
 	x, err := newFjIndexWriter(j.indexPath, false) // nothing commits after Close
 	if err != nil {
 		return err
 	}
 	for _, le := range j.all {
-		if !le.gone {
-			off, size := j.placeLocked(le)
-			x.add(le, off, size)
+		if le.gone {
+			continue
 		}
+		if le.unsynced || le.deleting {
+			// Not what the file holds (a batch that failed would have
+			// left the log broken, and this is not called): refuse.
+			x.abort()
+			return errFjIndex
+		}
+		off, size := j.placeLocked(le)
+		x.add(le, off, size)
 	}
 	return x.finish(cp, j.high)
 }
@@ -438,7 +435,7 @@ func (x *fjIndexWriter) flush() {
 	bo := binary.LittleEndian
 	bo.PutUint32(ch[:], uint32(len(x.payload)))
 	bo.PutUint32(ch[4:], uint32(x.count))
-	bo.PutUint32(ch[8:], crc32.Checksum(x.payload, fjIndexCRC))
+	bo.PutUint32(ch[8:], wal.Checksum(x.payload))
 	if _, x.err = x.w.Write(ch[:]); x.err == nil {
 		_, x.err = x.w.Write(x.payload)
 	}
@@ -469,7 +466,7 @@ func (x *fjIndexWriter) finish(cp wal.Checkpoint, high time.Time) error {
 		sec, ns := fjSplitTime(high)
 		h = bo.AppendUint64(h, uint64(sec))
 		h = bo.AppendUint32(h, ns)
-		h = bo.AppendUint32(h, crc32.Checksum(h, fjIndexCRC))
+		h = bo.AppendUint32(h, wal.Checksum(h))
 		_, x.err = x.f.WriteAt(h, 0)
 	}
 	if err := x.f.Close(); x.err == nil {

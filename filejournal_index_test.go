@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -303,7 +302,7 @@ func ijIndexHeaderEdit(off, n int) func([]byte) []byte {
 		} else {
 			binary.LittleEndian.PutUint64(b[off:], binary.LittleEndian.Uint64(b[off:])+1)
 		}
-		binary.LittleEndian.PutUint32(b[68:], crc32.Checksum(b[:68], fjIndexCRC))
+		binary.LittleEndian.PutUint32(b[68:], wal.Checksum(b[:68]))
 		return b
 	}
 }
@@ -437,10 +436,10 @@ func FuzzJournalIndexChunk(f *testing.F) {
 		h := slices.Clone(hdr)
 		binary.LittleEndian.PutUint32(h[12:], 1)
 		binary.LittleEndian.PutUint64(h[48:], uint64(n))
-		binary.LittleEndian.PutUint32(h[68:], crc32.Checksum(h[:68], fjIndexCRC))
+		binary.LittleEndian.PutUint32(h[68:], wal.Checksum(h[:68]))
 		file := binary.LittleEndian.AppendUint32(h, uint32(len(payload)))
 		file = binary.LittleEndian.AppendUint32(file, uint32(n))
-		file = binary.LittleEndian.AppendUint32(file, crc32.Checksum(payload, fjIndexCRC))
+		file = binary.LittleEndian.AppendUint32(file, wal.Checksum(payload))
 		require.NoError(t, os.WriteFile(path+fjIndexSuffix, append(file, payload...), 0o600))
 
 		j, err := OpenFileJournal(path, &JournalOptions{ReadOnly: true})
@@ -481,6 +480,34 @@ func TestJournalRefusesADigestInTheFile(t *testing.T) {
 	ijCheckReplay(t, file, true)
 }
 
+// ijWriteIndexFile writes the index file to, for the checkpoint cp,
+// from what a read-only open of the journal at from indexes: each live
+// entry as edit leaves it (edit returning false leaves it out), with
+// the high-water mark high (the journal's, if zero). It returns how many
+// entries it wrote.
+func ijWriteIndexFile(t *testing.T, from, to string, cp wal.Checkpoint, edit func(*fjEntry) bool, high time.Time) int {
+	t.Helper()
+	r, err := OpenFileJournal(from, &JournalOptions{ReadOnly: true})
+	require.NoError(t, err)
+	defer r.Close()
+	w, err := newFjIndexWriter(to, false)
+	require.NoError(t, err)
+	r.mu.Lock()
+	added := 0
+	for _, le := range r.all {
+		if v := *le; !le.gone && edit(&v) {
+			w.add(&v, le.off, le.size)
+			added++
+		}
+	}
+	if high.IsZero() {
+		high = r.high
+	}
+	r.mu.Unlock()
+	require.NoError(t, w.finish(cp, high))
+	return added
+}
+
 // An index file that loads but that the batches after it do not apply
 // to (here, one that lacks an entry a later batch deletes) is not what
 // the journal says: the open replays the whole journal instead, and
@@ -509,22 +536,8 @@ func TestJournalIndexFileThatTheTailContradicts(t *testing.T) {
 	require.NoError(t, j.Close())
 
 	// The copy's index file, for the same checkpoint, without k-3.
-	r, err := OpenFileJournal(path, &JournalOptions{ReadOnly: true})
-	require.NoError(t, err)
-	w, err := newFjIndexWriter(crashed+fjIndexSuffix, false)
-	require.NoError(t, err)
-	r.mu.Lock()
-	added := 0
-	for _, le := range r.all {
-		if !le.gone {
-			w.add(le, le.off, le.size)
-			added++
-		}
-	}
-	r.mu.Unlock()
-	require.NoError(t, r.Close())
+	added := ijWriteIndexFile(t, path, crashed+fjIndexSuffix, x.cp, func(*fjEntry) bool { return true }, time.Now())
 	require.Equal(t, 9, added)
-	require.NoError(t, w.finish(x.cp, time.Now()))
 
 	c, err := OpenFileJournal(crashed, &JournalOptions{Retention: -1})
 	require.NoError(t, err)
@@ -555,22 +568,7 @@ func TestJournalVerifyFindsAnIndexFileThatLies(t *testing.T) {
 	require.NotNil(t, x)
 	x.close()
 	lie := func(t *testing.T, edit func(le *fjEntry), high time.Time) {
-		r, err := OpenFileJournal(path, &JournalOptions{ReadOnly: true})
-		require.NoError(t, err)
-		w, err := newFjIndexWriter(path+fjIndexSuffix, true)
-		require.NoError(t, err)
-		r.mu.Lock()
-		for _, le := range r.all {
-			v := *le
-			edit(&v)
-			w.add(&v, le.off, le.size)
-		}
-		if high.IsZero() {
-			high = r.high
-		}
-		r.mu.Unlock()
-		require.NoError(t, r.Close())
-		require.NoError(t, w.finish(x.cp, high))
+		ijWriteIndexFile(t, path, path+fjIndexSuffix, x.cp, func(le *fjEntry) bool { edit(le); return true }, high)
 
 		v, err := OpenFileJournal(path, &JournalOptions{ReadOnly: true})
 		require.NoError(t, err)

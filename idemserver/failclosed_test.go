@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idemhttp/idemserver"
+	"github.com/idemkit/idemhttp/internal/storeharness"
 )
 
 // problemOf decodes a problem+json response.
@@ -253,7 +254,7 @@ func TestRenewalStopsOnPanic(t *testing.T) {
 // so; the handler's response still reaches its client.
 func TestRenewalLostClaimIsLogged(t *testing.T) {
 	const lock = 30 * time.Millisecond
-	var logs syncBuffer
+	var logs storeharness.SyncBuffer
 	store := &renewSpy{MemoryStore: new(idemserver.MemoryStore), fail: idemserver.ErrClaimLost}
 	h := (&idemserver.Middleware{
 		SingleTenant: true, Store: store, LockTimeout: lock,
@@ -268,24 +269,6 @@ func TestRenewalLostClaimIsLogged(t *testing.T) {
 	assert.Equal(t, http.StatusCreated, w.Code)
 	assert.Equal(t, int64(1), store.renews.Load(), "a lost claim is not renewed again")
 	assert.Contains(t, logs.String(), "claim lost while the handler ran")
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger on another goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // readSpy is a request body that notes the largest buffer it was asked to
@@ -385,7 +368,7 @@ func TestPrincipalRequired(t *testing.T) {
 	_, err = (&idemserver.Middleware{SingleTenant: true}).Handler(nil)
 	assert.ErrorIs(t, err, idemserver.ErrMisconfigured)
 
-	var logs syncBuffer
+	var logs storeharness.SyncBuffer
 	h := (&idemserver.Middleware{Logger: slog.New(slog.NewTextHandler(&logs, nil))}).Wrap(a)
 	assert.Contains(t, logs.String(), "Principal is nil", "Wrap logs why at once")
 	for _, q := range []req{{key: "k1"}, {}, {method: http.MethodGet}} {
