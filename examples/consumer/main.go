@@ -16,8 +16,10 @@
 //
 // Twice, the child SIGKILLs itself right after a ledger transaction
 // committed and before the offset commit, the moment at which a consumer
-// has done the work and Kafka does not know. The parent restarts it each
-// time, and at the end counts the ledger rows per order.
+// has done the work and Kafka does not know; the naive consumer is then
+// in the middle of a poll too, a row written and its offset not
+// committed. The parent restarts it each time, and at the end counts the
+// ledger rows per order.
 //
 //	go run ./examples/consumer
 //
@@ -214,6 +216,15 @@ func child(seeds, dbPath, killAfterEnv string) int {
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 	}
 
+	// In a run that ends in a kill, the naive consumer stops in the middle
+	// of a poll, after writing a row and before its offsets are committed,
+	// and the kill waits for it: both consumers then die with work done
+	// that Kafka does not know of. (Left to run at its own pace, the naive
+	// consumer was sometimes between polls, everything committed, when the
+	// kill came, and showed no duplicate.)
+	naiveStalled := make(chan struct{})
+	var naiveRows atomic.Int64
+
 	in := &inbox.SQL{DB: db}
 	var committed atomic.Int64
 	ledger := in.Handle("ledger", func(ctx context.Context, tx *sql.Tx, m *inbox.Message) error {
@@ -229,6 +240,10 @@ func child(seeds, dbPath, killAfterEnv string) int {
 			// Committed; the offset is committed after the poll's
 			// records: the worst moment to die.
 			if killAfter > 0 && committed.Add(1) == int64(killAfter) {
+				select {
+				case <-naiveStalled:
+				case <-time.After(10 * time.Second):
+				}
 				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			}
 			return nil
@@ -243,6 +258,11 @@ func child(seeds, dbPath, killAfterEnv string) int {
 		Group: "naive-ledger", Topics: []string{topic},
 		Handler: func(ctx context.Context, m *inbox.Message) error {
 			_, err := db.ExecContext(ctx, "INSERT INTO naive_ledger (order_id, amount) VALUES ($1, 1)", m.ID)
+			if err == nil && killAfter > 0 && naiveRows.Add(1) == int64(killAfter)/2 {
+				close(naiveStalled)
+				<-ctx.Done() // the kill comes first
+				return ctx.Err()
+			}
 			return err
 		},
 	}, groupOpts...)
