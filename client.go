@@ -424,7 +424,7 @@ func (a *attempt) discardUnsent(ctx context.Context) {
 		a.c.journalEvent(ctx, JournalEvent{Op: JournalDiscard, Key: a.entry.Key, Operation: a.entry.Operation}, t0)
 		return
 	}
-	err2 := a.j.Finish(ctx, a.entry.Key, Outcome{State: StateAbandoned, At: a.cfg.now()})
+	err2 := a.j.Finish(ctx, a.entry.Key, Outcome{State: StateAbandoned, At: a.c.stamp(a.j)})
 	a.c.journalEvent(ctx, JournalEvent{Op: JournalDiscard, Key: a.entry.Key, Operation: a.entry.Operation, State: StateAbandoned, Err: errors.Join(err, err2)}, t0)
 	if a.cfg.logger != nil {
 		a.cfg.logger.LogAttrs(ctx, slog.LevelError, "idemhttp: journal: could not withdraw an entry that was never sent",
@@ -515,7 +515,7 @@ func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key st
 	}
 	h := req.Header.Clone()
 	dropSecrets(h, p.keyHeader, c.cfg.secrets)
-	now := c.cfg.now()
+	now := c.stamp(j)
 	e = &Entry{
 		Operation:   op,
 		Key:         candidate,
@@ -544,6 +544,11 @@ func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key st
 	if existing.State == StateDone {
 		return nil, false, &DoneError{Operation: existing.Operation, Key: existing.Key, Status: existing.LastStatus, Attempts: existing.Attempts, Finished: existing.Updated}
 	}
+	// The entry's age is judged by the clock that stamped it.
+	now, err = c.journalNow(ctx, j)
+	if err != nil {
+		return nil, false, fmt.Errorf("idemhttp: journal: %w", err)
+	}
 	if latest(existing.Created, existing.Updated).After(now.Add(ClockTolerance)) {
 		return nil, false, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", existing.Operation, existing.Key, existing.Created.Format(time.RFC3339), ErrClockJump)
 	}
@@ -564,6 +569,36 @@ func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key st
 	return existing, false, nil
 }
 
+// journalClock is implemented by a [Journal] that keeps its own clock: it
+// stamps the entries and outcomes it is given with zero times, and the
+// client judges their ages by Now, so that one clock ages the entries of
+// every process sharing the journal.
+type journalClock interface {
+	Now(ctx context.Context) (time.Time, error)
+}
+
+// stamp returns the time to write into an entry or outcome for j: zero
+// for a journal with its own clock, which stamps it, else the client's.
+func (c *Client) stamp(j Journal) time.Time {
+	if _, ok := j.(journalClock); ok {
+		return time.Time{}
+	}
+	return c.cfg.now()
+}
+
+// journalNow returns the time by which j's entries are aged: j's own
+// clock when it keeps one, else the client's.
+func (c *Client) journalNow(ctx context.Context, j Journal) (time.Time, error) {
+	if jc, ok := j.(journalClock); ok {
+		t, err := jc.Now(ctx)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("clock: %w", err)
+		}
+		return t, nil
+	}
+	return c.cfg.now(), nil
+}
+
 // record writes a call's outcome to its journal entry. A failure here
 // cannot change the call's result (the request already went out), and
 // leaves the entry pending, which Resume resolves by resending with the
@@ -573,7 +608,7 @@ func (c *Client) record(ctx context.Context, j Journal, e *Entry, s State, statu
 		return
 	}
 	t0 := c.journalClock()
-	err := j.Finish(context.WithoutCancel(ctx), e.Key, Outcome{State: s, Status: status, Attempts: attempts, At: c.cfg.now()})
+	err := j.Finish(context.WithoutCancel(ctx), e.Key, Outcome{State: s, Status: status, Attempts: attempts, At: c.stamp(j)})
 	c.journalEvent(ctx, JournalEvent{Op: JournalFinish, Key: e.Key, Operation: e.Operation, State: s, Err: err}, t0)
 	if err != nil && c.cfg.logger != nil {
 		c.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemhttp: journal finish failed; entry stays pending",

@@ -63,6 +63,10 @@ type JournalOptions struct {
 	// writeBehind, for tests, is how long a Finish's record may wait for
 	// company (wal.Options.LazyDelay); zero means [JournalWriteBehind].
 	writeBehind time.Duration
+
+	// clock, for tests, replaces time.Now as the journal's clock (see
+	// [FileJournal.Now]).
+	clock func() time.Time
 }
 
 // JournalWriteBehind bounds how long a [FileJournal] keeps an outcome
@@ -232,6 +236,7 @@ type JournalStats struct {
 // [OpenFileJournal]; the zero value is not usable. Close it when done.
 type FileJournal struct {
 	log        *wal.Log
+	clock      func() time.Time
 	omitBodies bool
 	secret     []string // SecretHeaders
 	salvage    bool     // SkipVerify
@@ -396,12 +401,16 @@ func OpenFileJournal(path string, opts *JournalOptions) (*FileJournal, error) {
 		opts = &JournalOptions{}
 	}
 	j := &FileJournal{
+		clock:      opts.clock,
 		omitBodies: opts.OmitBodies,
 		secret:     slices.Clone(opts.SecretHeaders),
 		salvage:    opts.SkipVerify,
 		readOnly:   opts.ReadOnly,
 		pend:       make(map[*wal.Batch]*fjPending),
 		batchOf:    make(map[*fjEntry]*wal.Batch),
+	}
+	if j.clock == nil {
+		j.clock = time.Now
 	}
 	var fileSize int64
 	if fi, err := os.Stat(path); err == nil {
@@ -525,6 +534,12 @@ func (j *FileJournal) Begin(ctx context.Context, e *Entry) (*Entry, error) {
 	rec, err := SanitizeEntry(e, j.secret...)
 	if err != nil {
 		return nil, err
+	}
+	if e.Created.IsZero() {
+		rec.Created = j.now()
+		if e.Updated.IsZero() {
+			rec.Updated = rec.Created
+		}
 	}
 	if j.omitBodies {
 		rec.Body = nil
@@ -720,7 +735,7 @@ func (j *FileJournal) Finish(ctx context.Context, key string, o Outcome) error {
 	}
 	at := o.At
 	if at.IsZero() {
-		at = time.Now()
+		at = j.now()
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -1041,7 +1056,7 @@ func (j *FileJournal) removeChunk(les []*fjEntry, doomed func(*fjEntry) bool) (i
 		// latest times, so the high-water mark (HighWater) must not go
 		// with them. (Without it, a clock set forward, then back while
 		// only pruning ran, went unnoticed.) Not counted in Writes.
-		now := time.Now().Round(0)
+		now := j.now().Round(0)
 		b, _, err := j.log.Append(fjClockMax+need, len(keep), func(buf []byte) []byte {
 			buf = fjAppendClock(buf, now)
 			for _, le := range keep {

@@ -45,6 +45,18 @@ func (j *FileJournal) HighWater(ctx context.Context) (time.Time, error) {
 
 var _ ClockJournal = (*FileJournal)(nil)
 
+// Now returns the journal's clock: the time it stamps on entries and
+// outcomes given without one, and by which a [Client] judges their ages.
+// For a FileJournal that is the machine's clock.
+func (j *FileJournal) Now(ctx context.Context) (time.Time, error) {
+	if err := ctx.Err(); err != nil {
+		return time.Time{}, err
+	}
+	return j.now(), nil
+}
+
+func (j *FileJournal) now() time.Time { return j.clock() }
+
 // raiseLocked raises the high-water mark to t if t is later. Only the
 // wall clock counts: with monotonic readings on both sides, After would
 // compare those, and the time of a call made after the clock was set back

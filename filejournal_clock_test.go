@@ -212,11 +212,11 @@ func TestResumeRefusesBelowTheHighWaterMark(t *testing.T) {
 	// (24 h retention). Its first request's response is lost.
 	srv := newScripted(t, drop, reply(200, "{}"))
 	path := filepath.Join(t.TempDir(), "journal")
-	j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+	j, err := OpenFileJournal(path, &JournalOptions{Retention: -1, clock: clock.now})
 	require.NoError(t, err)
 	pol := fast()
 	pol.MaxAttempts = 1
-	newClient := func(j Journal) *Client { return &Client{Journal: j, Policy: pol, clock: clock.now} }
+	newClient := func(j Journal) *Client { return &Client{Journal: j, Policy: pol, clock: clock.now} } // the journal's clock, or, behind ijNoMark, the client's
 	c := newClient(j)
 
 	_, err = c.Do(post(t, srv.URL+"/old", chargeBody).WithContext(WithOperation(ctx, "old")))
@@ -233,7 +233,9 @@ func TestResumeRefusesBelowTheHighWaterMark(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.NoError(t, j.Compact(ctx))
 	require.NoError(t, j.Close())
-	j = ijReopen(t, path)
+	j, err = OpenFileJournal(path, &JournalOptions{Retention: -1, clock: clock.now})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, j.Close()) })
 	pending, err := j.Pending(ctx)
 	require.NoError(t, err)
 	require.Len(t, pending, 1)

@@ -38,7 +38,7 @@ func startFjPruner(j *FileJournal, retention, every time.Duration) *fjPruner {
 			// Only a clock set forward prunes early, a done entry whose
 			// operation a rerun would then send again under a new key;
 			// nothing here can tell that clock from a correct one.
-			_, _ = j.Prune(ctx, time.Now().Add(-retention))
+			_, _ = j.Prune(ctx, j.now().Add(-retention))
 		}
 	}()
 	return p

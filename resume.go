@@ -85,7 +85,10 @@ func (c *Client) ResumeWith(ctx context.Context, opts *ResumeOptions) ([]ResumeR
 	if j == nil {
 		j = c.cfg.mem
 	}
-	now := c.cfg.now()
+	now, err := c.journalNow(ctx, j)
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp: resume: %w", err)
+	}
 	if _, err := j.Prune(ctx, now.Add(-c.cfg.pol.retention)); err != nil {
 		return nil, fmt.Errorf("idemhttp: resume: prune: %w", err)
 	}
@@ -208,7 +211,11 @@ func (c *Client) ResumeEntry(ctx context.Context, e *Entry) ResumeResult {
 	if err != nil {
 		return ResumeResult{Entry: e, Err: fmt.Errorf("idemhttp: resume %s: %w", e.Key, err)}
 	}
-	return c.resumeOne(ctx, j, e, c.cfg.now(), mark)
+	now, err := c.journalNow(ctx, j)
+	if err != nil {
+		return ResumeResult{Entry: e, Err: fmt.Errorf("idemhttp: resume %s: %w", e.Key, err)}
+	}
+	return c.resumeOne(ctx, j, e, now, mark)
 }
 
 // journalHighWater returns j's high-water mark if it is a [ClockJournal],
@@ -236,7 +243,7 @@ func (c *Client) resumeOne(ctx context.Context, j Journal, e *Entry, now, mark t
 		return r
 	}
 	if now.Sub(e.Created) > c.cfg.pol.retention {
-		if err := j.Finish(ctx, e.Key, Outcome{State: StateAbandoned, Status: e.LastStatus, At: now}); err != nil {
+		if err := j.Finish(ctx, e.Key, Outcome{State: StateAbandoned, Status: e.LastStatus, At: c.stamp(j)}); err != nil {
 			r.Err = fmt.Errorf("idemhttp: resume %s: %w", e.Key, err)
 			return r
 		}
