@@ -2,8 +2,6 @@ package idemhttp
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/idemhttp/internal/contract"
 
 	"github.com/hashicorp/go-retryablehttp"
 )
@@ -504,7 +504,7 @@ func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key st
 	p := &c.cfg.pol
 	u := *req.URL
 	u.User = nil
-	if name, ok := secretQueryParam(&u, p.redactQuery); ok {
+	if name, ok := contract.SecretQueryParam(&u, p.redactQuery); ok {
 		return nil, false, fmt.Errorf("idemhttp: %w: query parameter %q looks like a credential and a journal would write it to disk: add it in Client.PrepareRequest", ErrInvalidRequest, name)
 	}
 	url := u.String()
@@ -514,7 +514,7 @@ func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key st
 		candidate = NewKey()
 	}
 	h := req.Header.Clone()
-	dropSecrets(h, p.keyHeader, c.cfg.secrets)
+	contract.DropSecrets(h, p.keyHeader, c.cfg.secrets)
 	now := c.stamp(j)
 	e = &Entry{
 		Operation:   op,
@@ -549,7 +549,7 @@ func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key st
 	if err != nil {
 		return nil, false, fmt.Errorf("idemhttp: journal: %w", err)
 	}
-	if latest(existing.Created, existing.Updated).After(now.Add(ClockTolerance)) {
+	if contract.Latest(existing.Created, existing.Updated).After(now.Add(ClockTolerance)) {
 		return nil, false, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", existing.Operation, existing.Key, existing.Created.Format(time.RFC3339), ErrClockJump)
 	}
 	// The entry's own times may be older than the clock while newer
@@ -619,13 +619,7 @@ func (c *Client) record(ctx context.Context, j Journal, e *Entry, s State, statu
 // Fingerprint returns the hex SHA-256 of a request's method, URL and body:
 // what a journal compares to refuse the same operation with another body.
 func Fingerprint(method, url string, body []byte) string {
-	h := sha256.New()
-	h.Write([]byte(method))
-	h.Write([]byte{0})
-	h.Write([]byte(url))
-	h.Write([]byte{0})
-	h.Write(body)
-	return hex.EncodeToString(h.Sum(nil))
+	return contract.Fingerprint(method, url, body)
 }
 
 // StandardClient returns an [http.Client] that sends every request

@@ -27,7 +27,7 @@
 //   - Wire evidence. Whether a failed attempt can have reached the server
 //     is decided from what the connection saw (net/http/httptrace: was a
 //     request head written?), never from the error's type.
-//   - Durable pending keys. With a [Journal] such as [FileJournal], each
+//   - Durable pending keys. With a [Journal] such as [github.com/idemkit/idemhttp/filejournal.Journal], each
 //     key is on disk before the first attempt, so after a crash
 //     [Client.Resume] resends with the same key instead of charging twice.
 //   - Observability and extension. [Hooks] report every decision (attempts,

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/idemhttp/internal/wal"
+	"github.com/idemkit/idemhttp/internal/contract"
 )
 
 // Sentinel errors. Each says why a call stopped; test for them with
@@ -15,11 +15,11 @@ import (
 var (
 	// ErrInvalidRequest: the request cannot be sent as given (nil request,
 	// nil URL, a bad operation id). Returned before anything is sent.
-	ErrInvalidRequest = errors.New("invalid request")
+	ErrInvalidRequest = contract.ErrInvalidRequest
 
 	// ErrInvalidKey: a caller-supplied key (or DeriveKey's input) breaks the
 	// key rules of [ValidateKey]. Returned before anything is sent.
-	ErrInvalidKey = errors.New("invalid idempotency key")
+	ErrInvalidKey = contract.ErrInvalidKey
 
 	// ErrKeyConflict: the request's key header and [WithKey] name different
 	// keys. Returned before anything is sent.
@@ -88,46 +88,6 @@ var (
 
 	// ErrNotFound: the journal has no entry for that key or operation.
 	ErrNotFound = errors.New("journal entry not found")
-)
-
-// Errors of the file journal. They are the journal engine's own values,
-// so errors.Is matches them however deep the engine's error is wrapped.
-var (
-	// ErrJournalLocked: another FileJournal (in this process or another)
-	// has the journal file open for writing. Two writers would each
-	// believe they own the pending keys, so the second open fails at once
-	// instead of waiting. Inspection can open it
-	// [JournalOptions.ReadOnly].
-	ErrJournalLocked = wal.ErrLocked
-
-	// ErrJournalCorrupt: the journal file or one of its entries is damaged
-	// (overwritten, a failed disk, or damage before the marker of a clean
-	// close). Nothing was guessed: restore the file from a backup, or
-	// inspect and repair it ([JournalOptions.SkipVerify], idemctl verify
-	// -repair).
-	ErrJournalCorrupt = wal.ErrCorrupt
-
-	// ErrJournalVersion: the journal file is in a format version this
-	// build does not read, usually one written by a newer release. The
-	// file is intact: open it with the release that wrote it.
-	ErrJournalVersion = wal.ErrVersion
-
-	// ErrNotJournal: the file is not a journal at all (for example a
-	// batch's input named where the journal was meant). Nothing in it was
-	// changed.
-	ErrNotJournal = wal.ErrNotJournal
-
-	// ErrJournalClosed: the FileJournal was closed.
-	ErrJournalClosed = wal.ErrClosed
-
-	// ErrJournalReadOnly: the FileJournal was opened
-	// [JournalOptions.ReadOnly], and the call would write.
-	ErrJournalReadOnly = wal.ErrReadOnly
-
-	// ErrJournalReplaced: the journal file was deleted, or another file
-	// renamed over its path, while it was open. Writes stop: they would go
-	// to a file nobody opens again.
-	ErrJournalReplaced = wal.ErrReplaced
 )
 
 // snippetLen bounds how much of a response body an error keeps.

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/idemkit/idemhttp/internal/contract"
+
 	"github.com/hashicorp/go-retryablehttp"
 )
 
@@ -158,7 +160,7 @@ type JournalEvent struct {
 // call returns the event identity of a.
 func (a *attempt) call() CallEvent {
 	if a.redURL == "" {
-		a.redURL = redactURL(a.req.URL, a.p.redactQuery)
+		a.redURL = contract.RedactURL(a.req.URL, a.p.redactQuery)
 	}
 	return CallEvent{Method: a.req.Method, URL: a.redURL, Key: a.key, Operation: a.operation}
 }

@@ -57,7 +57,7 @@ type Outcome struct {
 // dies mid-request resends the operation with the same key after a restart
 // instead of minting a new one and running it twice.
 //
-// Implementations must be safe for concurrent use. [FileJournal] is the
+// Implementations must be safe for concurrent use. [github.com/idemkit/idemhttp/filejournal.Journal] is the
 // embedded default; the journaltest package holds the conformance suite
 // every implementation must pass.
 type Journal interface {
@@ -71,7 +71,7 @@ type Journal interface {
 	// Finish records the outcome of the call that sent key's operation.
 	// It returns an error wrapping [ErrNotFound] for an unknown key.
 	//
-	// Finish may return before the outcome is durable ([FileJournal]
+	// Finish may return before the outcome is durable ([github.com/idemkit/idemhttp/filejournal.Journal]
 	// writes it behind, with the next group commit), provided it becomes
 	// durable no later than any later Begin that stores an entry. Losing it in
 	// a crash is safe: the entry is still pending after the restart, and
@@ -116,7 +116,7 @@ type Journal interface {
 // client sees the jump only while the entries newer than the clock are
 // still in the journal: once they are pruned, an entry really older than
 // the server's key retention may look younger and be resent under a key
-// the server has forgotten. [FileJournal] implements it.
+// the server has forgotten. [github.com/idemkit/idemhttp/filejournal.Journal] implements it.
 type ClockJournal interface {
 	// HighWater returns the mark: the latest time recorded, never
 	// lower than before, or the zero Time when the journal recorded

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/idemhttp/internal/contract"
 )
 
 // Policy says which outcomes are retried, how long to wait, and how much
@@ -182,7 +184,7 @@ func (p *Policy) resolve() policy {
 		shouldRetry:        p.HonorShouldRetry,
 		inProgressPatience: p.InProgressPatience,
 		deleteGoneOK:       p.RetriedDeleteNotFoundOK,
-		redactQuery:        secretQueryNames(p.RedactQuery),
+		redactQuery:        contract.SecretQueryNames(p.RedactQuery),
 		classify:           p.Classify,
 	}
 	if p.KeyMethods != nil && r.keyMethods == nil {

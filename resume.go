@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idemhttp/internal/contract"
 )
 
 // ResumeResult is the outcome of resending one pending entry.
@@ -61,7 +63,7 @@ func (c *Client) Resume(ctx context.Context) ([]ResumeResult, error) {
 // ([ErrNotReplayable]). Nor is an entry when the clock is behind the
 // journal, by more than [ClockTolerance]: an entry created or updated in
 // the future, or, with a journal that implements [ClockJournal] (as
-// [FileJournal] does), a clock below the latest time the journal ever
+// [github.com/idemkit/idemhttp/filejournal.Journal] does), a clock below the latest time the journal ever
 // recorded, entries pruned since included. Entries' ages cannot be known
 // then, so every entry is reported with an error wrapping [ErrClockJump]
 // and left pending. Done entries older than the retention are pruned
@@ -107,7 +109,7 @@ func (c *Client) ResumeWith(ctx context.Context, opts *ResumeOptions) ([]ResumeR
 		return nil, fmt.Errorf("idemhttp: resume: %w", err)
 	}
 	for _, e := range pending {
-		newest = latest(newest, e.Created, e.Updated)
+		newest = contract.Latest(newest, e.Created, e.Updated)
 	}
 	clockBack := newest.After(now.Add(ClockTolerance))
 	if o.Filter != nil {
@@ -186,16 +188,6 @@ dispatch:
 // machine's clock stepped by NTP, disagree by that much.
 const ClockTolerance = time.Minute
 
-func latest(ts ...time.Time) time.Time {
-	var m time.Time
-	for _, t := range ts {
-		if t.After(m) {
-			m = t
-		}
-	}
-	return m
-}
-
 // ResumeEntry resends one pending entry of the client's journal, as
 // [Client.Resume] does for each: with its key and stored body, never past
 // the retention ([ErrKeyExpired]), nor with the clock behind the journal
@@ -237,7 +229,7 @@ func journalHighWater(ctx context.Context, j Journal) (time.Time, error) {
 func (c *Client) resumeOne(ctx context.Context, j Journal, e *Entry, now, mark time.Time) ResumeResult {
 	r := ResumeResult{Entry: e}
 	c.journalEvent(ctx, JournalEvent{Op: JournalResume, Key: e.Key, Operation: e.Operation, State: e.State}, time.Time{})
-	if t := latest(e.Created, e.Updated, mark); t.After(now.Add(ClockTolerance)) {
+	if t := contract.Latest(e.Created, e.Updated, mark); t.After(now.Add(ClockTolerance)) {
 		r.Err = fmt.Errorf("idemhttp: resume %s (created %s): %w: the journal holds times up to %s, the clock says %s",
 			e.Key, e.Created.Format(time.RFC3339), ErrClockJump, t.Format(time.RFC3339), now.Format(time.RFC3339))
 		return r

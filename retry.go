@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idemhttp/internal/contract"
+
 	"github.com/cenkalti/backoff/v4"
 	"github.com/hashicorp/go-retryablehttp"
 )
@@ -479,7 +481,7 @@ func (a *attempt) giveUp(reason error, resp *http.Response) *GiveUpError {
 func (a *attempt) giveUpJoin(reason, also error, resp *http.Response) *GiveUpError {
 	e := &GiveUpError{
 		Method:     a.req.Method,
-		URL:        redactURL(a.req.URL, a.p.redactQuery),
+		URL:        contract.RedactURL(a.req.URL, a.p.redactQuery),
 		Key:        a.key,
 		Attempts:   a.attempts,
 		LastStatus: a.lastStatus,
@@ -534,7 +536,7 @@ func (c *Client) notifyRetry(ctx context.Context, a *attempt, reason RetryReason
 	}
 	ev := RetryEvent{
 		Method:    a.req.Method,
-		URL:       redactURL(a.req.URL, a.p.redactQuery),
+		URL:       contract.RedactURL(a.req.URL, a.p.redactQuery),
 		Key:       a.key,
 		Operation: a.operation,
 		Attempt:   a.attempts + 1,

@@ -1,45 +1,12 @@
 package idemhttp
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
-	"strings"
 	"time"
+
+	"github.com/idemkit/idemhttp/internal/contract"
 )
-
-// alwaysSecret are the headers no journal ever stores: credentials, and
-// the key header, which the entry's Key already holds.
-var alwaysSecret = [...]string{"Authorization", "Cookie", "Proxy-Authorization", DefaultKeyHeader}
-
-// isSecret reports whether name is one of the always-secret headers or
-// in secret, in any letter case: a caller may fill a header map directly
-// (req.Header["authorization"]), bypassing canonicalisation.
-func isSecret(name string, secret []string) bool {
-	for _, s := range alwaysSecret {
-		if strings.EqualFold(name, s) {
-			return true
-		}
-	}
-	for _, s := range secret {
-		if strings.EqualFold(name, s) {
-			return true
-		}
-	}
-	return false
-}
-
-// dropSecrets deletes from h, in place, the headers SafeHeader leaves
-// out, and extra (a key header of another name), in any letter case. For
-// a header map the caller owns, such as a clone.
-func dropSecrets(h http.Header, extra string, secret []string) {
-	for name, vals := range h {
-		if len(vals) == 0 || isSecret(name, secret) || strings.EqualFold(name, extra) {
-			delete(h, name)
-		}
-	}
-}
 
 // SafeHeader returns the headers of h that a journal may store: all but
 // Authorization, Cookie, Proxy-Authorization, the key header
@@ -48,28 +15,7 @@ func dropSecrets(h http.Header, extra string, secret []string) {
 // to go (then the result must not be modified), else a new map sharing
 // h's value slices. A nil or empty h gives nil.
 func SafeHeader(h http.Header, secret ...string) http.Header {
-	keep := 0
-	for name, vals := range h {
-		if len(vals) > 0 && !isSecret(name, secret) {
-			keep++
-		}
-	}
-	if keep == len(h) {
-		if keep == 0 {
-			return nil
-		}
-		return h
-	}
-	if keep == 0 {
-		return nil
-	}
-	out := make(http.Header, keep)
-	for name, vals := range h {
-		if len(vals) > 0 && !isSecret(name, secret) {
-			out[name] = vals
-		}
-	}
-	return out
+	return contract.SafeHeader(h, secret...)
 }
 
 // SanitizeEntry is the step every [Journal] takes before it stores an
@@ -99,7 +45,7 @@ func SanitizeEntry(e *Entry, secret ...string) (*Entry, error) {
 	if e.Attempts < 0 {
 		return nil, fmt.Errorf("idemhttp: journal begin %s: %w: negative attempts", e.Key, ErrInvalidRequest)
 	}
-	u, err := dropURLPassword(e.URL)
+	u, err := contract.DropURLPassword(e.URL)
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: journal begin %s: %w: %w", e.Key, ErrInvalidRequest, err)
 	}
@@ -112,23 +58,6 @@ func SanitizeEntry(e *Entry, secret ...string) (*Entry, error) {
 	if rec.Updated.IsZero() {
 		rec.Updated = rec.Created
 	}
-	rec.Header = SafeHeader(e.Header, secret...)
+	rec.Header = contract.SafeHeader(e.Header, secret...)
 	return &rec, nil
-}
-
-// dropURLPassword drops a password from a URL's userinfo. The client strips it
-// already; this is the last line of defence.
-func dropURLPassword(raw string) (string, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "", errors.New("URL does not parse") // not err: it quotes the URL, password and all
-	}
-	if u.User == nil {
-		return raw, nil
-	}
-	if _, ok := u.User.Password(); !ok {
-		return raw, nil
-	}
-	u.User = url.User(u.User.Username())
-	return u.String(), nil
 }

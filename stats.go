@@ -62,15 +62,3 @@ func (m *memJournal) PendingCount() int {
 }
 
 var _ PendingCounter = (*memJournal)(nil)
-
-// PendingCount implements [PendingCounter]: the entries in state pending,
-// counted as they change, so it costs a lock and no scan. It includes
-// entries whose Begin is still being synced, which [FileJournal.Pending]
-// does not list yet.
-func (j *FileJournal) PendingCount() int {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.pending
-}
-
-var _ PendingCounter = (*FileJournal)(nil)

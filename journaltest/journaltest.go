@@ -4,7 +4,7 @@
 //
 //	func TestConformance(t *testing.T) {
 //		journaltest.Run(t, func(t *testing.T) idemhttp.Journal {
-//			j, err := idemhttp.OpenFileJournal(filepath.Join(t.TempDir(), "journal"), nil)
+//			j, err := filejournal.Open(filepath.Join(t.TempDir(), "journal"), nil)
 //			require.NoError(t, err)
 //			t.Cleanup(func() { _ = j.Close() })
 //			return j
@@ -486,7 +486,7 @@ func testHighWater(t *testing.T, j idemhttp.Journal) {
 	assert.True(t, at(20).Equal(mark()), "an earlier outcome does not lower it: %v", mark())
 
 	// Prune and Delete keep it, and may raise it to the time they ran
-	// (FileJournal records that time: the entries they drop may have
+	// (filejournal.Journal records that time: the entries they drop may have
 	// held the latest times).
 	n, err := j.Prune(ctx, at(30))
 	require.NoError(t, err)

@@ -8,6 +8,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 	"github.com/idemkit/idemhttp/journaltest"
 )
 
@@ -19,7 +20,7 @@ func TestMain(m *testing.M) {
 // suite itself is known to pass a correct implementation.
 func TestFileJournal(t *testing.T) {
 	journaltest.Run(t, func(t *testing.T) idemhttp.Journal {
-		j, err := idemhttp.OpenFileJournal(filepath.Join(t.TempDir(), "journal.db"), nil)
+		j, err := filejournal.Open(filepath.Join(t.TempDir(), "journal.db"), nil)
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, j.Close()) })
 		return j

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 	"github.com/idemkit/idemhttp/idemtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -152,7 +153,7 @@ func TestBatchInterrupted(t *testing.T) {
 			assert.Equal(t, resultOK, r.Result, "%s was in flight: it finished within the grace period", op)
 		}
 	}
-	fj, err := idemhttp.OpenFileJournal(journal, nil)
+	fj, err := filejournal.Open(journal, nil)
 	require.NoError(t, err)
 	pending, err := fj.Pending(context.Background())
 	require.NoError(t, err)
@@ -349,7 +350,7 @@ func TestJournalLocked(t *testing.T) {
 	dir := t.TempDir()
 	journal := filepath.Join(dir, "journal")
 	in := writeInput(t, dir, 1)
-	fj, err := idemhttp.OpenFileJournal(journal, nil)
+	fj, err := filejournal.Open(journal, nil)
 	require.NoError(t, err)
 	defer fj.Close()
 	tests := []struct {
@@ -374,7 +375,7 @@ func TestJournalLocked(t *testing.T) {
 // another process has the journal open.
 func TestJournalLockedInspection(t *testing.T) {
 	journal := filepath.Join(t.TempDir(), "journal")
-	fj, err := idemhttp.OpenFileJournal(journal, nil)
+	fj, err := filejournal.Open(journal, nil)
 	require.NoError(t, err)
 	defer fj.Close()
 	tests := []struct {
@@ -399,7 +400,7 @@ func TestJournalLockedInspection(t *testing.T) {
 
 func TestJournalLockedAcrossProcesses(t *testing.T) {
 	journal := filepath.Join(t.TempDir(), "journal")
-	fj, err := idemhttp.OpenFileJournal(journal, nil)
+	fj, err := filejournal.Open(journal, nil)
 	require.NoError(t, err)
 	defer fj.Close()
 
@@ -453,7 +454,7 @@ func TestBatchExpiredEntryAbandoned(t *testing.T) {
 	ops, bad, err := readInput(strings.NewReader(`{"id":"op-000","path":"/v1/charges","body":{"amount":100,"currency":"usd","operation":"op-000"}}`), mustURL(t, srv.URL))
 	require.NoError(t, err)
 	require.Empty(t, bad)
-	fj, err := idemhttp.OpenFileJournal(journal, nil)
+	fj, err := filejournal.Open(journal, nil)
 	require.NoError(t, err)
 	old := time.Now().Add(-25 * time.Hour)
 	_, err = fj.Begin(context.Background(), &idemhttp.Entry{

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 	"golang.org/x/time/rate"
 )
 
@@ -21,19 +22,19 @@ import (
 // missing file is an error instead of a new, empty journal: a typo in
 // -journal must not read as "nothing pending". secret names headers the
 // journal must never store, on top of the standard credentials.
-func openJournal(path string, mustExist bool, secret []string) (*idemhttp.FileJournal, error) {
-	return openJournalWith(path, mustExist, &idemhttp.JournalOptions{SecretHeaders: secret})
+func openJournal(path string, mustExist bool, secret []string) (*filejournal.Journal, error) {
+	return openJournalWith(path, mustExist, &filejournal.Options{SecretHeaders: secret})
 }
 
 // openJournalReadOnly opens the journal at path, which must exist, for
 // inspection: without the writer's lock and without changing the file.
-func openJournalReadOnly(path string) (*idemhttp.FileJournal, error) {
-	return openJournalWith(path, true, &idemhttp.JournalOptions{ReadOnly: true})
+func openJournalReadOnly(path string) (*filejournal.Journal, error) {
+	return openJournalWith(path, true, &filejournal.Options{ReadOnly: true})
 }
 
 // openJournalWith is openJournal with every option of the library:
 // verify -repair needs SkipVerify.
-func openJournalWith(path string, mustExist bool, opts *idemhttp.JournalOptions) (*idemhttp.FileJournal, error) {
+func openJournalWith(path string, mustExist bool, opts *filejournal.Options) (*filejournal.Journal, error) {
 	if path == "" {
 		return nil, fail(exitUsage, "-journal is required")
 	}
@@ -42,17 +43,17 @@ func openJournalWith(path string, mustExist bool, opts *idemhttp.JournalOptions)
 			return nil, fail(exitJournal, "journal %s does not exist", path)
 		}
 	}
-	j, err := idemhttp.OpenFileJournal(path, opts)
+	j, err := filejournal.Open(path, opts)
 	switch {
 	case err == nil:
 		return j, nil
-	case errors.Is(err, idemhttp.ErrJournalLocked):
+	case errors.Is(err, filejournal.ErrLocked):
 		return nil, fail(exitJournal, "journal %s is in use by another process (another idemctl batch or resume?): wait for it to finish, or use another -journal file", path)
-	case errors.Is(err, idemhttp.ErrNotJournal):
+	case errors.Is(err, filejournal.ErrNotJournal):
 		return nil, fail(exitJournal, "%s is not an idemhttp journal (was another file named as -journal?); it was left as it was", path)
-	case errors.Is(err, idemhttp.ErrJournalVersion):
+	case errors.Is(err, filejournal.ErrVersion):
 		return nil, fail(exitJournal, "journal %s: %v; the file is intact: use the idemctl release that wrote it", path, err)
-	case errors.Is(err, idemhttp.ErrJournalCorrupt):
+	case errors.Is(err, filejournal.ErrCorrupt):
 		return nil, &exitError{code: exitJournal, err: &damageError{path: path, err: err}}
 	default:
 		return nil, fail(exitJournal, "open journal: %v", err)
@@ -61,7 +62,7 @@ func openJournalWith(path string, mustExist bool, opts *idemhttp.JournalOptions)
 
 // damageError says that the journal at path is damaged and what to do
 // about it. It unwraps to the library's error, so errors.Is finds
-// [idemhttp.ErrJournalCorrupt], and verify reports err alone.
+// [filejournal.ErrCorrupt], and verify reports err alone.
 type damageError struct {
 	path string
 	err  error // the library's finding
@@ -200,7 +201,7 @@ func neverConnected(err error) bool {
 // describeJournalErr adds what to do to a journal failure in the middle
 // of a command.
 func describeJournalErr(path string, err error) error {
-	if errors.Is(err, idemhttp.ErrJournalCorrupt) {
+	if errors.Is(err, filejournal.ErrCorrupt) {
 		return &exitError{code: exitJournal, err: &damageError{path: path, err: err}}
 	}
 	return fail(exitJournal, "journal %s: %v", path, err)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 	"github.com/idemkit/idemhttp/idemtest"
 )
 
@@ -352,7 +353,7 @@ func demoIdemhttp(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemte
 	}
 
 	// Run 1, killed half way.
-	fj, err := idemhttp.OpenFileJournal(path, nil)
+	fj, err := filejournal.Open(path, nil)
 	if err != nil {
 		return fail(exitJournal, "demo: %v", err)
 	}
@@ -369,7 +370,7 @@ func demoIdemhttp(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemte
 	}
 
 	// Run 2: reopen, resume, send what is not done.
-	fj, err = idemhttp.OpenFileJournal(path, nil)
+	fj, err = filejournal.Open(path, nil)
 	if err != nil {
 		return fail(exitJournal, "demo: %v", err)
 	}
@@ -409,7 +410,7 @@ func demoIdemhttp(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemte
 }
 
 // demoDone returns the charges the journal records as done with a 2xx.
-func demoDone(fj *idemhttp.FileJournal) (map[string]bool, error) {
+func demoDone(fj *filejournal.Journal) (map[string]bool, error) {
 	entries, err := fj.Entries(context.Background())
 	if err != nil {
 		return nil, fail(exitJournal, "demo: %v", err)

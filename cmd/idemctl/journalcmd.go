@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 )
 
 const pendingSynopsis = `Usage: idemctl pending -journal FILE [-json] [-all]
@@ -216,7 +217,7 @@ func inspectCommand(_ context.Context, args []string, e env) error {
 }
 
 // findEntry returns the entry whose key, or else operation id, is s.
-func findEntry(fj *idemhttp.FileJournal, s string) (*idemhttp.Entry, error) {
+func findEntry(fj *filejournal.Journal, s string) (*idemhttp.Entry, error) {
 	ctx := context.Background()
 	en, err := fj.Get(ctx, s)
 	if err == nil || !errors.Is(err, idemhttp.ErrNotFound) {

@@ -56,7 +56,7 @@ func pruneCommand(_ context.Context, args []string, e env) error {
 	if err != nil {
 		return describeJournalErr(*path, err)
 	}
-	// The same rule as FileJournal.Prune: done and updated before cutoff.
+	// The same rule as filejournal.Journal.Prune: done and updated before cutoff.
 	var doomed []*idemhttp.Entry
 	keptPending := 0
 	for _, en := range entries {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 	"github.com/stretchr/testify/require"
 )
 
@@ -17,9 +18,9 @@ const rerunRows = 100_000
 
 // doneJournal returns a journal at path holding n done operations, each
 // with a charge-sized body, and the input rows that name them.
-func doneJournal(b *testing.B, path string, n int) (*idemhttp.FileJournal, []operation) {
+func doneJournal(b *testing.B, path string, n int) (*filejournal.Journal, []operation) {
 	b.Helper()
-	fj, err := idemhttp.OpenFileJournal(path, nil)
+	fj, err := filejournal.Open(path, nil)
 	require.NoError(b, err)
 	ops := make([]operation, n)
 	for i := range ops {

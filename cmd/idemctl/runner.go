@@ -24,7 +24,7 @@ import (
 var errStopping = errors.New("stopping: operation not started")
 
 // batchJournal is what the batch and resume commands need of the journal:
-// a *idemhttp.FileJournal, or in tests a wrapper that counts its reads.
+// a *filejournal.Journal, or in tests a wrapper that counts its reads.
 type batchJournal interface {
 	idemhttp.Journal
 	// Sync returns the error of any earlier failed write.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 )
 
 const verifySynopsis = `Usage: idemctl verify -journal FILE [-json] [-repair]
@@ -65,7 +66,7 @@ type verifyReport struct {
 	Backup         string       `json:"backup,omitempty"`        // the damaged file's copy
 	SkippedBytes   int64        `json:"skipped_bytes,omitempty"` // damaged bytes the repair left out
 	// HighWater is the latest time the journal has recorded, entries
-	// pruned since included ([idemhttp.FileJournal.HighWater]); nil for a
+	// pruned since included ([filejournal.Journal.HighWater]); nil for a
 	// journal that recorded none. A clock more than
 	// [idemhttp.ClockTolerance] below it makes resume and reruns refuse.
 	HighWater *time.Time `json:"high_water,omitempty"`
@@ -74,14 +75,14 @@ type verifyReport struct {
 	ClockBehind time.Duration `json:"clock_behind_ns,omitempty"`
 	// IndexFile is true when the journal was opened from the index file
 	// its last clean close or compaction wrote beside it
-	// ([idemhttp.JournalStats.IndexLoaded]): verify then also checked that
+	// ([filejournal.Stats.IndexLoaded]): verify then also checked that
 	// index, entry by entry, against the whole file.
 	IndexFile bool `json:"index_file,omitempty"`
 }
 
 // setHighWater fills in rep's HighWater and ClockBehind from fj, as of
 // now.
-func setHighWater(ctx context.Context, fj *idemhttp.FileJournal, rep *verifyReport, now time.Time) error {
+func setHighWater(ctx context.Context, fj *filejournal.Journal, rep *verifyReport, now time.Time) error {
 	mark, err := fj.HighWater(ctx)
 	if err != nil || mark.IsZero() {
 		return err
@@ -156,7 +157,7 @@ func verifyCommand(_ context.Context, args []string, e env) error {
 }
 
 // checkJournal opens the journal at path, verifies it and fills in rep. It
-// returns the damage found, wrapping [idemhttp.ErrJournalCorrupt], or an
+// returns the damage found, wrapping [filejournal.ErrCorrupt], or an
 // exitError when the journal cannot be checked at all (missing, locked).
 func checkJournal(ctx context.Context, path string, rep *verifyReport) (damage, err error) {
 	fj, err := openJournalReadOnly(path)
@@ -188,7 +189,7 @@ func checkJournal(ctx context.Context, path string, rep *verifyReport) (damage, 
 // corruption sorts an error from an open journal into damage, returned
 // as damage, and anything else, returned as the command's error.
 func corruption(path string, err error) (damage, _ error) {
-	if errors.Is(err, idemhttp.ErrJournalCorrupt) {
+	if errors.Is(err, filejournal.ErrCorrupt) {
 		return err, nil
 	}
 	return nil, describeJournalErr(path, err)
@@ -196,7 +197,7 @@ func corruption(path string, err error) (damage, _ error) {
 
 // countEntries counts fj's entries by state. Reading them all back also
 // checks each one's own CRC.
-func countEntries(ctx context.Context, fj *idemhttp.FileJournal) (stateCounts, error) {
+func countEntries(ctx context.Context, fj *filejournal.Journal) (stateCounts, error) {
 	entries, err := fj.Entries(ctx)
 	if err != nil {
 		return stateCounts{}, err
@@ -221,7 +222,7 @@ func countEntries(ctx context.Context, fj *idemhttp.FileJournal) (stateCounts, e
 func repairJournal(ctx context.Context, path string, rep *verifyReport) error {
 	// The writer's lock first: a journal another process has open is not
 	// copied nor touched (the check before only read it).
-	fj, openErr := openJournalWith(path, true, &idemhttp.JournalOptions{SkipVerify: true})
+	fj, openErr := openJournalWith(path, true, &filejournal.Options{SkipVerify: true})
 	var de *damageError
 	if openErr != nil && !errors.As(openErr, &de) {
 		return openErr

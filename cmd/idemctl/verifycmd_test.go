@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -23,7 +24,7 @@ import (
 // and then given the state states[i].
 func writeJournal(t *testing.T, path string, states ...idemhttp.State) {
 	t.Helper()
-	fj, err := idemhttp.OpenFileJournal(path, nil)
+	fj, err := filejournal.Open(path, nil)
 	require.NoError(t, err)
 	ctx := context.Background()
 	for i := range states {
@@ -284,7 +285,7 @@ func TestVerifyRepairLocked(t *testing.T) {
 	journal := filepath.Join(t.TempDir(), "journal")
 	writeJournal(t, journal, fourStates...)
 	damaged := damage(t, journal, opID(1))
-	fj, err := idemhttp.OpenFileJournal(journal, &idemhttp.JournalOptions{SkipVerify: true})
+	fj, err := filejournal.Open(journal, &filejournal.Options{SkipVerify: true})
 	require.NoError(t, err)
 	defer fj.Close()
 
@@ -358,7 +359,7 @@ func TestVerifyRepairDamagedHeader(t *testing.T) {
 // nor field appears.
 func TestVerifyShowsTheClockBehindTheJournal(t *testing.T) {
 	journal := filepath.Join(t.TempDir(), "journal")
-	fj, err := idemhttp.OpenFileJournal(journal, nil)
+	fj, err := filejournal.Open(journal, nil)
 	require.NoError(t, err)
 	ctx := context.Background()
 	ahead := time.Now().Add(2 * time.Hour).UTC().Truncate(time.Second)
@@ -390,7 +391,7 @@ func TestVerifyShowsTheClockBehindTheJournal(t *testing.T) {
 // found). Checked to fail with IndexFile never set.
 func TestVerifyOpensFromTheIndexFile(t *testing.T) {
 	journal := filepath.Join(t.TempDir(), "journal")
-	fj, err := idemhttp.OpenFileJournal(journal, nil)
+	fj, err := filejournal.Open(journal, nil)
 	require.NoError(t, err)
 	ctx := context.Background()
 	body := bytes.Repeat([]byte("x"), 100<<10)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 	otelapi "go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -187,9 +188,9 @@ func (in *Instrumentation) Close() error {
 }
 
 // journalStats is what a journal that counts its writes offers
-// ([idemhttp.FileJournal]).
+// ([filejournal.Journal]).
 type journalStats interface {
-	Stats() idemhttp.JournalStats
+	Stats() filejournal.Stats
 }
 
 // registerJournalStats exports a journal's record writes and its syncs

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idemhttp"
 	idemotel "github.com/idemkit/idemhttp/contrib/otel"
+	"github.com/idemkit/idemhttp/filejournal"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
@@ -311,14 +312,14 @@ func TestTransportPropagatesTheAttemptSpan(t *testing.T) {
 }
 
 // The journal's record writes and syncs are exported when the journal
-// counts them (FileJournal does): syncs per write is group commit's gain.
+// counts them (filejournal.Journal does): syncs per write is group commit's gain.
 func TestJournalWritesAndSyncs(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.WriteHeader(http.StatusCreated)
 	}))
 	defer srv.Close()
-	fj, err := idemhttp.OpenFileJournal(filepath.Join(t.TempDir(), "journal"), nil)
+	fj, err := filejournal.Open(filepath.Join(t.TempDir(), "journal"), nil)
 	require.NoError(t, err)
 	defer fj.Close()
 

@@ -5,7 +5,7 @@
 // Idempotency-Key and counts the charges it executes per operation), then
 // runs itself again as a child process: the batch job. The child sends 200
 // charges, charge-0001 to charge-0200, eight at a time, each named with
-// idemhttp.WithOperation and journaled in a FileJournal before its first
+// idemhttp.WithOperation and journaled in a filejournal.Journal before its first
 // byte leaves. Halfway through, with requests in flight, the child is
 // SIGKILLed just after a response arrives and before it is recorded: the
 // worst moment, since the charge ran and the job does not know it.
@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 	"github.com/idemkit/idemhttp/idemtest"
 )
 
@@ -129,7 +130,7 @@ func run(ctx context.Context, self string, w io.Writer) (report, error) {
 		crashAt, rep.ExecutedAtCrash)
 
 	// The restart.
-	fj, err := idemhttp.OpenFileJournal(path, nil)
+	fj, err := filejournal.Open(path, nil)
 	if err != nil {
 		return rep, err
 	}
@@ -225,7 +226,7 @@ func runChild(ctx context.Context, self, path, url string) error {
 // child is the batch job. It never finishes: the transport kills the
 // process on the crashAt-th response.
 func child(path, url string) int {
-	fj, err := idemhttp.OpenFileJournal(path, nil)
+	fj, err := filejournal.Open(path, nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 2

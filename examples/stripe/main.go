@@ -4,7 +4,7 @@
 // stripe-go sends its HTTP through idemhttp: its *http.Client is
 // [idemhttp.Client.StandardClient], its own retries are off
 // (MaxNetworkRetries 0, so idemhttp's Policy alone decides), and each
-// charge runs under [idemhttp.WithOperation] with a [idemhttp.FileJournal].
+// charge runs under [idemhttp.WithOperation] with a [filejournal.Journal].
 // stripe-go mints a new Idempotency-Key on every call; under WithOperation
 // the journal's key for the operation wins, so a rerun of a charge resends
 // the key of its first run and the server replays instead of charging
@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 	"github.com/idemkit/idemhttp/idemtest"
 	"github.com/stripe/stripe-go/v82"
 )
@@ -111,7 +112,7 @@ func run(ctx context.Context, self string, w io.Writer) (report, error) {
 	rep.ExecutedAtCrash = srv.Stats().Executions
 	fmt.Fprintf(w, "crash:   the batch process was SIGKILLed on receiving response %d; the server had executed %d charges\n", crashAt, rep.ExecutedAtCrash)
 
-	fj, err := idemhttp.OpenFileJournal(path, nil)
+	fj, err := filejournal.Open(path, nil)
 	if err != nil {
 		return rep, err
 	}
@@ -177,7 +178,7 @@ func runChild(ctx context.Context, self, path, url string) error {
 // child is the batch job. It never finishes: its transport kills the
 // process on the crashAt-th response.
 func child(path, url string) int {
-	fj, err := idemhttp.OpenFileJournal(path, nil)
+	fj, err := filejournal.Open(path, nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 2

@@ -2,7 +2,7 @@
 // append-only file of checksummed records, written in batches with group
 // commit, locked against a second writer, replayed on open, and rewritten
 // atomically. It knows nothing of what its records mean; the journal
-// layer in the root package maps entries to record payloads.
+// layer (package filejournal) maps entries to record payloads.
 //
 // The layout, and how damage is told from a torn write, is in
 // docs/journal-format.md at the repository's root.

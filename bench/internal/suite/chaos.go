@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 	"github.com/idemkit/idemhttp/idemtest"
 )
 
@@ -148,11 +149,11 @@ func chaosPeer(ctx context.Context, name string, cfg ChaosConfig, dir string) (C
 	defer srv.Close()
 
 	pc := peerConfig{url: srv.URL, timeout: cfg.Timeout, count: true, withOp: true}
-	var fj *idemhttp.FileJournal
+	var fj *filejournal.Journal
 	if name == PeerIdem {
 		path := filepath.Join(dir, "chaos-"+name+".journal")
 		_ = os.Remove(path)
-		fj, err = idemhttp.OpenFileJournal(path, nil)
+		fj, err = filejournal.Open(path, nil)
 		if err != nil {
 			return ChaosResult{}, err
 		}
@@ -201,7 +202,7 @@ func chaosPeer(ctx context.Context, name string, cfg ChaosConfig, dir string) (C
 }
 
 // resume checks idemhttp's journal after the run, then resumes it.
-func (r *ChaosResult) resume(ctx context.Context, p *peer, fj *idemhttp.FileJournal, srv *idemtest.Server, ops []string, results []opResult, executions map[string]int, passes int) error {
+func (r *ChaosResult) resume(ctx context.Context, p *peer, fj *filejournal.Journal, srv *idemtest.Server, ops []string, results []opResult, executions map[string]int, passes int) error {
 	r.Journaled = true
 	pending, err := pendingOps(ctx, fj)
 	if err != nil {

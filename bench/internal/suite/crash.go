@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 	"github.com/idemkit/idemhttp/idemtest"
 )
 
@@ -167,9 +167,9 @@ func crashPeer(ctx context.Context, name string, cfg CrashConfig, dir string) (C
 
 	// The rerun, in this process: a batch job started again.
 	pc := peerConfig{url: srv.URL, timeout: cfg.Timeout, withOp: true}
-	var fj *idemhttp.FileJournal
+	var fj *filejournal.Journal
 	if cc.Journal != "" {
-		fj, err = idemhttp.OpenFileJournal(cc.Journal, nil)
+		fj, err = filejournal.Open(cc.Journal, nil)
 		if err != nil {
 			return r, err
 		}
@@ -264,7 +264,7 @@ func crashChild(config string) int {
 	}
 	pc := peerConfig{url: cc.URL, timeout: cc.Timeout, withOp: true}
 	if cc.Journal != "" {
-		fj, err := idemhttp.OpenFileJournal(cc.Journal, nil)
+		fj, err := filejournal.Open(cc.Journal, nil)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "idembench crash child:", err)
 			return 2

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 	"github.com/idemkit/idemhttp/idemtest"
 )
 
@@ -76,7 +76,7 @@ func journalAt(ctx context.Context, concurrency, ops int, path string) (JournalR
 	srv := idemtest.NewServer(nil)
 	defer srv.Close()
 	_ = os.Remove(path)
-	fj, err := idemhttp.OpenFileJournal(path, nil)
+	fj, err := filejournal.Open(path, nil)
 	if err != nil {
 		return JournalResult{}, err
 	}

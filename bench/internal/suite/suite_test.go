@@ -137,7 +137,7 @@ func TestJournalCostGroupsCommits(t *testing.T) {
 	assert.Equal(t, 64, res[0].Requests)
 	// Alone, each entry waits for its own commit and each outcome is
 	// written behind, in the next entry's (or, after a pause longer than
-	// idemhttp.JournalWriteBehind, in one of its own).
+	// filejournal.WriteBehind, in one of its own).
 	assert.GreaterOrEqual(t, res[0].SyncsPerRequest(), 1.0, "an entry is never sent before its own commit")
 	assert.LessOrEqual(t, res[0].SyncsPerRequest(), 2.0)
 	assert.Less(t, res[1].SyncsPerRequest(), res[0].SyncsPerRequest())

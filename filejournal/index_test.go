@@ -1,4 +1,4 @@
-package idemhttp
+package filejournal
 
 import (
 	"context"
@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/contract"
 	"github.com/idemkit/idemhttp/internal/wal"
 )
 
@@ -24,7 +26,7 @@ import (
 // package's tests once more that way.
 func init() {
 	if os.Getenv("IDEMHTTP_JOURNAL_INDEX") == "always" {
-		fjIndexMin = 0
+		indexMin = 0
 	}
 }
 
@@ -32,24 +34,24 @@ func init() {
 // whatever the journal's size.
 func ijIndexAlways(t *testing.T) { ijIndexMin(t, 0) }
 
-// ijIndexMin sets fjIndexMin for the test.
+// ijIndexMin sets indexMin for the test.
 func ijIndexMin(t *testing.T, n int64) {
-	saved := fjIndexMin
-	fjIndexMin = n
-	t.Cleanup(func() { fjIndexMin = saved })
+	saved := indexMin
+	indexMin = n
+	t.Cleanup(func() { indexMin = saved })
 }
 
 // ijIndexState is everything an open builds of a journal's index, as
 // comparable values: the entries in order, with their places in the
 // file, and the totals.
 type ijIndexState struct {
-	entries []fjEntry
+	entries []entry
 	live    int64
 	high    int64 // Unix ns
 	pending int
 }
 
-func ijStateOf(j *FileJournal) ijIndexState {
+func ijStateOf(j *Journal) ijIndexState {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	var st ijIndexState
@@ -70,7 +72,7 @@ func ijStateOf(j *FileJournal) ijIndexState {
 // and without an operation id, finished, deleted, pruned, with (if
 // compact) a compaction in the middle, so that entries are found through
 // its remap, and entries begun after it.
-func ijIndexWorkload(t *testing.T, j *FileJournal, rng *rand.Rand, prefix string, compact bool) {
+func ijIndexWorkload(t *testing.T, j *Journal, rng *rand.Rand, prefix string, compact bool) {
 	t.Helper()
 	ctx := context.Background()
 	begin := func(i int) {
@@ -83,15 +85,15 @@ func ijIndexWorkload(t *testing.T, j *FileJournal, rng *rand.Rand, prefix string
 		_, err := j.Begin(ctx, e)
 		require.NoError(t, err)
 	}
-	finish := func(i int, st State) {
+	finish := func(i int, st idemhttp.State) {
 		key := fmt.Sprintf("%s-%04d", prefix, i)
-		require.NoError(t, j.Finish(ctx, key, Outcome{State: st, Status: 200 + i%5, Attempts: 1 + i%3, At: time.Now()}))
+		require.NoError(t, j.Finish(ctx, key, idemhttp.Outcome{State: st, Status: 200 + i%5, Attempts: 1 + i%3, At: time.Now()}))
 	}
 	for i := range 200 {
 		begin(i)
 	}
 	for i := 0; i < 200; i += 3 {
-		finish(i, StateDone)
+		finish(i, idemhttp.StateDone)
 	}
 	for i := 1; i < 200; i += 7 {
 		require.NoError(t, j.Delete(ctx, fmt.Sprintf("%s-%04d", prefix, i)))
@@ -105,9 +107,9 @@ func ijIndexWorkload(t *testing.T, j *FileJournal, rng *rand.Rand, prefix string
 		begin(i)
 	}
 	for i := 202; i < 300; i += 5 {
-		finish(i, StateDone)
+		finish(i, idemhttp.StateDone)
 	}
-	finish(250, StateAbandoned)
+	finish(250, idemhttp.StateAbandoned)
 	require.NoError(t, j.Delete(ctx, fmt.Sprintf("%s-%04d", prefix, 260)))
 }
 
@@ -117,7 +119,7 @@ func ijIndexWorkload(t *testing.T, j *FileJournal, rng *rand.Rand, prefix string
 func ijCrashCopy(t *testing.T, path string) string {
 	t.Helper()
 	crashed := filepath.Join(t.TempDir(), "crashed")
-	for _, suffix := range []string{"", fjIndexSuffix} {
+	for _, suffix := range []string{"", indexSuffix} {
 		data, err := os.ReadFile(path + suffix)
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(crashed+suffix, data, 0o600))
@@ -133,7 +135,7 @@ func ijReplayedState(t *testing.T, path string) ijIndexState {
 	require.NoError(t, err)
 	cp := filepath.Join(t.TempDir(), "replayed")
 	require.NoError(t, os.WriteFile(cp, data, 0o600))
-	j, err := OpenFileJournal(cp, &JournalOptions{ReadOnly: true})
+	j, err := Open(cp, &Options{ReadOnly: true})
 	require.NoError(t, err)
 	defer j.Close()
 	require.False(t, j.Stats().IndexLoaded)
@@ -152,14 +154,14 @@ func ijReplayedState(t *testing.T, path string) ijIndexState {
 func TestJournalIndexFileIsTheReplayedIndex(t *testing.T) {
 	ijIndexAlways(t)
 	path := filepath.Join(t.TempDir(), "journal")
-	j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+	j, err := Open(path, &Options{Retention: -1})
 	require.NoError(t, err)
 	ijIndexWorkload(t, j, rand.New(rand.NewPCG(1, 2)), "a", true)
 	want := ijStateOf(j)
 	require.NoError(t, j.Close())
-	require.FileExists(t, path+fjIndexSuffix)
+	require.FileExists(t, path+indexSuffix)
 
-	j, err = OpenFileJournal(path, &JournalOptions{Retention: -1})
+	j, err = Open(path, &Options{Retention: -1})
 	require.NoError(t, err)
 	st := j.Stats()
 	assert.True(t, st.IndexLoaded)
@@ -176,7 +178,7 @@ func TestJournalIndexFileIsTheReplayedIndex(t *testing.T) {
 	want = ijStateOf(j)
 	require.NoError(t, j.Close())
 
-	c, err := OpenFileJournal(crashed, &JournalOptions{ReadOnly: true})
+	c, err := Open(crashed, &Options{ReadOnly: true})
 	require.NoError(t, err)
 	defer c.Close()
 	st = c.Stats()
@@ -201,7 +203,7 @@ func TestJournalIndexFileRefusedWhenItDoesNotMatch(t *testing.T) {
 	ctx := context.Background()
 	build := func(t *testing.T, prefix string) string {
 		path := filepath.Join(t.TempDir(), "journal")
-		j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+		j, err := Open(path, &Options{Retention: -1})
 		require.NoError(t, err)
 		ijIndexWorkload(t, j, rand.New(rand.NewPCG(5, 6)), prefix, true)
 		require.NoError(t, j.Close())
@@ -210,7 +212,7 @@ func TestJournalIndexFileRefusedWhenItDoesNotMatch(t *testing.T) {
 	check := func(t *testing.T, path string) {
 		t.Helper()
 		want := ijReplayedState(t, path)
-		j, err := OpenFileJournal(path, &JournalOptions{ReadOnly: true})
+		j, err := Open(path, &Options{ReadOnly: true})
 		require.NoError(t, err)
 		defer j.Close()
 		assert.False(t, j.Stats().IndexLoaded, "index file used")
@@ -223,20 +225,20 @@ func TestJournalIndexFileRefusedWhenItDoesNotMatch(t *testing.T) {
 	}
 	t.Run("another journal's", func(t *testing.T) {
 		a, b := build(t, "a"), build(t, "b")
-		idx, err := os.ReadFile(b + fjIndexSuffix)
+		idx, err := os.ReadFile(b + indexSuffix)
 		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(a+fjIndexSuffix, idx, 0o600))
+		require.NoError(t, os.WriteFile(a+indexSuffix, idx, 0o600))
 		check(t, a)
 	})
 	t.Run("before a compaction", func(t *testing.T) {
 		path := build(t, "a")
-		idx, err := os.ReadFile(path + fjIndexSuffix)
+		idx, err := os.ReadFile(path + indexSuffix)
 		require.NoError(t, err)
-		j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+		j, err := Open(path, &Options{Retention: -1})
 		require.NoError(t, err)
 		require.NoError(t, j.Compact(ctx))
 		require.NoError(t, j.Close())
-		require.NoError(t, os.WriteFile(path+fjIndexSuffix, idx, 0o600))
+		require.NoError(t, os.WriteFile(path+indexSuffix, idx, 0o600))
 		check(t, path)
 	})
 	t.Run("the same journal, its marker cut off", func(t *testing.T) {
@@ -249,21 +251,21 @@ func TestJournalIndexFileRefusedWhenItDoesNotMatch(t *testing.T) {
 		// as a writer would after losing it: same salt, offset and
 		// sequence number, other records.
 		path := build(t, "a")
-		idx, err := os.ReadFile(path + fjIndexSuffix)
+		idx, err := os.ReadFile(path + indexSuffix)
 		require.NoError(t, err)
-		x := openFjIndex(path + fjIndexSuffix)
+		x := openFjIndex(path + indexSuffix)
 		require.NotNil(t, x)
 		x.close()
 		edit(t, path, func(b []byte) []byte {
 			require.Equal(t, int64(len(b)), x.cp.End())
 			return b[:x.cp.Off]
 		})
-		j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+		j, err := Open(path, &Options{Retention: -1})
 		require.NoError(t, err)
 		_, err = j.Begin(ctx, ijEntry("after", ""))
 		require.NoError(t, err)
 		require.NoError(t, j.Close())
-		require.NoError(t, os.WriteFile(path+fjIndexSuffix, idx, 0o600))
+		require.NoError(t, os.WriteFile(path+indexSuffix, idx, 0o600))
 		check(t, path)
 	})
 	for _, tt := range []struct {
@@ -271,7 +273,7 @@ func TestJournalIndexFileRefusedWhenItDoesNotMatch(t *testing.T) {
 		fn   func([]byte) []byte
 	}{
 		{"a byte flipped in an entry", func(b []byte) []byte { b[len(b)/2] ^= 1; return b }},
-		{"a byte flipped in an entry's time", func(b []byte) []byte { b[fjIndexHeaderLen+fjIndexChunkHdr+8] ^= 1; return b }},
+		{"a byte flipped in an entry's time", func(b []byte) []byte { b[indexHeaderLen+indexChunkHdr+8] ^= 1; return b }},
 		{"a byte flipped in the header", func(b []byte) []byte { b[30] ^= 1; return b }},
 		{"cut short", func(b []byte) []byte { return b[:len(b)-10] }},
 		{"bytes after it", func(b []byte) []byte { return append(b, 0) }},
@@ -287,7 +289,7 @@ func TestJournalIndexFileRefusedWhenItDoesNotMatch(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			path := build(t, "a")
-			edit(t, path+fjIndexSuffix, tt.fn)
+			edit(t, path+indexSuffix, tt.fn)
 			check(t, path)
 		})
 	}
@@ -309,14 +311,14 @@ func ijIndexHeaderEdit(off, n int) func([]byte) []byte {
 
 // After a clean close, an old entry's damaged body is not read by the
 // open (the index file stands for the records), but it is found: reading
-// the entry back fails with ErrJournalCorrupt, and so does Verify, which
+// the entry back fails with ErrCorrupt, and so does Verify, which
 // still replays the whole file. Without the index file, the open refuses
 // the file, as it always did.
 func TestJournalIndexFileDamageStillFound(t *testing.T) {
 	ijIndexAlways(t)
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "journal")
-	j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+	j, err := Open(path, &Options{Retention: -1})
 	require.NoError(t, err)
 	e := ijEntry("damaged", "")
 	e.Body = []byte(strings.Repeat("x", 64))
@@ -334,17 +336,17 @@ func TestJournalIndexFileDamageStillFound(t *testing.T) {
 	b[i+10] = 'y'
 	require.NoError(t, os.WriteFile(path, b, 0o600))
 
-	j, err = OpenFileJournal(path, &JournalOptions{Retention: -1})
+	j, err = Open(path, &Options{Retention: -1})
 	require.NoError(t, err)
 	assert.True(t, j.Stats().IndexLoaded)
 	_, err = j.Get(ctx, "damaged")
-	require.ErrorIs(t, err, ErrJournalCorrupt)
-	require.ErrorIs(t, j.Verify(ctx), ErrJournalCorrupt)
+	require.ErrorIs(t, err, ErrCorrupt)
+	require.ErrorIs(t, j.Verify(ctx), ErrCorrupt)
 	require.NoError(t, j.Close())
 
-	require.NoError(t, os.Remove(path+fjIndexSuffix))
-	_, err = OpenFileJournal(path, &JournalOptions{Retention: -1})
-	require.ErrorIs(t, err, ErrJournalCorrupt)
+	require.NoError(t, os.Remove(path+indexSuffix))
+	_, err = Open(path, &Options{Retention: -1})
+	require.ErrorIs(t, err, ErrCorrupt)
 }
 
 // A small journal gets no index file, and a clean close removes the one
@@ -353,50 +355,50 @@ func TestJournalIndexFileOnlyForLargeJournals(t *testing.T) {
 	ijIndexMin(t, 8<<20)
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "journal")
-	j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+	j, err := Open(path, &Options{Retention: -1})
 	require.NoError(t, err)
 	_, err = j.Begin(ctx, ijEntry("k", ""))
 	require.NoError(t, err)
 	require.NoError(t, j.Close())
-	assert.NoFileExists(t, path+fjIndexSuffix)
+	assert.NoFileExists(t, path+indexSuffix)
 
-	fjIndexMin = 0
-	r, err := OpenFileJournal(path, &JournalOptions{ReadOnly: true})
+	indexMin = 0
+	r, err := Open(path, &Options{ReadOnly: true})
 	require.NoError(t, err)
 	require.NoError(t, r.Close())
-	assert.NoFileExists(t, path+fjIndexSuffix, "a read-only open wrote one")
+	assert.NoFileExists(t, path+indexSuffix, "a read-only open wrote one")
 
-	j, err = OpenFileJournal(path, &JournalOptions{Retention: -1})
+	j, err = Open(path, &Options{Retention: -1})
 	require.NoError(t, err)
 	require.NoError(t, j.Close())
-	require.FileExists(t, path+fjIndexSuffix)
-	info, err := os.Stat(path + fjIndexSuffix)
+	require.FileExists(t, path+indexSuffix)
+	info, err := os.Stat(path + indexSuffix)
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
 
-	fjIndexMin = 1 << 40
-	j, err = OpenFileJournal(path, &JournalOptions{Retention: -1})
+	indexMin = 1 << 40
+	j, err = Open(path, &Options{Retention: -1})
 	require.NoError(t, err)
 	assert.True(t, j.Stats().IndexLoaded)
 	require.NoError(t, j.Close())
-	assert.NoFileExists(t, path+fjIndexSuffix)
-	left, err := filepath.Glob(path + fjIndexSuffix + "*")
+	assert.NoFileExists(t, path+indexSuffix)
+	left, err := filepath.Glob(path + indexSuffix + "*")
 	require.NoError(t, err)
 	assert.Empty(t, left)
 
 	// After SkipVerify, the file may hold damage the index file would
 	// hide from the next open: a clean close writes none, and removes
 	// the one there was.
-	fjIndexMin = 0
-	j, err = OpenFileJournal(path, &JournalOptions{Retention: -1})
+	indexMin = 0
+	j, err = Open(path, &Options{Retention: -1})
 	require.NoError(t, err)
 	require.NoError(t, j.Close())
-	require.FileExists(t, path+fjIndexSuffix)
-	j, err = OpenFileJournal(path, &JournalOptions{Retention: -1, SkipVerify: true})
+	require.FileExists(t, path+indexSuffix)
+	j, err = Open(path, &Options{Retention: -1, SkipVerify: true})
 	require.NoError(t, err)
 	assert.False(t, j.Stats().IndexLoaded)
 	require.NoError(t, j.Close())
-	assert.NoFileExists(t, path+fjIndexSuffix)
+	assert.NoFileExists(t, path+indexSuffix)
 }
 
 // The index file's entries are checked as replay checks a begin record,
@@ -407,9 +409,9 @@ func TestJournalIndexFileOnlyForLargeJournals(t *testing.T) {
 func FuzzJournalIndexChunk(f *testing.F) {
 	dir := f.TempDir()
 	base := filepath.Join(dir, "journal")
-	saved := fjIndexMin
-	fjIndexMin = 0
-	j, err := OpenFileJournal(base, &JournalOptions{Retention: -1})
+	saved := indexMin
+	indexMin = 0
+	j, err := Open(base, &Options{Retention: -1})
 	require.NoError(f, err)
 	for i := range 3 {
 		e := ijEntry(fmt.Sprintf("k-%d", i), "")
@@ -420,13 +422,13 @@ func FuzzJournalIndexChunk(f *testing.F) {
 		require.NoError(f, err)
 	}
 	require.NoError(f, j.Close())
-	fjIndexMin = saved
+	indexMin = saved
 	journal, err := os.ReadFile(base)
 	require.NoError(f, err)
-	index, err := os.ReadFile(base + fjIndexSuffix)
+	index, err := os.ReadFile(base + indexSuffix)
 	require.NoError(f, err)
-	hdr := index[:fjIndexHeaderLen]
-	f.Add(index[fjIndexHeaderLen+fjIndexChunkHdr:], uint8(3))
+	hdr := index[:indexHeaderLen]
+	f.Add(index[indexHeaderLen+indexChunkHdr:], uint8(3))
 	f.Fuzz(func(t *testing.T, payload []byte, n uint8) {
 		if n == 0 {
 			n = 1
@@ -440,22 +442,22 @@ func FuzzJournalIndexChunk(f *testing.F) {
 		file := binary.LittleEndian.AppendUint32(h, uint32(len(payload)))
 		file = binary.LittleEndian.AppendUint32(file, uint32(n))
 		file = binary.LittleEndian.AppendUint32(file, wal.Checksum(payload))
-		require.NoError(t, os.WriteFile(path+fjIndexSuffix, append(file, payload...), 0o600))
+		require.NoError(t, os.WriteFile(path+indexSuffix, append(file, payload...), 0o600))
 
-		j, err := OpenFileJournal(path, &JournalOptions{ReadOnly: true})
+		j, err := Open(path, &Options{ReadOnly: true})
 		require.NoError(t, err, "an index file made the open fail")
 		defer j.Close()
 		if !j.Stats().IndexLoaded {
 			return
 		}
-		x := openFjIndex(path + fjIndexSuffix)
+		x := openFjIndex(path + indexSuffix)
 		require.NotNil(t, x)
 		x.close()
 		j.mu.Lock()
 		defer j.mu.Unlock()
 		assert.Equal(t, int(n), j.byKey.len())
 		for _, le := range j.all {
-			assert.NoError(t, validateKeyBytes(le.key()))
+			assert.NoError(t, contract.ValidateKey(le.key()))
 			assert.GreaterOrEqual(t, le.off, int64(wal.FileHeaderLen))
 			assert.LessOrEqual(t, le.off+int64(le.size), x.cp.End())
 			assert.Same(t, le, j.byKey.get(le.key()))
@@ -469,13 +471,13 @@ func FuzzJournalIndexChunk(f *testing.F) {
 // A record of the digest's kind in a file is an unknown record, as
 // Verify says, not a begin record in short: replay digests begin
 // records itself, and a digest it did not make must not pass for one.
-// Checked to fail with fjDigest passing such a record through.
+// Checked to fail with digest passing such a record through.
 func TestJournalRefusesADigestInTheFile(t *testing.T) {
-	d, err := fjDigest(nil, ijBegin(t, ijEntry("k", ""))[wal.RecordHeaderLen:])
+	d, err := digest(nil, ijBegin(t, ijEntry("k", ""))[wal.RecordHeaderLen:])
 	require.NoError(t, err)
-	file := ijFile(ijBatch(1, fjAppendRecord(nil, d)))
-	_, err = fjReplay(file, false)
-	require.ErrorIs(t, err, ErrJournalCorrupt)
+	file := ijFile(ijBatch(1, appendRecord(nil, d)))
+	_, err = replay(file, false)
+	require.ErrorIs(t, err, ErrCorrupt)
 	ijCheckReplay(t, file, false)
 	ijCheckReplay(t, file, true)
 }
@@ -485,9 +487,9 @@ func TestJournalRefusesADigestInTheFile(t *testing.T) {
 // entry as edit leaves it (edit returning false leaves it out), with
 // the high-water mark high (the journal's, if zero). It returns how many
 // entries it wrote.
-func ijWriteIndexFile(t *testing.T, from, to string, cp wal.Checkpoint, edit func(*fjEntry) bool, high time.Time) int {
+func ijWriteIndexFile(t *testing.T, from, to string, cp wal.Checkpoint, edit func(*entry) bool, high time.Time) int {
 	t.Helper()
-	r, err := OpenFileJournal(from, &JournalOptions{ReadOnly: true})
+	r, err := Open(from, &Options{ReadOnly: true})
 	require.NoError(t, err)
 	defer r.Close()
 	w, err := newFjIndexWriter(to, false)
@@ -517,18 +519,18 @@ func TestJournalIndexFileThatTheTailContradicts(t *testing.T) {
 	ijIndexAlways(t)
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "journal")
-	j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+	j, err := Open(path, &Options{Retention: -1})
 	require.NoError(t, err)
 	for i := range 10 {
 		_, err := j.Begin(ctx, ijEntry(fmt.Sprintf("k-%d", i), ""))
 		require.NoError(t, err)
 	}
 	require.NoError(t, j.Close())
-	x := openFjIndex(path + fjIndexSuffix)
+	x := openFjIndex(path + indexSuffix)
 	require.NotNil(t, x)
 	x.close()
 
-	j, err = OpenFileJournal(path, &JournalOptions{Retention: -1})
+	j, err = Open(path, &Options{Retention: -1})
 	require.NoError(t, err)
 	require.True(t, j.Stats().IndexLoaded)
 	require.NoError(t, j.Delete(ctx, "k-3"))
@@ -536,15 +538,15 @@ func TestJournalIndexFileThatTheTailContradicts(t *testing.T) {
 	require.NoError(t, j.Close())
 
 	// The copy's index file, for the same checkpoint, without k-3.
-	added := ijWriteIndexFile(t, path, crashed+fjIndexSuffix, x.cp, func(*fjEntry) bool { return true }, time.Now())
+	added := ijWriteIndexFile(t, path, crashed+indexSuffix, x.cp, func(*entry) bool { return true }, time.Now())
 	require.Equal(t, 9, added)
 
-	c, err := OpenFileJournal(crashed, &JournalOptions{Retention: -1})
+	c, err := Open(crashed, &Options{Retention: -1})
 	require.NoError(t, err)
 	assert.False(t, c.Stats().IndexLoaded)
 	assert.Equal(t, ijReplayedState(t, crashed), ijStateOf(c))
 	_, err = c.Get(ctx, "k-3")
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, idemhttp.ErrNotFound)
 	require.NoError(t, c.Close())
 }
 
@@ -557,33 +559,33 @@ func TestJournalVerifyFindsAnIndexFileThatLies(t *testing.T) {
 	ijIndexAlways(t)
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "journal")
-	j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+	j, err := Open(path, &Options{Retention: -1})
 	require.NoError(t, err)
 	for i := range 5 {
 		_, err := j.Begin(ctx, ijEntry(fmt.Sprintf("k-%d", i), ""))
 		require.NoError(t, err)
 	}
 	require.NoError(t, j.Close())
-	x := openFjIndex(path + fjIndexSuffix)
+	x := openFjIndex(path + indexSuffix)
 	require.NotNil(t, x)
 	x.close()
-	lie := func(t *testing.T, edit func(le *fjEntry), high time.Time) {
-		ijWriteIndexFile(t, path, path+fjIndexSuffix, x.cp, func(le *fjEntry) bool { edit(le); return true }, high)
+	lie := func(t *testing.T, edit func(le *entry), high time.Time) {
+		ijWriteIndexFile(t, path, path+indexSuffix, x.cp, func(le *entry) bool { edit(le); return true }, high)
 
-		v, err := OpenFileJournal(path, &JournalOptions{ReadOnly: true})
+		v, err := Open(path, &Options{ReadOnly: true})
 		require.NoError(t, err)
 		defer v.Close()
 		require.True(t, v.Stats().IndexLoaded)
-		require.ErrorIs(t, v.Verify(ctx), ErrJournalCorrupt)
+		require.ErrorIs(t, v.Verify(ctx), ErrCorrupt)
 	}
 	t.Run("state", func(t *testing.T) {
-		lie(t, func(le *fjEntry) {
+		lie(t, func(le *entry) {
 			if le.key() == "k-2" {
 				le.state = journalStateDone
 			}
 		}, time.Time{})
 	})
 	t.Run("high-water mark", func(t *testing.T) {
-		lie(t, func(*fjEntry) {}, time.Now().Add(time.Hour))
+		lie(t, func(*entry) {}, time.Now().Add(time.Hour))
 	})
 }

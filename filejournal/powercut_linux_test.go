@@ -1,6 +1,6 @@
 //go:build linux
 
-package idemhttp_test
+package filejournal_test
 
 import (
 	"bufio"
@@ -27,9 +27,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 )
 
-// The power-cut test runs the FileJournal on a small ext4 filesystem in a
+// The power-cut test runs the Journal on a small ext4 filesystem in a
 // loop-mounted image file, in a child process (this test binary again)
 // that writes Begins as fast as the journal takes them and tells the
 // parent, over a pipe, each key whose Begin has returned. At a chosen
@@ -39,7 +40,7 @@ import (
 // every later I/O, which is what a power cut does to a process's writes.
 // The parent then kills the child, unmounts, detaches the loop device,
 // runs e2fsck (which replays ext4's journal, as a reboot would), mounts
-// the image again and checks that the FileJournal opens, that Verify is
+// the image again and checks that the Journal opens, that Verify is
 // clean, and that every acknowledged Begin is there.
 //
 // Unlike SIGKILL (crash_test.go), which leaves the page cache to the
@@ -93,7 +94,7 @@ func TestPowerCutChild(t *testing.T) {
 		defer mu.Unlock()
 		_, _ = pipe.WriteString(line) // unbuffered: a line written survives the kill
 	}
-	fj, err := idemhttp.OpenFileJournal(filepath.Join(dir, "journal.db"), nil)
+	fj, err := filejournal.Open(filepath.Join(dir, "journal.db"), nil)
 	require.NoError(t, err)
 	ctx := context.Background()
 
@@ -198,11 +199,11 @@ type cutResult struct {
 	lateLost      int      // of which missing
 	afterCut      int      // Begins acknowledged after the ioctl returned
 	inCompaction  bool     // the cut interrupted a Compact (it failed)
-	openErr       error    // OpenFileJournal's error after the cut
+	openErr       error    // Open's error after the cut
 	verifyErr     error    // Verify's
 	fsck          string   // what e2fsck said, when it changed something
 	compactions   int      // Compacts the child started
-	truncatedTail int64    // JournalStats.TruncatedBytes of the reopened journal
+	truncatedTail int64    // Stats.TruncatedBytes of the reopened journal
 }
 
 func (r cutResult) String() string {
@@ -445,7 +446,7 @@ func powerCutRound(t *testing.T, child string, p cutPlan) cutResult {
 			res.late++
 		}
 	}
-	fj, err := idemhttp.OpenFileJournal(filepath.Join(fs.mnt, "journal.db"), nil)
+	fj, err := filejournal.Open(filepath.Join(fs.mnt, "journal.db"), nil)
 	if err != nil {
 		res.openErr = err
 		return res

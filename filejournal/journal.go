@@ -1,4 +1,4 @@
-package idemhttp
+package filejournal
 
 import (
 	"cmp"
@@ -11,14 +11,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/internal/wal"
 )
 
-// JournalOptions configures [OpenFileJournal]. A nil *JournalOptions and
+// Options configures [Open]. A nil *Options and
 // the zero value both mean the defaults: bodies stored, the standard
 // credentials withheld, damage refused, opened for writing, done entries
 // pruned after [DefaultRetention].
-type JournalOptions struct {
+type Options struct {
 	// OmitBodies keeps request bodies out of the file; fingerprints are
 	// still stored. Use it when bodies hold data that must not rest on
 	// disk. An entry without its body cannot be resent by Resume: it can
@@ -26,15 +27,15 @@ type JournalOptions struct {
 	OmitBodies bool
 
 	// SecretHeaders names request headers never written to the file, in
-	// addition to those [SafeHeader] always withholds. Names are matched
+	// addition to those [idemhttp.SafeHeader] always withholds. Names are matched
 	// in any letter case.
 	SecretHeaders []string
 
 	// SkipVerify opens a damaged journal instead of refusing it, for
 	// inspection and repair: damaged batches in the middle of the file are
 	// skipped, with the entries they held, and records that refer to
-	// skipped entries are ignored. [FileJournal.Verify] still reports the
-	// damage; [FileJournal.Compact] rewrites the file without it. Entries
+	// skipped entries are ignored. [Journal.Verify] still reports the
+	// damage; [Journal.Compact] rewrites the file without it. Entries
 	// lost this way may be operations whose outcome is unknown, so a
 	// repaired journal needs a person's review.
 	SkipVerify bool
@@ -44,15 +45,15 @@ type JournalOptions struct {
 	// read-only mount. Nothing in the file changes (no mode change, no
 	// repair of a torn tail, no compaction, no pruning); the journal shows
 	// the file as it was when opened. Calls that write return an error
-	// wrapping [ErrJournalReadOnly].
+	// wrapping [ErrReadOnly].
 	ReadOnly bool
 
 	// Retention is how long done entries are kept after their last
 	// update: the journal prunes older ones by itself, in the background,
-	// about every [JournalOptions.PruneInterval], so that a process that
+	// about every [Options.PruneInterval], so that a process that
 	// never restarts stays bounded. Zero means [DefaultRetention];
 	// negative turns the pruning off. Set it to the Client's
-	// [Policy.Retention] when that differs: pruning a done entry earlier
+	// [idemhttp.Policy.Retention] when that differs: pruning a done entry earlier
 	// than the client expects lets a rerun of its operation mint a new key.
 	Retention time.Duration
 
@@ -61,26 +62,26 @@ type JournalOptions struct {
 	PruneInterval time.Duration
 
 	// writeBehind, for tests, is how long a Finish's record may wait for
-	// company (wal.Options.LazyDelay); zero means [JournalWriteBehind].
+	// company (wal.Options.LazyDelay); zero means [WriteBehind].
 	writeBehind time.Duration
 
 	// clock, for tests, replaces time.Now as the journal's clock (see
-	// [FileJournal.Now]).
+	// [Journal.Now]).
 	clock func() time.Time
 }
 
-// JournalWriteBehind bounds how long a [FileJournal] keeps an outcome
+// WriteBehind bounds how long a [Journal] keeps an outcome
 // recorded by Finish only in memory when no other write comes to carry it
-// to disk: 20 ms (see FileJournal's Durability).
-const JournalWriteBehind = wal.DefaultLazyDelay
+// to disk: 20 ms (see Journal's Durability).
+const WriteBehind = wal.DefaultLazyDelay
 
-// DefaultRetention is how long a [FileJournal] keeps done entries unless
-// [JournalOptions.Retention] says otherwise: 24 hours, like
-// [DefaultPolicy]'s Retention and Stripe's key retention.
+// DefaultRetention is how long a [Journal] keeps done entries unless
+// [Options.Retention] says otherwise: 24 hours, like
+// [idemhttp.DefaultPolicy]'s Retention and Stripe's key retention.
 const DefaultRetention = 24 * time.Hour
 
-// JournalStats counts a [FileJournal]'s work since it was opened.
-type JournalStats struct {
+// Stats counts a [Journal]'s work since it was opened.
+type Stats struct {
 	// Writes is the number of records appended: one per Begin that stored
 	// an entry, per Finish, and per entry deleted.
 	Writes uint64
@@ -95,7 +96,7 @@ type JournalStats struct {
 	// its live entries.
 	Compactions uint64
 
-	// TruncatedBytes is the size of the tail that [OpenFileJournal] cut
+	// TruncatedBytes is the size of the tail that [Open] cut
 	// off because it ends in an incomplete or damaged batch with nothing
 	// valid after it: normally a group commit that a crash interrupted
 	// before any caller was told it succeeded. The bytes are kept in
@@ -113,24 +114,24 @@ type JournalStats struct {
 
 	// IndexLoaded reports whether the open read the index from the index
 	// file that the last clean close or compaction wrote beside the
-	// journal (see [FileJournal]), replaying only what was written after
+	// journal (see [Journal]), replaying only what was written after
 	// it, instead of rebuilding it from the whole file.
 	IndexLoaded bool
 
 	// SkippedBytes is the size of the damaged batches that
-	// [JournalOptions.SkipVerify] skipped when the file was opened, until
-	// [FileJournal.Compact] rewrites the file without them (then 0).
+	// [Options.SkipVerify] skipped when the file was opened, until
+	// [Journal.Compact] rewrites the file without them (then 0).
 	SkippedBytes int64
 
 	// FileBytes is the size of the file's durable part. LiveBytes
 	// estimates the size it would have if compacted now, erring high: it
-	// counts fjEntryOverhead bytes per entry where the file spends a few
+	// counts entryOverhead bytes per entry where the file spends a few
 	// dozen.
 	FileBytes, LiveBytes int64
 }
 
-// FileJournal is the embedded [Journal]: one append-only file of
-// checksummed records, mode 0600, locked so that only one FileJournal at
+// Journal is the embedded [idemhttp.Journal]: one append-only file of
+// checksummed records, mode 0600, locked so that only one Journal at
 // a time (in any process) writes it, with an index of the entries in
 // memory. The file format is described in docs/journal-format.md.
 //
@@ -151,11 +152,11 @@ type JournalStats struct {
 // for, so a lone caller's request costs about one sync (its Begin's),
 // not two. That halves the syncs a request waits for and loses nothing:
 // the outcome is on disk before any Begin that stores an entry after it
-// returns, before Delete, Prune, Close or [FileJournal.Sync] returns, and
-// otherwise within [JournalWriteBehind] (20 ms) of the Finish, plus the
+// returns, before Delete, Prune, Close or [Journal.Sync] returns, and
+// otherwise within [WriteBehind] (20 ms) of the Finish, plus the
 // commit's own time and any wait for a compaction's last step, which
 // holds the file; if the process dies first, the entry is still pending
-// after the restart, and [Client.Resume] resends it under the same key,
+// after the restart, and [idemhttp.Client.Resume] resends it under the same key,
 // which the server answers with its stored response instead of running
 // the operation again. Delete and Prune wait for their sync.
 //
@@ -169,30 +170,30 @@ type JournalStats struct {
 //
 // # Recovery
 //
-// [OpenFileJournal] replays the file into the index (see Space for the
+// [Open] replays the file into the index (see Space for the
 // index file that spares most of that). Close ends the file
 // with a marker, so a journal that was closed cleanly cannot end in a
 // torn write: damage anywhere before the marker gives an error wrapping
-// [ErrJournalCorrupt]. After a crash, a last batch that is incomplete or
+// [ErrCorrupt]. After a crash, a last batch that is incomplete or
 // damaged, with nothing valid after it, is most likely a group commit
 // that the crash interrupted before anyone was told it succeeded; but
 // damage to the last batches written before a crash looks the same, so
 // the tail is not just deleted: it is moved into a file beside the journal
-// ([JournalStats.TornFile]). A damaged batch followed by a valid one is
+// ([Stats.TornFile]). A damaged batch followed by a valid one is
 // damage to data that was acknowledged, and gives an error wrapping
-// [ErrJournalCorrupt] (see [JournalOptions.SkipVerify]). Every entry read
+// [ErrCorrupt] (see [Options.SkipVerify]). Every entry read
 // back from the file is checked against its CRC again.
 //
 // # Space
 //
 // Records are never rewritten in place. When pruned and deleted entries
 // make up more than half of the file, and at least 1 MiB of it, Prune and
-// OpenFileJournal rewrite it with only the live entries (see
-// [FileJournal.Compact]). Memory holds the index: about 120 to 150
+// Open rewrite it with only the live entries (see
+// [Journal.Compact]). Memory holds the index: about 120 to 150
 // bytes per entry plus its key and operation id (180 to 200 bytes in all
 // with a 36-byte key and a 12-byte operation id); request bodies and
 // headers stay on disk. Done entries older than
-// [JournalOptions.Retention] are pruned in the background.
+// [Options.Retention] are pruned in the background.
 //
 // A clean close of a journal of 8 MiB or more also writes the index
 // itself to a file beside the journal, named after it with ".index" (mode
@@ -203,7 +204,7 @@ type JournalStats struct {
 // file. The next open reads it instead of the whole file, and replays
 // only the batches written after the point it names: about 0.3 to 0.5 s
 // for a million entries of 1 KiB on a small two-core VM
-// ([JournalStats.IndexLoaded]). The index file is used only when the
+// ([Stats.IndexLoaded]). The index file is used only when the
 // journal still holds, at the offset it names, the very batch it was
 // written after; anything else (a journal compacted, replaced, restored
 // or cut since, an index file damaged or of another format, later
@@ -211,7 +212,7 @@ type JournalStats struct {
 // whole file: the journal file is the one source of truth, and deleting
 // the index file is always safe. An open from the index file does not
 // read the old records, so damage to them is found when an entry is read
-// back (its record's CRC) and by [FileJournal.Verify], which replays the
+// back (its record's CRC) and by [Journal.Verify], which replays the
 // whole file and compares it with the index. With SkipVerify, no index
 // file is read, and a close removes it.
 //
@@ -227,14 +228,14 @@ type JournalStats struct {
 // often, or keep a journal per batch. bench/README.md has the
 // measurements.
 //
-// Entries never hold what [SanitizeEntry] removes (credentials, the key
-// header, [JournalOptions.SecretHeaders], a URL password), whatever the
+// Entries never hold what [idemhttp.SanitizeEntry] removes (credentials, the key
+// header, [Options.SecretHeaders], a URL password), whatever the
 // caller passes: the journal is the last line of defence for secrets at
 // rest.
 //
-// A FileJournal is safe for concurrent use. Open one with
-// [OpenFileJournal]; the zero value is not usable. Close it when done.
-type FileJournal struct {
+// A Journal is safe for concurrent use. Open one with
+// [Open]; the zero value is not usable. Close it when done.
+type Journal struct {
 	log        *wal.Log
 	clock      func() time.Time
 	omitBodies bool
@@ -245,23 +246,23 @@ type FileJournal struct {
 	// mu guards the index. Lock order: the log's file lock (View,
 	// Rewrite), then mu, then the log's own lock (Append).
 	mu      sync.Mutex
-	byKey   *fjTable
-	byOp    *fjTable
-	all     []*fjEntry                // every entry indexed, in order, and some gone since: for scans a chunk at a time
-	scanMu  sync.Mutex                // one scan of all at a time: it rewrites all
-	pend    map[*wal.Batch]*fjPending // what each batch not yet on disk stores and deletes
-	batchOf map[*fjEntry]*wal.Batch   // the batch of each entry whose begin record is not on disk yet
-	live    int64                     // bytes the index's entries would take in a compacted file
-	pending int                       // indexed entries in state pending, for PendingCount
-	durable int64                     // the end of the file's part the index reflects
-	high    time.Time                 // the high-water mark: see HighWater
+	byKey   *table
+	byOp    *table
+	all     []*entry                // every entry indexed, in order, and some gone since: for scans a chunk at a time
+	scanMu  sync.Mutex              // one scan of all at a time: it rewrites all
+	pend    map[*wal.Batch]*pending // what each batch not yet on disk stores and deletes
+	batchOf map[*entry]*wal.Batch   // the batch of each entry whose begin record is not on disk yet
+	live    int64                   // bytes the index's entries would take in a compacted file
+	pending int                     // indexed entries in state pending, for PendingCount
+	durable int64                   // the end of the file's part the index reflects
+	high    time.Time               // the high-water mark: see HighWater
 
 	// While a compaction runs, the entries published after its snapshot
 	// (their offsets move with the batches it copies), and those deleted
 	// after it (marked goneLate).
 	compacting bool
-	moved      []*fjEntry
-	lateGone   []*fjEntry
+	moved      []*entry
+	lateGone   []*entry
 
 	// gen counts the files the journal has switched to. An entry whose
 	// gen is behind was in the file before the last compaction: its
@@ -269,7 +270,7 @@ type FileJournal struct {
 	// fix-up pass, a chunk at a time, brings it up to date. That keeps
 	// the switch, during which writers wait, from touching every entry.
 	gen   uint8
-	remap []fjPlace
+	remap []place
 
 	// fault, when set (by tests only, before any write), is called before
 	// each commit's write ("write") and between the write and its sync
@@ -283,70 +284,70 @@ type FileJournal struct {
 	// the compaction's own.
 	hook func(point string)
 
-	pruner *fjPruner // nil when pruning is off
+	pruner *pruner // nil when pruning is off
 
 	indexPath string         // of the index file: see filejournal_index.go
 	indexFrom wal.Checkpoint // the index file's, if the open read it
 }
 
-var _ Journal = (*FileJournal)(nil)
+var _ idemhttp.Journal = (*Journal)(nil)
 
-// fjPending is what a batch not yet on disk stores and deletes.
-type fjPending struct {
-	begins, deletes []*fjEntry
+// pending is what a batch not yet on disk stores and deletes.
+type pending struct {
+	begins, deletes []*entry
 }
 
-// fjEntry is the index's view of one entry: its state, and where its
+// entry is the index's view of one entry: its state, and where its
 // begin record (with the request: method, URL, headers, body) is in the
 // file. The index holds millions of them, so it is packed (80 bytes on
 // 64-bit platforms, checked by TestFjEntrySize): the key and operation id
 // share one string, times are kept as the file stores them (Unix seconds
 // and nanoseconds), and the batch of a begin record not yet durable is in
-// [FileJournal]'s batchOf, not here.
-type fjEntry struct {
+// [Journal]'s batchOf, not here.
+type entry struct {
 	keyOp                  string // the key, then the operation id
 	createdSec, updatedSec int64
 	off                    int64 // the begin record's offset in the file
 	attempts, lastStatus   int
 	createdNs, updatedNs   uint32
 	size                   int32  // the begin record's length, header included
-	slot                   int32  // while gen is behind: the entry's place in the compaction's list (FileJournal.remap)
+	slot                   int32  // while gen is behind: the entry's place in the compaction's list (Journal.remap)
 	keyLen                 uint16 // of keyOp's key; keys are at most MaxKeyLen bytes
 	state                  byte
 	deleting               bool  // a delete record is on its way
 	gone                   bool  // dropped from the index
 	unsynced               bool  // the begin record is not durable yet: batchOf has its batch
 	goneLate               bool  // deleted while a compaction runs, after its snapshot
-	gen                    uint8 // the file generation off and size are in: see FileJournal.placeLocked
+	gen                    uint8 // the file generation off and size are in: see Journal.placeLocked
 }
 
 // newFjEntry returns an index entry for a begin record of size bytes at
 // off, its key and operation copied into one allocation.
-func newFjEntry(key, operation string, created, updated time.Time, attempts, lastStatus int, state byte, off int64, size int) *fjEntry {
-	le := new(fjEntry)
-	*le = fjEntryOf(key+operation, uint16(len(key)), created, updated, attempts, lastStatus, state, off, size)
+func newFjEntry(key, operation string, created, updated time.Time, attempts, lastStatus int, state byte, off int64, size int) *entry {
+	le := new(entry)
+	*le = entryOf(key+operation, uint16(len(key)), created, updated, attempts, lastStatus, state, off, size)
 	return le
 }
 
-// fjEntryOf is the index entry newFjEntry makes, for keyOp, the key (of
+// entryOf is the index entry newFjEntry makes, for keyOp, the key (of
 // keyLen bytes) and the operation id in one string.
-func fjEntryOf(keyOp string, keyLen uint16, created, updated time.Time, attempts, lastStatus int, state byte, off int64, size int) fjEntry {
-	le := fjEntry{keyOp: keyOp, keyLen: keyLen, attempts: attempts, lastStatus: lastStatus, state: state, off: off, size: int32(size)}
-	le.createdSec, le.createdNs = fjSplitTime(created)
+func entryOf(keyOp string, keyLen uint16, created, updated time.Time, attempts, lastStatus int, state byte, off int64, size int) entry {
+	le := entry{keyOp: keyOp, keyLen: keyLen, attempts: attempts, lastStatus: lastStatus, state: state, off: off, size: int32(size)}
+	le.createdSec, le.createdNs = splitTime(created)
 	le.setUpdated(updated)
 	return le
 }
 
-// fjPlace is where a compaction found an entry's begin record in the
+// place is where a compaction found an entry's begin record in the
 // old file, and where it wrote it in the new one.
-type fjPlace struct {
-	le            *fjEntry
+type place struct {
+	le            *entry
 	off, newOff   int64
 	size, newSize int32
 }
 
 // placeLocked returns where le's begin record is in the current file.
-func (j *FileJournal) placeLocked(le *fjEntry) (int64, int32) {
+func (j *Journal) placeLocked(le *entry) (int64, int32) {
 	if le.gen != j.gen {
 		p := &j.remap[le.slot]
 		return p.newOff, p.newSize
@@ -356,58 +357,58 @@ func (j *FileJournal) placeLocked(le *fjEntry) (int64, int32) {
 
 // snapLocked returns a copy of le placed in the current file, for a
 // reader to use outside the index lock (and inside the log's View).
-func (j *FileJournal) snapLocked(le *fjEntry) fjEntry {
+func (j *Journal) snapLocked(le *entry) entry {
 	snap := *le
 	snap.off, snap.size = j.placeLocked(le)
 	return snap
 }
 
-func (le *fjEntry) key() string       { return le.keyOp[:le.keyLen] }
-func (le *fjEntry) operation() string { return le.keyOp[le.keyLen:] }
+func (le *entry) key() string       { return le.keyOp[:le.keyLen] }
+func (le *entry) operation() string { return le.keyOp[le.keyLen:] }
 
 // created and updated return the times as read back from the file: UTC,
 // without a monotonic reading.
-func (le *fjEntry) created() time.Time { return fjUnixTime(le.createdSec, le.createdNs) }
-func (le *fjEntry) updated() time.Time { return fjUnixTime(le.updatedSec, le.updatedNs) }
+func (le *entry) created() time.Time { return unixTime(le.createdSec, le.createdNs) }
+func (le *entry) updated() time.Time { return unixTime(le.updatedSec, le.updatedNs) }
 
-func (le *fjEntry) setUpdated(t time.Time) { le.updatedSec, le.updatedNs = fjSplitTime(t) }
+func (le *entry) setUpdated(t time.Time) { le.updatedSec, le.updatedNs = splitTime(t) }
 
-// fjCompareCreated orders entries by created time, then key.
-func fjCompareCreated(a, b *fjEntry) int {
+// compareCreated orders entries by created time, then key.
+func compareCreated(a, b *entry) int {
 	return cmp.Or(cmp.Compare(a.createdSec, b.createdSec), cmp.Compare(a.createdNs, b.createdNs), strings.Compare(a.key(), b.key()))
 }
 
-// fjEntryOverhead approximates an index entry's memory and a compacted
-// file's per-entry framing; see FileJournal's documentation.
-const fjEntryOverhead = 150
+// entryOverhead approximates an index entry's memory and a compacted
+// file's per-entry framing; see Journal's documentation.
+const entryOverhead = 150
 
-// OpenFileJournal opens the journal file at path, creating it (mode 0600)
+// Open opens the journal file at path, creating it (mode 0600)
 // if it does not exist or is empty. An existing journal that others may
 // read or write is tightened to mode 0600. A nil opts means the defaults.
 //
-// If another FileJournal, in this process or another, has the file open
-// for writing, OpenFileJournal fails at once with an error wrapping
-// [ErrJournalLocked] (but see [JournalOptions.ReadOnly]). A file that is
+// If another Journal, in this process or another, has the file open
+// for writing, Open fails at once with an error wrapping
+// [ErrLocked] (but see [Options.ReadOnly]). A file that is
 // not a journal gives an error wrapping [ErrNotJournal], and is left as it
 // was; a journal in a format this build does not read gives
-// [ErrJournalVersion]; a damaged one, [ErrJournalCorrupt] (but see
-// [JournalOptions.SkipVerify]). An incomplete last batch after a crash is
-// cut off and kept aside (see [FileJournal]). OpenFileJournal reads the
+// [ErrVersion]; a damaged one, [ErrCorrupt] (but see
+// [Options.SkipVerify]). An incomplete last batch after a crash is
+// cut off and kept aside (see [Journal]). Open reads the
 // whole file to build its index (or the index file a clean close or a
-// compaction wrote, and what follows it: see [FileJournal]), and
+// compaction wrote, and what follows it: see [Journal]), and
 // compacts it when that would halve it.
-func OpenFileJournal(path string, opts *JournalOptions) (*FileJournal, error) {
+func Open(path string, opts *Options) (*Journal, error) {
 	if opts == nil {
-		opts = &JournalOptions{}
+		opts = &Options{}
 	}
-	j := &FileJournal{
+	j := &Journal{
 		clock:      opts.clock,
 		omitBodies: opts.OmitBodies,
 		secret:     slices.Clone(opts.SecretHeaders),
 		salvage:    opts.SkipVerify,
 		readOnly:   opts.ReadOnly,
-		pend:       make(map[*wal.Batch]*fjPending),
-		batchOf:    make(map[*fjEntry]*wal.Batch),
+		pend:       make(map[*wal.Batch]*pending),
+		batchOf:    make(map[*entry]*wal.Batch),
 	}
 	if j.clock == nil {
 		j.clock = time.Now
@@ -416,7 +417,7 @@ func OpenFileJournal(path string, opts *JournalOptions) (*FileJournal, error) {
 	if fi, err := os.Stat(path); err == nil {
 		fileSize = fi.Size()
 	}
-	open := func(idx *fjIndex, resume func(uint64) (wal.Checkpoint, func() error, bool)) (*wal.Log, error) {
+	open := func(idx *index, resume func(uint64) (wal.Checkpoint, func() error, bool)) (*wal.Log, error) {
 		idx.fileSize = fileSize
 		return wal.Open(path, &wal.Options{
 			Resume:    resume,
@@ -425,7 +426,7 @@ func OpenFileJournal(path string, opts *JournalOptions) (*FileJournal, error) {
 			Salvage:   opts.SkipVerify,
 			LazyDelay: opts.writeBehind,
 			OnCommit:  j.onCommit,
-			Digest:    fjDigest,
+			Digest:    digest,
 			Fault: func(step string) error {
 				if j.fault == nil {
 					return nil
@@ -437,9 +438,9 @@ func OpenFileJournal(path string, opts *JournalOptions) (*FileJournal, error) {
 	// The index file the last clean close or compaction wrote, if any:
 	// replay starts after the batch it names when the file still holds
 	// it.
-	j.indexPath = fjIndexPath(path)
+	j.indexPath = indexPath(path)
 	idx := newFjIndex()
-	var xf *fjIndexFile
+	var xf *indexFile
 	var resume func(uint64) (wal.Checkpoint, func() error, bool)
 	if !opts.SkipVerify {
 		xf = openFjIndex(j.indexPath)
@@ -482,12 +483,12 @@ func OpenFileJournal(path string, opts *JournalOptions) (*FileJournal, error) {
 
 // Close writes what is still buffered (outcomes recorded by Finish) and
 // a close marker, writes the index file of a large journal (see
-// [FileJournal]; best effort: without one, the next open replays the
+// [Journal]; best effort: without one, the next open replays the
 // file), then closes the file and releases its lock. It returns an error
 // if that last write failed, or if an earlier one did. Later
-// calls on the journal return [ErrJournalClosed]; Close itself is
+// calls on the journal return [ErrClosed]; Close itself is
 // idempotent.
-func (j *FileJournal) Close() error {
+func (j *Journal) Close() error {
 	if j.pruner != nil {
 		j.pruner.stop()
 	}
@@ -498,12 +499,12 @@ func (j *FileJournal) Close() error {
 }
 
 // Stats returns the journal's counters since it was opened.
-func (j *FileJournal) Stats() JournalStats {
+func (j *Journal) Stats() Stats {
 	st := j.log.Stats()
 	j.mu.Lock()
 	live := j.live
 	j.mu.Unlock()
-	return JournalStats{
+	return Stats{
 		Writes: st.Writes, Commits: st.Commits, Compactions: st.Rewrites,
 		TruncatedBytes: st.Truncated, TornFile: st.TornPath, CleanClose: st.Clean, IndexLoaded: st.Resumed,
 		SkippedBytes: st.Skipped, FileBytes: st.Size, LiveBytes: live + wal.FileHeaderLen,
@@ -513,25 +514,25 @@ func (j *FileJournal) Stats() JournalStats {
 // Sync returns once every record appended before it was called is on
 // disk: in particular the outcomes that Finish records write-behind. It
 // returns the error of a failed write, and ctx's error if ctx ends first.
-func (j *FileJournal) Sync(ctx context.Context) error {
+func (j *Journal) Sync(ctx context.Context) error {
 	if err := j.log.Flush(ctx); err != nil {
 		return fmt.Errorf("idemhttp: journal sync: %w", err)
 	}
 	return nil
 }
 
-// Begin implements [Journal.Begin]. The operation id is looked up first,
+// Begin implements [idemhttp.Journal.Begin]. The operation id is looked up first,
 // then the key: when both exist on different entries, the operation's entry
-// is returned. The entry stored is what [SanitizeEntry] makes of e, without
+// is returned. The entry stored is what [idemhttp.SanitizeEntry] makes of e, without
 // its body with OmitBodies. e is not modified. Begin fails with an error
-// wrapping [ErrInvalidKey] or [ErrInvalidRequest] for a bad key or
+// wrapping [idemhttp.ErrInvalidKey] or [idemhttp.ErrInvalidRequest] for a bad key or
 // operation id, before touching the file.
 //
 // ctx is checked before the entry joins a batch; once it has, Begin waits
 // for the batch, since giving up then could report failure for a write
 // that reaches the disk.
-func (j *FileJournal) Begin(ctx context.Context, e *Entry) (*Entry, error) {
-	rec, err := SanitizeEntry(e, j.secret...)
+func (j *Journal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry, error) {
+	rec, err := idemhttp.SanitizeEntry(e, j.secret...)
 	if err != nil {
 		return nil, err
 	}
@@ -546,9 +547,9 @@ func (j *FileJournal) Begin(ctx context.Context, e *Entry) (*Entry, error) {
 	}
 	// Encoding outside the lock keeps the critical section, which every
 	// concurrent writer waits on, to a copy.
-	bp := fjEncodeBufs.Get()
-	defer fjEncodeBufs.Put(bp)
-	encoded, err := fjAppendBegin((*bp)[:0], rec)
+	bp := encodeBufs.Get()
+	defer encodeBufs.Put(bp)
+	encoded, err := appendBegin((*bp)[:0], rec)
 	*bp = encoded
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: journal begin %s: %w", e.Key, err)
@@ -604,7 +605,7 @@ func (j *FileJournal) Begin(ctx context.Context, e *Entry) (*Entry, error) {
 		key := found.key()
 		j.mu.Unlock()
 		existing, err := j.read(key)
-		if errors.Is(err, ErrNotFound) {
+		if errors.Is(err, idemhttp.ErrNotFound) {
 			continue // deleted in between: look again
 		}
 		if err != nil {
@@ -614,12 +615,12 @@ func (j *FileJournal) Begin(ctx context.Context, e *Entry) (*Entry, error) {
 	}
 }
 
-// fjEncodeBufs holds encoding buffers, so that a Begin allocates none.
-var fjEncodeBufs = &wal.Bufs{}
+// encodeBufs holds encoding buffers, so that a Begin allocates none.
+var encodeBufs = &wal.Bufs{}
 
 // lookupLocked returns the entry for operation (when not empty) or, failing
 // that, for key.
-func (j *FileJournal) lookupLocked(operation, key string) *fjEntry {
+func (j *Journal) lookupLocked(operation, key string) *entry {
 	if operation != "" {
 		if le := j.byOp.get(operation); le != nil {
 			return le
@@ -629,10 +630,10 @@ func (j *FileJournal) lookupLocked(operation, key string) *fjEntry {
 }
 
 // pendingLocked returns what batch b, not yet on disk, stores and deletes.
-func (j *FileJournal) pendingLocked(b *wal.Batch) *fjPending {
+func (j *Journal) pendingLocked(b *wal.Batch) *pending {
 	p := j.pend[b]
 	if p == nil {
-		p = &fjPending{}
+		p = &pending{}
 		j.pend[b] = p
 	}
 	return p
@@ -640,7 +641,7 @@ func (j *FileJournal) pendingLocked(b *wal.Batch) *fjPending {
 
 // indexBeginLocked indexes the entry whose begin record of size bytes
 // was appended at off in batch b, reserved until the batch is durable.
-func (j *FileJournal) indexBeginLocked(rec *Entry, b *wal.Batch, off int64, size int) {
+func (j *Journal) indexBeginLocked(rec *idemhttp.Entry, b *wal.Batch, off int64, size int) {
 	le := newFjEntry(rec.Key, rec.Operation, rec.Created, rec.Updated, rec.Attempts, rec.LastStatus, journalStatePending, off, size)
 	le.unsynced, le.gen = true, j.gen
 	j.batchOf[le] = b
@@ -651,7 +652,7 @@ func (j *FileJournal) indexBeginLocked(rec *Entry, b *wal.Batch, off int64, size
 	if le.operation() != "" {
 		j.byOp.put(le)
 	}
-	j.live += int64(size) + fjEntryOverhead
+	j.live += int64(size) + entryOverhead
 	j.pending++
 	// Raised before the batch is durable, and not lowered if it fails: a
 	// mark too high only makes the clock checks stricter.
@@ -662,7 +663,7 @@ func (j *FileJournal) indexBeginLocked(rec *Entry, b *wal.Batch, off int64, size
 // onCommit publishes a batch once it is on disk, or drops what it stored
 // if it failed. It runs on the log's committer, before the batch's
 // waiters are woken.
-func (j *FileJournal) onCommit(b *wal.Batch, err error) {
+func (j *Journal) onCommit(b *wal.Batch, err error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	p := j.pend[b]
@@ -704,7 +705,7 @@ func (j *FileJournal) onCommit(b *wal.Batch, err error) {
 }
 
 // unindexLocked drops le from the index.
-func (j *FileJournal) unindexLocked(le *fjEntry) {
+func (j *Journal) unindexLocked(le *entry) {
 	le.gone = true
 	j.byKey.del(le.key())
 	if le.state == journalStatePending {
@@ -713,25 +714,25 @@ func (j *FileJournal) unindexLocked(le *fjEntry) {
 	if le.operation() != "" && j.byOp.get(le.operation()) == le {
 		j.byOp.del(le.operation())
 	}
-	j.live -= int64(le.size) + fjEntryOverhead
+	j.live -= int64(le.size) + entryOverhead
 }
 
-// Finish implements [Journal.Finish]: it adds o.Attempts to the entry's
+// Finish implements [idemhttp.Journal.Finish]: it adds o.Attempts to the entry's
 // attempts and sets its state, last status and Updated time (o.At, or now
 // when zero). o.State must be one of the three states; a call that ended
-// without a definite outcome records [StatePending] again. Finish returns
-// an error wrapping [ErrNotFound] for an unknown key.
+// without a definite outcome records [idemhttp.StatePending] again. Finish returns
+// an error wrapping [idemhttp.ErrNotFound] for an unknown key.
 //
 // The new state is visible at once to this journal's readers; its record
-// is written behind, within [JournalWriteBehind] (see [FileJournal]).
+// is written behind, within [WriteBehind] (see [Journal]).
 // Finish does not wait for the disk, so ctx is only checked on entry.
-func (j *FileJournal) Finish(ctx context.Context, key string, o Outcome) error {
+func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) error {
 	state, ok := journalStateByte(o.State)
 	if !ok {
-		return fmt.Errorf("idemhttp: journal finish %s: %w: unknown state %q", key, ErrInvalidRequest, o.State)
+		return fmt.Errorf("idemhttp: journal finish %s: %w: unknown state %q", key, idemhttp.ErrInvalidRequest, o.State)
 	}
 	if o.Attempts < 0 {
-		return fmt.Errorf("idemhttp: journal finish %s: %w: negative attempts", key, ErrInvalidRequest)
+		return fmt.Errorf("idemhttp: journal finish %s: %w: negative attempts", key, idemhttp.ErrInvalidRequest)
 	}
 	at := o.At
 	if at.IsZero() {
@@ -749,14 +750,14 @@ func (j *FileJournal) Finish(ctx context.Context, key string, o Outcome) error {
 			if err := j.log.Writable(); err != nil {
 				return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
 			}
-			return fmt.Errorf("idemhttp: journal finish %s: %w", key, ErrNotFound)
+			return fmt.Errorf("idemhttp: journal finish %s: %w", key, idemhttp.ErrNotFound)
 		}
 		// Attempts are stored as a total: see the finish record's format.
 		attempts := le.attempts + o.Attempts
 		// Lazy: the record waits for the next Begin's commit (or the
 		// bound) instead of starting one nobody waits for.
-		b, _, err := j.log.AppendLazy(fjFinishMax(key), 1, func(buf []byte) []byte {
-			return fjAppendFinish(buf, key, state, o.Status, attempts, at)
+		b, _, err := j.log.AppendLazy(finishMax(key), 1, func(buf []byte) []byte {
+			return appendFinish(buf, key, state, o.Status, attempts, at)
 		})
 		if errors.Is(err, wal.ErrBatchFull) {
 			j.mu.Unlock()
@@ -782,9 +783,9 @@ func (j *FileJournal) Finish(ctx context.Context, key string, o Outcome) error {
 	}
 }
 
-// Get implements [Journal.Get]. An entry whose Begin is not yet durable
+// Get implements [idemhttp.Journal.Get]. An entry whose Begin is not yet durable
 // is not found.
-func (j *FileJournal) Get(ctx context.Context, key string) (*Entry, error) {
+func (j *Journal) Get(ctx context.Context, key string) (*idemhttp.Entry, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -795,26 +796,26 @@ func (j *FileJournal) Get(ctx context.Context, key string) (*Entry, error) {
 	return e, nil
 }
 
-// Lookup implements [Journal.Lookup] from the index alone: the entry has
+// Lookup implements [idemhttp.Journal.Lookup] from the index alone: the entry has
 // no Method, URL, Header, Body or Fingerprint, and nothing is read from
 // the file. An entry whose Begin is not yet durable is not found.
-func (j *FileJournal) Lookup(ctx context.Context, operation string) (*Entry, error) {
+func (j *Journal) Lookup(ctx context.Context, operation string) (*idemhttp.Entry, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := j.log.Writable(); errors.Is(err, ErrJournalClosed) {
+	if err := j.log.Writable(); errors.Is(err, ErrClosed) {
 		return nil, fmt.Errorf("idemhttp: journal lookup %s: %w", operation, err)
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	var le *fjEntry
+	var le *entry
 	if operation != "" {
 		le = j.byOp.get(operation)
 	}
 	if le == nil || le.unsynced || le.deleting {
-		return nil, fmt.Errorf("idemhttp: journal lookup %s: %w", operation, ErrNotFound)
+		return nil, fmt.Errorf("idemhttp: journal lookup %s: %w", operation, idemhttp.ErrNotFound)
 	}
-	return &Entry{
+	return &idemhttp.Entry{
 		Operation: le.operation(), Key: le.key(), Created: le.created(), Updated: le.updated(),
 		Attempts: le.attempts, LastStatus: le.lastStatus, State: journalStateOf(le.state),
 	}, nil
@@ -822,48 +823,48 @@ func (j *FileJournal) Lookup(ctx context.Context, operation string) (*Entry, err
 
 // read returns the durable entry for key, its request read back from the
 // file and checked.
-func (j *FileJournal) read(key string) (*Entry, error) {
-	var e *Entry
+func (j *Journal) read(key string) (*idemhttp.Entry, error) {
+	var e *idemhttp.Entry
 	err := j.log.View(func(r wal.Reader) error {
 		j.mu.Lock()
 		le := j.byKey.get(key)
 		ok := le != nil
 		if !ok || le.unsynced {
 			j.mu.Unlock()
-			return ErrNotFound
+			return idemhttp.ErrNotFound
 		}
 		snap := j.snapLocked(le)
 		j.mu.Unlock()
 		var err error
-		e, err = fjReadEntry(r, &snap, nil)
+		e, err = readEntry(r, &snap, nil)
 		return err
 	})
 	return e, err
 }
 
-// fjReadEntry reads le's begin record into an Entry with le's state,
+// readEntry reads le's begin record into an Entry with le's state,
 // using buf for the read if it is large enough.
-func fjReadEntry(r wal.Reader, le *fjEntry, buf []byte) (*Entry, error) {
+func readEntry(r wal.Reader, le *entry, buf []byte) (*idemhttp.Entry, error) {
 	payload, err := r.Record(le.off, int(le.size), buf)
 	if err != nil {
 		return nil, fmt.Errorf("entry %s: %w", le.key(), err)
 	}
-	rec, err := fjDecodeRecord(payload)
+	rec, err := decodeRecord(payload)
 	if err != nil {
 		return nil, fmt.Errorf("entry %s: %w", le.key(), err)
 	}
-	if rec.kind != fjKindBegin || rec.key != le.key() {
-		return nil, fmt.Errorf("%w: entry %s: the record at offset %d is not its own", ErrJournalCorrupt, le.key(), le.off)
+	if rec.kind != kindBegin || rec.key != le.key() {
+		return nil, fmt.Errorf("%w: entry %s: the record at offset %d is not its own", ErrCorrupt, le.key(), le.off)
 	}
 	e := rec.entry()
 	e.State, e.Updated, e.Attempts, e.LastStatus = journalStateOf(le.state), le.updated(), le.attempts, le.lastStatus
 	return e, nil
 }
 
-// Pending implements [Journal.Pending]: entries in state pending, oldest
+// Pending implements [idemhttp.Journal.Pending]: entries in state pending, oldest
 // Created first (ties in key order).
-func (j *FileJournal) Pending(ctx context.Context) ([]*Entry, error) {
-	out, err := j.list(ctx, func(le *fjEntry) bool { return le.state == journalStatePending })
+func (j *Journal) Pending(ctx context.Context) ([]*idemhttp.Entry, error) {
+	out, err := j.list(ctx, func(le *entry) bool { return le.state == journalStatePending })
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: journal pending: %w", err)
 	}
@@ -873,9 +874,9 @@ func (j *FileJournal) Pending(ctx context.Context) ([]*Entry, error) {
 // Entries returns every entry in the journal, whatever its state, oldest
 // Created first (ties in key order). It is meant for inspection tools; it
 // reads every entry's request back from the file. A damaged entry gives an
-// error wrapping [ErrJournalCorrupt] that names its key.
-func (j *FileJournal) Entries(ctx context.Context) ([]*Entry, error) {
-	out, err := j.list(ctx, func(*fjEntry) bool { return true })
+// error wrapping [ErrCorrupt] that names its key.
+func (j *Journal) Entries(ctx context.Context) ([]*idemhttp.Entry, error) {
+	out, err := j.list(ctx, func(*entry) bool { return true })
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: journal entries: %w", err)
 	}
@@ -883,13 +884,13 @@ func (j *FileJournal) Entries(ctx context.Context) ([]*Entry, error) {
 }
 
 // list returns the durable entries that keep selects, oldest first.
-func (j *FileJournal) list(ctx context.Context, keep func(*fjEntry) bool) ([]*Entry, error) {
+func (j *Journal) list(ctx context.Context, keep func(*entry) bool) ([]*idemhttp.Entry, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	var out []*Entry
+	var out []*idemhttp.Entry
 	err := j.log.View(func(r wal.Reader) error {
-		var snaps []fjEntry
+		var snaps []entry
 		j.mu.Lock()
 		for le := range j.byKey.all() {
 			if !le.unsynced && !le.deleting && keep(le) {
@@ -897,14 +898,14 @@ func (j *FileJournal) list(ctx context.Context, keep func(*fjEntry) bool) ([]*En
 			}
 		}
 		j.mu.Unlock()
-		slices.SortFunc(snaps, func(a, b fjEntry) int { return fjCompareCreated(&a, &b) })
-		out = make([]*Entry, 0, len(snaps))
+		slices.SortFunc(snaps, func(a, b entry) int { return compareCreated(&a, &b) })
+		out = make([]*idemhttp.Entry, 0, len(snaps))
 		var buf []byte
 		for i := range snaps {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			e, err := fjReadEntry(r, &snaps[i], buf)
+			e, err := readEntry(r, &snaps[i], buf)
 			if err != nil {
 				return err
 			}
@@ -918,13 +919,13 @@ func (j *FileJournal) list(ctx context.Context, keep func(*fjEntry) bool) ([]*En
 	return out, nil
 }
 
-// Prune implements [Journal.Prune]: it deletes the done entries updated
+// Prune implements [idemhttp.Journal.Prune]: it deletes the done entries updated
 // before cutoff with one delete record each, in group commits of at most
-// fjRemoveChunk records, and then compacts the file if that would halve
-// it (see [FileJournal.Compact]). A failed compaction is not Prune's
+// removeChunk records, and then compacts the file if that would halve
+// it (see [Journal.Compact]). A failed compaction is not Prune's
 // error: the file stays as it was and the next Prune tries again.
-func (j *FileJournal) Prune(ctx context.Context, cutoff time.Time) (int, error) {
-	n, err := j.remove(ctx, func(le *fjEntry) bool {
+func (j *Journal) Prune(ctx context.Context, cutoff time.Time) (int, error) {
+	n, err := j.remove(ctx, func(le *entry) bool {
 		return le.state == journalStateDone && le.updated().Before(cutoff)
 	})
 	if err != nil {
@@ -940,11 +941,11 @@ func (j *FileJournal) Prune(ctx context.Context, cutoff time.Time) (int, error) 
 }
 
 // Delete removes the entry for key, whatever its state, durably. It
-// returns an error wrapping [ErrNotFound] for an unknown key.
+// returns an error wrapping [idemhttp.ErrNotFound] for an unknown key.
 //
 // Deleting a pending entry forgets an operation whose outcome is unknown:
 // rerunning it mints a new key and may run it twice.
-func (j *FileJournal) Delete(ctx context.Context, key string) error {
+func (j *Journal) Delete(ctx context.Context, key string) error {
 	err := ctx.Err()
 	n := 0
 	if err == nil {
@@ -953,11 +954,11 @@ func (j *FileJournal) Delete(ctx context.Context, key string) error {
 		err = j.log.Writable()
 		j.mu.Unlock()
 		if err == nil && le != nil {
-			n, err = j.removeChunk([]*fjEntry{le}, func(*fjEntry) bool { return true })
+			n, err = j.removeChunk([]*entry{le}, func(*entry) bool { return true })
 		}
 	}
 	if err == nil && n == 0 {
-		err = ErrNotFound
+		err = idemhttp.ErrNotFound
 	}
 	if err != nil {
 		return fmt.Errorf("idemhttp: journal delete %s: %w", key, err)
@@ -965,19 +966,19 @@ func (j *FileJournal) Delete(ctx context.Context, key string) error {
 	return nil
 }
 
-// fjRemoveChunk bounds the delete records remove appends at once, and the
+// removeChunk bounds the delete records remove appends at once, and the
 // entries it (and a compaction) looks at per hold of the index lock, so
 // that neither the lock nor one batch grows with the journal. A Begin
 // that joins a batch behind a chunk of deletes waits for its sync: at
 // 4096 records (about 180 KB) that was about 20 ms on a small VM's disk.
-const fjRemoveChunk = 1024
+const removeChunk = 1024
 
 // remove appends a delete record for every durable entry that doomed
 // selects, a chunk at a time, waits for them to be on disk, and drops
 // the entries from the index. It returns how many it removed. It scans
 // the entries a chunk at a time, releasing the index lock in between,
 // and drops the gone ones from the list it scans as it goes.
-func (j *FileJournal) remove(ctx context.Context, doomed func(*fjEntry) bool) (int, error) {
+func (j *Journal) remove(ctx context.Context, doomed func(*entry) bool) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -986,7 +987,7 @@ func (j *FileJournal) remove(ctx context.Context, doomed func(*fjEntry) bool) (i
 	}
 	j.scanMu.Lock()
 	defer j.scanMu.Unlock()
-	var kept []*fjEntry
+	var kept []*entry
 	removed := 0
 	for i := 0; ; {
 		if err := ctx.Err(); err != nil {
@@ -1000,8 +1001,8 @@ func (j *FileJournal) remove(ctx context.Context, doomed func(*fjEntry) bool) (i
 			j.mu.Unlock()
 			return removed, nil
 		}
-		end := min(i+fjRemoveChunk, len(j.all))
-		var les []*fjEntry
+		end := min(i+removeChunk, len(j.all))
+		var les []*entry
 		for _, le := range j.all[i:end] {
 			switch {
 			case le.gone:
@@ -1036,15 +1037,15 @@ func (j *FileJournal) remove(ctx context.Context, doomed func(*fjEntry) bool) (i
 
 // removeChunk deletes the entries of les that are still in the index and
 // still doomed, in one batch, and waits for it.
-func (j *FileJournal) removeChunk(les []*fjEntry, doomed func(*fjEntry) bool) (int, error) {
+func (j *Journal) removeChunk(les []*entry, doomed func(*entry) bool) (int, error) {
 	for {
 		j.mu.Lock()
-		var keep []*fjEntry
+		var keep []*entry
 		need := 0
 		for _, le := range les {
 			if !le.gone && !le.unsynced && !le.deleting && doomed(le) {
 				keep = append(keep, le)
-				need += fjDeleteMax(le.key())
+				need += deleteMax(le.key())
 			}
 		}
 		if len(keep) == 0 {
@@ -1057,10 +1058,10 @@ func (j *FileJournal) removeChunk(les []*fjEntry, doomed func(*fjEntry) bool) (i
 		// with them. (Without it, a clock set forward, then back while
 		// only pruning ran, went unnoticed.) Not counted in Writes.
 		now := j.now().Round(0)
-		b, _, err := j.log.Append(fjClockMax+need, len(keep), func(buf []byte) []byte {
-			buf = fjAppendClock(buf, now)
+		b, _, err := j.log.Append(clockMax+need, len(keep), func(buf []byte) []byte {
+			buf = appendClock(buf, now)
 			for _, le := range keep {
-				buf = fjAppendDelete(buf, le.key())
+				buf = appendDelete(buf, le.key())
 			}
 			return buf
 		})
@@ -1089,11 +1090,11 @@ func (j *FileJournal) removeChunk(les []*fjEntry, doomed func(*fjEntry) bool) (i
 }
 
 // Verify reads the whole file again and reports the first problem as an
-// error wrapping [ErrJournalCorrupt]: a batch or record that fails its
+// error wrapping [ErrCorrupt]: a batch or record that fails its
 // checksum, a record that does not decode, a record about an entry that
 // does not exist, or an entry the file and the index disagree on. It
-// only reads, and works on a journal opened [JournalOptions.ReadOnly].
-func (j *FileJournal) Verify(ctx context.Context) error {
+// only reads, and works on a journal opened [Options.ReadOnly].
+func (j *Journal) Verify(ctx context.Context) error {
 	if err := j.verify(ctx); err != nil {
 		return fmt.Errorf("idemhttp: journal verify: %w", err)
 	}

@@ -1,4 +1,4 @@
-package idemhttp
+package filejournal
 
 import (
 	"context"
@@ -8,12 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idemhttp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // ijHighWater returns j's mark, failing the test on an error.
-func ijHighWater(t *testing.T, j *FileJournal) time.Time {
+func ijHighWater(t *testing.T, j *Journal) time.Time {
 	t.Helper()
 	mark, err := j.HighWater(context.Background())
 	require.NoError(t, err)
@@ -21,7 +22,7 @@ func ijHighWater(t *testing.T, j *FileJournal) time.Time {
 }
 
 // ijBeginAt stores a pending entry for key created at created.
-func ijBeginAt(t *testing.T, j *FileJournal, key string, created time.Time) {
+func ijBeginAt(t *testing.T, j *Journal, key string, created time.Time) {
 	t.Helper()
 	e := ijEntry(key, "op-"+key)
 	e.Created, e.Updated = created, created
@@ -46,22 +47,22 @@ func TestJournalHighWaterSurvives(t *testing.T) {
 	t3 := t2.Add(time.Second) // when the newer entry got its outcome
 	tests := []struct {
 		name  string
-		after func(t *testing.T, j *FileJournal)
+		after func(t *testing.T, j *Journal)
 	}{
-		{name: "reopen", after: func(*testing.T, *FileJournal) {}},
-		{name: "delete", after: func(t *testing.T, j *FileJournal) {
+		{name: "reopen", after: func(*testing.T, *Journal) {}},
+		{name: "delete", after: func(t *testing.T, j *Journal) {
 			require.NoError(t, j.Delete(context.Background(), "new"))
 		}},
-		{name: "prune", after: func(t *testing.T, j *FileJournal) {
+		{name: "prune", after: func(t *testing.T, j *Journal) {
 			n, err := j.Prune(context.Background(), t3.Add(time.Hour))
 			require.NoError(t, err)
 			require.Equal(t, 1, n)
 		}},
-		{name: "compact", after: func(t *testing.T, j *FileJournal) {
+		{name: "compact", after: func(t *testing.T, j *Journal) {
 			require.NoError(t, j.Delete(context.Background(), "new"))
 			require.NoError(t, j.Compact(context.Background()))
 		}},
-		{name: "prune and compact", after: func(t *testing.T, j *FileJournal) {
+		{name: "prune and compact", after: func(t *testing.T, j *Journal) {
 			_, err := j.Prune(context.Background(), t3.Add(time.Hour))
 			require.NoError(t, err)
 			require.NoError(t, j.Compact(context.Background()))
@@ -71,23 +72,23 @@ func TestJournalHighWaterSurvives(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
 			path := filepath.Join(t.TempDir(), "journal")
-			j, err := OpenFileJournal(path, &JournalOptions{Retention: -1})
+			j, err := Open(path, &Options{Retention: -1})
 			require.NoError(t, err)
 			assert.True(t, ijHighWater(t, j).IsZero(), "a new journal has no mark")
 			ijBeginAt(t, j, "old", t1)
 			ijBeginAt(t, j, "new", t2)
-			require.NoError(t, j.Finish(ctx, "new", Outcome{State: StateDone, Status: 200, Attempts: 1, At: t3}))
+			require.NoError(t, j.Finish(ctx, "new", idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1, At: t3}))
 			assert.Equal(t, t3, ijHighWater(t, j), "Finish raises the mark")
 			tt.after(t, j)
 			assert.Equal(t, t3, ijHighWater(t, j), "before the reopen")
 			require.NoError(t, j.Close())
 			_, err = j.HighWater(ctx)
-			assert.ErrorIs(t, err, ErrJournalClosed)
+			assert.ErrorIs(t, err, ErrClosed)
 
 			j = ijReopen(t, path)
 			assert.Equal(t, t3, ijHighWater(t, j), "after the reopen")
 			require.NoError(t, j.Verify(ctx))
-			ro, err := OpenFileJournal(path, &JournalOptions{ReadOnly: true})
+			ro, err := Open(path, &Options{ReadOnly: true})
 			require.NoError(t, err)
 			defer ro.Close()
 			assert.Equal(t, t3, ijHighWater(t, ro), "read-only")
@@ -107,7 +108,7 @@ func TestJournalPruneAndDeleteRecordTheirTime(t *testing.T) {
 		t.Run(op, func(t *testing.T) {
 			j, path := ijOpen(t, nil)
 			ijBeginAt(t, j, "old", ijT0)
-			require.NoError(t, j.Finish(ctx, "old", Outcome{State: StateDone, Status: 200, Attempts: 1, At: ijT0}))
+			require.NoError(t, j.Finish(ctx, "old", idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1, At: ijT0}))
 			require.Equal(t, ijT0, ijHighWater(t, j))
 			before := time.Now().Round(0)
 			if op == "prune" {
@@ -141,11 +142,11 @@ func TestJournalCompactWritesTheMarkFirst(t *testing.T) {
 		require.NoError(t, j.Compact(ctx))
 		raw, err := os.ReadFile(path)
 		require.NoError(t, err)
-		payload, _, ok := fjReadRecord(raw[fjFileHdrLen+fjBatchHdrLen:])
+		payload, _, ok := readRecord(raw[fileHdrLen+batchHdrLen:])
 		require.True(t, ok)
-		rec, err := fjDecodeRecord(payload)
+		rec, err := decodeRecord(payload)
 		require.NoError(t, err)
-		assert.Equal(t, &fjRecord{kind: fjKindClock, updated: t2}, rec)
+		assert.Equal(t, &record{kind: kindClock, updated: t2}, rec)
 		assert.Equal(t, t2, ijHighWater(t, j))
 	}
 }
@@ -167,12 +168,12 @@ func TestJournalHighWaterReplay(t *testing.T) {
 		{name: "begins only", give: ijFile(ijBatch(1, a, ijBegin(t, b))), want: t2},
 		{
 			name: "finish of a deleted entry",
-			give: ijFile(ijBatch(1, a, ijBegin(t, b)), ijBatch(2, fjAppendFinish(nil, "b", journalStateDone, 200, 1, t3), fjAppendDelete(nil, "b"))),
+			give: ijFile(ijBatch(1, a, ijBegin(t, b)), ijBatch(2, appendFinish(nil, "b", journalStateDone, 200, 1, t3), appendDelete(nil, "b"))),
 			want: t3,
 		},
-		{name: "clock record first", give: ijFile(ijBatch(1, fjAppendClock(nil, t3), a)), want: t3},
-		{name: "clock record older than the entries", give: ijFile(ijBatch(1, fjAppendClock(nil, t1), ijBegin(t, b))), want: t2},
-		{name: "clock record alone", give: ijFile(ijBatch(1, fjAppendClock(nil, t3))), want: t3},
+		{name: "clock record first", give: ijFile(ijBatch(1, appendClock(nil, t3), a)), want: t3},
+		{name: "clock record older than the entries", give: ijFile(ijBatch(1, appendClock(nil, t1), ijBegin(t, b))), want: t2},
+		{name: "clock record alone", give: ijFile(ijBatch(1, appendClock(nil, t3))), want: t3},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -182,10 +183,10 @@ func TestJournalHighWaterReplay(t *testing.T) {
 			assert.Equal(t, tt.want, ijHighWater(t, j))
 			require.NoError(t, j.Verify(context.Background()))
 
-			idx, err := fjReplay(tt.give, false)
+			idx, err := replay(tt.give, false)
 			require.NoError(t, err)
 			assert.Equal(t, tt.want, idx.high, "the fast replay")
-			full, err := fjReplayWith(tt.give, false, (*fjIndex).verifyRecord)
+			full, err := replayWith(tt.give, false, (*index).verifyRecord)
 			require.NoError(t, err)
 			assert.Equal(t, tt.want, full.high, "the full replay")
 		})
@@ -212,17 +213,17 @@ func TestResumeRefusesBelowTheHighWaterMark(t *testing.T) {
 	// (24 h retention). Its first request's response is lost.
 	srv := newScripted(t, drop, reply(200, "{}"))
 	path := filepath.Join(t.TempDir(), "journal")
-	j, err := OpenFileJournal(path, &JournalOptions{Retention: -1, clock: clock.now})
+	j, err := Open(path, &Options{Retention: -1, clock: clock.now})
 	require.NoError(t, err)
 	pol := fast()
 	pol.MaxAttempts = 1
-	newClient := func(j Journal) *Client { return &Client{Journal: j, Policy: pol, clock: clock.now} } // the journal's clock, or, behind ijNoMark, the client's
+	newClient := func(j idemhttp.Journal) *idemhttp.Client { return &idemhttp.Client{Journal: j, Policy: pol} }
 	c := newClient(j)
 
-	_, err = c.Do(post(t, srv.URL+"/old", chargeBody).WithContext(WithOperation(ctx, "old")))
+	_, err = c.Do(post(t, srv.URL+"/old", chargeBody).WithContext(idemhttp.WithOperation(ctx, "old")))
 	require.Error(t, err, "the response was lost")
 	clock.set(t0.Add(25 * time.Hour))
-	resp, err := c.Do(post(t, srv.URL+"/new", chargeBody).WithContext(WithOperation(ctx, "new")))
+	resp, err := c.Do(post(t, srv.URL+"/new", chargeBody).WithContext(idemhttp.WithOperation(ctx, "new")))
 	require.NoError(t, err)
 	require.NoError(t, resp.Body.Close())
 	// The done entry is pruned (an operator's `idemctl prune`, say), the
@@ -233,7 +234,7 @@ func TestResumeRefusesBelowTheHighWaterMark(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.NoError(t, j.Compact(ctx))
 	require.NoError(t, j.Close())
-	j, err = OpenFileJournal(path, &JournalOptions{Retention: -1, clock: clock.now})
+	j, err = Open(path, &Options{Retention: -1, clock: clock.now})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, j.Close()) })
 	pending, err := j.Pending(ctx)
@@ -247,19 +248,19 @@ func TestResumeRefusesBelowTheHighWaterMark(t *testing.T) {
 	results, err := c.Resume(ctx)
 	require.NoError(t, err)
 	require.Len(t, results, 1)
-	assert.ErrorIs(t, results[0].Err, ErrClockJump)
+	assert.ErrorIs(t, results[0].Err, idemhttp.ErrClockJump)
 	r := c.ResumeEntry(ctx, pending[0])
-	assert.ErrorIs(t, r.Err, ErrClockJump, "ResumeEntry checks the mark too")
-	_, err = c.Do(post(t, srv.URL+"/old", chargeBody).WithContext(WithOperation(ctx, "old")))
-	assert.ErrorIs(t, err, ErrClockJump, "a rerun of the operation is refused")
+	assert.ErrorIs(t, r.Err, idemhttp.ErrClockJump, "ResumeEntry checks the mark too")
+	_, err = c.Do(post(t, srv.URL+"/old", chargeBody).WithContext(idemhttp.WithOperation(ctx, "old")))
+	assert.ErrorIs(t, err, idemhttp.ErrClockJump, "a rerun of the operation is refused")
 	assert.Len(t, srv.Hits(), 2, "nothing resent")
 	e, err := j.Lookup(ctx, "old")
 	require.NoError(t, err)
-	assert.Equal(t, StatePending, e.State, "left pending")
+	assert.Equal(t, idemhttp.StatePending, e.State, "left pending")
 
 	// The control: the journal's entries' own times alone do not show
 	// the jump, and the entry is resent.
-	results, err = newClient(ijNoMark{j}).Resume(ctx)
+	results, err = newClient(ijNoMark{j, clock.now}).Resume(ctx)
 	require.NoError(t, err)
 	require.Len(t, results, 1)
 	assert.NoError(t, results[0].Err)
@@ -269,8 +270,13 @@ func TestResumeRefusesBelowTheHighWaterMark(t *testing.T) {
 }
 
 // ijNoMark hides a journal's HighWater: a Journal that is not a
-// ClockJournal.
-type ijNoMark struct{ Journal }
+// ClockJournal, with the same clock.
+type ijNoMark struct {
+	idemhttp.Journal
+	clock func() time.Time
+}
+
+func (n ijNoMark) Now(context.Context) (time.Time, error) { return n.clock(), nil }
 
 // ijClock is a clock a test sets.
 type ijClock struct {

@@ -1,4 +1,4 @@
-package idemhttp
+package filejournal
 
 import (
 	"bytes"
@@ -22,6 +22,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/contract"
 	"github.com/idemkit/idemhttp/internal/wal"
 )
 
@@ -32,15 +34,15 @@ import (
 // its record decodes back to.
 type ijCodecCase struct {
 	name string
-	give *Entry
-	want *Entry
+	give *idemhttp.Entry
+	want *idemhttp.Entry
 }
 
 // ijSampleEntries cover every begin field's edge cases; they also seed
 // FuzzDecodeRecord and FuzzJournalIndex.
 func ijSampleEntries() []ijCodecCase {
 	t0 := time.Date(2025, 3, 1, 12, 0, 0, 123456789, time.UTC)
-	full := &Entry{
+	full := &idemhttp.Entry{
 		Operation:   "order-42",
 		Key:         "7f8e2f9a-1c3b-4d5e-8f60-718293a4b5c6",
 		Method:      http.MethodPost,
@@ -52,18 +54,18 @@ func ijSampleEntries() []ijCodecCase {
 		Updated:     t0.Add(time.Second),
 		Attempts:    3,
 		LastStatus:  503,
-		State:       StatePending,
+		State:       idemhttp.StatePending,
 	}
-	minimal := &Entry{Key: "k", State: StatePending}
-	emptyBody := &Entry{Key: "done", State: StateDone, Body: []byte{}, LastStatus: 201, Attempts: 1, Created: t0, Updated: t0}
-	binaryBody := &Entry{
-		Key: "abandoned", State: StateAbandoned, Body: bytes.Repeat([]byte{0, 0xff}, 300),
+	minimal := &idemhttp.Entry{Key: "k", State: idemhttp.StatePending}
+	emptyBody := &idemhttp.Entry{Key: "done", State: idemhttp.StateDone, Body: []byte{}, LastStatus: 201, Attempts: 1, Created: t0, Updated: t0}
+	binaryBody := &idemhttp.Entry{
+		Key: "abandoned", State: idemhttp.StateAbandoned, Body: bytes.Repeat([]byte{0, 0xff}, 300),
 		Created: time.Unix(-1, 5).UTC(), Updated: time.Unix(-3_000_000_000, 999_999_999).UTC(),
 	}
-	far := &Entry{Key: "far", State: StateDone, Created: time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)}
-	nearZero := &Entry{Key: "near-zero", State: StatePending, Created: time.Date(1, 1, 1, 0, 0, 0, 1, time.UTC), Updated: time.Unix(0, 0).UTC()}
-	extremes := &Entry{Key: "extremes", State: StateDone, Attempts: math.MaxInt64, LastStatus: -1}
-	lowercase := &Entry{Key: "lowercase", State: StatePending, Header: http.Header{"x-not-canonical": {"kept as given"}}}
+	far := &idemhttp.Entry{Key: "far", State: idemhttp.StateDone, Created: time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)}
+	nearZero := &idemhttp.Entry{Key: "near-zero", State: idemhttp.StatePending, Created: time.Date(1, 1, 1, 0, 0, 0, 1, time.UTC), Updated: time.Unix(0, 0).UTC()}
+	extremes := &idemhttp.Entry{Key: "extremes", State: idemhttp.StateDone, Attempts: math.MaxInt64, LastStatus: -1}
+	lowercase := &idemhttp.Entry{Key: "lowercase", State: idemhttp.StatePending, Header: http.Header{"x-not-canonical": {"kept as given"}}}
 	zone := time.FixedZone("UTC+1", 3600)
 	return []ijCodecCase{
 		{name: "minimal", give: minimal, want: minimal},
@@ -76,30 +78,30 @@ func ijSampleEntries() []ijCodecCase {
 		{name: "header name kept as given", give: lowercase, want: lowercase},
 		{
 			name: "empty header decodes as nil",
-			give: &Entry{Key: "empty-header", State: StatePending, Header: http.Header{}},
-			want: &Entry{Key: "empty-header", State: StatePending},
+			give: &idemhttp.Entry{Key: "empty-header", State: idemhttp.StatePending, Header: http.Header{}},
+			want: &idemhttp.Entry{Key: "empty-header", State: idemhttp.StatePending},
 		},
 		{
 			// A name without values carries nothing: the encoder drops it.
 			name: "names without values dropped",
-			give: &Entry{Key: "valueless", State: StatePending, Header: http.Header{"Accept": {"*/*"}, "X-Empty": {}, "X-Nil": nil}},
-			want: &Entry{Key: "valueless", State: StatePending, Header: http.Header{"Accept": {"*/*"}}},
+			give: &idemhttp.Entry{Key: "valueless", State: idemhttp.StatePending, Header: http.Header{"Accept": {"*/*"}, "X-Empty": {}, "X-Nil": nil}},
+			want: &idemhttp.Entry{Key: "valueless", State: idemhttp.StatePending, Header: http.Header{"Accept": {"*/*"}}},
 		},
 		{
 			name: "times come back in UTC",
-			give: &Entry{Key: "zoned", State: StatePending, Created: time.Date(2025, 1, 2, 3, 4, 5, 6, zone)},
-			want: &Entry{Key: "zoned", State: StatePending, Created: time.Date(2025, 1, 2, 2, 4, 5, 6, time.UTC)},
+			give: &idemhttp.Entry{Key: "zoned", State: idemhttp.StatePending, Created: time.Date(2025, 1, 2, 3, 4, 5, 6, zone)},
+			want: &idemhttp.Entry{Key: "zoned", State: idemhttp.StatePending, Created: time.Date(2025, 1, 2, 2, 4, 5, 6, time.UTC)},
 		},
 	}
 }
 
 // ijDecodeFramed reads the one record in b and decodes it.
-func ijDecodeFramed(t testing.TB, b []byte) *fjRecord {
+func ijDecodeFramed(t testing.TB, b []byte) *record {
 	t.Helper()
-	payload, n, ok := fjReadRecord(b)
+	payload, n, ok := readRecord(b)
 	require.True(t, ok, "fjReadRecord")
 	require.Equal(t, len(b), n, "record length")
-	rec, err := fjDecodeRecord(payload)
+	rec, err := decodeRecord(payload)
 	require.NoError(t, err)
 	return rec
 }
@@ -107,21 +109,21 @@ func ijDecodeFramed(t testing.TB, b []byte) *fjRecord {
 func TestJournalCodecBeginRoundTrip(t *testing.T) {
 	for _, tt := range ijSampleEntries() {
 		t.Run(tt.name, func(t *testing.T) {
-			b, err := fjAppendBegin(nil, tt.give)
+			b, err := appendBegin(nil, tt.give)
 			require.NoError(t, err)
 			rec := ijDecodeFramed(t, b)
-			assert.Equal(t, byte(fjKindBegin), rec.kind)
+			assert.Equal(t, byte(kindBegin), rec.kind)
 			assert.Equal(t, tt.want, rec.entry())
 		})
 	}
 }
 
 func TestJournalCodecBeginKeepsNilAndEmptyBodiesApart(t *testing.T) {
-	b, err := fjAppendBegin(nil, &Entry{Key: "nil", State: StatePending})
+	b, err := appendBegin(nil, &idemhttp.Entry{Key: "nil", State: idemhttp.StatePending})
 	require.NoError(t, err)
 	assert.Nil(t, ijDecodeFramed(t, b).entry().Body, "nil body: not stored")
 
-	b, err = fjAppendBegin(nil, &Entry{Key: "empty", State: StatePending, Body: []byte{}})
+	b, err = appendBegin(nil, &idemhttp.Entry{Key: "empty", State: idemhttp.StatePending, Body: []byte{}})
 	require.NoError(t, err)
 	got := ijDecodeFramed(t, b).entry().Body
 	assert.NotNil(t, got, "empty body: stored, and empty")
@@ -130,7 +132,7 @@ func TestJournalCodecBeginKeepsNilAndEmptyBodiesApart(t *testing.T) {
 
 func TestJournalCodecBeginAppends(t *testing.T) {
 	prefix := []byte("earlier records")
-	b, err := fjAppendBegin(bytes.Clone(prefix), ijSampleEntries()[1].give)
+	b, err := appendBegin(bytes.Clone(prefix), ijSampleEntries()[1].give)
 	require.NoError(t, err)
 	assert.Equal(t, prefix, b[:len(prefix)], "what was in dst is kept")
 	assert.Equal(t, ijSampleEntries()[1].want, ijDecodeFramed(t, b[len(prefix):]).entry())
@@ -141,47 +143,47 @@ func TestJournalCodecFinishAndDeleteRoundTrip(t *testing.T) {
 	tests := []struct {
 		name string
 		give []byte
-		want *fjRecord
+		want *record
 	}{
 		{
 			name: "finish done",
-			give: fjAppendFinish(nil, "k", journalStateDone, 201, 2, t0),
-			want: &fjRecord{kind: fjKindFinish, key: "k", state: journalStateDone, lastStatus: 201, attempts: 2, updated: t0},
+			give: appendFinish(nil, "k", journalStateDone, 201, 2, t0),
+			want: &record{kind: kindFinish, key: "k", state: journalStateDone, lastStatus: 201, attempts: 2, updated: t0},
 		},
 		{
 			name: "finish pending again",
-			give: fjAppendFinish(nil, "k", journalStatePending, 0, 7, time.Unix(-5, 0).UTC()),
-			want: &fjRecord{kind: fjKindFinish, key: "k", state: journalStatePending, attempts: 7, updated: time.Unix(-5, 0).UTC()},
+			give: appendFinish(nil, "k", journalStatePending, 0, 7, time.Unix(-5, 0).UTC()),
+			want: &record{kind: kindFinish, key: "k", state: journalStatePending, attempts: 7, updated: time.Unix(-5, 0).UTC()},
 		},
 		{
 			name: "finish abandoned at the zero time",
-			give: fjAppendFinish(nil, "k", journalStateAbandoned, -1, math.MaxInt64, time.Time{}),
-			want: &fjRecord{kind: fjKindFinish, key: "k", state: journalStateAbandoned, lastStatus: -1, attempts: math.MaxInt64},
+			give: appendFinish(nil, "k", journalStateAbandoned, -1, math.MaxInt64, time.Time{}),
+			want: &record{kind: kindFinish, key: "k", state: journalStateAbandoned, lastStatus: -1, attempts: math.MaxInt64},
 		},
 		{
 			name: "delete",
-			give: fjAppendDelete(nil, "7f8e2f9a-1c3b-4d5e-8f60-718293a4b5c6"),
-			want: &fjRecord{kind: fjKindDelete, key: "7f8e2f9a-1c3b-4d5e-8f60-718293a4b5c6"},
+			give: appendDelete(nil, "7f8e2f9a-1c3b-4d5e-8f60-718293a4b5c6"),
+			want: &record{kind: kindDelete, key: "7f8e2f9a-1c3b-4d5e-8f60-718293a4b5c6"},
 		},
 		{
 			name: "clock",
-			give: fjAppendClock(nil, t0),
-			want: &fjRecord{kind: fjKindClock, updated: t0},
+			give: appendClock(nil, t0),
+			want: &record{kind: kindClock, updated: t0},
 		},
 		{
 			name: "clock before 1970",
-			give: fjAppendClock(nil, time.Unix(-3_000_000_000, 999_999_999).UTC()),
-			want: &fjRecord{kind: fjKindClock, updated: time.Unix(-3_000_000_000, 999_999_999).UTC()},
+			give: appendClock(nil, time.Unix(-3_000_000_000, 999_999_999).UTC()),
+			want: &record{kind: kindClock, updated: time.Unix(-3_000_000_000, 999_999_999).UTC()},
 		},
 		{
 			name: "clock at the zero time",
-			give: fjAppendClock(nil, time.Time{}),
-			want: &fjRecord{kind: fjKindClock},
+			give: appendClock(nil, time.Time{}),
+			want: &record{kind: kindClock},
 		},
 		{
 			name: "clock far ahead",
-			give: fjAppendClock(nil, time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)),
-			want: &fjRecord{kind: fjKindClock, updated: time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)},
+			give: appendClock(nil, time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)),
+			want: &record{kind: kindClock, updated: time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)},
 		},
 	}
 	for _, tt := range tests {
@@ -195,76 +197,76 @@ func TestJournalCodecBeginRefuses(t *testing.T) {
 	// Header values share one string, so the entry is over the limit
 	// without holding 64 MiB.
 	mib := strings.Repeat("v", 1<<20)
-	tooLarge := &Entry{Key: "k", State: StatePending, Header: http.Header{"X-Big": slices.Repeat([]string{mib}, fjMaxRecord>>20+1)}}
+	tooLarge := &idemhttp.Entry{Key: "k", State: idemhttp.StatePending, Header: http.Header{"X-Big": slices.Repeat([]string{mib}, maxRecord>>20+1)}}
 	tests := []struct {
 		name string
-		give *Entry
+		give *idemhttp.Entry
 		want string
 	}{
-		{name: "unknown state", give: &Entry{Key: "k", State: "lost"}, want: `unknown state "lost"`},
-		{name: "empty state", give: &Entry{Key: "k"}, want: `unknown state ""`},
+		{name: "unknown state", give: &idemhttp.Entry{Key: "k", State: "lost"}, want: `unknown state "lost"`},
+		{name: "empty state", give: &idemhttp.Entry{Key: "k"}, want: `unknown state ""`},
 		{name: "too large", give: tooLarge, want: "too large for the journal"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dst := []byte("kept")
-			got, err := fjAppendBegin(dst, tt.give)
+			got, err := appendBegin(dst, tt.give)
 			assert.ErrorContains(t, err, tt.want)
 			assert.Equal(t, []byte("kept"), got, "dst is returned unchanged")
 		})
 	}
-	_, err := fjAppendBegin(nil, tooLarge)
-	assert.ErrorIs(t, err, ErrInvalidRequest, "an entry too large is the caller's error")
+	_, err := appendBegin(nil, tooLarge)
+	assert.ErrorIs(t, err, idemhttp.ErrInvalidRequest, "an entry too large is the caller's error")
 }
 
 // ijWidest is an entry whose every fixed-width field takes its widest
 // encoding: 10-byte varints for the times' seconds, attempts and status,
 // 5-byte nanoseconds, and two-byte length prefixes on every string. It
-// has no header, whose per-name allowance in fjBeginSize would hide the
+// has no header, whose per-name allowance in beginSize would hide the
 // difference.
-func ijWidest(bodyLen int) *Entry {
+func ijWidest(bodyLen int) *idemhttp.Entry {
 	long := strings.Repeat("x", 200)
-	return &Entry{
-		Key: strings.Repeat("k", MaxKeyLen), Operation: long, Method: long, URL: long, Fingerprint: long,
+	return &idemhttp.Entry{
+		Key: strings.Repeat("k", idemhttp.MaxKeyLen), Operation: long, Method: long, URL: long, Fingerprint: long,
 		Created: time.Unix(math.MinInt64+1<<40, 999_999_999), Updated: time.Unix(math.MaxInt64-1<<40, 999_999_999),
-		Attempts: math.MaxInt64, LastStatus: math.MinInt64, State: StateAbandoned, Body: make([]byte, bodyLen),
+		Attempts: math.MaxInt64, LastStatus: math.MinInt64, State: idemhttp.StateAbandoned, Body: make([]byte, bodyLen),
 	}
 }
 
-// fjBeginSize's bound is what keeps fjAppendBegin from writing a record
-// that fjReadRecord refuses (above fjMaxRecord), and so a journal that
+// beginSize's bound is what keeps appendBegin from writing a record
+// that readRecord refuses (above maxRecord), and so a journal that
 // cannot be opened again.
 func TestJournalCodecBeginSizeIsAnUpperBound(t *testing.T) {
 	tests := []struct {
 		name string
-		give *Entry
+		give *idemhttp.Entry
 	}{
-		{name: "minimal", give: &Entry{Key: "k", State: StatePending}},
+		{name: "minimal", give: &idemhttp.Entry{Key: "k", State: idemhttp.StatePending}},
 		{name: "full", give: ijSampleEntries()[1].give},
 		{name: "widest fields", give: ijWidest(200)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			size, _ := fjBeginSize(tt.give)
-			b, err := fjAppendBegin(nil, tt.give)
+			size, _ := beginSize(tt.give)
+			b, err := appendBegin(nil, tt.give)
 			require.NoError(t, err)
-			assert.LessOrEqual(t, len(b)-fjRecHdrLen, size)
+			assert.LessOrEqual(t, len(b)-recHdrLen, size)
 		})
 	}
 }
 
-// Regression: an entry that fjAppendBegin accepts must give a record that
-// fjReadRecord accepts; one just under the limit by fjBeginSize's
-// estimate came out just over it, so Get and OpenFileJournal refused it
+// Regression: an entry that appendBegin accepts must give a record that
+// readRecord accepts; one just under the limit by beginSize's
+// estimate came out just over it, so Get and Open refused it
 // as corrupt.
 func TestJournalCodecBeginAtTheLimitIsReadable(t *testing.T) {
 	e := ijWidest(0)
-	fixed, _ := fjBeginSize(e)
-	e.Body = make([]byte, fjMaxRecord-fixed) // estimated at exactly fjMaxRecord
-	b, err := fjAppendBegin(nil, e)
+	fixed, _ := beginSize(e)
+	e.Body = make([]byte, maxRecord-fixed) // estimated at exactly maxRecord
+	b, err := appendBegin(nil, e)
 	require.NoError(t, err)
-	_, _, ok := fjReadRecord(b)
-	assert.True(t, ok, "a %d-byte payload, limit %d", len(b)-fjRecHdrLen, fjMaxRecord)
+	_, _, ok := readRecord(b)
+	assert.True(t, ok, "a %d-byte payload, limit %d", len(b)-recHdrLen, maxRecord)
 }
 
 // ijStr, ijUv and ijV encode one field of a payload.
@@ -280,13 +282,13 @@ var ijEpoch = []byte{0, 0}
 // header field, times at the Unix epoch, zero status, and the given state,
 // attempts and body field.
 func ijBeginPayload(key string, header []byte, state byte, attempts int64, body []byte) []byte {
-	return ijCat([]byte{fjKindBegin}, ijStr(key), ijStr(""), ijStr(""), ijStr(""), ijStr(""),
+	return ijCat([]byte{kindBegin}, ijStr(key), ijStr(""), ijStr(""), ijStr(""), ijStr(""),
 		header, ijEpoch, ijEpoch, []byte{state}, ijV(attempts), ijV(0), body)
 }
 
 // ijFinishPayload is a finish payload with zero status.
 func ijFinishPayload(key string, state byte, attempts int64, updated []byte) []byte {
-	return ijCat([]byte{fjKindFinish}, ijStr(key), []byte{state}, ijV(0), ijV(attempts), updated)
+	return ijCat([]byte{kindFinish}, ijStr(key), []byte{state}, ijV(0), ijV(attempts), updated)
 }
 
 // ijHeader encodes a header field with one value "v" per name, in the
@@ -309,35 +311,35 @@ func TestJournalDecodeRecordAccepts(t *testing.T) {
 	tests := []struct {
 		name string
 		give []byte
-		want *fjRecord
+		want *record
 	}{
 		{
 			name: "minimal begin",
 			give: ijBeginPayload("k", ijNoHeader, journalStatePending, 0, ijNoBody),
-			want: &fjRecord{kind: fjKindBegin, key: "k", created: epoch, updated: epoch, state: journalStatePending},
+			want: &record{kind: kindBegin, key: "k", created: epoch, updated: epoch, state: journalStatePending},
 		},
 		{
 			name: "begin with sorted header and body",
 			give: ijBeginPayload("k", ijHeader("A", "B"), journalStateDone, 2, ijCat([]byte{1}, ijStr("abc"))),
-			want: &fjRecord{
-				kind: fjKindBegin, key: "k", header: http.Header{"A": {"v"}, "B": {"v"}}, created: epoch, updated: epoch,
+			want: &record{
+				kind: kindBegin, key: "k", header: http.Header{"A": {"v"}, "B": {"v"}}, created: epoch, updated: epoch,
 				state: journalStateDone, attempts: 2, hasBody: true, body: []byte("abc"),
 			},
 		},
 		{
 			name: "zero time",
 			give: ijFinishPayload("k", journalStateAbandoned, 1, ijCat(ijV(time.Time{}.Unix()), ijUv(0))),
-			want: &fjRecord{kind: fjKindFinish, key: "k", state: journalStateAbandoned, attempts: 1},
+			want: &record{kind: kindFinish, key: "k", state: journalStateAbandoned, attempts: 1},
 		},
 		{
 			name: "non-minimal varints",
 			give: ijFinishPayload("k", journalStateDone, 1, []byte{0x80, 0x00, 0x80, 0x00}),
-			want: &fjRecord{kind: fjKindFinish, key: "k", state: journalStateDone, attempts: 1, updated: epoch},
+			want: &record{kind: kindFinish, key: "k", state: journalStateDone, attempts: 1, updated: epoch},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := fjDecodeRecord(tt.give)
+			got, err := decodeRecord(tt.give)
 			require.NoError(t, err)
 			assert.Equal(t, tt.want, got)
 		})
@@ -347,8 +349,8 @@ func TestJournalDecodeRecordAccepts(t *testing.T) {
 func TestJournalDecodeRecordRejects(t *testing.T) {
 	begin := ijBeginPayload("k", ijNoHeader, journalStatePending, 0, ijNoBody)
 	finish := ijFinishPayload("k", journalStateDone, 0, ijEpoch)
-	deletion := ijCat([]byte{fjKindDelete}, ijStr("k"))
-	tooLong := strings.Repeat("k", MaxKeyLen+1)
+	deletion := ijCat([]byte{kindDelete}, ijStr("k"))
+	tooLong := strings.Repeat("k", idemhttp.MaxKeyLen+1)
 	overflow := bytes.Repeat([]byte{0xff}, 11) // no varint is 11 bytes long
 	tests := []struct {
 		name string
@@ -371,9 +373,9 @@ func TestJournalDecodeRecordRejects(t *testing.T) {
 		{name: "header without values", give: ijBeginPayload("k", ijCat(ijUv(1), ijStr("A"), ijUv(0)), journalStatePending, 0, ijNoBody), want: "empty"},
 		{name: "huge header count", give: ijBeginPayload("k", ijUv(1<<40), journalStatePending, 0, ijNoBody), want: "count"},
 		{name: "huge value count", give: ijBeginPayload("k", ijCat(ijUv(1), ijStr("A"), ijUv(math.MaxUint64)), journalStatePending, 0, ijNoBody), want: "count"},
-		{name: "huge string length", give: ijCat([]byte{fjKindDelete}, ijUv(math.MaxUint64), []byte("k")), want: "exceeds"},
-		{name: "string past the end", give: ijCat([]byte{fjKindDelete}, ijUv(2), []byte("k")), want: "exceeds"},
-		{name: "varint overflow", give: ijCat([]byte{fjKindFinish}, ijStr("k"), []byte{journalStateDone}, overflow), want: "bad varint"},
+		{name: "huge string length", give: ijCat([]byte{kindDelete}, ijUv(math.MaxUint64), []byte("k")), want: "exceeds"},
+		{name: "string past the end", give: ijCat([]byte{kindDelete}, ijUv(2), []byte("k")), want: "exceeds"},
+		{name: "varint overflow", give: ijCat([]byte{kindFinish}, ijStr("k"), []byte{journalStateDone}, overflow), want: "bad varint"},
 		{name: "nanoseconds out of range", give: ijFinishPayload("k", journalStateDone, 0, ijCat(ijV(0), ijUv(uint64(time.Second)))), want: "nanoseconds"},
 		{name: "body flag 2", give: ijBeginPayload("k", ijNoHeader, journalStatePending, 0, []byte{2}), want: "body flag"},
 		{name: "body flag missing", give: ijBeginPayload("k", ijNoHeader, journalStatePending, 0, nil), want: "truncated"},
@@ -382,20 +384,20 @@ func TestJournalDecodeRecordRejects(t *testing.T) {
 		{name: "finish negative attempts", give: ijFinishPayload("k", journalStateDone, math.MinInt64, ijEpoch), want: "negative attempts"},
 		{name: "begin empty key", give: ijBeginPayload("", ijNoHeader, journalStatePending, 0, ijNoBody), want: "bad key"},
 		{name: "finish key with a newline", give: ijFinishPayload("k\n", journalStateDone, 0, ijEpoch), want: "bad key"},
-		{name: "delete key too long", give: ijCat([]byte{fjKindDelete}, ijStr(tooLong)), want: "bad key"},
-		{name: "delete key with a quote", give: ijCat([]byte{fjKindDelete}, ijStr(`a"b`)), want: "bad key"},
-		{name: "clock without its time", give: []byte{fjKindClock}, want: "bad varint"},
-		{name: "clock without nanoseconds", give: ijCat([]byte{fjKindClock}, ijV(1)), want: "bad varint"},
-		{name: "clock trailing byte", give: ijCat([]byte{fjKindClock}, ijEpoch, []byte{0}), want: "1 trailing bytes"},
-		{name: "clock with a key", give: ijCat([]byte{fjKindClock}, ijStr("k"), ijEpoch), want: "trailing"},
-		{name: "clock nanoseconds out of range", give: ijCat([]byte{fjKindClock}, ijV(0), ijUv(uint64(time.Second))), want: "nanoseconds"},
+		{name: "delete key too long", give: ijCat([]byte{kindDelete}, ijStr(tooLong)), want: "bad key"},
+		{name: "delete key with a quote", give: ijCat([]byte{kindDelete}, ijStr(`a"b`)), want: "bad key"},
+		{name: "clock without its time", give: []byte{kindClock}, want: "bad varint"},
+		{name: "clock without nanoseconds", give: ijCat([]byte{kindClock}, ijV(1)), want: "bad varint"},
+		{name: "clock trailing byte", give: ijCat([]byte{kindClock}, ijEpoch, []byte{0}), want: "1 trailing bytes"},
+		{name: "clock with a key", give: ijCat([]byte{kindClock}, ijStr("k"), ijEpoch), want: "trailing"},
+		{name: "clock nanoseconds out of range", give: ijCat([]byte{kindClock}, ijV(0), ijUv(uint64(time.Second))), want: "nanoseconds"},
 		{name: "lowercase clock kind", give: ijCat([]byte{'t'}, ijEpoch), want: "unknown record kind"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := fjDecodeRecord(tt.give)
+			got, err := decodeRecord(tt.give)
 			assert.Nil(t, got)
-			assert.ErrorIs(t, err, ErrJournalCorrupt)
+			assert.ErrorIs(t, err, ErrCorrupt)
 			assert.ErrorContains(t, err, tt.want)
 		})
 	}
@@ -404,25 +406,25 @@ func TestJournalDecodeRecordRejects(t *testing.T) {
 // Every proper prefix of a valid payload is refused: a record cut short
 // never passes for a shorter one.
 func TestJournalDecodeRecordRejectsTruncation(t *testing.T) {
-	full, err := fjAppendBegin(nil, ijSampleEntries()[1].give)
+	full, err := appendBegin(nil, ijSampleEntries()[1].give)
 	require.NoError(t, err)
 	tests := []struct {
 		name string
 		give []byte
 	}{
-		{name: "begin", give: full[fjRecHdrLen:]},
-		{name: "finish", give: fjAppendFinish(nil, "k", journalStateDone, 201, 3, time.Unix(1e9, 1))[fjRecHdrLen:]},
-		{name: "delete", give: fjAppendDelete(nil, "key")[fjRecHdrLen:]},
-		{name: "clock", give: fjAppendClock(nil, time.Unix(1e9, 123_456_789))[fjRecHdrLen:]},
+		{name: "begin", give: full[recHdrLen:]},
+		{name: "finish", give: appendFinish(nil, "k", journalStateDone, 201, 3, time.Unix(1e9, 1))[recHdrLen:]},
+		{name: "delete", give: appendDelete(nil, "key")[recHdrLen:]},
+		{name: "clock", give: appendClock(nil, time.Unix(1e9, 123_456_789))[recHdrLen:]},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := fjDecodeRecord(tt.give)
+			_, err := decodeRecord(tt.give)
 			require.NoError(t, err, "the whole payload is valid")
 			for n := range len(tt.give) {
-				got, err := fjDecodeRecord(tt.give[:n])
+				got, err := decodeRecord(tt.give[:n])
 				assert.Nil(t, got, "prefix of %d bytes", n)
-				assert.ErrorIs(t, err, ErrJournalCorrupt, "prefix of %d bytes", n)
+				assert.ErrorIs(t, err, ErrCorrupt, "prefix of %d bytes", n)
 			}
 		})
 	}
@@ -442,8 +444,8 @@ const ijSalt = 0x5eed5a17c0ffee42
 // offset 0 of a file salted with ijSalt: ijFile seals it again where it
 // lands.
 func ijBatch(seq uint64, records ...[]byte) []byte {
-	b := ijCat(append([][]byte{make([]byte, fjBatchHdrLen)}, records...)...)
-	fjSealBatch(b, seq, 0, ijSalt)
+	b := ijCat(append([][]byte{make([]byte, batchHdrLen)}, records...)...)
+	sealBatch(b, seq, 0, ijSalt)
 	return b
 }
 
@@ -452,12 +454,12 @@ func ijBatch(seq uint64, records ...[]byte) []byte {
 // sealed again for its offset in the file; anything else (a damaged or
 // torn batch, garbage) is copied as it is.
 func ijFile(pieces ...[]byte) []byte {
-	out := fjFileHeader(ijSalt)
+	out := fileHeader(ijSalt)
 	for _, p := range pieces {
 		off := len(out)
 		out = append(out, p...)
-		if seq, _, n, ok := fjReadBatch(p, 0, ijSalt); ok && n == len(p) {
-			fjSealBatch(out[off:], seq, int64(off), ijSalt)
+		if seq, _, n, ok := readBatch(p, 0, ijSalt); ok && n == len(p) {
+			sealBatch(out[off:], seq, int64(off), ijSalt)
 		}
 	}
 	return out
@@ -467,18 +469,18 @@ func ijFile(pieces ...[]byte) []byte {
 var ijT0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // ijEntry is a pending entry for key, as Begin would store it.
-func ijEntry(key, operation string) *Entry {
-	return &Entry{
+func ijEntry(key, operation string) *idemhttp.Entry {
+	return &idemhttp.Entry{
 		Operation: operation, Key: key, Method: http.MethodPost, URL: "https://api.example.com/v1/charges",
 		Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"amount":100}`),
-		Fingerprint: "fp-" + key, Created: ijT0, Updated: ijT0, State: StatePending,
+		Fingerprint: "fp-" + key, Created: ijT0, Updated: ijT0, State: idemhttp.StatePending,
 	}
 }
 
 // ijBegin is the framed begin record of e.
-func ijBegin(t testing.TB, e *Entry) []byte {
+func ijBegin(t testing.TB, e *idemhttp.Entry) []byte {
 	t.Helper()
-	b, err := fjAppendBegin(nil, e)
+	b, err := appendBegin(nil, e)
 	require.NoError(t, err)
 	return b
 }
@@ -491,12 +493,12 @@ type ijOutcome struct {
 	updated    time.Time
 }
 
-func ijOutcomeOf(le *fjEntry) ijOutcome {
+func ijOutcomeOf(le *entry) ijOutcome {
 	return ijOutcome{state: le.state, lastStatus: le.lastStatus, attempts: le.attempts, updated: le.updated()}
 }
 
 // ijKeys returns the index's keys, sorted.
-func ijKeys(idx *fjIndex) []string {
+func ijKeys(idx *index) []string {
 	keys := make([]string, 0, idx.byKey.len())
 	for k := range ijMap(idx.byKey) {
 		keys = append(keys, k)
@@ -513,22 +515,22 @@ func TestJournalReplay(t *testing.T) {
 	a, b, c := ijBegin(t, ijEntry("a", "op-a")), ijBegin(t, ijEntry("b", "op-b")), ijBegin(t, ijEntry("c", ""))
 	t1 := ijT0.Add(time.Minute)
 	b1 := ijBatch(1, a, b)
-	b2 := ijBatch(2, fjAppendFinish(nil, "a", journalStateDone, 201, 1, t1), fjAppendDelete(nil, "b"))
+	b2 := ijBatch(2, appendFinish(nil, "a", journalStateDone, 201, 1, t1), appendDelete(nil, "b"))
 	b3 := ijBatch(3, c)
 	file := ijFile(b1, b2, b3)
 
-	idx, err := fjReplay(file, false)
+	idx, err := replay(file, false)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"a", "c"}, ijKeys(idx.fjIndex))
-	assert.Equal(t, map[string]*fjEntry{"op-a": idx.byKey.get("a")}, ijMap(idx.byOp), "a deleted entry frees its operation")
-	assert.Equal(t, int64(len(a)+len(c)+2*fjEntryOverhead), idx.live)
+	assert.Equal(t, []string{"a", "c"}, ijKeys(idx.index))
+	assert.Equal(t, map[string]*entry{"op-a": idx.byKey.get("a")}, ijMap(idx.byOp), "a deleted entry frees its operation")
+	assert.Equal(t, int64(len(a)+len(c)+2*entryOverhead), idx.live)
 
-	wantA := newFjEntry("a", "op-a", ijT0, t1, 1, 201, journalStateDone, fjFileHdrLen+fjBatchHdrLen, len(a))
+	wantA := newFjEntry("a", "op-a", ijT0, t1, 1, 201, journalStateDone, fileHdrLen+batchHdrLen, len(a))
 	assert.Equal(t, wantA, idx.byKey.get("a"))
-	wantC := newFjEntry("c", "", ijT0, ijT0, 0, 0, journalStatePending, int64(fjFileHdrLen+len(b1)+len(b2)+fjBatchHdrLen), len(c))
+	wantC := newFjEntry("c", "", ijT0, ijT0, 0, 0, journalStatePending, int64(fileHdrLen+len(b1)+len(b2)+batchHdrLen), len(c))
 	assert.Equal(t, wantC, idx.byKey.get("c"))
 
-	empty, err := fjReplay(fjFileHeader(ijSalt), false)
+	empty, err := replay(fileHeader(ijSalt), false)
 	require.NoError(t, err)
 	assert.Zero(t, empty.byKey.len())
 	assert.Zero(t, empty.byOp.len())
@@ -542,9 +544,9 @@ func TestJournalReplay(t *testing.T) {
 func TestJournalReplayFinishIsAbsolute(t *testing.T) {
 	t1 := ijT0.Add(time.Minute)
 	begin := ijBegin(t, ijEntry("a", ""))
-	finish := fjAppendFinish(nil, "a", journalStateDone, 201, 3, t1)
+	finish := appendFinish(nil, "a", journalStateDone, 201, 3, t1)
 	folded := ijEntry("a", "")
-	folded.State, folded.LastStatus, folded.Attempts, folded.Updated = StateDone, 201, 3, t1
+	folded.State, folded.LastStatus, folded.Attempts, folded.Updated = idemhttp.StateDone, 201, 3, t1
 	tests := []struct {
 		name string
 		give []byte
@@ -557,7 +559,7 @@ func TestJournalReplayFinishIsAbsolute(t *testing.T) {
 	want := ijOutcome{state: journalStateDone, lastStatus: 201, attempts: 3, updated: t1}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			idx, err := fjReplay(tt.give, false)
+			idx, err := replay(tt.give, false)
 			require.NoError(t, err)
 			require.NotNil(t, idx.byKey.get("a"))
 			assert.Equal(t, want, ijOutcomeOf(idx.byKey.get("a")))
@@ -571,11 +573,11 @@ func TestJournalReplayFinishIsAbsolute(t *testing.T) {
 // (TestReplayRefusesDamage).
 func TestJournalReplayRefusesBadRecords(t *testing.T) {
 	a, c := ijBegin(t, ijEntry("a", "op")), ijBegin(t, ijEntry("c", ""))
-	aAgain := ijBegin(t, &Entry{Key: "a", State: StateDone, Created: ijT0})
+	aAgain := ijBegin(t, &idemhttp.Entry{Key: "a", State: idemhttp.StateDone, Created: ijT0})
 	sameOp := ijBegin(t, ijEntry("b", "op"))
-	finishZ := fjAppendFinish(nil, "z", journalStateDone, 200, 1, ijT0)
-	deleteZ := fjAppendDelete(nil, "z")
-	undecodable := fjAppendRecord(nil, []byte{'X', 1, 'z'})
+	finishZ := appendFinish(nil, "z", journalStateDone, 200, 1, ijT0)
+	deleteZ := appendDelete(nil, "z")
+	undecodable := appendRecord(nil, []byte{'X', 1, 'z'})
 	tests := []struct {
 		name     string
 		give     []byte
@@ -590,14 +592,14 @@ func TestJournalReplayRefusesBadRecords(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			idx, err := fjReplay(tt.give, false)
+			idx, err := replay(tt.give, false)
 			assert.Nil(t, idx)
-			assert.ErrorIs(t, err, ErrJournalCorrupt)
+			assert.ErrorIs(t, err, ErrCorrupt)
 			assert.ErrorContains(t, err, tt.wantErr)
 
-			idx, err = fjReplay(tt.give, true)
+			idx, err = replay(tt.give, true)
 			require.NoError(t, err, "salvage skips the record")
-			assert.Equal(t, tt.wantKeys, ijKeys(idx.fjIndex))
+			assert.Equal(t, tt.wantKeys, ijKeys(idx.index))
 			assert.Zero(t, idx.Skipped, "no batch is skipped")
 		})
 	}
@@ -607,14 +609,14 @@ func TestJournalReplayRefusesBadRecords(t *testing.T) {
 func ijSeedPayloads(t testing.TB) [][]byte {
 	var out [][]byte
 	for _, tt := range ijSampleEntries() {
-		out = append(out, ijBegin(t, tt.give)[fjRecHdrLen:])
+		out = append(out, ijBegin(t, tt.give)[recHdrLen:])
 	}
 	return append(out,
-		fjAppendFinish(nil, "k", journalStateDone, 201, 2, ijT0)[fjRecHdrLen:],
-		fjAppendFinish(nil, "k", journalStateAbandoned, -1, 0, time.Time{})[fjRecHdrLen:],
-		fjAppendDelete(nil, "k")[fjRecHdrLen:],
-		fjAppendClock(nil, ijT0)[fjRecHdrLen:],
-		ijCat([]byte{fjKindClock}, ijEpoch, []byte{0}),
+		appendFinish(nil, "k", journalStateDone, 201, 2, ijT0)[recHdrLen:],
+		appendFinish(nil, "k", journalStateAbandoned, -1, 0, time.Time{})[recHdrLen:],
+		appendDelete(nil, "k")[recHdrLen:],
+		appendClock(nil, ijT0)[recHdrLen:],
+		ijCat([]byte{kindClock}, ijEpoch, []byte{0}),
 		ijBeginPayload("k", ijHeader("A", "B"), journalStateDone, 2, ijCat([]byte{1}, ijStr("abc"))),
 		ijBeginPayload("k", ijHeader("B", "A"), journalStatePending, 0, ijNoBody),
 		[]byte{'X'},
@@ -622,30 +624,30 @@ func ijSeedPayloads(t testing.TB) [][]byte {
 }
 
 // FuzzDecodeRecord checks that no payload makes the decoder panic or
-// over-allocate, that every rejection wraps ErrJournalCorrupt, and that
+// over-allocate, that every rejection wraps ErrCorrupt, and that
 // whatever it accepts survives being encoded and decoded again unchanged.
 func FuzzDecodeRecord(f *testing.F) {
 	for _, p := range ijSeedPayloads(f) {
 		f.Add(p)
 	}
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		rec, err := fjDecodeRecord(payload)
+		rec, err := decodeRecord(payload)
 		if err != nil {
-			require.ErrorIs(t, err, ErrJournalCorrupt)
+			require.ErrorIs(t, err, ErrCorrupt)
 			require.Nil(t, rec)
 			return
 		}
 		var again []byte
 		switch rec.kind {
-		case fjKindBegin:
-			again, err = fjAppendBegin(nil, rec.entry())
+		case kindBegin:
+			again, err = appendBegin(nil, rec.entry())
 			require.NoError(t, err)
-		case fjKindFinish:
-			again = fjAppendFinish(nil, rec.key, rec.state, rec.lastStatus, rec.attempts, rec.updated)
-		case fjKindDelete:
-			again = fjAppendDelete(nil, rec.key)
-		case fjKindClock:
-			again = fjAppendClock(nil, rec.updated)
+		case kindFinish:
+			again = appendFinish(nil, rec.key, rec.state, rec.lastStatus, rec.attempts, rec.updated)
+		case kindDelete:
+			again = appendDelete(nil, rec.key)
+		case kindClock:
+			again = appendClock(nil, rec.updated)
 		default:
 			t.Fatalf("decoded a record of unknown kind %q", rec.kind)
 		}
@@ -657,8 +659,8 @@ func FuzzDecodeRecord(f *testing.F) {
 // files, as a corpus, seed internal/wal's FuzzReplay.
 func ijSeedFiles(t testing.TB) [][]byte {
 	a, b, c := ijBegin(t, ijEntry("a", "op-a")), ijBegin(t, ijEntry("b", "op-b")), ijBegin(t, ijEntry("c", ""))
-	finishA := fjAppendFinish(nil, "a", journalStateDone, 201, 1, ijT0.Add(time.Second))
-	b1, b2, b3 := ijBatch(1, a, b), ijBatch(2, finishA, fjAppendDelete(nil, "b")), ijBatch(3, c)
+	finishA := appendFinish(nil, "a", journalStateDone, 201, 1, ijT0.Add(time.Second))
+	b1, b2, b3 := ijBatch(1, a, b), ijBatch(2, finishA, appendDelete(nil, "b")), ijBatch(3, c)
 	return [][]byte{
 		ijFile(),
 		ijFile(b1),
@@ -667,23 +669,23 @@ func ijSeedFiles(t testing.TB) [][]byte {
 		ijFile(b1, ijFlip(b2, 25), b3),
 		ijFile(b1, b2[:len(b2)-3]),
 		ijFile(ijBatch(1, a), ijBatch(3, c)),
-		ijFile(ijBatch(1, fjAppendClock(nil, ijT0.Add(time.Hour)), a, b), b2),
+		ijFile(ijBatch(1, appendClock(nil, ijT0.Add(time.Hour)), a, b), b2),
 	}
 }
 
 // FuzzJournalIndex checks that the index replay builds points at begin
 // records inside the valid part of the file, that opening (which does not
 // decode requests) and Verify (which does) accept the same files and build
-// the same index, and that a refusal wraps ErrJournalCorrupt. The fuzzer
+// the same index, and that a refusal wraps ErrCorrupt. The fuzzer
 // cannot forge CRCs, so each input is also replayed with the CRCs of its
 // batches and records recomputed. internal/wal's FuzzReplay checks the
 // bytes; this checks what the journal makes of them.
 func FuzzJournalIndex(f *testing.F) {
 	for _, file := range ijSeedFiles(f) {
-		f.Add(file[fjFileHdrLen:])
+		f.Add(file[fileHdrLen:])
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		file := ijCat(fjFileHeader(ijSalt), data)
+		file := ijCat(fileHeader(ijSalt), data)
 		for _, salvage := range []bool{false, true} {
 			ijCheckReplay(t, file, salvage)
 			ijCheckReplay(t, ijReseal(file), salvage)
@@ -696,23 +698,23 @@ func FuzzJournalIndex(f *testing.F) {
 // the records in it that fit.
 func ijReseal(file []byte) []byte {
 	b := bytes.Clone(file)
-	for off := fjFileHdrLen; off+fjBatchHdrLen <= len(b); {
+	for off := fileHdrLen; off+batchHdrLen <= len(b); {
 		size := int(binary.LittleEndian.Uint32(b[off+4:]))
-		if binary.LittleEndian.Uint32(b[off:]) != fjMagic(ijSalt) || size == 0 || size > len(b)-off-fjBatchHdrLen {
+		if binary.LittleEndian.Uint32(b[off:]) != magic(ijSalt) || size == 0 || size > len(b)-off-batchHdrLen {
 			off++
 			continue
 		}
-		batch := b[off : off+fjBatchHdrLen+size]
-		records := batch[fjBatchHdrLen:]
-		for p := 0; p+fjRecHdrLen <= len(records); {
+		batch := b[off : off+batchHdrLen+size]
+		records := batch[batchHdrLen:]
+		for p := 0; p+recHdrLen <= len(records); {
 			n := int(binary.LittleEndian.Uint32(records[p:]))
-			if n == 0 || n > len(records)-p-fjRecHdrLen {
+			if n == 0 || n > len(records)-p-recHdrLen {
 				break
 			}
-			fjFinishRecord(records[p : p+fjRecHdrLen+n])
-			p += fjRecHdrLen + n
+			finishRecord(records[p : p+recHdrLen+n])
+			p += recHdrLen + n
 		}
-		fjSealBatch(batch, binary.LittleEndian.Uint64(batch[8:]), int64(off), ijSalt)
+		sealBatch(batch, binary.LittleEndian.Uint64(batch[8:]), int64(off), ijSalt)
 		off += len(batch)
 	}
 	return b
@@ -720,11 +722,11 @@ func ijReseal(file []byte) []byte {
 
 // ijCheckReplay replays file and checks the index's invariants.
 func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
-	idx, err := fjReplay(file, salvage)
+	idx, err := replay(file, salvage)
 	// With the read-ahead, which digests begin records on its own
 	// goroutine, on a file of any size: the same outcome.
 	restore := wal.SetReadAheadWindow(64)
-	ahead, aheadErr := fjReplay(file, salvage)
+	ahead, aheadErr := replay(file, salvage)
 	restore()
 	require.Equal(t, fmt.Sprint(err), fmt.Sprint(aheadErr), "without and with the read-ahead")
 	if err == nil {
@@ -736,7 +738,7 @@ func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 	// Opening indexes begin records without decoding their requests;
 	// Verify decodes everything. Both must accept the same files and
 	// build the same index.
-	full, fullErr := fjReplayWith(file, salvage, (*fjIndex).verifyRecord)
+	full, fullErr := replayWith(file, salvage, (*index).verifyRecord)
 	require.Equal(t, fullErr == nil, err == nil, "fast: %v, full: %v", err, fullErr)
 	if err == nil {
 		require.Equal(t, full.Replayed, idx.Replayed)
@@ -751,14 +753,14 @@ func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 	}
 	if err != nil {
 		require.False(t, salvage, "salvage never refuses: %v", err)
-		require.ErrorIs(t, err, ErrJournalCorrupt)
+		require.ErrorIs(t, err, ErrCorrupt)
 		require.Nil(t, idx)
 		return
 	}
-	require.GreaterOrEqual(t, idx.End, int64(fjFileHdrLen))
+	require.GreaterOrEqual(t, idx.End, int64(fileHdrLen))
 	require.LessOrEqual(t, idx.End, int64(len(file)))
 	require.Equal(t, int64(len(file))-idx.End, idx.Truncated, "everything after end is cut off")
-	require.LessOrEqual(t, idx.Skipped, idx.End-fjFileHdrLen)
+	require.LessOrEqual(t, idx.Skipped, idx.End-fileHdrLen)
 	if !salvage {
 		require.Zero(t, idx.Skipped)
 	}
@@ -766,14 +768,14 @@ func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 	for key, le := range ijMap(idx.byKey) {
 		require.Equal(t, key, le.key())
 		require.False(t, le.unsynced)
-		require.GreaterOrEqual(t, le.off, int64(fjFileHdrLen+fjBatchHdrLen), key)
+		require.GreaterOrEqual(t, le.off, int64(fileHdrLen+batchHdrLen), key)
 		require.LessOrEqual(t, le.off+int64(le.size), idx.End, key)
-		payload, n, ok := fjReadRecord(file[le.off : le.off+int64(le.size)])
+		payload, n, ok := readRecord(file[le.off : le.off+int64(le.size)])
 		require.True(t, ok, "record of %q at %d", key, le.off)
 		require.Equal(t, int(le.size), n)
-		rec, err := fjDecodeRecord(payload)
+		rec, err := decodeRecord(payload)
 		require.NoError(t, err)
-		require.Equal(t, byte(fjKindBegin), rec.kind)
+		require.Equal(t, byte(kindBegin), rec.kind)
 		require.Equal(t, key, rec.key)
 		require.Equal(t, rec.operation, le.operation())
 		require.Contains(t, []byte{journalStatePending, journalStateDone, journalStateAbandoned}, le.state)
@@ -781,7 +783,7 @@ func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 		if le.operation() != "" {
 			require.Same(t, le, idx.byOp.get(le.operation()), "operation of %q", key)
 		}
-		live += int64(le.size) + fjEntryOverhead
+		live += int64(le.size) + entryOverhead
 	}
 	require.Equal(t, live, idx.live, "live bytes are the entries' records")
 	for op, le := range ijMap(idx.byOp) {
@@ -792,10 +794,10 @@ func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 
 // ijOpen opens a new journal with fault as its commit hook, and returns
 // it with its path. It is closed when the test ends.
-func ijOpen(t *testing.T, fault func(string) error) (*FileJournal, string) {
+func ijOpen(t *testing.T, fault func(string) error) (*Journal, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "journal")
-	j, err := OpenFileJournal(path, nil)
+	j, err := Open(path, nil)
 	require.NoError(t, err)
 	// Before any write: the committer reads fault only once a write has
 	// woken it, which orders this store before its loads.
@@ -805,9 +807,9 @@ func ijOpen(t *testing.T, fault func(string) error) (*FileJournal, string) {
 }
 
 // ijReopen opens the journal at path again, closed when the test ends.
-func ijReopen(t *testing.T, path string) *FileJournal {
+func ijReopen(t *testing.T, path string) *Journal {
 	t.Helper()
-	j, err := OpenFileJournal(path, nil)
+	j, err := Open(path, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, j.Close()) })
 	return j
@@ -842,11 +844,11 @@ func TestJournalFaultStopsWrites(t *testing.T) {
 			_, err = j.Begin(ctx, ijEntry("victim", "op-victim"))
 			assert.ErrorIs(t, err, injected)
 			_, err = j.Get(ctx, "victim")
-			assert.ErrorIs(t, err, ErrNotFound, "a Begin that failed stores nothing")
+			assert.ErrorIs(t, err, idemhttp.ErrNotFound, "a Begin that failed stores nothing")
 
 			_, err = j.Begin(ctx, ijEntry("later", "op-victim"))
 			assert.ErrorIs(t, err, injected, "begin")
-			assert.ErrorIs(t, j.Finish(ctx, "before", Outcome{State: StateDone, Status: 201}), injected, "finish")
+			assert.ErrorIs(t, j.Finish(ctx, "before", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201}), injected, "finish")
 			assert.ErrorIs(t, j.Delete(ctx, "before"), injected, "delete")
 			_, err = j.Prune(ctx, time.Now().Add(time.Hour))
 			assert.ErrorIs(t, err, injected, "prune")
@@ -854,13 +856,13 @@ func TestJournalFaultStopsWrites(t *testing.T) {
 			assert.ErrorIs(t, j.Compact(ctx), injected, "compact")
 			got, err := j.Get(ctx, "before")
 			require.NoError(t, err, "reads go on")
-			assert.Equal(t, StatePending, got.State)
+			assert.Equal(t, idemhttp.StatePending, got.State)
 			assert.ErrorIs(t, j.Close(), injected)
 			assert.NoError(t, j.Close(), "Close is idempotent")
 
 			j2 := ijReopen(t, path)
 			_, err = j2.Get(ctx, "victim")
-			assert.ErrorIs(t, err, ErrNotFound, "the failed Begin's entry stays gone")
+			assert.ErrorIs(t, err, idemhttp.ErrNotFound, "the failed Begin's entry stays gone")
 			_, err = j2.Get(ctx, "before")
 			assert.NoError(t, err)
 			existing, err := j2.Begin(ctx, ijEntry("after", "op-victim"))
@@ -873,7 +875,7 @@ func TestJournalFaultStopsWrites(t *testing.T) {
 
 // ijWaitBatched waits until the batch being filled holds n begins. The
 // batch is internal state with no event to wait on, so it polls, briefly.
-func ijWaitBatched(t *testing.T, j *FileJournal, n int) {
+func ijWaitBatched(t *testing.T, j *Journal, n int) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		j.mu.Lock()
@@ -913,7 +915,7 @@ func (h *ijHold) hook(s string) error {
 
 // ijBeginAll begins keys concurrently and returns a channel of their
 // results.
-func ijBeginAll(j *FileJournal, keys []string) <-chan error {
+func ijBeginAll(j *Journal, keys []string) <-chan error {
 	errs := make(chan error, len(keys))
 	for _, k := range keys {
 		go func() {
@@ -952,7 +954,7 @@ func TestJournalFaultFailsEveryBeginInTheBatch(t *testing.T) {
 	ctx := context.Background()
 	for _, k := range keys {
 		_, err := j.Get(ctx, k)
-		assert.ErrorIs(t, err, ErrNotFound, k)
+		assert.ErrorIs(t, err, idemhttp.ErrNotFound, k)
 	}
 	_, err := j.Get(ctx, "first")
 	assert.NoError(t, err)
@@ -964,12 +966,12 @@ func TestJournalFaultFailsEveryBeginInTheBatch(t *testing.T) {
 func TestJournalFaultFailsTheSyncAfterFinish(t *testing.T) {
 	tests := []struct {
 		give       string
-		wantStates []State // after reopening
+		wantStates []idemhttp.State // after reopening
 	}{
-		{give: "write", wantStates: []State{StatePending}},
+		{give: "write", wantStates: []idemhttp.State{idemhttp.StatePending}},
 		// The record reached the page cache; whether it reached the disk
 		// is unknown.
-		{give: "sync", wantStates: []State{StatePending, StateDone}},
+		{give: "sync", wantStates: []idemhttp.State{idemhttp.StatePending, idemhttp.StateDone}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.give, func(t *testing.T) {
@@ -981,7 +983,7 @@ func TestJournalFaultFailsTheSyncAfterFinish(t *testing.T) {
 			require.NoError(t, err)
 
 			arm()
-			require.NoError(t, j.Finish(ctx, "a", Outcome{State: StateDone, Status: 201, Attempts: 1}), "Finish does not wait for the disk")
+			require.NoError(t, j.Finish(ctx, "a", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1}), "Finish does not wait for the disk")
 			assert.ErrorIs(t, j.Sync(ctx), injected)
 			assert.ErrorIs(t, j.Close(), injected)
 
@@ -1040,7 +1042,7 @@ func TestJournalFaultRacingCompact(t *testing.T) {
 // ijDurable reports whether key's entry is on disk: published in the
 // index, inside the synced part of the file, and found by replaying what
 // the file holds now.
-func ijDurable(j *FileJournal, path, key string) error {
+func ijDurable(j *Journal, path, key string) error {
 	j.mu.Lock()
 	le := j.byKey.get(key)
 	var published bool
@@ -1055,7 +1057,7 @@ func ijDurable(j *FileJournal, path, key string) error {
 	if err != nil {
 		return err
 	}
-	idx, err := fjReplay(data, false)
+	idx, err := replay(data, false)
 	if err != nil {
 		return err
 	}
@@ -1159,7 +1161,7 @@ func TestJournalRedactURL(t *testing.T) {
 		{give: "https://user:hunter2@api.example.com/%zz", wantErr: true},
 	}
 	for _, tt := range tests {
-		got, err := dropURLPassword(tt.give)
+		got, err := contract.DropURLPassword(tt.give)
 		assert.Equal(t, tt.want, got, tt.give)
 		assert.Equal(t, tt.wantErr, err != nil, tt.give)
 		if err != nil {
@@ -1251,7 +1253,7 @@ func TestJournalCompactDoesNotHoldUpWriters(t *testing.T) {
 	go func() {
 		_, err := j.Begin(ctx, ijEntry("during", "op-during"))
 		if err == nil {
-			err = j.Finish(ctx, "old-1", Outcome{State: StateDone, Status: 201, Attempts: 1, At: ijT0.Add(time.Hour)})
+			err = j.Finish(ctx, "old-1", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1, At: ijT0.Add(time.Hour)})
 		}
 		if err == nil {
 			err = j.Delete(ctx, "old-2")
@@ -1285,7 +1287,7 @@ func TestJournalCompactDoesNotHoldUpWriters(t *testing.T) {
 	assert.ElementsMatch(t, []string{"old-1", "old-3", "during", "after"}, keys)
 	e, err := r.Get(ctx, "old-1")
 	require.NoError(t, err)
-	assert.Equal(t, StateDone, e.State, "the outcome recorded during the rewrite")
+	assert.Equal(t, idemhttp.StateDone, e.State, "the outcome recorded during the rewrite")
 	e, err = r.Lookup(ctx, "op-during")
 	require.NoError(t, err)
 	assert.Equal(t, "during", e.Key)
@@ -1297,7 +1299,7 @@ func TestJournalCompactDoesNotHoldUpWriters(t *testing.T) {
 func TestJournalPruneScansInChunks(t *testing.T) {
 	j, path := ijOpen(t, nil)
 	ctx := context.Background()
-	const n = 3*fjRemoveChunk + 17
+	const n = 3*removeChunk + 17
 	keys := ijKeyList("k", n)
 	errs := ijBeginAll(j, keys)
 	for range keys {
@@ -1305,7 +1307,7 @@ func TestJournalPruneScansInChunks(t *testing.T) {
 	}
 	for i, k := range keys {
 		if i%3 != 0 {
-			require.NoError(t, j.Finish(ctx, k, Outcome{State: StateDone, Status: 200, At: ijT0}))
+			require.NoError(t, j.Finish(ctx, k, idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, At: ijT0}))
 		}
 	}
 	require.NoError(t, j.Delete(ctx, keys[0]))
@@ -1324,7 +1326,7 @@ func TestJournalPruneScansInChunks(t *testing.T) {
 }
 
 // ijIndexView is what the index keeps of an entry, for comparing two.
-func ijIndexView(le *fjEntry) fjEntry {
+func ijIndexView(le *entry) entry {
 	v := *le
 	v.deleting, v.gone, v.unsynced = false, false, false
 	return v
@@ -1335,13 +1337,13 @@ func ijIndexView(le *fjEntry) fjEntry {
 // 96.
 func TestFjEntrySize(t *testing.T) {
 	if unsafe.Sizeof(uintptr(0)) == 8 {
-		assert.LessOrEqual(t, unsafe.Sizeof(fjEntry{}), uintptr(80))
+		assert.LessOrEqual(t, unsafe.Sizeof(entry{}), uintptr(80))
 	}
 }
 
 // ijMap returns what t indexes, as a map.
-func ijMap(t *fjTable) map[string]*fjEntry {
-	m := make(map[string]*fjEntry, t.len())
+func ijMap(t *table) map[string]*entry {
+	m := make(map[string]*entry, t.len())
 	for le := range t.all() {
 		m[t.name(le)] = le
 	}

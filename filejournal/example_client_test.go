@@ -1,4 +1,4 @@
-package idemhttp_test
+package filejournal_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 )
 
 // A journal of its own stores what SanitizeEntry leaves of an entry, so
@@ -42,7 +43,7 @@ func ExampleSanitizeEntry() {
 
 // Inspection tools open a journal read-only: without the writer's lock,
 // so while the writer runs, and without changing the file.
-func ExampleJournalOptions_readOnly() {
+func ExampleOptions_readOnly() {
 	dir, err := os.MkdirTemp("", "journal")
 	if err != nil {
 		fmt.Println(err)
@@ -52,7 +53,7 @@ func ExampleJournalOptions_readOnly() {
 	path := filepath.Join(dir, "journal")
 	ctx := context.Background()
 
-	w, err := idemhttp.OpenFileJournal(path, nil)
+	w, err := filejournal.Open(path, nil)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -67,7 +68,7 @@ func ExampleJournalOptions_readOnly() {
 		return
 	}
 
-	r, err := idemhttp.OpenFileJournal(path, &idemhttp.JournalOptions{ReadOnly: true})
+	r, err := filejournal.Open(path, &filejournal.Options{ReadOnly: true})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -91,7 +92,7 @@ func ExampleJournalOptions_readOnly() {
 // The journal remembers the latest time it has recorded, also once the
 // entry that held it is gone: a clock set back below it is noticed, and
 // Client.Resume resends nothing (ErrClockJump).
-func ExampleFileJournal_HighWater() {
+func ExampleJournal_HighWater() {
 	dir, err := os.MkdirTemp("", "journal")
 	if err != nil {
 		fmt.Println(err)
@@ -99,7 +100,7 @@ func ExampleFileJournal_HighWater() {
 	}
 	defer os.RemoveAll(dir)
 	ctx := context.Background()
-	j, err := idemhttp.OpenFileJournal(filepath.Join(dir, "journal"), nil)
+	j, err := filejournal.Open(filepath.Join(dir, "journal"), nil)
 	if err != nil {
 		fmt.Println(err)
 		return

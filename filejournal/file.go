@@ -1,4 +1,4 @@
-package idemhttp
+package filejournal
 
 import (
 	"bytes"
@@ -9,19 +9,21 @@ import (
 	"slices"
 	"time"
 
+	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/contract"
 	"github.com/idemkit/idemhttp/internal/wal"
 )
 
-// fjCompactMin is the file size below which compaction is not worth it.
-const fjCompactMin = 1 << 20
+// compactMin is the file size below which compaction is not worth it.
+const compactMin = 1 << 20
 
-// fjIndex is the in-memory state replay builds.
-type fjIndex struct {
-	byKey *fjTable
-	byOp  *fjTable
-	all   []*fjEntry // in the order begun; deleted ones marked gone
+// index is the in-memory state replay builds.
+type index struct {
+	byKey *table
+	byOp  *table
+	all   []*entry // in the order begun; deleted ones marked gone
 	live  int64
-	high  time.Time // the latest time in any record: see FileJournal.high
+	high  time.Time // the latest time in any record: see Journal.high
 
 	scratch  []byte // indexBegin's, for the key and operation id
 	fileSize int64  // of the file replayed, 0 if not known
@@ -29,19 +31,19 @@ type fjIndex struct {
 
 // raiseParts raises idx.high to the time the file stores as sec and ns,
 // if later.
-func (idx *fjIndex) raiseParts(sec int64, ns uint32) {
-	if t := fjUnixTime(sec, ns); t.After(idx.high) {
+func (idx *index) raiseParts(sec int64, ns uint32) {
+	if t := unixTime(sec, ns); t.After(idx.high) {
 		idx.high = t
 	}
 }
 
-// fjEstimateAfter is how many begin records replay reads before it
+// estimateAfter is how many begin records replay reads before it
 // estimates how many the file holds, from the bytes they took, and sizes
 // the tables for that many.
-const fjEstimateAfter = 1 << 16
+const estimateAfter = 1 << 16
 
-func newFjIndex() *fjIndex {
-	return &fjIndex{byKey: newFjTable(false, 0), byOp: newFjTable(true, 0)}
+func newFjIndex() *index {
+	return &index{byKey: newFjTable(false, 0), byOp: newFjTable(true, 0)}
 }
 
 // applyRecord is the [wal.ApplyFunc] that builds the index. Begin
@@ -50,26 +52,26 @@ func newFjIndex() *fjIndex {
 // entries is mostly this. The request's fields are checked when the entry
 // is read back (Get, Pending, Resume) and by Verify, which decode it in
 // full: a header out of order, say, is found there, not here. With
-// fjDigest as the replay's [wal.DigestFunc], a begin record arrives as
+// digest as the replay's [wal.DigestFunc], a begin record arrives as
 // its digest, made on the read-ahead's goroutine.
-func (idx *fjIndex) applyRecord(off int64, n int, payload []byte) error {
+func (idx *index) applyRecord(off int64, n int, payload []byte) error {
 	if len(payload) > 0 {
 		switch payload[0] {
-		case fjKindBegin:
-			b, err := fjScanBegin(payload)
+		case kindBegin:
+			b, err := scanBegin(payload)
 			if err != nil {
 				return err
 			}
 			return idx.indexBegin(off, n, &b)
-		case fjKindDigest:
-			b, err := fjUndigest(payload)
+		case kindDigest:
+			b, err := undigest(payload)
 			if err != nil {
 				return err
 			}
 			return idx.indexBegin(off, n, &b)
 		}
 	}
-	rec, err := fjDecodeRecord(payload)
+	rec, err := decodeRecord(payload)
 	if err != nil {
 		return err
 	}
@@ -78,17 +80,17 @@ func (idx *fjIndex) applyRecord(off int64, n int, payload []byte) error {
 
 // verifyRecord is applyRecord decoding every record in full, for Verify
 // (and the tests, which check that both accept the same files).
-func (idx *fjIndex) verifyRecord(off int64, n int, payload []byte) error {
-	rec, err := fjDecodeRecord(payload)
+func (idx *index) verifyRecord(off int64, n int, payload []byte) error {
+	rec, err := decodeRecord(payload)
 	if err != nil {
 		return err
 	}
 	return idx.apply(rec, off, n)
 }
 
-// fjBegin is what the index keeps of a begin record. key and op alias
+// begin is what the index keeps of a begin record. key and op alias
 // the record (or its digest).
-type fjBegin struct {
+type begin struct {
 	key, op                []byte
 	keyOp                  []byte // key then op, when adjacent (a digest's); nil otherwise
 	createdSec, updatedSec int64
@@ -97,18 +99,18 @@ type fjBegin struct {
 	attempts, lastStatus   int
 }
 
-// fjScanBegin reads a begin record for the fields the index keeps,
+// scanBegin reads a begin record for the fields the index keeps,
 // skipping the request's, and checks it as far as a full decode would
 // refuse it.
-func fjScanBegin(payload []byte) (fjBegin, error) {
-	var b fjBegin
+func scanBegin(payload []byte) (begin, error) {
+	var b begin
 	r := journalReader{b: payload[1:]}
 	b.key = r.bytes()
 	b.op = r.bytes()
 	r.bytes() // method
 	r.bytes() // URL
 	r.bytes() // fingerprint
-	// Header names in order, each with a value, as fjDecodeRecord
+	// Header names in order, each with a value, as decodeRecord
 	// requires: the index accepts no record a full decode refuses.
 	var prev []byte
 	for i := range r.count() {
@@ -145,83 +147,83 @@ func fjScanBegin(payload []byte) (fjBegin, error) {
 		return b, r.err
 	}
 	if b.attempts < 0 {
-		return b, fmt.Errorf("%w: negative attempts %d", ErrJournalCorrupt, b.attempts)
+		return b, fmt.Errorf("%w: negative attempts %d", ErrCorrupt, b.attempts)
 	}
-	if err := validateKeyBytes(b.key); err != nil {
-		return b, fmt.Errorf("%w: record with a bad key", ErrJournalCorrupt)
+	if err := contract.ValidateKey(b.key); err != nil {
+		return b, fmt.Errorf("%w: record with a bad key", ErrCorrupt)
 	}
 	return b, nil
 }
 
-// fjKindDigest starts the digest of a begin record: never a record's
-// kind in a file (fjDigest refuses a record of that kind, as a full
+// kindDigest starts the digest of a begin record: never a record's
+// kind in a file (digest refuses a record of that kind, as a full
 // decode does, so that none passes for a digest).
-const fjKindDigest = 'b'
+const kindDigest = 'b'
 
-// fjDigestLen is the fixed part of a digest: its kind, then created and
+// digestLen is the fixed part of a digest: its kind, then created and
 // updated seconds, attempts and last status (8 bytes each), created and
 // updated nanoseconds (4 each), the key's length (2) and the operation
 // id's (4), and the state; the key and the operation id follow.
-const fjDigestLen = 1 + 4*8 + 2*4 + 2 + 4 + 1
+const digestLen = 1 + 4*8 + 2*4 + 2 + 4 + 1
 
-// fjDigest is the [wal.DigestFunc] of a journal's replay: a begin record
+// digest is the [wal.DigestFunc] of a journal's replay: a begin record
 // becomes the few dozen bytes of it the index keeps, checked as
-// applyRecord checks it (fjScanBegin); any other record stays as it is.
+// applyRecord checks it (scanBegin); any other record stays as it is.
 // It runs on the read-ahead's goroutine while the records before are
 // indexed, so that opening a large journal checks and reads its records
 // on one core and indexes them on another: the index then reads a
 // compact digest instead of the first cache lines of every 1 KiB record,
 // at fixed offsets, the applier being the busier of the two.
 // It must not touch the index.
-func fjDigest(dst, payload []byte) ([]byte, error) {
-	if len(payload) == 0 || payload[0] != fjKindBegin {
-		if len(payload) > 0 && payload[0] == fjKindDigest {
-			_, err := fjDecodeRecord(payload) // an unknown kind, as Verify says
+func digest(dst, payload []byte) ([]byte, error) {
+	if len(payload) == 0 || payload[0] != kindBegin {
+		if len(payload) > 0 && payload[0] == kindDigest {
+			_, err := decodeRecord(payload) // an unknown kind, as Verify says
 			return dst, err
 		}
 		return append(dst, payload...), nil
 	}
-	b, err := fjScanBegin(payload)
+	b, err := scanBegin(payload)
 	if err != nil {
 		return dst, err
 	}
 	le := binary.LittleEndian
-	dst = append(dst, fjKindDigest)
+	dst = append(dst, kindDigest)
 	dst = le.AppendUint64(dst, uint64(b.createdSec))
 	dst = le.AppendUint64(dst, uint64(b.updatedSec))
 	dst = le.AppendUint64(dst, uint64(b.attempts))
 	dst = le.AppendUint64(dst, uint64(b.lastStatus))
 	dst = le.AppendUint32(dst, b.createdNs)
 	dst = le.AppendUint32(dst, b.updatedNs)
-	dst = le.AppendUint16(dst, uint16(len(b.key))) // at most MaxKeyLen: fjScanBegin checked it
+	dst = le.AppendUint16(dst, uint16(len(b.key))) // at most MaxKeyLen: scanBegin checked it
 	dst = le.AppendUint32(dst, uint32(len(b.op)))  // within a record, below MaxRecord
 	dst = append(dst, b.state)
 	dst = append(dst, b.key...)
 	return append(dst, b.op...), nil
 }
 
-// fjUndigest reads what fjDigest made.
-func fjUndigest(d []byte) (fjBegin, error) {
-	var b fjBegin
-	if len(d) < fjDigestLen {
-		return b, fmt.Errorf("%w: short digest", ErrJournalCorrupt)
+// undigest reads what digest made.
+func undigest(d []byte) (begin, error) {
+	var b begin
+	if len(d) < digestLen {
+		return b, fmt.Errorf("%w: short digest", ErrCorrupt)
 	}
 	le := binary.LittleEndian
 	kl, ol := int(le.Uint16(d[41:])), int(le.Uint32(d[43:]))
-	if len(d)-fjDigestLen != kl+ol {
-		return b, fmt.Errorf("%w: digest of %d bytes for %d", ErrJournalCorrupt, len(d), fjDigestLen+kl+ol)
+	if len(d)-digestLen != kl+ol {
+		return b, fmt.Errorf("%w: digest of %d bytes for %d", ErrCorrupt, len(d), digestLen+kl+ol)
 	}
 	b.createdSec, b.updatedSec = int64(le.Uint64(d[1:])), int64(le.Uint64(d[9:]))
 	b.attempts, b.lastStatus = int(int64(le.Uint64(d[17:]))), int(int64(le.Uint64(d[25:])))
 	b.createdNs, b.updatedNs = le.Uint32(d[33:]), le.Uint32(d[37:])
 	b.state = d[47]
-	b.keyOp = d[fjDigestLen:]
+	b.keyOp = d[digestLen:]
 	b.key, b.op = b.keyOp[:kl], b.keyOp[kl:]
 	return b, nil
 }
 
 // indexBegin indexes the begin record b, stored at off with length n.
-func (idx *fjIndex) indexBegin(off int64, n int, b *fjBegin) error {
+func (idx *index) indexBegin(off int64, n int, b *begin) error {
 	key, op := b.key, b.op
 	// One allocation for the key and the operation id together.
 	keyOp := b.keyOp
@@ -229,11 +231,11 @@ func (idx *fjIndex) indexBegin(off int64, n int, b *fjBegin) error {
 		idx.scratch = append(append(idx.scratch[:0], key...), op...)
 		keyOp = idx.scratch
 	}
-	le := &fjEntry{
+	le := &entry{
 		keyOp: string(keyOp), keyLen: uint16(len(key)), attempts: b.attempts, lastStatus: b.lastStatus, state: b.state, off: off, size: int32(n),
 		createdSec: b.createdSec, createdNs: b.createdNs, updatedSec: b.updatedSec, updatedNs: b.updatedNs,
 	}
-	if len(idx.all) == fjEstimateAfter && idx.fileSize > off {
+	if len(idx.all) == estimateAfter && idx.fileSize > off {
 		// Grow the tables once to what the whole file will hold at this
 		// rate, instead of doubling every shard again and again.
 		est := int(int64(len(idx.all)) * idx.fileSize / off)
@@ -244,39 +246,39 @@ func (idx *fjIndex) indexBegin(off int64, n int, b *fjBegin) error {
 		idx.all = slices.Grow(idx.all, est-len(idx.all))
 	}
 	if idx.byKey.insertNew(idx.byKey.hashBytes(key), le) != nil {
-		return fmt.Errorf("%w: key %q stored twice", ErrJournalCorrupt, key)
+		return fmt.Errorf("%w: key %q stored twice", ErrCorrupt, key)
 	}
 	if len(op) > 0 && idx.byOp.insertNew(idx.byOp.hashBytes(op), le) != nil {
 		idx.byKey.del(le.key()) // a salvage goes on without it
-		return fmt.Errorf("%w: operation %q stored twice", ErrJournalCorrupt, op)
+		return fmt.Errorf("%w: operation %q stored twice", ErrCorrupt, op)
 	}
 	idx.all = append(idx.all, le)
-	idx.live += int64(n) + fjEntryOverhead
+	idx.live += int64(n) + entryOverhead
 	idx.raiseParts(b.createdSec, b.createdNs)
 	idx.raiseParts(b.updatedSec, b.updatedNs)
 	return nil
 }
 
-// fjReplayed is a replay's index and what the log found.
-type fjReplayed struct {
-	*fjIndex
+// replayed is a replay's index and what the log found.
+type replayed struct {
+	*index
 	*wal.Replayed
 }
 
-// fjReplay rebuilds the index from a journal file's bytes, header
-// included, as OpenFileJournal does. With salvage, damage in the middle
+// replay rebuilds the index from a journal file's bytes, header
+// included, as Open does. With salvage, damage in the middle
 // of the file is skipped instead of refused.
-func fjReplay(data []byte, salvage bool) (*fjReplayed, error) {
+func replay(data []byte, salvage bool) (*replayed, error) {
 	idx := newFjIndex()
-	res, err := wal.ReplayDigest(bytes.NewReader(data), int64(len(data)), salvage, idx.applyRecord, fjDigest)
+	res, err := wal.ReplayDigest(bytes.NewReader(data), int64(len(data)), salvage, idx.applyRecord, digest)
 	if err != nil {
 		return nil, err
 	}
-	return &fjReplayed{idx, res}, nil
+	return &replayed{idx, res}, nil
 }
 
-// fjReplayWith is fjReplay applying records with apply, undigested.
-func fjReplayWith(data []byte, salvage bool, apply func(*fjIndex, int64, int, []byte) error) (*fjReplayed, error) {
+// replayWith is replay applying records with apply, undigested.
+func replayWith(data []byte, salvage bool, apply func(*index, int64, int, []byte) error) (*replayed, error) {
 	idx := newFjIndex()
 	res, err := wal.Replay(bytes.NewReader(data), int64(len(data)), salvage, func(off int64, n int, p []byte) error {
 		return apply(idx, off, n, p)
@@ -284,27 +286,27 @@ func fjReplayWith(data []byte, salvage bool, apply func(*fjIndex, int64, int, []
 	if err != nil {
 		return nil, err
 	}
-	return &fjReplayed{idx, res}, nil
+	return &replayed{idx, res}, nil
 }
 
 // apply applies one record, stored at off with length n, to the index.
-func (idx *fjIndex) apply(rec *fjRecord, off int64, n int) error {
-	if rec.kind == fjKindClock {
+func (idx *index) apply(rec *record, off int64, n int) error {
+	if rec.kind == kindClock {
 		// The mark when the file was compacted: deleted entries' times
-		// count too (see FileJournal.HighWater).
-		idx.high = latest(idx.high, rec.updated)
+		// count too (see Journal.HighWater).
+		idx.high = contract.Latest(idx.high, rec.updated)
 		return nil
 	}
 	le := idx.byKey.get(rec.key)
 	exists := le != nil
 	switch rec.kind {
-	case fjKindBegin:
+	case kindBegin:
 		if exists {
-			return fmt.Errorf("%w: key %q stored twice", ErrJournalCorrupt, rec.key)
+			return fmt.Errorf("%w: key %q stored twice", ErrCorrupt, rec.key)
 		}
 		if rec.operation != "" {
 			if idx.byOp.get(rec.operation) != nil {
-				return fmt.Errorf("%w: operation %q stored twice", ErrJournalCorrupt, rec.operation)
+				return fmt.Errorf("%w: operation %q stored twice", ErrCorrupt, rec.operation)
 			}
 		}
 		le := newFjEntry(rec.key, rec.operation, rec.created, rec.updated, rec.attempts, rec.lastStatus, rec.state, off, n)
@@ -313,31 +315,31 @@ func (idx *fjIndex) apply(rec *fjRecord, off int64, n int) error {
 		if le.operation() != "" {
 			idx.byOp.put(le)
 		}
-		idx.live += int64(n) + fjEntryOverhead
-	case fjKindFinish:
+		idx.live += int64(n) + entryOverhead
+	case kindFinish:
 		if !exists {
-			return fmt.Errorf("%w: outcome of unknown key %q", ErrJournalCorrupt, rec.key)
+			return fmt.Errorf("%w: outcome of unknown key %q", ErrCorrupt, rec.key)
 		}
 		le.state, le.lastStatus, le.attempts = rec.state, rec.lastStatus, rec.attempts
 		le.setUpdated(rec.updated)
-	case fjKindDelete:
+	case kindDelete:
 		if !exists {
-			return fmt.Errorf("%w: deletion of unknown key %q", ErrJournalCorrupt, rec.key)
+			return fmt.Errorf("%w: deletion of unknown key %q", ErrCorrupt, rec.key)
 		}
 		idx.byKey.del(rec.key)
 		le.gone = true
 		if le.operation() != "" {
 			idx.byOp.del(le.operation())
 		}
-		idx.live -= int64(le.size) + fjEntryOverhead
+		idx.live -= int64(le.size) + entryOverhead
 	}
-	idx.high = latest(idx.high, rec.created, rec.updated)
+	idx.high = contract.Latest(idx.high, rec.created, rec.updated)
 	return nil
 }
 
 // verify replays the durable part of the file and compares it with the
 // index.
-func (j *FileJournal) verify(ctx context.Context) error {
+func (j *Journal) verify(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -353,25 +355,25 @@ func (j *FileJournal) verify(ctx context.Context) error {
 		want := make(map[string]place, j.byKey.len())
 		// A read-only journal's index is the file's as it was opened,
 		// nothing newer: all of it can be compared, which finds an index
-		// file that disagrees with the records (see FileJournal). A
+		// file that disagrees with the records (see Journal). A
 		// writer's entries may hold outcomes not on disk yet.
-		var states map[string]fjStateView
+		var states map[string]stateView
 		high := j.high
 		if j.readOnly {
-			states = make(map[string]fjStateView, j.byKey.len())
+			states = make(map[string]stateView, j.byKey.len())
 		}
 		for le := range j.byKey.all() {
 			if !le.unsynced {
 				off, size := j.placeLocked(le)
 				want[le.key()] = place{off, size}
 				if states != nil {
-					states[le.key()] = fjStateOf(le)
+					states[le.key()] = stateOf(le)
 				}
 			}
 		}
 		j.mu.Unlock()
 		if skipped := r.Skipped(); skipped > 0 {
-			return fmt.Errorf("%w: %d damaged bytes were skipped when the journal was opened", ErrJournalCorrupt, skipped)
+			return fmt.Errorf("%w: %d damaged bytes were skipped when the journal was opened", ErrCorrupt, skipped)
 		}
 		idx := newFjIndex()
 		res, err := r.Replay(size, idx.verifyRecord)
@@ -379,36 +381,36 @@ func (j *FileJournal) verify(ctx context.Context) error {
 			return err
 		}
 		if res.Truncated > 0 {
-			return fmt.Errorf("%w: damaged batch at offset %d, inside data already on disk", ErrJournalCorrupt, res.End)
+			return fmt.Errorf("%w: damaged batch at offset %d, inside data already on disk", ErrCorrupt, res.End)
 		}
 		for le := range idx.byKey.all() {
 			k := le.key()
 			p, ok := want[k]
 			if !ok {
-				return fmt.Errorf("%w: entry %s is in the file but not in the index", ErrJournalCorrupt, k)
+				return fmt.Errorf("%w: entry %s is in the file but not in the index", ErrCorrupt, k)
 			}
 			if p.off != le.off || p.size != le.size {
-				return fmt.Errorf("%w: entry %s is at offset %d in the file, %d in the index", ErrJournalCorrupt, k, le.off, p.off)
+				return fmt.Errorf("%w: entry %s is at offset %d in the file, %d in the index", ErrCorrupt, k, le.off, p.off)
 			}
-			if st, ok := states[k]; ok && st != fjStateOf(le) {
-				return fmt.Errorf("%w: entry %s: its state, times or counts in the file are not the index's", ErrJournalCorrupt, k)
+			if st, ok := states[k]; ok && st != stateOf(le) {
+				return fmt.Errorf("%w: entry %s: its state, times or counts in the file are not the index's", ErrCorrupt, k)
 			}
 		}
 		if states != nil && !idx.high.Equal(high) {
-			return fmt.Errorf("%w: the file's high-water mark is %v, the index's %v", ErrJournalCorrupt, idx.high, high)
+			return fmt.Errorf("%w: the file's high-water mark is %v, the index's %v", ErrCorrupt, idx.high, high)
 		}
 		for k := range want {
 			if idx.byKey.get(k) == nil {
-				return fmt.Errorf("%w: entry %s is in the index but not in the file", ErrJournalCorrupt, k)
+				return fmt.Errorf("%w: entry %s is in the index but not in the file", ErrCorrupt, k)
 			}
 		}
 		return nil
 	})
 }
 
-// fjStateView is what Verify compares of an entry besides its place:
+// stateView is what Verify compares of an entry besides its place:
 // the fields records set, and the operation id.
-type fjStateView struct {
+type stateView struct {
 	keyOp                  string
 	createdSec, updatedSec int64
 	createdNs, updatedNs   uint32
@@ -416,25 +418,25 @@ type fjStateView struct {
 	state                  byte
 }
 
-func fjStateOf(le *fjEntry) fjStateView {
-	return fjStateView{
+func stateOf(le *entry) stateView {
+	return stateView{
 		keyOp: le.keyOp, createdSec: le.createdSec, updatedSec: le.updatedSec, createdNs: le.createdNs, updatedNs: le.updatedNs,
 		attempts: le.attempts, lastStatus: le.lastStatus, state: le.state,
 	}
 }
 
 // worthCompacting reports whether compaction would at least halve a file
-// of at least fjCompactMin bytes.
-func (j *FileJournal) worthCompacting() bool {
+// of at least compactMin bytes.
+func (j *Journal) worthCompacting() bool {
 	size := j.log.Size()
 	j.mu.Lock()
 	live := j.live
 	j.mu.Unlock()
-	return wal.CanRewrite && size >= fjCompactMin && size > 2*(live+wal.FileHeaderLen)
+	return wal.CanRewrite && size >= compactMin && size > 2*(live+wal.FileHeaderLen)
 }
 
 // maybeCompact compacts the file if that is worthwhile.
-func (j *FileJournal) maybeCompact(ctx context.Context) error {
+func (j *Journal) maybeCompact(ctx context.Context) error {
 	if !j.worthCompacting() {
 		return nil
 	}
@@ -446,7 +448,7 @@ func (j *FileJournal) maybeCompact(ctx context.Context) error {
 // atomically: the new file is written beside the old one, synced, and
 // renamed over it, so a crash at any point leaves one or the other whole.
 // A journal path that is a symbolic link stays one: the new file replaces
-// the link's target. Prune and OpenFileJournal call Compact when it would
+// the link's target. Prune and Open call Compact when it would
 // halve the file.
 //
 // Compact reads and rewrites every live entry while the journal works
@@ -460,30 +462,30 @@ func (j *FileJournal) maybeCompact(ctx context.Context) error {
 // time (a millisecond or two in all at a million entries; the old file
 // is closed, and freed, after writers go on). If the directory cannot be
 // synced after the rename, the journal stops taking writes (see
-// [FileJournal]). On Windows, which cannot rename over an open file,
+// [Journal]). On Windows, which cannot rename over an open file,
 // Compact returns an error and the file only grows until its done entries
 // are pruned and a new journal is started.
-func (j *FileJournal) Compact(ctx context.Context) error {
+func (j *Journal) Compact(ctx context.Context) error {
 	if err := j.compact(ctx); err != nil {
 		return fmt.Errorf("idemhttp: journal compact: %w", err)
 	}
 	return nil
 }
 
-func (j *FileJournal) compact(ctx context.Context) error {
+func (j *Journal) compact(ctx context.Context) error {
 	// The swap replaces the list a scan walks: not during one.
 	j.scanMu.Lock()
 	defer j.scanMu.Unlock()
 	// What the old file holds up to from: every entry durable then, with
 	// where its begin record is.
-	var all []fjPlace
-	var byKey, byOp *fjTable
-	var list []*fjEntry
+	var all []place
+	var byKey, byOp *table
+	var list []*entry
 	switched := false
 	// The index file of the new file, as of the last batch of records
 	// fill writes (the batches copied after it are replayed onto it): a
 	// crash after the compaction then opens from it.
-	var xw *fjIndexWriter
+	var xw *indexWriter
 	var xcp wal.Checkpoint
 	var xhigh time.Time
 	defer func() {
@@ -505,12 +507,12 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		// are still wanted: the delete record, in a batch copied after,
 		// must find its entry. The list is read a chunk at a time, so
 		// that Begin is never held up for long.
-		all = make([]fjPlace, 0, listed)
-		for i := 0; i < listed; i += fjRemoveChunk {
+		all = make([]place, 0, listed)
+		for i := 0; i < listed; i += removeChunk {
 			j.mu.Lock()
-			for _, le := range j.all[i:min(i+fjRemoveChunk, listed)] {
+			for _, le := range j.all[i:min(i+removeChunk, listed)] {
 				if le.off < from && !le.unsynced && (!le.gone || le.goneLate) {
-					all = append(all, fjPlace{le: le, off: le.off, size: le.size})
+					all = append(all, place{le: le, off: le.off, size: le.size})
 				}
 			}
 			j.mu.Unlock()
@@ -522,7 +524,7 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		high := j.high
 		live := j.live
 		j.mu.Unlock()
-		if !j.salvage && live >= fjIndexMin {
+		if !j.salvage && live >= indexMin {
 			xw, _ = newFjIndexWriter(j.indexPath, true) // best effort, as at Close
 		}
 		// The index file's mark is what replay would make of the new
@@ -531,13 +533,13 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		xhigh = high
 		// The mark first: the records it was taken from may not be
 		// copied (see HighWater); later batches can only raise it.
-		if _, err := w.Append(fjClockMax, func(buf []byte) []byte { return fjAppendClock(buf, high) }); err != nil {
+		if _, err := w.Append(clockMax, func(buf []byte) []byte { return appendClock(buf, high) }); err != nil {
 			return 0, err
 		}
 		// Key, operation and created time never change: sorting and new
 		// tables need no lock.
-		slices.SortFunc(all, func(a, b fjPlace) int {
-			return fjCompareCreated(a.le, b.le)
+		slices.SortFunc(all, func(a, b place) int {
+			return compareCreated(a.le, b.le)
 		})
 		// Tables never shrink below their peak by themselves as much as
 		// a new one sized to what is live: build new ones for the swap.
@@ -552,7 +554,7 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		// Each entry's state is read under mu, and its slot in all set,
 		// an entry at a time, so that Begin is never held up for long.
 		var rbuf []byte
-		var e *Entry
+		var e *idemhttp.Entry
 		for i := range all {
 			if i%1024 == 0 {
 				if err := ctx.Err(); err != nil {
@@ -560,7 +562,7 @@ func (j *FileJournal) compact(ctx context.Context) error {
 				}
 			}
 			le := all[i].le
-			snap := fjEntry{keyOp: le.keyOp, keyLen: le.keyLen, off: all[i].off, size: all[i].size}
+			snap := entry{keyOp: le.keyOp, keyLen: le.keyLen, off: all[i].off, size: all[i].size}
 			j.mu.Lock()
 			gone := le.gone
 			if !gone {
@@ -570,19 +572,19 @@ func (j *FileJournal) compact(ctx context.Context) error {
 			le.slot = int32(i)
 			j.mu.Unlock()
 			var err error
-			if e, err = fjReadEntry(r, &snap, rbuf); err != nil {
+			if e, err = readEntry(r, &snap, rbuf); err != nil {
 				return 0, err
 			}
 			if gone {
 				// Deleted since: any state will do, the delete follows.
-				e.State = StateDone
+				e.State = idemhttp.StateDone
 			}
-			size, _ := fjBeginSize(e)
+			size, _ := beginSize(e)
 			var encErr error
 			var n int
-			off, err := w.Append(fjRecHdrLen+size, func(buf []byte) []byte {
+			off, err := w.Append(recHdrLen+size, func(buf []byte) []byte {
 				start := len(buf)
-				buf, encErr = fjAppendBegin(buf, e)
+				buf, encErr = appendBegin(buf, e)
 				n = len(buf) - start
 				return buf
 			})
@@ -595,12 +597,12 @@ func (j *FileJournal) compact(ctx context.Context) error {
 			all[i].newOff, all[i].newSize = off, int32(n)
 			if xw != nil {
 				// The entry as replay will index the record just written:
-				// fjAppendBegin stores e's fields as they are (and refused
+				// appendBegin stores e's fields as they are (and refused
 				// a state it does not know).
 				st, _ := journalStateByte(e.State)
-				ie := fjEntryOf(le.keyOp, le.keyLen, e.Created, e.Updated, e.Attempts, e.LastStatus, st, off, n)
+				ie := entryOf(le.keyOp, le.keyLen, e.Created, e.Updated, e.Attempts, e.LastStatus, st, off, n)
 				xw.add(&ie, off, int32(n))
-				xhigh = latest(xhigh, e.Created, e.Updated)
+				xhigh = contract.Latest(xhigh, e.Created, e.Updated)
 			}
 		}
 		if xw != nil {
@@ -613,7 +615,7 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		// The list the swap installs, built here, outside the lock: an
 		// entry deleted from now on stays in it, marked gone, as the
 		// list allows.
-		list = make([]*fjEntry, 0, len(all))
+		list = make([]*entry, 0, len(all))
 		for i := range all {
 			list = append(list, all[i].le)
 		}
@@ -640,7 +642,7 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		j.remap = all
 		// Batches committed since, and the one being filled, moved as a
 		// whole; their entries join the new tables.
-		keep := func(le *fjEntry) {
+		keep := func(le *entry) {
 			le.off += delta
 			le.gen = j.gen
 			if !le.gone {
@@ -687,9 +689,9 @@ func (j *FileJournal) compact(ctx context.Context) error {
 		// Writers go on; the entries of the old file are brought to the
 		// new one's places a chunk at a time. Until then placeLocked
 		// finds them through remap.
-		for i := 0; i < len(all); i += fjRemoveChunk {
+		for i := 0; i < len(all); i += removeChunk {
 			j.mu.Lock()
-			for k := i; k < min(i+fjRemoveChunk, len(all)); k++ {
+			for k := i; k < min(i+removeChunk, len(all)); k++ {
 				p := &all[k]
 				if le := p.le; le.gen != j.gen {
 					if !le.gone {
@@ -708,7 +710,7 @@ func (j *FileJournal) compact(ctx context.Context) error {
 }
 
 // endCompactingLocked ends what a compaction's snapshot started.
-func (j *FileJournal) endCompactingLocked() {
+func (j *Journal) endCompactingLocked() {
 	for _, le := range j.lateGone {
 		le.goneLate = false
 	}

@@ -1,4 +1,4 @@
-package idemhttp
+package filejournal
 
 import (
 	"bufio"
@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/idemhttp/internal/contract"
 	"github.com/idemkit/idemhttp/internal/wal"
 )
 
@@ -20,7 +21,7 @@ import (
 // index from the whole file, a gigabyte and more with 1 KiB bodies: about
 // a second of two cores. A clean close of a large journal therefore also
 // writes the index itself, the few dozen bytes the index keeps of each
-// entry, to a file beside the journal (its name with fjIndexSuffix). The
+// entry, to a file beside the journal (its name with indexSuffix). The
 // next open reads that instead, and replays only the batches written
 // after the close, if any.
 //
@@ -44,18 +45,18 @@ import (
 // and by Verify (idemctl verify), which still replays the whole file and
 // compares it with the index, however it was built.
 
-// fjIndexSuffix follows the journal's name (symlinks resolved) in the
+// indexSuffix follows the journal's name (symlinks resolved) in the
 // name of its index file.
-const fjIndexSuffix = ".index"
+const indexSuffix = ".index"
 
-// fjIndexMin is the journal size from which a clean close writes an index
+// indexMin is the journal size from which a clean close writes an index
 // file: a smaller journal replays in a few milliseconds. A variable for
 // the tests.
-var fjIndexMin int64 = 8 << 20
+var indexMin int64 = 8 << 20
 
 // The index file's layout, all integers little-endian:
 //
-//	header (fjIndexHeaderLen bytes):
+//	header (indexHeaderLen bytes):
 //	  magic "idemidx\n", version u32, chunks u32,
 //	  checkpoint: salt u64, offset i64, length u32, CRC u32, sequence u64,
 //	  entries u64, high-water mark: seconds i64, nanoseconds u32,
@@ -67,30 +68,30 @@ var fjIndexMin int64 = 8 << 20
 //	  last status i32, key length u16, operation length u16, state u8,
 //	  then the key and the operation id.
 const (
-	fjIndexMagic      = "idemidx\n"
-	fjIndexVersion    = 1
-	fjIndexHeaderLen  = 72
-	fjIndexChunkHdr   = 12
-	fjIndexEntryFixed = 49
-	fjIndexChunkMax   = 8192    // entries per chunk
-	fjIndexChunkBytes = 4 << 20 // the largest chunk payload a reader accepts
+	indexMagic      = "idemidx\n"
+	indexVersion    = 1
+	indexHeaderLen  = 72
+	indexChunkHdr   = 12
+	indexEntryFixed = 49
+	indexChunkMax   = 8192    // entries per chunk
+	indexChunkBytes = 4 << 20 // the largest chunk payload a reader accepts
 )
 
 // errFjIndex is why an index file is not used; it never leaves the
 // package: the journal is replayed instead.
 var errFjIndex = errors.New("index file refused")
 
-// fjIndexPath is the name of the index file of the journal at path.
-func fjIndexPath(path string) string {
+// indexPath is the name of the index file of the journal at path.
+func indexPath(path string) string {
 	if real, err := filepath.EvalSymlinks(path); err == nil {
 		path = real
 	}
-	return path + fjIndexSuffix
+	return path + indexSuffix
 }
 
-// fjIndexFile is an index file opened for a replay: its header read and
+// indexFile is an index file opened for a replay: its header read and
 // checked.
-type fjIndexFile struct {
+type indexFile struct {
 	f       *os.File
 	cp      wal.Checkpoint
 	entries uint64
@@ -101,20 +102,20 @@ type fjIndexFile struct {
 
 // openFjIndex opens the index file at path and checks its header; nil if
 // there is none, or none this build reads.
-func openFjIndex(path string) *fjIndexFile {
+func openFjIndex(path string) *indexFile {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil
 	}
-	var h [fjIndexHeaderLen]byte
-	if _, err := io.ReadFull(f, h[:]); err != nil || string(h[:8]) != fjIndexMagic ||
-		binary.LittleEndian.Uint32(h[8:]) != fjIndexVersion ||
+	var h [indexHeaderLen]byte
+	if _, err := io.ReadFull(f, h[:]); err != nil || string(h[:8]) != indexMagic ||
+		binary.LittleEndian.Uint32(h[8:]) != indexVersion ||
 		wal.Checksum(h[:68]) != binary.LittleEndian.Uint32(h[68:]) {
 		_ = f.Close()
 		return nil
 	}
 	le := binary.LittleEndian
-	return &fjIndexFile{
+	return &indexFile{
 		f:      f,
 		chunks: le.Uint32(h[12:]),
 		cp: wal.Checkpoint{
@@ -126,7 +127,7 @@ func openFjIndex(path string) *fjIndexFile {
 	}
 }
 
-func (x *fjIndexFile) close() {
+func (x *indexFile) close() {
 	if x != nil {
 		_ = x.f.Close()
 	}
@@ -134,7 +135,7 @@ func (x *fjIndexFile) close() {
 
 // resume is the [wal.Options.Resume] of an open that found x: the
 // checkpoint, and what loads the index file into idx.
-func (x *fjIndexFile) resume(idx *fjIndex) func(uint64) (wal.Checkpoint, func() error, bool) {
+func (x *indexFile) resume(idx *index) func(uint64) (wal.Checkpoint, func() error, bool) {
 	return func(salt uint64) (wal.Checkpoint, func() error, bool) {
 		if x == nil || x.cp.Salt != salt {
 			return wal.Checkpoint{}, nil, false
@@ -151,17 +152,17 @@ func (x *fjIndexFile) resume(idx *fjIndex) func(uint64) (wal.Checkpoint, func() 
 // leaves it as it was on an error. Entries are decoded by a few
 // goroutines a chunk at a time, then the two tables are filled at once,
 // each on its own goroutine.
-func (x *fjIndexFile) load(idx *fjIndex) error {
-	// An entry takes fjIndexEntryFixed bytes and more, so the count can
+func (x *indexFile) load(idx *index) error {
+	// An entry takes indexEntryFixed bytes and more, so the count can
 	// not exceed what the file could hold, whatever its header says.
 	fi, err := x.f.Stat()
 	if err != nil {
 		return err
 	}
-	if x.entries > uint64(fi.Size())/fjIndexEntryFixed || x.high[1] >= 1e9 {
+	if x.entries > uint64(fi.Size())/indexEntryFixed || x.high[1] >= 1e9 {
 		return errFjIndex
 	}
-	all := make([]*fjEntry, x.entries)
+	all := make([]*entry, x.entries)
 	type chunk struct {
 		buf      *[]byte
 		start, n int
@@ -182,23 +183,23 @@ func (x *fjIndexFile) load(idx *fjIndex) error {
 		go func() {
 			defer wg.Done()
 			for c := range work {
-				if err := fjDecodeIndexChunk(*c.buf, all[c.start:c.start+c.n], x.cp.End()); err != nil {
+				if err := decodeIndexChunk(*c.buf, all[c.start:c.start+c.n], x.cp.End()); err != nil {
 					fail(err)
 				}
 				bufs <- c.buf
 			}
 		}()
 	}
-	r := bufio.NewReaderSize(io.NewSectionReader(x.f, fjIndexHeaderLen, fi.Size()-fjIndexHeaderLen), 1<<20)
+	r := bufio.NewReaderSize(io.NewSectionReader(x.f, indexHeaderLen, fi.Size()-indexHeaderLen), 1<<20)
 	read := func() error {
 		start := 0
-		var h [fjIndexChunkHdr]byte
+		var h [indexChunkHdr]byte
 		for range x.chunks {
 			if _, err := io.ReadFull(r, h[:]); err != nil {
 				return errFjIndex
 			}
 			size, n := binary.LittleEndian.Uint32(h[:]), int(binary.LittleEndian.Uint32(h[4:]))
-			if size > fjIndexChunkBytes || n == 0 || n > fjIndexChunkMax || n > len(all)-start {
+			if size > indexChunkBytes || n == 0 || n > indexChunkMax || n > len(all)-start {
 				return errFjIndex
 			}
 			bp := <-bufs
@@ -232,7 +233,7 @@ func (x *fjIndexFile) load(idx *fjIndex) error {
 	var live int64
 	ops := 0
 	for _, le := range all {
-		live += int64(le.size) + fjEntryOverhead
+		live += int64(le.size) + entryOverhead
 		if int(le.keyLen) < len(le.keyOp) {
 			ops++
 		}
@@ -264,42 +265,42 @@ func (x *fjIndexFile) load(idx *fjIndex) error {
 		return errFjIndex
 	}
 	idx.byKey, idx.byOp, idx.all, idx.live = byKey, byOp, all, live
-	idx.high = fjUnixTime(x.high[0], uint32(x.high[1]))
+	idx.high = unixTime(x.high[0], uint32(x.high[1]))
 	return nil
 }
 
-// fjDecodeIndexChunk decodes a chunk's payload, which must hold exactly
+// decodeIndexChunk decodes a chunk's payload, which must hold exactly
 // len(to) entries, into to. Every entry is checked as replay checks a
 // begin record's fields (a valid key, a known state), and must lie in
 // the file before end, where the checkpoint's batch ends.
-func fjDecodeIndexChunk(b []byte, to []*fjEntry, end int64) error {
+func decodeIndexChunk(b []byte, to []*entry, end int64) error {
 	le := binary.LittleEndian
 	i := 0
 	for len(b) > 0 {
-		if len(b) < fjIndexEntryFixed || i == len(to) {
+		if len(b) < indexEntryFixed || i == len(to) {
 			return errFjIndex
 		}
 		keyLen, opLen := int(le.Uint16(b[44:])), int(le.Uint16(b[46:]))
-		if len(b) < fjIndexEntryFixed+keyLen+opLen {
+		if len(b) < indexEntryFixed+keyLen+opLen {
 			return errFjIndex
 		}
-		e := &fjEntry{
+		e := &entry{
 			off: int64(le.Uint64(b)), createdSec: int64(le.Uint64(b[8:])), updatedSec: int64(le.Uint64(b[16:])),
 			size: int32(le.Uint32(b[24:])), createdNs: le.Uint32(b[28:]), updatedNs: le.Uint32(b[32:]),
 			attempts: int(int32(le.Uint32(b[36:]))), lastStatus: int(int32(le.Uint32(b[40:]))),
 			keyLen: uint16(keyLen), state: b[48],
 		}
-		keyOp := b[fjIndexEntryFixed : fjIndexEntryFixed+keyLen+opLen]
+		keyOp := b[indexEntryFixed : indexEntryFixed+keyLen+opLen]
 		if e.off < wal.FileHeaderLen || e.size <= wal.RecordHeaderLen || e.off > end-int64(e.size) ||
 			e.createdNs >= 1e9 || e.updatedNs >= 1e9 || e.attempts < 0 ||
 			e.state < journalStatePending || e.state > journalStateAbandoned ||
-			validateKeyBytes(keyOp[:keyLen]) != nil {
+			contract.ValidateKey(keyOp[:keyLen]) != nil {
 			return errFjIndex
 		}
 		e.keyOp = string(keyOp)
 		to[i] = e
 		i++
-		b = b[fjIndexEntryFixed+keyLen+opLen:]
+		b = b[indexEntryFixed+keyLen+opLen:]
 	}
 	if i != len(to) {
 		return errFjIndex
@@ -311,10 +312,10 @@ func fjDecodeIndexChunk(b []byte, to []*fjEntry, end int64) error {
 // file for the checkpoint cp of the close marker, or removes a stale one
 // for a journal too small to need one. It is best effort: a journal whose
 // index file is missing or refused is replayed in full when opened.
-func (j *FileJournal) writeIndex(cp wal.Checkpoint) {
+func (j *Journal) writeIndex(cp wal.Checkpoint) {
 	// After SkipVerify, the file may hold damage that an index file
 	// would hide from the next open, which must refuse it.
-	if j.salvage || cp.End() < fjIndexMin {
+	if j.salvage || cp.End() < indexMin {
 		_ = os.Remove(j.indexPath)
 		return
 	}
@@ -326,7 +327,7 @@ func (j *FileJournal) writeIndex(cp wal.Checkpoint) {
 	}
 }
 
-func (j *FileJournal) writeIndexFile(cp wal.Checkpoint) error {
+func (j *Journal) writeIndexFile(cp wal.Checkpoint) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	x, err := newFjIndexWriter(j.indexPath, false) // nothing commits after Close
@@ -349,10 +350,10 @@ func (j *FileJournal) writeIndexFile(cp wal.Checkpoint) error {
 	return x.finish(cp, j.high)
 }
 
-// fjIndexWriter writes an index file a chunk at a time, to a temporary
+// indexWriter writes an index file a chunk at a time, to a temporary
 // file beside it that finish renames into place: its memory is a chunk's,
 // whatever the number of entries.
-type fjIndexWriter struct {
+type indexWriter struct {
 	f       *os.File
 	path    string
 	w       *bufio.Writer
@@ -366,7 +367,7 @@ type fjIndexWriter struct {
 // newFjIndexWriter starts an index file for path. With push, each MiB
 // written is pushed to the disk as it goes (see [wal.WriteBack]): for a
 // compaction's, written while Begins commit.
-func newFjIndexWriter(path string, push bool) (*fjIndexWriter, error) {
+func newFjIndexWriter(path string, push bool) (*indexWriter, error) {
 	dir, base := filepath.Split(path)
 	f, err := os.CreateTemp(dir, base+".tmp-*")
 	if err != nil {
@@ -374,21 +375,21 @@ func newFjIndexWriter(path string, push bool) (*fjIndexWriter, error) {
 	}
 	var w io.Writer = f
 	if push {
-		w = &fjPushWriter{f: f}
+		w = &pushWriter{f: f}
 	}
-	x := &fjIndexWriter{f: f, path: path, w: bufio.NewWriterSize(w, 1<<20), payload: make([]byte, 0, 1<<20)}
+	x := &indexWriter{f: f, path: path, w: bufio.NewWriterSize(w, 1<<20), payload: make([]byte, 0, 1<<20)}
 	// The header goes in last, when the checkpoint is known.
-	_, x.err = x.w.Write(make([]byte, fjIndexHeaderLen))
+	_, x.err = x.w.Write(make([]byte, indexHeaderLen))
 	return x, nil
 }
 
-// fjPushWriter writes to f and pushes what it wrote to the disk.
-type fjPushWriter struct {
+// pushWriter writes to f and pushes what it wrote to the disk.
+type pushWriter struct {
 	f   *os.File
 	off int64
 }
 
-func (w *fjPushWriter) Write(p []byte) (int, error) {
+func (w *pushWriter) Write(p []byte) (int, error) {
 	n, err := w.f.Write(p)
 	if err == nil {
 		err = wal.WriteBack(w.f, w.off, int64(n))
@@ -398,7 +399,7 @@ func (w *fjPushWriter) Write(p []byte) (int, error) {
 }
 
 // add adds the entry whose begin record is at off, size bytes long.
-func (x *fjIndexWriter) add(e *fjEntry, off int64, size int32) {
+func (x *indexWriter) add(e *entry, off int64, size int32) {
 	if x.err != nil {
 		return
 	}
@@ -421,17 +422,17 @@ func (x *fjIndexWriter) add(e *fjEntry, off int64, size int32) {
 	p = append(p, e.state)
 	x.payload = append(p, e.keyOp...)
 	x.n++
-	if x.count++; x.count == fjIndexChunkMax {
+	if x.count++; x.count == indexChunkMax {
 		x.flush()
 	}
 }
 
 // flush writes the chunk being filled.
-func (x *fjIndexWriter) flush() {
+func (x *indexWriter) flush() {
 	if x.err != nil || x.count == 0 {
 		return
 	}
-	var ch [fjIndexChunkHdr]byte
+	var ch [indexChunkHdr]byte
 	bo := binary.LittleEndian
 	bo.PutUint32(ch[:], uint32(len(x.payload)))
 	bo.PutUint32(ch[4:], uint32(x.count))
@@ -446,16 +447,16 @@ func (x *fjIndexWriter) flush() {
 // finish writes the header, for the checkpoint cp and the high-water
 // mark high, and renames the file into place; on an error, it removes
 // it.
-func (x *fjIndexWriter) finish(cp wal.Checkpoint, high time.Time) error {
+func (x *indexWriter) finish(cp wal.Checkpoint, high time.Time) error {
 	x.flush()
 	if x.err == nil {
 		x.err = x.w.Flush()
 	}
 	if x.err == nil {
 		bo := binary.LittleEndian
-		h := make([]byte, 0, fjIndexHeaderLen)
-		h = append(h, fjIndexMagic...)
-		h = bo.AppendUint32(h, fjIndexVersion)
+		h := make([]byte, 0, indexHeaderLen)
+		h = append(h, indexMagic...)
+		h = bo.AppendUint32(h, indexVersion)
 		h = bo.AppendUint32(h, x.chunks)
 		h = bo.AppendUint64(h, cp.Salt)
 		h = bo.AppendUint64(h, uint64(cp.Off))
@@ -463,7 +464,7 @@ func (x *fjIndexWriter) finish(cp wal.Checkpoint, high time.Time) error {
 		h = bo.AppendUint32(h, cp.CRC)
 		h = bo.AppendUint64(h, cp.Seq)
 		h = bo.AppendUint64(h, x.n)
-		sec, ns := fjSplitTime(high)
+		sec, ns := splitTime(high)
 		h = bo.AppendUint64(h, uint64(sec))
 		h = bo.AppendUint32(h, ns)
 		h = bo.AppendUint32(h, wal.Checksum(h))
@@ -482,12 +483,12 @@ func (x *fjIndexWriter) finish(cp wal.Checkpoint, high time.Time) error {
 }
 
 // abort removes the file.
-func (x *fjIndexWriter) abort() {
+func (x *indexWriter) abort() {
 	_ = x.f.Close()
 	_ = os.Remove(x.f.Name())
 }
 
 // String describes an index file for errors and tests.
-func (x *fjIndexFile) String() string {
+func (x *indexFile) String() string {
 	return fmt.Sprintf("index file of salt %#x, %d entries up to offset %d", x.cp.Salt, x.entries, x.cp.End())
 }

@@ -1,4 +1,4 @@
-package idemhttp
+package filejournal
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/internal/wal"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -43,8 +44,8 @@ func TestJournalCompactSwitchesWithoutTouchingEveryEntry(t *testing.T) {
 	ijIndexAlways(t)
 	ctx := context.Background()
 	j, path := ijOpen(t, nil)
-	n := 3*fjRemoveChunk + 100
-	model := map[string]State{}
+	n := 3*removeChunk + 100
+	model := map[string]idemhttp.State{}
 	key := func(i int) string { return fmt.Sprintf("k-%05d", i) }
 	// Concurrently, so that group commit makes this quick.
 	var wg sync.WaitGroup
@@ -65,12 +66,12 @@ func TestJournalCompactSwitchesWithoutTouchingEveryEntry(t *testing.T) {
 		require.NoError(t, err)
 	}
 	for i := range n {
-		model[key(i)] = StatePending
+		model[key(i)] = idemhttp.StatePending
 	}
 	finish := func(k string) {
 		t.Helper()
-		require.NoError(t, j.Finish(ctx, k, Outcome{State: StateDone, Status: 201, Attempts: 1, At: ijT0.Add(time.Hour)}))
-		model[k] = StateDone
+		require.NoError(t, j.Finish(ctx, k, idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1, At: ijT0.Add(time.Hour)}))
+		model[k] = idemhttp.StateDone
 	}
 	del := func(k string) {
 		t.Helper()
@@ -81,7 +82,7 @@ func TestJournalCompactSwitchesWithoutTouchingEveryEntry(t *testing.T) {
 		t.Helper()
 		_, err := j.Begin(ctx, ijEntry(k, "op-"+k))
 		require.NoError(t, err)
-		model[k] = StatePending
+		model[k] = idemhttp.StatePending
 	}
 	for i := 0; i < n; i += 3 {
 		finish(key(i))
@@ -109,7 +110,7 @@ func TestJournalCompactSwitchesWithoutTouchingEveryEntry(t *testing.T) {
 			}
 			j.mu.Unlock()
 			assert.Greater(t, behind, n/2, "the switch leaves the old entries to the fix-up")
-			for _, i := range []int{0, 1, fjRemoveChunk + 7, n - 21, n - 1} {
+			for _, i := range []int{0, 1, removeChunk + 7, n - 21, n - 1} {
 				e, err := j.Get(ctx, key(i))
 				require.NoError(t, err, key(i))
 				assert.Equal(t, model[key(i)], e.State, key(i))
@@ -119,7 +120,7 @@ func TestJournalCompactSwitchesWithoutTouchingEveryEntry(t *testing.T) {
 			require.NoError(t, err)
 			want := 0
 			for _, st := range model {
-				if st == StatePending {
+				if st == idemhttp.StatePending {
 					want++
 				}
 			}
@@ -140,11 +141,11 @@ func TestJournalCompactSwitchesWithoutTouchingEveryEntry(t *testing.T) {
 	require.NoError(t, j.Verify(ctx))
 	begin("after")
 
-	check := func(j *FileJournal) {
+	check := func(j *Journal) {
 		t.Helper()
 		all, err := j.Entries(ctx)
 		require.NoError(t, err)
-		got := map[string]State{}
+		got := map[string]idemhttp.State{}
 		for _, e := range all {
 			got[e.Key] = e.State
 		}
@@ -153,7 +154,7 @@ func TestJournalCompactSwitchesWithoutTouchingEveryEntry(t *testing.T) {
 	check(j)
 	require.NoError(t, j.Sync(ctx))
 	crashed := ijCrashCopy(t, path)
-	c, err := OpenFileJournal(crashed, &JournalOptions{ReadOnly: true})
+	c, err := Open(crashed, &Options{ReadOnly: true})
 	require.NoError(t, err)
 	assert.True(t, c.Stats().IndexLoaded, "the compaction's index file")
 	check(c)

@@ -1,4 +1,4 @@
-package idemhttp_test
+package filejournal_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 )
 
 // BenchmarkFileJournal measures what durability costs a request, without
@@ -21,7 +22,7 @@ import (
 func BenchmarkFileJournal(b *testing.B) {
 	for _, concurrency := range []int{1, 64} {
 		b.Run(fmt.Sprintf("concurrency=%d", concurrency), func(b *testing.B) {
-			j, err := idemhttp.OpenFileJournal(filepath.Join(b.TempDir(), "journal.db"), nil)
+			j, err := filejournal.Open(filepath.Join(b.TempDir(), "journal.db"), nil)
 			require.NoError(b, err)
 			b.Cleanup(func() { require.NoError(b, j.Close()) })
 

@@ -1,4 +1,4 @@
-package idemhttp_test
+package filejournal_test
 
 import (
 	"bufio"
@@ -24,12 +24,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 	"github.com/idemkit/idemhttp/journaltest"
 )
 
-func fjOpen(t *testing.T, path string, opts *idemhttp.JournalOptions) *idemhttp.FileJournal {
+func fjOpen(t *testing.T, path string, opts *filejournal.Options) *filejournal.Journal {
 	t.Helper()
-	j, err := idemhttp.OpenFileJournal(path, opts)
+	j, err := filejournal.Open(path, opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, j.Close()) })
 	return j
@@ -60,7 +61,7 @@ func TestFileJournalConformance(t *testing.T) {
 
 func TestFileJournalSecretsNeverReachTheFile(t *testing.T) {
 	path := fjPath(t)
-	j, err := idemhttp.OpenFileJournal(path, &idemhttp.JournalOptions{SecretHeaders: []string{"x-api-key"}})
+	j, err := filejournal.Open(path, &filejournal.Options{SecretHeaders: []string{"x-api-key"}})
 	require.NoError(t, err)
 
 	ctx := context.Background()
@@ -122,17 +123,17 @@ func TestFileJournalFileMode(t *testing.T) {
 
 func TestFileJournalSecondOpenFailsFast(t *testing.T) {
 	path := fjPath(t)
-	first, err := idemhttp.OpenFileJournal(path, nil)
+	first, err := filejournal.Open(path, nil)
 	require.NoError(t, err)
 
 	start := time.Now()
-	second, err := idemhttp.OpenFileJournal(path, nil)
-	assert.ErrorIs(t, err, idemhttp.ErrJournalLocked)
+	second, err := filejournal.Open(path, nil)
+	assert.ErrorIs(t, err, filejournal.ErrLocked)
 	assert.Nil(t, second)
 	assert.Less(t, time.Since(start), time.Second)
 
 	require.NoError(t, first.Close())
-	again, err := idemhttp.OpenFileJournal(path, nil)
+	again, err := filejournal.Open(path, nil)
 	require.NoError(t, err, "Close releases the lock")
 	require.NoError(t, again.Close())
 }
@@ -160,8 +161,8 @@ func TestFileJournalLockedByAnotherProcess(t *testing.T) {
 	require.Equal(t, "holding\n", line)
 
 	start := time.Now()
-	_, err = idemhttp.OpenFileJournal(path, nil)
-	assert.ErrorIs(t, err, idemhttp.ErrJournalLocked)
+	_, err = filejournal.Open(path, nil)
+	assert.ErrorIs(t, err, filejournal.ErrLocked)
 	assert.Less(t, time.Since(start), time.Second)
 
 	// The kernel releases the lock when the holder dies, even by SIGKILL.
@@ -179,7 +180,7 @@ func TestFileJournalHolderProcess(t *testing.T) {
 	if path == "" {
 		t.Skip("runs only as a child process")
 	}
-	j, err := idemhttp.OpenFileJournal(path, nil)
+	j, err := filejournal.Open(path, nil)
 	require.NoError(t, err)
 	_, err = j.Begin(context.Background(), fjEntry("held", ""))
 	require.NoError(t, err)
@@ -190,7 +191,7 @@ func TestFileJournalHolderProcess(t *testing.T) {
 
 func TestFileJournalOmitBodies(t *testing.T) {
 	path := fjPath(t)
-	j := fjOpen(t, path, &idemhttp.JournalOptions{OmitBodies: true})
+	j := fjOpen(t, path, &filejournal.Options{OmitBodies: true})
 	e := fjEntry("k1", "")
 	e.Body = []byte("card_number_4242424242424242")
 	_, err := j.Begin(context.Background(), e)
@@ -252,7 +253,7 @@ func TestFileJournalRejectsBadInput(t *testing.T) {
 func TestFileJournalSurvivesReopen(t *testing.T) {
 	path := fjPath(t)
 	ctx := context.Background()
-	j, err := idemhttp.OpenFileJournal(path, nil)
+	j, err := filejournal.Open(path, nil)
 	require.NoError(t, err)
 	for _, key := range []string{"a", "b", "c"} {
 		_, err := j.Begin(ctx, fjEntry(key, "op-"+key))
@@ -307,36 +308,36 @@ func TestFileJournalEntriesAndDelete(t *testing.T) {
 }
 
 func TestFileJournalClosed(t *testing.T) {
-	j, err := idemhttp.OpenFileJournal(fjPath(t), nil)
+	j, err := filejournal.Open(fjPath(t), nil)
 	require.NoError(t, err)
 	require.NoError(t, j.Close())
 	require.NoError(t, j.Close(), "Close is idempotent")
 
 	ctx := context.Background()
 	_, err = j.Begin(ctx, fjEntry("k", ""))
-	assert.ErrorIs(t, err, idemhttp.ErrJournalClosed)
+	assert.ErrorIs(t, err, filejournal.ErrClosed)
 	_, err = j.Get(ctx, "k")
-	assert.ErrorIs(t, err, idemhttp.ErrJournalClosed)
+	assert.ErrorIs(t, err, filejournal.ErrClosed)
 	_, err = j.Pending(ctx)
-	assert.ErrorIs(t, err, idemhttp.ErrJournalClosed)
+	assert.ErrorIs(t, err, filejournal.ErrClosed)
 	_, err = j.Prune(ctx, time.Now())
-	assert.ErrorIs(t, err, idemhttp.ErrJournalClosed)
+	assert.ErrorIs(t, err, filejournal.ErrClosed)
 	_, err = j.Entries(ctx)
-	assert.ErrorIs(t, err, idemhttp.ErrJournalClosed)
-	assert.ErrorIs(t, j.Finish(ctx, "k", idemhttp.Outcome{State: idemhttp.StateDone}), idemhttp.ErrJournalClosed)
-	assert.ErrorIs(t, j.Delete(ctx, "k"), idemhttp.ErrJournalClosed)
-	assert.ErrorIs(t, j.Sync(ctx), idemhttp.ErrJournalClosed)
-	assert.ErrorIs(t, j.Verify(ctx), idemhttp.ErrJournalClosed)
+	assert.ErrorIs(t, err, filejournal.ErrClosed)
+	assert.ErrorIs(t, j.Finish(ctx, "k", idemhttp.Outcome{State: idemhttp.StateDone}), filejournal.ErrClosed)
+	assert.ErrorIs(t, j.Delete(ctx, "k"), filejournal.ErrClosed)
+	assert.ErrorIs(t, j.Sync(ctx), filejournal.ErrClosed)
+	assert.ErrorIs(t, j.Verify(ctx), filejournal.ErrClosed)
 	if fjCanCompact() {
-		assert.ErrorIs(t, j.Compact(ctx), idemhttp.ErrJournalClosed)
+		assert.ErrorIs(t, j.Compact(ctx), filejournal.ErrClosed)
 	}
 }
 
 // Close during concurrent writes: every write either fails with
-// ErrJournalClosed or is on disk.
+// ErrClosed or is on disk.
 func TestFileJournalCloseDuringWrites(t *testing.T) {
 	path := fjPath(t)
-	j, err := idemhttp.OpenFileJournal(path, nil)
+	j, err := filejournal.Open(path, nil)
 	require.NoError(t, err)
 
 	const n = 40
@@ -359,7 +360,7 @@ func TestFileJournalCloseDuringWrites(t *testing.T) {
 		if err == nil {
 			assert.NoError(t, getErr, "write %d reported success but is not on disk", i)
 		} else {
-			assert.ErrorIs(t, err, idemhttp.ErrJournalClosed)
+			assert.ErrorIs(t, err, filejournal.ErrClosed)
 			assert.ErrorIs(t, getErr, idemhttp.ErrNotFound)
 		}
 	}
@@ -428,7 +429,7 @@ func TestFileJournalGroupCommit(t *testing.T) {
 // caller's view and the file always agree.
 func TestFileJournalCancelUnderContention(t *testing.T) {
 	path := fjPath(t)
-	j, err := idemhttp.OpenFileJournal(path, nil)
+	j, err := filejournal.Open(path, nil)
 	require.NoError(t, err)
 	const n = 200
 	errs := make([]error, n)
@@ -595,7 +596,7 @@ func fjCopy(t *testing.T, path string) string {
 }
 
 // fjEntries returns every entry of j.
-func fjEntries(t *testing.T, j *idemhttp.FileJournal) []*idemhttp.Entry {
+func fjEntries(t *testing.T, j *filejournal.Journal) []*idemhttp.Entry {
 	t.Helper()
 	all, err := j.Entries(context.Background())
 	require.NoError(t, err)
@@ -651,9 +652,9 @@ func fjParallel(t *testing.T, n int, fn func(i int) error) {
 }
 
 // fjOpenRefused opens path expecting an error, and returns it.
-func fjOpenRefused(t *testing.T, path string, opts *idemhttp.JournalOptions) error {
+func fjOpenRefused(t *testing.T, path string, opts *filejournal.Options) error {
 	t.Helper()
-	j, err := idemhttp.OpenFileJournal(path, opts)
+	j, err := filejournal.Open(path, opts)
 	if j != nil {
 		t.Errorf("%s opened; want an error", path)
 		assert.NoError(t, j.Close())
@@ -912,7 +913,7 @@ func TestFileJournalRefusesForeignFiles(t *testing.T) {
 	flippedMagic[3] ^= 0x20
 	flippedSalt := bytes.Clone(valid)
 	flippedSalt[15] ^= 0x01
-	notJournal, version, corrupt := idemhttp.ErrNotJournal, idemhttp.ErrJournalVersion, idemhttp.ErrJournalCorrupt
+	notJournal, version, corrupt := filejournal.ErrNotJournal, filejournal.ErrVersion, filejournal.ErrCorrupt
 	tests := []struct {
 		name    string
 		give    []byte
@@ -945,9 +946,9 @@ func TestFileJournalRefusesForeignFiles(t *testing.T) {
 			assert.ErrorContains(t, err, tt.want)
 			assert.Equal(t, tt.give, fjReadFile(t, path), "the file is left as it was")
 
-			err = fjOpenRefused(t, path, &idemhttp.JournalOptions{SkipVerify: true})
+			err = fjOpenRefused(t, path, &filejournal.Options{SkipVerify: true})
 			assert.ErrorIs(t, err, tt.wantErr, "SkipVerify salvages batches, not other files")
-			err = fjOpenRefused(t, path, &idemhttp.JournalOptions{ReadOnly: true})
+			err = fjOpenRefused(t, path, &filejournal.Options{ReadOnly: true})
 			assert.ErrorIs(t, err, tt.wantErr)
 			assert.Equal(t, tt.give, fjReadFile(t, path), "the file is left as it was")
 			if runtime.GOOS != "windows" {
@@ -966,22 +967,22 @@ func TestFileJournalTornTail(t *testing.T) {
 	ctx := context.Background()
 	tests := []struct {
 		name   string
-		before int                                         // entries begun, one batch each, before the batch torn
-		give   func(t *testing.T, j *idemhttp.FileJournal) // writes the batch torn
+		before int                                        // entries begun, one batch each, before the batch torn
+		give   func(t *testing.T, j *filejournal.Journal) // writes the batch torn
 	}{
-		{name: "the only batch", before: 0, give: func(t *testing.T, j *idemhttp.FileJournal) {
+		{name: "the only batch", before: 0, give: func(t *testing.T, j *filejournal.Journal) {
 			_, err := j.Begin(ctx, fjBodyEntry("torn", 40))
 			require.NoError(t, err)
 		}},
-		{name: "a begin record", before: 4, give: func(t *testing.T, j *idemhttp.FileJournal) {
+		{name: "a begin record", before: 4, give: func(t *testing.T, j *filejournal.Journal) {
 			_, err := j.Begin(ctx, fjBodyEntry("torn", 40))
 			require.NoError(t, err)
 		}},
-		{name: "a finish record", before: 4, give: func(t *testing.T, j *idemhttp.FileJournal) {
+		{name: "a finish record", before: 4, give: func(t *testing.T, j *filejournal.Journal) {
 			require.NoError(t, j.Finish(ctx, "key-1", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1, At: fjAt(1)}))
 			require.NoError(t, j.Sync(ctx))
 		}},
-		{name: "a delete record", before: 4, give: func(t *testing.T, j *idemhttp.FileJournal) {
+		{name: "a delete record", before: 4, give: func(t *testing.T, j *filejournal.Journal) {
 			require.NoError(t, j.Delete(ctx, "key-2"))
 		}},
 	}
@@ -1046,7 +1047,7 @@ func fjCheckOpensCut(t *testing.T, b []byte, tail int64, want []*idemhttp.Entry)
 	assert.Nil(t, existing)
 	require.NoError(t, j.Close())
 
-	j, err = idemhttp.OpenFileJournal(path, nil)
+	j, err = filejournal.Open(path, nil)
 	require.NoError(t, err)
 	assert.Zero(t, j.Stats().TruncatedBytes)
 	got := fjEntries(t, j)
@@ -1199,7 +1200,7 @@ func fjOtherSalt(t *testing.T) uint64 {
 // and it may hold the bytes of a batch, such as a journal file being
 // uploaded. When a crash tore the batch that stores such a body after the
 // image was on disk, the image was taken for a valid batch following a
-// damaged one: the journal refused to open (ErrJournalCorrupt) after a
+// damaged one: the journal refused to open (ErrCorrupt) after a
 // mere crash, and SkipVerify, which that error calls for, read the image's
 // records as entries, so a client could plant a pending request for
 // Resume to send anywhere. A batch is now valid only sealed with its
@@ -1267,7 +1268,7 @@ func TestFileJournalTornBatchHoldingABatchImage(t *testing.T) {
 			raw, start, want := build(t, tt.seal)
 			torn := raw[:len(raw)-10] // the image is whole, its batch is not
 
-			salvaged, err := idemhttp.OpenFileJournal(fjWriteFile(t, torn), &idemhttp.JournalOptions{SkipVerify: true})
+			salvaged, err := filejournal.Open(fjWriteFile(t, torn), &filejournal.Options{SkipVerify: true})
 			require.NoError(t, err)
 			assert.Equal(t, want, fjEntries(t, salvaged), "a record inside a request body became an entry")
 			assert.Equal(t, int64(len(torn)-start), salvaged.Stats().TruncatedBytes)
@@ -1284,7 +1285,7 @@ func TestFileJournalTornBatchHoldingABatchImage(t *testing.T) {
 	t.Run("sealed with the file's salt where it lies", func(t *testing.T) {
 		raw, _, _ := build(t, func(salt uint64, off int64) (uint64, int64) { return salt, off })
 		err := fjOpenRefused(t, fjWriteFile(t, raw[:len(raw)-10]), nil)
-		assert.ErrorIs(t, err, idemhttp.ErrJournalCorrupt)
+		assert.ErrorIs(t, err, filejournal.ErrCorrupt)
 		assert.ErrorContains(t, err, "followed by a valid one")
 	})
 }
@@ -1346,11 +1347,11 @@ func fjCheckDamagedBatch(t *testing.T, damaged int, wantLost, wantUndone string)
 	require.NoError(t, os.WriteFile(path, raw, 0o600))
 
 	err = fjOpenRefused(t, path, nil)
-	assert.ErrorIs(t, err, idemhttp.ErrJournalCorrupt)
+	assert.ErrorIs(t, err, filejournal.ErrCorrupt)
 	assert.ErrorContains(t, err, "followed by a valid one")
 	assert.Equal(t, raw, fjReadFile(t, path), "a refused file is left as it was")
 
-	j, err = idemhttp.OpenFileJournal(path, &idemhttp.JournalOptions{SkipVerify: true})
+	j, err = filejournal.Open(path, &filejournal.Options{SkipVerify: true})
 	require.NoError(t, err)
 	st := j.Stats()
 	assert.Equal(t, int64(to-from), st.SkippedBytes)
@@ -1360,7 +1361,7 @@ func fjCheckDamagedBatch(t *testing.T, damaged int, wantLost, wantUndone string)
 		_, err = j.Get(ctx, wantLost)
 		assert.ErrorIs(t, err, idemhttp.ErrNotFound)
 	}
-	assert.ErrorIs(t, j.Verify(ctx), idemhttp.ErrJournalCorrupt, "Verify reports what was skipped")
+	assert.ErrorIs(t, j.Verify(ctx), filejournal.ErrCorrupt, "Verify reports what was skipped")
 
 	require.NoError(t, j.Compact(ctx))
 	st = j.Stats()
@@ -1379,7 +1380,7 @@ func fjCheckDamagedBatch(t *testing.T, damaged int, wantLost, wantUndone string)
 
 // A flipped byte anywhere in a journal file is found: in the file header
 // or in a batch that a valid one follows, the file is refused with
-// ErrJournalCorrupt; in the last batch, which a torn write looks the same
+// ErrCorrupt; in the last batch, which a torn write looks the same
 // as, that batch is cut off. Never a panic or a hang, and never an entry
 // read back different from what was written.
 func TestFileJournalFlippedBytes(t *testing.T) {
@@ -1417,12 +1418,12 @@ func TestFileJournalFlippedBytes(t *testing.T) {
 		path := filepath.Join(dir, fmt.Sprintf("flip-%d.db", off))
 		require.NoError(t, os.WriteFile(path, b, 0o600))
 
-		j, err := idemhttp.OpenFileJournal(path, nil)
+		j, err := filejournal.Open(path, nil)
 		if off < last {
 			if off < 8 {
-				require.ErrorIs(t, err, idemhttp.ErrNotJournal, "offset %d: the magic", off)
+				require.ErrorIs(t, err, filejournal.ErrNotJournal, "offset %d: the magic", off)
 			} else {
-				require.ErrorIs(t, err, idemhttp.ErrJournalCorrupt, "offset %d", off)
+				require.ErrorIs(t, err, filejournal.ErrCorrupt, "offset %d", off)
 			}
 			require.Nil(t, j)
 			require.Equal(t, b, fjReadFile(t, path), "offset %d: a refused file is left as it was", off)
@@ -1467,7 +1468,7 @@ func TestFileJournalDamageAfterCleanClose(t *testing.T) {
 		b[off] ^= 0x10
 		p := fjWriteFile(t, b)
 		err := fjOpenRefused(t, p, nil)
-		assert.ErrorIs(t, err, idemhttp.ErrJournalCorrupt, "offset %d", off)
+		assert.ErrorIs(t, err, filejournal.ErrCorrupt, "offset %d", off)
 		assert.Equal(t, b, fjReadRaw(t, p), "offset %d: refused and left as it was", off)
 
 		// Without the marker, the same damage is a torn tail: cut off,
@@ -1483,13 +1484,13 @@ func TestFileJournalDamageAfterCleanClose(t *testing.T) {
 }
 
 // fjExercise uses a journal that opened despite a flipped byte at off,
-// then closes it: every call must succeed or fail with ErrJournalCorrupt
+// then closes it: every call must succeed or fail with ErrCorrupt
 // or ErrNotFound, and what it reads must be what was written.
-func fjExercise(t *testing.T, j *idemhttp.FileJournal, off int, want []*idemhttp.Entry) {
+func fjExercise(t *testing.T, j *filejournal.Journal, off int, want []*idemhttp.Entry) {
 	t.Helper()
 	ctx := context.Background()
 	okOrCorrupt := func(what string, err error) {
-		if err != nil && !errors.Is(err, idemhttp.ErrJournalCorrupt) && !errors.Is(err, idemhttp.ErrNotFound) {
+		if err != nil && !errors.Is(err, filejournal.ErrCorrupt) && !errors.Is(err, idemhttp.ErrNotFound) {
 			t.Errorf("offset %d: %s: unexpected error: %v", off, what, err)
 		}
 	}
@@ -1725,8 +1726,8 @@ func TestFileJournalCompactPreservesEntries(t *testing.T) {
 	fi, err := os.Stat(path)
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "the new file's mode")
-	_, err = idemhttp.OpenFileJournal(path, nil)
-	assert.ErrorIs(t, err, idemhttp.ErrJournalLocked, "the new file is locked too")
+	_, err = filejournal.Open(path, nil)
+	assert.ErrorIs(t, err, filejournal.ErrLocked, "the new file is locked too")
 
 	for _, e := range want {
 		existing, err := j.Begin(ctx, &idemhttp.Entry{Key: e.Key})
@@ -1784,7 +1785,7 @@ func TestFileJournalSaltIsNewPerFile(t *testing.T) {
 
 // Compaction renames a new file over the journal's path and then closes
 // the old one, which releases the old file's lock. A second
-// OpenFileJournal meanwhile must fail with ErrJournalLocked: it must
+// Open meanwhile must fail with ErrLocked: it must
 // neither lock the new file before the journal does, nor lock the old one
 // once it is let go and write to a file that nobody reads again. The
 // second is a race between the opener's open and lock and the journal's
@@ -1816,13 +1817,13 @@ func TestFileJournalLockedDuringCompaction(t *testing.T) {
 					return
 				default:
 				}
-				second, err := idemhttp.OpenFileJournal(path, nil)
+				second, err := filejournal.Open(path, nil)
 				if err == nil {
 					opened.Add(1)
 					_ = second.Close()
 					continue
 				}
-				if !errors.Is(err, idemhttp.ErrJournalLocked) {
+				if !errors.Is(err, filejournal.ErrLocked) {
 					t.Errorf("second open: %v", err)
 					return
 				}
@@ -1870,7 +1871,7 @@ func TestFileJournalVerifyWhileBusy(t *testing.T) {
 	require.NoError(t, j.Verify(ctx))
 }
 
-func ExampleOpenFileJournal() {
+func ExampleOpen() {
 	dir, err := os.MkdirTemp("", "idemhttp-example")
 	if err != nil {
 		fmt.Println(err)
@@ -1878,7 +1879,7 @@ func ExampleOpenFileJournal() {
 	}
 	defer os.RemoveAll(dir)
 
-	j, err := idemhttp.OpenFileJournal(filepath.Join(dir, "journal.db"), nil)
+	j, err := filejournal.Open(filepath.Join(dir, "journal.db"), nil)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -1933,7 +1934,7 @@ func ExampleOpenFileJournal() {
 	// pending: 0
 }
 
-func ExampleFileJournal_Pending() {
+func ExampleJournal_Pending() {
 	dir, err := os.MkdirTemp("", "idemhttp-example")
 	if err != nil {
 		fmt.Println(err)
@@ -1944,7 +1945,7 @@ func ExampleFileJournal_Pending() {
 	ctx := context.Background()
 
 	// A process records two requests and dies before either finishes.
-	j, err := idemhttp.OpenFileJournal(path, nil)
+	j, err := filejournal.Open(path, nil)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -1958,7 +1959,7 @@ func ExampleFileJournal_Pending() {
 	_ = j.Close() // stands in for the crash: the writes were already on disk
 
 	// The next run finds them, oldest first, to resend with the same keys.
-	j, err = idemhttp.OpenFileJournal(path, nil)
+	j, err = filejournal.Open(path, nil)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -1977,14 +1978,14 @@ func ExampleFileJournal_Pending() {
 	// POST https://api.example.com/v1/transfers key-b
 }
 
-func ExampleFileJournal_Sync() {
+func ExampleJournal_Sync() {
 	dir, err := os.MkdirTemp("", "idemhttp-example")
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer os.RemoveAll(dir)
-	j, err := idemhttp.OpenFileJournal(filepath.Join(dir, "journal.db"), nil)
+	j, err := filejournal.Open(filepath.Join(dir, "journal.db"), nil)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -2018,14 +2019,14 @@ func ExampleFileJournal_Sync() {
 	// done 201
 }
 
-func ExampleFileJournal_Compact() {
+func ExampleJournal_Compact() {
 	dir, err := os.MkdirTemp("", "idemhttp-example")
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer os.RemoveAll(dir)
-	j, err := idemhttp.OpenFileJournal(filepath.Join(dir, "journal.db"), nil)
+	j, err := filejournal.Open(filepath.Join(dir, "journal.db"), nil)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -2102,7 +2103,7 @@ func TestFileJournalReadOnly(t *testing.T) {
 	}
 	before := fjReadRaw(t, path)
 
-	r := fjOpen(t, path, &idemhttp.JournalOptions{ReadOnly: true})
+	r := fjOpen(t, path, &filejournal.Options{ReadOnly: true})
 	_, err = w.Begin(ctx, fjEntry("k3", "")) // after the snapshot
 	require.NoError(t, err)
 
@@ -2117,12 +2118,12 @@ func TestFileJournalReadOnly(t *testing.T) {
 	require.NoError(t, r.Verify(ctx))
 
 	_, err = r.Begin(ctx, fjEntry("k4", ""))
-	assert.ErrorIs(t, err, idemhttp.ErrJournalReadOnly)
-	assert.ErrorIs(t, r.Finish(ctx, "k2", idemhttp.Outcome{State: idemhttp.StateDone}), idemhttp.ErrJournalReadOnly)
+	assert.ErrorIs(t, err, filejournal.ErrReadOnly)
+	assert.ErrorIs(t, r.Finish(ctx, "k2", idemhttp.Outcome{State: idemhttp.StateDone}), filejournal.ErrReadOnly)
 	_, err = r.Prune(ctx, fjAt(100))
-	assert.ErrorIs(t, err, idemhttp.ErrJournalReadOnly)
-	assert.ErrorIs(t, r.Delete(ctx, "k1"), idemhttp.ErrJournalReadOnly)
-	assert.ErrorIs(t, r.Compact(ctx), idemhttp.ErrJournalReadOnly)
+	assert.ErrorIs(t, err, filejournal.ErrReadOnly)
+	assert.ErrorIs(t, r.Delete(ctx, "k1"), filejournal.ErrReadOnly)
+	assert.ErrorIs(t, r.Compact(ctx), filejournal.ErrReadOnly)
 	require.NoError(t, r.Close())
 	assert.Equal(t, before, fjReadRaw(t, path)[:len(before)], "the reader wrote nothing")
 	if runtime.GOOS != "windows" {
@@ -2131,7 +2132,7 @@ func TestFileJournalReadOnly(t *testing.T) {
 		assert.Equal(t, os.FileMode(0o400), fi.Mode().Perm(), "the reader left the mode alone")
 	}
 
-	_, err = idemhttp.OpenFileJournal(filepath.Join(t.TempDir(), "missing"), &idemhttp.JournalOptions{ReadOnly: true})
+	_, err = filejournal.Open(filepath.Join(t.TempDir(), "missing"), &filejournal.Options{ReadOnly: true})
 	assert.ErrorIs(t, err, os.ErrNotExist, "read-only never creates a journal")
 }
 
@@ -2149,7 +2150,7 @@ func TestFileJournalReadOnlyIgnoresTornTail(t *testing.T) {
 	raw := fjReadFile(t, path)
 	torn := fjWriteFile(t, raw[:len(raw)-5])
 
-	r := fjOpen(t, torn, &idemhttp.JournalOptions{ReadOnly: true})
+	r := fjOpen(t, torn, &filejournal.Options{ReadOnly: true})
 	assert.Positive(t, r.Stats().TruncatedBytes)
 	assert.Empty(t, r.Stats().TornFile)
 	_, err = r.Get(ctx, "k1")
@@ -2182,7 +2183,7 @@ func TestFileJournalCompactKeepsSymlink(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, os.ModeSymlink, fi.Mode()&os.ModeSymlink, "still a link")
 	require.NoError(t, j.Close())
-	r := fjOpen(t, target, &idemhttp.JournalOptions{ReadOnly: true})
+	r := fjOpen(t, target, &filejournal.Options{ReadOnly: true})
 	assert.Len(t, fjEntries(t, r), 2, "the target holds the journal")
 }
 
@@ -2206,16 +2207,16 @@ func TestFileJournalNoticesReplacedFile(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			path := fjPath(t)
-			j, err := idemhttp.OpenFileJournal(path, nil)
+			j, err := filejournal.Open(path, nil)
 			require.NoError(t, err)
 			_, err = j.Begin(ctx, fjEntry("k1", ""))
 			require.NoError(t, err)
 			tt.give(t, path)
 			_, err = j.Begin(ctx, fjEntry("k2", ""))
-			assert.ErrorIs(t, err, idemhttp.ErrJournalReplaced)
+			assert.ErrorIs(t, err, filejournal.ErrReplaced)
 			_, err = j.Begin(ctx, fjEntry("k3", ""))
-			assert.ErrorIs(t, err, idemhttp.ErrJournalReplaced, "writes stay stopped")
-			assert.ErrorIs(t, j.Close(), idemhttp.ErrJournalReplaced)
+			assert.ErrorIs(t, err, filejournal.ErrReplaced, "writes stay stopped")
+			assert.ErrorIs(t, j.Close(), filejournal.ErrReplaced)
 		})
 	}
 }
@@ -2225,7 +2226,7 @@ func TestFileJournalNoticesReplacedFile(t *testing.T) {
 // entries stay. The pruner stops with Close (goleak checks it).
 func TestFileJournalPrunesByItself(t *testing.T) {
 	ctx := context.Background()
-	j := fjOpen(t, fjPath(t), &idemhttp.JournalOptions{Retention: time.Hour, PruneInterval: time.Millisecond})
+	j := fjOpen(t, fjPath(t), &filejournal.Options{Retention: time.Hour, PruneInterval: time.Millisecond})
 	old := time.Now().Add(-2 * time.Hour)
 	for _, k := range []string{"done-old", "done-new", "pending-old", "abandoned-old"} {
 		_, err := j.Begin(ctx, fjEntry(k, ""))
@@ -2257,7 +2258,7 @@ func TestFileJournalReadOnlyTornHeader(t *testing.T) {
 	for _, n := range []int{0, 5, 12, 23} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			path := fjWriteFile(t, fjFileHeader(fjTestVersion, salt, false)[:n])
-			j, err := idemhttp.OpenFileJournal(path, &idemhttp.JournalOptions{ReadOnly: true})
+			j, err := filejournal.Open(path, &filejournal.Options{ReadOnly: true})
 			require.NoError(t, err)
 			es, err := j.Entries(context.Background())
 			require.NoError(t, err)

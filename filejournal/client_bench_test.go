@@ -1,4 +1,4 @@
-package idemhttp_test
+package filejournal_test
 
 import (
 	"bytes"
@@ -18,9 +18,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 )
 
-// BenchmarkJournal measures what a FileJournal costs a real request: the
+// BenchmarkJournal measures what a Journal costs a real request: the
 // same 1 KiB JSON POST through idemhttp.Client to one loopback server,
 // without a journal and with one, alone and with 64 concurrent callers.
 // The nojournal run is the baseline of the filejournal run beside it;
@@ -41,7 +42,7 @@ func BenchmarkJournal(b *testing.B) {
 				benchJournalRequests(b, srv.URL, payload, concurrency, nil)
 			})
 			b.Run("filejournal", func(b *testing.B) {
-				j, err := idemhttp.OpenFileJournal(filepath.Join(b.TempDir(), "journal.db"), nil)
+				j, err := filejournal.Open(filepath.Join(b.TempDir(), "journal.db"), nil)
 				require.NoError(b, err)
 				defer func() { require.NoError(b, j.Close()) }()
 				before := j.Stats()
@@ -55,7 +56,7 @@ func BenchmarkJournal(b *testing.B) {
 // benchJournalRequests sends POSTs of payload to url through a Client with
 // journal j (nil for none) from concurrency goroutines, and returns how
 // many it sent.
-func benchJournalRequests(b *testing.B, url string, payload []byte, concurrency int, j *idemhttp.FileJournal) int {
+func benchJournalRequests(b *testing.B, url string, payload []byte, concurrency int, j *filejournal.Journal) int {
 	s := newBenchSender(url, payload, j)
 	defer s.close()
 	send := s.send
@@ -101,7 +102,7 @@ func BenchmarkJournalInterleaved(b *testing.B) {
 
 	for _, concurrency := range []int{1, 64} {
 		b.Run(fmt.Sprintf("c%d", concurrency), func(b *testing.B) {
-			j, err := idemhttp.OpenFileJournal(filepath.Join(b.TempDir(), "journal.db"), nil)
+			j, err := filejournal.Open(filepath.Join(b.TempDir(), "journal.db"), nil)
 			require.NoError(b, err)
 			defer func() { require.NoError(b, j.Close()) }()
 			raw, journaled := newBenchSender(srv.URL, payload, nil), newBenchSender(srv.URL, payload, j)
@@ -161,7 +162,7 @@ type benchSender struct {
 	payload []byte
 }
 
-func newBenchSender(url string, payload []byte, j *idemhttp.FileJournal) *benchSender {
+func newBenchSender(url string, payload []byte, j *filejournal.Journal) *benchSender {
 	// 64 idle connections per host, one per caller at c64: with net/http's
 	// default of 2, most callers would dial (and leave a TIME_WAIT socket)
 	// on every request, and the benchmark would measure connection churn

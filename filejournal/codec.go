@@ -1,4 +1,4 @@
-package idemhttp
+package filejournal
 
 import (
 	"encoding/binary"
@@ -7,23 +7,24 @@ import (
 	"slices"
 	"time"
 
+	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/internal/wal"
 )
 
-// Record payloads: the FileJournal's records, in the log that
+// Record payloads: the Journal's records, in the log that
 // internal/wal writes (docs/journal-format.md describes both). A payload
 // starts with its kind byte.
 const (
-	fjKindBegin  = 'B'
-	fjKindFinish = 'F'
-	fjKindDelete = 'D'
-	// fjKindClock holds one time: the journal's high-water mark (see
-	// [FileJournal.HighWater]) when the file was compacted, so that the
+	kindBegin  = 'B'
+	kindFinish = 'F'
+	kindDelete = 'D'
+	// kindClock holds one time: the journal's high-water mark (see
+	// [Journal.HighWater]) when the file was compacted, so that the
 	// mark outlives the records it was taken from.
-	fjKindClock = 'T'
+	kindClock = 'T'
 
-	fjRecHdrLen = wal.RecordHeaderLen
-	fjMaxRecord = wal.MaxRecord
+	recHdrLen = wal.RecordHeaderLen
+	maxRecord = wal.MaxRecord
 )
 
 // State bytes. Stored as a byte, not the State string, so that an unknown
@@ -34,9 +35,9 @@ const (
 	journalStateAbandoned = 3
 )
 
-// fjRecord is one decoded record. Strings own their memory; body aliases
+// record is one decoded record. Strings own their memory; body aliases
 // the decoder's input.
-type fjRecord struct {
+type record struct {
 	kind        byte
 	key         string
 	operation   string
@@ -55,8 +56,8 @@ type fjRecord struct {
 
 // entry returns the Entry a begin record describes, with its own copy of
 // the body.
-func (r *fjRecord) entry() *Entry {
-	e := &Entry{
+func (r *record) entry() *idemhttp.Entry {
+	e := &idemhttp.Entry{
 		Operation: r.operation, Key: r.key, Method: r.method, URL: r.url,
 		Header: r.header, Fingerprint: r.fingerprint, Created: r.created, Updated: r.updated,
 		Attempts: r.attempts, LastStatus: r.lastStatus, State: journalStateOf(r.state),
@@ -67,9 +68,9 @@ func (r *fjRecord) entry() *Entry {
 	return e
 }
 
-// fjBeginSize returns an upper bound of the encoded begin payload of e,
+// beginSize returns an upper bound of the encoded begin payload of e,
 // and the header names it stores, sorted.
-func fjBeginSize(e *Entry) (int, []string) {
+func beginSize(e *idemhttp.Entry) (int, []string) {
 	names := make([]string, 0, len(e.Header))
 	// Fixed fields at their widest: the kind, five string lengths, the
 	// header count, two times, the state, attempts, last status, the body
@@ -89,23 +90,23 @@ func fjBeginSize(e *Entry) (int, []string) {
 	return n, names
 }
 
-// fjAppendBegin appends the framed begin record of e (sanitised, with a
+// appendBegin appends the framed begin record of e (sanitised, with a
 // known state) to dst. Header names without values carry no information
 // and are dropped.
-func fjAppendBegin(dst []byte, e *Entry) ([]byte, error) {
+func appendBegin(dst []byte, e *idemhttp.Entry) ([]byte, error) {
 	st, ok := journalStateByte(e.State)
 	if !ok {
 		return dst, fmt.Errorf("entry %q: unknown state %q", e.Key, e.State)
 	}
-	size, names := fjBeginSize(e)
-	if size > fjMaxRecord+fjBeginSlack {
+	size, names := beginSize(e)
+	if size > maxRecord+beginSlack {
 		// Certainly too large: refuse before copying the body.
-		return dst, fjTooLarge(e, size)
+		return dst, tooLarge(e, size)
 	}
 	start := len(dst)
-	dst = slices.Grow(dst, fjRecHdrLen+size)
-	dst = append(dst, make([]byte, fjRecHdrLen)...) // length and CRC, filled in below
-	dst = append(dst, fjKindBegin)
+	dst = slices.Grow(dst, recHdrLen+size)
+	dst = append(dst, make([]byte, recHdrLen)...) // length and CRC, filled in below
+	dst = append(dst, kindBegin)
 	dst = journalAppendString(dst, e.Key)
 	dst = journalAppendString(dst, e.Operation)
 	dst = journalAppendString(dst, e.Method)
@@ -132,73 +133,73 @@ func fjAppendBegin(dst []byte, e *Entry) ([]byte, error) {
 		dst = binary.AppendUvarint(dst, uint64(len(e.Body)))
 		dst = append(dst, e.Body...)
 	}
-	if n := len(dst) - start - fjRecHdrLen; n > fjMaxRecord {
-		return dst[:start], fjTooLarge(e, n)
+	if n := len(dst) - start - recHdrLen; n > maxRecord {
+		return dst[:start], tooLarge(e, n)
 	}
-	fjFinishRecord(dst[start:])
+	finishRecord(dst[start:])
 	return dst, nil
 }
 
-// fjBeginSlack is how much fjBeginSize may overestimate a begin record by:
+// beginSlack is how much beginSize may overestimate a begin record by:
 // every varint counted at its widest.
-const fjBeginSlack = 256
+const beginSlack = 256
 
-func fjTooLarge(e *Entry, size int) error {
-	return fmt.Errorf("%w: entry %q of about %d bytes is too large for the journal (at most %d)", ErrInvalidRequest, e.Key, size, fjMaxRecord)
+func tooLarge(e *idemhttp.Entry, size int) error {
+	return fmt.Errorf("%w: entry %q of about %d bytes is too large for the journal (at most %d)", idemhttp.ErrInvalidRequest, e.Key, size, maxRecord)
 }
 
-func fjFinishRecord(rec []byte) { wal.FinishRecord(rec) }
+func finishRecord(rec []byte) { wal.FinishRecord(rec) }
 
-// fjFinishMax and fjDeleteMax bound the size of a finish and a delete
+// finishMax and deleteMax bound the size of a finish and a delete
 // record for key.
-func fjFinishMax(key string) int { return fjRecHdrLen + 1 + 10 + len(key) + 1 + 2*10 + 20 }
-func fjDeleteMax(key string) int { return fjRecHdrLen + 1 + 10 + len(key) }
+func finishMax(key string) int { return recHdrLen + 1 + 10 + len(key) + 1 + 2*10 + 20 }
+func deleteMax(key string) int { return recHdrLen + 1 + 10 + len(key) }
 
-// fjAppendFinish appends a framed finish record to dst.
-func fjAppendFinish(dst []byte, key string, state byte, status, attempts int, updated time.Time) []byte {
+// appendFinish appends a framed finish record to dst.
+func appendFinish(dst []byte, key string, state byte, status, attempts int, updated time.Time) []byte {
 	start := len(dst)
-	dst = append(dst, make([]byte, fjRecHdrLen)...)
-	dst = append(dst, fjKindFinish)
+	dst = append(dst, make([]byte, recHdrLen)...)
+	dst = append(dst, kindFinish)
 	dst = journalAppendString(dst, key)
 	dst = append(dst, state)
 	dst = binary.AppendVarint(dst, int64(status))
 	dst = binary.AppendVarint(dst, int64(attempts))
 	dst = journalAppendTime(dst, updated)
-	fjFinishRecord(dst[start:])
+	finishRecord(dst[start:])
 	return dst
 }
 
-// fjClockMax bounds the size of a clock record.
-const fjClockMax = fjRecHdrLen + 1 + 20
+// clockMax bounds the size of a clock record.
+const clockMax = recHdrLen + 1 + 20
 
-// fjAppendClock appends a framed clock record holding t to dst.
-func fjAppendClock(dst []byte, t time.Time) []byte {
+// appendClock appends a framed clock record holding t to dst.
+func appendClock(dst []byte, t time.Time) []byte {
 	start := len(dst)
-	dst = append(dst, make([]byte, fjRecHdrLen)...)
-	dst = append(dst, fjKindClock)
+	dst = append(dst, make([]byte, recHdrLen)...)
+	dst = append(dst, kindClock)
 	dst = journalAppendTime(dst, t)
-	fjFinishRecord(dst[start:])
+	finishRecord(dst[start:])
 	return dst
 }
 
-// fjAppendDelete appends a framed delete record to dst.
-func fjAppendDelete(dst []byte, key string) []byte {
+// appendDelete appends a framed delete record to dst.
+func appendDelete(dst []byte, key string) []byte {
 	start := len(dst)
-	dst = append(dst, make([]byte, fjRecHdrLen)...)
-	dst = append(dst, fjKindDelete)
+	dst = append(dst, make([]byte, recHdrLen)...)
+	dst = append(dst, kindDelete)
 	dst = journalAppendString(dst, key)
-	fjFinishRecord(dst[start:])
+	finishRecord(dst[start:])
 	return dst
 }
 
-// fjDecodeRecord parses a record's payload. Any malformed input gives an
-// error wrapping [ErrJournalCorrupt]; it never panics, and allocates no
+// decodeRecord parses a record's payload. Any malformed input gives an
+// error wrapping [ErrCorrupt]; it never panics, and allocates no
 // more than the payload's length whatever it claims.
-func fjDecodeRecord(p []byte) (*fjRecord, error) {
+func decodeRecord(p []byte) (*record, error) {
 	r := journalReader{b: p}
-	rec := &fjRecord{kind: r.byte()}
+	rec := &record{kind: r.byte()}
 	switch rec.kind {
-	case fjKindBegin:
+	case kindBegin:
 		rec.key = r.str()
 		rec.operation = r.str()
 		rec.method = r.str()
@@ -237,15 +238,15 @@ func fjDecodeRecord(p []byte) (*fjRecord, error) {
 		default:
 			r.fail("bad body flag")
 		}
-	case fjKindFinish:
+	case kindFinish:
 		rec.key = r.str()
 		rec.state = r.state()
 		rec.lastStatus = r.int()
 		rec.attempts = r.int()
 		rec.updated = r.time()
-	case fjKindDelete:
+	case kindDelete:
 		rec.key = r.str()
-	case fjKindClock:
+	case kindClock:
 		rec.updated = r.time()
 	default:
 		r.fail("unknown record kind %d", rec.kind)
@@ -257,13 +258,13 @@ func fjDecodeRecord(p []byte) (*fjRecord, error) {
 		return nil, r.err
 	}
 	if rec.attempts < 0 {
-		return nil, fmt.Errorf("%w: negative attempts %d", ErrJournalCorrupt, rec.attempts)
+		return nil, fmt.Errorf("%w: negative attempts %d", ErrCorrupt, rec.attempts)
 	}
-	if rec.kind == fjKindClock {
+	if rec.kind == kindClock {
 		return rec, nil // the one kind without a key
 	}
-	if err := ValidateKey(rec.key); err != nil {
-		return nil, fmt.Errorf("%w: record with a bad key", ErrJournalCorrupt)
+	if err := idemhttp.ValidateKey(rec.key); err != nil {
+		return nil, fmt.Errorf("%w: record with a bad key", ErrCorrupt)
 	}
 	return rec, nil
 }
@@ -278,27 +279,27 @@ func journalAppendTime(b []byte, t time.Time) []byte {
 	return binary.AppendUvarint(b, uint64(t.Nanosecond()))
 }
 
-func journalStateByte(s State) (byte, bool) {
+func journalStateByte(s idemhttp.State) (byte, bool) {
 	switch s {
-	case StatePending:
+	case idemhttp.StatePending:
 		return journalStatePending, true
-	case StateDone:
+	case idemhttp.StateDone:
 		return journalStateDone, true
-	case StateAbandoned:
+	case idemhttp.StateAbandoned:
 		return journalStateAbandoned, true
 	}
 	return 0, false
 }
 
 // journalStateOf maps a state byte that decoding accepted to its State.
-func journalStateOf(c byte) State {
+func journalStateOf(c byte) idemhttp.State {
 	switch c {
 	case journalStateDone:
-		return StateDone
+		return idemhttp.StateDone
 	case journalStateAbandoned:
-		return StateAbandoned
+		return idemhttp.StateAbandoned
 	}
-	return StatePending
+	return idemhttp.StatePending
 }
 
 // journalReader consumes a record front to back. The first problem is
@@ -311,7 +312,7 @@ type journalReader struct {
 
 func (r *journalReader) fail(format string, args ...any) {
 	if r.err == nil {
-		r.err = fmt.Errorf("%w: %s", ErrJournalCorrupt, fmt.Sprintf(format, args...))
+		r.err = fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
 	}
 	r.b = nil
 }
@@ -414,7 +415,7 @@ func (r *journalReader) time() time.Time {
 	if r.err != nil {
 		return time.Time{}
 	}
-	return fjUnixTime(sec, nsec)
+	return unixTime(sec, nsec)
 }
 
 // timeParts reads a time as the file stores it, seconds and nanoseconds,
@@ -429,16 +430,16 @@ func (r *journalReader) timeParts() (int64, uint32) {
 	return sec, uint32(nsec)
 }
 
-// fjUnixTime is the time the file stores as sec and nsec (< 1e9): UTC, or
+// unixTime is the time the file stores as sec and nsec (< 1e9): UTC, or
 // the zero Time.
-func fjUnixTime(sec int64, nsec uint32) time.Time {
+func unixTime(sec int64, nsec uint32) time.Time {
 	if sec == (time.Time{}).Unix() && nsec == 0 {
 		return time.Time{}
 	}
 	return time.Unix(sec, int64(nsec)).UTC()
 }
 
-// fjSplitTime is t as the file stores it: see journalAppendTime.
-func fjSplitTime(t time.Time) (int64, uint32) {
+// splitTime is t as the file stores it: see journalAppendTime.
+func splitTime(t time.Time) (int64, uint32) {
 	return t.Unix(), uint32(t.Nanosecond())
 }

@@ -1,4 +1,4 @@
-package idemhttp
+package filejournal
 
 import (
 	"context"
@@ -10,15 +10,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/internal/wal"
 )
 
 // wbOpen opens a journal whose Finish records wait up to writeBehind for
 // company (zero: the default), closed when the test ends.
-func wbOpen(t *testing.T, writeBehind time.Duration) (*FileJournal, string) {
+func wbOpen(t *testing.T, writeBehind time.Duration) (*Journal, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "journal")
-	j, err := OpenFileJournal(path, &JournalOptions{writeBehind: writeBehind})
+	j, err := Open(path, &Options{writeBehind: writeBehind})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = j.Close() })
 	return j, path
@@ -27,9 +28,9 @@ func wbOpen(t *testing.T, writeBehind time.Duration) (*FileJournal, string) {
 // wbState is key's state in the file, as a read-only journal opened now
 // sees it: what is on disk (or at least written), not what the writer's
 // index holds.
-func wbState(t *testing.T, path, key string) State {
+func wbState(t *testing.T, path, key string) idemhttp.State {
 	t.Helper()
-	r, err := OpenFileJournal(path, &JournalOptions{ReadOnly: true})
+	r, err := Open(path, &Options{ReadOnly: true})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, r.Close()) }()
 	e, err := r.Get(context.Background(), key)
@@ -71,7 +72,7 @@ func TestJournalWriteBehindOneSyncPerRequest(t *testing.T) {
 			if _, err := j.Begin(ctx, ijEntry(key, "")); err != nil {
 				return err
 			}
-			if err := j.Finish(ctx, key, Outcome{State: StateDone, Status: 201, Attempts: 1}); err != nil {
+			if err := j.Finish(ctx, key, idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1}); err != nil {
 				return err
 			}
 			if _, err := j.Get(ctx, key); err != nil {
@@ -81,8 +82,8 @@ func TestJournalWriteBehindOneSyncPerRequest(t *testing.T) {
 		return nil
 	})
 	assert.Equal(t, uint64(n), j.Stats().Commits-before, "one commit per request")
-	assert.Equal(t, StateDone, wbState(t, path, "k98"), "each Finish went with the next Begin")
-	assert.Equal(t, StatePending, wbState(t, path, "k99"), "the last one waits")
+	assert.Equal(t, idemhttp.StateDone, wbState(t, path, "k98"), "each Finish went with the next Begin")
+	assert.Equal(t, idemhttp.StatePending, wbState(t, path, "k99"), "the last one waits")
 }
 
 // A Finish with no write after it reaches the disk by itself, once the
@@ -95,10 +96,10 @@ func TestJournalWriteBehindLoneFinishReachesDisk(t *testing.T) {
 	require.NoError(t, err)
 	before := j.Stats().Commits
 	start := time.Now()
-	require.NoError(t, j.Finish(ctx, "a", Outcome{State: StateDone, Status: 201, Attempts: 1}))
+	require.NoError(t, j.Finish(ctx, "a", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1}))
 	require.Eventually(t, func() bool { return j.Stats().Commits > before }, 10*time.Second, time.Millisecond)
-	assert.GreaterOrEqual(t, time.Since(start), JournalWriteBehind, "written by the bound's timer")
-	assert.Equal(t, StateDone, wbState(t, path, "a"), "in the file while the journal is open")
+	assert.GreaterOrEqual(t, time.Since(start), WriteBehind, "written by the bound's timer")
+	assert.Equal(t, idemhttp.StateDone, wbState(t, path, "a"), "in the file while the journal is open")
 }
 
 // Every write someone waits for takes the outcomes written behind with
@@ -112,16 +113,16 @@ func TestJournalWriteBehindWrittenBy(t *testing.T) {
 	ctx := context.Background()
 	tests := []struct {
 		give string
-		do   func(j *FileJournal) error
+		do   func(j *Journal) error
 	}{
-		{give: "sync", do: func(j *FileJournal) error { return j.Sync(ctx) }},
-		{give: "close", do: func(j *FileJournal) error { return j.Close() }},
-		{give: "begin", do: func(j *FileJournal) error {
+		{give: "sync", do: func(j *Journal) error { return j.Sync(ctx) }},
+		{give: "close", do: func(j *Journal) error { return j.Close() }},
+		{give: "begin", do: func(j *Journal) error {
 			_, err := j.Begin(ctx, ijEntry("next", ""))
 			return err
 		}},
-		{give: "delete", do: func(j *FileJournal) error { return j.Delete(ctx, "other") }},
-		{give: "prune", do: func(j *FileJournal) error {
+		{give: "delete", do: func(j *Journal) error { return j.Delete(ctx, "other") }},
+		{give: "prune", do: func(j *Journal) error {
 			n, err := j.Prune(ctx, time.Now().Add(time.Hour))
 			if err == nil && n != 2 {
 				err = fmt.Errorf("pruned %d, want 2", n)
@@ -136,13 +137,13 @@ func TestJournalWriteBehindWrittenBy(t *testing.T) {
 			require.NoError(t, err)
 			_, err = j.Begin(ctx, ijEntry("a", ""))
 			require.NoError(t, err)
-			require.NoError(t, j.Finish(ctx, "other", Outcome{State: StateDone, Status: 201, Attempts: 1}))
-			require.NoError(t, j.Finish(ctx, "a", Outcome{State: StateDone, Status: 201, Attempts: 1}))
-			require.Equal(t, StatePending, wbState(t, path, "a"), "precondition: written behind")
+			require.NoError(t, j.Finish(ctx, "other", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1}))
+			require.NoError(t, j.Finish(ctx, "a", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1}))
+			require.Equal(t, idemhttp.StatePending, wbState(t, path, "a"), "precondition: written behind")
 
 			wbWithin(t, tt.give, func() error { return tt.do(j) })
 			if tt.give != "prune" {
-				assert.Equal(t, StateDone, wbState(t, path, "a"))
+				assert.Equal(t, idemhttp.StateDone, wbState(t, path, "a"))
 			}
 		})
 	}
@@ -165,10 +166,10 @@ func TestJournalWriteBehindAcrossCompact(t *testing.T) {
 		_, err := j.Begin(ctx, ijEntry(k, ""))
 		require.NoError(t, err)
 	}
-	require.NoError(t, j.Finish(ctx, "a", Outcome{State: StateDone, Status: 201, Attempts: 2}))
-	require.Equal(t, StatePending, wbState(t, path, "a"), "precondition: written behind")
+	require.NoError(t, j.Finish(ctx, "a", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 2}))
+	require.Equal(t, idemhttp.StatePending, wbState(t, path, "a"), "precondition: written behind")
 	require.NoError(t, j.Compact(ctx))
-	assert.Equal(t, StateDone, wbState(t, path, "a"), "the compacted file has the index's state")
+	assert.Equal(t, idemhttp.StateDone, wbState(t, path, "a"), "the compacted file has the index's state")
 	assert.Equal(t, uint64(1), j.Stats().Compactions)
 	wbWithin(t, "a Begin after the compaction", func() error {
 		_, err := j.Begin(ctx, ijEntry("c", ""))
@@ -180,7 +181,7 @@ func TestJournalWriteBehindAcrossCompact(t *testing.T) {
 	assert.NoError(t, r.Verify(ctx))
 	e, err := r.Get(ctx, "a")
 	require.NoError(t, err)
-	assert.Equal(t, StateDone, e.State)
+	assert.Equal(t, idemhttp.StateDone, e.State)
 	assert.Equal(t, 2, e.Attempts)
 	assert.Equal(t, 201, e.LastStatus)
 }

@@ -1,15 +1,15 @@
-package idemhttp
+package contract
 
 import (
 	"net/url"
 	"strings"
 )
 
-// defaultSecretQuery are query parameter names that carry credentials in
+// DefaultSecretQuery are query parameter names that carry credentials in
 // common APIs (OAuth, API keys, signed URLs of S3 and GCS). Their values
 // never appear in an error, an event or a log line, and a journal refuses
 // a URL that carries one.
-var defaultSecretQuery = [...]string{
+var DefaultSecretQuery = [...]string{
 	"access_token", "api_key", "apikey", "api-key", "auth", "authorization",
 	"client_secret", "code", "id_token", "password", "passwd", "refresh_token",
 	"secret", "session", "sig", "signature", "token",
@@ -17,17 +17,17 @@ var defaultSecretQuery = [...]string{
 	"x-goog-credential", "x-goog-signature",
 }
 
-// secretQueryNames returns the default names and extra, in lower case.
-func secretQueryNames(extra []string) []string {
-	out := make([]string, 0, len(defaultSecretQuery)+len(extra))
-	out = append(out, defaultSecretQuery[:]...)
+// SecretQueryNames returns the default names and extra, in lower case.
+func SecretQueryNames(extra []string) []string {
+	out := make([]string, 0, len(DefaultSecretQuery)+len(extra))
+	out = append(out, DefaultSecretQuery[:]...)
 	for _, n := range extra {
 		out = append(out, strings.ToLower(n))
 	}
 	return out
 }
 
-func isSecretQueryName(name string, names []string) bool {
+func IsSecretQueryName(name string, names []string) bool {
 	for _, n := range names {
 		if strings.EqualFold(name, n) {
 			return true
@@ -36,9 +36,9 @@ func isSecretQueryName(name string, names []string) bool {
 	return false
 }
 
-// secretQueryParam returns the first query parameter of u whose name is a
+// SecretQueryParam returns the first query parameter of u whose name is a
 // secret one.
-func secretQueryParam(u *url.URL, names []string) (string, bool) {
+func SecretQueryParam(u *url.URL, names []string) (string, bool) {
 	q := u.RawQuery
 	for q != "" {
 		var part string
@@ -47,21 +47,21 @@ func secretQueryParam(u *url.URL, names []string) (string, bool) {
 		if n, err := url.QueryUnescape(name); err == nil {
 			name = n
 		}
-		if isSecretQueryName(name, names) {
+		if IsSecretQueryName(name, names) {
 			return name, true
 		}
 	}
 	return "", false
 }
 
-// redactURL renders u with its password and the values of its secret query
+// RedactURL renders u with its password and the values of its secret query
 // parameters replaced, keeping the order and the spelling of everything
 // else, so the line still shows which request it was.
-func redactURL(u *url.URL, names []string) string {
+func RedactURL(u *url.URL, names []string) string {
 	if u == nil {
 		return ""
 	}
-	if _, ok := secretQueryParam(u, names); !ok {
+	if _, ok := SecretQueryParam(u, names); !ok {
 		return u.Redacted()
 	}
 	c := *u
@@ -78,7 +78,7 @@ func redactURL(u *url.URL, names []string) string {
 		if un, err := url.QueryUnescape(name); err == nil {
 			n = un
 		}
-		if hasValue && isSecretQueryName(n, names) {
+		if hasValue && IsSecretQueryName(n, names) {
 			b.WriteString(name)
 			b.WriteString("=REDACTED")
 			continue

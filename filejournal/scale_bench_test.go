@@ -1,6 +1,6 @@
 //go:build unix
 
-package idemhttp
+package filejournal
 
 import (
 	"context"
@@ -17,12 +17,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/internal/wal"
 )
 
-// fjMillion enables the 1M-entry scale benchmarks, which write a 1.3 GB
+// million enables the 1M-entry scale benchmarks, which write a 1.3 GB
 // file and take minutes: go test -bench FileJournalScale -journal.million.
-var fjMillion = flag.Bool("journal.million", false, "run the FileJournal scale benchmarks at 1M entries too")
+var million = flag.Bool("journal.million", false, "run the FileJournal scale benchmarks at 1M entries too")
 
 // ijScaleFile writes a journal of n entries with 1 KiB bodies straight
 // into a file (no syncs, so that building it takes seconds, not hours):
@@ -63,17 +64,17 @@ func ijScaleFile(b *testing.B, n int) string {
 			batch = len(buf)
 			buf = append(buf, make([]byte, wal.BatchHeaderLen)...)
 		}
-		e := &Entry{
+		e := &idemhttp.Entry{
 			Operation: fmt.Sprintf("op-%09d", i), Key: fmt.Sprintf("00000000-0000-4000-8000-%012d", i),
 			Method: http.MethodPost, URL: "https://api.example.com/v1/charges",
 			Header: http.Header{"Content-Type": {"application/json"}}, Body: body,
 			Fingerprint: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
-			Created:     old, Updated: old, State: StatePending,
+			Created:     old, Updated: old, State: idemhttp.StatePending,
 		}
 		if i%4 != 0 {
-			e.State = StateDone
+			e.State = idemhttp.StateDone
 		}
-		if buf, err = fjAppendBegin(buf, e); err != nil {
+		if buf, err = appendBegin(buf, e); err != nil {
 			b.Fatal(err)
 		}
 		if len(buf)-batch > 4<<20 {
@@ -109,7 +110,7 @@ func ijHeap() uint64 {
 func BenchmarkFileJournalScale(b *testing.B) {
 	for _, n := range []int{100_000, 1_000_000} {
 		b.Run(fmt.Sprintf("entries=%d", n), func(b *testing.B) {
-			if n > 100_000 && !*fjMillion {
+			if n > 100_000 && !*million {
 				b.Skip("1M entries: pass -journal.million")
 			}
 			path := ijScaleFile(b, n)
@@ -123,7 +124,7 @@ func BenchmarkFileJournalScale(b *testing.B) {
 				b.StartTimer()
 
 				start, cpu0 := time.Now(), ijCPU()
-				j, err := OpenFileJournal(cp, &JournalOptions{Retention: -1})
+				j, err := Open(cp, &Options{Retention: -1})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -135,7 +136,7 @@ func BenchmarkFileJournalScale(b *testing.B) {
 				}
 				closeTime := time.Since(start)
 				start, cpu0 = time.Now(), ijCPU()
-				j, err = OpenFileJournal(cp, &JournalOptions{Retention: -1})
+				j, err = Open(cp, &Options{Retention: -1})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -152,7 +153,7 @@ func BenchmarkFileJournalScale(b *testing.B) {
 					defer wg.Done()
 					for !stop.Load() {
 						seq++
-						e := &Entry{Key: fmt.Sprintf("new-%d", seq), Method: http.MethodPost, URL: "https://api.example.com/", Body: make([]byte, 1024)}
+						e := &idemhttp.Entry{Key: fmt.Sprintf("new-%d", seq), Method: http.MethodPost, URL: "https://api.example.com/", Body: make([]byte, 1024)}
 						t0 := time.Now()
 						if _, err := j.Begin(context.Background(), e); err != nil {
 							b.Error(err)
@@ -191,9 +192,9 @@ func BenchmarkFileJournalScale(b *testing.B) {
 				}
 				crashed := cp + ".crashed"
 				ijCopyFile(b, cp, crashed)
-				ijCopyFile(b, cp+fjIndexSuffix, crashed+fjIndexSuffix)
+				ijCopyFile(b, cp+indexSuffix, crashed+indexSuffix)
 				start = time.Now()
-				c, err := OpenFileJournal(crashed, &JournalOptions{ReadOnly: true})
+				c, err := Open(crashed, &Options{ReadOnly: true})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -203,13 +204,13 @@ func BenchmarkFileJournalScale(b *testing.B) {
 				}
 				_ = c.Close()
 				_ = os.Remove(crashed)
-				_ = os.Remove(crashed + fjIndexSuffix)
+				_ = os.Remove(crashed + indexSuffix)
 				st := j.Stats()
 				if err := j.Close(); err != nil {
 					b.Fatal(err)
 				}
 				_ = os.Remove(cp)
-				_ = os.Remove(cp + fjIndexSuffix)
+				_ = os.Remove(cp + indexSuffix)
 				b.ReportMetric(float64(openTime.Microseconds())/1000, "open-ms")
 				b.ReportMetric(float64(openCPU.Microseconds())/1000, "open-cpu-ms")
 				b.ReportMetric(float64(closeTime.Microseconds())/1000, "close-ms")

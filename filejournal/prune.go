@@ -1,4 +1,4 @@
-package idemhttp
+package filejournal
 
 import (
 	"context"
@@ -6,18 +6,18 @@ import (
 	"time"
 )
 
-// fjPruner prunes a FileJournal's done entries past their retention in
+// pruner prunes a Journal's done entries past their retention in
 // the background, so that a process that never restarts stays bounded
-// without its owner scheduling anything. It runs from OpenFileJournal
+// without its owner scheduling anything. It runs from Open
 // until Close.
-type fjPruner struct {
+type pruner struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
 
-func startFjPruner(j *FileJournal, retention, every time.Duration) *fjPruner {
+func startFjPruner(j *Journal, retention, every time.Duration) *pruner {
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &fjPruner{cancel: cancel}
+	p := &pruner{cancel: cancel}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
@@ -45,7 +45,7 @@ func startFjPruner(j *FileJournal, retention, every time.Duration) *fjPruner {
 }
 
 // stop ends the pruner and waits for it.
-func (p *fjPruner) stop() {
+func (p *pruner) stop() {
 	p.cancel()
 	p.wg.Wait()
 }

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package idemhttp_test
+package filejournal_test
 
 import "testing"
 

@@ -1,4 +1,4 @@
-package idemhttp
+package filejournal
 
 import (
 	"bufio"
@@ -20,12 +20,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idemhttp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // The crash tests run this test binary again as a child that sends a batch
-// of operations through a FileJournal and is SIGKILLed at a chosen point.
+// of operations through a Journal and is SIGKILLed at a chosen point.
 // The parent then reopens the journal, resumes, reruns the batch as a
 // batch job would, and counts executions on the server.
 
@@ -48,7 +49,7 @@ const (
 
 // killJournal wraps the child's journal and kills the process at a point.
 type killJournal struct {
-	Journal
+	idemhttp.Journal
 	point string
 }
 
@@ -57,9 +58,9 @@ func die() {
 	select {} // SIGKILL cannot be caught; never return
 }
 
-func isVictim(e *Entry) bool { return e.Operation == crashOpID(crashVictim) }
+func isVictim(e *idemhttp.Entry) bool { return e.Operation == crashOpID(crashVictim) }
 
-func (k killJournal) Begin(ctx context.Context, e *Entry) (*Entry, error) {
+func (k killJournal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry, error) {
 	if k.point == crashBeforeEntry && isVictim(e) {
 		die()
 	}
@@ -70,7 +71,7 @@ func (k killJournal) Begin(ctx context.Context, e *Entry) (*Entry, error) {
 	return old, err
 }
 
-func (k killJournal) Finish(ctx context.Context, key string, o Outcome) error {
+func (k killJournal) Finish(ctx context.Context, key string, o idemhttp.Outcome) error {
 	if k.point == crashBeforeFinish {
 		if e, err := k.Journal.Get(ctx, key); err == nil && isVictim(e) {
 			die()
@@ -90,16 +91,16 @@ func crashOpID(i int) string { return "op-" + strconv.Itoa(i) }
 func crashBody(i int) string { return fmt.Sprintf(`{"operation":%q,"amount":%d}`, crashOpID(i), 100+i) }
 
 // runBatch sends every operation once, in order, as a batch job does.
-func runBatch(t testing.TB, c *Client, url string) map[string]int {
+func runBatch(t testing.TB, c *idemhttp.Client, url string) map[string]int {
 	statuses := map[string]int{}
 	for i := range crashOps {
-		ctx := WithOperation(context.Background(), crashOpID(i))
+		ctx := idemhttp.WithOperation(context.Background(), crashOpID(i))
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(crashBody(i)))
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp, err := c.Do(req)
-		var done *DoneError
+		var done *idemhttp.DoneError
 		if errors.As(err, &done) {
 			statuses[crashOpID(i)] = done.Status // done is done: nothing sent
 			continue
@@ -121,11 +122,11 @@ func TestCrashChild(t *testing.T) {
 	if point == "" {
 		t.Skip("run by TestCrashAndResume as a child process")
 	}
-	fj, err := OpenFileJournal(os.Getenv(crashEnvJournal), nil)
+	fj, err := Open(os.Getenv(crashEnvJournal), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &Client{Journal: killJournal{Journal: fj, point: point}, Policy: &Policy{BaseDelay: time.Millisecond}}
+	c := &idemhttp.Client{Journal: killJournal{Journal: fj, point: point}, Policy: &idemhttp.Policy{BaseDelay: time.Millisecond}}
 	runBatch(t, c, os.Getenv(crashEnvURL))
 	_ = fj.Close()
 }
@@ -213,10 +214,10 @@ func TestCrashAndResume(t *testing.T) {
 			srv.mu.Unlock()
 
 			// The restart: reopen the journal, resume, rerun the batch.
-			fj, err := OpenFileJournal(path, nil)
+			fj, err := Open(path, nil)
 			require.NoError(t, err)
 			defer fj.Close()
-			c := &Client{Journal: fj, Policy: &Policy{BaseDelay: time.Millisecond}}
+			c := &idemhttp.Client{Journal: fj, Policy: &idemhttp.Policy{BaseDelay: time.Millisecond}}
 			results, err := c.Resume(context.Background())
 			require.NoError(t, err)
 			for _, r := range results {
@@ -248,7 +249,7 @@ func TestCrashStormChild(t *testing.T) {
 	if path == "" {
 		t.Skip("run by TestCrashMidCommit as a child process")
 	}
-	fj, err := OpenFileJournal(path, nil)
+	fj, err := Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +259,7 @@ func TestCrashStormChild(t *testing.T) {
 		wg.Go(func() {
 			for i := 0; ; i++ {
 				key := fmt.Sprintf("storm-%02d-%06d", g, i)
-				e := &Entry{Key: key, Method: http.MethodPost, URL: "http://127.0.0.1/x", Body: bytes.Repeat([]byte{'x'}, 100+i%900)}
+				e := &idemhttp.Entry{Key: key, Method: http.MethodPost, URL: "http://127.0.0.1/x", Body: bytes.Repeat([]byte{'x'}, 100+i%900)}
 				if _, err := fj.Begin(context.Background(), e); err != nil {
 					t.Error(err)
 					return
@@ -266,7 +267,7 @@ func TestCrashStormChild(t *testing.T) {
 				mu.Lock()
 				_, _ = os.Stdout.WriteString(key + "\n") // unbuffered: what was printed survives the kill
 				mu.Unlock()
-				if err := fj.Finish(context.Background(), key, Outcome{State: StateDone, Status: 200, Attempts: 1}); err != nil {
+				if err := fj.Finish(context.Background(), key, idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1}); err != nil {
 					t.Error(err)
 					return
 				}
@@ -317,7 +318,7 @@ func TestCrashMidCommit(t *testing.T) {
 		_ = cmd.Wait()
 		require.NotEmpty(t, acked, "the child acknowledged no Begin before the kill")
 
-		fj, err := OpenFileJournal(path, nil)
+		fj, err := Open(path, nil)
 		require.NoError(t, err, "round %d", round)
 		require.NoError(t, fj.Verify(context.Background()))
 		for _, k := range acked {

@@ -1,4 +1,4 @@
-package idemhttp
+package filejournal
 
 import (
 	"fmt"
@@ -19,9 +19,9 @@ func TestFjTable(t *testing.T) {
 		t.Run(fmt.Sprintf("byOp=%v", byOp), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(1, 2))
 			tab := newFjTable(byOp, 0)
-			model := map[string]*fjEntry{}
+			model := map[string]*entry{}
 			name := func(i int) string { return fmt.Sprintf("n-%d", i) }
-			entry := func(i int) *fjEntry {
+			entry := func(i int) *entry {
 				if byOp {
 					return newFjEntry(fmt.Sprintf("k-%d", rng.Int()), name(i), time.Time{}, time.Time{}, 0, 0, journalStatePending, 0, 0)
 				}

@@ -1,12 +1,12 @@
-package idemhttp
+package filejournal
 
 import (
 	"hash/maphash"
 	"iter"
 )
 
-// fjTable indexes entries by one string of theirs: the key (byKey) or the
-// operation id (byOp). It does what a map[string]*fjEntry would, in less
+// table indexes entries by one string of theirs: the key (byKey) or the
+// operation id (byOp). It does what a map[string]*entry would, in less
 // memory: a map slot holds a 16-byte string header and a pointer, about
 // 38 bytes per entry at the load Go maps run at, where a slot here is one
 // pointer and a 16-bit tag from its string's hash, the string being the
@@ -15,7 +15,7 @@ import (
 // entries, twice.
 //
 // It is open addressing with linear probing and backward-shift deletion,
-// split into fjShards shards that grow and shrink on their own, so that
+// split into shards shards that grow and shrink on their own, so that
 // no insert or delete rehashes more than one shard (about 4 000 entries
 // at a million). Strings are hashed with a random seed per table, so
 // that keys chosen to collide cannot make one shard's probes long.
@@ -26,52 +26,52 @@ import (
 // time in 65 536 for a string that is not there. Without them, opening a
 // journal of a million entries spent most of its time in probe chains.
 //
-// A fjTable is not safe for concurrent use: the index's lock guards it.
-type fjTable struct {
+// A table is not safe for concurrent use: the index's lock guards it.
+type table struct {
 	byOp   bool // keyed by operation id, not key
 	seed   maphash.Seed
 	n      int
-	shards [fjShards]fjShard
+	shards [shards]shard
 }
 
-// fjShard is one shard of a fjTable: a power-of-two number of slots, or
-// none. hashes[i] is the tag (see fjTag) of slots[i]'s string, or 0
+// shard is one shard of a table: a power-of-two number of slots, or
+// none. hashes[i] is the tag (see tag) of slots[i]'s string, or 0
 // for an empty slot; a string's home slot is its hash's low bits.
-type fjShard struct {
-	slots  []*fjEntry
+type shard struct {
+	slots  []*entry
 	hashes []uint16
 	n      int
 }
 
 const (
-	fjShardBits = 8
-	fjShards    = 1 << fjShardBits
-	fjShardMin  = 8 // the fewest slots a shard that holds anything has
+	shardBits = 8
+	shards    = 1 << shardBits
+	shardMin  = 8 // the fewest slots a shard that holds anything has
 )
 
 // newFjTable returns an empty table keyed by operation id if byOp, else
 // by key, with room for about hint entries.
-func newFjTable(byOp bool, hint int) *fjTable {
-	t := &fjTable{byOp: byOp, seed: maphash.MakeSeed()}
+func newFjTable(byOp bool, hint int) *table {
+	t := &table{byOp: byOp, seed: maphash.MakeSeed()}
 	if hint > 0 {
 		// Room for hint at a load of 2/3, spread evenly.
-		size := fjShardMin
-		for size*2 < (hint/fjShards+1)*3 {
+		size := shardMin
+		for size*2 < (hint/shards+1)*3 {
 			size *= 2
 		}
 		for i := range t.shards {
-			t.shards[i].slots = make([]*fjEntry, size)
+			t.shards[i].slots = make([]*entry, size)
 			t.shards[i].hashes = make([]uint16, size)
 		}
 	}
 	return t
 }
 
-// reserve grows every shard to hold about n/fjShards entries without
+// reserve grows every shard to hold about n/shards entries without
 // growing again. It never shrinks one.
-func (t *fjTable) reserve(n int) {
-	size := fjShardMin
-	for size*3 < (n/fjShards+1)*4 {
+func (t *table) reserve(n int) {
+	size := shardMin
+	for size*3 < (n/shards+1)*4 {
 		size *= 2
 	}
 	for i := range t.shards {
@@ -82,7 +82,7 @@ func (t *fjTable) reserve(n int) {
 }
 
 // name is the string le is indexed by.
-func (t *fjTable) name(le *fjEntry) string {
+func (t *table) name(le *entry) string {
 	if t.byOp {
 		return le.operation()
 	}
@@ -90,20 +90,20 @@ func (t *fjTable) name(le *fjEntry) string {
 }
 
 // hash and hashBytes return the hash of a string, by which it is found.
-func (t *fjTable) hash(s string) uint64      { return maphash.String(t.seed, s) }
-func (t *fjTable) hashBytes(b []byte) uint64 { return maphash.Bytes(t.seed, b) }
+func (t *table) hash(s string) uint64      { return maphash.String(t.seed, s) }
+func (t *table) hashBytes(b []byte) uint64 { return maphash.Bytes(t.seed, b) }
 
 // shard returns the shard of hash h.
-func (t *fjTable) shard(h uint64) *fjShard { return &t.shards[h>>(64-fjShardBits)] }
+func (t *table) shard(h uint64) *shard { return &t.shards[h>>(64-shardBits)] }
 
 // len returns how many entries the table holds.
-func (t *fjTable) len() int { return t.n }
+func (t *table) len() int { return t.n }
 
-// fjTag is the 16 bits of hash h a slot keeps: bits 32 to 47, which
+// tag is the 16 bits of hash h a slot keeps: bits 32 to 47, which
 // neither the shard (the top bits) nor the home slot (the low bits) is
 // chosen by, so that a tag tells apart entries with the same home; but
 // never 0, which marks an empty slot.
-func fjTag(h uint64) uint16 {
+func tag(h uint64) uint16 {
 	if v := uint16(h >> 32); v != 0 {
 		return v
 	}
@@ -111,7 +111,7 @@ func fjTag(h uint64) uint16 {
 }
 
 // get returns the entry indexed by s, or nil.
-func (t *fjTable) get(s string) *fjEntry {
+func (t *table) get(s string) *entry {
 	sh, i := t.find(t.hash(s), s)
 	if i < 0 {
 		return nil
@@ -120,13 +120,13 @@ func (t *fjTable) get(s string) *fjEntry {
 }
 
 // getBytes is get for a string held as bytes, whose hash is h.
-func (t *fjTable) getBytes(h uint64, b []byte) *fjEntry {
+func (t *table) getBytes(h uint64, b []byte) *entry {
 	sh := t.shard(h)
 	if sh.n == 0 {
 		return nil
 	}
 	mask := uint64(len(sh.slots) - 1)
-	tag := fjTag(h)
+	tag := tag(h)
 	for i := h & mask; ; i = (i + 1) & mask {
 		switch sh.hashes[i] {
 		case 0:
@@ -143,13 +143,13 @@ func (t *fjTable) getBytes(h uint64, b []byte) *fjEntry {
 // entry indexed by s in it, or -1. A probe reads the tags only, and
 // follows a slot's pointer (a cache miss, and another for its string)
 // only when the tag matches.
-func (t *fjTable) find(h uint64, s string) (*fjShard, int) {
+func (t *table) find(h uint64, s string) (*shard, int) {
 	sh := t.shard(h)
 	if sh.n == 0 {
 		return sh, -1
 	}
 	mask := uint64(len(sh.slots) - 1)
-	tag := fjTag(h)
+	tag := tag(h)
 	for i := h & mask; ; i = (i + 1) & mask {
 		switch sh.hashes[i] {
 		case 0:
@@ -163,7 +163,7 @@ func (t *fjTable) find(h uint64, s string) (*fjShard, int) {
 }
 
 // put indexes le, replacing the entry indexed by the same string if any.
-func (t *fjTable) put(le *fjEntry) {
+func (t *table) put(le *entry) {
 	h := t.hash(t.name(le))
 	if t.insertNew(h, le) != nil {
 		sh, i := t.find(h, t.name(le))
@@ -175,14 +175,14 @@ func (t *fjTable) put(le *fjEntry) {
 // an entry indexed by the same string: then it returns that one and
 // changes nothing. It is get and put in one probe, for replay, which
 // must refuse a string stored twice.
-func (t *fjTable) insertNew(h uint64, le *fjEntry) *fjEntry {
+func (t *table) insertNew(h uint64, le *entry) *entry {
 	s := t.name(le)
 	sh := t.shard(h)
 	if (sh.n+1)*4 > len(sh.slots)*3 {
-		t.resize(sh, max(fjShardMin, 2*len(sh.slots)))
+		t.resize(sh, max(shardMin, 2*len(sh.slots)))
 	}
 	mask := uint64(len(sh.slots) - 1)
-	tag := fjTag(h)
+	tag := tag(h)
 	for i := h & mask; ; i = (i + 1) & mask {
 		switch sh.hashes[i] {
 		case 0:
@@ -199,7 +199,7 @@ func (t *fjTable) insertNew(h uint64, le *fjEntry) *fjEntry {
 }
 
 // del drops the entry indexed by s, if any.
-func (t *fjTable) del(s string) {
+func (t *table) del(s string) {
 	sh, at := t.find(t.hash(s), s)
 	if at < 0 {
 		return
@@ -225,15 +225,15 @@ func (t *fjTable) del(s string) {
 	t.n--
 	if sh.n == 0 {
 		sh.slots, sh.hashes = nil, nil // give a shard emptied by a prune back
-	} else if len(sh.slots) > fjShardMin && sh.n*8 < len(sh.slots) {
+	} else if len(sh.slots) > shardMin && sh.n*8 < len(sh.slots) {
 		t.resize(sh, len(sh.slots)/2)
 	}
 }
 
 // resize rehashes sh's entries into size slots.
-func (t *fjTable) resize(sh *fjShard, size int) {
+func (t *table) resize(sh *shard, size int) {
 	old, oldTags := sh.slots, sh.hashes
-	sh.slots, sh.hashes = make([]*fjEntry, size), make([]uint16, size)
+	sh.slots, sh.hashes = make([]*entry, size), make([]uint16, size)
 	mask := uint64(size - 1)
 	for k, tag := range oldTags {
 		if tag == 0 {
@@ -250,8 +250,8 @@ func (t *fjTable) resize(sh *fjShard, size int) {
 
 // all yields every entry, in no particular order. The table must not
 // change during the iteration.
-func (t *fjTable) all() iter.Seq[*fjEntry] {
-	return func(yield func(*fjEntry) bool) {
+func (t *table) all() iter.Seq[*entry] {
+	return func(yield func(*entry) bool) {
 		for i := range t.shards {
 			for _, le := range t.shards[i].slots {
 				if le != nil && !yield(le) {

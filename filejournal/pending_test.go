@@ -1,4 +1,4 @@
-package idemhttp
+package filejournal
 
 import (
 	"context"
@@ -8,13 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idemhttp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // countPending counts the pending entries of j's index by scanning it: what
 // PendingCount must always equal.
-func countPending(j *FileJournal) int {
+func countPending(j *Journal) int {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	n := 0
@@ -33,11 +34,11 @@ func countPending(j *FileJournal) int {
 func TestFileJournalPendingCount(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "j")
-	j, err := OpenFileJournal(path, nil)
+	j, err := Open(path, nil)
 	require.NoError(t, err)
 	rng := rand.New(rand.NewPCG(1, 2))
 	var keys []string
-	states := []State{StatePending, StateDone, StateAbandoned}
+	states := []idemhttp.State{idemhttp.StatePending, idemhttp.StateDone, idemhttp.StateAbandoned}
 	for i := range 300 {
 		switch op := rng.IntN(10); {
 		case op < 4 || len(keys) == 0:
@@ -47,7 +48,7 @@ func TestFileJournalPendingCount(t *testing.T) {
 			keys = append(keys, k)
 		case op < 8:
 			k := keys[rng.IntN(len(keys))]
-			require.NoError(t, j.Finish(ctx, k, Outcome{State: states[rng.IntN(3)], Status: 200, Attempts: 1, At: time.Now()}))
+			require.NoError(t, j.Finish(ctx, k, idemhttp.Outcome{State: states[rng.IntN(3)], Status: 200, Attempts: 1, At: time.Now()}))
 		case op < 9:
 			i := rng.IntN(len(keys))
 			require.NoError(t, j.Delete(ctx, keys[i]))
@@ -68,16 +69,16 @@ func TestFileJournalPendingCount(t *testing.T) {
 	want := j.PendingCount()
 	require.NoError(t, j.Close())
 
-	j, err = OpenFileJournal(path, nil)
+	j, err = Open(path, nil)
 	require.NoError(t, err)
 	defer j.Close()
 	assert.Equal(t, want, j.PendingCount(), "counted again at open")
-	c := &Client{Journal: j}
+	c := &idemhttp.Client{Journal: j}
 	assert.Equal(t, want, c.Stats().JournalPending)
 }
 
 // byKeySnapshot returns the keys in j's index.
-func (j *FileJournal) byKeySnapshot() map[string]bool {
+func (j *Journal) byKeySnapshot() map[string]bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	m := make(map[string]bool, j.byKey.len())
