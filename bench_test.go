@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-retryablehttp"
+	"github.com/idemkit/idemhttp/idemtrace"
 )
 
 // The request every BenchmarkDo* sends: a 1 KiB JSON POST to a loopback
@@ -130,16 +131,16 @@ func BenchmarkDoInterleaved(b *testing.B) {
 
 // noopHooks sets every hook, each doing nothing: what observing every
 // decision costs before the observer does any work.
-func noopHooks() *Hooks {
-	return &Hooks{
-		OnCallStart:     func(ctx context.Context, _ CallEvent) context.Context { return ctx },
-		OnAttempt:       func(context.Context, AttemptEvent) {},
-		OnAttemptDone:   func(context.Context, AttemptDoneEvent) {},
-		OnRetry:         func(context.Context, RetryEvent) {},
-		OnBudgetRefused: func(context.Context, BudgetEvent) {},
-		OnGiveUp:        func(context.Context, GiveUpEvent) {},
-		OnCallDone:      func(context.Context, CallDoneEvent) {},
-		OnJournal:       func(context.Context, JournalEvent) {},
+func noopHooks() *idemtrace.Hooks {
+	return &idemtrace.Hooks{
+		OnCallStart:     func(ctx context.Context, _ idemtrace.CallEvent) context.Context { return ctx },
+		OnAttempt:       func(context.Context, idemtrace.AttemptEvent) {},
+		OnAttemptDone:   func(context.Context, idemtrace.AttemptDoneEvent) {},
+		OnRetry:         func(context.Context, idemtrace.RetryEvent) {},
+		OnBudgetRefused: func(context.Context, idemtrace.BudgetEvent) {},
+		OnGiveUp:        func(context.Context, idemtrace.GiveUpEvent) {},
+		OnCallDone:      func(context.Context, idemtrace.CallDoneEvent) {},
+		OnJournal:       func(context.Context, idemtrace.JournalEvent) {},
 	}
 }
 
@@ -151,7 +152,7 @@ func BenchmarkDoHooks(b *testing.B) {
 	srv := newChargeServer(b)
 	for _, bc := range []struct {
 		name  string
-		hooks *Hooks
+		hooks *idemtrace.Hooks
 	}{{"unset", nil}, {"set", noopHooks()}} {
 		b.Run(bc.name, func(b *testing.B) {
 			c := &Client{HTTPClient: newBenchHTTP(b), Hooks: bc.hooks}

@@ -1,6 +1,10 @@
 package idemhttp
 
-import "net/http"
+import (
+	"net/http"
+
+	"github.com/idemkit/idemhttp/idemtrace"
+)
 
 // Verdict is what a [Policy.Classify] function makes of one attempt's
 // outcome.
@@ -81,16 +85,16 @@ func PeekBody(resp *http.Response) []byte {
 
 // classifyResponse applies the policy's classifier, then the built-in
 // rules, to an attempt that got a response.
-func (p *policy) classifyResponse(resp *http.Response, sig signals, peek func() []byte) (verdict, RetryReason) {
+func (p *policy) classifyResponse(resp *http.Response, sig signals, peek func() []byte) (verdict, idemtrace.RetryReason) {
 	if p.classify != nil {
 		switch p.classify(resp, nil) {
 		case VerdictRetry, VerdictRetryUnsafe:
-			return vRetry, ReasonClassified
+			return vRetry, idemtrace.ReasonClassified
 		case VerdictReturn:
 			return vReturn, ""
 		case VerdictInProgress:
 			if sig.keyed {
-				return vInProgress, ReasonInProgress
+				return vInProgress, idemtrace.ReasonInProgress
 			}
 		case VerdictMismatch:
 			if sig.keyed {

@@ -2,11 +2,13 @@ package idemhttp
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net/http"
 	"testing"
 
+	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -30,15 +32,15 @@ func retryableField(resp *http.Response, err error) Verdict {
 func TestClassifyBodyDialect(t *testing.T) {
 	t.Run("a 400 the body calls retryable is retried", func(t *testing.T) {
 		srv := newScripted(t, reply(400, `{"retryable":true}`), reply(200, `{"id":1}`))
-		var reasons []RetryReason
+		var reasons []idemtrace.RetryReason
 		pol := fast()
 		pol.Classify = retryableField
-		c := &Client{Policy: pol, OnRetry: func(e RetryEvent) { reasons = append(reasons, e.Reason) }}
+		c := &Client{Policy: pol, Hooks: &idemtrace.Hooks{OnRetry: func(_ context.Context, e idemtrace.RetryEvent) { reasons = append(reasons, e.Reason) }}}
 		resp, err := c.Do(post(t, srv.URL, chargeBody))
 		require.NoError(t, err)
 		defer resp.Body.Close()
 		assert.Equal(t, 200, resp.StatusCode)
-		assert.Equal(t, []RetryReason{ReasonClassified}, reasons)
+		assert.Equal(t, []idemtrace.RetryReason{idemtrace.ReasonClassified}, reasons)
 		hits := srv.Hits()
 		require.Len(t, hits, 2)
 		assert.Equal(t, hits[0].Key, hits[1].Key, "same key on the classified retry")

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/idemkit/idemhttp/internal/contract"
 
 	"github.com/hashicorp/go-retryablehttp"
@@ -56,16 +57,10 @@ type Client struct {
 	// nil means silent.
 	Logger *slog.Logger
 
-	// OnRetry, when set, is called before each retry's wait, on the
-	// calling goroutine. It must not block. It is a shorthand for
-	// Hooks.OnRetry, without the context; both are called when both are
-	// set.
-	OnRetry func(RetryEvent)
-
 	// Hooks, when set, are called at each decision of every call:
 	// attempts, retries, give-ups, budget refusals, journal writes. See
-	// [Hooks]. nil costs nothing.
-	Hooks *Hooks
+	// [idemtrace.Hooks]. nil costs nothing.
+	Hooks *idemtrace.Hooks
 
 	// PrepareRequest, when set, is called on every outgoing request after
 	// its journal entry is written and before the first attempt, in Do and
@@ -102,8 +97,7 @@ type config struct {
 	mem     *memJournal
 	journal Journal
 	logger  *slog.Logger
-	onRetry func(RetryEvent)
-	hooks   Hooks // a copy of *Client.Hooks; every field nil when unset
+	hooks   idemtrace.Hooks // a copy of *Client.Hooks; every field nil when unset
 	prepare func(*http.Request) error
 	secrets []string         // canonical names of the caller's secret headers
 	now     func() time.Time // Client.clock, or time.Now
@@ -144,9 +138,14 @@ func (c *Client) init() {
 		}
 		cfg.mem = newMemJournal(cfg.pol.retention)
 		cfg.journal = c.Journal
+		if r, ok := c.Journal.(retainer); ok {
+			// Policy.Retention is the one retention setting: a journal that
+			// prunes by itself must not drop a done entry the client would
+			// still reuse the key of.
+			r.Retain(cfg.pol.retention)
+		}
 		cfg.logger = c.Logger
-		cfg.onRetry = c.OnRetry
-		if c.Hooks.set() {
+		if hooksSet(c.Hooks) {
 			cfg.hooks = *c.Hooks
 		}
 		cfg.prepare = c.PrepareRequest
@@ -305,9 +304,9 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		t0 := c.journalClock()
 		e, created, err := c.begin(ctx, j, req, key, explicit, op, body)
 		if cfg.hooks.OnJournal != nil {
-			ev := JournalEvent{Op: JournalBegin, Operation: op, Err: err}
+			ev := idemtrace.JournalEvent{Op: idemtrace.JournalBegin, Operation: op, Err: err}
 			if e != nil {
-				ev.Key, ev.State, ev.Existing = e.Key, e.State, !created
+				ev.Key, ev.State, ev.Existing = e.Key, string(e.State), !created
 			}
 			c.journalEvent(ctx, ev, t0)
 		}
@@ -340,7 +339,7 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		out.Header = cloneWithoutFold(req.Header, p.keyHeader, false)
 	}
 	if keyed {
-		a.keyVal[0] = FormatKeyHeader(key, p.quoteKey)
+		a.keyVal[0] = contract.FormatKeyHeader(key, p.quoteKey)
 		out.Header[p.keyHeader] = a.keyVal[:]
 	}
 	if cfg.prepare != nil {
@@ -421,11 +420,11 @@ func (a *attempt) discardUnsent(ctx context.Context) {
 	t0 := a.c.journalClock()
 	err := a.j.Delete(ctx, a.entry.Key)
 	if err == nil || errors.Is(err, ErrNotFound) {
-		a.c.journalEvent(ctx, JournalEvent{Op: JournalDiscard, Key: a.entry.Key, Operation: a.entry.Operation}, t0)
+		a.c.journalEvent(ctx, idemtrace.JournalEvent{Op: idemtrace.JournalDiscard, Key: a.entry.Key, Operation: a.entry.Operation}, t0)
 		return
 	}
 	err2 := a.j.Finish(ctx, a.entry.Key, Outcome{State: StateAbandoned, At: a.c.stamp(a.j)})
-	a.c.journalEvent(ctx, JournalEvent{Op: JournalDiscard, Key: a.entry.Key, Operation: a.entry.Operation, State: StateAbandoned, Err: errors.Join(err, err2)}, t0)
+	a.c.journalEvent(ctx, idemtrace.JournalEvent{Op: idemtrace.JournalDiscard, Key: a.entry.Key, Operation: a.entry.Operation, State: string(StateAbandoned), Err: errors.Join(err, err2)}, t0)
 	if a.cfg.logger != nil {
 		a.cfg.logger.LogAttrs(ctx, slog.LevelError, "idemhttp: journal: could not withdraw an entry that was never sent",
 			slog.String("key", a.entry.Key), slog.String("error", errors.Join(err, err2).Error()))
@@ -502,13 +501,11 @@ func outcomeState(err error) State {
 // from the journal's is a conflict.
 func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key string, explicit bool, op string, body []byte) (e *Entry, created bool, err error) {
 	p := &c.cfg.pol
-	u := *req.URL
-	u.User = nil
-	if name, ok := contract.SecretQueryParam(&u, p.redactQuery); ok {
-		return nil, false, fmt.Errorf("idemhttp: %w: query parameter %q looks like a credential and a journal would write it to disk: add it in Client.PrepareRequest", ErrInvalidRequest, name)
+	url, err := contract.JournalURLOf(req.URL, p.redactQuery)
+	if err != nil {
+		return nil, false, err
 	}
-	url := u.String()
-	fp := Fingerprint(req.Method, url, body)
+	fp := contract.Fingerprint(req.Method, url, body)
 	candidate := key
 	if candidate == "" {
 		candidate = NewKey()
@@ -569,6 +566,12 @@ func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key st
 	return existing, false, nil
 }
 
+// retainer is implemented by a [Journal] that prunes done entries by
+// itself: it must keep them for the client's Policy.Retention.
+type retainer interface {
+	Retain(d time.Duration)
+}
+
 // journalClock is implemented by a [Journal] that keeps its own clock: it
 // stamps the entries and outcomes it is given with zero times, and the
 // client judges their ages by Now, so that one clock ages the entries of
@@ -609,17 +612,11 @@ func (c *Client) record(ctx context.Context, j Journal, e *Entry, s State, statu
 	}
 	t0 := c.journalClock()
 	err := j.Finish(context.WithoutCancel(ctx), e.Key, Outcome{State: s, Status: status, Attempts: attempts, At: c.stamp(j)})
-	c.journalEvent(ctx, JournalEvent{Op: JournalFinish, Key: e.Key, Operation: e.Operation, State: s, Err: err}, t0)
+	c.journalEvent(ctx, idemtrace.JournalEvent{Op: idemtrace.JournalFinish, Key: e.Key, Operation: e.Operation, State: string(s), Err: err}, t0)
 	if err != nil && c.cfg.logger != nil {
 		c.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemhttp: journal finish failed; entry stays pending",
 			slog.String("key", e.Key), slog.String("state", string(s)), slog.String("error", err.Error()))
 	}
-}
-
-// Fingerprint returns the hex SHA-256 of a request's method, URL and body:
-// what a journal compares to refuse the same operation with another body.
-func Fingerprint(method, url string, body []byte) string {
-	return contract.Fingerprint(method, url, body)
 }
 
 // StandardClient returns an [http.Client] that sends every request
@@ -629,7 +626,8 @@ func Fingerprint(method, url string, body []byte) string {
 // the journal's key for the operation wins. Errors reach the SDK wrapped in
 // [*url.Error]; errors.Is and errors.As still see the typed errors of
 // [Client.Do]. Its CloseIdleConnections does nothing: the pool belongs to
-// c.HTTPClient.
+// c.HTTPClient. Its Transport is the [http.RoundTripper] to hand a library
+// that wants one.
 //
 // Turn the SDK's own retries off. An SDK that retries by itself
 // multiplies attempts (stripe-go's default of 2 network retries on top of
@@ -642,13 +640,7 @@ func Fingerprint(method, url string, body []byte) string {
 //		MaxNetworkRetries: stripe.Int64(0), // idemhttp retries
 //	})
 func (c *Client) StandardClient() *http.Client {
-	return &http.Client{Transport: c.Transport()}
-}
-
-// Transport returns an [http.RoundTripper] that sends every request
-// through c. See [Client.StandardClient].
-func (c *Client) Transport() http.RoundTripper {
-	return roundTripper{c}
+	return &http.Client{Transport: roundTripper{c}}
 }
 
 type roundTripper struct{ c *Client }

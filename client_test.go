@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idemhttp/idemtrace"
+	"github.com/idemkit/idemhttp/internal/contract"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -68,7 +70,7 @@ func TestSameKeyAndBodyOnEveryAttempt(t *testing.T) {
 
 			hits := srv.Hits()
 			require.Len(t, hits, len(tt.give))
-			assert.NoError(t, ValidateKey(hits[0].Key))
+			assert.NoError(t, contract.ValidateKey(hits[0].Key))
 			for _, h := range hits {
 				assert.Equal(t, hits[0].Key, h.Key)
 				assert.Equal(t, chargeBody, h.Body)
@@ -261,14 +263,14 @@ func TestParseRetryAfter(t *testing.T) {
 
 func TestRetryAfterHonoured(t *testing.T) {
 	srv := newScripted(t, reply(503, "", "Retry-After", "1"), reply(200, "{}"))
-	var events []RetryEvent
-	c := &Client{Policy: fast(), OnRetry: func(e RetryEvent) { events = append(events, e) }}
+	var events []idemtrace.RetryEvent
+	c := &Client{Policy: fast(), Hooks: &idemtrace.Hooks{OnRetry: func(_ context.Context, e idemtrace.RetryEvent) { events = append(events, e) }}}
 	resp, err := c.Do(post(t, srv.URL, chargeBody))
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Len(t, events, 1)
 	assert.Equal(t, time.Second, events[0].Delay, "Retry-After wins over the backoff")
-	assert.Equal(t, ReasonUnavailable, events[0].Reason)
+	assert.Equal(t, idemtrace.ReasonUnavailable, events[0].Reason)
 	assert.Equal(t, 2, events[0].Attempt)
 	assert.Equal(t, 503, events[0].Status)
 	assert.Equal(t, srv.Hits()[0].Key, events[0].Key)
@@ -318,7 +320,7 @@ func TestGarbageRetryAfterFallsBackToBackoff(t *testing.T) {
 		t.Run(give, func(t *testing.T) {
 			srv := newScripted(t, reply(503, "", "Retry-After", give), reply(200, "{}"))
 			var delays []time.Duration
-			c := &Client{Policy: fast(), OnRetry: func(e RetryEvent) { delays = append(delays, e.Delay) }}
+			c := &Client{Policy: fast(), Hooks: &idemtrace.Hooks{OnRetry: func(_ context.Context, e idemtrace.RetryEvent) { delays = append(delays, e.Delay) }}}
 			resp, err := c.Do(post(t, srv.URL, chargeBody))
 			require.NoError(t, err)
 			resp.Body.Close()
@@ -360,8 +362,8 @@ func TestCancelEndsWaitAtOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	c := &Client{
-		Policy:  &Policy{BaseDelay: time.Hour, MaxDelay: time.Hour},
-		OnRetry: func(RetryEvent) { cancel() }, // cancel as the wait begins
+		Policy: &Policy{BaseDelay: time.Hour, MaxDelay: time.Hour},
+		Hooks:  &idemtrace.Hooks{OnRetry: func(context.Context, idemtrace.RetryEvent) { cancel() }}, // cancel as the wait begins
 	}
 	resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
 	require.Nil(t, resp)
@@ -431,12 +433,12 @@ func TestTransportErrors(t *testing.T) {
 }
 
 func TestRefusedIsClassifiedNotSent(t *testing.T) {
-	var reasons []RetryReason
-	c := &Client{Policy: &Policy{MaxAttempts: 2, BaseDelay: time.Millisecond}, OnRetry: func(e RetryEvent) { reasons = append(reasons, e.Reason) }}
+	var reasons []idemtrace.RetryReason
+	c := &Client{Policy: &Policy{MaxAttempts: 2, BaseDelay: time.Millisecond}, Hooks: &idemtrace.Hooks{OnRetry: func(_ context.Context, e idemtrace.RetryEvent) { reasons = append(reasons, e.Reason) }}}
 	_, err := c.Do(post(t, "http://"+deadAddr(t), chargeBody))
 	assert.ErrorIs(t, err, ErrExhausted)
 	assert.ErrorIs(t, err, syscall.ECONNREFUSED)
-	assert.Equal(t, []RetryReason{ReasonNotSent}, reasons)
+	assert.Equal(t, []idemtrace.RetryReason{idemtrace.ReasonNotSent}, reasons)
 }
 
 // TestWireDecidesNotSent pins that "never sent" comes from what the
@@ -481,7 +483,7 @@ func TestBadCertificateIsNotRetried(t *testing.T) {
 	defer srv.Close()
 	var retries atomic.Int32
 	// The default transport does not trust httptest's certificate.
-	c := &Client{Policy: fast(), OnRetry: func(RetryEvent) { retries.Add(1) }}
+	c := &Client{Policy: fast(), Hooks: &idemtrace.Hooks{OnRetry: func(context.Context, idemtrace.RetryEvent) { retries.Add(1) }}}
 	resp, err := c.Do(post(t, srv.URL, chargeBody))
 	require.Error(t, err)
 	assert.Nil(t, resp)
@@ -584,7 +586,7 @@ func TestCustomHeaderCarriesKey(t *testing.T) {
 	resp.Body.Close()
 	h := srv.Hits()[0]
 	assert.Empty(t, h.Key)
-	assert.NoError(t, ValidateKey(h.Header.Get("X-Request-Key")))
+	assert.NoError(t, contract.ValidateKey(h.Header.Get("X-Request-Key")))
 }
 
 // The budget keeps a full outage from being multiplied by retries.
@@ -665,7 +667,7 @@ func TestNeverClosesCallersIdleConnections(t *testing.T) {
 	assert.ErrorIs(t, err, ErrExhausted)
 
 	ctx, cancel := context.WithCancel(context.Background())
-	c2 := &Client{Policy: &Policy{BaseDelay: time.Hour}, HTTPClient: &http.Client{Transport: rt}, OnRetry: func(RetryEvent) { cancel() }}
+	c2 := &Client{Policy: &Policy{BaseDelay: time.Hour}, HTTPClient: &http.Client{Transport: rt}, Hooks: &idemtrace.Hooks{OnRetry: func(context.Context, idemtrace.RetryEvent) { cancel() }}}
 	_, err = c2.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
 	assert.ErrorIs(t, err, context.Canceled)
 	c2.StandardClient().CloseIdleConnections()
@@ -792,7 +794,7 @@ func TestResumeInMemoryResendsWithSameKey(t *testing.T) {
 	_, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
 	require.ErrorIs(t, err, ErrExhausted)
 
-	results, err := c.Resume(context.Background())
+	results, err := c.Resume(context.Background(), nil)
 	require.NoError(t, err)
 	require.Len(t, results, 1)
 	assert.NoError(t, results[0].Err)
@@ -803,7 +805,7 @@ func TestResumeInMemoryResendsWithSameKey(t *testing.T) {
 	assert.Equal(t, hits[0].Key, hits[2].Key)
 	assert.Equal(t, chargeBody, hits[2].Body)
 
-	results, err = c.Resume(context.Background())
+	results, err = c.Resume(context.Background(), nil)
 	require.NoError(t, err)
 	assert.Empty(t, results, "done entries are not resent")
 }

@@ -30,7 +30,7 @@
 //   - Durable pending keys. With a [Journal] such as [github.com/idemkit/idemhttp/filejournal.Journal], each
 //     key is on disk before the first attempt, so after a crash
 //     [Client.Resume] resends with the same key instead of charging twice.
-//   - Observability and extension. [Hooks] report every decision (attempts,
+//   - Observability and extension. [idemtrace.Hooks] report every decision (attempts,
 //     retries, give-ups, budget refusals, journal writes) at no cost when
 //     unset; [Policy.Classify] teaches the client an API's own retry
 //     dialect; [WithAttempts] and [WithInProgressPatience] override the

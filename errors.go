@@ -79,7 +79,7 @@ var (
 
 	// ErrClockJump: a journaled entry was created, or last updated, after
 	// the clock's current time, or the clock is below the latest time the
-	// journal ever recorded ([ClockJournal]): the clock was set back (or
+	// journal ever recorded (a clock journal (one with HighWater)): the clock was set back (or
 	// was ahead when the entry was written). Its age, and so whether the
 	// server still holds its key, cannot be known, so it is not resent;
 	// the entry stays pending for a person or a reconciliation step, or

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -76,30 +78,10 @@ func ExampleClient_Do() {
 	// Output: 200 after 2 attempts
 }
 
-func ExampleClient_OnRetry() {
-	var keys []string
-	srv := flaky(2, &keys)
-	defer srv.Close()
-
-	c := &idemhttp.Client{
-		OnRetry: func(e idemhttp.RetryEvent) {
-			fmt.Printf("retry: attempt %d after status %d (%s)\n", e.Attempt, e.Status, e.Reason)
-		},
-	}
-	req, _ := http.NewRequest("POST", srv.URL, strings.NewReader(`{}`))
-	resp, err := c.Do(req)
-	if err == nil {
-		resp.Body.Close()
-	}
-	// Output:
-	// retry: attempt 2 after status 503 (unavailable)
-	// retry: attempt 3 after status 503 (unavailable)
-}
-
 func ExampleNewKey() {
 	k := idemhttp.NewKey()
-	fmt.Println(len(k), idemhttp.ValidateKey(k) == nil)
-	// Output: 36 true
+	fmt.Println(len(k), k[14:15]) // a version 4 UUID
+	// Output: 36 4
 }
 
 // A batch job derives each operation's key from a secret, so a rerun after
@@ -241,6 +223,11 @@ func ExampleKeyMismatchError() {
 }
 
 func ExamplePolicy() {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Println("sent", r.Method, r.Header.Get("Idempotency-Key"))
+	}))
+	defer srv.Close()
+
 	c := &idemhttp.Client{Policy: &idemhttp.Policy{
 		MaxAttempts:   6,
 		BaseDelay:     100 * time.Millisecond,
@@ -250,9 +237,12 @@ func ExamplePolicy() {
 		QuoteKey:      true, // IETF draft form: Idempotency-Key: "..."
 		Budget:        idemhttp.Budget{Capacity: 100},
 	}}
-	_ = c
-	fmt.Println(idemhttp.FormatKeyHeader("order-1", true))
-	// Output: "order-1"
+	req, _ := http.NewRequestWithContext(idemhttp.WithKey(context.Background(), "order-1"), "DELETE", srv.URL, nil)
+	resp, err := c.Do(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	// Output: sent DELETE "order-1"
 }
 
 func ExampleStripePolicy() {
@@ -285,7 +275,7 @@ func ExampleClient_Resume() {
 	_, err := c.Do(req)
 	fmt.Println("first run:", errors.Is(err, idemhttp.ErrExhausted))
 
-	results, _ := c.Resume(context.Background()) // later, once the server is back
+	results, _ := c.Resume(context.Background(), nil) // later, once the server is back
 	for _, r := range results {
 		fmt.Println("resumed", r.Entry.Operation, r.StatusCode, r.Err)
 	}
@@ -296,22 +286,33 @@ func ExampleClient_Resume() {
 	// same key on resume: true
 }
 
-func ExampleParseKeyHeader() {
-	bare, _ := idemhttp.ParseKeyHeader("8e03978e-40d5-43e8-bc93-6894a57f9324")
-	quoted, _ := idemhttp.ParseKeyHeader(`"8e03978e-40d5-43e8-bc93-6894a57f9324"`)
-	_, err := idemhttp.ParseKeyHeader("bad\tkey")
-	fmt.Println(bare == quoted, errors.Is(err, idemhttp.ErrInvalidKey))
-	// Output: true true
-}
+// A journal stores what Sanitized leaves of an entry, so that the rules
+// for what may rest on disk live in one place.
+func ExampleEntry_Sanitized() {
+	e := &idemhttp.Entry{
+		Key:    "5f0c1d0e-2b1a-4c3d-9e8f-7a6b5c4d3e2f",
+		Method: http.MethodPost,
+		URL:    "https://api.example.com/v1/charges#details",
+		Header: http.Header{
+			"Content-Type":  {"application/json"},
+			"authorization": {"Bearer sk_live_123"}, // any letter case
+		},
+	}
+	rec, err := e.Sanitized()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(rec.URL)
+	fmt.Println(slices.Sorted(maps.Keys(rec.Header)))
+	fmt.Println(rec.State)
 
-func ExampleValidateKey() {
-	fmt.Println(idemhttp.ValidateKey("order-42") == nil, idemhttp.ValidateKey(`say "hi"`) == nil)
-	// Output: true false
-}
-
-func ExampleFingerprint() {
-	a := idemhttp.Fingerprint("POST", "https://api.example.com/v1/charges", []byte(`{"amount":1000}`))
-	b := idemhttp.Fingerprint("POST", "https://api.example.com/v1/charges", []byte(`{"amount":1001}`))
-	fmt.Println(len(a), a == b)
-	// Output: 64 false
+	e.URL = "https://sk_live_123:@api.example.com/v1/charges"
+	_, err = e.Sanitized()
+	fmt.Println(errors.Is(err, idemhttp.ErrInvalidRequest))
+	// Output:
+	// https://api.example.com/v1/charges
+	// [Content-Type]
+	// pending
+	// true
 }

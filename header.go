@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+
+	"github.com/idemkit/idemhttp/internal/contract"
 )
 
 // This file finds the key header in any letter case. net/http canonicalises
@@ -24,7 +26,7 @@ func callerKey(ctx context.Context, h http.Header, name string) (key string, exp
 			continue
 		}
 		for _, v := range vv {
-			kv, err := ParseKeyHeader(v)
+			kv, err := contract.ParseKeyHeader(v)
 			if err != nil {
 				return "", false, err
 			}
@@ -35,7 +37,7 @@ func callerKey(ctx context.Context, h http.Header, name string) (key string, exp
 		}
 	}
 	if k, ok := keyFromContext(ctx); ok {
-		if err := ValidateKey(k); err != nil {
+		if err := contract.ValidateKey(k); err != nil {
 			return "", false, err
 		}
 		if key != "" && key != k {

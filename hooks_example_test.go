@@ -13,37 +13,6 @@ import (
 	"github.com/idemkit/idemhttp"
 )
 
-// Hooks see every decision of a call, in order, on the call's goroutine.
-func ExampleHooks() {
-	var keys []string
-	srv := flaky(2, &keys)
-	defer srv.Close()
-
-	c := &idemhttp.Client{Hooks: &idemhttp.Hooks{
-		OnAttemptDone: func(_ context.Context, ev idemhttp.AttemptDoneEvent) {
-			fmt.Printf("attempt %d: status %d\n", ev.Attempt, ev.Status)
-		},
-		OnRetry: func(_ context.Context, ev idemhttp.RetryEvent) {
-			fmt.Printf("retry: %s\n", ev.Reason)
-		},
-		OnCallDone: func(_ context.Context, ev idemhttp.CallDoneEvent) {
-			fmt.Printf("done: status %d after %d attempts\n", ev.Status, ev.Attempts)
-		},
-	}}
-	req, _ := http.NewRequest("POST", srv.URL+"/v1/charges", strings.NewReader(`{"amount":1000}`))
-	resp, err := c.Do(req)
-	if err == nil {
-		resp.Body.Close()
-	}
-	// Output:
-	// attempt 1: status 503
-	// retry: unavailable
-	// attempt 2: status 503
-	// retry: unavailable
-	// attempt 3: status 200
-	// done: status 200 after 3 attempts
-}
-
 // An API that says in its error bodies whether a retry can help teaches
 // the client its dialect with Policy.Classify.
 func ExamplePolicy_classify() {

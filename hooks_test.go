@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -35,31 +36,35 @@ type traceIDKey struct{}
 
 // hooks returns Hooks recording into r. OnCallStart puts a value in the
 // call's context, and every later hook checks it is there.
-func (r *recorder) hooks() *Hooks {
+func (r *recorder) hooks() *idemtrace.Hooks {
 	seen := func(ctx context.Context) string {
 		if v, _ := ctx.Value(traceIDKey{}).(string); v != "" {
 			return v
 		}
 		return "-"
 	}
-	return &Hooks{
-		OnCallStart: func(ctx context.Context, ev CallEvent) context.Context {
+	return &idemtrace.Hooks{
+		OnCallStart: func(ctx context.Context, ev idemtrace.CallEvent) context.Context {
 			r.add("start %s keyed=%t", ev.Method, ev.Key != "")
 			return context.WithValue(ctx, traceIDKey{}, "t1")
 		},
-		OnAttempt: func(ctx context.Context, ev AttemptEvent) { r.add("attempt %d %s", ev.Attempt, seen(ctx)) },
-		OnAttemptDone: func(ctx context.Context, ev AttemptDoneEvent) {
+		OnAttempt: func(ctx context.Context, ev idemtrace.AttemptEvent) { r.add("attempt %d %s", ev.Attempt, seen(ctx)) },
+		OnAttemptDone: func(ctx context.Context, ev idemtrace.AttemptDoneEvent) {
 			r.add("done %d status=%d class=%q err=%t %s", ev.Attempt, ev.Status, ev.Class, ev.Err != nil, seen(ctx))
 		},
-		OnRetry: func(ctx context.Context, ev RetryEvent) { r.add("retry %d %s %s", ev.Attempt, ev.Reason, seen(ctx)) },
-		OnBudgetRefused: func(ctx context.Context, ev BudgetEvent) {
+		OnRetry: func(ctx context.Context, ev idemtrace.RetryEvent) {
+			r.add("retry %d %s %s", ev.Attempt, ev.Reason, seen(ctx))
+		},
+		OnBudgetRefused: func(ctx context.Context, ev idemtrace.BudgetEvent) {
 			r.add("budget cost=%d tokens=%d %s", ev.Cost, ev.Tokens, seen(ctx))
 		},
-		OnGiveUp: func(ctx context.Context, ev GiveUpEvent) { r.add("giveup %v %s", ev.Err.Reason, seen(ctx)) },
-		OnCallDone: func(ctx context.Context, ev CallDoneEvent) {
+		OnGiveUp: func(ctx context.Context, ev idemtrace.GiveUpEvent) {
+			r.add("giveup %v %s", ev.Err.(*GiveUpError).Reason, seen(ctx))
+		},
+		OnCallDone: func(ctx context.Context, ev idemtrace.CallDoneEvent) {
 			r.add("end attempts=%d status=%d err=%t %s", ev.Attempts, ev.Status, ev.Err != nil, seen(ctx))
 		},
-		OnJournal: func(_ context.Context, ev JournalEvent) {
+		OnJournal: func(_ context.Context, ev idemtrace.JournalEvent) {
 			r.add("journal %s state=%s existing=%t err=%t", ev.Op, ev.State, ev.Existing, ev.Err != nil)
 		},
 	}
@@ -148,17 +153,17 @@ func TestHooksSeeEveryDecisionInOrder(t *testing.T) {
 }
 
 func TestHooksNotSentClassAndLatency(t *testing.T) {
-	var classes []ErrorClass
+	var classes []idemtrace.ErrorClass
 	var latencies []time.Duration
-	c := &Client{Policy: &Policy{MaxAttempts: 2, BaseDelay: time.Millisecond}, Hooks: &Hooks{
-		OnAttemptDone: func(_ context.Context, ev AttemptDoneEvent) {
+	c := &Client{Policy: &Policy{MaxAttempts: 2, BaseDelay: time.Millisecond}, Hooks: &idemtrace.Hooks{
+		OnAttemptDone: func(_ context.Context, ev idemtrace.AttemptDoneEvent) {
 			classes = append(classes, ev.Class)
 			latencies = append(latencies, ev.Latency)
 		},
 	}}
 	_, err := c.Do(post(t, "http://"+deadAddr(t), chargeBody))
 	require.ErrorIs(t, err, ErrExhausted)
-	assert.Equal(t, []ErrorClass{ClassNotSent, ClassNotSent}, classes)
+	assert.Equal(t, []idemtrace.ErrorClass{idemtrace.ClassNotSent, idemtrace.ClassNotSent}, classes)
 	for _, l := range latencies {
 		assert.Positive(t, l, "an attempt is timed whenever OnAttemptDone is set")
 	}
@@ -181,31 +186,19 @@ func TestHooksCallThatNeverSent(t *testing.T) {
 	}, rec.Lines())
 }
 
-// Both the shorthand Client.OnRetry and Hooks.OnRetry are called.
-func TestOnRetryShorthandStillWorks(t *testing.T) {
-	srv := newScripted(t, reply(503, ""), reply(200, ""))
-	var short, full int
-	c := &Client{Policy: fast(), OnRetry: func(RetryEvent) { short++ }, Hooks: &Hooks{OnRetry: func(context.Context, RetryEvent) { full++ }}}
-	resp, err := c.Do(post(t, srv.URL, chargeBody))
-	require.NoError(t, err)
-	resp.Body.Close()
-	assert.Equal(t, 1, short)
-	assert.Equal(t, 1, full)
-}
-
 func TestHooksReportResume(t *testing.T) {
 	srv := newScripted(t, drop, reply(200, "{}"))
-	var ops []JournalOp
-	c := &Client{Policy: &Policy{MaxAttempts: 1}, Hooks: &Hooks{OnJournal: func(_ context.Context, ev JournalEvent) { ops = append(ops, ev.Op) }}}
+	var ops []idemtrace.JournalOp
+	c := &Client{Policy: &Policy{MaxAttempts: 1}, Hooks: &idemtrace.Hooks{OnJournal: func(_ context.Context, ev idemtrace.JournalEvent) { ops = append(ops, ev.Op) }}}
 	req := post(t, srv.URL, chargeBody)
 	req = req.WithContext(WithOperation(req.Context(), "op-3"))
 	_, err := c.Do(req)
 	require.Error(t, err)
-	res, err := c.Resume(context.Background())
+	res, err := c.Resume(context.Background(), nil)
 	require.NoError(t, err)
 	require.Len(t, res, 1)
 	require.NoError(t, res[0].Err)
-	assert.Equal(t, []JournalOp{JournalBegin, JournalFinish, JournalResume, JournalBegin, JournalFinish}, ops)
+	assert.Equal(t, []idemtrace.JournalOp{idemtrace.JournalBegin, idemtrace.JournalFinish, idemtrace.JournalResume, idemtrace.JournalBegin, idemtrace.JournalFinish}, ops)
 }
 
 // Hooks run on each call's goroutine with the call's own state: many

@@ -65,24 +65,6 @@ func DeriveKey(secret []byte, operation string) (string, error) {
 	return u.String(), nil
 }
 
-// ValidateKey reports whether key may be sent as an idempotency key: 1 to
-// 255 bytes of printable ASCII (space through tilde), without a double
-// quote, and without leading or trailing spaces, which HTTP strips from
-// header values so the server would see a different key. The error wraps
-// [ErrInvalidKey].
-func ValidateKey(key string) error { return contract.ValidateKey(key) }
-
-// FormatKeyHeader returns the header value that carries key: the key itself,
-// or, with quoted set, the IETF draft's structured-field string form
-// ("key" with backslashes escaped). It does not validate key.
-func FormatKeyHeader(key string, quoted bool) string { return contract.FormatKeyHeader(key, quoted) }
-
-// ParseKeyHeader returns the key carried by an Idempotency-Key header value
-// in either form: bare (Stripe) or a quoted structured-field string (IETF
-// draft). The key is validated with [ValidateKey]; a malformed quoted string
-// or an invalid key gives an error wrapping [ErrInvalidKey].
-func ParseKeyHeader(v string) (string, error) { return contract.ParseKeyHeader(v) }
-
 type ctxKey int
 
 const (

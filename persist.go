@@ -105,7 +105,7 @@ type Journal interface {
 	Delete(ctx context.Context, key string) error
 }
 
-// ClockJournal is implemented by a [Journal] that remembers the latest
+// clockJournal is implemented by a [Journal] that remembers the latest
 // time it has ever recorded (an entry's Created or Updated time, an
 // outcome's At), including the times of entries it has pruned or deleted
 // since. A [Client] whose journal implements it judges the clock against
@@ -117,7 +117,7 @@ type Journal interface {
 // still in the journal: once they are pruned, an entry really older than
 // the server's key retention may look younger and be resent under a key
 // the server has forgotten. [github.com/idemkit/idemhttp/filejournal.Journal] implements it.
-type ClockJournal interface {
+type clockJournal interface {
 	// HighWater returns the mark: the latest time recorded, never
 	// lower than before, or the zero Time when the journal recorded
 	// none.

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idemhttp/internal/contract"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -75,7 +76,7 @@ func TestJournalEntryIsWrittenBeforeTheFirstAttempt(t *testing.T) {
 	assert.Equal(t, 1, e.Attempts)
 	assert.Equal(t, 200, e.LastStatus)
 	assert.Equal(t, chargeBody, string(e.Body))
-	assert.Equal(t, Fingerprint("POST", srv.URL, []byte(chargeBody)), e.Fingerprint)
+	assert.Equal(t, contract.Fingerprint("POST", srv.URL, []byte(chargeBody)), e.Fingerprint)
 }
 
 func TestJournalStates(t *testing.T) {
@@ -120,7 +121,13 @@ func TestJournalNeverHoldsSecrets(t *testing.T) {
 		r.Header.Set("X-Signature", "sig-from-hook")
 		return nil
 	}}
-	req := post(t, "http://user:pa55word@"+strings.TrimPrefix(srv.URL, "http://")+"/v1/charges", chargeBody)
+	// Credentials in the URL cannot be journaled without writing them
+	// down, nor dropped without making a resend fail: refused, unsent.
+	_, err := c.Do(post(t, "http://user:pa55word@"+strings.TrimPrefix(srv.URL, "http://")+"/v1/charges", chargeBody))
+	require.ErrorIs(t, err, ErrInvalidRequest)
+	require.Empty(t, srv.Hits(), "refused before sending")
+
+	req := post(t, srv.URL+"/v1/charges?page=2#pa55word", chargeBody)
 	req.Header.Set("Authorization", "Bearer sk_live_secret")
 	req.Header.Set("Cookie", "session=secret-cookie")
 	req.Header.Set("Proxy-Authorization", "Basic cHJveHk6c2VjcmV0")
@@ -197,12 +204,12 @@ func TestExpiredEntriesAreNotResent(t *testing.T) {
 	old := time.Now().Add(-25 * time.Hour)
 	_, err := j.Begin(context.Background(), &Entry{
 		Operation: "stale-op", Key: "stale-key", Method: "POST", URL: srv.URL, Body: []byte(chargeBody),
-		Fingerprint: Fingerprint("POST", srv.URL, []byte(chargeBody)), Created: old, Updated: old, State: StatePending,
+		Fingerprint: contract.Fingerprint("POST", srv.URL, []byte(chargeBody)), Created: old, Updated: old, State: StatePending,
 	})
 	require.NoError(t, err)
 	c := &Client{Journal: j}
 
-	results, err := c.Resume(context.Background())
+	results, err := c.Resume(context.Background(), nil)
 	require.NoError(t, err)
 	require.Len(t, results, 1)
 	assert.ErrorIs(t, results[0].Err, ErrKeyExpired)
@@ -222,10 +229,10 @@ func TestResumeWithoutStoredBodyRefuses(t *testing.T) {
 	now := time.Now()
 	_, err := j.Begin(context.Background(), &Entry{
 		Key: "k-nobody", Method: "POST", URL: srv.URL,
-		Fingerprint: Fingerprint("POST", srv.URL, []byte(chargeBody)), Created: now, Updated: now, State: StatePending,
+		Fingerprint: contract.Fingerprint("POST", srv.URL, []byte(chargeBody)), Created: now, Updated: now, State: StatePending,
 	})
 	require.NoError(t, err)
-	results, err := (&Client{Journal: j}).Resume(context.Background())
+	results, err := (&Client{Journal: j}).Resume(context.Background(), nil)
 	require.NoError(t, err)
 	require.Len(t, results, 1)
 	assert.ErrorIs(t, results[0].Err, ErrNotReplayable)
@@ -244,7 +251,7 @@ func TestResumeTakesCredentialsFromTheLiveClient(t *testing.T) {
 		r.Header.Set("Authorization", "Bearer sk_rotated")
 		return nil
 	}}
-	results, err := live.Resume(context.Background())
+	results, err := live.Resume(context.Background(), nil)
 	require.NoError(t, err)
 	require.Len(t, results, 1)
 	require.NoError(t, results[0].Err)
@@ -279,7 +286,7 @@ func TestMemJournalPrunesOnlyOldDoneEntries(t *testing.T) {
 	assert.Nil(t, existing, "the pruned operation is free again")
 }
 
-func TestResumeEntryConcurrently(t *testing.T) {
+func TestResumeGivenEntriesConcurrently(t *testing.T) {
 	j := newRecJournal()
 	srv := newScripted(t, reply(200, "{}"))
 	now := time.Now()
@@ -287,7 +294,7 @@ func TestResumeEntryConcurrently(t *testing.T) {
 		body := []byte(fmt.Sprintf(`{"n":%d}`, i))
 		_, err := j.Begin(context.Background(), &Entry{
 			Key: fmt.Sprintf("k-%d", i), Method: "POST", URL: srv.URL, Body: body,
-			Fingerprint: Fingerprint("POST", srv.URL, body), Created: now, Updated: now, State: StatePending,
+			Fingerprint: contract.Fingerprint("POST", srv.URL, body), Created: now, Updated: now, State: StatePending,
 		})
 		require.NoError(t, err)
 	}
@@ -297,7 +304,13 @@ func TestResumeEntryConcurrently(t *testing.T) {
 	var wg sync.WaitGroup
 	results := make([]ResumeResult, len(pending))
 	for i, e := range pending {
-		wg.Go(func() { results[i] = c.ResumeEntry(context.Background(), e) })
+		wg.Go(func() {
+			rs, err := c.Resume(context.Background(), &ResumeOptions{Entries: []*Entry{e}})
+			assert.NoError(t, err)
+			if assert.Len(t, rs, 1) {
+				results[i] = rs[0]
+			}
+		})
 	}
 	wg.Wait()
 	for _, r := range results {
@@ -326,21 +339,22 @@ func TestResumeRefusesWhenTheClockJumpedBack(t *testing.T) {
 		{Key: "k-now", Created: now, Updated: now},
 	} {
 		e.Method, e.URL, e.Body, e.State = "POST", srv.URL, []byte(chargeBody), StatePending
-		e.Fingerprint = Fingerprint("POST", srv.URL, e.Body)
+		e.Fingerprint = contract.Fingerprint("POST", srv.URL, e.Body)
 		_, err := j.Begin(ctx, e)
 		require.NoError(t, err)
 	}
 	c := &Client{Journal: j}
 
-	results, err := c.Resume(ctx)
+	results, err := c.Resume(ctx, nil)
 	require.NoError(t, err)
 	require.Len(t, results, 2)
 	for _, r := range results {
 		assert.ErrorIs(t, r.Err, ErrClockJump, r.Entry.Key)
 	}
 	assert.Empty(t, srv.Hits(), "nothing resent while the clock is behind the journal")
-	r := c.ResumeEntry(ctx, results[1].Entry)
-	assert.ErrorIs(t, r.Err, ErrClockJump, "ResumeEntry checks the entry itself too")
+	rs, _ := c.Resume(ctx, &ResumeOptions{Entries: []*Entry{results[1].Entry}})
+	r := rs[0]
+	assert.ErrorIs(t, r.Err, ErrClockJump, "a resend of given entries checks them too")
 	for _, k := range []string{"k-future", "k-now"} {
 		e, err := j.Get(ctx, k)
 		require.NoError(t, err)

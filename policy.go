@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/idemkit/idemhttp/internal/contract"
 )
 
@@ -108,7 +109,7 @@ type Policy struct {
 	//  3. the built-in rules: HonorShouldRetry, then the wire contract.
 	// A retry Classify asks for is still bounded by MaxAttempts, the
 	// budget, MaxRetryAfter and the deadline, and is reported with
-	// [ReasonClassified]. Classify runs on the calling goroutine and must
+	// [idemtrace.ReasonClassified]. Classify runs on the calling goroutine and must
 	// not close or consume the body. It must be safe for concurrent use.
 	Classify func(resp *http.Response, err error) Verdict
 }
@@ -244,22 +245,6 @@ func idempotentMethod(m string) bool {
 	return false
 }
 
-// RetryReason says why an attempt is retried. It appears in [RetryEvent]
-// and logs.
-type RetryReason string
-
-// The reasons a call is retried.
-const (
-	ReasonInProgress     RetryReason = "in_progress"     // 409: the first request with the key is still running on the server
-	ReasonRateLimited    RetryReason = "rate_limited"    // 429
-	ReasonUnavailable    RetryReason = "unavailable"     // 503
-	ReasonServerError    RetryReason = "server_error"    // 500, 502, 504
-	ReasonShouldRetry    RetryReason = "should_retry"    // Stripe-Should-Retry: true
-	ReasonNotSent        RetryReason = "not_sent"        // no request head was written: refused, DNS, TLS handshake
-	ReasonUnknownOutcome RetryReason = "unknown_outcome" // timeout, reset or EOF after sending
-	ReasonClassified     RetryReason = "classified"      // Policy.Classify asked for it
-)
-
 // verdict is what the policy makes of one attempt's outcome.
 type verdict uint8
 
@@ -294,7 +279,7 @@ func Replayed(resp *http.Response) bool {
 // for statuses where the body decides (409, 422, and the two 400s: Stripe's
 // idempotency_error and the IETF "key missing"). See signal.go for how an
 // idempotency signal is told from an application's own status.
-func (p *policy) classifyStatus(resp *http.Response, sig signals, peek func() []byte) (verdict, RetryReason) {
+func (p *policy) classifyStatus(resp *http.Response, sig signals, peek func() []byte) (verdict, idemtrace.RetryReason) {
 	code := resp.StatusCode
 	if code < 300 {
 		return vReturn, ""
@@ -306,7 +291,7 @@ func (p *policy) classifyStatus(resp *http.Response, sig signals, peek func() []
 	switch code {
 	case http.StatusConflict:
 		if sig.keyed && inProgress(resp, sig, peek) {
-			return vInProgress, ReasonInProgress
+			return vInProgress, idemtrace.ReasonInProgress
 		}
 	case http.StatusUnprocessableEntity:
 		if sig.keyed && !sig.fresh && bodyEvidence(peek()) == evIdempotency {
@@ -323,7 +308,7 @@ func (p *policy) classifyStatus(resp *http.Response, sig signals, peek func() []
 	if p.shouldRetry {
 		switch resp.Header.Get("Stripe-Should-Retry") {
 		case "true":
-			return vRetry, ReasonShouldRetry
+			return vRetry, idemtrace.ReasonShouldRetry
 		case "false":
 			return vReturn, ""
 		}
@@ -331,14 +316,14 @@ func (p *policy) classifyStatus(resp *http.Response, sig signals, peek func() []
 	switch code {
 	case http.StatusTooManyRequests:
 		// The server refused before doing anything: safe for any method.
-		return vRetry, ReasonRateLimited
+		return vRetry, idemtrace.ReasonRateLimited
 	case http.StatusServiceUnavailable:
 		if sig.safe {
-			return vRetry, ReasonUnavailable
+			return vRetry, idemtrace.ReasonUnavailable
 		}
 	case http.StatusInternalServerError, http.StatusBadGateway, http.StatusGatewayTimeout:
 		if sig.safe {
-			return vRetry, ReasonServerError
+			return vRetry, idemtrace.ReasonServerError
 		}
 	}
 	return vReturn, ""
@@ -354,7 +339,7 @@ const (
 )
 
 // errClassNames are the exported names of the classes, for hooks.
-var errClassNames = [...]ErrorClass{errUnknown: ClassUnknown, errNotSent: ClassNotSent, errPermanent: ClassPermanent}
+var errClassNames = [...]idemtrace.ErrorClass{errUnknown: idemtrace.ClassUnknown, errNotSent: idemtrace.ClassNotSent, errPermanent: idemtrace.ClassPermanent}
 
 // isCertError reports a certificate the client refused: retrying cannot
 // make it acceptable.

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/idemkit/idemhttp/internal/contract"
 )
 
@@ -22,39 +23,39 @@ type ResumeResult struct {
 	Err        error       // why the entry was not resolved, nil if it was
 }
 
-// ResumeOptions tunes [Client.ResumeWith]. A nil *ResumeOptions, like the
-// zero value, resends every pending entry, 16 at a time, and returns the
-// results in journal order.
+// ResumeOptions tunes [Client.Resume]. A nil *ResumeOptions, like the
+// zero value, resends every pending entry of the client's journal, 16 at a
+// time, and returns the results in journal order.
 type ResumeOptions struct {
+	// Entries, when set, are resent instead of the journal's pending
+	// entries, in this order: for entries a worker claimed from a journal
+	// shared by a fleet. Each is checked as the journal's own would be
+	// (retention, clock); done entries are not pruned first.
+	Entries []*Entry
+
 	// Concurrency is how many entries are resent at once. 0 means 16; 1
 	// resends them one at a time, oldest first.
 	Concurrency int
 
 	// Filter, when set, chooses the pending entries to resend; the others
-	// are left pending, untouched. It is called once per entry, before any
-	// resend, on the calling goroutine.
+	// are left pending, untouched, and have no result. It is called once
+	// per entry, before any resend, on the calling goroutine.
 	Filter func(*Entry) bool
 
 	// OnResult, when set, receives each result as soon as its entry is
 	// resolved, one call at a time (never concurrently), in the order the
-	// entries finish; ResumeWith then returns no results, so a journal of a
+	// entries finish; Resume then returns no results, so a journal of a
 	// million entries is resumed in constant memory. Use it for progress.
 	// It must not block for long: the resends wait for it.
 	OnResult func(ResumeResult)
 }
 
-// Resume resends every pending entry of the journal (c.Journal, or the
-// in-memory one) with its original key and body, 16 at a time, and
-// reports each outcome, in journal order (oldest first). It is
-// [Client.ResumeWith] with nil options.
-func (c *Client) Resume(ctx context.Context) ([]ResumeResult, error) {
-	return c.ResumeWith(ctx, nil)
-}
-
-// ResumeWith resends the pending entries of the journal (c.Journal, or the
-// in-memory one) with their original keys and bodies, concurrently, as opts
-// says, and reports each outcome. Credentials come from
-// [Client.PrepareRequest], never from the journal.
+// Resume resends the pending entries of the client's journal (c.Journal,
+// or the in-memory one that [WithOperation] calls use without it) with
+// their original keys and bodies, concurrently, as opts says (nil: all of
+// them, 16 at a time, results in journal order, oldest first), and reports
+// each outcome. Credentials come from [Client.PrepareRequest], never from
+// the journal.
 //
 // An entry older than [Policy.Retention] is not resent: the server may have
 // forgotten its key, so a resend could run the operation twice. It is
@@ -62,7 +63,7 @@ func (c *Client) Resume(ctx context.Context) ([]ResumeResult, error) {
 // entry whose body was not stored cannot be resent either
 // ([ErrNotReplayable]). Nor is an entry when the clock is behind the
 // journal, by more than [ClockTolerance]: an entry created or updated in
-// the future, or, with a journal that implements [ClockJournal] (as
+// the future, or, with a journal that implements a clock journal (one with HighWater) (as
 // [github.com/idemkit/idemhttp/filejournal.Journal] does), a clock below the latest time the journal ever
 // recorded, entries pruned since included. Entries' ages cannot be known
 // then, so every entry is reported with an error wrapping [ErrClockJump]
@@ -74,7 +75,7 @@ func (c *Client) Resume(ctx context.Context) ([]ResumeResult, error) {
 // dispatch: resends in flight end with the context's error, entries not
 // reached stay pending and have no result, and the results of those
 // reached are returned with ctx's error.
-func (c *Client) ResumeWith(ctx context.Context, opts *ResumeOptions) ([]ResumeResult, error) {
+func (c *Client) Resume(ctx context.Context, opts *ResumeOptions) ([]ResumeResult, error) {
 	c.init()
 	var o ResumeOptions
 	if opts != nil {
@@ -91,14 +92,16 @@ func (c *Client) ResumeWith(ctx context.Context, opts *ResumeOptions) ([]ResumeR
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: resume: %w", err)
 	}
-	if _, err := j.Prune(ctx, now.Add(-c.cfg.pol.retention)); err != nil {
-		return nil, fmt.Errorf("idemhttp: resume: prune: %w", err)
+	pending := o.Entries
+	if pending == nil {
+		if _, err := j.Prune(ctx, now.Add(-c.cfg.pol.retention)); err != nil {
+			return nil, fmt.Errorf("idemhttp: resume: prune: %w", err)
+		}
+		if pending, err = j.Pending(ctx); err != nil {
+			return nil, fmt.Errorf("idemhttp: resume: %w", err)
+		}
 	}
-	pending, err := j.Pending(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("idemhttp: resume: %w", err)
-	}
-	// The newest time the journal holds or, with a ClockJournal, ever
+	// The newest time the journal holds or, with a clockJournal, ever
 	// held: a clock below it was set back, and every entry's age is then
 	// in doubt, not only the future ones'. The entries' own times alone
 	// miss a jump once the newer entries are pruned: a pending entry 25 h
@@ -113,7 +116,7 @@ func (c *Client) ResumeWith(ctx context.Context, opts *ResumeOptions) ([]ResumeR
 	}
 	clockBack := newest.After(now.Add(ClockTolerance))
 	if o.Filter != nil {
-		kept := pending[:0]
+		kept := make([]*Entry, 0, len(pending)) // not in place: Entries is the caller's
 		for _, e := range pending {
 			if o.Filter(e) {
 				kept = append(kept, e)
@@ -188,32 +191,10 @@ dispatch:
 // machine's clock stepped by NTP, disagree by that much.
 const ClockTolerance = time.Minute
 
-// ResumeEntry resends one pending entry of the client's journal, as
-// [Client.Resume] does for each: with its key and stored body, never past
-// the retention ([ErrKeyExpired]), nor with the clock behind the journal
-// ([ErrClockJump]). Use it for entries a worker claimed from
-// a shared journal.
-func (c *Client) ResumeEntry(ctx context.Context, e *Entry) ResumeResult {
-	c.init()
-	j := c.cfg.journal
-	if j == nil {
-		j = c.cfg.mem
-	}
-	mark, err := journalHighWater(ctx, j)
-	if err != nil {
-		return ResumeResult{Entry: e, Err: fmt.Errorf("idemhttp: resume %s: %w", e.Key, err)}
-	}
-	now, err := c.journalNow(ctx, j)
-	if err != nil {
-		return ResumeResult{Entry: e, Err: fmt.Errorf("idemhttp: resume %s: %w", e.Key, err)}
-	}
-	return c.resumeOne(ctx, j, e, now, mark)
-}
-
-// journalHighWater returns j's high-water mark if it is a [ClockJournal],
+// journalHighWater returns j's high-water mark if it is a a clock journal (one with HighWater),
 // else the zero Time.
 func journalHighWater(ctx context.Context, j Journal) (time.Time, error) {
-	cj, ok := j.(ClockJournal)
+	cj, ok := j.(clockJournal)
 	if !ok {
 		return time.Time{}, nil
 	}
@@ -228,7 +209,7 @@ func journalHighWater(ctx context.Context, j Journal) (time.Time, error) {
 // caller has not checked the clock against it already.
 func (c *Client) resumeOne(ctx context.Context, j Journal, e *Entry, now, mark time.Time) ResumeResult {
 	r := ResumeResult{Entry: e}
-	c.journalEvent(ctx, JournalEvent{Op: JournalResume, Key: e.Key, Operation: e.Operation, State: e.State}, time.Time{})
+	c.journalEvent(ctx, idemtrace.JournalEvent{Op: idemtrace.JournalResume, Key: e.Key, Operation: e.Operation, State: string(e.State)}, time.Time{})
 	if t := contract.Latest(e.Created, e.Updated, mark); t.After(now.Add(ClockTolerance)) {
 		r.Err = fmt.Errorf("idemhttp: resume %s (created %s): %w: the journal holds times up to %s, the clock says %s",
 			e.Key, e.Created.Format(time.RFC3339), ErrClockJump, t.Format(time.RFC3339), now.Format(time.RFC3339))
@@ -242,7 +223,7 @@ func (c *Client) resumeOne(ctx context.Context, j Journal, e *Entry, now, mark t
 		r.Err = fmt.Errorf("idemhttp: resume %s (created %s): %w", e.Key, e.Created.Format(time.RFC3339), ErrKeyExpired)
 		return r
 	}
-	if e.Body == nil && Fingerprint(e.Method, e.URL, nil) != e.Fingerprint {
+	if e.Body == nil && contract.Fingerprint(e.Method, e.URL, nil) != e.Fingerprint {
 		r.Err = fmt.Errorf("idemhttp: resume %s: %w: the journal does not store bodies", e.Key, ErrNotReplayable)
 		return r
 	}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idemhttp/internal/contract"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -29,7 +30,7 @@ func pendingJournal(t testing.TB, url string, n int) *memJournal {
 		created := base.Add(time.Duration(i) * time.Millisecond)
 		e := &Entry{
 			Operation: fmt.Sprintf("op-%04d", i), Key: fmt.Sprintf("key-%04d", i), Method: http.MethodPost, URL: u,
-			Header: http.Header{}, Body: body, Fingerprint: Fingerprint(http.MethodPost, u, body),
+			Header: http.Header{}, Body: body, Fingerprint: contract.Fingerprint(http.MethodPost, u, body),
 			Created: created, Updated: created, State: StatePending,
 		}
 		_, err := j.Begin(context.Background(), e)
@@ -72,7 +73,7 @@ func TestResumeIsConcurrentAndOrdered(t *testing.T) {
 	srv := newSlowServer(t, 5*time.Millisecond)
 	j := pendingJournal(t, srv.URL, 64)
 	c := &Client{Journal: j}
-	results, err := c.ResumeWith(context.Background(), &ResumeOptions{Concurrency: 8})
+	results, err := c.Resume(context.Background(), &ResumeOptions{Concurrency: 8})
 	require.NoError(t, err)
 	require.Len(t, results, 64)
 	for i, r := range results {
@@ -99,7 +100,7 @@ func TestResumeFilterAndStream(t *testing.T) {
 		inside  atomic.Int32
 		overlap bool
 	)
-	results, err := c.ResumeWith(context.Background(), &ResumeOptions{
+	results, err := c.Resume(context.Background(), &ResumeOptions{
 		Filter: func(e *Entry) bool { return strings.HasSuffix(e.Operation, "0") || strings.HasSuffix(e.Operation, "5") },
 		OnResult: func(r ResumeResult) {
 			if inside.Add(1) > 1 {
@@ -128,7 +129,7 @@ func TestResumeCancelLeavesTheRestPending(t *testing.T) {
 	c := &Client{Journal: j}
 	ctx, cancel := context.WithCancel(context.Background())
 	var done atomic.Int32
-	results, err := c.ResumeWith(ctx, &ResumeOptions{Concurrency: 2, OnResult: func(ResumeResult) {
+	results, err := c.Resume(ctx, &ResumeOptions{Concurrency: 2, OnResult: func(ResumeResult) {
 		if done.Add(1) == 4 {
 			cancel()
 		}
@@ -158,7 +159,7 @@ func BenchmarkResume(b *testing.B) {
 				j := pendingJournal(b, srv.URL, n)
 				c := &Client{Journal: j, HTTPClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 32}}}
 				b.StartTimer()
-				results, err := c.ResumeWith(context.Background(), &ResumeOptions{Concurrency: conc})
+				results, err := c.Resume(context.Background(), &ResumeOptions{Concurrency: conc})
 				if err != nil || len(results) != n {
 					b.Fatal(err, len(results))
 				}

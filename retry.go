@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/idemkit/idemhttp/internal/contract"
 
 	"github.com/cenkalti/backoff/v4"
@@ -202,19 +203,6 @@ func ResponseInfo(resp *http.Response) (info Info, ok bool) {
 	}, true
 }
 
-// RetryEvent describes a retry about to happen. See [Client.OnRetry].
-type RetryEvent struct {
-	Method    string        // request method
-	URL       string        // request URL, with its password and secret query values redacted
-	Key       string        // idempotency key, "" if none
-	Operation string        // operation id, "" if none
-	Attempt   int           // number of the attempt about to be made (2 for the first retry)
-	Delay     time.Duration // wait before it
-	Reason    RetryReason   // why the previous attempt is retried
-	Status    int           // status of the previous attempt, 0 if it got no response
-	Err       error         // error of the previous attempt, nil if it got a response
-}
-
 // checkRetry is the engine's CheckRetry: it classifies the attempt, decides
 // whether to retry, and computes the wait.
 func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
@@ -229,10 +217,10 @@ func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error
 		// short (see body.go), and it must not go out under this key.
 		if err == nil {
 			a.lastStatus = resp.StatusCode
-			a.attemptDone(resp, nil, ClassNone)
+			a.attemptDone(resp, nil, idemtrace.ClassNone)
 		} else {
 			a.lastStatus, a.lastErr = 0, err
-			a.attemptDone(nil, err, ClassUnknown)
+			a.attemptDone(nil, err, idemtrace.ClassUnknown)
 		}
 		return false, a.giveUp(ErrBodyChanged, nil)
 	}
@@ -242,11 +230,11 @@ func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error
 			// net/http returns a response with an error only when
 			// CheckRedirect refused to follow it: the same request would
 			// get the same redirect. The engine hands err back untouched.
-			a.attemptDone(nil, err, ClassPermanent)
+			a.attemptDone(nil, err, idemtrace.ClassPermanent)
 			return false, nil
 		}
 		if ctxErr := ctx.Err(); ctxErr != nil {
-			a.attemptDone(nil, err, ClassCanceled)
+			a.attemptDone(nil, err, idemtrace.ClassCanceled)
 			return false, a.stopped(ctxErr)
 		}
 		class := a.wire(err, conns, writes)
@@ -258,24 +246,24 @@ func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error
 			if c == errPermanent {
 				return false, nil // the engine hands err back untouched
 			}
-			return a.retry(ctx, ReasonClassified, nil, isTimeout(err))
+			return a.retry(ctx, idemtrace.ReasonClassified, nil, isTimeout(err))
 		}
 		switch class {
 		case errPermanent:
 			return false, nil // the engine hands err back untouched
 		case errNotSent:
-			return a.retry(ctx, ReasonNotSent, nil, false)
+			return a.retry(ctx, idemtrace.ReasonNotSent, nil, false)
 		}
 		if !a.safe {
 			// A POST without a key may have run: resending could run it
 			// twice. Hand the error back as net/http would.
 			return false, nil
 		}
-		return a.retry(ctx, ReasonUnknownOutcome, nil, isTimeout(err))
+		return a.retry(ctx, idemtrace.ReasonUnknownOutcome, nil, isTimeout(err))
 	}
 
 	a.lastStatus, a.lastErr = resp.StatusCode, nil
-	a.attemptDone(resp, nil, ClassNone)
+	a.attemptDone(resp, nil, idemtrace.ClassNone)
 	sig := signals{keyed: a.keyed, safe: a.safe, fresh: a.fresh && a.attempts == 1 && !a.resent}
 	var peeked []byte
 	didPeek := false
@@ -356,7 +344,7 @@ func (a *attempt) rewriteGone(resp *http.Response) {
 // retry decides whether the retry the policy asked for can happen: attempts
 // left, a Retry-After within bounds, a wait that ends before the deadline,
 // and budget to pay for it.
-func (a *attempt) retry(ctx context.Context, reason RetryReason, resp *http.Response, timeout bool) (bool, error) {
+func (a *attempt) retry(ctx context.Context, reason idemtrace.RetryReason, resp *http.Response, timeout bool) (bool, error) {
 	hinted := a.hint(resp)
 	if a.attempts-a.conflicts >= a.p.maxAttempts {
 		return false, a.giveUp(ErrExhausted, resp)
@@ -380,7 +368,7 @@ func (a *attempt) retry(ctx context.Context, reason RetryReason, resp *http.Resp
 	if !ok {
 		if f := a.cfg.hooks.OnBudgetRefused; f != nil {
 			b := a.c.cfg.budget
-			f(a.hookCtx(), BudgetEvent{CallEvent: a.call(), Attempts: a.attempts, Cost: b.costOf(timeout), Tokens: b.tokens.Load()})
+			f(a.hookCtx(), idemtrace.BudgetEvent{CallEvent: a.call(), Attempts: a.attempts, Cost: b.costOf(timeout), Tokens: b.tokens.Load()})
 		}
 		return false, a.giveUp(ErrBudgetExhausted, resp)
 	}
@@ -413,7 +401,7 @@ func (a *attempt) retryInProgress(ctx context.Context, resp *http.Response) (boo
 	a.conflicts++
 	a.lastCost = 0
 	a.waitingOut = true
-	return a.wait(ctx, ReasonInProgress, resp, delay)
+	return a.wait(ctx, idemtrace.ReasonInProgress, resp, delay)
 }
 
 // hint reads resp's Retry-After into a.retryAfter and reports whether it
@@ -448,7 +436,7 @@ func (a *attempt) backoff() time.Duration {
 
 // wait hands the delay to the engine, which sleeps on it, and tells the
 // hook and the logger.
-func (a *attempt) wait(ctx context.Context, reason RetryReason, resp *http.Response, delay time.Duration) (bool, error) {
+func (a *attempt) wait(ctx context.Context, reason idemtrace.RetryReason, resp *http.Response, delay time.Duration) (bool, error) {
 	if resp != nil {
 		// The engine drains only 4 KiB, with no time bound; a load
 		// balancer's error page is often larger, and the connection is
@@ -496,7 +484,7 @@ func (a *attempt) giveUpJoin(reason, also error, resp *http.Response) *GiveUpErr
 		e.Body = snippet(resp)
 	}
 	if f := a.cfg.hooks.OnGiveUp; f != nil {
-		f(a.hookCtx(), GiveUpEvent{CallEvent: a.call(), Err: e})
+		f(a.hookCtx(), idemtrace.GiveUpEvent{CallEvent: a.call(), Err: e})
 	}
 	return e
 }
@@ -529,12 +517,12 @@ func (a *attempt) finish(resp *http.Response, err error) (*http.Response, error)
 }
 
 // notifyRetry tells the hook and the logger about a retry.
-func (c *Client) notifyRetry(ctx context.Context, a *attempt, reason RetryReason) {
-	onRetry, logger, hook := c.cfg.onRetry, c.cfg.logger, c.cfg.hooks.OnRetry
-	if onRetry == nil && logger == nil && hook == nil {
+func (c *Client) notifyRetry(ctx context.Context, a *attempt, reason idemtrace.RetryReason) {
+	logger, hook := c.cfg.logger, c.cfg.hooks.OnRetry
+	if logger == nil && hook == nil {
 		return
 	}
-	ev := RetryEvent{
+	ev := idemtrace.RetryEvent{
 		Method:    a.req.Method,
 		URL:       contract.RedactURL(a.req.URL, a.p.redactQuery),
 		Key:       a.key,
@@ -547,9 +535,6 @@ func (c *Client) notifyRetry(ctx context.Context, a *attempt, reason RetryReason
 	}
 	if hook != nil {
 		hook(a.hookCtx(), ev)
-	}
-	if onRetry != nil {
-		onRetry(ev)
 	}
 	if logger != nil {
 		attrs := []slog.Attr{

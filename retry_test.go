@@ -20,6 +20,7 @@ import (
 	"testing/iotest"
 	"time"
 
+	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -172,17 +173,17 @@ func TestHandshakeFailureIsResentForAnyMethod(t *testing.T) {
 	srv.StartTLS()
 	defer srv.Close()
 
-	var reasons []RetryReason
+	var reasons []idemtrace.RetryReason
 	c := &Client{
 		Policy:     &Policy{KeyMethods: []string{}, BaseDelay: time.Millisecond},
 		HTTPClient: srv.Client(),
-		OnRetry:    func(ev RetryEvent) { reasons = append(reasons, ev.Reason) },
+		Hooks:      &idemtrace.Hooks{OnRetry: func(_ context.Context, ev idemtrace.RetryEvent) { reasons = append(reasons, ev.Reason) }},
 	}
 	resp, err := c.Do(post(t, srv.URL, chargeBody))
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, int32(1), hits.Load())
-	assert.Equal(t, []RetryReason{ReasonNotSent}, reasons)
+	assert.Equal(t, []idemtrace.RetryReason{idemtrace.ReasonNotSent}, reasons)
 }
 
 // Issue 11, item 2: a TLS record error that arrives after the server read
@@ -254,7 +255,7 @@ func TestFailureBeforeFirstByteLeavesNothingToResume(t *testing.T) {
 			assert.Empty(t, pending)
 
 			c2 := &Client{Journal: j}
-			results, err := c2.Resume(context.Background())
+			results, err := c2.Resume(context.Background(), nil)
 			require.NoError(t, err)
 			assert.Empty(t, results)
 			assert.Empty(t, srv.Hits(), "nothing was ever sent")
@@ -504,7 +505,7 @@ func TestPermanentLocalErrorsAreNotRetried(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var retries atomic.Int32
-			c := &Client{Policy: fast(), HTTPClient: tt.hc, OnRetry: func(RetryEvent) { retries.Add(1) }}
+			c := &Client{Policy: fast(), HTTPClient: tt.hc, Hooks: &idemtrace.Hooks{OnRetry: func(context.Context, idemtrace.RetryEvent) { retries.Add(1) }}}
 			resp, err := c.Do(tt.give())
 			assert.Error(t, err)
 			assert.Nil(t, resp)
@@ -607,7 +608,7 @@ func TestConfigurationIsSnapshotted(t *testing.T) {
 			p.KeyMethods[0] = http.MethodGet
 			p.MaxAttempts = 9
 			c.Logger = slog.Default()
-			c.OnRetry = func(RetryEvent) {}
+			c.Hooks = &idemtrace.Hooks{OnRetry: func(context.Context, idemtrace.RetryEvent) {}}
 			c.SecretHeaders = []string{"X"}
 		}
 	}()

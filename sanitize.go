@@ -2,39 +2,35 @@ package idemhttp
 
 import (
 	"fmt"
-	"net/http"
-	"time"
 
 	"github.com/idemkit/idemhttp/internal/contract"
 )
 
-// SafeHeader returns the headers of h that a journal may store: all but
-// Authorization, Cookie, Proxy-Authorization, the key header
-// ([DefaultKeyHeader]) and the names in secret, matched in any letter
-// case, and names without values. It returns h itself when nothing has
-// to go (then the result must not be modified), else a new map sharing
-// h's value slices. A nil or empty h gives nil.
-func SafeHeader(h http.Header, secret ...string) http.Header {
-	return contract.SafeHeader(h, secret...)
-}
-
-// SanitizeEntry is the step every [Journal] takes before it stores an
-// entry, so that the rules for what may rest on disk live in one place.
-// It checks e (key and operation id as [ValidateKey] requires, attempts
-// not negative) and returns the entry to store: state pending, Created
-// set to now and Updated to Created when zero, the URL without its
-// password, and the header as [SafeHeader] leaves it with secret. e is
-// not modified; the result shares e's Body and may share its Header, and
-// must not be modified.
+// Sanitized returns the entry a [Journal] may store for e: the one rule
+// for what rests on disk, which every journal applies to every entry it is
+// given, by a Client or directly (a producer loading a batch). It checks
+// the key and operation id (the key rules: 1 to 255 bytes of printable
+// ASCII), that attempts are not negative, and that the URL carries no
+// credentials (a user part, or a query parameter with a credential's
+// name such as api_key or access_token: see [Policy.RedactQuery]); it
+// drops the URL's fragment, and the Authorization, Cookie,
+// Proxy-Authorization and key headers (in any letter case), and headers
+// without values; it sets the state to pending, and computes the
+// Fingerprint from Method, URL and Body when it is empty. A zero Updated
+// becomes Created; a zero Created is left for the journal to stamp with
+// its clock. The
+// headers a Client's SecretHeaders names never reach a journal: the
+// client drops them before Begin.
 //
-// The errors wrap [ErrInvalidKey] or [ErrInvalidRequest]. A URL that
-// does not parse is refused rather than stored as given: its password
-// could not be found, and it could not be resent anyway.
-func SanitizeEntry(e *Entry, secret ...string) (*Entry, error) {
+// e is not modified; the result shares e's Body and may share its Header,
+// and must not be modified. The errors wrap [ErrInvalidKey] or
+// [ErrInvalidRequest]; a URL that does not parse is refused rather than
+// stored as given.
+func (e *Entry) Sanitized() (*Entry, error) {
 	if e == nil {
 		return nil, fmt.Errorf("idemhttp: journal begin: %w: nil entry", ErrInvalidRequest)
 	}
-	if err := ValidateKey(e.Key); err != nil {
+	if err := contract.ValidateKey(e.Key); err != nil {
 		return nil, err
 	}
 	if e.Operation != "" {
@@ -45,19 +41,19 @@ func SanitizeEntry(e *Entry, secret ...string) (*Entry, error) {
 	if e.Attempts < 0 {
 		return nil, fmt.Errorf("idemhttp: journal begin %s: %w: negative attempts", e.Key, ErrInvalidRequest)
 	}
-	u, err := contract.DropURLPassword(e.URL)
+	u, err := contract.JournalURL(e.URL, nil)
 	if err != nil {
-		return nil, fmt.Errorf("idemhttp: journal begin %s: %w: %w", e.Key, ErrInvalidRequest, err)
+		return nil, fmt.Errorf("idemhttp: journal begin %s: %w", e.Key, err)
 	}
 	rec := *e
 	rec.URL = u
 	rec.State = StatePending
-	if rec.Created.IsZero() {
-		rec.Created = time.Now()
-	}
 	if rec.Updated.IsZero() {
 		rec.Updated = rec.Created
 	}
-	rec.Header = contract.SafeHeader(e.Header, secret...)
+	if rec.Fingerprint == "" {
+		rec.Fingerprint = contract.Fingerprint(rec.Method, rec.URL, rec.Body)
+	}
+	rec.Header = contract.SafeHeader(e.Header)
 	return &rec, nil
 }

@@ -16,15 +16,15 @@ type Stats struct {
 
 	// JournalPending counts the journal's pending entries (operations
 	// whose outcome is unknown), or is -1 when the journal cannot count
-	// them cheaply (it does not implement [PendingCounter]). With no
+	// them cheaply (it does not implement pendingCount). With no
 	// Journal it counts the client's in-memory operations.
 	JournalPending int
 }
 
-// PendingCounter is implemented by a [Journal] that can count its pending
+// pendingCounter is implemented by a [Journal] that can count its pending
 // entries cheaply, from memory and without I/O, for [Client.Stats], which
 // health checks call often.
-type PendingCounter interface {
+type pendingCounter interface {
 	PendingCount() int
 }
 
@@ -42,13 +42,13 @@ func (c *Client) Stats() Stats {
 	if cfg.journal != nil {
 		j = cfg.journal
 	}
-	if pc, ok := j.(PendingCounter); ok {
+	if pc, ok := j.(pendingCounter); ok {
 		s.JournalPending = pc.PendingCount()
 	}
 	return s
 }
 
-// PendingCount implements [PendingCounter].
+// PendingCount implements pendingCount.
 func (m *memJournal) PendingCount() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -61,4 +61,4 @@ func (m *memJournal) PendingCount() int {
 	return n
 }
 
-var _ PendingCounter = (*memJournal)(nil)
+var _ pendingCounter = (*memJournal)(nil)

@@ -6,12 +6,11 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/internal/contract"
 )
 
-// HighWater implements [idemhttp.ClockJournal]: it returns the latest time the
-// journal has ever recorded, the zero Time for a journal that never
+// HighWater returns the latest time the journal has ever recorded (the
+// optional clock mark a Client checks; see journaltest.ClockJournal), the zero Time for a journal that never
 // recorded one. That is the latest Created or Updated time of any entry
 // it stored, of any outcome Finish recorded, and of every Prune or
 // Delete that removed entries (the time it ran), since the file was
@@ -46,8 +45,6 @@ func (j *Journal) HighWater(ctx context.Context) (time.Time, error) {
 	return j.high.UTC(), nil
 }
 
-var _ idemhttp.ClockJournal = (*Journal)(nil)
-
 // Now returns the journal's clock: the time it stamps on entries and
 // outcomes given without one, and by which a [idemhttp.Client] judges their ages.
 // For a Journal that is the machine's clock.
@@ -68,8 +65,8 @@ func (j *Journal) raiseLocked(t time.Time) {
 	j.high = contract.Latest(j.high, t.Round(0))
 }
 
-// PendingCount implements [idemhttp.PendingCounter]: the entries in state pending,
-// counted as they change, so it costs a lock and no scan. It includes
+// PendingCount returns the number of entries in state pending, for
+// Client.Stats (see journaltest.PendingCounter), counted as they change, so it costs a lock and no scan. It includes
 // entries whose Begin is still being synced, which [Journal.Pending]
 // does not list yet.
 func (j *Journal) PendingCount() int {
@@ -77,5 +74,3 @@ func (j *Journal) PendingCount() int {
 	defer j.mu.Unlock()
 	return j.pending
 }
-
-var _ idemhttp.PendingCounter = (*Journal)(nil)

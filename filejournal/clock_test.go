@@ -72,7 +72,7 @@ func TestJournalHighWaterSurvives(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
 			path := filepath.Join(t.TempDir(), "journal")
-			j, err := Open(path, &Options{Retention: -1})
+			j, err := Open(path, &Options{PruneInterval: -1})
 			require.NoError(t, err)
 			assert.True(t, ijHighWater(t, j).IsZero(), "a new journal has no mark")
 			ijBeginAt(t, j, "old", t1)
@@ -202,7 +202,7 @@ func TestJournalHighWaterReplay(t *testing.T) {
 // step shows that the test bites: the same journal, its mark hidden
 // behind a Journal without HighWater, makes Resume resend, and the
 // server runs the operation a second time. Checked to fail: with
-// journalHighWater ignoring ClockJournal, Resume, ResumeEntry and Do
+// journalHighWater ignoring ClockJournal, Resume (of the journal's entries or of given ones) and Do
 // all go ahead; with fill's clock record holding an earlier time, the
 // reopened journal has forgotten t0+25h and Resume resends.
 func TestResumeRefusesBelowTheHighWaterMark(t *testing.T) {
@@ -213,7 +213,7 @@ func TestResumeRefusesBelowTheHighWaterMark(t *testing.T) {
 	// (24 h retention). Its first request's response is lost.
 	srv := newScripted(t, drop, reply(200, "{}"))
 	path := filepath.Join(t.TempDir(), "journal")
-	j, err := Open(path, &Options{Retention: -1, clock: clock.now})
+	j, err := Open(path, &Options{PruneInterval: -1, clock: clock.now})
 	require.NoError(t, err)
 	pol := fast()
 	pol.MaxAttempts = 1
@@ -234,7 +234,7 @@ func TestResumeRefusesBelowTheHighWaterMark(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.NoError(t, j.Compact(ctx))
 	require.NoError(t, j.Close())
-	j, err = Open(path, &Options{Retention: -1, clock: clock.now})
+	j, err = Open(path, &Options{PruneInterval: -1, clock: clock.now})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, j.Close()) })
 	pending, err := j.Pending(ctx)
@@ -245,12 +245,13 @@ func TestResumeRefusesBelowTheHighWaterMark(t *testing.T) {
 
 	clock.set(t0.Add(23 * time.Hour)) // set back 2 h
 	c = newClient(j)
-	results, err := c.Resume(ctx)
+	results, err := c.Resume(ctx, nil)
 	require.NoError(t, err)
 	require.Len(t, results, 1)
 	assert.ErrorIs(t, results[0].Err, idemhttp.ErrClockJump)
-	r := c.ResumeEntry(ctx, pending[0])
-	assert.ErrorIs(t, r.Err, idemhttp.ErrClockJump, "ResumeEntry checks the mark too")
+	rs, _ := c.Resume(ctx, &idemhttp.ResumeOptions{Entries: []*idemhttp.Entry{pending[0]}})
+	r := rs[0]
+	assert.ErrorIs(t, r.Err, idemhttp.ErrClockJump, "a resend of given entries checks the mark too")
 	_, err = c.Do(post(t, srv.URL+"/old", chargeBody).WithContext(idemhttp.WithOperation(ctx, "old")))
 	assert.ErrorIs(t, err, idemhttp.ErrClockJump, "a rerun of the operation is refused")
 	assert.Len(t, srv.Hits(), 2, "nothing resent")
@@ -260,7 +261,7 @@ func TestResumeRefusesBelowTheHighWaterMark(t *testing.T) {
 
 	// The control: the journal's entries' own times alone do not show
 	// the jump, and the entry is resent.
-	results, err = newClient(ijNoMark{j, clock.now}).Resume(ctx)
+	results, err = newClient(ijNoMark{j, clock.now}).Resume(ctx, nil)
 	require.NoError(t, err)
 	require.Len(t, results, 1)
 	assert.NoError(t, results[0].Err)

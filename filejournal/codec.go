@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/contract"
 	"github.com/idemkit/idemhttp/internal/wal"
 )
 
@@ -263,7 +264,7 @@ func decodeRecord(p []byte) (*record, error) {
 	if rec.kind == kindClock {
 		return rec, nil // the one kind without a key
 	}
-	if err := idemhttp.ValidateKey(rec.key); err != nil {
+	if err := contract.ValidateKey(rec.key); err != nil {
 		return nil, fmt.Errorf("%w: record with a bad key", ErrCorrupt)
 	}
 	return rec, nil

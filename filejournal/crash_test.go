@@ -218,7 +218,7 @@ func TestCrashAndResume(t *testing.T) {
 			require.NoError(t, err)
 			defer fj.Close()
 			c := &idemhttp.Client{Journal: fj, Policy: &idemhttp.Policy{BaseDelay: time.Millisecond}}
-			results, err := c.Resume(context.Background())
+			results, err := c.Resume(context.Background(), nil)
 			require.NoError(t, err)
 			for _, r := range results {
 				assert.NoError(t, r.Err, "resume %s", r.Entry.Operation)

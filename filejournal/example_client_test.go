@@ -3,43 +3,14 @@ package filejournal_test
 import (
 	"context"
 	"fmt"
-	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/filejournal"
 )
-
-// A journal of its own stores what SanitizeEntry leaves of an entry, so
-// that the rules for what may rest on disk live in one place.
-func ExampleSanitizeEntry() {
-	e := &idemhttp.Entry{
-		Key:    "5f0c1d0e-2b1a-4c3d-9e8f-7a6b5c4d3e2f",
-		Method: http.MethodPost,
-		URL:    "https://user:secret@api.example.com/v1/charges",
-		Header: http.Header{
-			"Content-Type":  {"application/json"},
-			"authorization": {"Bearer sk_live_123"}, // any letter case
-			"X-Api-Key":     {"k_123"},
-		},
-	}
-	rec, err := idemhttp.SanitizeEntry(e, "X-Api-Key")
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	fmt.Println(rec.URL)
-	fmt.Println(slices.Sorted(maps.Keys(rec.Header)))
-	fmt.Println(rec.State)
-	// Output:
-	// https://user@api.example.com/v1/charges
-	// [Content-Type]
-	// pending
-}
 
 // Inspection tools open a journal read-only: without the writer's lock,
 // so while the writer runs, and without changing the file.

@@ -154,14 +154,14 @@ func ijReplayedState(t *testing.T, path string) ijIndexState {
 func TestJournalIndexFileIsTheReplayedIndex(t *testing.T) {
 	ijIndexAlways(t)
 	path := filepath.Join(t.TempDir(), "journal")
-	j, err := Open(path, &Options{Retention: -1})
+	j, err := Open(path, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	ijIndexWorkload(t, j, rand.New(rand.NewPCG(1, 2)), "a", true)
 	want := ijStateOf(j)
 	require.NoError(t, j.Close())
 	require.FileExists(t, path+indexSuffix)
 
-	j, err = Open(path, &Options{Retention: -1})
+	j, err = Open(path, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	st := j.Stats()
 	assert.True(t, st.IndexLoaded)
@@ -203,7 +203,7 @@ func TestJournalIndexFileRefusedWhenItDoesNotMatch(t *testing.T) {
 	ctx := context.Background()
 	build := func(t *testing.T, prefix string) string {
 		path := filepath.Join(t.TempDir(), "journal")
-		j, err := Open(path, &Options{Retention: -1})
+		j, err := Open(path, &Options{PruneInterval: -1})
 		require.NoError(t, err)
 		ijIndexWorkload(t, j, rand.New(rand.NewPCG(5, 6)), prefix, true)
 		require.NoError(t, j.Close())
@@ -234,7 +234,7 @@ func TestJournalIndexFileRefusedWhenItDoesNotMatch(t *testing.T) {
 		path := build(t, "a")
 		idx, err := os.ReadFile(path + indexSuffix)
 		require.NoError(t, err)
-		j, err := Open(path, &Options{Retention: -1})
+		j, err := Open(path, &Options{PruneInterval: -1})
 		require.NoError(t, err)
 		require.NoError(t, j.Compact(ctx))
 		require.NoError(t, j.Close())
@@ -260,7 +260,7 @@ func TestJournalIndexFileRefusedWhenItDoesNotMatch(t *testing.T) {
 			require.Equal(t, int64(len(b)), x.cp.End())
 			return b[:x.cp.Off]
 		})
-		j, err := Open(path, &Options{Retention: -1})
+		j, err := Open(path, &Options{PruneInterval: -1})
 		require.NoError(t, err)
 		_, err = j.Begin(ctx, ijEntry("after", ""))
 		require.NoError(t, err)
@@ -318,7 +318,7 @@ func TestJournalIndexFileDamageStillFound(t *testing.T) {
 	ijIndexAlways(t)
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "journal")
-	j, err := Open(path, &Options{Retention: -1})
+	j, err := Open(path, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	e := ijEntry("damaged", "")
 	e.Body = []byte(strings.Repeat("x", 64))
@@ -336,7 +336,7 @@ func TestJournalIndexFileDamageStillFound(t *testing.T) {
 	b[i+10] = 'y'
 	require.NoError(t, os.WriteFile(path, b, 0o600))
 
-	j, err = Open(path, &Options{Retention: -1})
+	j, err = Open(path, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	assert.True(t, j.Stats().IndexLoaded)
 	_, err = j.Get(ctx, "damaged")
@@ -345,7 +345,7 @@ func TestJournalIndexFileDamageStillFound(t *testing.T) {
 	require.NoError(t, j.Close())
 
 	require.NoError(t, os.Remove(path+indexSuffix))
-	_, err = Open(path, &Options{Retention: -1})
+	_, err = Open(path, &Options{PruneInterval: -1})
 	require.ErrorIs(t, err, ErrCorrupt)
 }
 
@@ -355,7 +355,7 @@ func TestJournalIndexFileOnlyForLargeJournals(t *testing.T) {
 	ijIndexMin(t, 8<<20)
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "journal")
-	j, err := Open(path, &Options{Retention: -1})
+	j, err := Open(path, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	_, err = j.Begin(ctx, ijEntry("k", ""))
 	require.NoError(t, err)
@@ -368,7 +368,7 @@ func TestJournalIndexFileOnlyForLargeJournals(t *testing.T) {
 	require.NoError(t, r.Close())
 	assert.NoFileExists(t, path+indexSuffix, "a read-only open wrote one")
 
-	j, err = Open(path, &Options{Retention: -1})
+	j, err = Open(path, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	require.NoError(t, j.Close())
 	require.FileExists(t, path+indexSuffix)
@@ -377,7 +377,7 @@ func TestJournalIndexFileOnlyForLargeJournals(t *testing.T) {
 	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
 
 	indexMin = 1 << 40
-	j, err = Open(path, &Options{Retention: -1})
+	j, err = Open(path, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	assert.True(t, j.Stats().IndexLoaded)
 	require.NoError(t, j.Close())
@@ -390,11 +390,11 @@ func TestJournalIndexFileOnlyForLargeJournals(t *testing.T) {
 	// hide from the next open: a clean close writes none, and removes
 	// the one there was.
 	indexMin = 0
-	j, err = Open(path, &Options{Retention: -1})
+	j, err = Open(path, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	require.NoError(t, j.Close())
 	require.FileExists(t, path+indexSuffix)
-	j, err = Open(path, &Options{Retention: -1, SkipVerify: true})
+	j, err = Open(path, &Options{PruneInterval: -1, SkipVerify: true})
 	require.NoError(t, err)
 	assert.False(t, j.Stats().IndexLoaded)
 	require.NoError(t, j.Close())
@@ -411,7 +411,7 @@ func FuzzJournalIndexChunk(f *testing.F) {
 	base := filepath.Join(dir, "journal")
 	saved := indexMin
 	indexMin = 0
-	j, err := Open(base, &Options{Retention: -1})
+	j, err := Open(base, &Options{PruneInterval: -1})
 	require.NoError(f, err)
 	for i := range 3 {
 		e := ijEntry(fmt.Sprintf("k-%d", i), "")
@@ -519,7 +519,7 @@ func TestJournalIndexFileThatTheTailContradicts(t *testing.T) {
 	ijIndexAlways(t)
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "journal")
-	j, err := Open(path, &Options{Retention: -1})
+	j, err := Open(path, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	for i := range 10 {
 		_, err := j.Begin(ctx, ijEntry(fmt.Sprintf("k-%d", i), ""))
@@ -530,7 +530,7 @@ func TestJournalIndexFileThatTheTailContradicts(t *testing.T) {
 	require.NotNil(t, x)
 	x.close()
 
-	j, err = Open(path, &Options{Retention: -1})
+	j, err = Open(path, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	require.True(t, j.Stats().IndexLoaded)
 	require.NoError(t, j.Delete(ctx, "k-3"))
@@ -541,7 +541,7 @@ func TestJournalIndexFileThatTheTailContradicts(t *testing.T) {
 	added := ijWriteIndexFile(t, path, crashed+indexSuffix, x.cp, func(*entry) bool { return true }, time.Now())
 	require.Equal(t, 9, added)
 
-	c, err := Open(crashed, &Options{Retention: -1})
+	c, err := Open(crashed, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	assert.False(t, c.Stats().IndexLoaded)
 	assert.Equal(t, ijReplayedState(t, crashed), ijStateOf(c))
@@ -559,7 +559,7 @@ func TestJournalVerifyFindsAnIndexFileThatLies(t *testing.T) {
 	ijIndexAlways(t)
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "journal")
-	j, err := Open(path, &Options{Retention: -1})
+	j, err := Open(path, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	for i := range 5 {
 		_, err := j.Begin(ctx, ijEntry(fmt.Sprintf("k-%d", i), ""))

@@ -23,7 +23,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idemhttp"
-	"github.com/idemkit/idemhttp/internal/contract"
 	"github.com/idemkit/idemhttp/internal/wal"
 )
 
@@ -1145,29 +1144,6 @@ func TestJournalCommitBeginIsDurableOnReturn(t *testing.T) {
 	assert.Equal(t, uint64(workers*each), st.Writes)
 	assert.Less(t, st.Commits, st.Writes, "concurrent Begins shared commits")
 	ijCopyHolds(t, path, ijKeyList("w0", each))
-}
-
-func TestJournalRedactURL(t *testing.T) {
-	tests := []struct {
-		give    string
-		want    string
-		wantErr bool
-	}{
-		{give: "https://api.example.com/v1/charges", want: "https://api.example.com/v1/charges"},
-		{give: "https://user:hunter2@api.example.com/x?q=1", want: "https://user@api.example.com/x?q=1"},
-		{give: "https://user@api.example.com/x", want: "https://user@api.example.com/x"},
-		{give: "https://:hunter2@api.example.com/", want: "https://@api.example.com/"},
-		{give: "", want: ""},
-		{give: "https://user:hunter2@api.example.com/%zz", wantErr: true},
-	}
-	for _, tt := range tests {
-		got, err := contract.DropURLPassword(tt.give)
-		assert.Equal(t, tt.want, got, tt.give)
-		assert.Equal(t, tt.wantErr, err != nil, tt.give)
-		if err != nil {
-			assert.NotContains(t, err.Error(), "hunter2")
-		}
-	}
 }
 
 // Regression: with one processor, the committer, made runnable by the

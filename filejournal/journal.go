@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idemhttp"
@@ -18,18 +19,13 @@ import (
 // Options configures [Open]. A nil *Options and
 // the zero value both mean the defaults: bodies stored, the standard
 // credentials withheld, damage refused, opened for writing, done entries
-// pruned after [DefaultRetention].
+// pruned after the retention its Client declares (see [Journal.Retain]).
 type Options struct {
 	// OmitBodies keeps request bodies out of the file; fingerprints are
 	// still stored. Use it when bodies hold data that must not rest on
 	// disk. An entry without its body cannot be resent by Resume: it can
 	// only be reported.
 	OmitBodies bool
-
-	// SecretHeaders names request headers never written to the file, in
-	// addition to those [idemhttp.SafeHeader] always withholds. Names are matched
-	// in any letter case.
-	SecretHeaders []string
 
 	// SkipVerify opens a damaged journal instead of refusing it, for
 	// inspection and repair: damaged batches in the middle of the file are
@@ -48,17 +44,10 @@ type Options struct {
 	// wrapping [ErrReadOnly].
 	ReadOnly bool
 
-	// Retention is how long done entries are kept after their last
-	// update: the journal prunes older ones by itself, in the background,
-	// about every [Options.PruneInterval], so that a process that
-	// never restarts stays bounded. Zero means [DefaultRetention];
-	// negative turns the pruning off. Set it to the Client's
-	// [idemhttp.Policy.Retention] when that differs: pruning a done entry earlier
-	// than the client expects lets a rerun of its operation mint a new key.
-	Retention time.Duration
-
-	// PruneInterval is how often the background pruning runs; zero means
-	// one hour.
+	// PruneInterval is how often the journal prunes, by itself and in the
+	// background, the done entries older than its retention (see
+	// [Journal.Retain]), so that a process that never restarts stays
+	// bounded. Zero means one hour; negative turns the pruning off.
 	PruneInterval time.Duration
 
 	// writeBehind, for tests, is how long a Finish's record may wait for
@@ -75,10 +64,10 @@ type Options struct {
 // to disk: 20 ms (see Journal's Durability).
 const WriteBehind = wal.DefaultLazyDelay
 
-// DefaultRetention is how long a [Journal] keeps done entries unless
-// [Options.Retention] says otherwise: 24 hours, like
-// [idemhttp.DefaultPolicy]'s Retention and Stripe's key retention.
-const DefaultRetention = 24 * time.Hour
+// defaultRetention is how long a Journal keeps done entries until a
+// Client tells it its Policy.Retention: 24 hours, like the default policy's
+// and Stripe's key retention.
+const defaultRetention = 24 * time.Hour
 
 // Stats counts a [Journal]'s work since it was opened.
 type Stats struct {
@@ -192,13 +181,13 @@ type Stats struct {
 // [Journal.Compact]). Memory holds the index: about 120 to 150
 // bytes per entry plus its key and operation id (180 to 200 bytes in all
 // with a 36-byte key and a 12-byte operation id); request bodies and
-// headers stay on disk. Done entries older than
-// [Options.Retention] are pruned in the background.
+// headers stay on disk. Done entries older than the retention (see
+// [Journal.Retain]) are pruned in the background.
 //
 // A clean close of a journal of 8 MiB or more also writes the index
 // itself to a file beside the journal, named after it with ".index" (mode
 // 0600; it holds keys and operation ids, as the journal does, and
-// nothing SanitizeEntry removes): about 100 bytes per entry, written in
+// nothing Entry.Sanitized removes): about 100 bytes per entry, written in
 // 0.2 to 0.5 s for a million entries, and not written again by a close
 // that has nothing new to add. A compaction writes one too, for the new
 // file. The next open reads it instead of the whole file, and replays
@@ -228,10 +217,10 @@ type Stats struct {
 // often, or keep a journal per batch. bench/README.md has the
 // measurements.
 //
-// Entries never hold what [idemhttp.SanitizeEntry] removes (credentials, the key
-// header, [Options.SecretHeaders], a URL password), whatever the
-// caller passes: the journal is the last line of defence for secrets at
-// rest.
+// Entries never hold what [idemhttp.Entry.Sanitized] removes (credentials,
+// the key header, a URL's user part or fragment) nor a URL with a
+// credential in its query, whatever the caller passes: the journal is the
+// last line of defence for secrets at rest.
 //
 // A Journal is safe for concurrent use. Open one with
 // [Open]; the zero value is not usable. Close it when done.
@@ -239,8 +228,10 @@ type Journal struct {
 	log        *wal.Log
 	clock      func() time.Time
 	omitBodies bool
-	secret     []string // SecretHeaders
-	salvage    bool     // SkipVerify
+	retention  atomic.Int64 // how long done entries are kept, for the pruner: see Retain
+	retainMu   sync.Mutex   // serialises Retain
+	told       bool         // Retain was called; guarded by retainMu
+	salvage    bool         // SkipVerify
 	readOnly   bool
 
 	// mu guards the index. Lock order: the log's file lock (View,
@@ -404,7 +395,6 @@ func Open(path string, opts *Options) (*Journal, error) {
 	j := &Journal{
 		clock:      opts.clock,
 		omitBodies: opts.OmitBodies,
-		secret:     slices.Clone(opts.SecretHeaders),
 		salvage:    opts.SkipVerify,
 		readOnly:   opts.ReadOnly,
 		pend:       make(map[*wal.Batch]*pending),
@@ -475,8 +465,9 @@ func Open(path string, opts *Options) (*Journal, error) {
 		// a valid journal, and a later Prune tries again.
 		_ = j.Compact(context.Background())
 	}
-	if !j.readOnly && opts.Retention >= 0 {
-		j.pruner = startFjPruner(j, cmp.Or(opts.Retention, DefaultRetention), cmp.Or(opts.PruneInterval, time.Hour))
+	j.retention.Store(int64(defaultRetention))
+	if !j.readOnly && opts.PruneInterval >= 0 {
+		j.pruner = startPruner(j, cmp.Or(opts.PruneInterval, time.Hour))
 	}
 	return j, nil
 }
@@ -532,7 +523,7 @@ func (j *Journal) Sync(ctx context.Context) error {
 // for the batch, since giving up then could report failure for a write
 // that reaches the disk.
 func (j *Journal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry, error) {
-	rec, err := idemhttp.SanitizeEntry(e, j.secret...)
+	rec, err := e.Sanitized()
 	if err != nil {
 		return nil, err
 	}

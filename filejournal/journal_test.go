@@ -53,6 +53,14 @@ func fjEntry(key, operation string) *idemhttp.Entry {
 	}
 }
 
+// The optional methods a Client looks for.
+var (
+	_ journaltest.ClockJournal   = (*filejournal.Journal)(nil)
+	_ journaltest.PendingCounter = (*filejournal.Journal)(nil)
+	_ journaltest.Clock          = (*filejournal.Journal)(nil)
+	_ journaltest.Retainer       = (*filejournal.Journal)(nil)
+)
+
 func TestFileJournalConformance(t *testing.T) {
 	journaltest.Run(t, func(t *testing.T) idemhttp.Journal {
 		return fjOpen(t, fjPath(t), nil)
@@ -61,17 +69,28 @@ func TestFileJournalConformance(t *testing.T) {
 
 func TestFileJournalSecretsNeverReachTheFile(t *testing.T) {
 	path := fjPath(t)
-	j, err := filejournal.Open(path, &filejournal.Options{SecretHeaders: []string{"x-api-key"}})
+	j, err := filejournal.Open(path, nil)
 	require.NoError(t, err)
 
 	ctx := context.Background()
+	// Credentials in the URL are refused, not stored without the part
+	// that made them work.
+	for _, u := range []string{
+		"https://user:url_password_secret@api.example.com/v1/charges",
+		"https://sk_live_url_user_secret:@api.example.com/v1/charges",
+		"https://api.example.com/v1/charges?api_key=url_query_secret",
+	} {
+		e := fjEntry("k0", "op-0")
+		e.URL = u
+		_, err = j.Begin(ctx, e)
+		assert.ErrorIs(t, err, idemhttp.ErrInvalidRequest, u)
+	}
 	e := fjEntry("k1", "op-1")
-	e.URL = "https://user:url_password_secret@api.example.com/v1/charges"
+	e.URL = "https://api.example.com/v1/charges#url_fragment_secret"
 	e.Header = http.Header{
 		"Authorization":       {"Bearer sk_live_secret"},
-		"Cookie":              {"s=secret"},
+		"cookie":              {"s=secret"},
 		"Proxy-Authorization": {"Basic proxy_secret"},
-		"X-Api-Key":           {"api_key_secret"},
 		"Content-Type":        {"application/json"},
 	}
 	_, err = j.Begin(ctx, e)
@@ -86,13 +105,13 @@ func TestFileJournalSecretsNeverReachTheFile(t *testing.T) {
 	got, err := j.Get(ctx, "k1")
 	require.NoError(t, err)
 	assert.Equal(t, http.Header{"Content-Type": {"application/json"}}, got.Header)
-	assert.Equal(t, "https://user@api.example.com/v1/charges", got.URL)
+	assert.Equal(t, "https://api.example.com/v1/charges", got.URL)
 	require.NoError(t, j.Close())
 
 	raw, err := os.ReadFile(path)
 	require.NoError(t, err)
 	require.True(t, bytes.Contains(raw, []byte("fp-k1")), "the entry is in the file")
-	for _, secret := range []string{"sk_live_secret", "s=secret", "proxy_secret", "api_key_secret", "url_password_secret"} {
+	for _, secret := range []string{"sk_live_secret", "s=secret", "proxy_secret", "url_password_secret", "url_user_secret", "url_query_secret", "url_fragment_secret"} {
 		assert.False(t, bytes.Contains(raw, []byte(secret)), "%q found in the journal file", secret)
 	}
 }
@@ -1678,7 +1697,7 @@ func TestFileJournalCompactPreservesEntries(t *testing.T) {
 		{give: &idemhttp.Entry{Key: "bare", Created: fjAt(0)}},
 		{give: &idemhttp.Entry{Key: "empty-body", Operation: "op-empty-body", Body: []byte{}, Created: fjAt(1),
 			Header: http.Header{"X-Multi": {"one", "two", "three"}, "X-Empty-Value": {""}, "Content-Type": {"application/json"}}}},
-		{give: &idemhttp.Entry{Key: "binary", Operation: "op-binary", Method: http.MethodPut, URL: "https://user@api.example.com/v1/x?q=1#f",
+		{give: &idemhttp.Entry{Key: "binary", Operation: "op-binary", Method: http.MethodPut, URL: "https://api.example.com/v1/x?q=1",
 			Body: everyByte, Fingerprint: "fp", Created: fjAt(2), Updated: fjAt(3), Attempts: 4, LastStatus: 502},
 			end: &idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 3, At: fjAt(4)}},
 		{give: &idemhttp.Entry{Key: "abandoned", Operation: "op-abandoned", Created: fjAt(5)},
@@ -2221,12 +2240,13 @@ func TestFileJournalNoticesReplacedFile(t *testing.T) {
 	}
 }
 
-// A journal prunes its done entries past Retention by itself, so that a
+// A journal prunes its done entries past its retention by itself, so that a
 // process that never restarts stays bounded; pending and abandoned
 // entries stay. The pruner stops with Close (goleak checks it).
 func TestFileJournalPrunesByItself(t *testing.T) {
 	ctx := context.Background()
-	j := fjOpen(t, fjPath(t), &filejournal.Options{Retention: time.Hour, PruneInterval: time.Millisecond})
+	j := fjOpen(t, fjPath(t), &filejournal.Options{PruneInterval: time.Millisecond})
+	j.Retain(time.Hour) // as a Client with Policy.Retention of an hour does
 	old := time.Now().Add(-2 * time.Hour)
 	for _, k := range []string{"done-old", "done-new", "pending-old", "abandoned-old"} {
 		_, err := j.Begin(ctx, fjEntry(k, ""))

@@ -15,7 +15,7 @@ type pruner struct {
 	wg     sync.WaitGroup
 }
 
-func startFjPruner(j *Journal, retention, every time.Duration) *pruner {
+func startPruner(j *Journal, every time.Duration) *pruner {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &pruner{cancel: cancel}
 	p.wg.Add(1)
@@ -38,7 +38,7 @@ func startFjPruner(j *Journal, retention, every time.Duration) *pruner {
 			// Only a clock set forward prunes early, a done entry whose
 			// operation a rerun would then send again under a new key;
 			// nothing here can tell that clock from a correct one.
-			_, _ = j.Prune(ctx, j.now().Add(-retention))
+			_, _ = j.Prune(ctx, j.now().Add(-time.Duration(j.retention.Load())))
 		}
 	}()
 	return p
@@ -48,4 +48,23 @@ func startFjPruner(j *Journal, retention, every time.Duration) *pruner {
 func (p *pruner) stop() {
 	p.cancel()
 	p.wg.Wait()
+}
+
+// Retain tells the journal how long its Client's server keeps keys
+// ([idemhttp.Policy.Retention]): the background pruning then removes done
+// entries only after the longest retention it was told, 24 hours until it
+// is told one. An [idemhttp.Client] calls it at its first use, so that
+// the policy is the one retention setting: pruning a done entry earlier
+// than the client expects would let a rerun of its operation mint a new
+// key. A d that is not positive is ignored.
+func (j *Journal) Retain(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	j.retainMu.Lock()
+	defer j.retainMu.Unlock()
+	if !j.told || int64(d) > j.retention.Load() {
+		j.retention.Store(int64(d))
+		j.told = true
+	}
 }

@@ -124,7 +124,7 @@ func BenchmarkFileJournalScale(b *testing.B) {
 				b.StartTimer()
 
 				start, cpu0 := time.Now(), ijCPU()
-				j, err := Open(cp, &Options{Retention: -1})
+				j, err := Open(cp, &Options{PruneInterval: -1})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -136,7 +136,7 @@ func BenchmarkFileJournalScale(b *testing.B) {
 				}
 				closeTime := time.Since(start)
 				start, cpu0 = time.Now(), ijCPU()
-				j, err = Open(cp, &Options{Retention: -1})
+				j, err = Open(cp, &Options{PruneInterval: -1})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/idemserver"
+	"github.com/idemkit/idemhttp/internal/contract"
 )
 
 // FuzzMiddleware sends arbitrary methods, key header values and bodies
@@ -54,7 +54,7 @@ func FuzzMiddleware(f *testing.F) {
 
 		require.Contains(t, []int{201, 400, 413}, first.Code)
 		keyed := key != "" && (method == "POST" || method == "PATCH")
-		_, keyErr := idemhttp.ParseKeyHeader(key)
+		_, keyErr := contract.ParseKeyHeader(key)
 		if keyed && keyErr == nil && first.Code == http.StatusCreated {
 			require.Equal(t, "true", second.Header().Get(idemserver.ReplayedHeader))
 			require.Equal(t, first.Body.Bytes(), second.Body.Bytes())

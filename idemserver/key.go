@@ -5,13 +5,14 @@ import (
 	"strconv"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/contract"
 )
 
 // KeyForm says which forms of the key header a server accepts.
 type KeyForm int
 
 // The key header forms. Either way the key itself must pass
-// [idemhttp.ValidateKey]: 1 to 255 bytes of printable ASCII, no double
+// the key rules: 1 to 255 bytes of printable ASCII, no double
 // quote, no leading or trailing space.
 const (
 	// KeyFormAny accepts both the bare form (Stripe: Idempotency-Key: abc)
@@ -47,7 +48,7 @@ func parseKey(v string, form KeyForm) (string, error) {
 	case form == KeyFormQuoted && !quoted:
 		return "", fmt.Errorf("idemserver: %w: bare key; this server takes the quoted form (\"key\")", idemhttp.ErrInvalidKey)
 	}
-	return idemhttp.ParseKeyHeader(v)
+	return contract.ParseKeyHeader(v)
 }
 
 // scopedKey joins a principal's scope and an idempotency key into one store

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/contract"
 )
 
 func TestParseKey(t *testing.T) {
@@ -66,12 +67,12 @@ func FuzzParseKey(f *testing.F) {
 				require.ErrorIs(t, err, idemhttp.ErrInvalidKey)
 				continue
 			}
-			require.NoError(t, idemhttp.ValidateKey(key))
+			require.NoError(t, contract.ValidateKey(key))
 			quoted := strings.HasPrefix(v, `"`)
 			if !quoted {
 				require.Equal(t, v, key, "a bare key is taken as is")
 			}
-			back, err := parseKey(idemhttp.FormatKeyHeader(key, quoted), form)
+			back, err := parseKey(contract.FormatKeyHeader(key, quoted), form)
 			require.NoError(t, err)
 			require.Equal(t, key, back)
 		}

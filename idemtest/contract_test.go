@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/idemserver"
 	"github.com/idemkit/idemhttp/idemtest"
+	"github.com/idemkit/idemhttp/idemtrace"
 )
 
 // The contract tests run idemhttp.Client against the fake API under every
@@ -192,7 +193,7 @@ func TestClientOutageThenRecovery(t *testing.T) {
 	defer srv.Close()
 	c := newClient(srv, idemhttp.Policy{})
 	var once sync.Once
-	c.OnRetry = func(idemhttp.RetryEvent) { once.Do(func() { clk.Advance(time.Hour) }) }
+	c.Hooks = &idemtrace.Hooks{OnRetry: func(context.Context, idemtrace.RetryEvent) { once.Do(func() { clk.Advance(time.Hour) }) }}
 
 	results := chargeAll(c, srv.URL, 10)
 

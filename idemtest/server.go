@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/idemserver"
+	"github.com/idemkit/idemhttp/internal/contract"
 )
 
 // maxPeek bounds the body the fault layer reads to find the operation; the
@@ -295,7 +296,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 
 	op := Operation(r.Header.Get("Content-Type"), peek)
 	if op == "" {
-		if key, err := idemhttp.ParseKeyHeader(r.Header.Get(idemhttp.DefaultKeyHeader)); err == nil {
+		if key, err := contract.ParseKeyHeader(r.Header.Get(idemhttp.DefaultKeyHeader)); err == nil {
 			op = key
 		}
 	}

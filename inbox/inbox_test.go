@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/inbox"
+	"github.com/idemkit/idemhttp/internal/contract"
 )
 
 func TestMain(m *testing.M) {
@@ -50,7 +51,7 @@ func TestDeriveKey(t *testing.T) {
 	secret := []byte("0123456789abcdef0123456789abcdef")
 	k1, err := inbox.DeriveKey(secret, "billing", "m-1")
 	require.NoError(t, err)
-	require.NoError(t, idemhttp.ValidateKey(k1))
+	require.NoError(t, contract.ValidateKey(k1))
 	again, err := inbox.DeriveKey(secret, "billing", "m-1")
 	require.NoError(t, err)
 	assert.Equal(t, k1, again, "every delivery derives the same key")

@@ -26,8 +26,52 @@ import (
 	"github.com/idemkit/idemhttp"
 )
 
+// The optional methods a Client looks for on its Journal, beyond the
+// interface. They are not types of the root package, which callers read:
+// an implementer asserts them here, in its tests.
+//
+//	var _ journaltest.ClockJournal = (*MyJournal)(nil)
+type (
+	// ClockJournal is a journal that remembers the latest time it has ever
+	// recorded (an entry's Created or Updated time, an outcome's At),
+	// including the times of entries it has pruned or deleted since. A
+	// Client whose journal implements it judges the clock against that
+	// mark as well as against the entries still there: a clock more than
+	// idemhttp.ClockTolerance below the mark was set back, so every
+	// pending entry's age is in doubt, and the client neither resends nor
+	// reuses one (idemhttp.ErrClockJump). Without it, the client sees the
+	// jump only while entries newer than the clock are still in the
+	// journal. HighWater returns the mark, never lower than before, or the
+	// zero Time when the journal recorded none.
+	ClockJournal interface {
+		HighWater(ctx context.Context) (time.Time, error)
+	}
+
+	// PendingCounter is a journal that counts its pending entries cheaply,
+	// from memory and without I/O, for Client.Stats, which health checks
+	// call often.
+	PendingCounter interface {
+		PendingCount() int
+	}
+
+	// Clock is a journal with a clock of its own (a database's, shared by a
+	// fleet of workers): it stamps entries and outcomes given with zero
+	// times, and a Client judges their ages by Now, never by its own clock.
+	Clock interface {
+		Now(ctx context.Context) (time.Time, error)
+	}
+
+	// Retainer is a journal that prunes done entries by itself: a Client
+	// calls Retain once, at its first use, with its Policy.Retention, and
+	// the journal never prunes a done entry younger than the longest
+	// retention it was told.
+	Retainer interface {
+		Retain(d time.Duration)
+	}
+)
+
 // Run runs the conformance suite against the journals open returns, one
-// subtest at a time. A journal that implements [idemhttp.ClockJournal]
+// subtest at a time. A journal that implements [ClockJournal]
 // is checked for it too; the others skip that subtest. open must return a new, empty journal in its default
 // configuration (storing bodies) each time it is called, and release it
 // with t.Cleanup. Times in the suite are whole milliseconds in UTC, so an
@@ -465,7 +509,7 @@ func testEmptyBodyIsNotNoBody(t *testing.T, j idemhttp.Journal) {
 // the latest time are pruned or deleted (a prune or delete may raise it
 // to the time it ran).
 func testHighWater(t *testing.T, j idemhttp.Journal) {
-	cj, ok := j.(idemhttp.ClockJournal)
+	cj, ok := j.(ClockJournal)
 	if !ok {
 		t.Skip("not a ClockJournal")
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/contract"
 )
 
 const batchSynopsis = `Usage: idemctl batch -url URL -in FILE -journal FILE [-concurrency N] [-rate N]
@@ -201,7 +202,7 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 		}
 	}
 
-	fileJournal, err := openJournal(o.journal, false, o.creds.names())
+	fileJournal, err := openJournal(o.journal, false)
 	if err != nil {
 		return err
 	}
@@ -515,8 +516,11 @@ func fingerprint(op operation) string {
 	if err != nil {
 		return ""
 	}
-	u.User = nil // the client fingerprints the URL without credentials
-	return idemhttp.Fingerprint(op.Method, u.String(), op.Body)
+	ju, err := contract.JournalURLOf(u, nil)
+	if err != nil {
+		return "" // a journal refuses it: it was never journaled
+	}
+	return contract.Fingerprint(op.Method, ju, op.Body)
 }
 
 // maxListedLines bounds the malformed lines listed on stderr.

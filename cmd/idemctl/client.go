@@ -14,16 +14,18 @@ import (
 
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/filejournal"
+	"github.com/idemkit/idemhttp/idemtrace"
 	"golang.org/x/time/rate"
 )
 
 // openJournal opens the journal at path and turns the library's errors into
 // messages an operator can act on, with exit code 3. With mustExist, a
 // missing file is an error instead of a new, empty journal: a typo in
-// -journal must not read as "nothing pending". secret names headers the
-// journal must never store, on top of the standard credentials.
-func openJournal(path string, mustExist bool, secret []string) (*filejournal.Journal, error) {
-	return openJournalWith(path, mustExist, &filejournal.Options{SecretHeaders: secret})
+// -journal must not read as "nothing pending". (The headers it must never
+// store, beyond the standard credentials, are the client's SecretHeaders,
+// which drops them before the journal sees them.)
+func openJournal(path string, mustExist bool) (*filejournal.Journal, error) {
+	return openJournalWith(path, mustExist, nil)
 }
 
 // openJournalReadOnly opens the journal at path, which must exist, for
@@ -150,7 +152,7 @@ type clientConfig struct {
 	// its first attempt fail with errStopping, sending nothing.
 	stopping *atomic.Bool
 	// onJournal, when set, sees every journal operation (Hooks.OnJournal).
-	onJournal func(context.Context, idemhttp.JournalEvent)
+	onJournal func(context.Context, idemtrace.JournalEvent)
 }
 
 // newClient returns an idemhttp client whose credentials come only from
@@ -164,7 +166,7 @@ func newClient(cfg clientConfig) *idemhttp.Client {
 		Policy:     &idemhttp.Policy{MaxAttempts: cfg.attempts},
 	}
 	if cfg.onJournal != nil {
-		c.Hooks = &idemhttp.Hooks{OnJournal: cfg.onJournal}
+		c.Hooks = &idemtrace.Hooks{OnJournal: cfg.onJournal}
 	}
 	var h http.Header
 	if cfg.creds != nil {

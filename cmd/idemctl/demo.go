@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/filejournal"
 	"github.com/idemkit/idemhttp/idemtest"
+	"github.com/idemkit/idemhttp/idemtrace"
 )
 
 const demoSynopsis = `Usage: idemctl demo [flags]
@@ -155,7 +156,7 @@ func demoColumn(ctx context.Context, o *demoOptions, ops []demoOp, name string, 
 	run func(context.Context, *demoOptions, []demoOp, *idemtest.Server, *demoStats) error) (*demoStats, error) {
 	srv := idemtest.NewServer(&idemtest.Options{Faults: o.faults})
 	defer srv.Close()
-	st := &demoStats{name: name, ops: len(ops), retries: map[idemhttp.RetryReason]int{}, prog: prog}
+	st := &demoStats{name: name, ops: len(ops), retries: map[idemtrace.RetryReason]int{}, prog: prog}
 	start := time.Now()
 	err := run(ctx, o, ops, srv, st)
 	prog.finish()
@@ -185,7 +186,7 @@ type demoStats struct {
 	failed   int   // charges whose last call did not end in a 2xx
 
 	mu      sync.Mutex
-	retries map[idemhttp.RetryReason]int
+	retries map[idemtrace.RetryReason]int
 
 	// prog shows the charges the client has seen succeed, the same bar
 	// (or lines) as batch. A charge failed in the first run and retried
@@ -232,7 +233,7 @@ func (s *demoStats) succeeded(op string) {
 }
 
 // retry counts a retry by reason. Safe for concurrent use.
-func (s *demoStats) retry(r idemhttp.RetryReason) {
+func (s *demoStats) retry(r idemtrace.RetryReason) {
 	s.mu.Lock()
 	s.retries[r]++
 	s.mu.Unlock()
@@ -324,7 +325,7 @@ func demoIdemhttp(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemte
 			HTTPClient: &http.Client{Transport: cnt, Timeout: o.timeout},
 			Journal:    j,
 			Policy:     &idemhttp.Policy{MaxAttempts: o.attempts, BaseDelay: 5 * time.Millisecond, MaxDelay: 100 * time.Millisecond},
-			OnRetry:    func(ev idemhttp.RetryEvent) { st.retry(ev.Reason) },
+			Hooks:      &idemtrace.Hooks{OnRetry: func(_ context.Context, ev idemtrace.RetryEvent) { st.retry(ev.Reason) }},
 		}
 	}
 	// Keys derived from the operation, as batch derives them: the secret
@@ -376,7 +377,7 @@ func demoIdemhttp(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemte
 	}
 	defer fj.Close()
 	c := newClient(fj)
-	rrs, err := c.Resume(ctx)
+	rrs, err := c.Resume(ctx, nil)
 	if err != nil && ctx.Err() == nil {
 		return fail(exitJournal, "demo: resume: %v", err)
 	}

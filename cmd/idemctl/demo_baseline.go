@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/go-retryablehttp"
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/idemtest"
+	"github.com/idemkit/idemhttp/idemtrace"
 )
 
 // demoTwoRuns is the baselines' batch job: a first run crashes half way;
@@ -91,16 +92,16 @@ func demoRetryableWith(ctx context.Context, o *demoOptions, ops []demoOp, srv *i
 	rc.CheckRetry = func(ctx context.Context, resp *http.Response, err error) (bool, error) {
 		retry, cerr := retryablehttp.DefaultRetryPolicy(ctx, resp, err)
 		if retry {
-			*ctx.Value(retryReasonKey{}).(*idemhttp.RetryReason) = baselineReason(resp, err)
+			*ctx.Value(retryReasonKey{}).(*idemtrace.RetryReason) = baselineReason(resp, err)
 		}
 		return retry, cerr
 	}
 	rc.PrepareRetry = func(r *http.Request) error {
-		st.retry(*r.Context().Value(retryReasonKey{}).(*idemhttp.RetryReason))
+		st.retry(*r.Context().Value(retryReasonKey{}).(*idemtrace.RetryReason))
 		return nil
 	}
 	demoTwoRuns(ctx, o, ops, st, func(ctx context.Context, op demoOp) bool {
-		ctx = context.WithValue(ctx, retryReasonKey{}, new(idemhttp.RetryReason))
+		ctx = context.WithValue(ctx, retryReasonKey{}, new(idemtrace.RetryReason))
 		req, err := retryablehttp.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/charges", op.body)
 		if err != nil {
 			return false
@@ -122,16 +123,16 @@ func demoRetryableWith(ctx context.Context, o *demoOptions, ops []demoOp, srv *i
 
 // baselineReason names a retryablehttp retry with idemhttp's reasons, so
 // the table compares like with like.
-func baselineReason(resp *http.Response, err error) idemhttp.RetryReason {
+func baselineReason(resp *http.Response, err error) idemtrace.RetryReason {
 	switch {
 	case err != nil && neverConnected(err):
-		return idemhttp.ReasonNotSent
+		return idemtrace.ReasonNotSent
 	case err != nil || resp == nil:
-		return idemhttp.ReasonUnknownOutcome
+		return idemtrace.ReasonUnknownOutcome
 	case resp.StatusCode == http.StatusTooManyRequests:
-		return idemhttp.ReasonRateLimited
+		return idemtrace.ReasonRateLimited
 	case resp.StatusCode == http.StatusServiceUnavailable:
-		return idemhttp.ReasonUnavailable
+		return idemtrace.ReasonUnavailable
 	}
-	return idemhttp.ReasonServerError
+	return idemtrace.ReasonServerError
 }

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/idemtrace"
 )
 
 // printDemoHeader says what the demo does, with the numbers it uses.
@@ -29,9 +29,9 @@ func printDemoHeader(w io.Writer, o *demoOptions) {
 }
 
 // demoReasons is the order of the retry rows.
-var demoReasons = []idemhttp.RetryReason{
-	idemhttp.ReasonNotSent, idemhttp.ReasonUnknownOutcome, idemhttp.ReasonInProgress, idemhttp.ReasonRateLimited,
-	idemhttp.ReasonUnavailable, idemhttp.ReasonServerError, idemhttp.ReasonShouldRetry,
+var demoReasons = []idemtrace.RetryReason{
+	idemtrace.ReasonNotSent, idemtrace.ReasonUnknownOutcome, idemtrace.ReasonInProgress, idemtrace.ReasonRateLimited,
+	idemtrace.ReasonUnavailable, idemtrace.ReasonServerError, idemtrace.ReasonShouldRetry,
 }
 
 // printDemoTable prints one column per client: labels left-aligned,

@@ -11,7 +11,7 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/contract"
 )
 
 // maxLineBytes bounds an input line: the library refuses bodies above
@@ -198,7 +198,7 @@ func newOperation(id, method, path string, base *url.URL) (operation, error) {
 	}
 	// The id becomes the journal's operation id, which follows the key
 	// rules: stored, printed, compared byte for byte.
-	if err := idemhttp.ValidateKey(id); err != nil {
+	if err := contract.ValidateKey(id); err != nil {
 		return operation{}, fmt.Errorf("id %q: %w", id, err)
 	}
 	op := operation{ID: id, Method: http.MethodPost}

@@ -105,7 +105,7 @@ func age(now, t time.Time) string {
 const resumeSynopsis = `Usage: idemctl resume -journal FILE [-header 'Name: value' ...] [-header-env 'Name=VAR' ...] [flags]
 
 Resends every pending entry of the journal with its original key, method,
-URL and body (idemhttp Client.ResumeWith), -concurrency at a time, and
+URL and body (idemhttp Client.Resume), -concurrency at a time, and
 prints each outcome as a JSON line (see idemctl batch -h). The URLs are the
 stored ones; credentials are not stored, so pass them again with -header or
 -header-env. An entry older than the server's key retention (24h) is not
@@ -149,7 +149,7 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 	if err := creds.check(); err != nil {
 		return err
 	}
-	fj, err := openJournal(*path, true, creds.names())
+	fj, err := openJournal(*path, true)
 	if err != nil {
 		return err
 	}

@@ -45,7 +45,7 @@ func pruneCommand(_ context.Context, args []string, e env) error {
 	case *older < 0:
 		return fail(exitUsage, "-older must not be negative")
 	}
-	fj, err := openJournal(*path, true, nil)
+	fj, err := openJournal(*path, true)
 	if err != nil {
 		return err
 	}

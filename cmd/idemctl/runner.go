@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/idemtrace"
 )
 
 // errStopping is what the client's PrepareRequest returns once the run is
@@ -121,11 +122,11 @@ func newRunner(cfg runnerConfig) *runner {
 // and stops the run: with a journal that cannot write (disk full, file
 // damaged), every further operation would be sent without a durable key.
 // Do returns a failed Begin as an error, but only logs a failed Finish.
-func (r *runner) onJournal(ctx context.Context, ev idemhttp.JournalEvent) {
+func (r *runner) onJournal(ctx context.Context, ev idemtrace.JournalEvent) {
 	if ev.Err == nil {
 		return
 	}
-	if ev.Op == idemhttp.JournalBegin {
+	if ev.Op == idemtrace.JournalBegin {
 		// A Begin cancelled while it queued (the grace period ended), or
 		// refusing the call, wrote nothing and says nothing about the file.
 		if ctx.Err() != nil {
@@ -206,7 +207,7 @@ func (r *runner) close() {
 }
 
 // resume resends the journal's pending entries (those r.hide does not
-// hide) with Client.ResumeWith and reports each. It returns the operation ids
+// hide) with Client.Resume and reports each. It returns the operation ids
 // it reported; its error, with exit code 3, says the journal failed.
 func (r *runner) resume(ctx context.Context) (map[string]bool, error) {
 	done := map[string]bool{}
@@ -214,7 +215,7 @@ func (r *runner) resume(ctx context.Context) (map[string]bool, error) {
 	if r.hide != nil {
 		opts.Filter = func(e *idemhttp.Entry) bool { return !r.hide(e) }
 	}
-	rrs, err := r.client.ResumeWith(ctx, &opts)
+	rrs, err := r.client.Resume(ctx, &opts)
 	for _, rr := range rrs {
 		if errors.Is(rr.Err, errStopping) {
 			continue // not started: stays pending for the next run

@@ -1,5 +1,5 @@
 // Package otel records what an [idemhttp.Client] does as OpenTelemetry
-// traces and metrics, through the client's [idemhttp.Hooks].
+// traces and metrics, through the client's [idemtrace.Hooks].
 //
 // Each call gets an internal span ("idemhttp POST") with a child client
 // span per attempt that follows the HTTP client semantic conventions

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/filejournal"
+	"github.com/idemkit/idemhttp/idemtrace"
 	otelapi "go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -67,7 +68,7 @@ type Options struct {
 type Instrumentation struct {
 	tracer trace.Tracer
 	opts   Options
-	hooks  idemhttp.Hooks
+	hooks  idemtrace.Hooks
 	reg    metric.Registration
 	jreg   metric.Registration // the journal's write and sync counters, nil if it has none
 
@@ -141,7 +142,7 @@ func New(c *idemhttp.Client, opts *Options) (*Instrumentation, error) {
 			return nil, err
 		}
 	}
-	in.hooks = idemhttp.Hooks{
+	in.hooks = idemtrace.Hooks{
 		OnCallStart:     in.callStart,
 		OnAttempt:       in.attempt,
 		OnAttemptDone:   in.attemptDone,
@@ -172,7 +173,7 @@ func unitOf(name string) string {
 
 // Hooks returns the hooks to set as the client's [idemhttp.Client.Hooks].
 // Each call returns a new copy, which the caller may extend.
-func (in *Instrumentation) Hooks() *idemhttp.Hooks {
+func (in *Instrumentation) Hooks() *idemtrace.Hooks {
 	h := in.hooks
 	return &h
 }
@@ -232,7 +233,7 @@ func callFrom(ctx context.Context) *call {
 	return c
 }
 
-func (in *Instrumentation) callStart(ctx context.Context, ev idemhttp.CallEvent) context.Context {
+func (in *Instrumentation) callStart(ctx context.Context, ev idemtrace.CallEvent) context.Context {
 	c := &call{method: semconv.HTTPRequestMethodKey.String(ev.Method)}
 	if u, err := url.Parse(ev.URL); err == nil {
 		c.server = append(c.server, semconv.ServerAddress(u.Hostname()))
@@ -254,7 +255,7 @@ func (in *Instrumentation) callStart(ctx context.Context, ev idemhttp.CallEvent)
 	return context.WithValue(ctx, callKey{}, c)
 }
 
-func (in *Instrumentation) attempt(ctx context.Context, ev idemhttp.AttemptEvent) {
+func (in *Instrumentation) attempt(ctx context.Context, ev idemtrace.AttemptEvent) {
 	c := callFrom(ctx)
 	if c == nil {
 		return
@@ -288,7 +289,7 @@ func (c *call) endAttempt() {
 	c.attempt, c.end = nil, time.Time{}
 }
 
-func (in *Instrumentation) attemptDone(ctx context.Context, ev idemhttp.AttemptDoneEvent) {
+func (in *Instrumentation) attemptDone(ctx context.Context, ev idemtrace.AttemptDoneEvent) {
 	attrs := []attribute.KeyValue{semconv.HTTPRequestMethodKey.String(ev.Method)}
 	var errType string
 	switch {
@@ -326,10 +327,10 @@ func (in *Instrumentation) attemptDone(ctx context.Context, ev idemhttp.AttemptD
 	}
 }
 
-func (in *Instrumentation) retry(ctx context.Context, ev idemhttp.RetryEvent) {
+func (in *Instrumentation) retry(ctx context.Context, ev idemtrace.RetryEvent) {
 	reason := RetryReasonAttr.String(string(ev.Reason))
 	in.retries.Add(ctx, 1, metric.WithAttributes(reason))
-	if ev.Reason == idemhttp.ReasonInProgress {
+	if ev.Reason == idemtrace.ReasonInProgress {
 		in.waits.Add(ctx, 1)
 	}
 	c := callFrom(ctx)
@@ -340,7 +341,7 @@ func (in *Instrumentation) retry(ctx context.Context, ev idemhttp.RetryEvent) {
 	c.endAttempt()
 }
 
-func (in *Instrumentation) budgetRefused(ctx context.Context, ev idemhttp.BudgetEvent) {
+func (in *Instrumentation) budgetRefused(ctx context.Context, ev idemtrace.BudgetEvent) {
 	in.refusals.Add(ctx, 1)
 	if c := callFrom(ctx); c != nil {
 		c.span.AddEvent("retry budget refused", trace.WithAttributes(
@@ -348,15 +349,19 @@ func (in *Instrumentation) budgetRefused(ctx context.Context, ev idemhttp.Budget
 	}
 }
 
-func (in *Instrumentation) giveUp(ctx context.Context, ev idemhttp.GiveUpEvent) {
-	reason := GiveUpReasonAttr.String(GiveUpReason(ev.Err.Reason))
+func (in *Instrumentation) giveUp(ctx context.Context, ev idemtrace.GiveUpEvent) {
+	cause := ev.Err
+	if g := (*idemhttp.GiveUpError)(nil); errors.As(ev.Err, &g) {
+		cause = g.Reason
+	}
+	reason := GiveUpReasonAttr.String(GiveUpReason(cause))
 	in.giveUps.Add(ctx, 1, metric.WithAttributes(reason))
 	if c := callFrom(ctx); c != nil {
 		c.span.SetAttributes(reason)
 	}
 }
 
-func (in *Instrumentation) callDone(ctx context.Context, ev idemhttp.CallDoneEvent) {
+func (in *Instrumentation) callDone(ctx context.Context, ev idemtrace.CallDoneEvent) {
 	outcome := "response"
 	if ev.Err != nil {
 		outcome = "error"
@@ -378,7 +383,7 @@ func (in *Instrumentation) callDone(ctx context.Context, ev idemhttp.CallDoneEve
 	c.span.End()
 }
 
-func (in *Instrumentation) journal(ctx context.Context, ev idemhttp.JournalEvent) {
+func (in *Instrumentation) journal(ctx context.Context, ev idemtrace.JournalEvent) {
 	outcome := "ok"
 	if ev.Err != nil {
 		outcome = "error"

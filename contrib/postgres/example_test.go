@@ -62,13 +62,12 @@ func ExampleJournal_Enqueue() {
 		url := "https://api.example.com/v1/charges"
 		body := []byte(`{"amount":1099,"order":"` + order + `"}`)
 		_, err := j.Enqueue(ctx, &idemhttp.Entry{
-			Operation:   order, // enqueueing the batch twice adds nothing
-			Key:         idemhttp.NewKey(),
-			Method:      http.MethodPost,
-			URL:         url,
-			Header:      http.Header{"Content-Type": {"application/json"}},
-			Body:        body,
-			Fingerprint: idemhttp.Fingerprint(http.MethodPost, url, body),
+			Operation: order, // enqueueing the batch twice adds nothing
+			Key:       idemhttp.NewKey(),
+			Method:    http.MethodPost,
+			URL:       url,
+			Header:    http.Header{"Content-Type": {"application/json"}},
+			Body:      body,
 		})
 		if err != nil {
 			log.Fatal(err)

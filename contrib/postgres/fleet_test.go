@@ -181,14 +181,13 @@ func TestFleet(t *testing.T) {
 		op := fmt.Sprintf("op-%03d", i)
 		body := []byte(op)
 		existing, err := producer.Enqueue(ctx, &idemhttp.Entry{
-			Operation:   op,
-			Key:         idemhttp.NewKey(),
-			Method:      http.MethodPost,
-			URL:         url,
-			Header:      http.Header{"Content-Type": {"text/plain"}},
-			Body:        body,
-			Fingerprint: idemhttp.Fingerprint(http.MethodPost, url, body),
-			Created:     now.Add(time.Duration(i) * time.Millisecond),
+			Operation: op,
+			Key:       idemhttp.NewKey(),
+			Method:    http.MethodPost,
+			URL:       url,
+			Header:    http.Header{"Content-Type": {"text/plain"}},
+			Body:      body,
+			Created:   now.Add(time.Duration(i) * time.Millisecond),
 		})
 		require.NoError(t, err)
 		require.Nil(t, existing)

@@ -46,11 +46,6 @@ type JournalOptions struct {
 	// still stored. An entry without its body cannot be resent.
 	OmitBodies bool
 
-	// SecretHeaders names request headers never written to the table, in
-	// addition to those [idemhttp.SafeHeader] always withholds. Names are
-	// matched in any letter case.
-	SecretHeaders []string
-
 	// ClientClock makes the journal store the times it is given (the
 	// entry's Created and Updated, the outcome's At) instead of the
 	// database's now(). By default every created_at and updated_at comes
@@ -101,9 +96,11 @@ var _ idemhttp.Journal = (*Journal)(nil)
 // claims them and resends them with the same key, and the server replays
 // or runs them once. See the package documentation for the worker loop.
 //
-// Entries never hold the Authorization, Cookie or Proxy-Authorization
-// headers, nor any header in [JournalOptions.SecretHeaders], nor a URL
-// password, whatever the caller passes.
+// Entries never hold what [idemhttp.Entry.Sanitized] removes (the
+// Authorization, Cookie and Proxy-Authorization headers, a URL's user part
+// or fragment) nor a URL with a credential in its query, whatever the
+// caller passes; the headers a Client's SecretHeaders names never reach
+// the journal.
 //
 // A Journal is safe for concurrent use. Create it with [NewJournal] after
 // [Migrate] has created the table.
@@ -114,7 +111,6 @@ type Journal struct {
 	lease       time.Duration
 	omitBodies  bool
 	clientClock bool
-	secret      []string // SecretHeaders, beyond what idemhttp.SanitizeEntry always withholds
 }
 
 // NewJournal returns a Journal on db, which must reach the primary. A nil
@@ -130,7 +126,6 @@ func NewJournal(db DB, opts *JournalOptions) *Journal {
 		omitBodies:  opts.OmitBodies,
 		clientClock: opts.ClientClock,
 		token:       newLeaseToken(),
-		secret:      slices.Clone(opts.SecretHeaders),
 	}
 	if j.worker == "" {
 		host, _ := os.Hostname()
@@ -294,9 +289,9 @@ func readBegin(br pgx.BatchResults) (existing *idemhttp.Entry, inserted bool, er
 
 // sanitize returns the entry to store and its header as JSON, or an error
 // for an entry the table cannot hold faithfully. What may be stored at all
-// is [idemhttp.SanitizeEntry]'s rule, shared with every journal.
+// is [idemhttp.Entry.Sanitized]'s rule, shared with every journal.
 func (j *Journal) sanitize(e *idemhttp.Entry) (*idemhttp.Entry, []byte, error) {
-	rec, err := idemhttp.SanitizeEntry(e, j.secret...)
+	rec, err := e.Sanitized()
 	if err != nil {
 		return nil, nil, err
 	}

@@ -23,15 +23,14 @@ func entry(key string, i int) *idemhttp.Entry {
 	url := "https://api.example.com/v1/charges"
 	body := []byte(`{"key":"` + key + `"}`)
 	return &idemhttp.Entry{
-		Operation:   "op-" + key,
-		Key:         key,
-		Method:      http.MethodPost,
-		URL:         url,
-		Header:      http.Header{"Content-Type": {"application/json"}},
-		Body:        body,
-		Fingerprint: idemhttp.Fingerprint(http.MethodPost, url, body),
-		Created:     base.Add(time.Duration(i) * time.Second),
-		State:       idemhttp.StatePending,
+		Operation: "op-" + key,
+		Key:       key,
+		Method:    http.MethodPost,
+		URL:       url,
+		Header:    http.Header{"Content-Type": {"application/json"}},
+		Body:      body,
+		Created:   base.Add(time.Duration(i) * time.Second),
+		State:     idemhttp.StatePending,
 	}
 }
 
@@ -255,23 +254,24 @@ func TestJournalRefuses(t *testing.T) {
 
 func TestJournalOptions(t *testing.T) {
 	ctx := context.Background()
-	j := postgres.NewJournal(newSchema(t).pool(t, 0), &postgres.JournalOptions{
-		OmitBodies:    true,
-		SecretHeaders: []string{"x-api-key"},
-	})
+	j := postgres.NewJournal(newSchema(t).pool(t, 0), &postgres.JournalOptions{OmitBodies: true})
 	e := entry("k", 0)
 	e.URL = "https://user:hunter2@api.example.com/v1/charges"
-	e.Header.Set("X-Api-Key", "secret")
-	e.Header.Set("Authorization", "Bearer secret")
 	_, err := j.Begin(ctx, e)
+	require.ErrorIs(t, err, idemhttp.ErrInvalidRequest, "credentials in the URL are refused")
+	e.URL = "https://api.example.com/v1/charges#frag"
+	e.Header.Set("Authorization", "Bearer secret")
+	_, err = j.Begin(ctx, e)
 	require.NoError(t, err)
 
 	got, err := j.Get(ctx, "k")
 	require.NoError(t, err)
 	assert.Nil(t, got.Body)
 	assert.Equal(t, http.Header{"Content-Type": {"application/json"}}, got.Header)
-	assert.Equal(t, "https://user@api.example.com/v1/charges", got.URL)
-	assert.Equal(t, e.Fingerprint, got.Fingerprint)
+	assert.Equal(t, "https://api.example.com/v1/charges", got.URL)
+	want, err := e.Sanitized()
+	require.NoError(t, err)
+	assert.Equal(t, want.Fingerprint, got.Fingerprint, "filled in from the request")
 
 	host := postgres.NewJournal(nil, nil).Worker()
 	assert.Regexp(t, `:\d+$`, host, "the default worker name is hostname:pid")

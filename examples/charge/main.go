@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/idemtest"
+	"github.com/idemkit/idemhttp/idemtrace"
 )
 
 func main() {
@@ -49,7 +50,7 @@ func run(w io.Writer, n int, seed uint64) error {
 	})
 	defer api.Close()
 
-	retries := map[idemhttp.RetryReason]int{}
+	retries := map[idemtrace.RetryReason]int{}
 	c := &idemhttp.Client{
 		HTTPClient: &http.Client{Timeout: 300 * time.Millisecond}, // per attempt
 		Policy: &idemhttp.Policy{
@@ -58,7 +59,7 @@ func run(w io.Writer, n int, seed uint64) error {
 			BaseDelay:        20 * time.Millisecond,
 			MaxDelay:         200 * time.Millisecond,
 		},
-		OnRetry: func(e idemhttp.RetryEvent) { retries[e.Reason]++ },
+		Hooks: &idemtrace.Hooks{OnRetry: func(_ context.Context, e idemtrace.RetryEvent) { retries[e.Reason]++ }},
 	}
 
 	ok, failed := 0, 0

@@ -150,7 +150,7 @@ func run(ctx context.Context, self string, w io.Writer) (report, error) {
 	fmt.Fprintf(w, "journal: %d done, %d pending (begun, outcome unknown to the job)\n", rep.JournalDone, rep.JournalPending)
 
 	c := &idemhttp.Client{HTTPClient: srv.Client(), Journal: fj}
-	results, err := c.Resume(ctx)
+	results, err := c.Resume(ctx, nil)
 	if err != nil {
 		return rep, err
 	}

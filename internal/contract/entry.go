@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -73,21 +74,43 @@ func SafeHeader(h http.Header, secret ...string) http.Header {
 	return out
 }
 
-// DropURLPassword drops a password from a URL's userinfo. The client
-// strips it already; this is the last line of defence.
-func DropURLPassword(raw string) (string, error) {
+// errURLUnparsable replaces the parser's error, which quotes the URL,
+// secrets and all.
+var errURLUnparsable = errors.New("URL does not parse")
+
+// JournalURL returns the form of a request URL that a journal stores: the
+// URL without its fragment (never sent, and never stored), or an error
+// wrapping [ErrInvalidRequest] for a URL that must not rest on disk: one
+// with a user part (Stripe-style https://sk_live_...:@host, or a password)
+// or with a query parameter named in secretQuery (see
+// [SecretQueryNames]; nil means the defaults). Credentials belong in
+// Client.PrepareRequest, which adds them to every attempt and resend
+// without writing them down.
+func JournalURL(raw string, secretQuery []string) (string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return "", errors.New("URL does not parse") // not err: it quotes the URL, password and all
+		return "", fmt.Errorf("idemhttp: %w: %w", ErrInvalidRequest, errURLUnparsable)
 	}
-	if u.User == nil {
-		return raw, nil
+	return JournalURLOf(u, secretQuery)
+}
+
+// JournalURLOf is [JournalURL] for a parsed URL, which it does not modify.
+func JournalURLOf(u *url.URL, secretQuery []string) (string, error) {
+	if u.User != nil {
+		return "", fmt.Errorf("idemhttp: %w: the URL carries credentials in its user part, which a journal would write to disk: add them in Client.PrepareRequest", ErrInvalidRequest)
 	}
-	if _, ok := u.User.Password(); !ok {
-		return raw, nil
+	if secretQuery == nil {
+		secretQuery = DefaultSecretQuery[:]
 	}
-	u.User = url.User(u.User.Username())
-	return u.String(), nil
+	if name, ok := SecretQueryParam(u, secretQuery); ok {
+		return "", fmt.Errorf("idemhttp: %w: query parameter %q looks like a credential and a journal would write it to disk: add it in Client.PrepareRequest", ErrInvalidRequest, name)
+	}
+	if u.Fragment == "" && u.RawFragment == "" {
+		return u.String(), nil
+	}
+	c := *u
+	c.Fragment, c.RawFragment = "", ""
+	return c.String(), nil
 }
 
 // Fingerprint returns the hex SHA-256 of a request's method, URL and

@@ -15,6 +15,7 @@ var DefaultSecretQuery = [...]string{
 	"secret", "session", "sig", "signature", "token",
 	"x-amz-credential", "x-amz-security-token", "x-amz-signature",
 	"x-goog-credential", "x-goog-signature",
+	"key", // Google APIs' API key parameter
 }
 
 // SecretQueryNames returns the default names and extra, in lower case.

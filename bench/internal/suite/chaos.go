@@ -218,7 +218,7 @@ func (r *ChaosResult) resume(ctx context.Context, p *peer, fj *filejournal.Journ
 		if len(pending) == 0 {
 			break
 		}
-		rr, err := p.idem.Resume(ctx)
+		rr, err := p.idem.Resume(ctx, nil)
 		if err != nil {
 			return fmt.Errorf("resume: %w", err)
 		}

@@ -182,7 +182,7 @@ func crashPeer(ctx context.Context, name string, cfg CrashConfig, dir string) (C
 	}
 	defer p.close()
 	if p.idem != nil {
-		resumed, err := p.idem.Resume(ctx)
+		resumed, err := p.idem.Resume(ctx, nil)
 		if err != nil {
 			return r, fmt.Errorf("resume: %w", err)
 		}
