@@ -88,6 +88,12 @@ var (
 
 	// ErrNotFound: the journal has no entry for that key or operation.
 	ErrNotFound = errors.New("journal entry not found")
+
+	// ErrFenced: a journal refused a write to an entry that is no longer
+	// the writer's to change: it is done or abandoned (final), or another
+	// process's live lease holds it. Nothing changed; whoever finished or
+	// holds the entry decides its outcome.
+	ErrFenced = errors.New("journal entry finished or held by another sender")
 )
 
 // snippetLen bounds how much of a response body an error keeps.

@@ -20,11 +20,13 @@ const (
 	StatePending State = "pending"
 	// StateDone: a definite outcome (2xx, or a 4xx that a retry would not
 	// change) was received. Kept for [Policy.Retention] so that rerunning
-	// the operation reuses the key, then pruned.
+	// the operation sends nothing, then pruned. Final: no later Finish
+	// changes it.
 	StateDone State = "done"
 	// StateAbandoned: the entry outlived the server's key retention while
-	// pending, so it was not resent ([ErrKeyExpired]). A person or a
-	// reconciliation step must decide what happened.
+	// pending, so it was not resent ([ErrKeyExpired]), or its call could
+	// not withdraw it. A person or a reconciliation step must decide what
+	// happened. Final, like done.
 	StateAbandoned State = "abandoned"
 )
 
@@ -43,6 +45,18 @@ type Entry struct {
 	Attempts    int         // attempts made so far, across processes
 	LastStatus  int         // status of the last response, 0 if none
 	State       State       // pending, done or abandoned
+	Result      *Result     // with State done: the final response's copy, if kept (Policy.KeepResponses); nil otherwise
+}
+
+// Result is a bounded copy of an operation's final response, which a
+// journal keeps with the done entry when [Policy.KeepResponses] allows, so
+// that a rerun of the operation gets its result back (as a replay, sending
+// nothing) instead of a [*DoneError]: a charge's id survives a crash
+// between the server's answer and the caller saving it.
+type Result struct {
+	Status int         // the response's status code
+	Header http.Header // the headers a caller reads (Content-Type, Location, request ids...), never Set-Cookie
+	Body   []byte      // the whole body (a body larger than the limit is not kept at all)
 }
 
 // Outcome is what [Journal.Finish] records at the end of a call.
@@ -50,43 +64,73 @@ type Outcome struct {
 	State    State     // the entry's new state
 	Status   int       // status of the last response, 0 if none; replaces Entry.LastStatus
 	Attempts int       // attempts this call made; added to Entry.Attempts
-	At       time.Time // when the call ended
+	At       time.Time // when the call ended; zero for a journal with its own clock, which stamps it
+	Result   *Result   // with State done: the response to keep with the entry, nil for none
 }
 
 // Journal records pending idempotency keys durably, so that a process that
 // dies mid-request resends the operation with the same key after a restart
 // instead of minting a new one and running it twice.
 //
-// Implementations must be safe for concurrent use. [github.com/idemkit/idemhttp/filejournal.Journal] is the
-// embedded default; the journaltest package holds the conformance suite
-// every implementation must pass.
+// An entry's life: Begin writes it pending before the first byte of its
+// request leaves; Finish records a definite outcome (done) or an
+// ambiguous one (pending again, for Resume); Delete withdraws an entry
+// whose call provably sent nothing; Prune forgets done entries once the
+// server has forgotten their keys too. Done and abandoned are final: a
+// write that would change a final entry, or an entry another process
+// holds (a journal shared by a fleet leases entries to its workers), is
+// refused with an error wrapping [ErrFenced] and changes nothing, so that
+// a stale writer can never revive, overwrite or remove what another has
+// finished. docs/lifecycle.md has the whole state machine.
+//
+// Implementations must be safe for concurrent use, and apply
+// [Entry.Sanitized] to every entry they store. Beyond the interface, a
+// Client uses the optional methods a journal has (see package journaltest,
+// which asserts them): HighWater (the latest time ever recorded, to see a
+// clock set back), Now (a clock of its own, which ages its entries: a
+// fleet's shared database's), Retain (the client's Policy.Retention, for a
+// journal that prunes by itself) and PendingCount (for Client.Stats).
+// [github.com/idemkit/idemhttp/filejournal.Journal] is the embedded
+// default; the journaltest package holds the conformance suite every
+// implementation must pass.
 type Journal interface {
 	// Begin records e as pending and makes it durable before returning,
 	// unless the journal already holds an entry with e.Operation (when not
 	// empty) or, failing that, with e.Key. Then Begin writes nothing and
-	// returns that entry (the operation's, when both exist). The check and the write are one atomic step,
-	// so concurrent calls for one operation agree on a single key.
+	// returns that entry (the operation's, when both exist). The check and
+	// the write are one atomic step, so concurrent calls for one operation
+	// agree on a single key. It stores what e.Sanitized returns, and fails
+	// with its error.
 	Begin(ctx context.Context, e *Entry) (existing *Entry, err error)
 
-	// Finish records the outcome of the call that sent key's operation.
-	// It returns an error wrapping [ErrNotFound] for an unknown key.
+	// Finish records the outcome of the call that sent key's operation:
+	// it adds o.Attempts to the entry's, and sets its state, last status,
+	// Updated time and, for done, its Result. It returns an error
+	// wrapping [ErrNotFound] for an unknown key. An entry already done or
+	// abandoned keeps its state: a Finish with the same state only adds
+	// its attempts; one with another state changes nothing and returns an
+	// error wrapping [ErrFenced], as does a Finish of an entry that
+	// another process's live lease holds.
 	//
-	// Finish may return before the outcome is durable ([github.com/idemkit/idemhttp/filejournal.Journal]
-	// writes it behind, with the next group commit), provided it becomes
-	// durable no later than any later Begin that stores an entry. Losing it in
-	// a crash is safe: the entry is still pending after the restart, and
-	// Resume resends it under the same key, which the server answers from
-	// its stored response. What must never be lost is a Begin.
+	// Finish may return before the outcome is durable
+	// (filejournal.Journal writes it behind, with the next group commit),
+	// provided it becomes durable no later than any later Begin that
+	// stores an entry. Losing it in a crash is safe: the entry is still
+	// pending after the restart, and Resume resends it under the same key,
+	// which the server answers from its stored response. What must never
+	// be lost is a Begin.
 	Finish(ctx context.Context, key string, o Outcome) error
 
-	// Get returns the entry for key, or an error wrapping [ErrNotFound].
+	// Get returns the entry for key, Result included, or an error
+	// wrapping [ErrNotFound].
 	Get(ctx context.Context, key string) (*Entry, error)
 
 	// Lookup returns the entry for operation (an id given to
 	// [WithOperation]), or an error wrapping [ErrNotFound]. It is meant
 	// for skipping operations already done, many at a time: an
 	// implementation may leave out the request (Method, URL, Header, Body
-	// and Fingerprint) to avoid reading it; Get(ctx, e.Key) returns it.
+	// and Fingerprint) and the Result to avoid reading them; Get(ctx,
+	// e.Key) returns them.
 	Lookup(ctx context.Context, operation string) (*Entry, error)
 
 	// Pending returns the entries in state pending, oldest first.
@@ -97,11 +141,15 @@ type Journal interface {
 	// they describe operations whose outcome nobody knows yet.
 	Prune(ctx context.Context, cutoff time.Time) (int, error)
 
-	// Delete removes the entry for key, whatever its state, or returns an
-	// error wrapping [ErrNotFound]. The client calls it only for an entry
-	// its own call created and that was never sent (the call failed
-	// before its first attempt), so that Resume never sends a request its
-	// caller was told did not go out. Like Begin, it is durable on return.
+	// Delete removes the pending or abandoned entry for key, or returns an
+	// error wrapping [ErrNotFound] for an unknown key, and one wrapping
+	// [ErrFenced], removing nothing, for a done entry (only Prune forgets
+	// those, after the retention) or one another process's live lease
+	// holds. A Client calls it only to withdraw an entry its own call
+	// created and that provably never reached the wire, so that Resume
+	// never sends a request its caller was told did not go out; an
+	// operator may call it for an entry a person has resolved. Like Begin,
+	// it is durable on return.
 	Delete(ctx context.Context, key string) error
 }
 
@@ -175,8 +223,18 @@ func (m *memJournal) Finish(_ context.Context, key string, o Outcome) error {
 	if !ok {
 		return fmt.Errorf("finish %s: %w", key, ErrNotFound)
 	}
+	if e.State != StatePending {
+		if e.State != o.State {
+			return fmt.Errorf("finish %s: %w: the entry is %s", key, ErrFenced, e.State)
+		}
+		e.Attempts += o.Attempts
+		return nil
+	}
 	e.State, e.LastStatus, e.Updated = o.State, o.Status, o.At
 	e.Attempts += o.Attempts
+	if o.State == StateDone {
+		e.Result = cloneResult(o.Result)
+	}
 	return nil
 }
 
@@ -186,6 +244,9 @@ func (m *memJournal) Delete(_ context.Context, key string) error {
 	e, ok := m.byKey[key]
 	if !ok {
 		return fmt.Errorf("delete %s: %w", key, ErrNotFound)
+	}
+	if e.State == StateDone {
+		return fmt.Errorf("delete %s: %w: the entry is done", key, ErrFenced)
 	}
 	delete(m.byKey, key)
 	if e.Operation != "" && m.byOp[e.Operation] == key {
@@ -267,5 +328,14 @@ func cloneEntry(e *Entry) *Entry {
 	c := *e
 	c.Header = e.Header.Clone()
 	c.Body = bytes.Clone(e.Body)
+	c.Result = cloneResult(e.Result)
 	return &c
+}
+
+// cloneResult copies r, nil for nil.
+func cloneResult(r *Result) *Result {
+	if r == nil {
+		return nil
+	}
+	return &Result{Status: r.Status, Header: r.Header.Clone(), Body: bytes.Clone(r.Body)}
 }

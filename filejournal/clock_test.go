@@ -51,7 +51,7 @@ func TestJournalHighWaterSurvives(t *testing.T) {
 	}{
 		{name: "reopen", after: func(*testing.T, *Journal) {}},
 		{name: "delete", after: func(t *testing.T, j *Journal) {
-			require.NoError(t, j.Delete(context.Background(), "new"))
+			require.NoError(t, j.forceDelete(context.Background(), "new"))
 		}},
 		{name: "prune", after: func(t *testing.T, j *Journal) {
 			n, err := j.Prune(context.Background(), t3.Add(time.Hour))
@@ -59,7 +59,7 @@ func TestJournalHighWaterSurvives(t *testing.T) {
 			require.Equal(t, 1, n)
 		}},
 		{name: "compact", after: func(t *testing.T, j *Journal) {
-			require.NoError(t, j.Delete(context.Background(), "new"))
+			require.NoError(t, j.forceDelete(context.Background(), "new"))
 			require.NoError(t, j.Compact(context.Background()))
 		}},
 		{name: "prune and compact", after: func(t *testing.T, j *Journal) {
@@ -116,7 +116,7 @@ func TestJournalPruneAndDeleteRecordTheirTime(t *testing.T) {
 				require.NoError(t, err)
 				require.Equal(t, 1, n)
 			} else {
-				require.NoError(t, j.Delete(ctx, "old"))
+				require.NoError(t, j.forceDelete(ctx, "old"))
 			}
 			assert.False(t, ijHighWater(t, j).Before(before.Truncate(time.Second)), "the time it ran")
 			require.NoError(t, j.Close())

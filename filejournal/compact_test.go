@@ -75,7 +75,7 @@ func TestJournalCompactSwitchesWithoutTouchingEveryEntry(t *testing.T) {
 	}
 	del := func(k string) {
 		t.Helper()
-		require.NoError(t, j.Delete(ctx, k))
+		require.NoError(t, j.forceDelete(ctx, k))
 		delete(model, k)
 	}
 	begin := func(k string) {

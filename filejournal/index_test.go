@@ -96,7 +96,7 @@ func ijIndexWorkload(t *testing.T, j *Journal, rng *rand.Rand, prefix string, co
 		finish(i, idemhttp.StateDone)
 	}
 	for i := 1; i < 200; i += 7 {
-		require.NoError(t, j.Delete(ctx, fmt.Sprintf("%s-%04d", prefix, i)))
+		require.NoError(t, j.forceDelete(ctx, fmt.Sprintf("%s-%04d", prefix, i)))
 	}
 	_, err := j.Prune(ctx, time.Now().Add(time.Hour)) // every done entry
 	require.NoError(t, err)
@@ -110,7 +110,7 @@ func ijIndexWorkload(t *testing.T, j *Journal, rng *rand.Rand, prefix string, co
 		finish(i, idemhttp.StateDone)
 	}
 	finish(250, idemhttp.StateAbandoned)
-	require.NoError(t, j.Delete(ctx, fmt.Sprintf("%s-%04d", prefix, 260)))
+	require.NoError(t, j.forceDelete(ctx, fmt.Sprintf("%s-%04d", prefix, 260)))
 }
 
 // ijCrashCopy copies the journal at path and its index file as they are
@@ -533,7 +533,7 @@ func TestJournalIndexFileThatTheTailContradicts(t *testing.T) {
 	j, err = Open(path, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	require.True(t, j.Stats().IndexLoaded)
-	require.NoError(t, j.Delete(ctx, "k-3"))
+	require.NoError(t, j.forceDelete(ctx, "k-3"))
 	crashed := ijCrashCopy(t, path)
 	require.NoError(t, j.Close())
 

@@ -711,8 +711,11 @@ func (j *Journal) unindexLocked(le *entry) {
 // Finish implements [idemhttp.Journal.Finish]: it adds o.Attempts to the entry's
 // attempts and sets its state, last status and Updated time (o.At, or now
 // when zero). o.State must be one of the three states; a call that ended
-// without a definite outcome records [idemhttp.StatePending] again. Finish returns
-// an error wrapping [idemhttp.ErrNotFound] for an unknown key.
+// without a definite outcome records [idemhttp.StatePending] again. Finish
+// returns an error wrapping [idemhttp.ErrNotFound] for an unknown key. A
+// done or abandoned entry is final: Finish with its own state adds the
+// attempts only, with another state it changes nothing and returns an
+// error wrapping [idemhttp.ErrFenced].
 //
 // The new state is visible at once to this journal's readers; its record
 // is written behind, within [WriteBehind] (see [Journal]).
@@ -743,12 +746,27 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 			}
 			return fmt.Errorf("idemhttp: journal finish %s: %w", key, idemhttp.ErrNotFound)
 		}
+		status, when := o.Status, at
+		if le.state != journalStatePending {
+			// Final: another state is a stale writer's word; the same
+			// state (a second sender that got the replay) only counts
+			// its attempts, and leaves the status and the time.
+			if le.state != state {
+				j.mu.Unlock()
+				return fmt.Errorf("idemhttp: journal finish %s: %w: the entry is %s", key, idemhttp.ErrFenced, journalStateOf(le.state))
+			}
+			if o.Attempts == 0 {
+				j.mu.Unlock()
+				return nil
+			}
+			status, when = le.lastStatus, le.updated()
+		}
 		// Attempts are stored as a total: see the finish record's format.
 		attempts := le.attempts + o.Attempts
 		// Lazy: the record waits for the next Begin's commit (or the
 		// bound) instead of starting one nobody waits for.
 		b, _, err := j.log.AppendLazy(finishMax(key), 1, func(buf []byte) []byte {
-			return appendFinish(buf, key, state, o.Status, attempts, at)
+			return appendFinish(buf, key, state, status, attempts, when)
 		})
 		if errors.Is(err, wal.ErrBatchFull) {
 			j.mu.Unlock()
@@ -766,9 +784,9 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 				j.pending--
 			}
 		}
-		le.state, le.lastStatus, le.attempts = state, o.Status, attempts
-		le.setUpdated(at)
-		j.raiseLocked(at)
+		le.state, le.lastStatus, le.attempts = state, status, attempts
+		le.setUpdated(when)
+		j.raiseLocked(when)
 		j.mu.Unlock()
 		return nil
 	}
@@ -931,25 +949,36 @@ func (j *Journal) Prune(ctx context.Context, cutoff time.Time) (int, error) {
 	return n, nil
 }
 
-// Delete removes the entry for key, whatever its state, durably. It
-// returns an error wrapping [idemhttp.ErrNotFound] for an unknown key.
+// Delete implements [idemhttp.Journal.Delete]: it removes the pending or
+// abandoned entry for key, durably. It returns an error wrapping
+// [idemhttp.ErrNotFound] for an unknown key, and one wrapping
+// [idemhttp.ErrFenced] for a done entry, which only Prune removes.
 //
 // Deleting a pending entry forgets an operation whose outcome is unknown:
-// rerunning it mints a new key and may run it twice.
+// rerunning it mints a new key and may run it twice, unless it provably
+// never reached the wire (the only case in which a Client deletes one).
 func (j *Journal) Delete(ctx context.Context, key string) error {
 	err := ctx.Err()
 	n := 0
+	var le *entry
 	if err == nil {
 		j.mu.Lock()
-		le := j.byKey.get(key)
+		le = j.byKey.get(key)
 		err = j.log.Writable()
 		j.mu.Unlock()
 		if err == nil && le != nil {
-			n, err = j.removeChunk([]*entry{le}, func(*entry) bool { return true })
+			n, err = j.removeChunk([]*entry{le}, func(e *entry) bool { return e.state != journalStateDone })
 		}
 	}
 	if err == nil && n == 0 {
 		err = idemhttp.ErrNotFound
+		if le != nil {
+			j.mu.Lock()
+			if cur := j.byKey.get(key); cur != nil && cur.state == journalStateDone {
+				err = idemhttp.ErrFenced
+			}
+			j.mu.Unlock()
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("idemhttp: journal delete %s: %w", key, err)

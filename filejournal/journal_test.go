@@ -313,9 +313,13 @@ func TestFileJournalEntriesAndDelete(t *testing.T) {
 	}
 	assert.Equal(t, []string{"c:pending", "a:done", "b:abandoned"}, got)
 
-	for _, key := range []string{"a", "b", "c"} {
+	assert.ErrorIs(t, j.Delete(ctx, "a"), idemhttp.ErrFenced, "a done entry is final: only Prune forgets it")
+	for _, key := range []string{"b", "c"} {
 		require.NoError(t, j.Delete(ctx, key))
 	}
+	n, err := j.Prune(ctx, time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
 	assert.ErrorIs(t, j.Delete(ctx, "a"), idemhttp.ErrNotFound)
 	all, err = j.Entries(ctx)
 	require.NoError(t, err)
@@ -1877,10 +1881,11 @@ func TestFileJournalVerifyWhileBusy(t *testing.T) {
 				key := fmt.Sprintf("w%d-%02d", w, i)
 				_, err := j.Begin(ctx, fjBodyEntry(key, 20*i))
 				assert.NoError(t, err)
-				assert.NoError(t, j.Finish(ctx, key, idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1}))
 				if i%3 == 0 {
 					assert.NoError(t, j.Delete(ctx, key))
+					continue
 				}
+				assert.NoError(t, j.Finish(ctx, key, idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1}))
 			}
 		})
 	}

@@ -98,6 +98,7 @@ func Run(t *testing.T, open func(t *testing.T) idemhttp.Journal) {
 		{"PendingOldestFirst", testPendingOldestFirst},
 		{"Prune", testPrune},
 		{"Delete", testDelete},
+		{"FinalStatesStay", testFinalStatesStay},
 		{"HeadersRoundTrip", testHeadersRoundTrip},
 		{"SecretsNeverStored", testSecretsNeverStored},
 		{"EmptyBodyIsNotNoBody", testEmptyBodyIsNotNoBody},
@@ -418,15 +419,22 @@ func testPrune(t *testing.T, j idemhttp.Journal) {
 	assert.Zero(t, n, "a second prune finds nothing")
 }
 
-// testDelete: Delete removes an entry and its operation in any state, so
-// the operation can begin afresh, and reports an unknown key.
+// testDelete: Delete removes a pending or abandoned entry and its
+// operation, so the operation can begin afresh, refuses a done one (final:
+// only Prune forgets it, after the retention), and reports an unknown key.
 func testDelete(t *testing.T, j idemhttp.Journal) {
 	ctx := context.Background()
 	begin(t, j, entry("k-pending", "op-pending", at(1)))
 	begin(t, j, entry("k-done", "op-done", at(2)))
+	begin(t, j, entry("k-abandoned", "op-abandoned", at(2)))
 	require.NoError(t, j.Finish(ctx, "k-done", idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1, At: at(3)}))
+	require.NoError(t, j.Finish(ctx, "k-abandoned", idemhttp.Outcome{State: idemhttp.StateAbandoned, Status: 503, Attempts: 1, At: at(3)}))
 
-	for _, k := range []string{"k-pending", "k-done"} {
+	assert.ErrorIs(t, j.Delete(ctx, "k-done"), idemhttp.ErrFenced, "a done entry is final")
+	got, err := j.Get(ctx, "k-done")
+	require.NoError(t, err, "the done entry is still there")
+	assert.Equal(t, idemhttp.StateDone, got.State)
+	for _, k := range []string{"k-pending", "k-abandoned"} {
 		require.NoError(t, j.Delete(ctx, k), k)
 		_, err := j.Get(ctx, k)
 		assert.ErrorIs(t, err, idemhttp.ErrNotFound, k)
@@ -538,4 +546,47 @@ func testHighWater(t *testing.T, j idemhttp.Journal) {
 	assert.False(t, mark().Before(at(20)), "pruning the newest entry keeps it: %v", mark())
 	require.NoError(t, j.Delete(ctx, "k-old"))
 	assert.False(t, mark().Before(at(20)), "deleting every entry keeps it: %v", mark())
+}
+
+// testFinalStatesStay: done and abandoned are final. A stale writer's
+// other outcome (a worker whose lease expired gives up after another
+// finished the entry; an abandon racing a success) changes nothing and is
+// refused with ErrFenced; the same state only adds attempts. Otherwise a
+// done entry could be revived to pending and resent, and run twice once
+// the server has forgotten its key.
+func testFinalStatesStay(t *testing.T, j idemhttp.Journal) {
+	ctx := context.Background()
+	begin(t, j, entry("k-done", "op-done", at(1)))
+	begin(t, j, entry("k-abandoned", "op-abandoned", at(1)))
+	require.NoError(t, j.Finish(ctx, "k-done", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 2, At: at(2)}))
+	require.NoError(t, j.Finish(ctx, "k-abandoned", idemhttp.Outcome{State: idemhttp.StateAbandoned, Status: 503, Attempts: 1, At: at(2)}))
+
+	for _, tt := range []struct {
+		key  string
+		give idemhttp.State
+	}{
+		{"k-done", idemhttp.StatePending},
+		{"k-done", idemhttp.StateAbandoned},
+		{"k-abandoned", idemhttp.StatePending},
+		{"k-abandoned", idemhttp.StateDone},
+	} {
+		err := j.Finish(ctx, tt.key, idemhttp.Outcome{State: tt.give, Status: 500, Attempts: 1, At: at(3)})
+		assert.ErrorIs(t, err, idemhttp.ErrFenced, "%s -> %s", tt.key, tt.give)
+	}
+	require.NoError(t, j.Finish(ctx, "k-done", idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1, At: at(4)}),
+		"a second sender that got the replay")
+
+	got, err := j.Get(ctx, "k-done")
+	require.NoError(t, err)
+	assert.Equal(t, idemhttp.StateDone, got.State)
+	assert.Equal(t, 201, got.LastStatus, "the first outcome's status stays")
+	assert.True(t, at(2).Equal(got.Updated), "and its time: %v", got.Updated)
+	assert.LessOrEqual(t, 2, got.Attempts)
+	got, err = j.Get(ctx, "k-abandoned")
+	require.NoError(t, err)
+	assert.Equal(t, idemhttp.StateAbandoned, got.State)
+	assert.Equal(t, 503, got.LastStatus)
+	pending, err := j.Pending(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, pending, "nothing was revived")
 }
