@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"bytes"
 	"fmt"
 	"hash/maphash"
 	"io"
@@ -227,6 +228,24 @@ func (v *verifyingBody) fail() (int, error) {
 }
 
 func (v *verifyingBody) Close() error { return v.src.Close() }
+
+// memBody is the engine's ReaderFunc for a body in memory: every attempt
+// reads the same bytes. The first attempt's reader lives in the call
+// state; later ones are new, since net/http may still be reading the
+// previous one when the engine starts the next attempt. A *bytes.Reader,
+// which the engine wraps in io.NopCloser: net/http writes such a body
+// with the request head, in one write.
+func (a *operation) memBody() (io.Reader, error) {
+	if a.probing {
+		return http.NoBody, nil // Do sets ContentLength from the buffer
+	}
+	if !a.memUsed {
+		a.memUsed = true
+		a.memReader.Reset(a.mem)
+		return &a.memReader, nil
+	}
+	return bytes.NewReader(a.mem), nil
+}
 
 // body is the engine's ReaderFunc for a streamed request: the first
 // attempt sends the caller's Body (hashed as it goes, the reference),

@@ -419,7 +419,11 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 	rreq.Request = out
 	switch {
 	case body != nil:
-		err = rreq.SetBody(body)
+		a.mem = body
+		a.probing = true // SetBody reads the body once to measure it
+		err = rreq.SetBody(retryablehttp.ReaderFunc(a.memBody))
+		a.probing = false
+		rreq.ContentLength = int64(len(body))
 	case getBody != nil:
 		a.first.reset(req.Body, &a.bodyRef)
 		a.firstBody = &a.first

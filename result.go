@@ -2,7 +2,6 @@ package idemhttp
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -71,8 +70,11 @@ func (a *operation) replayResult(req *http.Request, r *Result) *http.Response {
 // user name and every query value, and the error reaches logs, events
 // and SDKs.
 func (a *operation) redact(err error) error {
-	var ue *url.Error
-	if err == nil || !errors.As(err, &ue) || ue != err {
+	if err == nil {
+		return nil
+	}
+	ue, ok := err.(*url.Error)
+	if !ok {
 		return err
 	}
 	return &url.Error{Op: ue.Op, URL: contract.RedactURLString(ue.URL, a.p.redactQuery, a.p.redactPath), Err: ue.Err}

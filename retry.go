@@ -108,6 +108,9 @@ type operation struct {
 	// (hashed as it goes), later ones a fresh copy from GetBody, checked
 	// against the first (body.go). probing is set while the engine
 	// measures the body.
+	mem       []byte // a body in memory, sent whole by every attempt
+	memReader bytes.Reader
+	memUsed   bool
 	firstBody io.ReadCloser
 	first     verifyingBody
 	bodyRef   bodyRef
@@ -145,7 +148,7 @@ func (c *callCtx) Value(key any) any {
 // state and the trace that tells whether an attempt reached the wire.
 // httptrace composes it with any trace the caller installed.
 func (a *operation) context(parent context.Context) context.Context {
-	a.wire.install(&a.trace, a.cfg.h2c)
+	a.wire.install(&a.trace, a.cfg.h2c || !strings.EqualFold(a.req.URL.Scheme, "http"), a.cfg.h2c)
 	a.cctx = callCtx{Context: httptrace.WithClientTrace(parent, &a.trace), a: a}
 	return &a.cctx
 }

@@ -40,16 +40,25 @@ type wireTally struct {
 	gotConns atomic.Int32 // GotConn: it got one
 	h2Conns  atomic.Int32 // of those, connections that may speak HTTP/2
 	writes   atomic.Int32 // WroteHeaders: a whole request head was written; more than one means net/http resent it
+
+	connsKnown bool // GotConn is traced: the request may go over HTTP/2
 }
 
-// install points trace's callbacks at w. h2c: a connection without TLS
-// may speak HTTP/2 too.
-func (w *wireTally) install(trace *httptrace.ClientTrace, h2c bool) {
+// install points trace's callbacks at w. h2: the request may go over
+// HTTP/2 (https, or a Transport that speaks it without TLS), which needs
+// the connections told apart; over HTTP/1.1 only, a missing WroteHeaders
+// is the evidence whether or not a connection was obtained, and GotConn
+// is left unset (one allocation less per call). h2c: a connection
+// without TLS may speak HTTP/2 too.
+func (w *wireTally) install(trace *httptrace.ClientTrace, h2, h2c bool) {
 	trace.GetConn = func(string) { w.getConns.Add(1) }
-	trace.GotConn = func(info httptrace.GotConnInfo) {
-		w.gotConns.Add(1)
-		if maySpeakH2(info, h2c) {
-			w.h2Conns.Add(1)
+	w.connsKnown = h2
+	if h2 {
+		trace.GotConn = func(info httptrace.GotConnInfo) {
+			w.gotConns.Add(1)
+			if maySpeakH2(info, h2c) {
+				w.h2Conns.Add(1)
+			}
 		}
 	}
 	trace.WroteHeaders = func() { w.writes.Add(1) }
@@ -69,8 +78,14 @@ type attemptWire struct {
 }
 
 // take returns the current attempt's counts and starts the next one's.
+// Without GotConn traced (HTTP/1.1 only), every connection counts as
+// obtained and as HTTP/1.1, which the HTTP/1.1 rule needs no more of.
 func (w *wireTally) take() attemptWire {
-	return attemptWire{w.getConns.Swap(0), w.gotConns.Swap(0), w.h2Conns.Swap(0), w.writes.Swap(0)}
+	a := attemptWire{w.getConns.Swap(0), w.gotConns.Swap(0), w.h2Conns.Swap(0), w.writes.Swap(0)}
+	if !w.connsKnown {
+		a.gotConns = a.getConns
+	}
+	return a
 }
 
 // notSent reports positive evidence that nothing the server could act on
