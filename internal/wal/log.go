@@ -1056,7 +1056,10 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) (from 
 		return fail(err)
 	}
 	w := &Writer{f: bulk, salt: salt, batchStart: -1}
-	w.buf = append(make([]byte, 0, rewriteBatch+64<<10), FileHeader(salt)...)
+	// The buffer holds a batch of the new file at a time; a small log's
+	// whole new file fits in far less (the old file is its bound, but for
+	// the batches copied meanwhile, which append grows it for).
+	w.buf = append(make([]byte, 0, min(rewriteBatch, l.size.Load())+64<<10), FileHeader(salt)...)
 	from, err := fill(Reader{l}, w)
 	if err != nil {
 		return fail(err)

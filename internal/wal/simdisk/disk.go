@@ -669,6 +669,9 @@ func (f *file) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, pathErr("read", f.name, fs.ErrInvalid)
 	}
+	if len(p) == 0 {
+		return 0, nil // as os.File: no read, no EOF
+	}
 	if off >= int64(len(f.n.data)) {
 		return 0, io.EOF
 	}
