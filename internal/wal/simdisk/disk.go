@@ -418,9 +418,9 @@ func (d *Disk) DirSyncs(dir string) int {
 
 // Crash is a power cut and a reboot: it keeps what is durable, and of
 // the rest what [Options] allow, drawing from rng which prefix of each
-// file's unsynced changes and of the directory changes survives (rng may
-// be nil under the zero Options). Files are visited in path order, so
-// one rng gives one outcome. Nothing durable is lost or reordered. Every
+// file's unsynced changes and of the directory changes survives (a nil
+// rng keeps nothing unsynced, whatever the Options). Files are visited
+// in path order, so one rng gives one outcome. Nothing durable is lost or reordered. Every
 // open file dies: its calls fail with [ErrHalted], its locks are
 // released. The power is back on.
 func (d *Disk) Crash(rng *rand.Rand) {
@@ -430,7 +430,7 @@ func (d *Disk) Crash(rng *rand.Rand) {
 		d.inflight.n.pending = append(d.inflight.n.pending, d.inflight.c)
 	}
 	keep := 0
-	if d.opts.DirPrefix && len(d.dirOps) > 0 {
+	if d.opts.DirPrefix && len(d.dirOps) > 0 && rng != nil {
 		keep = rng.IntN(len(d.dirOps) + 1)
 	}
 	for _, op := range d.dirOps[:keep] {
@@ -461,7 +461,7 @@ func (d *Disk) Crash(rng *rand.Rand) {
 // tear makes n what a crash leaves of it: durable, and a prefix of its
 // pending changes under TornSector and TornByte.
 func (d *Disk) tear(n *node, rng *rand.Rand) {
-	if d.opts.Torn != TornNone && len(n.pending) > 0 {
+	if d.opts.Torn != TornNone && len(n.pending) > 0 && rng != nil {
 		k := rng.IntN(len(n.pending) + 1)
 		for _, c := range n.pending[:k] {
 			n.durable = apply(n.durable, c)
