@@ -258,10 +258,10 @@ func (l *Log) openReadOnly(apply ApplyFunc) error {
 }
 
 // openViewer opens path for reading and takes a read-only open's shared
-// lock (see freeReplaced), so that a writer that replaces the file leaves
-// this one whole. A file being freed refuses the lock: it was replaced,
-// so the path is opened again, as it is when the path names another file
-// once the lock is held.
+// lock (see [File.CloseReplaced]), so that a writer that replaces the
+// file leaves this one whole. A file being freed refuses the lock: it was
+// replaced, so the path is opened again, as it is when the path names
+// another file once the lock is held.
 func openViewer(fs FS, path string) (File, os.FileInfo, error) {
 	for range 10 {
 		f, err := fs.OpenFile(path, os.O_RDONLY, 0, false)
