@@ -170,6 +170,10 @@ var (
 	}
 	enginePrepareRetry = func(r *http.Request) error {
 		attemptFrom(r.Context()).waiting = false
+		// A planted bug, off but in a test build: bug_newkey_off.go.
+		if bugRetryNewKey {
+			bugMintRetryKey(attemptFrom(r.Context()), r)
+		}
 		return nil
 	}
 )
@@ -237,6 +241,10 @@ func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err err
 	err = a.redact(err)
 	// The lifecycle's evidence: whether this attempt can have reached the
 	// server (wire.go). An answer always did.
+	// A planted bug, off but in a test build: bug_resetnotsent_off.go.
+	if bugResetNotSent && resp == nil && bugIsReset(err) {
+		w.writes = 0
+	}
 	a.sawAttempt(resp != nil || !w.notSent(a.cfg.traceable))
 	if a.bodyRef.differed() {
 		// The body from GetBody was not the one sent before: it was cut

@@ -1,0 +1,12 @@
+//go:build !idemhttp_bug_resetnotsent
+
+package idemhttp
+
+// bugResetNotSent is a planted bug for the simulator (internal/sim) to
+// find: with the idemhttp_bug_resetnotsent build tag, an attempt that
+// ended in a connection reset counts as provably not sent, even after its
+// request was written, so that the call may withdraw its entry and report
+// ErrNotSent for a request the server ran. Never ship that build.
+const bugResetNotSent = false
+
+func bugIsReset(error) bool { return false }

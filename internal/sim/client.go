@@ -1,0 +1,543 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
+	"github.com/idemkit/idemhttp/idemtrace"
+	"github.com/idemkit/idemhttp/internal/wal/simdisk"
+)
+
+// The client side: a batch job. Each run of its process opens the
+// journal (a filejournal.Journal on the simulated disk), resends what
+// the journal holds pending (Client.Resume) and runs the batch, one call
+// of Client.Do per listed operation, a few at a time, each named with
+// WithOperation so that a rerun reuses the operation's key. All of it is
+// the project's own code; the job around it is what a batch program
+// does.
+
+// journalPath is the journal on the simulated disk.
+const journalPath = "/var/lib/batch/payments.journal"
+
+// clientProc is one run of the client process.
+type clientProc struct {
+	w       *world
+	n       int
+	dead    atomic.Bool
+	exiting bool // the job stops starting calls: its journal failed
+	gone    bool // die ran: files, sockets and journal closed
+	j       *filejournal.Journal
+	rec     *recJournal
+	c       *idemhttp.Client
+	tr      *http.Transport
+	queue   []int // operations still to call, in order
+	busy    int   // calls in flight
+	resume  *call // Resume's run, while it runs
+	resumed bool  // Resume returned
+	jerr    atomic.Bool
+}
+
+// procFS is the disk as a client process sees it: once the process is
+// dead, it does nothing (a dead process's goroutines, which the
+// simulation cannot stop, must not reach the disk the next run uses).
+type procFS struct {
+	d *simdisk.Disk
+	p *clientProc
+}
+
+var errDead = errors.New("sim: the process is dead")
+
+func (f procFS) check(op, name string) error {
+	if f.p.dead.Load() {
+		return &os.PathError{Op: op, Path: name, Err: errDead}
+	}
+	return nil
+}
+
+func (f procFS) OpenFile(name string, flag int, perm os.FileMode, dsync bool) (filejournal.File, error) {
+	if err := f.check("open", name); err != nil {
+		return nil, err
+	}
+	file, err := f.d.OpenFile(name, flag, perm, dsync)
+	f.halted()
+	if err != nil {
+		return nil, err
+	}
+	return procFile{File: file, fs: f}, nil
+}
+
+// halted marks the process dead when the power was cut under it (at a
+// disk call chosen by HaltAt): the machine is gone from that call on, and
+// nothing it reports after is heard.
+func (f procFS) halted() {
+	if f.d.Halted() {
+		f.p.dead.Store(true)
+	}
+}
+
+// procFile is a file of procFS.
+type procFile struct {
+	filejournal.File
+	fs procFS
+}
+
+func (f procFile) ReadAt(p []byte, off int64) (int, error) {
+	n, err := f.File.ReadAt(p, off)
+	f.fs.halted()
+	return n, err
+}
+
+func (f procFile) WriteAt(p []byte, off int64) (int, error) {
+	n, err := f.File.WriteAt(p, off)
+	f.fs.halted()
+	return n, err
+}
+
+func (f procFile) SyncData() error {
+	err := f.File.SyncData()
+	f.fs.halted()
+	return err
+}
+
+func (f procFile) Truncate(size int64) error {
+	err := f.File.Truncate(size)
+	f.fs.halted()
+	return err
+}
+
+func (f procFS) Stat(name string) (os.FileInfo, error) {
+	if err := f.check("stat", name); err != nil {
+		return nil, err
+	}
+	return f.d.Stat(name)
+}
+
+func (f procFS) SameFile(a, b os.FileInfo) bool { return f.d.SameFile(a, b) }
+
+func (f procFS) Rename(oldpath, newpath string) error {
+	if err := f.check("rename", oldpath); err != nil {
+		return err
+	}
+	defer f.halted()
+	return f.d.Rename(oldpath, newpath)
+}
+
+func (f procFS) Remove(name string) error {
+	if err := f.check("remove", name); err != nil {
+		return err
+	}
+	defer f.halted()
+	return f.d.Remove(name)
+}
+
+func (f procFS) SyncDir(dir string) error {
+	if err := f.check("sync", dir); err != nil {
+		return err
+	}
+	defer f.halted()
+	return f.d.SyncDir(dir)
+}
+
+func (f procFS) EvalSymlinks(name string) (string, error) {
+	if err := f.check("lstat", name); err != nil {
+		return "", err
+	}
+	return f.d.EvalSymlinks(name)
+}
+
+// recJournal is the journal as the client uses it, recording what it was
+// told: every Begin acknowledged must survive a crash (unless its entry
+// was deleted, or finished and then perhaps pruned).
+type recJournal struct {
+	*filejournal.Journal
+	w *world
+	p *clientProc
+}
+
+func (r *recJournal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry, error) {
+	existing, err := r.Journal.Begin(ctx, e)
+	if err == nil && existing == nil && !r.p.dead.Load() {
+		r.w.acks.begun(e.Key, r.p.n)
+	}
+	return existing, err
+}
+
+func (r *recJournal) Finish(ctx context.Context, key string, o idemhttp.Outcome) error {
+	if o.State == idemhttp.StateDone {
+		r.w.acks.finished(key)
+	}
+	return r.Journal.Finish(ctx, key, o)
+}
+
+func (r *recJournal) Delete(ctx context.Context, key string) error {
+	r.w.acks.deleted(key)
+	return r.Journal.Delete(ctx, key)
+}
+
+func (r *recJournal) Prune(ctx context.Context, cutoff time.Time) (int, error) {
+	r.w.acks.pruning()
+	if es, err := r.Journal.Entries(ctx); err == nil {
+		// The done entries this prune drops: their operations are
+		// forgotten (see bugPrunedDone).
+		for _, e := range es {
+			if e.State == idemhttp.StateDone && e.Updated.Before(cutoff) {
+				r.w.forgot(r.w.opOfKey(e.Key))
+			}
+		}
+	}
+	return r.Journal.Prune(ctx, cutoff)
+}
+
+var _ idemhttp.Journal = (*recJournal)(nil)
+
+// acks is what the journals acknowledged, for invariant 5.
+type acks struct {
+	mu sync.Mutex
+	// keys maps each acknowledged Begin's key to its state: live, or
+	// finished (final, and prunable by the next Prune).
+	keys map[string]ackState
+}
+
+type ackState int
+
+const (
+	ackLive     ackState = iota + 1
+	ackFinished          // done: a Prune may drop it
+	ackPrunable          // finished before a Prune started
+)
+
+func (a *acks) begun(key string, _ int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.keys[key] = ackLive
+}
+
+func (a *acks) finished(key string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.keys[key]; ok {
+		a.keys[key] = ackFinished
+	}
+}
+
+// deleted forgets key as soon as a Delete starts: whether it happens is
+// the Delete's to say, and a crash may come before it answers.
+func (a *acks) deleted(key string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.keys, key)
+}
+
+func (a *acks) pruning() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for k, s := range a.keys {
+		if s == ackFinished {
+			a.keys[k] = ackPrunable
+		}
+	}
+}
+
+// mustHave returns the keys an open of the journal must find, sorted.
+func (a *acks) mustHave() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []string
+	for k, s := range a.keys {
+		if s != ackPrunable {
+			out = append(out, k)
+		}
+	}
+	sortStrings(out)
+	return out
+}
+
+// The secrets every request carries, which must never reach the disk.
+const (
+	secretAuth     = "Bearer sk_live_simulated_AUTH_SECRET"
+	secretCookie   = "session=simulated_COOKIE_SECRET"
+	secretHeader   = "simulated_HEADER_SECRET"
+	secretPrepared = "simulated_PREPARED_SECRET"
+)
+
+var secrets = []string{"AUTH_SECRET", "COOKIE_SECRET", "HEADER_SECRET", "PREPARED_SECRET"}
+
+// startClient starts a run of the client process: it opens the journal,
+// checks it (invariant 5), and queues the batch; Resume runs first, or
+// alongside, as the config says.
+func (w *world) startClient() *clientProc {
+	w.cliN++
+	p := &clientProc{w: w, n: w.cliN}
+	w.tracef("client %d starts", p.n)
+	w.quietDisk.Store(true)
+	j, err := filejournal.Open(journalPath, &filejournal.Options{
+		FS:            procFS{d: w.disk, p: p},
+		Clock:         w.clientClock,
+		Rand:          rand.NewChaCha8(w.seedBytes(uint64(p.n))),
+		PruneInterval: -1,
+	})
+	if err != nil {
+		w.quietDisk.Store(false)
+		w.failKnown(invJournal, -1, w.cacheKnown(), "client %d: the journal does not open after a crash: %v", p.n, err)
+		p.dead.Store(true)
+		w.cli = p
+		return p
+	}
+	if err := j.Verify(context.Background()); err != nil {
+		w.failKnown(invJournal, -1, w.cacheKnown(), "client %d: the journal does not verify: %v", p.n, err)
+	}
+	for _, k := range w.acks.mustHave() {
+		if _, err := j.Get(context.Background(), k); err != nil {
+			w.failKnown(invJournal, w.opOfKey(k), w.cacheKnown(), "client %d: acknowledged Begin of key %s is missing after the crash: %v", p.n, k, err)
+		}
+	}
+	w.quietDisk.Store(false)
+	w.checkSecrets()
+	p.j = j
+	p.rec = &recJournal{Journal: j, w: w, p: p}
+	p.tr = &http.Transport{
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			return w.net.dial(ctx, p, addr)
+		},
+		MaxIdleConnsPerHost: 2,
+	}
+	p.c = &idemhttp.Client{
+		HTTPClient: &http.Client{Transport: p.tr, Timeout: attemptTimeout},
+		Policy: &idemhttp.Policy{
+			MaxAttempts: w.cfg.MaxAttempts,
+			// Delays of nanoseconds: a retry's jitter (math/rand's,
+			// which no seed reaches) then never moves it past a
+			// step of the driver, whose clock runs in milliseconds.
+			BaseDelay:   2 * time.Nanosecond,
+			MaxDelay:    16 * time.Nanosecond,
+			KeepResults: keepResults(w.cfg.KeepResults),
+			RefetchDone: w.cfg.RefetchDone,
+			// The budget is per client and its order of withdrawals
+			// is the order of timers within a step: kept out of reach.
+			Budget: idemhttp.Budget{Capacity: 1 << 30},
+		},
+		Journal:       p.rec,
+		SecretHeaders: []string{"X-Sim-Secret"},
+		PrepareRequest: func(r *http.Request) error {
+			r.Header.Set("X-Prepared-Secret", secretPrepared)
+			return nil
+		},
+		Hooks: &idemtrace.Hooks{
+			OnAttempt: func(ctx context.Context, ev idemtrace.AttemptEvent) {
+				if c, ok := ctx.Value(callKey{}).(*call); ok {
+					c.attempted(ev.Key)
+				}
+			},
+			OnJournal: func(ctx context.Context, ev idemtrace.JournalEvent) {
+				if ev.Err != nil {
+					p.jerr.Store(true)
+				}
+				if c, ok := ctx.Value(callKey{}).(*call); ok && ev.Err != nil {
+					c.mu.Lock()
+					switch ev.Op {
+					case idemtrace.JournalDiscard:
+						c.withdrawFailed = true
+					case idemtrace.JournalBegin:
+						c.beginFailed = true
+					}
+					c.mu.Unlock()
+				}
+			},
+		},
+	}
+	p.queue = append(p.queue, w.batch...)
+	w.cli = p
+	if p.n > 1 {
+		w.startResume(p)
+	} else {
+		p.resumed = true
+	}
+	return p
+}
+
+func keepResults(on bool) int64 {
+	if on {
+		return 4 << 10
+	}
+	return 0
+}
+
+// attemptTimeout bounds each attempt (http.Client.Timeout): a request or
+// response lost is noticed that much later.
+const attemptTimeout = 10 * time.Second
+
+// callKey finds a call in its requests' contexts.
+type callKey struct{}
+
+// call is one call of Client.Do, or Resume's whole run.
+type call struct {
+	id     int
+	p      *clientProc
+	op     int
+	key    string // the key header it set
+	resume bool
+
+	mu     sync.Mutex
+	keys   []string // keys its attempts carried
+	zombie bool     // it returned after its process died: nobody heard it
+	// withdrawFailed: the call withdrew its entry and the journal
+	// failed to (see bugWithdrawFailed).
+	withdrawFailed bool
+	// beginFailed: the journal failed the call's Begin (see
+	// bugBeginReappears).
+	beginFailed bool
+
+	// Its outcome.
+	class       outcome
+	status      int
+	body        []byte
+	replayed    bool
+	fromJournal bool
+	err         error
+	results     []idemhttp.ResumeResult // Resume's
+	resumeErr   error
+}
+
+func (c *call) attempted(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, k := range c.keys {
+		if k == key {
+			return
+		}
+	}
+	c.keys = append(c.keys, key)
+}
+
+// outcome is what a call reported, as the batch job reads it.
+type outcome int
+
+const (
+	outSuccess   outcome = iota + 1 // a 2xx response: fresh, replayed or the journal's copy
+	outDone                         // *DoneError: the journal has the operation done
+	outNotSent                      // ErrNotSent: nothing sent, no entry left; a new key may try again
+	outExpired                      // ErrKeyExpired: past the retention, abandoned
+	outClockJump                    // ErrClockJump: refused, the clock was set back
+	outAmbiguous                    // any other error: the outcome is unknown, the entry pending
+	outGone                         // Resume: the entry went while it was listed
+	outStatus                       // a response that is not 2xx
+)
+
+var outcomeNames = [...]string{"", "success", "done", "not-sent", "expired", "clock-jump", "ambiguous", "gone", "status"}
+
+func (o outcome) String() string { return outcomeNames[o] }
+
+// final reports whether o settles the operation for good.
+func (o outcome) final() bool {
+	return o == outSuccess || o == outDone || o == outExpired || o == outClockJump
+}
+
+func classify(err error) outcome {
+	var done *idemhttp.DoneError
+	switch {
+	case err == nil:
+		return outSuccess
+	case errors.Is(err, idemhttp.ErrNotSent):
+		return outNotSent
+	case errors.As(err, &done):
+		return outDone
+	case errors.Is(err, idemhttp.ErrKeyExpired):
+		return outExpired
+	case errors.Is(err, idemhttp.ErrClockJump):
+		return outClockJump
+	case errors.Is(err, idemhttp.ErrNotFound):
+		return outGone
+	}
+	return outAmbiguous
+}
+
+// request builds op's request as the batch job sends it: its
+// credentials in the header, a key header of the call's own (an SDK that
+// mints one per call; the journal's key wins on a rerun).
+func (w *world) request(ctx context.Context, op int, key string) *http.Request {
+	body, _ := json.Marshal(chargeRequest{Op: op, Amount: 100 + op})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("http://op%d.sim/v1/charges", op), bytes.NewReader(body))
+	if err != nil {
+		panic(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", secretAuth)
+	req.Header.Set("Cookie", secretCookie)
+	req.Header.Set("X-Sim-Secret", secretHeader)
+	req.Header.Set("Idempotency-Key", key)
+	return req
+}
+
+// startCall starts p's next listed operation.
+func (w *world) startCall(p *clientProc) {
+	op := p.queue[0]
+	p.queue = p.queue[1:]
+	p.busy++
+	c := w.newCall(p, op, false)
+	c.key = fmt.Sprintf("k-%d-%d", op, c.id)
+	w.tracef("call %d: op %d key %s", c.id, op, c.key)
+	ctx := idemhttp.WithOperation(context.WithValue(context.Background(), callKey{}, c), opName(op))
+	req := w.request(ctx, op, c.key)
+	go func() {
+		resp, err := p.c.Do(req)
+		if err == nil {
+			c.body, err = io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			c.status = resp.StatusCode
+			c.replayed = idemhttp.Replayed(resp)
+			if info, ok := idemhttp.ResponseInfo(resp); ok {
+				c.fromJournal = info.FromJournal
+			}
+		}
+		c.err = err
+		c.class = classify(err)
+		if err == nil && (c.status < 200 || c.status > 299) {
+			c.class = outStatus
+		}
+		w.finished(c)
+	}()
+}
+
+// startResume runs Client.Resume for p, one entry at a time.
+func (w *world) startResume(p *clientProc) {
+	c := w.newCall(p, -1, true)
+	p.resume = c
+	w.tracef("call %d: resume", c.id)
+	ctx := context.WithValue(context.Background(), callKey{}, c)
+	go func() {
+		c.results, c.resumeErr = p.c.Resume(ctx, &idemhttp.ResumeOptions{Concurrency: 1})
+		w.finished(c)
+	}()
+}
+
+func opName(op int) string { return fmt.Sprintf("op-%d", op) }
+
+func (w *world) newCall(p *clientProc, op int, resume bool) *call {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c := &call{id: len(w.calls) + 1, p: p, op: op, resume: resume}
+	w.calls = append(w.calls, c)
+	return c
+}
+
+// finished records that c returned; the driver reads it at its next step.
+func (w *world) finished(c *call) {
+	zombie := c.p.dead.Load()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c.zombie = zombie
+	w.returned = append(w.returned, c)
+}

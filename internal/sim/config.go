@@ -1,0 +1,155 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"strconv"
+	"strings"
+)
+
+// Config is one world: its size, and how often each fault strikes. A
+// seed draws one (see [ConfigFor]); shrinking a failure edits it (fewer
+// operations, fewer faults) and runs it again with the same seed.
+// Probabilities are in percent of the chances the fault has: per message
+// delivered, per dial, per call of the disk, per point a server passes.
+type Config struct {
+	Ops     int // operations in the batch
+	Dups    int // operations listed twice: two calls of one operation may run at once
+	Workers int // calls the batch job runs at once
+	Steps   int // the driver's steps before the final recovery
+
+	MaxAttempts int  // Policy.MaxAttempts
+	KeepResults bool // Policy.KeepResults
+	RefetchDone bool // Policy.RefetchDone
+	Concurrent  bool // Resume runs while the batch is rerun, not before
+
+	// The network, per message or dial.
+	Refuse      int // a dial refused
+	DropReq     int // a request lost: the server never sees it, the client times out
+	DropResp    int // a response lost: the server ran, the client times out
+	ResetBefore int // the connection reset before the request reaches the server
+	ResetAfter  int // the request reaches the server, then the connection resets
+	DeadPooled  int // a reused connection found closed by the server: net/http's own resend
+	Delay       int // a message held back (then delivered out of order)
+	CloseIdle   int // weight of the server closing an idle connection
+
+	// The disk, per call into it, in tenths of a percent.
+	WriteErr int // ENOSPC or EIO on a write
+	SyncErr  int // EIO on a sync
+	OtherErr int // EIO on a truncation, rename, removal, directory sync or create
+	Torn     int // what a power cut keeps of unsynced writes: 0 nothing, 1 a sector prefix, 2 a byte prefix
+	DirKeep  bool
+	NoDSync  bool // the disk offers no O_DSYNC: the log syncs after each write
+
+	// Crashes and the clock.
+	ClientCrashes int // client process crashes (a kill or a power cut)
+	ServerCrashes int // server process crashes, at any point of a request
+	ServerPoint   int // percent at each point a request passes on the server
+	Pause         int // percent of handler runs held until the driver lets them go
+	ClockJumps    int // jumps of the client's clock, forward or back
+	LongSleep     bool
+}
+
+// ConfigFor draws the world of seed: small (a failure is easier to read
+// in a small world, and small worlds are fast), with each fault on in
+// about half of the seeds and at a strength drawn anew (swarm testing:
+// a seed without resets finds what resets would hide).
+func ConfigFor(seed uint64) Config {
+	r := rand.New(rand.NewPCG(seed, 0x5eed))
+	on := func(lo, hi int) int {
+		if r.IntN(2) == 0 {
+			return 0
+		}
+		return lo + r.IntN(hi-lo+1)
+	}
+	c := Config{
+		Ops:         1 + r.IntN(5),
+		Workers:     1 + r.IntN(3),
+		Steps:       40 + r.IntN(120),
+		MaxAttempts: 2 + r.IntN(3),
+		KeepResults: r.IntN(2) == 0,
+		RefetchDone: r.IntN(3) == 0,
+		Concurrent:  r.IntN(2) == 0,
+
+		Refuse:      on(5, 40),
+		DropReq:     on(3, 20),
+		DropResp:    on(3, 25),
+		ResetBefore: on(3, 20),
+		ResetAfter:  on(3, 30),
+		DeadPooled:  on(5, 40),
+		Delay:       on(5, 40),
+		CloseIdle:   on(1, 4),
+
+		WriteErr: on(5, 60),
+		SyncErr:  on(5, 60),
+		OtherErr: on(5, 40),
+		Torn:     r.IntN(3),
+		DirKeep:  r.IntN(2) == 0,
+		NoDSync:  r.IntN(4) == 0,
+
+		ClientCrashes: r.IntN(4),
+		ServerCrashes: r.IntN(3),
+		ServerPoint:   on(5, 30),
+		Pause:         on(10, 60),
+		ClockJumps:    on(1, 2),
+		LongSleep:     r.IntN(20) == 0,
+	}
+	c.Dups = r.IntN(c.Ops + 1)
+	return c
+}
+
+// String is the form ParseConfig reads: every field, name=value.
+func (c Config) String() string {
+	v := reflect.ValueOf(c)
+	var b strings.Builder
+	for i := range v.NumField() {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		f := v.Field(i)
+		b.WriteString(strings.ToLower(v.Type().Field(i).Name))
+		b.WriteByte('=')
+		switch f.Kind() {
+		case reflect.Bool:
+			b.WriteString(strconv.FormatBool(f.Bool()))
+		default:
+			b.WriteString(strconv.FormatInt(f.Int(), 10))
+		}
+	}
+	return b.String()
+}
+
+// ParseConfig reads what String writes onto base: fields not named keep
+// base's values.
+func ParseConfig(base Config, s string) (Config, error) {
+	v := reflect.ValueOf(&base).Elem()
+	for _, kv := range strings.Split(s, ",") {
+		if kv == "" {
+			continue
+		}
+		k, val, ok := strings.Cut(kv, "=")
+		if !ok {
+			return base, fmt.Errorf("sim config: %q is not name=value", kv)
+		}
+		f := v.FieldByNameFunc(func(n string) bool { return strings.EqualFold(n, k) })
+		if !f.IsValid() {
+			return base, fmt.Errorf("sim config: no field %q", k)
+		}
+		switch f.Kind() {
+		case reflect.Bool:
+			b, err := strconv.ParseBool(val)
+			if err != nil {
+				return base, fmt.Errorf("sim config: %s: %w", k, err)
+			}
+			f.SetBool(b)
+		default:
+			n, err := strconv.ParseInt(val, 10, 64)
+			if err != nil {
+				return base, fmt.Errorf("sim config: %s: %w", k, err)
+			}
+			f.SetInt(n)
+		}
+	}
+	return base, nil
+}

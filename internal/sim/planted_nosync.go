@@ -1,0 +1,5 @@
+//go:build idemhttp_nosync
+
+package sim
+
+func init() { planted = append(planted, "nosync") }

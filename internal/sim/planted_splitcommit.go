@@ -1,0 +1,5 @@
+//go:build idemhttp_bug_splitcommit
+
+package sim
+
+func init() { planted = append(planted, "bug_splitcommit") }

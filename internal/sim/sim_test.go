@@ -1,0 +1,192 @@
+package sim
+
+import (
+	"flag"
+	"fmt"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	// The seeds allocate a world each and keep little: collecting less
+	// often costs memory the machine has, and saves a tenth of the time.
+	debug.SetGCPercent(400)
+	goleak.VerifyTestMain(m)
+}
+
+var (
+	flagSeeds   = flag.Int("sim.seeds", 10000, "how many seeds TestSim runs")
+	flagFirst   = flag.Uint64("sim.first", 1, "the first seed TestSim runs")
+	flagSeed    = flag.Uint64("sim.seed", 0, "run only this seed (with -sim.config, as a failure printed it), and print its trace")
+	flagConfig  = flag.String("sim.config", "", "the world of -sim.seed (name=value,...), as a failure printed it; empty: the seed's own")
+	flagWorkers = flag.Int("sim.workers", 0, "seeds run at once; 0 means GOMAXPROCS")
+	flagShrink  = flag.Int("sim.shrink", 300, "runs a failure's shrinking may take")
+	flagTwice   = flag.Int("sim.twice", 97, "every nth seed runs twice, and the two traces must agree")
+	flagLive    = flag.Bool("sim.live", false, "print each line of a trace as it is made (for a run that does not end)")
+)
+
+// TestSim runs -sim.seeds seeds (10,000 by default) and checks every
+// invariant of each (see the package doc and docs/simulation.md). A
+// failing seed is shrunk and printed with the command that replays it.
+// Built with one of the planted bugs' tags, it must find the bug instead.
+func TestSim(t *testing.T) {
+	Live = *flagLive
+	if *flagSeed != 0 {
+		replay(t, *flagSeed, *flagConfig)
+		return
+	}
+	n := *flagSeeds
+	workers := *flagWorkers
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	var (
+		next     atomic.Uint64
+		ran      atomic.Int64
+		stop     atomic.Bool
+		mu       sync.Mutex
+		failed   []*Result
+		known    = map[string]int{}
+		faults   = map[string]int{}
+		mismatch []string
+	)
+	next.Store(*flagFirst)
+	last := *flagFirst + uint64(n)
+	start := time.Now()
+	t.Run("seeds", func(t *testing.T) {
+		for i := range workers {
+			t.Run(fmt.Sprint("worker", i), func(t *testing.T) {
+				t.Parallel()
+				for !stop.Load() {
+					seed := next.Add(1) - 1
+					if seed >= last {
+						return
+					}
+					cfg := ConfigFor(seed)
+					res := RunSeed(t, seed, cfg)
+					ran.Add(1)
+					if *flagTwice > 0 && seed%uint64(*flagTwice) == 0 {
+						if again := RunSeed(t, seed, cfg); again.Hash != res.Hash {
+							mu.Lock()
+							mismatch = append(mismatch, fmt.Sprintf("seed %d: trace %s, then %s (first difference: %s)", seed, res.Hash, again.Hash, firstDiff(res.Trace, again.Trace)))
+							mu.Unlock()
+						}
+					}
+					mu.Lock()
+					for k, v := range res.Faults {
+						faults[k] += v
+					}
+					for _, f := range res.Failures {
+						if f.Known != "" {
+							known[f.Known]++
+						}
+					}
+					if len(Unknown(res)) > 0 {
+						failed = append(failed, res)
+						if len(planted) > 0 || len(failed) >= 3 {
+							stop.Store(true) // enough to report; the rest would only repeat it
+						}
+					}
+					mu.Unlock()
+				}
+			})
+		}
+	})
+	elapsed := time.Since(start)
+	t.Logf("%d seeds in %v (%.0f seeds/s, %d at once)", ran.Load(), elapsed.Round(time.Millisecond), float64(ran.Load())/elapsed.Seconds(), workers)
+	t.Logf("faults injected: %s", summary(faults))
+	t.Logf("invariants checked: %s", strings.Join(Invariants, "; "))
+	if len(known) > 0 {
+		t.Logf("known bugs of the client met (failures they explain; see known.go): %s", summary(known))
+	}
+	for _, m := range mismatch {
+		t.Errorf("not deterministic: %s", m)
+	}
+	slices.SortFunc(failed, func(a, b *Result) int { return int(a.Seed) - int(b.Seed) })
+	if len(planted) > 0 {
+		if len(failed) == 0 {
+			t.Fatalf("planted bug %s NOT found in %d seeds", strings.Join(planted, "+"), ran.Load())
+		}
+		r := failed[0]
+		t.Logf("planted bug %s found at seed %d, after %d seeds: %s", strings.Join(planted, "+"), r.Seed, ran.Load(), Unknown(r)[0])
+		report(t, r, t.Logf)
+		return
+	}
+	for _, r := range failed {
+		report(t, r, t.Errorf)
+	}
+}
+
+// report shrinks a failure and prints it: the replay command, the
+// shrunk world and its trace.
+func report(t *testing.T, r *Result, logf func(string, ...any)) {
+	t.Helper()
+	small, sr := Shrink(t, r.Seed, r.Config, Unknown(r)[0].Inv, *flagShrink)
+	logf("seed %d: %s\nreplay: go test ./internal/sim -run 'TestSim$' -sim.seed=%d -sim.config='%s' -v%s\nshrunk from %s\nshrunk trace:\n%s",
+		r.Seed, Unknown(sr)[0], r.Seed, small, tagsFlag(), r.Config, strings.Join(Shorten(sr), "\n"))
+}
+
+func tagsFlag() string {
+	if len(planted) == 0 {
+		return ""
+	}
+	var tags []string
+	for _, p := range planted {
+		tags = append(tags, "idemhttp_"+p)
+	}
+	return " -tags " + strings.Join(tags, ",")
+}
+
+// replay runs one seed and prints its whole trace.
+func replay(t *testing.T, seed uint64, config string) {
+	cfg, err := ParseConfig(ConfigFor(seed), config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := RunSeed(t, seed, cfg)
+	t.Logf("seed %d, world %s", seed, cfg)
+	for _, l := range res.Trace {
+		t.Log(l)
+	}
+	t.Logf("trace hash %s; faults: %s", res.Hash, summary(res.Faults))
+	for _, f := range res.Failures {
+		if len(planted) > 0 || f.Known != "" {
+			t.Logf("planted bug %s: %s", strings.Join(planted, "+"), f)
+			continue
+		}
+		t.Error(f)
+	}
+}
+
+func summary(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var b strings.Builder
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %d", k, m[k])
+	}
+	return b.String()
+}
+
+func firstDiff(a, b []string) string {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return fmt.Sprintf("line %d: %q / %q", i, a[i], b[i])
+		}
+	}
+	return fmt.Sprintf("lengths %d / %d", len(a), len(b))
+}

@@ -1,0 +1,937 @@
+package sim
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/wal/simdisk"
+)
+
+// world is one seed's run: the driver, and everything it drives. Only the
+// driver goroutine (the bubble's main one) draws from rng, and it acts
+// one step at a time: between two steps it waits until every other
+// goroutine of the bubble is durably blocked (synctest.Wait), so that
+// what one step set going (a delivered response: the client's retry
+// logic, its journal write, the next dial) has run to its end before the
+// next step, and virtual time moves only when the driver sleeps. The
+// goroutines a step wakes are one causal chain; the few things that run
+// on timers (a retry's backoff, an attempt's timeout, the journal's
+// write-behind, a claim's renewal) end, for the client, at the network,
+// which waits for the driver. That is what makes a seed's run the same
+// every time (TestSimDeterministic checks it).
+type world struct {
+	cfg  Config
+	seed uint64
+
+	rng  *lrand // the driver's choices
+	srng *lrand // the server's crash points and pauses
+	drng *lrand // the disk's faults and power cuts
+
+	net    *network
+	disk   *simdisk.Disk
+	ledger *ledger
+	store  *store
+	acks   *acks
+	batch  []int // the listed operations, in order, duplicates included
+
+	mu            sync.Mutex // what goroutines other than the driver touch
+	calls         []*call
+	returned      []*call
+	gates         []*gate
+	gateSeq       int
+	srv           *serverProc
+	serverCrashes int
+	stats         map[string]int
+	trace         []string
+	pruned        map[int]bool // operations whose done entry a Prune dropped
+	clockBack     bool         // the client's clock was set back
+	cacheOnly     bool         // a truncation failed after a failed write or sync (bugCacheOnly)
+
+	cli             *clientProc
+	cliN, srvN      int
+	faulty          atomic.Bool
+	quietDisk       atomic.Bool
+	clockOff        atomic.Int64
+	clientCrashes   int
+	clockJumps      int
+	serverDownSince time.Time
+	clientDownSince time.Time
+	t0              time.Time
+	step            int
+	haltArmed       bool
+
+	failures []Failure
+}
+
+// Failure is an invariant a run broke.
+type Failure struct {
+	Inv   string // which: see the inv constants
+	Op    int    // the operation, -1 if none
+	Step  int
+	Msg   string
+	Known string // a bug of the client already found and not fixed yet that explains it (see KnownBugs), "" if none
+}
+
+func (f Failure) String() string {
+	s := fmt.Sprintf("invariant %q broken at step %d: %s", f.Inv, f.Step, f.Msg)
+	if f.Known != "" {
+		s += " [known bug: " + f.Known + "]"
+	}
+	return s
+}
+
+// The invariants, as the issue numbers them.
+const (
+	invOnce     = "1 at most one effect per operation"
+	invSuccess  = "2 a success has exactly its effect"
+	invNotSent  = "3 nothing reported not-sent ran"
+	invLost     = "4 every operation resolved after recovery"
+	invJournal  = "5 the journal opens, verifies and keeps every acknowledged Begin"
+	invSecret   = "6 no secret in the journal's bytes"
+	invStuck    = "liveness: the recovery ends"
+	invUnwanted = "an error the batch job cannot have caused"
+	invLeak     = "every goroutine ends"
+)
+
+// Invariants lists the invariants every seed checks.
+var Invariants = []string{invOnce, invSuccess, invNotSent, invLost, invJournal, invSecret, invStuck, invUnwanted, invLeak}
+
+// Result is what a seed's run reports.
+type Result struct {
+	Seed     uint64
+	Config   Config
+	Failures []Failure
+	Trace    []string
+	Hash     string         // of the trace: the same for two runs of a seed
+	Faults   map[string]int // faults injected, by kind
+}
+
+// lrand is a random source shared by goroutines that never draw at once
+// (see world), locked all the same.
+type lrand struct {
+	mu sync.Mutex
+	r  *rand.Rand
+}
+
+func newRand(seed uint64, stream uint64) *lrand {
+	return &lrand{r: rand.New(rand.NewPCG(seed, stream))}
+}
+
+func (l *lrand) intn(n int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.IntN(n)
+}
+
+// pick reports true pct percent of the time.
+func (l *lrand) pick(pct int) bool { return pct > 0 && l.intn(100) < pct }
+
+// permille reports true n tenths of a percent of the time.
+func (l *lrand) permille(n int) bool { return n > 0 && l.intn(1000) < n }
+
+// Run runs seed's world with cfg. It must be called inside a synctest
+// bubble (synctest.Test): see RunSeed.
+func Run(seed uint64, cfg Config) *Result {
+	w := &world{
+		cfg:    cfg,
+		seed:   seed,
+		rng:    newRand(seed, 1),
+		srng:   newRand(seed, 2),
+		drng:   newRand(seed, 3),
+		ledger: &ledger{},
+		acks:   &acks{keys: map[string]ackState{}},
+		stats:  map[string]int{},
+	}
+	w.net = newNetwork(w)
+	w.store = newStore(w)
+	w.disk = simdisk.New(&simdisk.Options{Torn: simdisk.Torn(cfg.Torn), DirPrefix: cfg.DirKeep, NoDSync: cfg.NoDSync})
+	w.disk.SetFault(w.diskFault)
+	for op := range cfg.Ops {
+		w.batch = append(w.batch, op)
+	}
+	for i := range cfg.Dups {
+		// A duplicate right after the operation it repeats: two
+		// workers may then call it at once.
+		op := i % cfg.Ops
+		at := slices.Index(w.batch, op) + 1
+		w.batch = slices.Insert(w.batch, at, op)
+	}
+	w.run()
+	h := sha256.New()
+	for _, l := range w.trace {
+		h.Write([]byte(l))
+		h.Write([]byte{'\n'})
+	}
+	return &Result{Seed: seed, Config: cfg, Failures: w.failures, Trace: w.trace, Hash: hex.EncodeToString(h.Sum(nil)[:8]), Faults: w.stats}
+}
+
+func (w *world) run() {
+	w.t0 = time.Now()
+	w.faulty.Store(true)
+	w.startServer()
+	w.startClient()
+	for w.step = 0; w.step < w.cfg.Steps && len(w.failures) == 0; w.step++ {
+		w.settle()
+		if !w.act() {
+			break
+		}
+	}
+	if len(w.failures) == 0 {
+		w.recover()
+	}
+	if len(w.failures) == 0 {
+		w.checkEnd()
+	}
+	w.teardown()
+}
+
+// tracef adds a line to the trace, stamped with the virtual time.
+func (w *world) tracef(format string, args ...any) {
+	line := fmt.Sprintf("%9d %s", time.Since(w.t0).Milliseconds(), fmt.Sprintf(format, args...))
+	w.mu.Lock()
+	w.trace = append(w.trace, line)
+	w.mu.Unlock()
+	if Live {
+		fmt.Fprintln(os.Stderr, line)
+	}
+}
+
+// Live, set by a test (-sim.live), prints each line of the trace as it
+// is made: for a run that does not end.
+var Live bool
+
+func (w *world) count(kind string) {
+	w.mu.Lock()
+	w.stats[kind]++
+	w.mu.Unlock()
+}
+
+// diskFailed counts and traces a fault of the disk.
+func (w *world) diskFailed(kind string, op simdisk.Op) {
+	w.count(kind)
+	w.tracef("disk: %s (%s %s at %d, %d bytes)", kind, op.Kind, op.Path, op.Off, op.Len)
+}
+
+func (w *world) fail(inv string, op int, format string, args ...any) {
+	w.failKnown(inv, op, "", format, args...)
+}
+
+// failKnown records a failure that the known bug known explains ("" if
+// none does).
+func (w *world) failKnown(inv string, op int, known string, format string, args ...any) {
+	f := Failure{Inv: inv, Op: op, Step: w.step, Msg: fmt.Sprintf(format, args...), Known: known}
+	w.tracef("FAIL %s", f)
+	w.mu.Lock()
+	w.failures = append(w.failures, f)
+	w.mu.Unlock()
+}
+
+// seedBytes is a ChaCha8 seed for the stream n of the world's seed.
+func (w *world) seedBytes(n uint64) [32]byte {
+	var b [32]byte
+	binary.LittleEndian.PutUint64(b[:], w.seed)
+	binary.LittleEndian.PutUint64(b[8:], n)
+	return b
+}
+
+// clientClock is the client machine's clock: virtual time, plus the
+// jumps the seed made.
+func (w *world) clientClock() time.Time {
+	return time.Now().Add(time.Duration(w.clockOff.Load()))
+}
+
+func (w *world) server() *serverProc {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.srv
+}
+
+func (w *world) serverCrashesLeft() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.cfg.ServerCrashes - w.serverCrashes
+}
+
+// diskFault is the simulated disk's Fault: ENOSPC and EIO, as the seed
+// says, while faults are on and no open is under way (an open that
+// fails is retried by a real batch job; what the invariants ask is that
+// the journal opens after a crash).
+func (w *world) diskFault(op simdisk.Op) error {
+	if !w.faulty.Load() || w.quietDisk.Load() {
+		return nil
+	}
+	switch op.Kind {
+	case simdisk.OpWrite:
+		if w.drng.permille(w.cfg.WriteErr) {
+			if w.drng.intn(2) == 0 {
+				w.diskFailed("disk ENOSPC on write", op)
+				return syscall.ENOSPC
+			}
+			w.diskFailed("disk EIO on write", op)
+			return syscall.EIO
+		}
+	case simdisk.OpSync:
+		if w.drng.permille(w.cfg.SyncErr) {
+			w.diskFailed("disk EIO on sync", op)
+			return syscall.EIO
+		}
+	case simdisk.OpTruncate, simdisk.OpRename, simdisk.OpRemove, simdisk.OpSyncDir:
+		if w.drng.permille(w.cfg.OtherErr) {
+			if op.Kind == simdisk.OpTruncate {
+				w.mu.Lock()
+				w.cacheOnly = true
+				w.mu.Unlock()
+			}
+			w.diskFailed("disk EIO on "+op.Kind.String(), op)
+			return syscall.EIO
+		}
+	case simdisk.OpOpen:
+		if op.Flag&0x40 != 0 && w.drng.permille(w.cfg.OtherErr) { // O_CREATE
+			w.diskFailed("disk EIO on create", op)
+			return syscall.EIO
+		}
+	}
+	return nil
+}
+
+// settle waits for the bubble to come to rest, then reads what returned
+// since the last step, in call order.
+func (w *world) settle() {
+	synctest.Wait()
+	if p := w.cli; p != nil && w.disk.Halted() {
+		// The power was cut at a disk call the seed chose (HaltAt):
+		// the machine is down from that call on (procFile marked the
+		// process dead there).
+		w.powerCut(p, "at a disk call")
+		synctest.Wait()
+	}
+	w.mu.Lock()
+	ret := w.returned
+	w.returned = nil
+	w.mu.Unlock()
+	sort.Slice(ret, func(i, j int) bool { return ret[i].id < ret[j].id })
+	for _, c := range ret {
+		w.collect(c)
+	}
+}
+
+// collect reads a call that returned.
+func (w *world) collect(c *call) {
+	p := c.p
+	zombie := c.zombie
+	switch {
+	case c.resume && zombie:
+		w.tracef("call %d: resume returned in a dead process", c.id)
+	case c.resume:
+		w.tracef("call %d: resume: %d results, err %v", c.id, len(c.results), errText(c.resumeErr))
+		for _, r := range c.results {
+			op := w.opOfKey(r.Entry.Key)
+			class := classify(r.Err)
+			if r.Err == nil && (r.StatusCode < 200 || r.StatusCode > 299) {
+				class = outStatus
+			}
+			w.tracef("  resent op %d key %s: %v %d %s%s", op, r.Entry.Key, class, r.StatusCode, errText(r.Err), replayText(r.Replayed))
+		}
+	case zombie:
+		w.tracef("call %d: op %d returned in a dead process", c.id, c.op)
+	default:
+		w.tracef("call %d: op %d: %v %d %s%s%s", c.id, c.op, c.class, c.status, errText(c.err), replayText(c.replayed), journalText(c.fromJournal))
+		if c.class == outStatus || c.class == outAmbiguous && unwanted(c.err) {
+			w.fail(invUnwanted, c.op, "call %d of op %d: %v", c.id, c.op, errText(c.err))
+		}
+	}
+	if c.resume {
+		if p.resume == c {
+			p.resume = nil
+		}
+		p.resumed = true
+	} else {
+		p.busy--
+	}
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	s := err.Error()
+	if len(s) > 160 {
+		s = s[:160] + "..."
+	}
+	return "(" + s + ")"
+}
+
+func replayText(b bool) string {
+	if b {
+		return " replayed"
+	}
+	return ""
+}
+
+func journalText(b bool) string {
+	if b {
+		return " from-journal"
+	}
+	return ""
+}
+
+// opOfKey reads the operation back from a key the sim made ("k-<op>-...").
+func (w *world) opOfKey(key string) int {
+	parts := strings.SplitN(key, "-", 3)
+	if len(parts) < 2 {
+		return -1
+	}
+	op, err := strconv.Atoi(parts[1])
+	if err != nil {
+		return -1
+	}
+	return op
+}
+
+// action is one thing the driver may do next.
+type action struct {
+	weight int
+	name   string
+	do     func()
+}
+
+// act chooses and does the next step of the faulty phase; false when
+// nothing is left to do.
+func (w *world) act() bool {
+	now := time.Now()
+	var acts []action
+	add := func(weight int, name string, do func()) {
+		if weight > 0 {
+			acts = append(acts, action{weight, name, do})
+		}
+	}
+	for _, m := range w.net.readyMsgs(now) {
+		add(10, "deliver", func() { w.onMessage(m) })
+	}
+	for _, d := range w.net.readyDials() {
+		add(10, "dial", func() { w.onDial(d) })
+	}
+	p := w.cli
+	alive := p != nil && !p.dead.Load()
+	if alive && !p.exiting && len(p.queue) > 0 && p.busy < w.cfg.Workers && (p.resumed || w.cfg.Concurrent) {
+		add(10, "call", func() { w.startCall(p) })
+	}
+	if alive && (p.jerr.Load() && !p.exiting || p.exiting && p.busy == 0 && p.resume == nil) {
+		add(20, "exit", func() { w.exitClient(p) })
+	}
+	w.mu.Lock()
+	gates := slices.Clone(w.gates)
+	w.mu.Unlock()
+	for _, g := range gates {
+		add(4, "release", func() { w.release(g) })
+	}
+	srv := w.server()
+	w.mu.Lock()
+	downSince := w.serverDownSince
+	w.mu.Unlock()
+	if srv == nil && !now.Before(downSince.Add(time.Second)) {
+		add(10, "server restart", func() { w.startServer() })
+	}
+	if !alive && !now.Before(w.clientDownSince.Add(time.Second)) {
+		add(10, "client restart", func() { w.startClient() })
+	}
+	if alive && w.clientCrashes < w.cfg.ClientCrashes && !w.haltArmed {
+		add(1, "client crash", func() { w.crashClient(p) })
+	}
+	if srv != nil && w.serverCrashesLeft() > 0 {
+		add(1, "server crash", func() { w.crashServer(srv, "a step of the driver") })
+	}
+	if w.clockJumps < w.cfg.ClockJumps {
+		add(1, "clock jump", w.jumpClock)
+	}
+	if idle := w.net.idleConns(); len(idle) > 0 {
+		add(w.cfg.CloseIdle, "close idle", func() { w.closeIdle(idle[w.rng.intn(len(idle))]) })
+	}
+	busy := len(acts) > 0 || alive && (p.busy > 0 || p.resume != nil || len(p.queue) > 0) || w.net.nextDue(now).After(now)
+	if !busy && w.clientCrashes >= w.cfg.ClientCrashes && w.serverCrashesLeft() <= 0 {
+		return false // the batch ran to its end and no fault is left to throw at it
+	}
+	add(3, "sleep", w.sleep)
+	total := 0
+	for _, a := range acts {
+		total += a.weight
+	}
+	n := w.rng.intn(total)
+	for _, a := range acts {
+		if n < a.weight {
+			a.do()
+			return true
+		}
+		n -= a.weight
+	}
+	panic("unreachable")
+}
+
+// sleep lets virtual time pass: 1 ms to 2 s, a whole number of
+// milliseconds (see world), or rarely a day and more, past every key's
+// retention.
+func (w *world) sleep() {
+	d := time.Millisecond << w.rng.intn(12)
+	if w.cfg.LongSleep && w.rng.intn(50) == 0 {
+		// No connection lives through a day of silence (TCP's
+		// timeouts end it): nothing on its way is delivered a day late.
+		d = 25 * time.Hour
+		w.count("a day passes")
+		w.tracef("a day passes: every connection times out")
+		w.net.resetAll()
+	}
+	w.tracef("sleep %v", d)
+	time.Sleep(d)
+}
+
+// onMessage delivers m, or does to it what the seed says.
+func (w *world) onMessage(m *message) {
+	c := m.conn
+	c.mu.Lock()
+	gone, resetNext, eofNext := c.serverGone, c.resetNext, c.eofNext
+	c.mu.Unlock()
+	cfg := &w.cfg
+	r := w.rng
+	switch {
+	case m.kind == msgRequest && gone:
+		w.tracef("%v: lost, the server is gone", m)
+		w.net.drop(m)
+	case m.kind == msgRequest && r.pick(cfg.DropReq):
+		w.count("request lost")
+		w.tracef("%v: lost", m)
+		w.net.drop(m)
+	case m.kind == msgRequest && r.pick(cfg.ResetBefore):
+		w.count("reset before the server")
+		w.tracef("%v: reset before the server", m)
+		w.net.reset(c)
+	case m.kind == msgRequest && c.reused() && r.pick(cfg.DeadPooled):
+		if r.intn(2) == 0 {
+			w.count("pooled connection dead")
+			w.tracef("%v: the pooled connection was closed", m)
+			w.net.eofInsteadOf(m)
+			break
+		}
+		w.count("pooled connection dies after the server")
+		w.tracef("%v: delivered, then the pooled connection closes", m)
+		w.mark(c, func() { c.eofNext = true })
+		w.net.deliver(m)
+	case m.kind == msgRequest && r.pick(cfg.ResetAfter):
+		w.count("reset after the server")
+		w.tracef("%v: delivered, then reset", m)
+		w.mark(c, func() { c.resetNext = true })
+		w.net.deliver(m)
+	case m.kind == msgResponse && resetNext:
+		w.tracef("%v: reset instead", m)
+		w.net.reset(c)
+	case m.kind == msgResponse && eofNext:
+		w.tracef("%v: closed instead", m)
+		w.net.eofInsteadOf(m)
+	case m.kind == msgResponse && r.pick(cfg.DropResp):
+		w.count("response lost")
+		w.tracef("%v: lost", m)
+		w.net.drop(m)
+	case !m.delayed && r.pick(cfg.Delay):
+		d := time.Millisecond << r.intn(12)
+		w.count("message delayed")
+		w.tracef("%v: delayed %v", m, d)
+		m.delayed = true
+		w.net.delay(m, time.Now().Add(d))
+	default:
+		w.tracef("%v: delivered", m)
+		w.net.deliver(m)
+	}
+}
+
+func (w *world) mark(c *conn, f func()) {
+	c.mu.Lock()
+	f()
+	c.mu.Unlock()
+}
+
+// onDial accepts or refuses d.
+func (w *world) onDial(d *pendingDial) {
+	switch {
+	case w.server() == nil:
+		w.tracef("dial %v: refused, no server", d.id)
+		w.net.resolve(d, false)
+	case w.faulty.Load() && w.rng.pick(w.cfg.Refuse):
+		w.count("dial refused")
+		w.tracef("dial %v: refused", d.id)
+		w.net.resolve(d, false)
+	default:
+		w.tracef("dial %v: accepted", d.id)
+		w.net.resolve(d, true)
+	}
+}
+
+// release lets a held handler go on.
+func (w *world) release(g *gate) {
+	w.mu.Lock()
+	w.gates = slices.DeleteFunc(w.gates, func(x *gate) bool { return x == g })
+	w.mu.Unlock()
+	w.tracef("release handler of op %d key %s", g.op, g.key)
+	g.open()
+}
+
+// closeIdle closes the server's side of an idle connection.
+func (w *world) closeIdle(c *conn) {
+	w.count("server closes an idle connection")
+	w.tracef("%v: the server closes it", c.id)
+	_ = c.serverEnd.Close()
+}
+
+// jumpClock sets the client's clock forward (by up to more than a day,
+// past the retention) or back (by up to three hours).
+func (w *world) jumpClock() {
+	w.clockJumps++
+	var d time.Duration
+	if w.rng.intn(2) == 0 {
+		d = time.Duration(1+w.rng.intn(30)) * time.Hour
+		w.count("clock forward")
+	} else {
+		d = -time.Duration(2+w.rng.intn(180)) * time.Minute
+		w.count("clock back")
+		w.mu.Lock()
+		w.clockBack = true
+		w.mu.Unlock()
+	}
+	w.clockOff.Add(int64(d))
+	w.tracef("client clock jumps %v", d)
+}
+
+// crashClient kills the client process: at once (the process dies, the
+// machine's cache stays), by a power cut now, or by a power cut at one of
+// the next few calls into the disk.
+func (w *world) crashClient(p *clientProc) {
+	w.clientCrashes++
+	switch w.rng.intn(3) {
+	case 0:
+		w.count("client killed")
+		w.tracef("client %d killed", p.n)
+		w.die(p, w.disk.Kill)
+	case 1:
+		w.powerCut(p, "now")
+	default:
+		n := 1 + w.rng.intn(8)
+		w.count("power cut armed")
+		w.tracef("client %d: power cut at its disk call %d from now", p.n, n)
+		w.disk.HaltAt(n)
+		w.haltArmed = true
+	}
+}
+
+// powerCut ends the client machine: the disk keeps what was synced and,
+// as the seed says, a torn part of the rest.
+func (w *world) powerCut(p *clientProc, when string) {
+	w.count("client power cut")
+	w.tracef("client %d: power cut %s", p.n, when)
+	w.die(p, func() { w.disk.Crash(rand.New(rand.NewPCG(w.seed, uint64(0x70f0+w.clientCrashes)))) })
+}
+
+// die ends client process p: its files first (disk, which kills them:
+// nothing the process does from here reaches the disk), then its
+// sockets, its calls (which the simulation cannot stop: they fail from
+// here on, and what they report is not heard) and its journal.
+func (w *world) die(p *clientProc, disk func()) {
+	if p.gone {
+		return
+	}
+	p.gone = true
+	p.dead.Store(true)
+	w.disk.HaltAt(0)
+	w.haltArmed = false
+	disk()
+	w.net.killProc(p.n)
+	if p.tr != nil {
+		p.tr.CloseIdleConnections()
+	}
+	if p.j != nil {
+		_ = p.j.Close()
+	}
+	w.clientDownSince = time.Now()
+}
+
+// exitClient ends a client process whose journal failed, as a batch job
+// exits on such an error: its journal closed (a failed journal writes no
+// marker), then restarted.
+func (w *world) exitClient(p *clientProc) {
+	if !p.exiting {
+		p.exiting = true
+		w.tracef("client %d: the journal failed; the job stops starting calls", p.n)
+		return
+	}
+	w.tracef("client %d exits", p.n)
+	w.die(p, func() {})
+}
+
+// recover is the end of every seed: no more faults, the server up, and
+// the batch job run again until every operation is resolved: a clean
+// restart (Close, Open, Resume, the batch), up to a few times.
+func (w *world) recover() {
+	w.settle() // a power cut the last step caused
+	w.tracef("recovery: faults off")
+	w.faulty.Store(false)
+	w.disk.HaltAt(0)
+	w.openGates()
+	for round := 0; len(w.failures) == 0; round++ {
+		if w.server() == nil {
+			w.startServer()
+		}
+		if p := w.cli; p == nil || p.dead.Load() {
+			if w.startClient(); len(w.failures) > 0 {
+				return
+			}
+		}
+		w.drain()
+		p := w.cli
+		if len(w.failures) > 0 || round > 0 && w.resolved(p) || round == 4 {
+			return // round 0 ends the faulty phase's run: one clean restart at least
+		}
+		w.tracef("client %d closes", p.n)
+		_ = p.j.Close() // an error of a write that failed earlier: the next open's checks say what it left
+		w.die(p, func() {})
+	}
+}
+
+// resolved reports whether every operation got a final outcome in the
+// run of p, and records what each got.
+func (w *world) resolved(p *clientProc) bool {
+	final := make([]bool, w.cfg.Ops)
+	w.mu.Lock()
+	calls := slices.Clone(w.calls)
+	w.mu.Unlock()
+	for _, c := range calls {
+		if c.p != p || c.zombie {
+			continue
+		}
+		if c.resume {
+			for _, r := range c.results {
+				if op := w.opOfKey(r.Entry.Key); op >= 0 && op < len(final) && r.Err == nil && r.StatusCode/100 == 2 {
+					final[op] = true
+				}
+			}
+			continue
+		}
+		if c.class.final() {
+			final[c.op] = true
+		}
+	}
+	for _, f := range final {
+		if !f {
+			return false
+		}
+	}
+	return true
+}
+
+// drain runs the world without faults until nothing is left in flight.
+func (w *world) drain() {
+	for i := 0; ; i++ {
+		if i > 20000 {
+			w.fail(invStuck, -1, "the recovery made no progress in 20000 steps")
+			return
+		}
+		w.settle()
+		if len(w.failures) > 0 {
+			return
+		}
+		now := time.Now()
+		if ms := w.net.readyMsgs(now); len(ms) > 0 {
+			w.tracef("%v: delivered", ms[0])
+			w.net.deliver(ms[0])
+			continue
+		}
+		if ds := w.net.readyDials(); len(ds) > 0 {
+			w.onDial(ds[0])
+			continue
+		}
+		p := w.cli
+		if p == nil || p.dead.Load() {
+			return
+		}
+		if p.jerr.Load() && !p.exiting {
+			w.exitClient(p) // a journal that failed in the faulty phase
+		}
+		if p.exiting && p.busy == 0 && p.resume == nil {
+			w.exitClient(p)
+			w.startClient()
+			continue
+		}
+		if !p.exiting && len(p.queue) > 0 && p.busy < w.cfg.Workers && (p.resumed || w.cfg.Concurrent) {
+			w.startCall(p)
+			continue
+		}
+		if p.busy == 0 && p.resume == nil && len(p.queue) == 0 && w.net.nextDue(now).IsZero() {
+			return
+		}
+		d := time.Second
+		if due := w.net.nextDue(now); !due.IsZero() && due.Sub(now) < d {
+			d = due.Sub(now)
+		}
+		time.Sleep(d)
+	}
+}
+
+// openGates lets every held handler go on.
+func (w *world) openGates() {
+	w.mu.Lock()
+	gates := w.gates
+	w.gates = nil
+	w.mu.Unlock()
+	for _, g := range gates {
+		g.open()
+	}
+}
+
+// teardown ends every goroutine of the world, so that the bubble can end.
+func (w *world) teardown() {
+	w.faulty.Store(false)
+	w.disk.HaltAt(0)
+	w.openGates()
+	if p := w.cli; p != nil {
+		w.die(p, func() {})
+	}
+	w.net.killAll()
+	if s := w.server(); s != nil {
+		s.dead.Store(true)
+		_ = s.srv.Close()
+		<-s.done
+	}
+	// Calls of dead processes may be waiting out a backoff or an
+	// attempt's timeout: time goes on until every goroutine has ended
+	// (the longest wait is under a minute).
+	time.Sleep(time.Minute)
+	synctest.Wait()
+}
+
+// checkSecrets looks for the requests' secrets in every file of the disk
+// (invariant 6).
+func (w *world) checkSecrets() {
+	for _, name := range w.disk.Names() {
+		b, err := w.disk.ReadFile(name)
+		if err != nil {
+			continue
+		}
+		for _, s := range secrets {
+			if strings.Contains(string(b), s) {
+				w.fail(invSecret, -1, "file %s holds %s", name, s)
+			}
+		}
+	}
+}
+
+// checkEnd checks invariants 1 to 4 and 6 over the whole run.
+func (w *world) checkEnd() {
+	w.checkSecrets()
+	w.mu.Lock()
+	calls := slices.Clone(w.calls)
+	w.mu.Unlock()
+	for op := range w.cfg.Ops {
+		if es := w.ledger.of(op); len(es) > 1 {
+			var keys []string
+			for _, e := range es {
+				keys = append(keys, e.key+"="+e.charge)
+			}
+			w.failKnown(invOnce, op, w.onceKnown(op), "op %d has %d effects: %s", op, len(es), strings.Join(keys, ", "))
+		}
+	}
+	success := func(who string, op int, body []byte) {
+		es := w.ledger.of(op)
+		if len(es) != 1 {
+			w.failKnown(invSuccess, op, w.onceKnown(op), "%s reported op %d successful, and it has %d effects", who, op, len(es))
+			return
+		}
+		if string(body) != string(es[0].body) {
+			w.fail(invSuccess, op, "%s got %s for op %d; the server first produced %s", who, body, op, es[0].body)
+		}
+	}
+	for _, c := range calls {
+		if c.zombie {
+			continue
+		}
+		if c.resume {
+			for _, r := range c.results {
+				if r.Err == nil && r.StatusCode/100 == 2 {
+					success(fmt.Sprintf("call %d (resume)", c.id), w.opOfKey(r.Entry.Key), r.Body)
+				}
+			}
+			continue
+		}
+		switch c.class {
+		case outSuccess:
+			success(fmt.Sprintf("call %d", c.id), c.op, c.body)
+		case outNotSent:
+			keys := append([]string{c.key}, c.keys...)
+			slices.Sort(keys)
+			for _, k := range slices.Compact(keys) {
+				if es := w.ledger.byKey(k); len(es) > 0 {
+					known := ""
+					switch {
+					case c.withdrawFailed:
+						known = bugWithdrawFailed
+					case c.beginFailed:
+						known = bugBeginReappears
+					}
+					w.failKnown(invNotSent, c.op, known, "call %d of op %d reported not sent (%s), and key %s has the effect %s", c.id, c.op, errText(c.err), k, es[0].charge)
+				}
+			}
+		}
+	}
+	if p := w.cli; p != nil && !w.resolved(p) {
+		final := make([]string, w.cfg.Ops)
+		for _, c := range calls {
+			if c.p == p && !c.resume && !c.zombie {
+				final[c.op] = c.class.String() + errText(c.err)
+			}
+		}
+		for op, f := range final {
+			w.fail(invLost, op, "after the recovery, op %d was last %s", op, f)
+			break
+		}
+	}
+}
+
+// unwanted reports whether err is one the batch job's requests cannot
+// cause: a key mismatch or conflict (every call of an operation sends the
+// same request), an invalid request, a key the server says is missing.
+func unwanted(err error) bool {
+	for _, e := range []error{idemhttp.ErrKeyMismatch, idemhttp.ErrKeyConflict, idemhttp.ErrInvalidRequest, idemhttp.ErrInvalidKey, idemhttp.ErrKeyRequired, idemhttp.ErrBodyChanged} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+func sortStrings(s []string) { slices.Sort(s) }
+
+// RunSeed runs seed's world with cfg in a synctest bubble of its own
+// (synctest.Test), as a subtest of t that does not fail t: the result
+// says what broke.
+func RunSeed(t *testing.T, seed uint64, cfg Config) (res *Result) {
+	defer func() {
+		if r := recover(); r != nil {
+			// A goroutine of the world that never ends (synctest's
+			// "deadlock"): a leak, in the world or in the code it runs.
+			res = &Result{Seed: seed, Config: cfg, Failures: []Failure{{Inv: invLeak, Op: -1, Msg: fmt.Sprint(r)}}}
+		}
+	}()
+	synctest.Test(t, func(*testing.T) { res = Run(seed, cfg) })
+	return res
+}
