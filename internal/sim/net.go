@@ -116,10 +116,10 @@ type network struct {
 	// delivered or discarded, in no particular order (the driver sorts).
 	dials []*pendingDial
 	msgs  []*message
-	conns []*conn            // every connection ever made
-	seqs  map[string]int     // dials so far per process and host
-	ln    map[int]*listener  // the listener of each server process
-	up    int                // the server process that accepts, 0 if down
+	conns []*conn           // every connection ever made
+	seqs  map[string]int    // dials so far per process and host
+	ln    map[int]*listener // the listener of each server process
+	up    int               // the server process that accepts, 0 if down
 }
 
 func newNetwork(w *world) *network {
