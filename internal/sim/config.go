@@ -66,7 +66,7 @@ func ConfigFor(seed uint64) Config {
 	c := Config{
 		Ops:         1 + r.IntN(5),
 		Workers:     1 + r.IntN(3),
-		Steps:       40 + r.IntN(120),
+		Steps:       30 + r.IntN(90),
 		MaxAttempts: 2 + r.IntN(3),
 		KeepResults: r.IntN(2) == 0,
 		RefetchDone: r.IntN(3) == 0,

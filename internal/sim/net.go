@@ -36,7 +36,9 @@ type connID struct {
 	n    int
 }
 
-func (id connID) String() string { return fmt.Sprintf("c%d/%s#%d", id.proc, id.host, id.n) }
+func (id connID) String() string {
+	return "c" + strconv.Itoa(id.proc) + "/" + id.host + "#" + strconv.Itoa(id.n)
+}
 
 func (id connID) less(o connID) int {
 	switch {
@@ -84,12 +86,12 @@ func (m *message) String() string {
 	if m.up {
 		dir = "up"
 	}
-	s := fmt.Sprintf("%v %s#%d %v", m.conn.id, dir, m.seq, m.kind)
+	s := m.conn.id.String() + " " + dir + "#" + strconv.Itoa(m.seq) + " " + m.kind.String()
 	switch m.kind {
 	case msgRequest:
 		s += " key=" + m.key
 	case msgResponse:
-		s += fmt.Sprintf(" %d", m.status)
+		s += " " + strconv.Itoa(m.status)
 		if m.replayed {
 			s += " replayed"
 		}
@@ -776,7 +778,7 @@ type listener struct {
 }
 
 // backlog bounds the connections accepted and not yet taken by Accept.
-const backlog = 1 << 12
+const backlog = 64
 
 func newListener() *listener {
 	return &listener{ch: make(chan net.Conn, backlog), done: make(chan struct{})}

@@ -203,7 +203,8 @@ func (w *world) run() {
 
 // tracef adds a line to the trace, stamped with the virtual time.
 func (w *world) tracef(format string, args ...any) {
-	line := fmt.Sprintf("%9d %s", time.Since(w.t0).Milliseconds(), fmt.Sprintf(format, args...))
+	ms := strconv.FormatInt(time.Since(w.t0).Milliseconds(), 10)
+	line := strings.Repeat(" ", max(0, 9-len(ms))) + ms + " " + fmt.Sprintf(format, args...)
 	w.mu.Lock()
 	w.trace = append(w.trace, line)
 	w.mu.Unlock()
@@ -451,23 +452,49 @@ func (w *world) act() bool {
 	if !alive && !now.Before(w.clientDownSince.Add(time.Second)) {
 		add(10, "client restart", func() { w.startClient() })
 	}
-	if alive && w.clientCrashes < w.cfg.ClientCrashes && !w.haltArmed {
+	ready := len(acts) > 0
+	crashClient := alive && w.clientCrashes < w.cfg.ClientCrashes && !w.haltArmed
+	crashServer := srv != nil && w.serverCrashesLeft() > 0
+	jump := w.clockJumps < w.cfg.ClockJumps
+	if !ready && !(alive && (p.busy > 0 || p.resume != nil || len(p.queue) > 0)) && w.net.nextDue(now).IsZero() {
+		// Nothing in flight: the batch ran to its end. What is left is
+		// a fault to throw at the next run, or the end of the phase.
+		var idle []action
+		if crashClient {
+			idle = append(idle, action{1, "client crash", func() { w.crashClient(p) }})
+		}
+		if crashServer {
+			idle = append(idle, action{1, "server crash", func() { w.crashServer(srv, "a step of the driver") }})
+		}
+		if jump {
+			idle = append(idle, action{1, "clock jump", w.jumpClock})
+		}
+		if len(idle) == 0 || w.rng.intn(len(idle)+1) == 0 {
+			return false
+		}
+		idle[w.rng.intn(len(idle))].do()
+		return true
+	}
+	if crashClient {
 		add(1, "client crash", func() { w.crashClient(p) })
 	}
-	if srv != nil && w.serverCrashesLeft() > 0 {
+	if crashServer {
 		add(1, "server crash", func() { w.crashServer(srv, "a step of the driver") })
 	}
-	if w.clockJumps < w.cfg.ClockJumps {
+	if jump {
 		add(1, "clock jump", w.jumpClock)
 	}
 	if idle := w.net.idleConns(); len(idle) > 0 {
 		add(w.cfg.CloseIdle, "close idle", func() { w.closeIdle(idle[w.rng.intn(len(idle))]) })
 	}
-	busy := len(acts) > 0 || alive && (p.busy > 0 || p.resume != nil || len(p.queue) > 0) || w.net.nextDue(now).After(now)
-	if !busy && w.clientCrashes >= w.cfg.ClientCrashes && w.serverCrashesLeft() <= 0 {
-		return false // the batch ran to its end and no fault is left to throw at it
+	if !ready {
+		// Only timers can move the world (a backoff, an attempt's
+		// timeout, a 409's wait, the journal's write-behind): let time
+		// pass, more of it at once.
+		add(12, "sleep", func() { w.sleepFor(time.Millisecond << (6 + w.rng.intn(7))) })
+	} else {
+		add(3, "sleep", w.sleep)
 	}
-	add(3, "sleep", w.sleep)
 	total := 0
 	for _, a := range acts {
 		total += a.weight
@@ -486,8 +513,10 @@ func (w *world) act() bool {
 // sleep lets virtual time pass: 1 ms to 2 s, a whole number of
 // milliseconds (see world), or rarely a day and more, past every key's
 // retention.
-func (w *world) sleep() {
-	d := time.Millisecond << w.rng.intn(12)
+func (w *world) sleep() { w.sleepFor(time.Millisecond << w.rng.intn(12)) }
+
+// sleepFor sleeps d, or rarely a day and more.
+func (w *world) sleepFor(d time.Duration) {
 	if w.cfg.LongSleep && w.rng.intn(50) == 0 {
 		// No connection lives through a day of silence (TCP's
 		// timeouts end it): nothing on its way is delivered a day late.
