@@ -168,11 +168,19 @@ type recJournal struct {
 }
 
 func (r *recJournal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry, error) {
+	r.w.turn(ctx, r.p, "begin")
 	existing, err := r.Journal.Begin(ctx, e)
 	if err == nil && existing == nil && !r.p.dead.Load() {
 		r.w.acks.begun(e.Key, r.p.n)
 	}
 	return existing, err
+}
+
+// Get is the journal's Get, taken in turn: Resume rereads each entry
+// with it before resending.
+func (r *recJournal) Get(ctx context.Context, key string) (*idemhttp.Entry, error) {
+	r.w.turn(ctx, r.p, "get")
+	return r.Journal.Get(ctx, key)
 }
 
 func (r *recJournal) Finish(ctx context.Context, key string, o idemhttp.Outcome) error {
@@ -389,6 +397,7 @@ type call struct {
 	op     int
 	key    string // the key header it set
 	resume bool
+	sdk    bool // through Client.StandardClient
 
 	mu     sync.Mutex
 	keys   []string // keys its attempts carried
@@ -399,6 +408,7 @@ type call struct {
 	// beginFailed: the journal failed the call's Begin (see
 	// bugBeginReappears).
 	beginFailed bool
+	turns       int // its turns at the journal (see world.turn)
 
 	// Its outcome.
 	class       outcome
@@ -491,8 +501,16 @@ func (w *world) startCall(p *clientProc) {
 	w.tracef("call %d: op %d key %s", c.id, op, c.key)
 	ctx := idemhttp.WithOperation(context.WithValue(context.Background(), callKey{}, c), opName(op))
 	req := w.request(ctx, op, c.key)
+	c.sdk = w.rng.pick(w.cfg.SDK)
+	if c.sdk {
+		w.tracef("call %d: through StandardClient", c.id)
+	}
 	go func() {
-		resp, err := p.c.Do(req)
+		do := p.c.Do
+		if c.sdk {
+			do = p.c.StandardClient().Do
+		}
+		resp, err := do(req)
 		if err == nil {
 			c.body, err = io.ReadAll(resp.Body)
 			_ = resp.Body.Close()
@@ -500,6 +518,12 @@ func (w *world) startCall(p *clientProc) {
 			c.replayed = idemhttp.Replayed(resp)
 			if info, ok := idemhttp.ResponseInfo(resp); ok {
 				c.fromJournal = info.FromJournal
+				if info.Err != nil {
+					// Through StandardClient, a give-up on a final
+					// status comes back as that response; what the
+					// client gave up with is in Info.Err.
+					err = info.Err
+				}
 			}
 		}
 		c.err = err
@@ -540,4 +564,33 @@ func (w *world) finished(c *call) {
 	defer w.mu.Unlock()
 	c.zombie = zombie
 	w.returned = append(w.returned, c)
+}
+
+// turn is where a call, about to begin its journal entry (or Resume,
+// about to reread one), waits for the driver: a step of its own. Two
+// calls of one operation in one process hand its sender's slot from one
+// to the other; without this the one that wakes would go on at once,
+// alongside the end of the one that finished (which returns its
+// connection to the pool as its body is read), and whether it finds
+// that connection idle would be a matter of scheduling.
+func (w *world) turn(ctx context.Context, p *clientProc, what string) {
+	c, _ := ctx.Value(callKey{}).(*call)
+	if c == nil || p.dead.Load() {
+		return
+	}
+	t := &jturn{c: c, what: what, ch: make(chan struct{})}
+	w.mu.Lock()
+	c.turns++
+	t.n = c.turns
+	w.turns = append(w.turns, t)
+	w.mu.Unlock()
+	<-t.ch
+}
+
+// jturn is a call waiting for its turn at the journal.
+type jturn struct {
+	c    *call
+	n    int // the call's turns so far
+	what string
+	ch   chan struct{}
 }

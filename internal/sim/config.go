@@ -23,6 +23,7 @@ type Config struct {
 	KeepResults bool // Policy.KeepResults
 	RefetchDone bool // Policy.RefetchDone
 	Concurrent  bool // Resume runs while the batch is rerun, not before
+	SDK         int  // percent of calls made through Client.StandardClient, as an SDK would
 
 	// The network, per message or dial.
 	Refuse      int // a dial refused
@@ -71,6 +72,7 @@ func ConfigFor(seed uint64) Config {
 		KeepResults: r.IntN(2) == 0,
 		RefetchDone: r.IntN(3) == 0,
 		Concurrent:  r.IntN(2) == 0,
+		SDK:         on(20, 80),
 
 		Refuse:      on(5, 40),
 		DropReq:     on(3, 20),

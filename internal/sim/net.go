@@ -286,6 +286,7 @@ func (n *network) deliver(m *message) {
 		c.mu.Lock()
 		c.requests++
 		c.mu.Unlock()
+		n.w.requests++
 	}
 	if !m.up && m.kind == msgResponse {
 		c.mu.Lock()
@@ -507,7 +508,6 @@ type end struct {
 	mu      sync.Mutex
 	out     []byte // written, not yet a whole message
 	closed  bool
-	stopped bool // writes fail: the conn is broken
 }
 
 var _ net.Conn = (*end)(nil)

@@ -97,6 +97,7 @@ func TestSim(t *testing.T) {
 		known    = map[string]int{}
 		faults   = map[string]int{}
 		mismatch []string
+		sizes    [3]int // steps, requests, client processes
 	)
 	next.Store(*flagFirst)
 	last := *flagFirst + uint64(n)
@@ -128,6 +129,9 @@ func TestSim(t *testing.T) {
 					for k, v := range res.Faults {
 						faults[k] += v
 					}
+					sizes[0] += res.Steps
+					sizes[1] += res.Requests
+					sizes[2] += res.Procs
 					for _, f := range res.Failures {
 						if f.Known != "" {
 							known[f.Known]++
@@ -155,6 +159,9 @@ func TestSim(t *testing.T) {
 	})
 	elapsed := time.Since(start)
 	t.Logf("%d seeds in %v (%.0f seeds/s, %d at once)", ran.Load(), elapsed.Round(time.Millisecond), float64(ran.Load())/elapsed.Seconds(), workers)
+	if r := ran.Load(); r > 0 {
+		t.Logf("per seed: %.0f steps, %.1f requests delivered, %.1f client processes", float64(sizes[0])/float64(r), float64(sizes[1])/float64(r), float64(sizes[2])/float64(r))
+	}
 	t.Logf("faults injected: %s", summary(faults))
 	t.Logf("invariants checked: %s", strings.Join(Invariants, "; "))
 	if len(known) > 0 {

@@ -55,6 +55,7 @@ type world struct {
 	returned      []*call
 	gates         []*gate
 	gateSeq       int
+	turns         []*jturn // calls waiting for their turn at the journal
 	srv           *serverProc
 	serverCrashes int
 	stats         map[string]int
@@ -74,6 +75,8 @@ type world struct {
 	clientDownSince time.Time
 	t0              time.Time
 	step            int
+	steps           int // every settle, for the statistics
+	requests        int
 	haltArmed       bool
 
 	failures []Failure
@@ -120,6 +123,9 @@ type Result struct {
 	Trace    []string
 	Hash     string         // of the trace: the same for two runs of a seed
 	Faults   map[string]int // faults injected, by kind
+	Steps    int            // the driver's steps, the recovery's included
+	Requests int            // requests delivered to the server
+	Procs    int            // client processes started
 }
 
 // lrand is a random source shared by goroutines that never draw at once
@@ -178,7 +184,8 @@ func Run(seed uint64, cfg Config) *Result {
 		h.Write([]byte(l))
 		h.Write([]byte{'\n'})
 	}
-	return &Result{Seed: seed, Config: cfg, Failures: w.failures, Trace: w.trace, Hash: hex.EncodeToString(h.Sum(nil)[:8]), Faults: w.stats}
+	return &Result{Seed: seed, Config: cfg, Failures: w.failures, Trace: w.trace, Hash: hex.EncodeToString(h.Sum(nil)[:8]), Faults: w.stats,
+		Steps: w.steps, Requests: w.requests, Procs: w.cliN}
 }
 
 func (w *world) run() {
@@ -314,6 +321,7 @@ func (w *world) diskFault(op simdisk.Op) error {
 // settle waits for the bubble to come to rest, then reads what returned
 // since the last step, in call order.
 func (w *world) settle() {
+	w.steps++
 	synctest.Wait()
 	if p := w.cli; p != nil && w.disk.Halted() {
 		// The power was cut at a disk call the seed chose (HaltAt):
@@ -441,6 +449,9 @@ func (w *world) act() bool {
 	w.mu.Unlock()
 	for _, g := range gates {
 		add(4, "release", func() { w.release(g) })
+	}
+	for _, t := range w.readyTurns() {
+		add(10, "turn", func() { w.giveTurn(t) })
 	}
 	srv := w.server()
 	w.mu.Lock()
@@ -609,6 +620,43 @@ func (w *world) onDial(d *pendingDial) {
 	}
 }
 
+// readyTurns returns the calls waiting for their turn at the journal,
+// by call; those of dead processes get theirs at once.
+func (w *world) readyTurns() []*jturn {
+	w.mu.Lock()
+	var out []*jturn
+	var dead []*jturn
+	for _, t := range w.turns {
+		if t.c.p.dead.Load() {
+			dead = append(dead, t)
+		} else {
+			out = append(out, t)
+		}
+	}
+	w.mu.Unlock()
+	for _, t := range dead {
+		w.giveTurn(t)
+	}
+	slices.SortFunc(out, func(a, b *jturn) int {
+		if a.c.id != b.c.id {
+			return a.c.id - b.c.id
+		}
+		return a.n - b.n
+	})
+	return out
+}
+
+// giveTurn lets a call go on to the journal.
+func (w *world) giveTurn(t *jturn) {
+	w.mu.Lock()
+	w.turns = slices.DeleteFunc(w.turns, func(x *jturn) bool { return x == t })
+	w.mu.Unlock()
+	if !t.c.p.dead.Load() {
+		w.tracef("call %d: journal %s", t.c.id, t.what)
+	}
+	close(t.ch)
+}
+
 // release lets a held handler go on.
 func (w *world) release(g *gate) {
 	w.mu.Lock()
@@ -686,6 +734,7 @@ func (w *world) die(p *clientProc, disk func()) {
 	w.disk.HaltAt(0)
 	w.haltArmed = false
 	disk()
+	w.readyTurns() // its calls waiting at the journal go on, to fail
 	w.net.killProc(p.n)
 	if p.tr != nil {
 		p.tr.CloseIdleConnections()
@@ -788,6 +837,10 @@ func (w *world) drain() {
 		}
 		if ds := w.net.readyDials(); len(ds) > 0 {
 			w.onDial(ds[0])
+			continue
+		}
+		if ts := w.readyTurns(); len(ts) > 0 {
+			w.giveTurn(ts[0])
 			continue
 		}
 		p := w.cli
