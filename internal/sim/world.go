@@ -958,6 +958,13 @@ func (w *world) checkEnd() {
 		switch c.class {
 		case outSuccess:
 			success(fmt.Sprintf("call %d", c.id), c.op, c.body)
+		case outDone:
+			var done *idemhttp.DoneError
+			if errors.As(c.err, &done) && done.Status/100 == 2 {
+				if es := w.ledger.of(c.op); len(es) != 1 {
+					w.failKnown(invSuccess, c.op, w.onceKnown(c.op), "call %d: op %d is done with status %d, and it has %d effects", c.id, c.op, done.Status, len(es))
+				}
+			}
 		case outNotSent:
 			keys := append([]string{c.key}, c.keys...)
 			slices.Sort(keys)
