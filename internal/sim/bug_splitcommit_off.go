@@ -1,4 +1,4 @@
-//go:build !idemhttp_bug_splitcommit
+//go:build go1.26 && !idemhttp_bug_splitcommit
 
 package sim
 

@@ -1,3 +1,5 @@
+//go:build go1.26
+
 // Package sim is a deterministic simulator of the whole system: the
 // project's own client, journal and server, run together in one process
 // through faults that compose, over many seeded worlds, with the

@@ -1,3 +1,5 @@
+//go:build go1.26
+
 package sim
 
 import (
@@ -505,9 +507,9 @@ type end struct {
 	client bool
 	in     *wire // what this side reads
 
-	mu      sync.Mutex
-	out     []byte // written, not yet a whole message
-	closed  bool
+	mu     sync.Mutex
+	out    []byte // written, not yet a whole message
+	closed bool
 }
 
 var _ net.Conn = (*end)(nil)

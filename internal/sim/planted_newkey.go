@@ -1,4 +1,4 @@
-//go:build idemhttp_bug_newkey
+//go:build go1.26 && idemhttp_bug_newkey
 
 package sim
 

@@ -1,4 +1,4 @@
-//go:build idemhttp_bug_noslots
+//go:build go1.26 && idemhttp_bug_noslots
 
 package sim
 

@@ -1,4 +1,4 @@
-//go:build idemhttp_nosync
+//go:build go1.26 && idemhttp_nosync
 
 package sim
 

@@ -1,4 +1,4 @@
-//go:build idemhttp_bug_resetnotsent
+//go:build go1.26 && idemhttp_bug_resetnotsent
 
 package sim
 
