@@ -136,7 +136,7 @@ func Shorten(r *Result) []string {
 }
 
 func keep(l string, ops map[int]bool) bool {
-	for _, s := range []string{"FAIL", "crash", "power cut", "killed", "starts", "exits", "closes", " up", "clock", "recovery", "resume", "a day"} {
+	for _, s := range []string{"FAIL", "disk:", "crash", "power cut", "killed", "starts", "exits", "closes", " up", "clock", "recovery", "resume", "a day"} {
 		if strings.Contains(l, s) {
 			return true
 		}
