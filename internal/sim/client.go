@@ -394,12 +394,13 @@ type callKey struct{}
 
 // call is one call of Client.Do, or Resume's whole run.
 type call struct {
-	id     int
-	p      *clientProc
-	op     int
-	key    string // the key header it set
-	resume bool
-	sdk    bool // through Client.StandardClient
+	id      int
+	p       *clientProc
+	op      int
+	key     string // the key header it set
+	resume  bool
+	sdk     bool // through Client.StandardClient
+	compact bool // not a call: a compaction of the journal
 
 	mu     sync.Mutex
 	keys   []string // keys its attempts carried
@@ -533,6 +534,20 @@ func (w *world) startCall(p *clientProc) {
 		if err == nil && (c.status < 200 || c.status > 299) {
 			c.class = outStatus
 		}
+		w.finished(c)
+	}()
+}
+
+// startCompact compacts p's journal (as an operator's tool would, or a
+// Prune of many entries): a new file written beside the journal, synced,
+// renamed over it, and its directory synced.
+func (w *world) startCompact(p *clientProc) {
+	c := w.newCall(p, -1, false)
+	c.compact = true
+	p.busy++
+	w.tracef("call %d: compact the journal", c.id)
+	go func() {
+		c.err = p.j.Compact(context.Background())
 		w.finished(c)
 	}()
 }

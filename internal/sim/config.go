@@ -26,6 +26,7 @@ type Config struct {
 	RefetchDone bool // Policy.RefetchDone
 	Concurrent  bool // Resume runs while the batch is rerun, not before
 	SDK         int  // percent of calls made through Client.StandardClient, as an SDK would
+	Compact     int  // weight of the job compacting its journal (filejournal.Journal.Compact) among the steps
 
 	// The network, per message or dial.
 	Refuse      int // a dial refused
@@ -75,6 +76,7 @@ func ConfigFor(seed uint64) Config {
 		RefetchDone: r.IntN(3) == 0,
 		Concurrent:  r.IntN(2) == 0,
 		SDK:         on(20, 80),
+		Compact:     on(1, 3),
 
 		Refuse:      on(5, 40),
 		DropReq:     on(3, 20),

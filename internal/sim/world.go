@@ -65,6 +65,7 @@ type world struct {
 	pruned        map[int]bool // operations whose done entry a Prune dropped
 	clockBack     bool         // the client's clock was set back
 	cacheOnly     bool         // a truncation failed after a failed write or sync (bugCacheOnly)
+	dirSyncFailed bool         // a directory sync failed (bugFreedEarly)
 
 	cli             *clientProc
 	cliN, srvN      int
@@ -303,11 +304,14 @@ func (w *world) diskFault(op simdisk.Op) error {
 		}
 	case simdisk.OpTruncate, simdisk.OpRename, simdisk.OpRemove, simdisk.OpSyncDir:
 		if w.drng.permille(w.cfg.OtherErr) {
-			if op.Kind == simdisk.OpTruncate {
-				w.mu.Lock()
+			w.mu.Lock()
+			switch op.Kind {
+			case simdisk.OpTruncate:
 				w.cacheOnly = true
-				w.mu.Unlock()
+			case simdisk.OpSyncDir:
+				w.dirSyncFailed = true
 			}
+			w.mu.Unlock()
 			w.diskFailed("disk EIO on "+op.Kind.String(), op)
 			return syscall.EIO
 		}
@@ -358,6 +362,11 @@ func (w *world) collect(c *call) {
 				class = outStatus
 			}
 			w.tracef("  resent op %d key %s: %v %d %s%s", op, r.Entry.Key, class, r.StatusCode, errText(r.Err), replayText(r.Replayed))
+		}
+	case c.compact:
+		w.tracef("call %d: compact: %s", c.id, errText(c.err))
+		if c.err != nil && !zombie {
+			p.jerr.Store(true) // a journal whose compaction failed may have stopped writing
 		}
 	case zombie:
 		w.tracef("call %d: op %d returned in a dead process", c.id, c.op)
@@ -442,6 +451,9 @@ func (w *world) act() bool {
 	alive := p != nil && !p.dead.Load()
 	if alive && !p.exiting && len(p.queue) > 0 && p.busy < w.cfg.Workers && (p.resumed || w.cfg.Concurrent) {
 		add(10, "call", func() { w.startCall(p) })
+	}
+	if alive && !p.exiting {
+		add(w.cfg.Compact, "compact", func() { w.startCompact(p) })
 	}
 	if alive && (p.jerr.Load() && !p.exiting || p.exiting && p.busy == 0 && p.resume == nil) {
 		add(20, "exit", func() { w.exitClient(p) })
@@ -797,7 +809,7 @@ func (w *world) resolved(p *clientProc) bool {
 	calls := slices.Clone(w.calls)
 	w.mu.Unlock()
 	for _, c := range calls {
-		if c.p != p || c.zombie {
+		if c.p != p || c.zombie || c.compact {
 			continue
 		}
 		if c.resume {
@@ -946,7 +958,7 @@ func (w *world) checkEnd() {
 		}
 	}
 	for _, c := range calls {
-		if c.zombie {
+		if c.zombie || c.compact {
 			continue
 		}
 		if c.resume {
@@ -987,7 +999,7 @@ func (w *world) checkEnd() {
 	if p := w.cli; p != nil && !w.resolved(p) {
 		final := make([]string, w.cfg.Ops)
 		for _, c := range calls {
-			if c.p == p && !c.resume && !c.zombie {
+			if c.p == p && !c.resume && !c.zombie && !c.compact {
 				final[c.op] = c.class.String() + errText(c.err)
 			}
 		}
