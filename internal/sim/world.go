@@ -35,8 +35,9 @@ import (
 // goroutines a step wakes are one causal chain; the few things that run
 // on timers (a retry's backoff, an attempt's timeout, the journal's
 // write-behind, a claim's renewal) end, for the client, at the network,
-// which waits for the driver. That is what makes a seed's run the same
-// every time (TestSimDeterministic checks it).
+// which waits for the driver, and so does each call at the journal (see
+// world.turn). That is what makes a seed's run the same
+// every time (TestSimSameSeedSameTrace and TestSim check it).
 type world struct {
 	cfg  Config
 	seed uint64
@@ -64,7 +65,7 @@ type world struct {
 	trace         []string
 	pruned        map[int]bool // operations whose done entry a Prune dropped
 	clockBack     bool         // the client's clock was set back
-	cacheOnly     bool         // a truncation failed after a failed write or sync (bugCacheOnly)
+	cacheOnly     bool         // a truncation failed (bugCacheOnly)
 	dirSyncFailed bool         // a directory sync failed (bugFreedEarly)
 
 	cli             *clientProc
