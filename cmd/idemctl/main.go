@@ -4,6 +4,7 @@
 // Usage:
 //
 //	idemctl demo    [flags]                 faults, a crash and a resume, side by side with net/http and go-retryablehttp
+//	idemctl serve   [-addr HOST:PORT] [fault flags]  the fake payments API, to try batch (or anything) against
 //	idemctl batch   -url URL -in FILE -journal FILE [flags]
 //	idemctl pending -journal FILE [-json] [-all]
 //	idemctl resume  -journal FILE [-header 'Name: value' ...]
@@ -115,6 +116,7 @@ func isTerminal(w io.Writer) bool {
 // signal arrived.
 var commands = map[string]func(ctx context.Context, args []string, e env) error{
 	"demo":    demoCommand,
+	"serve":   serveCommand,
 	"batch":   batchCommand,
 	"pending": pendingCommand,
 	"resume":  resumeCommand,
@@ -184,6 +186,8 @@ const usage = `idemctl: run HTTP operations so that retries and reruns never per
 
 Usage:
   idemctl demo    [flags]       show faults, a crash and a resume: idemhttp beside net/http and go-retryablehttp
+  idemctl serve   [-addr HOST:PORT] [fault flags]
+                                run the fake payments API (with faults) until Ctrl-C, printing what it counts
   idemctl batch   -url URL -in FILE -journal FILE [flags]
                                 send one request per input line, resumably
   idemctl pending -journal FILE list operations whose outcome is not known yet
