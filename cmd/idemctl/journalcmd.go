@@ -26,7 +26,9 @@ Lists the journal's entries that need attention: pending (the outcome is
 unknown; idemctl resume or rerunning the batch resends them with their keys)
 and abandoned (pending longer than the server keeps keys: check by hand).
 A table by default; -json prints one JSON object per line (bodies left out:
-see idemctl inspect).
+see idemctl inspect). Attempts are recorded with an outcome, so a pending
+entry a killed run left behind shows ? attempts (0 in JSON): its request
+may have been sent.
 
 Exit codes: 0 nothing pending or abandoned; 1 some entries are pending or
 abandoned (listed); 2 usage; 3 journal error. So a script can wait for
@@ -75,10 +77,25 @@ func pendingCommand(_ context.Context, args []string, e env) error {
 	return nil
 }
 
+// attemptsText renders an entry's attempts. The journal counts them when
+// an outcome is recorded (Finish), so a pending entry with none recorded
+// may well have been sent, by a process that died before learning the
+// outcome: "?", not 0.
+func attemptsText(en *idemhttp.Entry) string {
+	if en.Attempts == 0 && en.State != idemhttp.StateDone {
+		return "?"
+	}
+	return fmt.Sprint(en.Attempts)
+}
+
+// unknownAttemptsNote explains the "?" of attemptsText.
+const unknownAttemptsNote = "ATTEMPTS ?: none recorded yet; attempts are recorded with an outcome, so its requests may have been sent by a run that died before learning it"
+
 // writeTable prints entries as an aligned table.
 func writeTable(w io.Writer, entries []*idemhttp.Entry, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "OPERATION\tKEY\tMETHOD\tURL\tAGE\tATTEMPTS\tSTATUS\tSTATE")
+	unknown := false
 	for _, en := range entries {
 		status := "-"
 		if en.LastStatus != 0 {
@@ -88,11 +105,18 @@ func writeTable(w io.Writer, entries []*idemhttp.Entry, now time.Time) error {
 		if op == "" {
 			op = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n",
-			op, en.Key, en.Method, en.URL, age(now, en.Created), en.Attempts, status, en.State)
+		attempts := attemptsText(en)
+		unknown = unknown || attempts == "?"
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			op, en.Key, en.Method, en.URL, age(now, en.Created), attempts, status, en.State)
 	}
 	if err := tw.Flush(); err != nil {
 		return fail(exitFailed, "write: %v", err)
+	}
+	if unknown {
+		if _, err := fmt.Fprintln(w, unknownAttemptsNote); err != nil {
+			return fail(exitFailed, "write: %v", err)
+		}
 	}
 	return nil
 }
@@ -248,7 +272,11 @@ func writeEntry(w io.Writer, en *idemhttp.Entry, now time.Time) error {
 	row("url", en.URL)
 	row("created", fmt.Sprintf("%s (%s ago)", en.Created.Format(time.RFC3339), age(now, en.Created)))
 	row("updated", fmt.Sprintf("%s (%s ago)", en.Updated.Format(time.RFC3339), age(now, en.Updated)))
-	row("attempts", fmt.Sprint(en.Attempts))
+	if a := attemptsText(en); a == "?" {
+		row("attempts", "unknown: none recorded yet (attempts are recorded with an outcome; its requests may have been sent by a run that died before learning it)")
+	} else {
+		row("attempts", a)
+	}
 	if en.LastStatus != 0 {
 		row("last status", fmt.Sprint(en.LastStatus))
 	}
