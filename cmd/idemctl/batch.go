@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 	"github.com/idemkit/idemhttp/internal/contract"
 )
 
@@ -79,6 +80,7 @@ type batchOptions struct {
 	inFormat    string  // auto, jsonl or csv
 	rate        float64 // requests per second, 0: no limit
 	checkDone   bool    // read done rows' requests back to warn about changed lines
+	retention   time.Duration
 	spec        inputSpec
 }
 
@@ -101,11 +103,13 @@ func batchCommand(ctx context.Context, args []string, e env) error {
 	fs.DurationVar(&o.grace, "grace", 10*time.Second, "after SIGINT or SIGTERM, how long operations in flight may take to finish")
 	fs.StringVar(&o.progress, "progress", "auto", "progress on stderr: auto (a bar on a terminal, else lines), bar, lines or none")
 	fs.BoolVar(&o.checkDone, "check-done", false, "read back the journaled request of every input operation already done, and warn (exit 4)\nwhen the line changed since; off, done rows are skipped from the journal's index alone")
+	retention := retentionFlag(fs)
 	fs.StringVar(&o.pruned, "pruned", "refuse", "input operations that idemctl prune deleted from the journal (listed in JOURNAL.pruned):\nrefuse (exit 6 before sending anything), skip (report the recorded outcome, send nothing)\nor send (send them again: with derived keys the server replays them if it still keeps the key)")
 	rest, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
+	o.retention = *retention
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "key-secret-env":
@@ -157,6 +161,9 @@ func (o *batchOptions) validate(rest []string, rawURL string, getenv func(string
 	if err := o.creds.check(); err != nil {
 		return err
 	}
+	if err := checkRetention(o.retention); err != nil {
+		return err
+	}
 	if o.keys.secretEnv == "" {
 		return fail(exitUsage, "-key-secret-env must name an environment variable")
 	}
@@ -184,16 +191,40 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 		return fail(exitInput, "none of the %d input lines is a valid operation; nothing was sent (-in-format jsonl or csv, -h for the formats)", len(bad))
 	}
 
-	// The secret first: a key file that cannot be read stops the run
-	// before the journal is touched.
+	// Nothing is created before everything is known to be sound: an
+	// unreadable key file stops the run before the journal is touched, and
+	// a -journal naming the wrong file (the input, say) before a key file
+	// is created beside it. So: the secret if it exists; an existing
+	// journal opened (Open refuses a file that is not a journal, leaving
+	// it as it was); only then a missing key file created, and last a
+	// missing journal.
+	if err := checkNotInput(o.in, o.journal); err != nil {
+		return err
+	}
 	_, statErr := os.Stat(o.journal)
-	o.keySecret, err = o.keys.secret(o.journal, e.getenv)
+	journalExists := statErr == nil
+	var createKey string
+	o.keySecret, createKey, err = o.keys.secret(o.journal, e.getenv)
 	if err != nil {
 		return err
 	}
+	var fileJournal *filejournal.Journal
+	if journalExists {
+		if fileJournal, err = openJournal(o.journal, false); err != nil {
+			return err
+		}
+	}
+	if createKey != "" {
+		if o.keySecret, err = o.keys.createSecret(createKey); err != nil {
+			if fileJournal != nil {
+				_ = fileJournal.Close()
+			}
+			return err
+		}
+	}
 	if o.keys.createdFile != "" {
 		fmt.Fprintf(e.stderr, "idemctl batch: created key file %s (mode 0600): every key is derived from it; back it up with the journal\n", o.keys.createdFile)
-		if statErr == nil {
+		if journalExists {
 			// A journal from an older idemctl (random keys by default), or
 			// one whose key file was lost. Its entries keep their keys;
 			// only operations it no longer knows get keys from the new
@@ -201,10 +232,10 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 			fmt.Fprintf(e.stderr, "idemctl batch: note: journal %s already existed without this key file: its entries keep their journaled keys; if an earlier key file was lost, restore it before running operations the journal no longer knows\n", o.journal)
 		}
 	}
-
-	fileJournal, err := openJournal(o.journal, false)
-	if err != nil {
-		return err
+	if fileJournal == nil {
+		if fileJournal, err = openJournal(o.journal, false); err != nil {
+			return err
+		}
 	}
 	defer func() {
 		if cerr := fileJournal.Close(); cerr != nil && err == nil {
@@ -259,7 +290,7 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 	r := newRunner(runnerConfig{
 		name: "batch", path: o.journal, fj: fj, concurrency: o.concurrency, timeout: o.timeout,
 		attempts: o.attempts, creds: &o.creds, progress: o.progress, total: total, env: e,
-		contentType: o.spec.contentType(), rate: o.rate,
+		contentType: o.spec.contentType(), rate: o.rate, retention: o.retention,
 	})
 	defer r.close()
 	for _, op := range ops {
@@ -417,15 +448,28 @@ func (o *batchOptions) checkPruned(fj batchJournal, ops []operation, e env) ([]o
 	return kept, skips, nil
 }
 
-// keyRetention is how long the server keeps keys: idemhttp's default
-// Policy.Retention, which the batch's client uses.
-const keyRetention = 24 * time.Hour
+// checkNotInput refuses a journal path that names the input file: opening
+// it would refuse it as not a journal anyway, but saying which mistake it
+// is helps. Nothing is touched either way.
+func checkNotInput(in, journal string) error {
+	if in == "-" {
+		return nil
+	}
+	fi, err := os.Stat(in)
+	if err != nil {
+		return nil // reported by the input's own checks
+	}
+	if ji, err := os.Stat(journal); err == nil && os.SameFile(fi, ji) {
+		return fail(exitUsage, "-journal %s is the input file (-in): name a journal file of its own, such as %s.journal; nothing was touched", journal, strings.TrimSuffix(in, filepath.Ext(in)))
+	}
+	return nil
+}
 
 // resendable reports whether the pending entry p of op can be resent by
 // sending op: it is the same request under the key op would use, and
 // young enough that the server still knows the key.
 func (o *batchOptions) resendable(op operation, p *idemhttp.Entry) bool {
-	if p.Fingerprint != fingerprint(op) || time.Since(p.Created) >= keyRetention {
+	if p.Fingerprint != fingerprint(op) || time.Since(p.Created) >= o.retention {
 		return false
 	}
 	if o.keySecret != nil {

@@ -132,8 +132,9 @@ Resends every pending entry of the journal with its original key, method,
 URL and body (idemhttp Client.Resume), -concurrency at a time, and
 prints each outcome as a JSON line (see idemctl batch -h). The URLs are the
 stored ones; credentials are not stored, so pass them again with -header or
--header-env. An entry older than the server's key retention (24h) is not
-resent but marked abandoned: check with the server whether it ran.
+-header-env. An entry older than the server's key retention (-retention,
+24h) is not resent but marked abandoned: check with the server whether it
+ran.
 
 Exit codes: 0 all resolved; 1 some failed or stay pending; 2 usage;
 3 journal error; 5 server never reached; 130 interrupted.
@@ -150,6 +151,7 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 	prog := fs.String("progress", "auto", "progress on stderr: auto, bar, lines or none")
 	perSecond := fs.Float64("rate", 0, "requests per second at most, retries included; 0: no limit")
 	concurrency := fs.Int("concurrency", 16, "entries resent at once")
+	retention := retentionFlag(fs)
 	rest, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -173,6 +175,9 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 	if err := creds.check(); err != nil {
 		return err
 	}
+	if err := checkRetention(*retention); err != nil {
+		return err
+	}
 	fj, err := openJournal(*path, true)
 	if err != nil {
 		return err
@@ -185,6 +190,7 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 	r := newRunner(runnerConfig{
 		name: "resume", path: *path, fj: fj, concurrency: *concurrency, timeout: *timeout,
 		attempts: *attempts, creds: &creds, progress: *prog, total: len(pending), env: e, rate: *perSecond,
+		retention: *retention,
 	})
 	defer r.close()
 	opCtx, stop := r.watch(ctx, *grace)

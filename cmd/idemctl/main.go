@@ -8,7 +8,7 @@
 //	idemctl batch   -url URL -in FILE -journal FILE [flags]
 //	idemctl pending -journal FILE [-json] [-all]
 //	idemctl resume  -journal FILE [-header 'Name: value' ...]
-//	idemctl prune   -journal FILE [-older 24h] [-dry-run] [-include-pending]
+//	idemctl prune   -journal FILE [-retention 24h | -older D] [-dry-run] [-include-pending]
 //	idemctl inspect -journal FILE [-json] KEY|OPERATION
 //	idemctl verify  -journal FILE [-json] [-repair]
 //
@@ -192,7 +192,7 @@ Usage:
                                 send one request per input line, resumably
   idemctl pending -journal FILE list operations whose outcome is not known yet
   idemctl resume  -journal FILE resend pending operations with their keys
-  idemctl prune   -journal FILE delete done entries older than -older (24h); -dry-run lists them
+  idemctl prune   -journal FILE delete done entries older than -retention (24h); -dry-run lists them
   idemctl inspect -journal FILE KEY|OPERATION
                                 show one journal entry
   idemctl verify  -journal FILE [-repair]

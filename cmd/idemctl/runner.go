@@ -91,8 +91,9 @@ type runnerConfig struct {
 	progress    string
 	total       int
 	env         env
-	contentType string  // of input bodies; "" means application/json
-	rate        float64 // attempts per second at most; 0: no limit
+	contentType string        // of input bodies; "" means application/json
+	rate        float64       // attempts per second at most; 0: no limit
+	retention   time.Duration // the server's key retention: Policy.Retention
 }
 
 func newRunner(cfg runnerConfig) *runner {
@@ -112,7 +113,7 @@ func newRunner(cfg runnerConfig) *runner {
 	}
 	r.counter = &counter{rt: r.tr, limiter: newLimiter(cfg.rate)}
 	r.client = newClient(clientConfig{
-		journal: cfg.fj, rt: r.counter, timeout: cfg.timeout, attempts: cfg.attempts, creds: cfg.creds,
+		journal: cfg.fj, rt: r.counter, timeout: cfg.timeout, attempts: cfg.attempts, creds: cfg.creds, retention: cfg.retention,
 		stopping: &r.stopping, onJournal: r.onJournal,
 	})
 	return r
@@ -209,9 +210,24 @@ func (r *runner) close() {
 // resume resends the journal's pending entries (those r.hide does not
 // hide) with Client.Resume and reports each. It returns the operation ids
 // it reported; its error, with exit code 3, says the journal failed.
+//
+// It hands Resume the pending entries (ResumeOptions.Entries) instead of
+// letting it read them, because Resume would first prune the done
+// entries older than the retention, and nothing would record them: a
+// later batch naming one would send it again, to a server that has
+// forgotten its key (the duplicates of issue 15). Only idemctl prune
+// deletes entries, recording them first; openJournal turns the journal's
+// own pruning off for the same reason.
 func (r *runner) resume(ctx context.Context) (map[string]bool, error) {
 	done := map[string]bool{}
-	opts := idemhttp.ResumeOptions{Concurrency: r.concurrency}
+	pending, err := r.fj.Pending(ctx)
+	if err != nil {
+		return done, describeJournalErr(r.path, err)
+	}
+	if len(pending) == 0 {
+		return done, nil // and a nil Entries would mean "the journal's, pruned first"
+	}
+	opts := idemhttp.ResumeOptions{Concurrency: r.concurrency, Entries: pending}
 	if r.hide != nil {
 		opts.Filter = func(e *idemhttp.Entry) bool { return !r.hide(e) }
 	}
