@@ -46,7 +46,7 @@ func (p phase) String() string { return phaseNames[p] }
 // next lists the moves the lifecycle allows. Two matter most, by their
 // absence: nothing leaves maybe-sent for withdrawn (an operation that may
 // have run is never forgotten), and nothing leaves a final phase.
-var next = [...][]phase{
+var next = [phaseAnswered + 1][]phase{ // every phase, the final ones with no move
 	phaseMinted:     {phaseJournaled, phaseAttempting, phaseAnswered},
 	phaseJournaled:  {phaseAttempting, phaseNotSent, phaseAbandoned},
 	phaseAttempting: {phaseNotSent, phaseMaybeSent},
@@ -88,8 +88,9 @@ func (a *operation) advance(to phase) bool {
 // entry it may now send, or a withdrawn one it begins anew), which is what
 // the caller asked for; answering it at once could only say "busy".
 type senders struct {
-	mu   sync.Mutex
-	busy map[string]chan struct{}
+	mu      sync.Mutex
+	busy    map[string]chan struct{}
+	waiting int // goroutines waiting for a slot, for tests
 }
 
 // acquire takes id's slot, waiting for its holder to release it, until ctx
@@ -106,14 +107,27 @@ func (s *senders) acquire(ctx context.Context, id string) (waited bool, err erro
 			s.mu.Unlock()
 			return waited, nil
 		}
+		s.waiting++
 		s.mu.Unlock()
 		waited = true
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return waited, ctx.Err()
+		}
+		s.mu.Lock()
+		s.waiting--
+		s.mu.Unlock()
+		if err := ctx.Err(); err != nil {
+			return waited, err
 		}
 	}
+}
+
+// waiters returns how many goroutines wait for a slot.
+func (s *senders) waiters() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.waiting
 }
 
 // release frees id's slot.
