@@ -2,43 +2,97 @@ package idemhttp
 
 import (
 	"bytes"
+	"fmt"
 	"hash/maphash"
 	"io"
 	"net/http"
-	"reflect"
-	"strings"
 	"sync"
 )
 
-// This file makes "byte-identical on every attempt" a checked fact for
-// bodies that come from the caller's GetBody. A buffered body is identical
-// by construction; a GetBody is the caller's code and may return other
-// bytes on a retry (a reader over a buffer that was reused, a file that
-// changed). The first body read to its end sets the reference (its length
-// and a seeded maphash of its bytes); every later one is compared with it
-// and holds back its last byte until the comparison passed, so a body that
-// differs is never completely sent: the server sees a truncated request,
-// which it cannot act on, and the call stops with ErrBodyChanged.
+// This file makes "byte-identical on every attempt" hold for every body.
+//
+// A body of known length up to MaxBodyBytes, and any body a journal must
+// store, is read into memory once, before the first attempt, and every
+// attempt sends that buffer: identical by construction, whatever GetBody
+// would have returned and whatever the caller did to req.Body after
+// NewRequest. (net/http writes an in-memory body together with the
+// request head, in one write.) That costs one copy of the body; the fast
+// path that sent req.Body itself when its GetBody looked like
+// http.NewRequest's (recognised by the closure's code pointer) is gone:
+// it broke when the caller swapped req.Body, and it reached into
+// net/http's internals (BenchmarkDoInterleaved, bench/README.md).
+//
+// A larger body, or one of unknown length, with GetBody is streamed: the
+// first attempt sends req.Body and sets the reference (its length n and a
+// seeded maphash of its bytes), and every later body, from GetBody, is
+// checked against it as it goes out. It holds back byte n of the
+// reference until the whole body is known to match, and fails as soon as
+// more than n bytes arrive, so a changed body (longer, shorter or the same
+// length) is never completely delivered, with a Content-Length, chunked
+// or over HTTP/2: the server sees a truncated request, which it cannot act
+// on, and the call stops with ErrBodyChanged.
 //
 // maphash rather than SHA-256: the threat is a buggy GetBody, not an
 // adversary, and the seed is random per process, so a collision cannot be
-// crafted; it hashes at memory speed and allocates nothing, which matters
-// because the first attempt of every call with a GetBody pays for it.
-
-// The first attempt of a body that http.NewRequest made replayable (a
-// bytes.Reader, strings.Reader or bytes.Buffer, wrapped in io.NopCloser) is
-// hashed in place, without reading it, and sent as it is: net/http writes
-// such a body together with the request head, in one write, while any
-// other reader makes it flush the head first and copy the body through a
-// 32 KiB buffer. Only a body of another type is wrapped to be hashed as it
-// is read.
+// crafted; it hashes at memory speed and allocates nothing.
 
 // bodySeed seeds every body hash of this process.
 var bodySeed = maphash.MakeSeed()
 
-// bodyRef is the reference a call's bodies are compared with. Bodies are
-// read by net/http's write loop, which may still run after RoundTrip
-// returned, so it is guarded by a mutex.
+// replayableBody makes req's body resendable. It returns the whole body in
+// memory when it must (needBytes: a journal stores it), when the request
+// has no GetBody (up to maxBody), or when its length is known and at most
+// maxBody; then req.Body is read and closed. Otherwise it returns the
+// request's GetBody, and req.Body stays open: the first attempt streams
+// it, as net/http would.
+func replayableBody(req *http.Request, needBytes bool, maxBody int64) ([]byte, func() (io.ReadCloser, error), error) {
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil, nil, nil
+	}
+	if req.GetBody != nil && !needBytes && (req.ContentLength <= 0 || req.ContentLength > maxBody) {
+		return nil, req.GetBody, nil
+	}
+	defer closeBody(req)
+	// Sized from Content-Length (+1 so reaching EOF needs no growth):
+	// bytes.Buffer.ReadFrom would double a 1 KiB buffer to keep 512 bytes
+	// free, for every request.
+	size := 512
+	if req.ContentLength > 0 && req.ContentLength <= maxBody {
+		size = int(req.ContentLength) + 1
+	}
+	buf := make([]byte, 0, size)
+	r := io.LimitReader(req.Body, maxBody+1)
+	for {
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("idemhttp: %w: read body: %w", ErrInvalidRequest, err)
+		}
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+	}
+	if int64(len(buf)) > maxBody {
+		return nil, nil, fmt.Errorf("idemhttp: %w: body larger than MaxBodyBytes (%d)", ErrNotReplayable, maxBody)
+	}
+	if len(buf) == 0 {
+		return nil, nil, nil
+	}
+	return buf, nil, nil
+}
+
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		_ = req.Body.Close()
+	}
+}
+
+// bodyRef is the reference a call's streamed bodies are compared with.
+// Bodies are read by net/http's write loop, which may still run after
+// RoundTrip returned, so it is guarded by a mutex.
 type bodyRef struct {
 	mu      sync.Mutex
 	set     bool
@@ -63,10 +117,11 @@ func (r *bodyRef) done(n int64, sum uint64) bool {
 	return false
 }
 
-func (r *bodyRef) known() bool {
+// length returns the reference's length, and whether it is set.
+func (r *bodyRef) length() (int64, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.set
+	return r.n, r.set
 }
 
 func (r *bodyRef) differed() bool {
@@ -75,24 +130,34 @@ func (r *bodyRef) differed() bool {
 	return r.changed
 }
 
-// verifyingBody hashes a request body as it is read. With check set it
-// holds back the last byte until the whole body was compared with the
-// reference.
+// mismatch records a body that differed before its end.
+func (r *bodyRef) mismatch() {
+	r.mu.Lock()
+	r.changed = true
+	r.mu.Unlock()
+}
+
+// verifyingBody hashes a streamed body as it is read. With check set it
+// holds back byte number n of the reference (n its length), and fails at
+// once when more than n bytes arrive: the body's last byte goes out only
+// once the whole body is known to be the reference.
 type verifyingBody struct {
 	src   io.ReadCloser
 	ref   *bodyRef
 	check bool
+	n     int64 // the reference's length, with check
 
 	h       maphash.Hash
-	n       int64
-	held    byte
+	read    int64 // bytes read from src
+	held    byte  // byte n, held back
 	hasHeld bool
 	eof     bool
 	err     error
 }
 
-func (v *verifyingBody) reset(src io.ReadCloser, ref *bodyRef, check bool) {
-	*v = verifyingBody{src: src, ref: ref, check: check}
+func (v *verifyingBody) reset(src io.ReadCloser, ref *bodyRef) {
+	*v = verifyingBody{src: src, ref: ref}
+	v.n, v.check = ref.length()
 	v.h.SetSeed(bodySeed)
 }
 
@@ -103,9 +168,9 @@ func (v *verifyingBody) Read(p []byte) (int, error) {
 	if !v.check {
 		n, err := v.src.Read(p)
 		v.h.Write(p[:n])
-		v.n += int64(n)
+		v.read += int64(n)
 		if err == io.EOF {
-			v.ref.done(v.n, v.h.Sum64())
+			v.ref.done(v.read, v.h.Sum64())
 		}
 		return n, err
 	}
@@ -123,24 +188,22 @@ func (v *verifyingBody) Read(p []byte) (int, error) {
 		}
 		n, err := v.src.Read(p)
 		v.h.Write(p[:n])
-		v.n += int64(n)
-		out := 0
-		if n > 0 {
-			last := p[n-1]
-			if v.hasHeld {
-				copy(p[1:n], p[:n-1])
-				p[0] = v.held
-				out = n
-			} else {
-				out = n - 1
-			}
-			v.held, v.hasHeld = last, true
+		v.read += int64(n)
+		if v.read > v.n {
+			// Longer than the reference: byte n is already held, and
+			// nothing past it may go out.
+			return v.fail()
+		}
+		out := n
+		if v.read == v.n && n > 0 {
+			// This read holds byte n: keep it back.
+			v.held, v.hasHeld = p[n-1], true
+			out = n - 1
 		}
 		switch {
 		case err == io.EOF:
-			if !v.ref.done(v.n, v.h.Sum64()) {
-				v.err = ErrBodyChanged
-				return 0, v.err
+			if v.read != v.n || !v.ref.done(v.read, v.h.Sum64()) {
+				return v.fail()
 			}
 			v.eof = true
 			if out > 0 {
@@ -157,95 +220,39 @@ func (v *verifyingBody) Read(p []byte) (int, error) {
 	}
 }
 
+// fail stops the body: it differs from the reference.
+func (v *verifyingBody) fail() (int, error) {
+	v.ref.mismatch()
+	v.err = ErrBodyChanged
+	return 0, v.err
+}
+
 func (v *verifyingBody) Close() error { return v.src.Close() }
 
-// netHTTPGetBody holds the code pointers of the GetBody functions that
-// http.NewRequest installs for a bytes.Buffer, a bytes.Reader and a
-// strings.Reader: each returns a new reader over a snapshot of the bytes
-// the request was made with, so a retry's body is the first attempt's by
-// construction, and needs neither a hash nor a check. A GetBody of any
-// other origin (the caller's own, or one these pointers do not recognise
-// in some future Go) gets the hash and the check.
-var netHTTPGetBody = func() (ptrs [3]uintptr) {
-	for i, b := range []io.Reader{bytes.NewBufferString("x"), bytes.NewReader([]byte("x")), strings.NewReader("x")} {
-		if r, err := http.NewRequest(http.MethodPost, "http://127.0.0.1/", b); err == nil && r.GetBody != nil {
-			ptrs[i] = reflect.ValueOf(r.GetBody).Pointer()
-		}
+// memBody is the engine's ReaderFunc for a body in memory: every attempt
+// reads the same bytes. The first attempt's reader lives in the call
+// state; later ones are new, since net/http may still be reading the
+// previous one when the engine starts the next attempt. A *bytes.Reader,
+// which the engine wraps in io.NopCloser: net/http writes such a body
+// with the request head, in one write.
+func (a *operation) memBody() (io.Reader, error) {
+	if a.probing {
+		return http.NoBody, nil // Do sets ContentLength from the buffer
 	}
-	return ptrs
-}()
-
-// trustedBody reports whether req's GetBody is the one http.NewRequest
-// made for mem, req's in-memory body (from inMemory), and the body is
-// still whole (nothing read from it since, nothing appended), so that
-// GetBody returns exactly the bytes the first attempt sends.
-func trustedBody(req *http.Request, mem io.Reader) bool {
-	p := reflect.ValueOf(req.GetBody).Pointer()
-	if p == 0 || (p != netHTTPGetBody[0] && p != netHTTPGetBody[1] && p != netHTTPGetBody[2]) {
-		return false
+	if !a.memUsed {
+		a.memUsed = true
+		a.memReader.Reset(a.mem)
+		return &a.memReader, nil
 	}
-	l, ok := mem.(interface{ Len() int }) // all three in-memory readers
-	return ok && int64(l.Len()) == req.ContentLength
+	return bytes.NewReader(a.mem), nil
 }
 
-// nopCloserTypes are the types io.NopCloser returns, which net/http looks
-// through in the same way to find an in-memory body.
-var nopCloserTypes = [...]reflect.Type{
-	reflect.TypeOf(io.NopCloser(nil)),
-	reflect.TypeOf(io.NopCloser(bytes.NewReader(nil))),
-}
-
-// inMemory returns the in-memory reader under body (itself, or inside
-// io.NopCloser), or nil if body is of any other kind.
-func inMemory(body io.Reader) io.Reader {
-	r := body
-	if t := reflect.TypeOf(body); t == nopCloserTypes[0] || t == nopCloserTypes[1] {
-		r, _ = reflect.ValueOf(body).Field(0).Interface().(io.Reader)
-	}
-	switch r.(type) {
-	case *bytes.Reader, *strings.Reader, *bytes.Buffer:
-		return r
-	}
-	return nil
-}
-
-// hashInMemory hashes the unread bytes of an in-memory reader without
-// reading them, and returns their length and hash.
-func hashInMemory(r io.Reader) (int64, uint64) {
-	var h maphash.Hash
-	h.SetSeed(bodySeed)
-	var buf [512]byte
-	hashAt := func(ra io.ReaderAt, off, size int64) int64 {
-		n := int64(0)
-		for off < size {
-			k, _ := ra.ReadAt(buf[:], off)
-			if k == 0 {
-				break
-			}
-			h.Write(buf[:k])
-			off += int64(k)
-			n += int64(k)
-		}
-		return n
-	}
-	var n int64
-	switch r := r.(type) {
-	case *bytes.Buffer:
-		h.Write(r.Bytes())
-		n = int64(r.Len())
-	case *bytes.Reader:
-		n = hashAt(r, r.Size()-int64(r.Len()), r.Size())
-	case *strings.Reader:
-		n = hashAt(r, r.Size()-int64(r.Len()), r.Size())
-	}
-	return n, h.Sum64()
-}
-
-// body is the engine's ReaderFunc for a request with GetBody: the first
-// attempt sends the caller's Body, later ones (and net/http's own rewinds
-// for redirects and dead pooled connections, through the engine's GetBody)
-// a fresh copy from GetBody, checked against the first.
-func (a *attempt) body() (io.Reader, error) {
+// body is the engine's ReaderFunc for a streamed request: the first
+// attempt sends the caller's Body (hashed as it goes, the reference),
+// later ones (and net/http's own rewinds for redirects and dead pooled
+// connections, through the engine's GetBody) a fresh copy from GetBody,
+// checked against the reference.
+func (a *operation) body() (io.Reader, error) {
 	if a.probing {
 		return http.NoBody, nil // Do sets ContentLength from the request
 	}
@@ -257,13 +264,10 @@ func (a *attempt) body() (io.Reader, error) {
 	if err != nil {
 		return nil, a.giveUpJoin(ErrNotReplayable, err, nil)
 	}
-	if a.trusted {
-		return rc, nil
-	}
-	if rc == nil || rc == http.NoBody {
+	if rc == nil {
 		rc = http.NoBody
 	}
 	v := &verifyingBody{}
-	v.reset(rc, &a.bodyRef, a.bodyRef.known())
+	v.reset(rc, &a.bodyRef)
 	return v, nil
 }

@@ -83,6 +83,10 @@ type Client struct {
 	// checks, so that tests can set the clock back.
 	clock func() time.Time
 
+	// onPhase, when set (by tests only, before the first call), sees every
+	// move of every call's lifecycle.
+	onPhase func(from, to phase)
+
 	once sync.Once
 	cfg  config
 }
@@ -105,8 +109,13 @@ type config struct {
 	inflight atomic.Int64
 	// traceable: the Transport is net/http's, which reports httptrace
 	// events, so an attempt that never obtained a connection failed
-	// before anything could be sent (see attempt.wire).
-	traceable bool
+	// before anything could be sent (see wire.go); h2c: it may speak
+	// HTTP/2 over a connection without TLS.
+	traceable, h2c bool
+	// senders gives each operation one sender at a time (lifecycle.go).
+	senders senders
+	// onPhase, for tests, sees every move of every call's lifecycle.
+	onPhase func(from, to phase)
 }
 
 // init resolves the configuration once.
@@ -127,14 +136,20 @@ func (c *Client) init() {
 		if rt == nil {
 			rt = http.DefaultTransport
 		}
-		_, cfg.traceable = rt.(*http.Transport)
+		if t, ok := rt.(*http.Transport); ok {
+			cfg.traceable = true
+			cfg.h2c = t.Protocols != nil && t.Protocols.UnencryptedHTTP2()
+		}
 		// The engine's client has no Timeout: net/http enforces one on a
 		// RoundTripper it does not know (ours) with a goroutine and a
-		// timer per request. attemptTransport applies it instead.
+		// timer per request. attemptTransport applies it instead. Nor has
+		// it a Jar: net/http's adds the jar's cookies to the request's own
+		// header, which the engine sends on every attempt, so attempt three
+		// carried them three times; attemptTransport adds them to each
+		// attempt's copy.
 		cfg.hc = &http.Client{
-			Transport:     attemptTransport{rt: rt, timeout: base.Timeout},
+			Transport:     attemptTransport{rt: rt, timeout: base.Timeout, jar: base.Jar},
 			CheckRedirect: checkRedirect(base.CheckRedirect),
-			Jar:           base.Jar,
 		}
 		cfg.mem = newMemJournal(cfg.pol.retention)
 		cfg.journal = c.Journal
@@ -149,6 +164,7 @@ func (c *Client) init() {
 			cfg.hooks = *c.Hooks
 		}
 		cfg.prepare = c.PrepareRequest
+		cfg.onPhase = c.onPhase
 		cfg.now = c.clock
 		if cfg.now == nil {
 			cfg.now = time.Now
@@ -191,9 +207,33 @@ var defaultTransport = sync.OnceValue(func() http.RoundTripper {
 type attemptTransport struct {
 	rt      http.RoundTripper
 	timeout time.Duration
+	jar     http.CookieJar
 }
 
 func (t attemptTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if t.jar != nil {
+		// As http.Client does for each request it sends, redirect hops
+		// included, but on a copy: the engine reuses r's header for
+		// every attempt, and the caller's header is the caller's.
+		if cookies := t.jar.Cookies(r.URL); len(cookies) > 0 {
+			r2 := *r
+			r2.Header = r.Header.Clone()
+			for _, ck := range cookies {
+				r2.AddCookie(ck)
+			}
+			r = &r2
+		}
+	}
+	resp, err := t.roundTrip(r)
+	if err == nil && t.jar != nil {
+		if rc := resp.Cookies(); len(rc) > 0 {
+			t.jar.SetCookies(r.URL, rc)
+		}
+	}
+	return resp, err
+}
+
+func (t attemptTransport) roundTrip(r *http.Request) (*http.Response, error) {
 	if t.timeout <= 0 {
 		return t.rt.RoundTrip(r)
 	}
@@ -227,7 +267,10 @@ func (b *cancelBody) Close() error {
 // for the operation, or [NewKey]), makes the body replayable and, with a
 // Journal, records the pending entry durably. The key header is found in
 // any letter case; every attempt carries exactly one, in canonical form.
-// req itself is not modified; its Body is closed, as net/http does.
+// req itself is not modified; its Body is closed, as net/http does. Two
+// calls of one operation (the same WithOperation id, or the same key) in
+// one process never send at once: the second waits for the first and
+// then sees its outcome.
 //
 // As with [http.Client.Do], a non-2xx response that is not retried (or
 // whose retries are over and that the contract returns as is, such as a
@@ -235,32 +278,44 @@ func (b *cancelBody) Close() error {
 // as a response with a nil error, and the caller must close its Body. Every
 // other outcome comes back as an error with a nil response, never both:
 //   - before sending: errors wrapping [ErrInvalidRequest], [ErrInvalidKey],
-//     [ErrKeyConflict], [ErrNotReplayable], [ErrKeyExpired], a local
-//     [*KeyMismatchError], or a [*DoneError] for an operation the journal
-//     has done (nothing is sent: done is done);
+//     [ErrKeyConflict], [ErrNotReplayable], [ErrKeyExpired], [ErrClockJump],
+//     a local [*KeyMismatchError], or a [*DoneError] for an operation the
+//     journal has done (nothing is sent: done is done; with
+//     [Policy.KeepResults] the kept result comes back instead, as a
+//     replay);
 //   - from the server: [*KeyMismatchError], or a [*GiveUpError] whose
 //     reason is [ErrExhausted], [ErrInProgress], [ErrBudgetExhausted],
 //     [ErrRetryAfterTooLong], [ErrKeyRequired], [ErrBodyChanged],
 //     [ErrNotReplayable] (GetBody failed on a retry) or the context's error;
-//   - a transport error that must not be retried, untouched, as net/http
-//     returned it: an outcome-unknown failure of a request without a key
-//     and with a non-idempotent method, a certificate error, a request
-//     net/http refused before connecting (an invalid header, an
-//     unsupported scheme), or a CheckRedirect refusal.
+//   - a transport error that must not be retried, as net/http returned it
+//     but with the URL's secrets redacted: an outcome-unknown failure of a
+//     request without a key and with a non-idempotent method, a
+//     certificate error, a request net/http refused before connecting (an
+//     invalid header, an unsupported scheme), or a CheckRedirect refusal.
+//
+// An error matches [ErrNotSent] when the call provably sent nothing the
+// server could act on and left no journal entry behind: only then is it
+// safe to try the operation again under a new key.
 //
 // Redirects: a keyed request, or one whose headers came partly from
 // PrepareRequest or name a secret header, is not followed to another
 // origin (scheme and host): the 3xx response is returned instead, so the
 // key, the body and credentials never reach a host the caller did not
-// name. A redirect that changes the method (303, or 301/302 after POST)
-// drops the key header.
-func (c *Client) Do(req *http.Request) (*http.Response, error) {
+// name; its journal entry stays pending, since nothing ran at the target.
+// A redirect that changes the method (303, or 301/302 after POST) drops
+// the key header.
+func (c *Client) Do(req *http.Request) (*http.Response, error) { return c.do(req, nil, false) }
+
+// do is the one path of every request: Do, the StandardClient's transport
+// (sdk: a final give-up's last response goes back to the SDK) and Resume
+// (resend: the journal entry it resends).
+func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, error) {
 	if req == nil {
-		return nil, fmt.Errorf("idemhttp: %w: nil request", ErrInvalidRequest)
+		return nil, &notSentError{fmt.Errorf("idemhttp: %w: nil request", ErrInvalidRequest)}
 	}
 	if req.URL == nil {
 		closeBody(req)
-		return nil, fmt.Errorf("idemhttp: %w: nil URL", ErrInvalidRequest)
+		return nil, &notSentError{fmt.Errorf("idemhttp: %w: nil URL", ErrInvalidRequest)}
 	}
 	c.init()
 	cfg := &c.cfg
@@ -270,19 +325,19 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	if err := ctx.Err(); err != nil {
 		closeBody(req)
-		return nil, err // nothing sent, nothing journaled
+		return nil, &notSentError{err} // nothing sent, nothing journaled
 	}
 
 	key, explicit, err := callerKey(ctx, req.Header, p.keyHeader)
 	if err != nil {
 		closeBody(req)
-		return nil, err
+		return nil, &notSentError{err}
 	}
 	op, hasOp := operationFromContext(ctx)
 	if hasOp {
 		if err := validateOperation(op); err != nil {
 			closeBody(req)
-			return nil, err
+			return nil, &notSentError{err}
 		}
 	}
 	keyed := key != "" || hasOp || p.needsKey(req.Method)
@@ -293,41 +348,44 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		if j == nil && hasOp {
 			j = cfg.mem
 		}
+		if j != nil && !hasOp && rs == nil && p.requireOperation {
+			closeBody(req)
+			return nil, &notSentError{fmt.Errorf("idemhttp: %w: a journaled call needs an operation id (WithOperation): Policy.RequireOperation", ErrInvalidRequest)}
+		}
 	}
 	body, getBody, err := replayableBody(req, j != nil, p.maxBody)
 	if err != nil {
-		return nil, err
+		return nil, &notSentError{err}
 	}
 
-	a := &attempt{c: c, cfg: cfg, p: p.apply(ctx), operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method)}
-	if j != nil {
-		t0 := c.journalClock()
-		e, created, err := c.begin(ctx, j, req, key, explicit, op, body)
-		if cfg.hooks.OnJournal != nil {
-			ev := idemtrace.JournalEvent{Op: idemtrace.JournalBegin, Operation: op, Err: err}
-			if e != nil {
-				ev.Key, ev.State, ev.Existing = e.Key, string(e.State), !created
-			}
-			c.journalEvent(ctx, ev, t0)
-		}
-		if err != nil {
-			return nil, err
-		}
-		a.j, a.entry = j, e
-		if created {
-			a.fresh = key == "" // minted by begin for this call
-			// A call that stops before its first attempt (a PrepareRequest
-			// error or panic, an unreadable body) told its caller nothing
-			// was sent; the entry must not let Resume send it later.
-			defer a.discardUnsent(ctx)
-		}
-		key = e.Key
-	} else if keyed && key == "" {
-		key, a.fresh = NewKey(), true
+	a := &operation{c: c, cfg: cfg, p: p.apply(ctx), operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method), j: j, sdk: sdk, onPhase: cfg.onPhase}
+	var again *Entry
+	if rs != nil {
+		again, a.mark = rs.entry, rs.mark
 	}
-	a.key = key
-
 	a.req = req // for the call's events until out replaces it
+	a.cctx = callCtx{Context: ctx, a: a}
+	if keyed {
+		var resp *http.Response
+		var ok bool
+		if resp, err, ok = a.open(ctx, req, key, explicit, body, again); !ok {
+			if getBody != nil {
+				closeBody(req)
+			}
+			return resp, err
+		}
+		// A panic in PrepareRequest or a hook still withdraws the entry
+		// and frees the slots; the panic goes on.
+		defer func() {
+			if !a.settled {
+				_, _ = a.settle(ctx, nil, errors.New("idemhttp: panic"))
+			}
+		}()
+	} else {
+		a.advance(phaseAttempting)
+	}
+	key = a.key
+
 	out := req.WithContext(a.context(a.callStart(ctx)))
 	a.req = out
 	switch {
@@ -347,7 +405,7 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 			if getBody != nil {
 				closeBody(req)
 			}
-			return a.end(nil, fmt.Errorf("idemhttp: prepare request: %w", err))
+			return a.settle(ctx, nil, fmt.Errorf("idemhttp: prepare request: %w", err))
 		}
 		if out.Header == nil {
 			out.Header = make(http.Header)
@@ -361,18 +419,14 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	rreq.Request = out
 	switch {
 	case body != nil:
-		err = rreq.SetBody(body)
+		a.mem = body
+		a.probing = true // SetBody reads the body once to measure it
+		err = rreq.SetBody(retryablehttp.ReaderFunc(a.memBody))
+		a.probing = false
+		rreq.ContentLength = int64(len(body))
 	case getBody != nil:
-		switch mem := inMemory(req.Body); {
-		case mem != nil && trustedBody(req, mem):
-			a.firstBody, a.trusted = req.Body, true
-		case mem != nil:
-			a.bodyRef.done(hashInMemory(mem))
-			a.firstBody = req.Body
-		default:
-			a.first.reset(req.Body, &a.bodyRef, false)
-			a.firstBody = &a.first
-		}
+		a.first.reset(req.Body, &a.bodyRef)
+		a.firstBody = &a.first
 		a.getBody = getBody
 		a.probing = true // SetBody reads the body once to measure it
 		err = rreq.SetBody(retryablehttp.ReaderFunc(a.body))
@@ -383,7 +437,7 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		if getBody != nil {
 			closeBody(req)
 		}
-		return a.end(nil, fmt.Errorf("idemhttp: %w: body: %w", ErrNotReplayable, err))
+		return a.settle(ctx, nil, fmt.Errorf("idemhttp: %w: body: %w", ErrNotReplayable, err))
 	}
 
 	a.engine = retryablehttp.Client{
@@ -402,229 +456,23 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	if a.firstBody != nil {
 		_ = a.firstBody.Close() // never sent; net/http would have closed it
 	}
-	if a.entry != nil {
-		c.record(ctx, a.j, a.entry, outcomeState(err), a.lastStatus, a.attempts)
-	}
-	return a.end(resp, err)
-}
-
-// discardUnsent removes the journal entry of a call that created it and
-// stopped before its first attempt. It runs deferred, so a panic in
-// PrepareRequest is covered too. Should the removal fail, the entry is
-// marked abandoned instead: Resume never sends either.
-func (a *attempt) discardUnsent(ctx context.Context) {
-	if a.started {
-		return
-	}
-	ctx = context.WithoutCancel(ctx)
-	t0 := a.c.journalClock()
-	err := a.j.Delete(ctx, a.entry.Key)
-	if err == nil || errors.Is(err, ErrNotFound) {
-		a.c.journalEvent(ctx, idemtrace.JournalEvent{Op: idemtrace.JournalDiscard, Key: a.entry.Key, Operation: a.entry.Operation}, t0)
-		return
-	}
-	err2 := a.j.Finish(ctx, a.entry.Key, Outcome{State: StateAbandoned, At: a.c.stamp(a.j)})
-	a.c.journalEvent(ctx, idemtrace.JournalEvent{Op: idemtrace.JournalDiscard, Key: a.entry.Key, Operation: a.entry.Operation, State: string(StateAbandoned), Err: errors.Join(err, err2)}, t0)
-	if a.cfg.logger != nil {
-		a.cfg.logger.LogAttrs(ctx, slog.LevelError, "idemhttp: journal: could not withdraw an entry that was never sent",
-			slog.String("key", a.entry.Key), slog.String("error", errors.Join(err, err2).Error()))
-	}
-}
-
-// replayableBody makes req's body resendable: GetBody when the request has
-// one (and no journal needs the bytes), else the body read into memory,
-// up to maxBody, and closed. With GetBody, req.Body stays open: the first
-// attempt sends it, as net/http would.
-func replayableBody(req *http.Request, needBytes bool, maxBody int64) ([]byte, func() (io.ReadCloser, error), error) {
-	if req.Body == nil || req.Body == http.NoBody {
-		return nil, nil, nil
-	}
-	if req.GetBody != nil && !needBytes {
-		return nil, req.GetBody, nil
-	}
-	defer closeBody(req)
-	// Sized from Content-Length (+1 so reaching EOF needs no growth):
-	// bytes.Buffer.ReadFrom would double a 1 KiB buffer to keep 512 bytes
-	// free, for every journaled request.
-	size := 512
-	if req.ContentLength > 0 && req.ContentLength <= maxBody {
-		size = int(req.ContentLength) + 1
-	}
-	buf := make([]byte, 0, size)
-	r := io.LimitReader(req.Body, maxBody+1)
-	for {
-		n, err := r.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, nil, fmt.Errorf("idemhttp: %w: read body: %w", ErrInvalidRequest, err)
-		}
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-	}
-	if int64(len(buf)) > maxBody {
-		return nil, nil, fmt.Errorf("idemhttp: %w: body larger than MaxBodyBytes (%d)", ErrNotReplayable, maxBody)
-	}
-	if len(buf) == 0 {
-		return nil, nil, nil
-	}
-	return buf, nil, nil
-}
-
-func closeBody(req *http.Request) {
-	if req.Body != nil {
-		_ = req.Body.Close()
-	}
-}
-
-// outcomeState maps a call's result to its journal state: a response or
-// a refusal that no retry would change is done; a give-up or a transport
-// error leaves the operation pending, for Resume.
-func outcomeState(err error) State {
-	if err == nil || errors.Is(err, ErrKeyMismatch) || errors.Is(err, ErrKeyRequired) {
-		return StateDone
-	}
-	return StatePending
-}
-
-// begin records the pending entry for a keyed call before anything is
-// sent, or finds the entry a previous run left for the same operation.
-// created reports whether the entry is this call's own.
-//
-// An operation's journaled key wins over a key in the request's header:
-// the caller declared the operation's identity with WithOperation, and an
-// SDK that mints a key per call (stripe-go does) would otherwise make a
-// rerun of the operation a new one. A key given with WithKey that differs
-// from the journal's is a conflict.
-func (c *Client) begin(ctx context.Context, j Journal, req *http.Request, key string, explicit bool, op string, body []byte) (e *Entry, created bool, err error) {
-	p := &c.cfg.pol
-	url, err := contract.JournalURLOf(req.URL, p.redactQuery)
-	if err != nil {
-		return nil, false, err
-	}
-	fp := contract.Fingerprint(req.Method, url, body)
-	candidate := key
-	if candidate == "" {
-		candidate = NewKey()
-	}
-	h := req.Header.Clone()
-	contract.DropSecrets(h, p.keyHeader, c.cfg.secrets)
-	now := c.stamp(j)
-	e = &Entry{
-		Operation:   op,
-		Key:         candidate,
-		Method:      req.Method,
-		URL:         url,
-		Header:      h,
-		Body:        body,
-		Fingerprint: fp,
-		Created:     now,
-		Updated:     now,
-		State:       StatePending,
-	}
-	existing, err := j.Begin(ctx, e)
-	if err != nil {
-		return nil, false, fmt.Errorf("idemhttp: journal: %w", err)
-	}
-	if existing == nil {
-		return e, true, nil
-	}
-	if explicit && existing.Key != key {
-		return nil, false, fmt.Errorf("idemhttp: %w: operation %q has key %s in the journal, request has %s", ErrKeyConflict, op, existing.Key, key)
-	}
-	if existing.Fingerprint != fp {
-		return nil, false, &KeyMismatchError{Key: existing.Key, Operation: existing.Operation}
-	}
-	if existing.State == StateDone {
-		return nil, false, &DoneError{Operation: existing.Operation, Key: existing.Key, Status: existing.LastStatus, Attempts: existing.Attempts, Finished: existing.Updated}
-	}
-	// The entry's age is judged by the clock that stamped it.
-	now, err = c.journalNow(ctx, j)
-	if err != nil {
-		return nil, false, fmt.Errorf("idemhttp: journal: %w", err)
-	}
-	if contract.Latest(existing.Created, existing.Updated).After(now.Add(ClockTolerance)) {
-		return nil, false, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", existing.Operation, existing.Key, existing.Created.Format(time.RFC3339), ErrClockJump)
-	}
-	// The entry's own times may be older than the clock while newer
-	// entries, pruned since, showed the clock was set back: then this
-	// entry's age, checked below against the retention, is not known.
-	mark, err := journalHighWater(ctx, j)
-	if err != nil {
-		return nil, false, fmt.Errorf("idemhttp: journal: %w", err)
-	}
-	if mark.After(now.Add(ClockTolerance)) {
-		return nil, false, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w: the journal holds times up to %s, the clock says %s",
-			existing.Operation, existing.Key, existing.Created.Format(time.RFC3339), ErrClockJump, mark.Format(time.RFC3339), now.Format(time.RFC3339))
-	}
-	if existing.State == StateAbandoned || now.Sub(existing.Created) > p.retention {
-		return nil, false, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", existing.Operation, existing.Key, existing.Created.Format(time.RFC3339), ErrKeyExpired)
-	}
-	return existing, false, nil
-}
-
-// retainer is implemented by a [Journal] that prunes done entries by
-// itself: it must keep them for the client's Policy.Retention.
-type retainer interface {
-	Retain(d time.Duration)
-}
-
-// journalClock is implemented by a [Journal] that keeps its own clock: it
-// stamps the entries and outcomes it is given with zero times, and the
-// client judges their ages by Now, so that one clock ages the entries of
-// every process sharing the journal.
-type journalClock interface {
-	Now(ctx context.Context) (time.Time, error)
-}
-
-// stamp returns the time to write into an entry or outcome for j: zero
-// for a journal with its own clock, which stamps it, else the client's.
-func (c *Client) stamp(j Journal) time.Time {
-	if _, ok := j.(journalClock); ok {
-		return time.Time{}
-	}
-	return c.cfg.now()
-}
-
-// journalNow returns the time by which j's entries are aged: j's own
-// clock when it keeps one, else the client's.
-func (c *Client) journalNow(ctx context.Context, j Journal) (time.Time, error) {
-	if jc, ok := j.(journalClock); ok {
-		t, err := jc.Now(ctx)
-		if err != nil {
-			return time.Time{}, fmt.Errorf("clock: %w", err)
-		}
-		return t, nil
-	}
-	return c.cfg.now(), nil
-}
-
-// record writes a call's outcome to its journal entry. A failure here
-// cannot change the call's result (the request already went out), and
-// leaves the entry pending, which Resume resolves by resending with the
-// same key; so it is logged, not returned.
-func (c *Client) record(ctx context.Context, j Journal, e *Entry, s State, status, attempts int) {
-	if e == nil {
-		return
-	}
-	t0 := c.journalClock()
-	err := j.Finish(context.WithoutCancel(ctx), e.Key, Outcome{State: s, Status: status, Attempts: attempts, At: c.stamp(j)})
-	c.journalEvent(ctx, idemtrace.JournalEvent{Op: idemtrace.JournalFinish, Key: e.Key, Operation: e.Operation, State: string(s), Err: err}, t0)
-	if err != nil && c.cfg.logger != nil {
-		c.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemhttp: journal finish failed; entry stays pending",
-			slog.String("key", e.Key), slog.String("state", string(s)), slog.String("error", err.Error()))
-	}
+	return a.settle(ctx, resp, err)
 }
 
 // StandardClient returns an [http.Client] that sends every request
 // through c, so any SDK that accepts an *http.Client gets keys and safe
 // retries. A key the SDK sets itself (stripe-go sets Idempotency-Key) is
 // kept, not replaced, except under [WithOperation] with a journal, where
-// the journal's key for the operation wins. Errors reach the SDK wrapped in
-// [*url.Error]; errors.Is and errors.As still see the typed errors of
+// the journal's key for the operation wins.
+//
+// It follows no redirect itself: c follows those its rules allow, and a
+// 3xx it returns (to another origin, say) comes back to the SDK as the
+// response, never followed by net/http behind c's back. A call that gives
+// up on a final status (retries exhausted on 503, a 409 in progress that
+// never cleared, a key mismatch) hands the SDK that last response, whole,
+// so that the SDK parses its own error body; [ResponseInfo] of it reports
+// the client's typed error in Info.Err. Other errors reach the SDK wrapped
+// in [*url.Error]; errors.Is and errors.As still see the typed errors of
 // [Client.Do]. Its CloseIdleConnections does nothing: the pool belongs to
 // c.HTTPClient. Its Transport is the [http.RoundTripper] to hand a library
 // that wants one.
@@ -640,9 +488,16 @@ func (c *Client) record(ctx context.Context, j Journal, e *Entry, s State, statu
 //		MaxNetworkRetries: stripe.Int64(0), // idemhttp retries
 //	})
 func (c *Client) StandardClient() *http.Client {
-	return &http.Client{Transport: roundTripper{c}}
+	return &http.Client{
+		Transport: roundTripper{c},
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse // c applied the redirect rules
+		},
+	}
 }
 
 type roundTripper struct{ c *Client }
 
-func (t roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { return t.c.Do(req) }
+func (t roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	return t.c.do(req, nil, true)
+}

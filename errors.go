@@ -86,6 +86,19 @@ var (
 	// for the clock to catch up.
 	ErrClockJump = errors.New("journal entry is newer than the clock: the clock jumped")
 
+	// ErrNotSent: the call sent nothing the server could act on, on any
+	// attempt, and left no journal entry that Client.Resume would send: a
+	// refusal before sending, a PrepareRequest error, or attempts that all
+	// failed with positive evidence that nothing left (refused connections,
+	// DNS failures, failed TLS handshakes, a request net/http refused
+	// locally; see docs/lifecycle.md). Only then is trying the operation
+	// again under a new key safe. Errors of calls that may have sent do
+	// not match it, whatever their cause; nor do refusals about an
+	// operation that an earlier call may have run ([ErrAlreadyDone],
+	// [ErrKeyExpired], [ErrClockJump], [ErrKeyConflict], a journal's own
+	// failure).
+	ErrNotSent = errors.New("request not sent")
+
 	// ErrNotFound: the journal has no entry for that key or operation.
 	ErrNotFound = errors.New("journal entry not found")
 
@@ -122,6 +135,11 @@ type GiveUpError struct {
 
 	Reason error // why the client stopped: a sentinel or a context error
 	Err    error // the last attempt's error, nil if it got a response
+
+	// NotSent: no attempt can have reached the server, and no journal
+	// entry is left behind (see [ErrNotSent], which the error then
+	// matches).
+	NotSent bool
 }
 
 // Error describes the give-up in one line.
@@ -150,10 +168,14 @@ func (e *GiveUpError) Error() string {
 // Unwrap returns the reason and the last attempt's error, so that
 // [errors.Is] matches either.
 func (e *GiveUpError) Unwrap() []error {
-	if e.Err == nil {
-		return []error{e.Reason}
+	errs := []error{e.Reason}
+	if e.Err != nil {
+		errs = append(errs, e.Err)
 	}
-	return []error{e.Reason, e.Err}
+	if e.NotSent {
+		errs = append(errs, ErrNotSent)
+	}
+	return errs
 }
 
 // DoneError reports that an operation is already done in the journal, so
@@ -161,12 +183,18 @@ func (e *GiveUpError) Unwrap() []error {
 // or past it, and a batch rerun skips what its earlier run completed
 // instead of resending it (or, past the retention, refusing it as
 // expired). It matches [ErrAlreadyDone].
+//
+// To get a done operation's result back on a rerun, set
+// [Policy.KeepResults] (the journal keeps a copy of the final response and
+// the rerun returns it as a replay) or [Policy.RefetchDone] (the rerun asks
+// the server again with the key, within the retention).
 type DoneError struct {
 	Operation string    // the operation id
 	Key       string    // the key it was sent with
 	Status    int       // the status of its definite outcome
 	Attempts  int       // attempts it took, across runs
 	Finished  time.Time // when it was recorded done
+	Result    *Result   // the kept result, if any (set when a resend, not a rerun, met the done entry)
 }
 
 // Error describes the done operation.

@@ -18,15 +18,15 @@ func hooksSet(h *idemtrace.Hooks) bool {
 }
 
 // call returns the event identity of a.
-func (a *attempt) call() idemtrace.CallEvent {
+func (a *operation) call() idemtrace.CallEvent {
 	if a.redURL == "" {
-		a.redURL = contract.RedactURL(a.req.URL, a.p.redactQuery)
+		a.redURL = contract.RedactURL(a.req.URL, a.p.redactQuery, a.p.redactPath)
 	}
 	return idemtrace.CallEvent{Method: a.req.Method, URL: a.redURL, Key: a.key, Operation: a.operation}
 }
 
 // hookCtx is the context hooks get: the call's.
-func (a *attempt) hookCtx() context.Context { return &a.cctx }
+func (a *operation) hookCtx() context.Context { return &a.cctx }
 
 // engineRequestHook is the engine's RequestLogHook, installed only on calls
 // with attempt hooks: it times the attempt and reports its start.
@@ -42,7 +42,7 @@ func engineRequestHook(_ retryablehttp.Logger, r *http.Request, _ int) {
 }
 
 // attemptDone reports an attempt's outcome.
-func (a *attempt) attemptDone(resp *http.Response, err error, class idemtrace.ErrorClass) {
+func (a *operation) attemptDone(resp *http.Response, err error, class idemtrace.ErrorClass) {
 	h := &a.cfg.hooks
 	if h.OnAttemptDone == nil {
 		return
@@ -58,7 +58,7 @@ func (a *attempt) attemptDone(resp *http.Response, err error, class idemtrace.Er
 }
 
 // callStart reports the call's start and returns the call's context.
-func (a *attempt) callStart(ctx context.Context) context.Context {
+func (a *operation) callStart(ctx context.Context) context.Context {
 	h := &a.cfg.hooks
 	if h.OnCallStart == nil && h.OnCallDone == nil {
 		return ctx
@@ -73,7 +73,7 @@ func (a *attempt) callStart(ctx context.Context) context.Context {
 }
 
 // end reports the call's result and returns it unchanged.
-func (a *attempt) end(resp *http.Response, err error) (*http.Response, error) {
+func (a *operation) end(resp *http.Response, err error) (*http.Response, error) {
 	h := &a.cfg.hooks
 	if h.OnCallDone == nil {
 		return resp, err

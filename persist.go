@@ -339,3 +339,39 @@ func cloneResult(r *Result) *Result {
 	}
 	return &Result{Status: r.Status, Header: r.Header.Clone(), Body: bytes.Clone(r.Body)}
 }
+
+// retainer is implemented by a [Journal] that prunes done entries by
+// itself: it must keep them for the client's Policy.Retention.
+type retainer interface {
+	Retain(d time.Duration)
+}
+
+// journalClock is implemented by a [Journal] that keeps its own clock: it
+// stamps the entries and outcomes it is given with zero times, and the
+// client judges their ages by Now, so that one clock ages the entries of
+// every process sharing the journal.
+type journalClock interface {
+	Now(ctx context.Context) (time.Time, error)
+}
+
+// stamp returns the time to write into an entry or outcome for j: zero
+// for a journal with its own clock, which stamps it, else the client's.
+func (c *Client) stamp(j Journal) time.Time {
+	if _, ok := j.(journalClock); ok {
+		return time.Time{}
+	}
+	return c.cfg.now()
+}
+
+// journalNow returns the time by which j's entries are aged: j's own
+// clock when it keeps one, else the client's.
+func (c *Client) journalNow(ctx context.Context, j Journal) (time.Time, error) {
+	if jc, ok := j.(journalClock); ok {
+		t, err := jc.Now(ctx)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("clock: %w", err)
+		}
+		return t, nil
+	}
+	return c.cfg.now(), nil
+}

@@ -81,6 +81,41 @@ type Policy struct {
 	// belong in [Client.PrepareRequest].
 	RedactQuery []string
 
+	// RedactPathAfter names path prefixes after which the rest of a URL's
+	// path is a secret (a webhook's token: "/services/" for Slack,
+	// "/api/webhooks/" for Discord): it is replaced by "REDACTED" in
+	// errors, events and logs, as the user part of a URL always is. A
+	// journaled request's URL is stored whole, so keep such tokens out of
+	// journaled URLs (add them in [Client.PrepareRequest], which may
+	// rewrite the URL).
+	RedactPathAfter []string
+
+	// KeepResults, with a journal (or WithOperation without one), keeps a
+	// copy of a done operation's final response with its entry, when its
+	// body is at most this many bytes: status, the headers a caller reads
+	// (Content-Type, Location, request ids and the like; never
+	// Set-Cookie), and the body. A rerun of the done operation then gets
+	// that response back, marked a replay ([Replayed] is true,
+	// Info.FromJournal too), and sends nothing, instead of a [*DoneError]:
+	// a charge's id survives a crash between the server's answer and the
+	// caller saving it. The body is read before Do returns. 0 keeps none;
+	// a journal file holds the copies, so size them with it.
+	KeepResults int64
+
+	// RefetchDone makes a rerun of a done operation whose result was not
+	// kept ask the server again, with the same key and body, while the
+	// entry is within Retention: the server answers from its stored
+	// response and runs nothing. Past the retention the server may have
+	// forgotten the key, and the rerun gets a [*DoneError] instead.
+	RefetchDone bool
+
+	// RequireOperation refuses, with [ErrInvalidRequest] and before
+	// anything is sent, a keyed call without [WithOperation] by a Client
+	// with a Journal. Without an operation id, only [Client.Resume]
+	// protects such a call after a crash: a rerun of the same work mints a
+	// new key.
+	RequireOperation bool
+
 	// RetriedDeleteNotFoundOK reports a 404 to a DELETE as 204 No Content
 	// when an earlier attempt of the same call may have run without its
 	// answer reaching the client (a timeout or a reset after sending): that
@@ -164,6 +199,10 @@ type policy struct {
 	shouldRetry        bool
 	inProgressPatience time.Duration
 	redactQuery        []string // lower case, defaults included
+	redactPath         []string
+	keepResults        int64
+	refetchDone        bool
+	requireOperation   bool
 	deleteGoneOK       bool
 	classify           func(*http.Response, error) Verdict
 }
@@ -186,6 +225,10 @@ func (p *Policy) resolve() policy {
 		inProgressPatience: p.InProgressPatience,
 		deleteGoneOK:       p.RetriedDeleteNotFoundOK,
 		redactQuery:        contract.SecretQueryNames(p.RedactQuery),
+		redactPath:         slices.Clone(p.RedactPathAfter),
+		keepResults:        max(p.KeepResults, 0),
+		refetchDone:        p.RefetchDone,
+		requireOperation:   p.RequireOperation,
 		classify:           p.Classify,
 	}
 	if p.KeyMethods != nil && r.keyMethods == nil {
@@ -294,7 +337,11 @@ func (p *policy) classifyStatus(resp *http.Response, sig signals, peek func() []
 			return vInProgress, idemtrace.ReasonInProgress
 		}
 	case http.StatusUnprocessableEntity:
-		if sig.keyed && !sig.fresh && bodyEvidence(peek()) == evIdempotency {
+		// Key reuse, as deployed servers answer it: a body naming
+		// idempotency, or a bare 422 (an HTML error page, plain text,
+		// nothing) to a key that may have been used before. A structured
+		// body about something else is the application's validation.
+		if sig.keyed && !sig.fresh && bodyEvidence(peek()) != evOther {
 			return vMismatch, ""
 		}
 	case http.StatusBadRequest:

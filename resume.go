@@ -63,7 +63,7 @@ type ResumeOptions struct {
 // entry whose body was not stored cannot be resent either
 // ([ErrNotReplayable]). Nor is an entry when the clock is behind the
 // journal, by more than [ClockTolerance]: an entry created or updated in
-// the future, or, with a journal that implements a clock journal (one with HighWater) (as
+// the future, or, with a journal that keeps a high-water mark (as
 // [github.com/idemkit/idemhttp/filejournal.Journal] does), a clock below the latest time the journal ever
 // recorded, entries pruned since included. Entries' ages cannot be known
 // then, so every entry is reported with an error wrapping [ErrClockJump]
@@ -114,7 +114,6 @@ func (c *Client) Resume(ctx context.Context, opts *ResumeOptions) ([]ResumeResul
 	for _, e := range pending {
 		newest = contract.Latest(newest, e.Created, e.Updated)
 	}
-	clockBack := newest.After(now.Add(ClockTolerance))
 	if o.Filter != nil {
 		kept := make([]*Entry, 0, len(pending)) // not in place: Entries is the caller's
 		for _, e := range pending {
@@ -141,13 +140,7 @@ func (c *Client) Resume(ctx context.Context, opts *ResumeOptions) ([]ResumeResul
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				var r ResumeResult
-				if clockBack {
-					r = ResumeResult{Entry: pending[i], Err: fmt.Errorf("idemhttp: resume %s: %w: the journal holds times up to %s, the clock says %s",
-						pending[i].Key, ErrClockJump, newest.Format(time.RFC3339), now.Format(time.RFC3339))}
-				} else {
-					r = c.resumeOne(ctx, j, pending[i], now, time.Time{})
-				}
+				r := c.resumeOne(ctx, pending[i], newest)
 				if o.OnResult != nil {
 					mu.Lock()
 					o.OnResult(r)
@@ -191,7 +184,7 @@ dispatch:
 // machine's clock stepped by NTP, disagree by that much.
 const ClockTolerance = time.Minute
 
-// journalHighWater returns j's high-water mark if it is a a clock journal (one with HighWater),
+// journalHighWater returns j's high-water mark if it has one (HighWater),
 // else the zero Time.
 func journalHighWater(ctx context.Context, j Journal) (time.Time, error) {
 	cj, ok := j.(clockJournal)
@@ -205,28 +198,15 @@ func journalHighWater(ctx context.Context, j Journal) (time.Time, error) {
 	return t, nil
 }
 
-// resumeOne resends e. mark is the journal's high-water mark, when the
-// caller has not checked the clock against it already.
-func (c *Client) resumeOne(ctx context.Context, j Journal, e *Entry, now, mark time.Time) ResumeResult {
+// resumeOne resends e through the one path of every call (Client.do):
+// as the operation's one sender in this process, after reading the entry
+// again (a call may have finished or withdrawn it since it was listed),
+// and after the rules every resend of an existing entry passes
+// (operation.judge: the retention, the clock against mark, the newest time
+// the journal holds or held).
+func (c *Client) resumeOne(ctx context.Context, e *Entry, mark time.Time) ResumeResult {
 	r := ResumeResult{Entry: e}
 	c.journalEvent(ctx, idemtrace.JournalEvent{Op: idemtrace.JournalResume, Key: e.Key, Operation: e.Operation, State: string(e.State)}, time.Time{})
-	if t := contract.Latest(e.Created, e.Updated, mark); t.After(now.Add(ClockTolerance)) {
-		r.Err = fmt.Errorf("idemhttp: resume %s (created %s): %w: the journal holds times up to %s, the clock says %s",
-			e.Key, e.Created.Format(time.RFC3339), ErrClockJump, t.Format(time.RFC3339), now.Format(time.RFC3339))
-		return r
-	}
-	if now.Sub(e.Created) > c.cfg.pol.retention {
-		if err := j.Finish(ctx, e.Key, Outcome{State: StateAbandoned, Status: e.LastStatus, At: c.stamp(j)}); err != nil {
-			r.Err = fmt.Errorf("idemhttp: resume %s: %w", e.Key, err)
-			return r
-		}
-		r.Err = fmt.Errorf("idemhttp: resume %s (created %s): %w", e.Key, e.Created.Format(time.RFC3339), ErrKeyExpired)
-		return r
-	}
-	if e.Body == nil && contract.Fingerprint(e.Method, e.URL, nil) != e.Fingerprint {
-		r.Err = fmt.Errorf("idemhttp: resume %s: %w: the journal does not store bodies", e.Key, ErrNotReplayable)
-		return r
-	}
 	rctx := WithKey(ctx, e.Key)
 	if e.Operation != "" {
 		rctx = WithOperation(rctx, e.Operation)
@@ -243,7 +223,7 @@ func (c *Client) resumeOne(ctx context.Context, j Journal, e *Entry, now, mark t
 	for k, v := range e.Header {
 		req.Header[k] = v
 	}
-	resp, err := c.Do(req)
+	resp, err := c.do(req, &resend{entry: e, mark: mark}, false)
 	if err != nil {
 		r.Err = err
 		return r
@@ -252,4 +232,11 @@ func (c *Client) resumeOne(ctx context.Context, j Journal, e *Entry, now, mark t
 	r.StatusCode, r.Header, r.Replayed = resp.StatusCode, resp.Header, Replayed(resp)
 	r.Body, r.Err = io.ReadAll(io.LimitReader(resp.Body, c.cfg.pol.maxBody))
 	return r
+}
+
+// resend is what Resume hands the call path: the entry it resends, and
+// the journal's high-water mark it read once for all its entries.
+type resend struct {
+	entry *Entry
+	mark  time.Time
 }

@@ -11,7 +11,6 @@ import (
 	"net/http/httptrace"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idemhttp/idemtrace"
@@ -45,11 +44,12 @@ import (
 // idempotency signal.
 const peekLen = 4 << 10
 
-// attempt is the state of one Do call across its attempts. It rides in
-// the outgoing request's context (callCtx), which is how the engine's hooks
-// (plain functions, so a call allocates no closures for them), the
-// redirect policy and ResponseInfo find it.
-type attempt struct {
+// operation is the state of one call of an operation across its attempts:
+// its lifecycle (lifecycle.go) and the attempt loop's bookkeeping. It
+// rides in the outgoing request's context (callCtx), which is how the
+// engine's hooks (plain functions, so a call allocates no closures for
+// them), the redirect policy and ResponseInfo find it.
+type operation struct {
 	c    *Client
 	cfg  *config
 	p    *policy
@@ -73,6 +73,22 @@ type attempt struct {
 	unknown bool // an attempt may have reached the server without an answer reaching us
 	started bool // the first attempt began
 
+	// The lifecycle (lifecycle.go).
+	phase           phase
+	onPhase         func(from, to phase) // tests only
+	badMoves        [][2]phase           // moves the lifecycle refused: a bug
+	held            []string             // the senders' slots this call holds
+	created         bool                 // the journal entry is this call's own
+	reached         bool                 // an attempt may have reached a server (or got an answer)
+	settled         bool                 // the outcome is written (or the call was answered locally)
+	refetch         bool                 // a done operation resent to get its result (Policy.RefetchDone)
+	redirectRefused bool                 // a 3xx was returned unfollowed: nothing ran at its target
+	sdk             bool                 // StandardClient's transport: a final give-up's last response goes back
+	passedThrough   bool                 // sdk: the response returned is a give-up's (passErr)
+	passErr         error
+	fromJournal     bool      // the response is the journal's copy of the result
+	mark            time.Time // the journal's high-water mark, when Resume read it for all its entries
+
 	lastStatus int
 	lastErr    error
 	retryAfter time.Duration
@@ -81,13 +97,9 @@ type attempt struct {
 	bo         *backoff.ExponentialBackOff
 	origStatus int // the server's status when the policy rewrote it
 
-	// What the connection saw during the current attempt (httptrace):
-	// GetConn calls (the transport reports events and tried to connect)
-	// and WroteHeaders calls (a whole request head was handed to the
-	// connection; more than one means net/http resent it by itself).
-	trace  httptrace.ClientTrace
-	conns  atomic.Int32
-	writes atomic.Int32
+	// What the connection saw during the current attempt (wire.go).
+	trace httptrace.ClientTrace
+	wire  wireTally
 
 	j     Journal // the journal holding entry, nil if none
 	entry *Entry
@@ -96,12 +108,14 @@ type attempt struct {
 	// (hashed as it goes), later ones a fresh copy from GetBody, checked
 	// against the first (body.go). probing is set while the engine
 	// measures the body.
+	mem       []byte // a body in memory, sent whole by every attempt
+	memReader bytes.Reader
+	memUsed   bool
 	firstBody io.ReadCloser
 	first     verifyingBody
 	bodyRef   bodyRef
 	getBody   func() (io.ReadCloser, error)
 	probing   bool
-	trusted   bool // GetBody is net/http's own over the same bytes: no check needed
 
 	engine retryablehttp.Client
 	rreq   retryablehttp.Request
@@ -118,7 +132,7 @@ type attempt struct {
 // allocation per call.
 type callCtx struct {
 	context.Context
-	a *attempt
+	a *operation
 }
 
 // Value returns the call state for callCtxKey and defers to the caller's
@@ -133,16 +147,15 @@ func (c *callCtx) Value(key any) any {
 // context returns the outgoing request's context: parent with the call
 // state and the trace that tells whether an attempt reached the wire.
 // httptrace composes it with any trace the caller installed.
-func (a *attempt) context(parent context.Context) context.Context {
-	a.trace.GetConn = func(string) { a.conns.Add(1) }
-	a.trace.WroteHeaders = func() { a.writes.Add(1) }
+func (a *operation) context(parent context.Context) context.Context {
+	a.wire.install(&a.trace, a.cfg.h2c || !strings.EqualFold(a.req.URL.Scheme, "http"), a.cfg.h2c)
 	a.cctx = callCtx{Context: httptrace.WithClientTrace(parent, &a.trace), a: a}
 	return &a.cctx
 }
 
 // attemptFrom returns the call state riding in ctx.
-func attemptFrom(ctx context.Context) *attempt {
-	a, _ := ctx.Value(callCtxKey).(*attempt)
+func attemptFrom(ctx context.Context) *operation {
+	a, _ := ctx.Value(callCtxKey).(*operation)
 	return a
 }
 
@@ -178,6 +191,15 @@ type Info struct {
 	// OriginalStatus is the server's status when the policy rewrote it
 	// ([Policy.RetriedDeleteNotFoundOK]); 0 otherwise.
 	OriginalStatus int
+
+	// FromJournal: nothing was sent; the response is the result the
+	// journal kept for the done operation ([Policy.KeepResults]).
+	FromJournal bool
+
+	// Err is the error the client gave up with when, through
+	// [Client.StandardClient], it handed an SDK the last response instead
+	// (a [*GiveUpError] or a [*KeyMismatchError]); nil otherwise.
+	Err error
 }
 
 // ResponseInfo reports the key, operation, attempt count and replay flag of
@@ -199,19 +221,23 @@ func ResponseInfo(resp *http.Response) (info Info, ok bool) {
 	}
 	return Info{
 		Key: a.key, Operation: a.operation, Attempts: a.attempts, Replayed: Replayed(resp),
-		UnknownOutcome: a.unknown, OriginalStatus: a.origStatus,
+		UnknownOutcome: a.unknown, OriginalStatus: a.origStatus, FromJournal: a.fromJournal, Err: a.passErr,
 	}, true
 }
 
 // checkRetry is the engine's CheckRetry: it classifies the attempt, decides
 // whether to retry, and computes the wait.
-func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
+func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
 	a.attempts++
 	a.waiting = false
-	conns, writes := a.conns.Swap(0), a.writes.Swap(0)
-	if writes > 1 {
+	w := a.wire.take()
+	if w.writes > 1 {
 		a.resent = true
 	}
+	err = a.redact(err)
+	// The lifecycle's evidence: whether this attempt can have reached the
+	// server (wire.go). An answer always did.
+	a.sawAttempt(resp != nil || !w.notSent(a.cfg.traceable))
 	if a.bodyRef.differed() {
 		// The body from GetBody was not the one sent before: it was cut
 		// short (see body.go), and it must not go out under this key.
@@ -229,7 +255,7 @@ func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error
 		if resp != nil {
 			// net/http returns a response with an error only when
 			// CheckRedirect refused to follow it: the same request would
-			// get the same redirect. The engine hands err back untouched.
+			// get the same redirect. The engine hands err back.
 			a.attemptDone(nil, err, idemtrace.ClassPermanent)
 			return false, nil
 		}
@@ -237,20 +263,20 @@ func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error
 			a.attemptDone(nil, err, idemtrace.ClassCanceled)
 			return false, a.stopped(ctxErr)
 		}
-		class := a.wire(err, conns, writes)
+		class := a.classify(err, w)
 		a.attemptDone(nil, err, errClassNames[class])
 		if class == errUnknown {
 			a.unknown = true
 		}
 		if c, ok := a.p.classifyError(err, class, a.safe); ok {
 			if c == errPermanent {
-				return false, nil // the engine hands err back untouched
+				return false, nil // the engine hands err back
 			}
 			return a.retry(ctx, idemtrace.ReasonClassified, nil, isTimeout(err))
 		}
 		switch class {
 		case errPermanent:
-			return false, nil // the engine hands err back untouched
+			return false, nil // the engine hands err back
 		case errNotSent:
 			return a.retry(ctx, idemtrace.ReasonNotSent, nil, false)
 		}
@@ -280,7 +306,7 @@ func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error
 	case vInProgress:
 		return a.retryInProgress(ctx, resp)
 	case vMismatch:
-		return false, &KeyMismatchError{Key: a.key, StatusCode: resp.StatusCode, Body: snippet(resp)}
+		return false, &KeyMismatchError{Key: a.key, StatusCode: resp.StatusCode, Body: a.snippet(resp)}
 	case vKeyRequired:
 		return false, a.giveUp(ErrKeyRequired, resp)
 	}
@@ -303,36 +329,9 @@ func (a *attempt) checkRetry(ctx context.Context, resp *http.Response, err error
 	return false, nil
 }
 
-// wire decides from what the connection saw, not from the error's type,
-// whether a failed attempt can have reached the server. The one exception
-// is a certificate the client refused, which no retry can fix.
-//
-//   - The transport tried to connect (GetConn) and no request head was
-//     written (WroteHeaders): nothing the server could act on left, so any
-//     method may be resent. This covers refused connections, DNS failures
-//     and TLS handshake failures, and it is false for a TLS record error
-//     that arrives after the request was written.
-//   - net/http's own Transport never tried to connect: it refused the
-//     request itself (an invalid header, an unsupported scheme, a proxy
-//     setting), and an identical retry fails identically.
-//   - Anything else, including a Transport that reports no httptrace
-//     events at all, may have reached the server.
-func (a *attempt) wire(err error, conns, writes int32) errClass {
-	if isCertError(err) {
-		return errPermanent
-	}
-	switch {
-	case conns > 0 && writes == 0:
-		return errNotSent
-	case conns == 0 && a.cfg.traceable && !isTimeout(err):
-		return errPermanent
-	}
-	return errUnknown
-}
-
 // rewriteGone reports a 404 to a retried DELETE, whose earlier attempt's
 // outcome was unknown, as the 204 that attempt most likely produced.
-func (a *attempt) rewriteGone(resp *http.Response) {
+func (a *operation) rewriteGone(resp *http.Response) {
 	drain(resp.Body)
 	a.origStatus = resp.StatusCode
 	resp.StatusCode, resp.Status = http.StatusNoContent, "204 No Content"
@@ -344,7 +343,7 @@ func (a *attempt) rewriteGone(resp *http.Response) {
 // retry decides whether the retry the policy asked for can happen: attempts
 // left, a Retry-After within bounds, a wait that ends before the deadline,
 // and budget to pay for it.
-func (a *attempt) retry(ctx context.Context, reason idemtrace.RetryReason, resp *http.Response, timeout bool) (bool, error) {
+func (a *operation) retry(ctx context.Context, reason idemtrace.RetryReason, resp *http.Response, timeout bool) (bool, error) {
 	hinted := a.hint(resp)
 	if a.attempts-a.conflicts >= a.p.maxAttempts {
 		return false, a.giveUp(ErrExhausted, resp)
@@ -352,9 +351,12 @@ func (a *attempt) retry(ctx context.Context, reason idemtrace.RetryReason, resp 
 	if hinted && a.retryAfter > a.p.maxRetryAfter {
 		return false, a.giveUp(ErrRetryAfterTooLong, resp)
 	}
-	delay := a.retryAfter
-	if !hinted {
-		delay = a.backoff()
+	delay := a.backoff()
+	if hinted {
+		// A Retry-After of 0, or a date in the past, gets the backoff as
+		// a floor, as a 409's does: an overloaded server that says "now"
+		// to every client must not get a retry storm.
+		delay = max(a.retryAfter, delay)
 	}
 	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= delay {
 		// Sleeping would only end in the context's error: stop now, with
@@ -383,7 +385,7 @@ func (a *attempt) retry(ctx context.Context, reason idemtrace.RetryReason, resp 
 // 409 would use up in milliseconds, and it costs no budget (a duplicate in
 // flight is not an overload). A Retry-After of 0, or a date in the past,
 // gets BaseDelay as a floor.
-func (a *attempt) retryInProgress(ctx context.Context, resp *http.Response) (bool, error) {
+func (a *operation) retryInProgress(ctx context.Context, resp *http.Response) (bool, error) {
 	now := time.Now()
 	if a.since.IsZero() {
 		a.since = now
@@ -406,7 +408,7 @@ func (a *attempt) retryInProgress(ctx context.Context, resp *http.Response) (boo
 
 // hint reads resp's Retry-After into a.retryAfter and reports whether it
 // had a usable one.
-func (a *attempt) hint(resp *http.Response) bool {
+func (a *operation) hint(resp *http.Response) bool {
 	a.retryAfter = 0
 	if resp == nil {
 		return false
@@ -419,7 +421,7 @@ func (a *attempt) hint(resp *http.Response) bool {
 }
 
 // backoff returns the call's next jittered exponential delay.
-func (a *attempt) backoff() time.Duration {
+func (a *operation) backoff() time.Duration {
 	if a.bo == nil {
 		a.bo = &backoff.ExponentialBackOff{
 			InitialInterval:     a.p.baseDelay,
@@ -436,7 +438,7 @@ func (a *attempt) backoff() time.Duration {
 
 // wait hands the delay to the engine, which sleeps on it, and tells the
 // hook and the logger.
-func (a *attempt) wait(ctx context.Context, reason idemtrace.RetryReason, resp *http.Response, delay time.Duration) (bool, error) {
+func (a *operation) wait(ctx context.Context, reason idemtrace.RetryReason, resp *http.Response, delay time.Duration) (bool, error) {
 	if resp != nil {
 		// The engine drains only 4 KiB, with no time bound; a load
 		// balancer's error page is often larger, and the connection is
@@ -452,7 +454,7 @@ func (a *attempt) wait(ctx context.Context, reason idemtrace.RetryReason, resp *
 // stopped builds the final error of a call whose context ended. A call
 // that was waiting out a 409 in progress stops with ErrInProgress, joined
 // to the context's error, whichever of the two noticed first.
-func (a *attempt) stopped(ctxErr error) *GiveUpError {
+func (a *operation) stopped(ctxErr error) *GiveUpError {
 	if a.waitingOut {
 		return a.giveUpJoin(ErrInProgress, ctxErr, nil)
 	}
@@ -460,16 +462,16 @@ func (a *attempt) stopped(ctxErr error) *GiveUpError {
 }
 
 // giveUp builds the final error of a call that stops retrying.
-func (a *attempt) giveUp(reason error, resp *http.Response) *GiveUpError {
+func (a *operation) giveUp(reason error, resp *http.Response) *GiveUpError {
 	return a.giveUpJoin(reason, nil, resp)
 }
 
 // giveUpJoin is giveUp with a second cause joined to the last attempt's
 // error (the deadline that a Retry-After would have crossed).
-func (a *attempt) giveUpJoin(reason, also error, resp *http.Response) *GiveUpError {
+func (a *operation) giveUpJoin(reason, also error, resp *http.Response) *GiveUpError {
 	e := &GiveUpError{
 		Method:     a.req.Method,
-		URL:        contract.RedactURL(a.req.URL, a.p.redactQuery),
+		URL:        contract.RedactURL(a.req.URL, a.p.redactQuery, a.p.redactPath),
 		Key:        a.key,
 		Attempts:   a.attempts,
 		LastStatus: a.lastStatus,
@@ -481,7 +483,7 @@ func (a *attempt) giveUpJoin(reason, also error, resp *http.Response) *GiveUpErr
 		e.Err = errors.Join(a.lastErr, also)
 	}
 	if resp != nil {
-		e.Body = snippet(resp)
+		e.Body = a.snippet(resp)
 	}
 	if f := a.cfg.hooks.OnGiveUp; f != nil {
 		f(a.hookCtx(), idemtrace.GiveUpEvent{CallEvent: a.call(), Err: e})
@@ -490,23 +492,41 @@ func (a *attempt) giveUpJoin(reason, also error, resp *http.Response) *GiveUpErr
 }
 
 // engineErrorHandler is the engine's ErrorHandler: the engine stops here
-// with the error checkRetry returned (or the untouched transport error).
-// It closes the last response, so a response and an error never travel
-// together.
+// with the error checkRetry returned (or the transport error). It closes
+// the last response, so a response and an error never travel together;
+// but through StandardClient, a give-up on a final status hands that
+// response to the SDK, whole, so that it reads its own error body, and
+// ResponseInfo carries the error.
 func engineErrorHandler(resp *http.Response, err error, _ int) (*http.Response, error) {
-	if resp != nil {
-		drain(resp.Body)
+	if resp == nil {
+		return nil, err
 	}
+	if a := attemptFrom(resp.Request.Context()); a != nil && a.sdk && passable(err) {
+		a.passedThrough, a.passErr = true, err
+		return resp, nil
+	}
+	drain(resp.Body)
 	return nil, err
+}
+
+// passable reports whether a give-up on a response is one an SDK reads
+// better as that response: retries over, a key refused or required.
+func passable(err error) bool {
+	var g *GiveUpError
+	var m *KeyMismatchError
+	return errors.As(err, &m) || errors.As(err, &g) && g.LastStatus != 0 &&
+		(errors.Is(g.Reason, ErrExhausted) || errors.Is(g.Reason, ErrInProgress) || errors.Is(g.Reason, ErrRetryAfterTooLong) ||
+			errors.Is(g.Reason, ErrBudgetExhausted) || errors.Is(g.Reason, ErrKeyRequired))
 }
 
 // finish turns the engine's result into Do's. The engine returns a bare
 // context error when a wait is cancelled; the caller gets it joined to
 // the last attempt's outcome instead.
-func (a *attempt) finish(resp *http.Response, err error) (*http.Response, error) {
+func (a *operation) finish(resp *http.Response, err error) (*http.Response, error) {
 	if err == nil {
 		return resp, nil
 	}
+	err = a.redact(err)
 	if resp != nil {
 		drain(resp.Body)
 	}
@@ -517,14 +537,14 @@ func (a *attempt) finish(resp *http.Response, err error) (*http.Response, error)
 }
 
 // notifyRetry tells the hook and the logger about a retry.
-func (c *Client) notifyRetry(ctx context.Context, a *attempt, reason idemtrace.RetryReason) {
+func (c *Client) notifyRetry(ctx context.Context, a *operation, reason idemtrace.RetryReason) {
 	logger, hook := c.cfg.logger, c.cfg.hooks.OnRetry
 	if logger == nil && hook == nil {
 		return
 	}
 	ev := idemtrace.RetryEvent{
 		Method:    a.req.Method,
-		URL:       contract.RedactURL(a.req.URL, a.p.redactQuery),
+		URL:       contract.RedactURL(a.req.URL, a.p.redactQuery, a.p.redactPath),
 		Key:       a.key,
 		Operation: a.operation,
 		Attempt:   a.attempts + 1,
@@ -623,6 +643,20 @@ func (e *errReader) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	return e.r.Read(p)
+}
+
+// snippet reads the first bytes of resp's body for an error message.
+// Through StandardClient the response may go back to the SDK: its body
+// stays whole.
+func (a *operation) snippet(resp *http.Response) []byte {
+	if a.sdk {
+		b := peekBody(resp)
+		if len(b) > snippetLen {
+			b = b[:snippetLen]
+		}
+		return bytes.Clone(b)
+	}
+	return snippet(resp)
 }
 
 // snippet reads the first bytes of resp's body for an error message.

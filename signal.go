@@ -29,7 +29,10 @@ import (
 //     the key can have been used before: then it is taken as in progress,
 //     since retrying with the same key is safe and the first attempt may
 //     indeed still run.
-// A 422 is a key mismatch only on positive evidence.
+// A 422 is read the same way: a bare one (no body, HTML, plain text) to a
+// key that may have been used is a key mismatch, as deployed servers
+// answer key reuse; a structured body about something else is the
+// application's validation error.
 
 // signals are the facts about a call that classifyStatus needs.
 type signals struct {

@@ -55,17 +55,32 @@ func SecretQueryParam(u *url.URL, names []string) (string, bool) {
 	return "", false
 }
 
-// RedactURL renders u with its password and the values of its secret query
-// parameters replaced, keeping the order and the spelling of everything
-// else, so the line still shows which request it was.
-func RedactURL(u *url.URL, names []string) string {
+// RedactURL renders u for an error, an event or a log line, without its
+// secrets: the whole user part (a password, or a Stripe-style secret key
+// as the user name: https://REDACTED@host), the values of its secret query
+// parameters (names, see [SecretQueryNames]), the rest of the path after
+// any of pathAfter (a webhook URL's token: "/services/" gives
+// /services/REDACTED), and the fragment. It keeps the order and the
+// spelling of everything else, so the line still shows which request it
+// was.
+func RedactURL(u *url.URL, names, pathAfter []string) string {
 	if u == nil {
 		return ""
 	}
-	if _, ok := SecretQueryParam(u, names); !ok {
-		return u.Redacted()
-	}
 	c := *u
+	if c.User != nil {
+		c.User = url.User("REDACTED")
+	}
+	c.Fragment, c.RawFragment = "", ""
+	for _, pre := range pathAfter {
+		if pre != "" && strings.HasPrefix(c.Path, pre) && len(c.Path) > len(pre) {
+			c.Path, c.RawPath = pre+"REDACTED", ""
+			break
+		}
+	}
+	if _, ok := SecretQueryParam(u, names); !ok {
+		return c.String()
+	}
 	var b strings.Builder
 	q := u.RawQuery
 	for q != "" {
@@ -87,5 +102,15 @@ func RedactURL(u *url.URL, names []string) string {
 		b.WriteString(part)
 	}
 	c.RawQuery = b.String()
-	return c.Redacted()
+	return c.String()
+}
+
+// RedactURLString is [RedactURL] for a URL held as a string (a
+// *url.Error's); one that does not parse is replaced whole.
+func RedactURLString(raw string, names, pathAfter []string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "REDACTED"
+	}
+	return RedactURL(u, names, pathAfter)
 }

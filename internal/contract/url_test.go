@@ -15,6 +15,8 @@ func FuzzRedactURL(f *testing.F) {
 		"https://h/?%61pi_key=enc&q=%zz",
 		"https://h/?signature=s;x=1&&&=v",
 		"http://h",
+		"https://sk_live_x:@api.stripe.com/v1/charges",
+		"https://h/hooks/T0/B0/token#frag",
 	} {
 		f.Add(s)
 	}
@@ -24,10 +26,19 @@ func FuzzRedactURL(f *testing.F) {
 		if err != nil {
 			return
 		}
-		got := RedactURL(u, names)
+		got := RedactURL(u, names, []string{"/hooks/"})
 		out, err := url.Parse(got)
 		if err != nil {
 			t.Fatalf("RedactURL(%q) = %q: not a URL: %v", raw, got, err)
+		}
+		if out.User != nil && out.User.String() != "REDACTED" {
+			t.Fatalf("redactURL(%q) = %q shows its user part", raw, got)
+		}
+		if strings.HasPrefix(out.Path, "/hooks/") && len(out.Path) > len("/hooks/") && out.Path != "/hooks/REDACTED" {
+			t.Fatalf("redactURL(%q) = %q shows a secret path", raw, got)
+		}
+		if out.Fragment != "" {
+			t.Fatalf("redactURL(%q) = %q shows its fragment", raw, got)
 		}
 		for _, part := range strings.Split(out.RawQuery, "&") {
 			name, value, ok := strings.Cut(part, "=")

@@ -16,4 +16,4 @@ func lock(*os.File) error {
 	return errors.ErrUnsupported
 }
 
-func syncDir(string) error { return nil }
+func osSyncDir(string) error { return nil }

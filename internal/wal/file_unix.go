@@ -5,7 +5,6 @@ package wal
 import (
 	"errors"
 	"os"
-	"path/filepath"
 
 	"golang.org/x/sys/unix"
 )
@@ -25,13 +24,10 @@ func lock(f *os.File) error {
 	return err
 }
 
-// syncDir makes a file's directory entry durable, after the file was
-// created or renamed.
-func syncDir(path string) error {
-	if syncDisabled {
-		return nil
-	}
-	d, err := os.Open(filepath.Dir(path))
+// osSyncDir makes the entries of directory dir durable, after a file in
+// it was created or renamed.
+func osSyncDir(dir string) error {
+	d, err := os.Open(dir)
 	if err != nil {
 		return err
 	}

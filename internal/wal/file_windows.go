@@ -22,6 +22,6 @@ func lock(f *os.File) error {
 	return err
 }
 
-// syncDir is a no-op: NTFS makes a file's creation durable with its
+// osSyncDir is a no-op: NTFS makes a file's creation durable with its
 // metadata.
-func syncDir(string) error { return nil }
+func osSyncDir(string) error { return nil }

@@ -85,15 +85,14 @@ func TestOpenViewerSkipsAFileBeingFreed(t *testing.T) {
 	require.NoError(t, os.Rename(path+".new", path))
 
 	var opened []string
-	viewerOpen = func(name string) (*os.File, error) {
+	fs := hookFS{open: func(name string, flag int, perm os.FileMode, dsync bool) (File, error) {
 		opened = append(opened, name)
 		if len(opened) == 1 {
-			return os.Open(path + ".old") // what the path named a moment ago
+			name = path + ".old" // what the path named a moment ago
 		}
-		return os.Open(name)
-	}
-	defer func() { viewerOpen = os.Open }()
-	f, fi, err := openViewer(path)
+		return OS{}.OpenFile(name, flag, perm, dsync)
+	}}
+	f, fi, err := openViewer(fs, path)
 	require.NoError(t, err)
 	defer f.Close()
 	now, err := os.Stat(path)

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -65,6 +64,11 @@ type Options struct {
 	// It is not called after a failed write, nor for a read-only log.
 	OnClose func(cp Checkpoint)
 
+	// FS is the file system the log's file lives on; nil means [OS].
+	// Every file access of the log goes through it: a test puts a
+	// simulated disk here (internal/wal/simdisk).
+	FS FS
+
 	// Fault, when set, is called before each commit's write ("write"),
 	// between the write and its sync ("sync"), when a rewrite has written
 	// the live records and starts copying the batches committed meanwhile
@@ -120,9 +124,10 @@ type Log struct {
 	// replaces the file. Lock order: fileMu, then the caller's locks, then
 	// mu.
 	fileMu    sync.RWMutex
-	f         *os.File
+	f         File
 	rewriteMu sync.Mutex  // one Rewrite at a time: a second would wait on fileMu while the first holds it shared
 	fi        os.FileInfo // f's identity, to notice the path naming another file
+	fs        FS          // Options.FS, or OS
 
 	mu       sync.Mutex
 	cur      *Batch // the batch being filled
@@ -203,6 +208,7 @@ func Open(path string, opts *Options, apply ApplyFunc) (*Log, error) {
 		l.opts = *opts
 	}
 	l.path = path
+	l.fs = fsOf(&l.opts)
 	l.lazyDelay = l.opts.LazyDelay
 	if l.lazyDelay == 0 {
 		l.lazyDelay = DefaultLazyDelay
@@ -235,7 +241,7 @@ func (l *Log) dropResume() { l.opts.Resume = nil }
 
 // openReadOnly opens the file as it is now, without the lock.
 func (l *Log) openReadOnly(apply ApplyFunc) error {
-	f, fi, err := openViewer(l.path)
+	f, fi, err := openViewer(l.fs, l.path)
 	if err != nil {
 		return err
 	}
@@ -251,30 +257,26 @@ func (l *Log) openReadOnly(apply ApplyFunc) error {
 	return nil
 }
 
-// viewerOpen is os.Open, replaced by a test that needs a read-only open
-// to race a rename.
-var viewerOpen = os.Open
-
 // openViewer opens path for reading and takes a read-only open's shared
-// lock (see freeReplaced), so that a writer that replaces the file leaves
-// this one whole. A file being freed refuses the lock: it was replaced,
-// so the path is opened again, as it is when the path names another file
-// once the lock is held.
-func openViewer(path string) (*os.File, os.FileInfo, error) {
+// lock (see [File.CloseReplaced]), so that a writer that replaces the
+// file leaves this one whole. A file being freed refuses the lock: it was
+// replaced, so the path is opened again, as it is when the path names
+// another file once the lock is held.
+func openViewer(fs FS, path string) (File, os.FileInfo, error) {
 	for range 10 {
-		f, err := viewerOpen(path)
+		f, err := fs.OpenFile(path, os.O_RDONLY, 0, false)
 		if err != nil {
 			return nil, nil, err
 		}
-		err = lockViewer(f)
+		err = f.LockViewer()
 		var fi, now os.FileInfo
 		if err == nil {
 			fi, err = f.Stat()
 		}
 		if err == nil {
-			now, err = os.Stat(path)
+			now, err = fs.Stat(path)
 		}
-		if err == nil && os.SameFile(fi, now) {
+		if err == nil && fs.SameFile(fi, now) {
 			return f, fi, nil
 		}
 		_ = f.Close()
@@ -305,7 +307,7 @@ func (l *Log) setReplayed(res *Replayed) {
 // open opens, locks and replays the file for writing, creating it if
 // needed, and moves a torn tail aside.
 func (l *Log) open(apply ApplyFunc) error {
-	f, err := openLocked(l.path, os.O_RDWR|os.O_CREATE|syncFlag())
+	f, err := openLocked(l.fs, l.path, os.O_RDWR|os.O_CREATE)
 	if err != nil {
 		return err
 	}
@@ -316,7 +318,7 @@ func (l *Log) open(apply ApplyFunc) error {
 	// A symlinked journal stays where the link points: rewrites go beside
 	// the target and rename over it. Resolved once the file exists, since
 	// opening may just have created the target.
-	if real, err := filepath.EvalSymlinks(l.path); err == nil {
+	if real, err := l.fs.EvalSymlinks(l.path); err == nil {
 		l.path = real
 	}
 	fi, err := f.Stat()
@@ -325,7 +327,7 @@ func (l *Log) open(apply ApplyFunc) error {
 	}
 	size := fi.Size()
 	if size < FileHeaderLen {
-		if size, err = initFile(f, l.path, size); err != nil {
+		if size, err = initFile(l.fs, f, l.path, size); err != nil {
 			return fail(err)
 		}
 	} else {
@@ -347,7 +349,7 @@ func (l *Log) open(apply ApplyFunc) error {
 		return fail(err)
 	}
 	if res.Truncated > 0 {
-		torn, err := keepTail(f, l.path, res.End, res.Truncated)
+		torn, err := keepTail(l.fs, f, l.path, res.End, res.Truncated)
 		if err != nil {
 			return fail(fmt.Errorf("keep the torn tail: %w", err))
 		}
@@ -362,7 +364,7 @@ func (l *Log) open(apply ApplyFunc) error {
 	// A rewrite that a crash interrupted before its rename leaves its
 	// temporary file; the journal itself is the old file, intact. Only
 	// now, with the lock held, is no other process rewriting.
-	if err := os.Remove(l.path + RewriteSuffix); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := l.fs.Remove(l.path + RewriteSuffix); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fail(err)
 	}
 	if fi, err = f.Stat(); err != nil {
@@ -373,13 +375,6 @@ func (l *Log) open(apply ApplyFunc) error {
 	return nil
 }
 
-// createTorn creates the file keepTail copies a torn tail into; a test
-// replaces it to make that fail (the tests run as root, whom a read-only
-// directory does not stop).
-var createTorn = func(name string) (*os.File, error) {
-	return os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-}
-
 // TornSuffix starts the name of the file a torn tail is kept in, beside
 // the journal, followed by the time it was cut.
 const TornSuffix = ".torn-"
@@ -388,13 +383,13 @@ const TornSuffix = ".torn-"
 // and makes it durable, so that cutting them off loses nothing a person
 // might need: a tail that is damage rather than a torn write can still be
 // examined.
-func keepTail(f *os.File, path string, off, n int64) (string, error) {
+func keepTail(fs FS, f File, path string, off, n int64) (string, error) {
 	name := path + TornSuffix + time.Now().UTC().Format("20060102T150405.000000000Z")
-	t, err := createTorn(name)
+	t, err := fs.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600, false)
 	if err != nil {
 		return "", err
 	}
-	_, err = io.Copy(t, io.NewSectionReader(f, off, n))
+	_, err = io.Copy(io.NewOffsetWriter(t, 0), io.NewSectionReader(f, off, n))
 	if err == nil {
 		err = datasync(t)
 	}
@@ -402,30 +397,31 @@ func keepTail(f *os.File, path string, off, n int64) (string, error) {
 		err = cerr
 	}
 	if err == nil {
-		err = syncDir(name)
+		err = syncDir(fs, name)
 	}
 	if err != nil {
-		_ = os.Remove(name)
+		_ = fs.Remove(name)
 		return "", err
 	}
 	return name, nil
 }
 
-// openLocked opens path with mode 0600 (when it creates it) and takes
-// its lock without waiting.
+// openLocked opens path with mode 0600 (when it creates it), for
+// synchronous writes where the FS offers them (see [File.WriteSyncs]),
+// and takes its lock without waiting.
 //
 // A lock is taken on an open file, and Rewrite renames a new file over
 // the path: a process that opened the old file just before the rename
 // could lock it after its owner let go, and write to a file nobody will
 // read again. So the locked file must still be the one the path names;
 // if not, it is opened again.
-func openLocked(path string, flag int) (*os.File, error) {
+func openLocked(fs FS, path string, flag int) (File, error) {
 	for range 10 {
-		f, err := os.OpenFile(path, flag, 0o600)
+		f, err := fs.OpenFile(path, flag, 0o600, dsync)
 		if err != nil {
 			return nil, err
 		}
-		if err := lock(f); err != nil {
+		if err := f.Lock(); err != nil {
 			_ = f.Close()
 			return nil, err
 		}
@@ -434,7 +430,7 @@ func openLocked(path string, flag int) (*os.File, error) {
 			_ = f.Close()
 			return nil, err
 		}
-		if now, err := os.Stat(path); err != nil || !os.SameFile(fi, now) {
+		if now, err := fs.Stat(path); err != nil || !fs.SameFile(fi, now) {
 			_ = f.Close() // replaced since it was opened: try the new one
 			continue
 		}
@@ -459,7 +455,7 @@ func tornHeader(b []byte) bool {
 // short is empty, or holds a header whose write a crash cut short; the
 // salt is random, so only the magic and the version of a short header can
 // be compared. Anything else is not a journal, and is left alone.
-func initFile(f *os.File, path string, size int64) (int64, error) {
+func initFile(fs FS, f File, path string, size int64) (int64, error) {
 	data := make([]byte, size)
 	if _, err := f.ReadAt(data, 0); err != nil {
 		return 0, err
@@ -479,7 +475,7 @@ func initFile(f *os.File, path string, size int64) (int64, error) {
 	if err := datasync(f); err != nil {
 		return 0, err
 	}
-	if err := syncDir(path); err != nil {
+	if err := syncDir(fs, path); err != nil {
 		return 0, err
 	}
 	return int64(len(hdr)), nil
@@ -746,7 +742,7 @@ func (l *Log) write(b *Batch, seq, salt uint64) error {
 	if err == nil {
 		// The path must still name the file: a journal deleted or
 		// replaced underneath would take every later write nowhere.
-		if now, serr := os.Stat(l.path); serr != nil || !os.SameFile(l.fi, now) {
+		if now, serr := l.fs.Stat(l.path); serr != nil || !l.fs.SameFile(l.fi, now) {
 			err = ErrReplaced
 		}
 	}
@@ -754,7 +750,7 @@ func (l *Log) write(b *Batch, seq, salt uint64) error {
 		_, err = l.f.WriteAt(b.buf, b.off)
 	}
 	if err == nil {
-		if err = l.step("sync"); err == nil && !writeSyncs() {
+		if err = l.step("sync"); err == nil && !l.f.WriteSyncs() {
 			err = datasync(l.f)
 		}
 	}
@@ -920,7 +916,7 @@ const rewriteBatch = 4 << 20
 
 // Writer writes the records of a new file during [Log.Rewrite].
 type Writer struct {
-	f          *os.File
+	f          File
 	salt, seq  uint64
 	buf        []byte
 	off        int64 // of buf[0] in the new file
@@ -933,7 +929,12 @@ type Writer struct {
 // nothing): for a file written beside a log while commits go on, as a
 // rewrite's own writes are, so that a commit's sync never waits for much
 // of its dirty data.
-func WriteBack(f *os.File, off, n int64) error { return writeback(f, off, n) }
+func WriteBack(f *os.File, off, n int64) error {
+	if syncDisabled {
+		return nil
+	}
+	return writeback(f, off, n)
+}
 
 // Checkpoint seals the batch being filled, writes what is buffered and
 // returns the checkpoint of the last batch written, for state saved as
@@ -975,7 +976,7 @@ func (w *Writer) flush() error {
 	if _, err := w.f.WriteAt(w.buf, w.off); err != nil {
 		return err
 	}
-	if err := writeback(w.f, w.off, int64(len(w.buf))); err != nil {
+	if err := writeBack(w.f, w.off, int64(len(w.buf))); err != nil {
 		return err
 	}
 	w.off += int64(len(w.buf))
@@ -1030,7 +1031,7 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) (from 
 
 	tmp := l.path + RewriteSuffix
 	// The new file becomes the journal: it needs the same flags.
-	nf, err := openLocked(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC|syncFlag())
+	nf, err := openLocked(l.fs, tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC)
 	if err != nil {
 		return err
 	}
@@ -1038,16 +1039,16 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) (from 
 	// the sync flag, and the file is synced once they are done: a
 	// synchronous write of every few MiB would queue each commit's sync
 	// behind it (a Begin waited 66 ms for one at a million entries).
-	bulk, err := os.OpenFile(tmp, os.O_WRONLY, 0)
+	bulk, err := l.fs.OpenFile(tmp, os.O_WRONLY, 0, false)
 	if err != nil {
 		_ = nf.Close()
-		_ = os.Remove(tmp)
+		_ = l.fs.Remove(tmp)
 		return err
 	}
 	defer bulk.Close()
 	fail := func(err error) error {
 		_ = nf.Close()
-		_ = os.Remove(tmp)
+		_ = l.fs.Remove(tmp)
 		return err
 	}
 	salt, err := NewSalt()
@@ -1055,7 +1056,10 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) (from 
 		return fail(err)
 	}
 	w := &Writer{f: bulk, salt: salt, batchStart: -1}
-	w.buf = append(make([]byte, 0, rewriteBatch+64<<10), FileHeader(salt)...)
+	// The buffer holds a batch of the new file at a time; a small log's
+	// whole new file fits in far less (the old file is its bound, but for
+	// the batches copied meanwhile, which append grows it for).
+	w.buf = append(make([]byte, 0, min(rewriteBatch, l.size.Load())+64<<10), FileHeader(salt)...)
 	from, err := fill(Reader{l}, w)
 	if err != nil {
 		return fail(err)
@@ -1100,18 +1104,18 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) (from 
 	if err != nil {
 		return fail(err)
 	}
-	if err := os.Rename(tmp, l.path); err != nil {
+	if err := l.fs.Rename(tmp, l.path); err != nil {
 		return fail(err)
 	}
 	// From here the new file is the journal: switch to it even if the
 	// directory sync fails, and report that.
 	dirErr := l.step("syncdir")
 	if dirErr == nil {
-		dirErr = syncDir(l.path)
+		dirErr = syncDir(l.fs, l.path)
 	}
 
 	delta := tailStart - from
-	var old *os.File
+	var old File
 	moved := false
 	move := func() int64 {
 		moved = true
@@ -1141,7 +1145,7 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) (from 
 	// spreads the second.
 	l.fileMu.Unlock()
 	unlocked = true
-	freeReplaced(old) // and releases the old inode's lock; nf holds the new one's
+	old.CloseReplaced() // and releases the old inode's lock; nf holds the new one's
 	if dirErr != nil {
 		return fmt.Errorf("sync the directory after a rewrite: %w", dirErr)
 	}

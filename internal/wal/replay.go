@@ -476,10 +476,13 @@ const FindWindow = 1 << 20
 func (rd *batchReader) find(from int64, after uint64) (int64, error) {
 	var magic [4]byte
 	binary.LittleEndian.PutUint32(magic[:], Magic(rd.salt))
-	if rd.window == nil {
-		// One window for every damaged region a salvage crosses: a MiB
-		// each time added up to gigabytes over a badly damaged file.
-		rd.window = make([]byte, FindWindow+len(magic)-1)
+	// One window for every damaged region a salvage crosses: a MiB each
+	// time added up to gigabytes over a badly damaged file. No more than
+	// what is left of the file, which later calls, further on, need less
+	// of: a torn tail of a small file is common after a crash, and a MiB
+	// cleared for each cost a simulated crash test most of its time.
+	if need := min(int64(FindWindow+len(magic)-1), rd.size-from); int64(len(rd.window)) < need {
+		rd.window = make([]byte, need)
 	}
 	window := rd.window
 	for from < rd.size {

@@ -4,17 +4,9 @@ package wal
 
 import "os"
 
-// syncFlag: elsewhere each commit calls datasync after its write.
-func syncFlag() int { return 0 }
+// dsyncFlag: elsewhere each commit calls SyncData after its write.
+const dsyncFlag = 0
 
-// writeSyncs: a write alone is not durable here.
-func writeSyncs() bool { return false }
-
-// datasync makes f's data durable. os.File.Sync is fsync, or
+// datasyncOS makes f's data durable. os.File.Sync is fsync, or
 // F_FULLFSYNC on macOS, where plain fsync does not flush the drive's cache.
-func datasync(f *os.File) error {
-	if syncDisabled {
-		return nil
-	}
-	return f.Sync()
-}
+func datasyncOS(f *os.File) error { return f.Sync() }

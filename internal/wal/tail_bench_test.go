@@ -49,7 +49,8 @@ func BenchmarkCommitWrite(b *testing.B) {
 					}
 					_ = f.Close()
 				}
-				f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syncFlag(), 0o600)
+				// Through the log's file-system seam, as the log writes.
+				f, err := OS{}.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600, dsync)
 				if err != nil {
 					b.Fatal(err)
 				}

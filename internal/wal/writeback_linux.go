@@ -20,9 +20,6 @@ const writebackStep = 1 << 20
 // not for the hundreds it would otherwise leave dirty (measured: a Begin
 // waited 115 ms for the final sync of a 275 MB rewrite).
 func writeback(f *os.File, off, n int64) error {
-	if syncDisabled {
-		return nil
-	}
 	for n > 0 {
 		k := min(n, writebackStep)
 		for {
