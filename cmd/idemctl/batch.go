@@ -29,6 +29,10 @@ across retries and reruns. Running the same command again after a crash,
 Ctrl-C or failures resends the pending operations with their keys and skips
 the done ones, so no operation runs twice.
 
+-journal postgres://... shares the journal with other machines: every
+idemctl batch given it loads the input, and each operation is sent by one
+of them (leases; see -lease and README.md).
+
 Keys are derived from the operation id: DeriveKey(secret, id), HMAC-SHA256.
 The secret comes from the environment variable IDEMCTL_KEY_SECRET (or the
 one -key-secret-env names), else from the key file (-key-file, by default
@@ -81,6 +85,7 @@ type batchOptions struct {
 	rate        float64 // requests per second, 0: no limit
 	checkDone   bool    // read done rows' requests back to warn about changed lines
 	retention   time.Duration
+	fleet       fleetFlags // with a postgres:// journal
 	spec        inputSpec
 }
 
@@ -91,7 +96,7 @@ func batchCommand(ctx context.Context, args []string, e env) error {
 	fs.StringVar(&o.in, "in", "", "input `FILE` (JSON Lines or CSV); - reads stdin")
 	fs.StringVar(&o.inFormat, "in-format", "auto", "input format: jsonl, csv, or auto (by the file's extension, .csv or .jsonl, else by\nits first character: { or # means JSON Lines)")
 	fs.StringVar(&o.spec.body, "body-format", bodyJSON, "request bodies: json (application/json) or form (application/x-www-form-urlencoded,\nas Stripe's API takes: a JSON object body becomes name=value&nested[field]=value)")
-	fs.StringVar(&o.journal, "journal", "", "journal `FILE`, created if missing: keys and outcomes across runs")
+	fs.StringVar(&o.journal, "journal", "", "journal `FILE`, created if missing: keys and outcomes across runs; or postgres://...: a journal\nseveral machines share, each operation sent by one of them")
 	fs.IntVar(&o.concurrency, "concurrency", 8, "operations in flight at once")
 	fs.Float64Var(&o.rate, "rate", 0, "requests per second at most, retries included (e.g. 25, or 0.5 for one every 2s); 0: no limit")
 	fs.StringVar(&o.keys.secretEnv, "key-secret-env", defaultSecretEnv, "derive each key from the operation id with HMAC-SHA256 keyed by environment variable `VAR`\n(at least 16 bytes), so reruns send the same keys even without the journal;\nwhen VAR is unset, the secret comes from -key-file")
@@ -104,13 +109,16 @@ func batchCommand(ctx context.Context, args []string, e env) error {
 	fs.StringVar(&o.progress, "progress", "auto", "progress on stderr: auto (a bar on a terminal, else lines), bar, lines or none")
 	fs.BoolVar(&o.checkDone, "check-done", false, "read back the journaled request of every input operation already done, and warn (exit 4)\nwhen the line changed since; off, done rows are skipped from the journal's index alone")
 	retention := retentionFlag(fs)
+	o.fleet.register(fs)
 	fs.StringVar(&o.pruned, "pruned", "refuse", "input operations that idemctl prune deleted from the journal (listed in JOURNAL.pruned):\nrefuse (exit 6 before sending anything), skip (report the recorded outcome, send nothing)\nor send (send them again: with derived keys the server replays them if it still keeps the key)")
 	rest, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
 	o.retention = *retention
+	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) {
+		set[f.Name] = true
 		switch f.Name {
 		case "key-secret-env":
 			o.keys.secretEnvSet = true
@@ -119,6 +127,9 @@ func batchCommand(ctx context.Context, args []string, e env) error {
 		}
 	})
 	if err := o.validate(rest, *rawURL, e.getenv); err != nil {
+		return err
+	}
+	if err := o.fleet.check(o.journal, set); err != nil {
 		return err
 	}
 	return runBatch(ctx, o, e)
@@ -189,6 +200,23 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 		// Not one line to run: the input is in another format, or
 		// broken throughout. Say so, rather than run nothing and count.
 		return fail(exitInput, "none of the %d input lines is a valid operation; nothing was sent (-in-format jsonl or csv, -h for the formats)", len(bad))
+	}
+
+	if isPostgresURL(o.journal) {
+		// A shared journal: no key file beside it, no prune record.
+		if o.keys.random || o.keys.keyFileSet || e.getenv(o.keys.secretEnv) != "" {
+			var createKey string
+			if o.keySecret, createKey, err = o.keys.secret(o.journal, e.getenv); err != nil {
+				return err
+			}
+			if createKey != "" {
+				if o.keySecret, err = o.keys.createSecret(createKey); err != nil {
+					return err
+				}
+				fmt.Fprintf(e.stderr, "idemctl batch: created key file %s (mode 0600): give the fleet's other machines the same file\n", createKey)
+			}
+		}
+		return runFleetBatch(ctx, o, e, ops, inputErrs)
 	}
 
 	// Nothing is created before everything is known to be sound: an

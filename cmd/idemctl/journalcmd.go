@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -143,7 +144,7 @@ Exit codes: 0 all resolved; 1 some failed or stay pending; 2 usage;
 func resumeCommand(ctx context.Context, args []string, e env) error {
 	creds := credentialFlags{getenv: e.getenv}
 	fs := newFlagSet("resume", resumeSynopsis, e)
-	path := fs.String("journal", "", "journal `FILE`")
+	path := fs.String("journal", "", "journal `FILE`, or postgres://... (a journal a fleet shares: resend what no live worker holds)")
 	creds.register(fs)
 	timeout := fs.Duration("timeout", 30*time.Second, "timeout of one attempt")
 	attempts := fs.Int("attempts", 0, "attempts per operation, the first included; 0 means idemhttp's default (4)")
@@ -152,8 +153,15 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 	perSecond := fs.Float64("rate", 0, "requests per second at most, retries included; 0: no limit")
 	concurrency := fs.Int("concurrency", 16, "entries resent at once")
 	retention := retentionFlag(fs)
+	var fleet fleetFlags
+	fleet.register(fs)
 	rest, err := parseFlags(fs, args)
 	if err != nil {
+		return err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if err := fleet.check(*path, set); err != nil {
 		return err
 	}
 	switch {
@@ -177,6 +185,12 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 	}
 	if err := checkRetention(*retention); err != nil {
 		return err
+	}
+	if isPostgresURL(*path) {
+		return runFleetResume(ctx, e, runnerConfig{
+			name: "resume", path: redactDSN(*path), concurrency: *concurrency, timeout: *timeout,
+			attempts: *attempts, creds: &creds, progress: *prog, env: e, rate: *perSecond, retention: *retention,
+		}, fleet, *path, *grace)
 	}
 	fj, err := openJournal(*path, true)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,6 +74,9 @@ type runner struct {
 	// resends them itself. Set before resume.
 	hide func(*idemhttp.Entry) bool
 
+	// benign, when set, tells a journal error that does not stop the run.
+	benign func(error) bool
+
 	mu             sync.Mutex
 	neverConnected int   // failures where no request reached a server
 	firstNoConnect error // the first of them, for the message
@@ -94,6 +98,9 @@ type runnerConfig struct {
 	contentType string        // of input bodies; "" means application/json
 	rate        float64       // attempts per second at most; 0: no limit
 	retention   time.Duration // the server's key retention: Policy.Retention
+	// benign, when set, tells a journal error that does not stop the run
+	// (a shared journal's lease that another worker took over).
+	benign func(error) bool
 }
 
 func newRunner(cfg runnerConfig) *runner {
@@ -108,6 +115,7 @@ func newRunner(cfg runnerConfig) *runner {
 		stderr:      cfg.env.stderr,
 		start:       time.Now(),
 		lines:       map[string]int{},
+		benign:      cfg.benign,
 
 		contentType: cmp.Or(cfg.contentType, "application/json"),
 	}
@@ -124,7 +132,7 @@ func newRunner(cfg runnerConfig) *runner {
 // damaged), every further operation would be sent without a durable key.
 // Do returns a failed Begin as an error, but only logs a failed Finish.
 func (r *runner) onJournal(ctx context.Context, ev idemtrace.JournalEvent) {
-	if ev.Err == nil {
+	if ev.Err == nil || (r.benign != nil && r.benign(ev.Err)) {
 		return
 	}
 	if ev.Op == idemtrace.JournalBegin {
@@ -291,10 +299,17 @@ func (r *runner) do(ctx context.Context, op operation, secret []byte) {
 		r.finish(res)
 		return
 	}
-	if op.Body != nil {
+	switch {
+	case op.header != nil:
+		for k, vv := range op.header {
+			req.Header[k] = slices.Clone(vv)
+		}
+	case op.Body != nil:
 		req.Header.Set("Content-Type", r.contentType)
 	}
-	req.Header.Set("User-Agent", "idemctl")
+	if req.Header.Get("User-Agent") == "" {
+		req.Header.Set("User-Agent", "idemctl")
+	}
 	if r.stopping.Load() {
 		return // not started
 	}
