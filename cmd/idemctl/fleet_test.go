@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -61,7 +60,7 @@ func startServeBinary(t *testing.T, args ...string) (string, func() serveStats) 
 	cmd := exec.CommandContext(ctx, binary(t), append([]string{"serve", "-json"}, args...)...)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	var stderr bytes.Buffer
+	var stderr lockedBuffer // read while serve still writes it
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {
