@@ -323,21 +323,29 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 	defer cfg.inflight.Add(-1)
 	p := &cfg.pol
 	ctx := req.Context()
-	if err := ctx.Err(); err != nil {
-		closeBody(req)
-		return nil, &notSentError{err} // nothing sent, nothing journaled
-	}
-
 	key, explicit, err := callerKey(ctx, req.Header, p.keyHeader)
 	if err != nil {
 		closeBody(req)
-		return nil, &notSentError{err}
+		return nil, err
 	}
 	op, hasOp := operationFromContext(ctx)
+	// A refusal before anything is sent is ErrNotSent only when no
+	// earlier call can have used the operation's key: the call brings no
+	// key and names no operation of its own.
+	unsent := func(err error) error {
+		if key == "" && !hasOp {
+			return &notSentError{err}
+		}
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		closeBody(req)
+		return nil, unsent(err) // nothing sent, nothing journaled
+	}
 	if hasOp {
 		if err := validateOperation(op); err != nil {
 			closeBody(req)
-			return nil, &notSentError{err}
+			return nil, err
 		}
 	}
 	keyed := key != "" || hasOp || p.needsKey(req.Method)
@@ -350,12 +358,12 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		}
 		if j != nil && !hasOp && rs == nil && p.requireOperation {
 			closeBody(req)
-			return nil, &notSentError{fmt.Errorf("idemhttp: %w: a journaled call needs an operation id (WithOperation): Policy.RequireOperation", ErrInvalidRequest)}
+			return nil, unsent(fmt.Errorf("idemhttp: %w: a journaled call needs an operation id (WithOperation): Policy.RequireOperation", ErrInvalidRequest))
 		}
 	}
 	body, getBody, err := replayableBody(req, j != nil, p.maxBody)
 	if err != nil {
-		return nil, &notSentError{err}
+		return nil, unsent(err)
 	}
 
 	a := &operation{c: c, cfg: cfg, p: p.apply(ctx), operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method), j: j, sdk: sdk, onPhase: cfg.onPhase}
@@ -473,7 +481,10 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 // so that the SDK parses its own error body; [ResponseInfo] of it reports
 // the client's typed error in Info.Err. Other errors reach the SDK wrapped
 // in [*url.Error]; errors.Is and errors.As still see the typed errors of
-// [Client.Do]. Its CloseIdleConnections does nothing: the pool belongs to
+// [Client.Do]. That outermost *url.Error is net/http's Client's own, built
+// from the request's URL as the SDK made it (user name and query
+// included): the client redacts every error it makes, but not that one,
+// so keep credentials out of URLs (add them in [Client.PrepareRequest]). Its CloseIdleConnections does nothing: the pool belongs to
 // c.HTTPClient. Its Transport is the [http.RoundTripper] to hand a library
 // that wants one.
 //
