@@ -49,6 +49,12 @@ type Client struct {
 	// mid-request can [Client.Resume] with the same key. nil keeps keys in
 	// memory only: operations named with [WithOperation] reuse their key
 	// for [Policy.Retention] within the life of the Client.
+	//
+	// Name each operation with [WithOperation]: a call without an
+	// operation id is protected only by Resume at start-up, and a rerun of
+	// the same work after a crash mints a new key and may run it twice.
+	// The client logs that once (Logger); [Policy.RequireOperation]
+	// refuses such calls instead.
 	Journal Journal
 
 	// Logger receives one Info record per retry (method, redacted URL,
@@ -114,6 +120,8 @@ type config struct {
 	traceable, h2c bool
 	// senders gives each operation one sender at a time (lifecycle.go).
 	senders senders
+	// unnamed logs, once, a journaled call without an operation id.
+	unnamed sync.Once
 	// onPhase, for tests, sees every move of every call's lifecycle.
 	onPhase func(from, to phase)
 }
@@ -356,9 +364,16 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		if j == nil && hasOp {
 			j = cfg.mem
 		}
-		if j != nil && !hasOp && rs == nil && p.requireOperation {
-			closeBody(req)
-			return nil, unsent(fmt.Errorf("idemhttp: %w: a journaled call needs an operation id (WithOperation): Policy.RequireOperation", ErrInvalidRequest))
+		if j != nil && !hasOp && rs == nil {
+			if p.requireOperation {
+				closeBody(req)
+				return nil, unsent(fmt.Errorf("idemhttp: %w: a journaled call needs an operation id (WithOperation): Policy.RequireOperation", ErrInvalidRequest))
+			}
+			if cfg.logger != nil {
+				cfg.unnamed.Do(func() {
+					cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemhttp: a journaled call without WithOperation: after a crash only Resume protects it, and a rerun of the same work mints a new key (Policy.RequireOperation refuses such calls); logged once")
+				})
+			}
 		}
 	}
 	body, getBody, err := replayableBody(req, j != nil, p.maxBody)
