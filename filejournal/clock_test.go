@@ -213,7 +213,7 @@ func TestResumeRefusesBelowTheHighWaterMark(t *testing.T) {
 	// (24 h retention). Its first request's response is lost.
 	srv := newScripted(t, drop, reply(200, "{}"))
 	path := filepath.Join(t.TempDir(), "journal")
-	j, err := Open(path, &Options{PruneInterval: -1, clock: clock.now})
+	j, err := Open(path, &Options{PruneInterval: -1, Clock: clock.now})
 	require.NoError(t, err)
 	pol := fast()
 	pol.MaxAttempts = 1
@@ -234,7 +234,7 @@ func TestResumeRefusesBelowTheHighWaterMark(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.NoError(t, j.Compact(ctx))
 	require.NoError(t, j.Close())
-	j, err = Open(path, &Options{PruneInterval: -1, clock: clock.now})
+	j, err = Open(path, &Options{PruneInterval: -1, Clock: clock.now})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, j.Close()) })
 	pending, err := j.Pending(ctx)

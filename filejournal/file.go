@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"os"
 	"slices"
 	"time"
 
@@ -525,7 +524,7 @@ func (j *Journal) compact(ctx context.Context) error {
 		live := j.live
 		j.mu.Unlock()
 		if !j.salvage && live >= indexMin {
-			xw, _ = newFjIndexWriter(j.indexPath, true) // best effort, as at Close
+			xw, _ = j.newIndexWriter(true) // best effort, as at Close
 		}
 		// The index file's mark is what replay would make of the new
 		// file up to its checkpoint: the clock record's, raised by the
@@ -678,7 +677,7 @@ func (j *Journal) compact(ctx context.Context) error {
 		// The new file is in place (the old index file names the old
 		// salt: no open uses it any more).
 		if xw.finish(xcp, xhigh) != nil {
-			_ = os.Remove(j.indexPath)
+			_ = j.fs.Remove(j.indexPath)
 		}
 		xw = nil
 	}

@@ -5,7 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -50,14 +50,46 @@ type Options struct {
 	// bounded. Zero means one hour; negative turns the pruning off.
 	PruneInterval time.Duration
 
+	// The fields below are test seams: a program has no reason to set
+	// them.
+
+	// FS is the file system the journal's files live on: the journal
+	// itself, its index file, a torn tail kept aside and a compaction's
+	// new file. Every file access of the journal goes through it. nil
+	// means the operating system's. The simulated disk of
+	// internal/wal/simdisk goes here, for crash and fault tests and for
+	// the simulator of the whole system (internal/sim).
+	FS FS
+
+	// Clock replaces time.Now as the journal's clock ([Journal.Now]):
+	// the time it stamps on entries and outcomes, and by which a
+	// [idemhttp.Client] ages them; also the time in a torn tail's file
+	// name. nil means time.Now. For tests that set the clock forward and
+	// back.
+	Clock func() time.Time
+
+	// Rand is the source of the random salt of the journal file and of
+	// every compaction's new file, and of the nonce of every close
+	// marker (see docs/journal-format.md); nil means crypto/rand. Set it
+	// only where a file's bytes must be the same on every run (the
+	// simulator): anyone who can predict a file's salt can craft a
+	// request body that passes for a batch of the file when an open
+	// searches past damage.
+	Rand io.Reader
+
 	// writeBehind, for tests, is how long a Finish's record may wait for
 	// company (wal.Options.LazyDelay); zero means [WriteBehind].
 	writeBehind time.Duration
-
-	// clock, for tests, replaces time.Now as the journal's clock (see
-	// [Journal.Now]).
-	clock func() time.Time
 }
+
+// FS is the file system under a [Journal] (see [Options.FS]): the
+// internal/wal log's seam, to open files with flags, read and write them
+// at offsets, sync them and their directory, rename and remove them, and
+// take the writer's lock. Errors are those of package os, or wrap them.
+type FS = wal.FS
+
+// File is an open file of an [FS].
+type File = wal.File
 
 // WriteBehind bounds how long a [Journal] keeps an outcome
 // recorded by Finish only in memory when no other write comes to carry it
@@ -226,6 +258,7 @@ type Stats struct {
 // [Open]; the zero value is not usable. Close it when done.
 type Journal struct {
 	log        *wal.Log
+	fs         FS
 	clock      func() time.Time
 	omitBodies bool
 	retention  atomic.Int64 // how long done entries are kept, for the pruner: see Retain
@@ -277,8 +310,9 @@ type Journal struct {
 
 	pruner *pruner // nil when pruning is off
 
-	indexPath string         // of the index file: see filejournal_index.go
-	indexFrom wal.Checkpoint // the index file's, if the open read it
+	indexPath  string         // of the index file: see index.go
+	indexTemps atomic.Uint64  // numbers its temporary files
+	indexFrom  wal.Checkpoint // the index file's, if the open read it
 }
 
 var _ idemhttp.Journal = (*Journal)(nil)
@@ -393,7 +427,8 @@ func Open(path string, opts *Options) (*Journal, error) {
 		opts = &Options{}
 	}
 	j := &Journal{
-		clock:      opts.clock,
+		fs:         opts.FS,
+		clock:      opts.Clock,
 		omitBodies: opts.OmitBodies,
 		salvage:    opts.SkipVerify,
 		readOnly:   opts.ReadOnly,
@@ -403,8 +438,11 @@ func Open(path string, opts *Options) (*Journal, error) {
 	if j.clock == nil {
 		j.clock = time.Now
 	}
+	if j.fs == nil {
+		j.fs = wal.OS{}
+	}
 	var fileSize int64
-	if fi, err := os.Stat(path); err == nil {
+	if fi, err := j.fs.Stat(path); err == nil {
 		fileSize = fi.Size()
 	}
 	open := func(idx *index, resume func(uint64) (wal.Checkpoint, func() error, bool)) (*wal.Log, error) {
@@ -417,6 +455,9 @@ func Open(path string, opts *Options) (*Journal, error) {
 			LazyDelay: opts.writeBehind,
 			OnCommit:  j.onCommit,
 			Digest:    digest,
+			FS:        j.fs,
+			Rand:      opts.Rand,
+			Clock:     j.clock,
 			Fault: func(step string) error {
 				if j.fault == nil {
 					return nil
@@ -428,12 +469,12 @@ func Open(path string, opts *Options) (*Journal, error) {
 	// The index file the last clean close or compaction wrote, if any:
 	// replay starts after the batch it names when the file still holds
 	// it.
-	j.indexPath = indexPath(path)
+	j.indexPath = indexPath(j.fs, path)
 	idx := newFjIndex()
 	var xf *indexFile
 	var resume func(uint64) (wal.Checkpoint, func() error, bool)
 	if !opts.SkipVerify {
-		xf = openFjIndex(j.indexPath)
+		xf = openFjIndex(j.fs, j.indexPath)
 		defer xf.close()
 		resume = xf.resume(idx)
 	}
