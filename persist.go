@@ -8,6 +8,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idemhttp/internal/contract"
 )
 
 // State is where a journaled operation stands.
@@ -232,8 +234,8 @@ func (m *memJournal) Finish(_ context.Context, key string, o Outcome) error {
 	}
 	e.State, e.LastStatus, e.Updated = o.State, o.Status, o.At
 	e.Attempts += o.Attempts
-	if o.State == StateDone {
-		e.Result = cloneResult(o.Result)
+	if o.State == StateDone && o.Result != nil {
+		e.Result = &Result{Status: o.Result.Status, Header: contract.ResultHeader(o.Result.Header), Body: bytes.Clone(o.Result.Body)}
 	}
 	return nil
 }

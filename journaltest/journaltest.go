@@ -99,6 +99,7 @@ func Run(t *testing.T, open func(t *testing.T) idemhttp.Journal) {
 		{"Prune", testPrune},
 		{"Delete", testDelete},
 		{"FinalStatesStay", testFinalStatesStay},
+		{"ResultKept", testResultKept},
 		{"HeadersRoundTrip", testHeadersRoundTrip},
 		{"SecretsNeverStored", testSecretsNeverStored},
 		{"EmptyBodyIsNotNoBody", testEmptyBodyIsNotNoBody},
@@ -589,4 +590,37 @@ func testFinalStatesStay(t *testing.T, j idemhttp.Journal) {
 	pending, err := j.Pending(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, pending, "nothing was revived")
+}
+
+// testResultKept: a done outcome's Result (a bounded copy of the final
+// response, Policy.KeepResults) is kept with the entry: Get returns it,
+// and so does Begin for the operation's existing entry, which is how a
+// rerun gets the result back without sending. A journal keeps only the
+// headers a caller reads: never Set-Cookie.
+func testResultKept(t *testing.T, j idemhttp.Journal) {
+	ctx := context.Background()
+	begin(t, j, entry("k-res", "op-res", at(1)))
+	res := &idemhttp.Result{Status: 201, Body: []byte(`{"id":"ch_1"}`), Header: http.Header{
+		"Content-Type": {"application/json"}, "Request-Id": {"req_1"}, "Set-Cookie": {"s=secret"},
+	}}
+	require.NoError(t, j.Finish(ctx, "k-res", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1, At: at(2), Result: res}))
+	want := &idemhttp.Result{Status: 201, Body: []byte(`{"id":"ch_1"}`), Header: http.Header{
+		"Content-Type": {"application/json"}, "Request-Id": {"req_1"},
+	}}
+	got, err := j.Get(ctx, "k-res")
+	require.NoError(t, err)
+	assert.Equal(t, idemhttp.StateDone, got.State)
+	assert.Equal(t, want, got.Result)
+	existing, err := j.Begin(ctx, entry("k-other", "op-res", at(3)))
+	require.NoError(t, err)
+	require.NotNil(t, existing, "the operation's entry")
+	assert.Equal(t, want, existing.Result, "Begin's existing entry carries its result")
+
+	// A pending outcome carries none, and a later outcome of a done
+	// entry does not change it.
+	begin(t, j, entry("k-none", "op-none", at(1)))
+	require.NoError(t, j.Finish(ctx, "k-none", idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1, At: at(2)}))
+	got, err = j.Get(ctx, "k-none")
+	require.NoError(t, err)
+	assert.Nil(t, got.Result)
 }
