@@ -471,7 +471,7 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		PrepareRetry: enginePrepareRetry,
 		ErrorHandler: engineErrorHandler,
 	}
-	if cfg.hooks.OnAttempt != nil || cfg.hooks.OnAttemptDone != nil {
+	if cfg.hooks.OnAttempt != nil || cfg.hooks.OnAttemptDone != nil || a.p.pacer != nil {
 		a.engine.RequestLogHook = engineRequestHook
 	}
 	a.started = true
