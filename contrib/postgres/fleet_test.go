@@ -110,7 +110,7 @@ func resend(ctx context.Context, j *postgres.Journal, c *idemhttp.Client, e *ide
 	}
 	req, err := http.NewRequestWithContext(rctx, e.Method, e.URL, bytes.NewReader(e.Body))
 	if err != nil {
-		return j.Finish(ctx, e.Key, idemhttp.Outcome{State: idemhttp.StateAbandoned, At: time.Now()})
+		return j.Finish(ctx, e.Key, idemhttp.Outcome{State: idemhttp.StateAbandoned})
 	}
 	for name, vals := range e.Header {
 		req.Header[name] = vals
@@ -120,7 +120,7 @@ func resend(ctx context.Context, j *postgres.Journal, c *idemhttp.Client, e *ide
 	case errors.Is(err, idemhttp.ErrKeyExpired):
 		// The server has forgotten the key: resending could run the
 		// operation twice. Leave it to a person.
-		return j.Finish(ctx, e.Key, idemhttp.Outcome{State: idemhttp.StateAbandoned, At: time.Now()})
+		return j.Finish(ctx, e.Key, idemhttp.Outcome{State: idemhttp.StateAbandoned})
 	case err != nil:
 		return nil
 	}
@@ -176,7 +176,6 @@ func TestFleet(t *testing.T) {
 	ctx := context.Background()
 	producer := postgres.NewJournal(s.pool(t, 0), nil)
 	url := srv.URL + "/charges"
-	now := time.Now()
 	for i := range ops {
 		op := fmt.Sprintf("op-%03d", i)
 		body := []byte(op)
@@ -187,7 +186,6 @@ func TestFleet(t *testing.T) {
 			URL:       url,
 			Header:    http.Header{"Content-Type": {"text/plain"}},
 			Body:      body,
-			Created:   now.Add(time.Duration(i) * time.Millisecond),
 		})
 		require.NoError(t, err)
 		require.Nil(t, existing)
