@@ -282,7 +282,9 @@ func testDeleteFenced(t *testing.T, f *Fleet) {
 // testDeleteRacingClaim: A withdraws its entries, whose leases expired,
 // while B claims them: each entry is either withdrawn or claimed, never
 // both. (Both would be the §2b.1 hole: B sends an entry its caller was
-// told never went out.)
+// told never went out.) A starts once B has claimed the oldest entry,
+// and goes newest first: the two cross, and A meets at least that entry,
+// whose withdrawal must be refused.
 func testDeleteRacingClaim(t *testing.T, f *Fleet) {
 	const n = 40
 	ctx := context.Background()
@@ -301,9 +303,12 @@ func testDeleteRacingClaim(t *testing.T, f *Fleet) {
 		failures []error
 		mu       sync.Mutex
 	)
+	first := make(chan struct{}) // B's first claim returned
 	wg.Go(func() {
-		<-start
-		for i := range n {
+		<-first
+		// Newest first, while B claims oldest first: they cross, and A
+		// then meets the entries B claimed, the first one at least.
+		for i := n - 1; i >= 0; i-- {
 			k := fmt.Sprintf("k%02d", i)
 			err := f.A.Delete(ctx, k)
 			mu.Lock()
@@ -320,7 +325,7 @@ func testDeleteRacingClaim(t *testing.T, f *Fleet) {
 	})
 	wg.Go(func() {
 		<-start
-		for {
+		for i := 0; ; i++ {
 			es, err := f.B.ClaimPending(ctx, 1)
 			mu.Lock()
 			claimed = append(claimed, keys(es)...)
@@ -328,6 +333,9 @@ func testDeleteRacingClaim(t *testing.T, f *Fleet) {
 				failures = append(failures, err)
 			}
 			mu.Unlock()
+			if i == 0 {
+				close(first)
+			}
 			if err != nil || len(es) == 0 {
 				return
 			}
