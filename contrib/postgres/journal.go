@@ -143,8 +143,9 @@ type Journal struct {
 	clock      func() time.Time // nil: the database's now()
 
 	mu     sync.Mutex
-	seen   time.Time // the latest time this Journal recorded
-	stored time.Time // the latest mark it knows idemhttp_journal_clock holds
+	seen   time.Time   // the latest time this Journal recorded
+	stored time.Time   // the latest mark it knows idemhttp_journal_clock holds
+	last   clockSample // read with the last entry Begin found
 }
 
 // NewJournal returns a Journal on db, which must reach the primary. A nil
@@ -241,14 +242,16 @@ LIMIT 1`
 // (Delete) nor, while this lease lasts, record its outcome. The row
 // returned is the one read before the lease changed, which only the lease
 // columns, not read, tell apart. On Begin's insert path it finds the new
-// row, already this Journal's, and writes nothing.
+// row, already this Journal's, and writes nothing. With the entry come the
+// journal's clock and high-water mark, which a Client asks for next (see
+// clockSample).
 var takeSQL = sqlNow(`
 WITH e AS (`+existingSQL+`),
 took AS (
     UPDATE idemhttp_journal j SET lease_owner = $3, lease_token = $4, lease_expires_at = {now} + $5::interval
     FROM e
     WHERE j.key = e.key AND j.state = 'pending' AND j.fingerprint = $6 AND j.lease_token IS DISTINCT FROM $4)
-SELECT * FROM e`, 7)
+SELECT e.*, {now}, (SELECT high FROM idemhttp_journal_clock WHERE id = 1) FROM e`, 7)
 
 // beginAttempts bounds Begin's retries when the entry it conflicted with
 // vanishes before it can be read (a concurrent Prune or Delete); two would
@@ -347,7 +350,7 @@ func (j *Journal) begin(ctx context.Context, e *idemhttp.Entry, leased bool) (*i
 			}
 			br := j.db.SendBatch(ctx, b)
 			var err error
-			existing, stamped, inserted, err = readBegin(br)
+			existing, stamped, inserted, err = j.readBegin(br, leased)
 			if cerr := br.Close(); err == nil && cerr != nil {
 				err = cerr
 			}
@@ -368,16 +371,28 @@ func (j *Journal) begin(ctx context.Context, e *idemhttp.Entry, leased bool) (*i
 
 // readBegin reads Begin's pipeline: inserted, with the time it recorded,
 // or the existing entry, or neither when the conflicting entry vanished.
-func readBegin(br pgx.BatchResults) (existing *idemhttp.Entry, stamped time.Time, inserted bool, err error) {
+// taken says the second statement is takeSQL, whose clock sample it keeps.
+func (j *Journal) readBegin(br pgx.BatchResults, taken bool) (existing *idemhttp.Entry, stamped time.Time, inserted bool, err error) {
 	switch err := br.QueryRow().Scan(&stamped); {
 	case err == nil:
 		return nil, stamped, true, nil
 	case !errors.Is(err, pgx.ErrNoRows):
 		return nil, time.Time{}, false, err
 	}
-	e, err := scanEntry(br.QueryRow(), true)
+	var (
+		now  time.Time
+		mark *time.Time
+	)
+	var extra []any
+	if taken {
+		extra = []any{&now, &mark}
+	}
+	e, err := scanEntry(br.QueryRow(), true, extra...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, time.Time{}, false, nil
+	}
+	if err == nil && taken {
+		j.sample(now, mark)
 	}
 	return e, time.Time{}, false, err
 }
@@ -428,8 +443,9 @@ func textSafe(s string) bool {
 	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
-// scanEntry reads one row of entryColumns(_, result).
-func scanEntry(row pgx.Row, result bool) (*idemhttp.Entry, error) {
+// scanEntry reads one row of entryColumns(_, result), followed by the
+// columns extra points to.
+func scanEntry(row pgx.Row, result bool, extra ...any) (*idemhttp.Entry, error) {
 	var (
 		e      idemhttp.Entry
 		header []byte
@@ -441,6 +457,7 @@ func scanEntry(row pgx.Row, result bool) (*idemhttp.Entry, error) {
 	if result {
 		dest = append(dest, &res)
 	}
+	dest = append(dest, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return nil, err
 	}
@@ -836,6 +853,7 @@ WITH d AS (DELETE FROM idemhttp_journal WHERE state = 'done' AND updated_at < $1
     RETURNING greatest(created_at, updated_at) AS t)`+raiseFromDeleted+`
 SELECT count(*) FROM d`, cutoff, j.seenMark()).Scan(&n)
 	})
+	j.unsample()
 	if err != nil {
 		return 0, fmt.Errorf("idemhttp/postgres: journal prune: %w", err)
 	}
@@ -864,6 +882,7 @@ SELECT count(*) FROM d`
 // allowed once that lease expired), then deletes it. The entry's times
 // raise the high-water mark.
 func (j *Journal) Delete(ctx context.Context, key string) error {
+	defer j.unsample() // it may have raised the mark
 	return j.fenced(ctx, "delete", key, nil, func() (bool, error) {
 		var n int
 		err := retry(ctx, func() error {

@@ -33,6 +33,55 @@ m AS (INSERT INTO idemhttp_journal_clock AS c (id, high)
     SELECT 1, greatest(max(t), $2::timestamptz) FROM d HAVING count(*) > 0
     ON CONFLICT (id) DO UPDATE SET high = excluded.high WHERE c.high < excluded.high)`
 
+// sampleTTL is how long a clockSample answers Now and HighWater.
+const sampleTTL = 500 * time.Millisecond
+
+// clockSample is the database's clock and the stored high-water mark as
+// the statement that read an entry saw them. A Client that finds an entry
+// (Begin of an operation run again, or of a claimed entry it resends)
+// asks for both at once, to judge the entry's age and the clock: the
+// sample answers without two more round trips, consistent with the entry
+// it came with. Within sampleTTL the database's clock is the sample's plus
+// the monotonic time elapsed since, off by no more than the clocks' drift
+// over that half second; Prune and Delete, which may raise the mark,
+// discard it.
+type clockSample struct {
+	at   time.Time // when it was read, by this process's monotonic clock
+	now  time.Time // the database's now()
+	mark time.Time // idemhttp_journal_clock's mark, zero for none
+}
+
+// sample keeps a clock sample read with an entry.
+func (j *Journal) sample(now time.Time, mark *time.Time) {
+	s := clockSample{at: time.Now(), now: now}
+	if mark != nil {
+		s.mark = *mark
+	}
+	j.mu.Lock()
+	j.last = s
+	if s.mark.After(j.stored) {
+		j.stored = s.mark
+	}
+	j.mu.Unlock()
+}
+
+func (j *Journal) unsample() {
+	j.mu.Lock()
+	j.last = clockSample{}
+	j.mu.Unlock()
+}
+
+// fresh returns the clock sample if it is younger than sampleTTL.
+func (j *Journal) fresh() (clockSample, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.last.at.IsZero() {
+		return clockSample{}, false
+	}
+	age := time.Since(j.last.at)
+	return j.last, age >= 0 && age < sampleTTL
+}
+
 // Now returns the journal's clock: the database's now() or, with
 // [JournalOptions.Clock], that clock's reading. It is the time the journal
 // stamps on entries and outcomes given without one, and leases are
@@ -46,6 +95,9 @@ func (j *Journal) Now(ctx context.Context) (time.Time, error) {
 	}
 	if j.clock != nil {
 		return j.clock(), nil
+	}
+	if s, ok := j.fresh(); ok {
+		return s.now.Add(time.Since(s.at)), nil
 	}
 	var t time.Time
 	err := retry(ctx, func() error {
@@ -72,16 +124,32 @@ func (j *Journal) Now(ctx context.Context) (time.Time, error) {
 // Once the entries are resolved by hand, an operator clears a wrong mark
 // with DELETE FROM idemhttp_journal_clock.
 func (j *Journal) HighWater(ctx context.Context) (time.Time, error) {
-	stored, err := j.storedMark(ctx)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("idemhttp/postgres: journal high water: %w", err)
+	if err := ctx.Err(); err != nil {
+		return time.Time{}, err
+	}
+	var stored time.Time
+	if s, ok := j.fresh(); ok {
+		stored = s.mark
+	} else {
+		var err error
+		if stored, err = j.storedMark(ctx); err != nil {
+			return time.Time{}, fmt.Errorf("idemhttp/postgres: journal high water: %w", err)
+		}
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if j.seen.After(stored) {
-		return j.seen, nil
+	return latest(stored, j.stored, j.seen), nil
+}
+
+// latest returns the latest of ts, the zero Time for none.
+func latest(ts ...time.Time) time.Time {
+	var m time.Time
+	for _, t := range ts {
+		if t.After(m) {
+			m = t
+		}
 	}
-	return stored, nil
+	return m
 }
 
 // storedMark reads the mark in idemhttp_journal_clock (zero if none), and

@@ -621,3 +621,32 @@ func TestJournalNowFails(t *testing.T) {
 	assert.Error(t, err)
 	assert.False(t, errors.Is(err, context.Canceled))
 }
+
+// TestJournalClockSample: the clock and the mark read with an entry that
+// Begin found answer the Now and HighWater that a Client asks for next,
+// without a round trip (the pool is closed), and agree with the database.
+// Checked to fail with the sample's use removed from Now and HighWater
+// (both then failed on the closed pool).
+func TestJournalClockSample(t *testing.T) {
+	ctx := context.Background()
+	pool := newSchema(t).pool(t, 0)
+	j := postgres.NewJournal(pool, nil)
+	_, err := j.Begin(ctx, entry("k"))
+	require.NoError(t, err)
+	var before time.Time
+	require.NoError(t, pool.QueryRow(ctx, "SELECT now()").Scan(&before))
+	existing, err := j.Begin(ctx, entry("k"))
+	require.NoError(t, err)
+	require.NotNil(t, existing)
+	var after time.Time
+	require.NoError(t, pool.QueryRow(ctx, "SELECT now()").Scan(&after))
+	pool.Close()
+
+	now, err := j.Now(ctx)
+	require.NoError(t, err)
+	assert.False(t, now.Before(before), "Now %v before the database's %v", now, before)
+	assert.False(t, now.After(after.Add(time.Second)), "Now %v long after the database's %v", now, after)
+	mark, err := j.HighWater(ctx)
+	require.NoError(t, err)
+	assert.True(t, existing.Created.Equal(mark), "the mark %v is the entry's time %v", mark, existing.Created)
+}
