@@ -13,6 +13,19 @@
 //			return j
 //		})
 //	}
+//
+// A fleet journal's test gives two workers on one new store, and a way to
+// move the store's clock (contrib/postgres shifts the database's now()):
+//
+//	func TestFleetConformance(t *testing.T) {
+//		journaltest.RunFleet(t, func(t *testing.T) *journaltest.Fleet {
+//			store, shift := newStore(t)
+//			return &journaltest.Fleet{
+//				A: store.Worker("a"), B: store.Worker("b"),
+//				Lease: time.Minute, Retention: 24 * time.Hour, Shift: shift,
+//			}
+//		})
+//	}
 package journaltest
 
 import (
