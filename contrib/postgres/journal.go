@@ -54,8 +54,10 @@ type JournalOptions struct {
 	// an entry older than this by the journal's clock (the server may
 	// have forgotten its key, and a resend could run the operation
 	// twice), and marks it abandoned instead. Zero means
-	// [DefaultRetention]. Keep it no longer than the Policy's; the
-	// client checks its own as well.
+	// [DefaultRetention]. Set it to the workers' Policy.Retention: a
+	// longer one is cut short by the client's own check (the entry is
+	// claimed, then refused with ErrKeyExpired), and a shorter one
+	// abandons entries the server still remembers.
 	Retention time.Duration
 
 	// OmitBodies keeps request bodies out of the table; fingerprints are
