@@ -1,6 +1,9 @@
 // Package journaltest is the conformance suite for implementations of
 // [idemhttp.Journal]: every journal, embedded or in a nested module
-// (PostgreSQL, Redis), must pass [Run] unchanged.
+// (PostgreSQL, Redis), must pass [Run] unchanged. A journal shared by a
+// fleet of workers, which leases entries to them ([FleetJournal]), must
+// pass [RunFleet] as well: leases, fencing across workers, and one clock
+// for the fleet.
 //
 //	func TestConformance(t *testing.T) {
 //		journaltest.Run(t, func(t *testing.T) idemhttp.Journal {
@@ -8,6 +11,19 @@
 //			require.NoError(t, err)
 //			t.Cleanup(func() { _ = j.Close() })
 //			return j
+//		})
+//	}
+//
+// A fleet journal's test gives two workers on one new store, and a way to
+// move the store's clock (contrib/postgres shifts the database's now()):
+//
+//	func TestFleetConformance(t *testing.T) {
+//		journaltest.RunFleet(t, func(t *testing.T) *journaltest.Fleet {
+//			store, shift := newStore(t)
+//			return &journaltest.Fleet{
+//				A: store.Worker("a"), B: store.Worker("b"),
+//				Lease: time.Minute, Retention: 24 * time.Hour, Shift: shift,
+//			}
 //		})
 //	}
 package journaltest
@@ -102,6 +118,7 @@ func Run(t *testing.T, open func(t *testing.T) idemhttp.Journal) {
 		{"ResultKept", testResultKept},
 		{"HeadersRoundTrip", testHeadersRoundTrip},
 		{"SecretsNeverStored", testSecretsNeverStored},
+		{"URLSanitized", testURLSanitized},
 		{"EmptyBodyIsNotNoBody", testEmptyBodyIsNotNoBody},
 		{"HighWater", testHighWater},
 	}
@@ -623,4 +640,41 @@ func testResultKept(t *testing.T, j idemhttp.Journal) {
 	got, err = j.Get(ctx, "k-none")
 	require.NoError(t, err)
 	assert.Nil(t, got.Result)
+}
+
+// testURLSanitized: Begin applies Entry.Sanitized to the URL, given
+// directly as a producer would: a user part (a Stripe-style secret key as
+// user name, or a password) or a credential in the query is refused with
+// ErrInvalidRequest and nothing is stored, and the error does not quote
+// it; a fragment is dropped.
+func testURLSanitized(t *testing.T, j idemhttp.Journal) {
+	ctx := context.Background()
+	tests := []struct {
+		give string
+		want string // "" for refused
+	}{
+		{give: "https://sk_live_4eC39HqLyjWDarjtT1zdp7dc:@api.example.com/v1/charges"},
+		{give: "https://user:hunter2@api.example.com/v1/charges"},
+		{give: "https://api.example.com/v1/charges?api_key=sk_live_secret"},
+		{give: "https://api.example.com/v1/charges?key=AIzaSyA-secret"},
+		{give: "https://api.example.com/v1/charges#frag", want: "https://api.example.com/v1/charges"},
+	}
+	for i, tt := range tests {
+		e := entry(fmt.Sprintf("k%d", i), "", at(i))
+		e.URL = tt.give
+		_, err := j.Begin(ctx, e)
+		if tt.want == "" {
+			assert.ErrorIs(t, err, idemhttp.ErrInvalidRequest, tt.give)
+			for _, secret := range []string{"sk_live", "hunter2", "AIzaSy"} {
+				assert.NotContains(t, fmt.Sprint(err), secret, "the error quotes the secret")
+			}
+			_, err = j.Get(ctx, e.Key)
+			assert.ErrorIs(t, err, idemhttp.ErrNotFound, "stored %s", tt.give)
+			continue
+		}
+		require.NoError(t, err, tt.give)
+		got, err := j.Get(ctx, e.Key)
+		require.NoError(t, err)
+		assert.Equal(t, tt.want, got.URL)
+	}
 }
