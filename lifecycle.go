@@ -173,7 +173,7 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 	for {
 		if a.operation != "" {
 			if _, err := a.hold(ctx, "o\x00"+a.operation); err != nil {
-				r, e := a.answer(nil, a.notSent(err))
+				r, e := a.answer(nil, err)
 				return r, e, false
 			}
 		}
@@ -189,7 +189,7 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 			// could list from the journal: nobody else may send under it
 			// meanwhile. A minted key without a journal nobody else knows.
 			if _, err := a.hold(ctx, "k\x00"+key); err != nil {
-				r, e := a.answer(nil, a.notSent(err))
+				r, e := a.answer(nil, err)
 				return r, e, false
 			}
 		}
@@ -217,7 +217,7 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 			a.releaseKey(key)
 			waited, err := a.hold(ctx, "k\x00"+e.Key)
 			if err != nil {
-				r, e := a.answer(nil, a.notSent(err))
+				r, e := a.answer(nil, err)
 				return r, e, false
 			}
 			if waited {
@@ -288,7 +288,7 @@ func (a *operation) begin(ctx context.Context, req *http.Request, key string, ex
 	}
 	c.journalEvent(ctx, ev, t0)
 	if err != nil {
-		return nil, a.notSent(fmt.Errorf("idemhttp: journal: %w", err))
+		return nil, fmt.Errorf("idemhttp: journal: %w", err) // not ErrNotSent: a failed Begin may yet be on disk
 	}
 	if existing == nil {
 		a.created = true
@@ -328,7 +328,7 @@ func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, mark
 	c, p, j := a.c, a.p, a.j
 	now, err := c.journalNow(ctx, j)
 	if err != nil {
-		resp, err := a.answer(nil, a.notSent(fmt.Errorf("idemhttp: journal: %w", err)))
+		resp, err := a.answer(nil, fmt.Errorf("idemhttp: journal: %w", err))
 		return resp, err, true
 	}
 	switch e.State {
@@ -351,7 +351,7 @@ func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, mark
 	}
 	if mark.IsZero() {
 		if mark, err = journalHighWater(ctx, j); err != nil {
-			resp, err := a.answer(nil, a.notSent(fmt.Errorf("idemhttp: journal: %w", err)))
+			resp, err := a.answer(nil, fmt.Errorf("idemhttp: journal: %w", err))
 			return resp, err, true
 		}
 	}
@@ -432,9 +432,11 @@ func (a *operation) settle(ctx context.Context, resp *http.Response, err error) 
 	if a.phase == phaseJournaled || a.phase == phaseAttempting {
 		a.advance(phaseNotSent) // it ended before any attempt could leave
 	}
-	if err != nil && !a.reached && (a.entry == nil || a.created) {
-		// Nothing left, and no entry an earlier call or run may have
-		// sent: trying again under a new key is safe.
+	if err != nil && !a.reached && (!a.keyed || a.fresh) {
+		// Nothing left, under a key minted for this call (no other call
+		// can have used it) or none: trying again under a new key is
+		// safe. A caller's key, or a journal's, may have been used by an
+		// earlier call: then the call cannot say so.
 		err = a.notSent(err)
 	}
 	to := a.outcome(resp, err)

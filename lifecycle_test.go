@@ -684,3 +684,17 @@ func TestTimeoutAfterConnectingIsUnknownOnBothProtocols(t *testing.T) {
 		})
 	}
 }
+
+// Issue 26 §3: a journaled call without an operation id is logged, once,
+// with what it risks. Checked to fail with the log line removed.
+func TestJournalWithoutOperationIsLoggedOnce(t *testing.T) {
+	srv := newScripted(t, reply(201, "{}"))
+	var logs bytes.Buffer
+	c := &Client{Journal: newRecJournal(), Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	for range 3 {
+		resp, err := c.Do(post(t, srv.URL, chargeBody))
+		require.NoError(t, err)
+		resp.Body.Close()
+	}
+	assert.Equal(t, 1, strings.Count(logs.String(), "without WithOperation"), logs.String())
+}

@@ -2,6 +2,7 @@ package filejournal
 
 import (
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -213,7 +214,7 @@ func TestResumeRefusesBelowTheHighWaterMark(t *testing.T) {
 	// (24 h retention). Its first request's response is lost.
 	srv := newScripted(t, drop, reply(200, "{}"))
 	path := filepath.Join(t.TempDir(), "journal")
-	j, err := Open(path, &Options{PruneInterval: -1, clock: clock.now})
+	j, err := Open(path, &Options{PruneInterval: -1, Clock: clock.now})
 	require.NoError(t, err)
 	pol := fast()
 	pol.MaxAttempts = 1
@@ -234,7 +235,7 @@ func TestResumeRefusesBelowTheHighWaterMark(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.NoError(t, j.Compact(ctx))
 	require.NoError(t, j.Close())
-	j, err = Open(path, &Options{PruneInterval: -1, clock: clock.now})
+	j, err = Open(path, &Options{PruneInterval: -1, Clock: clock.now})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, j.Close()) })
 	pending, err := j.Pending(ctx)
@@ -295,4 +296,34 @@ func (c *ijClock) set(t time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.t = t
+}
+
+// Issue 26 §1, end to end: a Stripe-style caller whose process ended
+// after the charge succeeded, before it saved the charge's id, reruns with
+// a new Client over the reopened journal and gets the result back, as a
+// replay, sending nothing. Checked to fail with KeepResults 0: the rerun
+// got DoneError and the id was gone.
+func TestDoneOperationsResultSurvivesARestart(t *testing.T) {
+	ctx := idemhttp.WithOperation(context.Background(), "order-1")
+	srv := newScripted(t, reply(201, `{"id":"ch_1","status":"succeeded"}`))
+	path := filepath.Join(t.TempDir(), "journal")
+	j, err := Open(path, nil)
+	require.NoError(t, err)
+	pol := &idemhttp.Policy{KeepResults: 64 << 10}
+	resp, err := (&idemhttp.Client{Journal: j, Policy: pol}).Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close()) // the id was never saved
+	require.NoError(t, j.Close())         // the process ends
+
+	j, err = Open(path, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, j.Close()) })
+	resp, err = (&idemhttp.Client{Journal: j, Policy: pol}).Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, `{"id":"ch_1","status":"succeeded"}`, string(body))
+	assert.True(t, idemhttp.Replayed(resp))
+	assert.Len(t, srv.Hits(), 1, "nothing sent again")
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"os"
 	"slices"
 	"time"
 
@@ -300,6 +299,17 @@ func (idx *index) apply(rec *record, off int64, n int) error {
 	le := idx.byKey.get(rec.key)
 	exists := le != nil
 	switch rec.kind {
+	case kindResult:
+		if exists {
+			// A done entry's result: the record replaces the entry's
+			// earlier one, request and all.
+			idx.live += int64(n) - int64(le.size)
+			le.off, le.size = off, int32(n)
+			le.state, le.lastStatus, le.attempts = rec.state, rec.lastStatus, rec.attempts
+			le.setUpdated(rec.updated)
+			break
+		}
+		fallthrough // a compacted file's: the entry's only record
 	case kindBegin:
 		if exists {
 			return fmt.Errorf("%w: key %q stored twice", ErrCorrupt, rec.key)
@@ -525,7 +535,7 @@ func (j *Journal) compact(ctx context.Context) error {
 		live := j.live
 		j.mu.Unlock()
 		if !j.salvage && live >= indexMin {
-			xw, _ = newFjIndexWriter(j.indexPath, true) // best effort, as at Close
+			xw, _ = j.newIndexWriter(true) // best effort, as at Close
 		}
 		// The index file's mark is what replay would make of the new
 		// file up to its checkpoint: the clock record's, raised by the
@@ -678,7 +688,7 @@ func (j *Journal) compact(ctx context.Context) error {
 		// The new file is in place (the old index file names the old
 		// salt: no open uses it any more).
 		if xw.finish(xcp, xhigh) != nil {
-			_ = os.Remove(j.indexPath)
+			_ = j.fs.Remove(j.indexPath)
 		}
 		xw = nil
 	}

@@ -8,9 +8,10 @@ import (
 	"io"
 	"math"
 	"os"
-	"path/filepath"
 	"runtime"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idemhttp/internal/contract"
@@ -27,8 +28,11 @@ import (
 //
 // The index file names the close marker it was written after (a
 // wal.Checkpoint: the file's salt, the marker's offset, length, sequence
-// number and CRC), and is used only when the journal file holds that very
-// batch there. Every rewrite gives the file a new salt and, in between,
+// number, CRC and nonce), and is used only when the journal file holds
+// that very batch there. The nonce, random for each close, tells apart
+// two copies of one journal that diverged: the same salt, and writes of
+// the same sizes, would otherwise end each in a marker identical to the
+// other's, and either would accept the other's index file. Every rewrite gives the file a new salt and, in between,
 // the file is only appended to, so a file that holds the batch holds, up
 // to its end, exactly what it held at the close: the index file is then
 // the index of that part, and the batches after it (a later open that
@@ -59,6 +63,7 @@ var indexMin int64 = 8 << 20
 //	header (indexHeaderLen bytes):
 //	  magic "idemidx\n", version u32, chunks u32,
 //	  checkpoint: salt u64, offset i64, length u32, CRC u32, sequence u64,
+//	  nonce u64,
 //	  entries u64, high-water mark: seconds i64, nanoseconds u32,
 //	  CRC u32 of the bytes before it
 //	chunks, each: payload length u32, entries u32, CRC u32 of the
@@ -69,8 +74,8 @@ var indexMin int64 = 8 << 20
 //	  then the key and the operation id.
 const (
 	indexMagic      = "idemidx\n"
-	indexVersion    = 1
-	indexHeaderLen  = 72
+	indexVersion    = 2 // 1 named no nonce
+	indexHeaderLen  = 80
 	indexChunkHdr   = 12
 	indexEntryFixed = 49
 	indexChunkMax   = 8192    // entries per chunk
@@ -82,8 +87,8 @@ const (
 var errFjIndex = errors.New("index file refused")
 
 // indexPath is the name of the index file of the journal at path.
-func indexPath(path string) string {
-	if real, err := filepath.EvalSymlinks(path); err == nil {
+func indexPath(fs FS, path string) string {
+	if real, err := fs.EvalSymlinks(path); err == nil {
 		path = real
 	}
 	return path + indexSuffix
@@ -92,7 +97,7 @@ func indexPath(path string) string {
 // indexFile is an index file opened for a replay: its header read and
 // checked.
 type indexFile struct {
-	f       *os.File
+	f       File
 	cp      wal.Checkpoint
 	entries uint64
 	chunks  uint32
@@ -102,15 +107,15 @@ type indexFile struct {
 
 // openFjIndex opens the index file at path and checks its header; nil if
 // there is none, or none this build reads.
-func openFjIndex(path string) *indexFile {
-	f, err := os.Open(path)
+func openFjIndex(fs FS, path string) *indexFile {
+	f, err := fs.OpenFile(path, os.O_RDONLY, 0, false)
 	if err != nil {
 		return nil
 	}
 	var h [indexHeaderLen]byte
-	if _, err := io.ReadFull(f, h[:]); err != nil || string(h[:8]) != indexMagic ||
+	if _, err := f.ReadAt(h[:], 0); err != nil || string(h[:8]) != indexMagic ||
 		binary.LittleEndian.Uint32(h[8:]) != indexVersion ||
-		wal.Checksum(h[:68]) != binary.LittleEndian.Uint32(h[68:]) {
+		wal.Checksum(h[:indexHeaderLen-4]) != binary.LittleEndian.Uint32(h[indexHeaderLen-4:]) {
 		_ = f.Close()
 		return nil
 	}
@@ -120,10 +125,10 @@ func openFjIndex(path string) *indexFile {
 		chunks: le.Uint32(h[12:]),
 		cp: wal.Checkpoint{
 			Salt: le.Uint64(h[16:]), Off: int64(le.Uint64(h[24:])), Len: int(le.Uint32(h[32:])),
-			CRC: le.Uint32(h[36:]), Seq: le.Uint64(h[40:]),
+			CRC: le.Uint32(h[36:]), Seq: le.Uint64(h[40:]), Nonce: le.Uint64(h[48:]),
 		},
-		entries: le.Uint64(h[48:]),
-		high:    [2]int64{int64(le.Uint64(h[56:])), int64(le.Uint32(h[64:]))},
+		entries: le.Uint64(h[56:]),
+		high:    [2]int64{int64(le.Uint64(h[64:])), int64(le.Uint32(h[72:]))},
 	}
 }
 
@@ -316,21 +321,21 @@ func (j *Journal) writeIndex(cp wal.Checkpoint) {
 	// After SkipVerify, the file may hold damage that an index file
 	// would hide from the next open, which must refuse it.
 	if j.salvage || cp.End() < indexMin {
-		_ = os.Remove(j.indexPath)
+		_ = j.fs.Remove(j.indexPath)
 		return
 	}
 	if j.indexFrom == cp {
 		return // opened from it, and nothing written since: it is the index still
 	}
 	if err := j.writeIndexFile(cp); err != nil {
-		_ = os.Remove(j.indexPath)
+		_ = j.fs.Remove(j.indexPath)
 	}
 }
 
 func (j *Journal) writeIndexFile(cp wal.Checkpoint) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	x, err := newFjIndexWriter(j.indexPath, false) // nothing commits after Close
+	x, err := j.newIndexWriter(false) // nothing commits after Close
 	if err != nil {
 		return err
 	}
@@ -354,7 +359,9 @@ func (j *Journal) writeIndexFile(cp wal.Checkpoint) error {
 // file beside it that finish renames into place: its memory is a chunk's,
 // whatever the number of entries.
 type indexWriter struct {
-	f       *os.File
+	fs      FS
+	f       File
+	tmp     string
 	path    string
 	w       *bufio.Writer
 	payload []byte
@@ -364,33 +371,54 @@ type indexWriter struct {
 	err     error
 }
 
-// newFjIndexWriter starts an index file for path. With push, each MiB
-// written is pushed to the disk as it goes (see [wal.WriteBack]): for a
-// compaction's, written while Begins commit.
-func newFjIndexWriter(path string, push bool) (*indexWriter, error) {
-	dir, base := filepath.Split(path)
-	f, err := os.CreateTemp(dir, base+".tmp-*")
+// newIndexWriter starts an index file for the journal. With push, each
+// MiB written is pushed to the disk as it goes (see [wal.WriteBack]): for
+// a compaction's, written while Begins commit.
+//
+// It writes to a temporary file beside the index file, "<index
+// file>.tmp-<n>", created anew (a compaction's and a close's may be
+// written at once, and a crashed process may have left one behind) and
+// numbered by the journal, so that it is named the same on every run, as
+// everything the journal writes through a simulated disk must be.
+func (j *Journal) newIndexWriter(push bool) (*indexWriter, error) {
+	return newFjIndexWriter(j.fs, j.indexPath, &j.indexTemps, push)
+}
+
+// newFjIndexWriter starts an index file at path on fs, numbering its
+// temporary file with temps.
+func newFjIndexWriter(fs FS, path string, temps *atomic.Uint64, push bool) (*indexWriter, error) {
+	var f File
+	var tmp string
+	var err error
+	for range 100 {
+		tmp = path + ".tmp-" + strconv.FormatUint(temps.Add(1), 10)
+		f, err = fs.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600, false)
+		if !errors.Is(err, os.ErrExist) {
+			break
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
-	var w io.Writer = f
+	var w io.Writer = io.NewOffsetWriter(f, 0)
 	if push {
 		w = &pushWriter{f: f}
 	}
-	x := &indexWriter{f: f, path: path, w: bufio.NewWriterSize(w, 1<<20), payload: make([]byte, 0, 1<<20)}
+	x := &indexWriter{fs: fs, f: f, tmp: tmp, path: path, w: bufio.NewWriterSize(w, 1<<20), payload: make([]byte, 0, 1<<20)}
 	// The header goes in last, when the checkpoint is known.
 	_, x.err = x.w.Write(make([]byte, indexHeaderLen))
 	return x, nil
 }
 
-// pushWriter writes to f and pushes what it wrote to the disk.
+// pushWriter writes to f, from its start on, and pushes what it wrote
+// to the disk.
 type pushWriter struct {
-	f   *os.File
+	f   File
 	off int64
 }
 
 func (w *pushWriter) Write(p []byte) (int, error) {
-	n, err := w.f.Write(p)
+	n, err := w.f.WriteAt(p, w.off)
 	if err == nil {
 		err = wal.WriteBack(w.f, w.off, int64(n))
 	}
@@ -463,6 +491,7 @@ func (x *indexWriter) finish(cp wal.Checkpoint, high time.Time) error {
 		h = bo.AppendUint32(h, uint32(cp.Len))
 		h = bo.AppendUint32(h, cp.CRC)
 		h = bo.AppendUint64(h, cp.Seq)
+		h = bo.AppendUint64(h, cp.Nonce)
 		h = bo.AppendUint64(h, x.n)
 		sec, ns := splitTime(high)
 		h = bo.AppendUint64(h, uint64(sec))
@@ -474,10 +503,10 @@ func (x *indexWriter) finish(cp wal.Checkpoint, high time.Time) error {
 		x.err = err
 	}
 	if x.err == nil {
-		x.err = os.Rename(x.f.Name(), x.path)
+		x.err = x.fs.Rename(x.tmp, x.path)
 	}
 	if x.err != nil {
-		_ = os.Remove(x.f.Name())
+		_ = x.fs.Remove(x.tmp)
 	}
 	return x.err
 }
@@ -485,7 +514,7 @@ func (x *indexWriter) finish(cp wal.Checkpoint, high time.Time) error {
 // abort removes the file.
 func (x *indexWriter) abort() {
 	_ = x.f.Close()
-	_ = os.Remove(x.f.Name())
+	_ = x.fs.Remove(x.tmp)
 }
 
 // String describes an index file for errors and tests.

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -253,7 +254,7 @@ func TestJournalIndexFileRefusedWhenItDoesNotMatch(t *testing.T) {
 		path := build(t, "a")
 		idx, err := os.ReadFile(path + indexSuffix)
 		require.NoError(t, err)
-		x := openFjIndex(path + indexSuffix)
+		x := openFjIndex(wal.OS{}, path+indexSuffix)
 		require.NotNil(t, x)
 		x.close()
 		edit(t, path, func(b []byte) []byte {
@@ -437,8 +438,8 @@ func FuzzJournalIndexChunk(f *testing.F) {
 		require.NoError(t, os.WriteFile(path, journal, 0o600))
 		h := slices.Clone(hdr)
 		binary.LittleEndian.PutUint32(h[12:], 1)
-		binary.LittleEndian.PutUint64(h[48:], uint64(n))
-		binary.LittleEndian.PutUint32(h[68:], wal.Checksum(h[:68]))
+		binary.LittleEndian.PutUint64(h[56:], uint64(n))
+		binary.LittleEndian.PutUint32(h[indexHeaderLen-4:], wal.Checksum(h[:indexHeaderLen-4]))
 		file := binary.LittleEndian.AppendUint32(h, uint32(len(payload)))
 		file = binary.LittleEndian.AppendUint32(file, uint32(n))
 		file = binary.LittleEndian.AppendUint32(file, wal.Checksum(payload))
@@ -450,7 +451,7 @@ func FuzzJournalIndexChunk(f *testing.F) {
 		if !j.Stats().IndexLoaded {
 			return
 		}
-		x := openFjIndex(path + indexSuffix)
+		x := openFjIndex(wal.OS{}, path+indexSuffix)
 		require.NotNil(t, x)
 		x.close()
 		j.mu.Lock()
@@ -492,7 +493,7 @@ func ijWriteIndexFile(t *testing.T, from, to string, cp wal.Checkpoint, edit fun
 	r, err := Open(from, &Options{ReadOnly: true})
 	require.NoError(t, err)
 	defer r.Close()
-	w, err := newFjIndexWriter(to, false)
+	w, err := newFjIndexWriter(wal.OS{}, to, new(atomic.Uint64), false)
 	require.NoError(t, err)
 	r.mu.Lock()
 	added := 0
@@ -526,7 +527,7 @@ func TestJournalIndexFileThatTheTailContradicts(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.NoError(t, j.Close())
-	x := openFjIndex(path + indexSuffix)
+	x := openFjIndex(wal.OS{}, path+indexSuffix)
 	require.NotNil(t, x)
 	x.close()
 
@@ -566,7 +567,7 @@ func TestJournalVerifyFindsAnIndexFileThatLies(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.NoError(t, j.Close())
-	x := openFjIndex(path + indexSuffix)
+	x := openFjIndex(wal.OS{}, path+indexSuffix)
 	require.NotNil(t, x)
 	x.close()
 	lie := func(t *testing.T, edit func(le *entry), high time.Time) {

@@ -5,7 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/contract"
 	"github.com/idemkit/idemhttp/internal/wal"
 )
 
@@ -50,14 +51,46 @@ type Options struct {
 	// bounded. Zero means one hour; negative turns the pruning off.
 	PruneInterval time.Duration
 
+	// The fields below are test seams: a program has no reason to set
+	// them.
+
+	// FS is the file system the journal's files live on: the journal
+	// itself, its index file, a torn tail kept aside and a compaction's
+	// new file. Every file access of the journal goes through it. nil
+	// means the operating system's. The simulated disk of
+	// internal/wal/simdisk goes here, for crash and fault tests and for
+	// the simulator of the whole system (internal/sim).
+	FS FS
+
+	// Clock replaces time.Now as the journal's clock ([Journal.Now]):
+	// the time it stamps on entries and outcomes, and by which a
+	// [idemhttp.Client] ages them; also the time in a torn tail's file
+	// name. nil means time.Now. For tests that set the clock forward and
+	// back.
+	Clock func() time.Time
+
+	// Rand is the source of the random salt of the journal file and of
+	// every compaction's new file, and of the nonce of every close
+	// marker (see docs/journal-format.md); nil means crypto/rand. Set it
+	// only where a file's bytes must be the same on every run (the
+	// simulator): anyone who can predict a file's salt can craft a
+	// request body that passes for a batch of the file when an open
+	// searches past damage.
+	Rand io.Reader
+
 	// writeBehind, for tests, is how long a Finish's record may wait for
 	// company (wal.Options.LazyDelay); zero means [WriteBehind].
 	writeBehind time.Duration
-
-	// clock, for tests, replaces time.Now as the journal's clock (see
-	// [Journal.Now]).
-	clock func() time.Time
 }
+
+// FS is the file system under a [Journal] (see [Options.FS]): the
+// internal/wal log's seam, to open files with flags, read and write them
+// at offsets, sync them and their directory, rename and remove them, and
+// take the writer's lock. Errors are those of package os, or wrap them.
+type FS = wal.FS
+
+// File is an open file of an [FS].
+type File = wal.File
 
 // WriteBehind bounds how long a [Journal] keeps an outcome
 // recorded by Finish only in memory when no other write comes to carry it
@@ -226,6 +259,7 @@ type Stats struct {
 // [Open]; the zero value is not usable. Close it when done.
 type Journal struct {
 	log        *wal.Log
+	fs         FS
 	clock      func() time.Time
 	omitBodies bool
 	retention  atomic.Int64 // how long done entries are kept, for the pruner: see Retain
@@ -277,8 +311,9 @@ type Journal struct {
 
 	pruner *pruner // nil when pruning is off
 
-	indexPath string         // of the index file: see filejournal_index.go
-	indexFrom wal.Checkpoint // the index file's, if the open read it
+	indexPath  string         // of the index file: see index.go
+	indexTemps atomic.Uint64  // numbers its temporary files
+	indexFrom  wal.Checkpoint // the index file's, if the open read it
 }
 
 var _ idemhttp.Journal = (*Journal)(nil)
@@ -393,7 +428,8 @@ func Open(path string, opts *Options) (*Journal, error) {
 		opts = &Options{}
 	}
 	j := &Journal{
-		clock:      opts.clock,
+		fs:         opts.FS,
+		clock:      opts.Clock,
 		omitBodies: opts.OmitBodies,
 		salvage:    opts.SkipVerify,
 		readOnly:   opts.ReadOnly,
@@ -403,8 +439,11 @@ func Open(path string, opts *Options) (*Journal, error) {
 	if j.clock == nil {
 		j.clock = time.Now
 	}
+	if j.fs == nil {
+		j.fs = wal.OS{}
+	}
 	var fileSize int64
-	if fi, err := os.Stat(path); err == nil {
+	if fi, err := j.fs.Stat(path); err == nil {
 		fileSize = fi.Size()
 	}
 	open := func(idx *index, resume func(uint64) (wal.Checkpoint, func() error, bool)) (*wal.Log, error) {
@@ -417,6 +456,9 @@ func Open(path string, opts *Options) (*Journal, error) {
 			LazyDelay: opts.writeBehind,
 			OnCommit:  j.onCommit,
 			Digest:    digest,
+			FS:        j.fs,
+			Rand:      opts.Rand,
+			Clock:     j.clock,
 			Fault: func(step string) error {
 				if j.fault == nil {
 					return nil
@@ -428,12 +470,12 @@ func Open(path string, opts *Options) (*Journal, error) {
 	// The index file the last clean close or compaction wrote, if any:
 	// replay starts after the batch it names when the file still holds
 	// it.
-	j.indexPath = indexPath(path)
+	j.indexPath = indexPath(j.fs, path)
 	idx := newFjIndex()
 	var xf *indexFile
 	var resume func(uint64) (wal.Checkpoint, func() error, bool)
 	if !opts.SkipVerify {
-		xf = openFjIndex(j.indexPath)
+		xf = openFjIndex(j.fs, j.indexPath)
 		defer xf.close()
 		resume = xf.resume(idx)
 	}
@@ -735,6 +777,13 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if o.Result != nil && state == journalStateDone {
+		if err := j.finishWithResult(ctx, key, o, at); !errors.Is(err, errNoResult) {
+			return err
+		}
+		// The entry is final already, or its result too large for a
+		// record: a plain outcome.
+	}
 	for {
 		j.mu.Lock()
 		le := j.byKey.get(key)
@@ -787,6 +836,74 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 		le.state, le.lastStatus, le.attempts = state, status, attempts
 		le.setUpdated(when)
 		j.raiseLocked(when)
+		j.mu.Unlock()
+		return nil
+	}
+}
+
+// errNoResult: Finish cannot keep the result (the entry is final already,
+// or the result makes its record too large): it records the outcome alone.
+var errNoResult = errors.New("no result kept")
+
+// finishWithResult records a done outcome with its result: a result
+// record, the entry's begin record written again with the result after
+// it, which replaces the begin record (docs/journal-format.md). Unlike a
+// plain Finish it waits for the disk: the index points at the new record
+// only once it is durable and readable, and a Get meanwhile reads the old
+// one. It holds the scan lock, so no compaction or removal moves the
+// entry meanwhile, and marks the entry done at once, as Finish does, so
+// that no Delete or Prune removes it before its record lands.
+func (j *Journal) finishWithResult(ctx context.Context, key string, o idemhttp.Outcome, at time.Time) error {
+	j.scanMu.Lock()
+	defer j.scanMu.Unlock()
+	cur, err := j.read(key)
+	if err != nil {
+		if errors.Is(err, idemhttp.ErrNotFound) {
+			return errNoResult // Finish reports it
+		}
+		return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
+	}
+	if cur.State != idemhttp.StatePending {
+		return errNoResult
+	}
+	rec := *cur
+	rec.State, rec.LastStatus, rec.Attempts, rec.Updated = idemhttp.StateDone, o.Status, cur.Attempts+o.Attempts, at
+	rec.Result = &idemhttp.Result{Status: o.Result.Status, Header: contract.ResultHeader(o.Result.Header), Body: o.Result.Body}
+	encoded, err := appendBegin(nil, &rec)
+	if err != nil {
+		return errNoResult // too large to keep: the outcome alone
+	}
+	for {
+		j.mu.Lock()
+		le := j.byKey.get(key)
+		if le == nil || le.deleting || le.state != journalStatePending {
+			j.mu.Unlock()
+			return errNoResult
+		}
+		b, off, err := j.log.Append(len(encoded), 1, func(buf []byte) []byte { return append(buf, encoded...) })
+		if errors.Is(err, wal.ErrBatchFull) {
+			j.mu.Unlock()
+			<-b.Done()
+			continue
+		}
+		if err != nil {
+			j.mu.Unlock()
+			return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
+		}
+		j.pending--
+		le.state, le.lastStatus, le.attempts = journalStateDone, rec.LastStatus, rec.Attempts
+		le.setUpdated(at)
+		j.raiseLocked(at)
+		j.mu.Unlock()
+		<-b.Done()
+		if err := b.Err(); err != nil {
+			return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
+		}
+		j.mu.Lock()
+		if le := j.byKey.get(key); le != nil && !le.deleting {
+			j.live += int64(len(encoded)) - int64(le.size)
+			le.off, le.size, le.gen = off, int32(len(encoded)), j.gen
+		}
 		j.mu.Unlock()
 		return nil
 	}
@@ -862,7 +979,7 @@ func readEntry(r wal.Reader, le *entry, buf []byte) (*idemhttp.Entry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("entry %s: %w", le.key(), err)
 	}
-	if rec.kind != kindBegin || rec.key != le.key() {
+	if (rec.kind != kindBegin && rec.kind != kindResult) || rec.key != le.key() {
 		return nil, fmt.Errorf("%w: entry %s: the record at offset %d is not its own", ErrCorrupt, le.key(), le.off)
 	}
 	e := rec.entry()

@@ -283,7 +283,7 @@ func TestVerifyRepairJSON(t *testing.T) {
 	assert.Equal(t, &stateCounts{Pending: 1, Done: 1, Abandoned: 1}, rep.Entries)
 	fi, err := os.Stat(journal)
 	require.NoError(t, err)
-	const closeMarker = 29 // the batch Close appends after the report
+	const closeMarker = 37 // the batch Close appends after the report: header, record header, 0x00 and the nonce
 	assert.Equal(t, fi.Size(), rep.FileBytes+closeMarker)
 	assert.Contains(t, out.stderr, "warning:")
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 )
 
 // Format constants. The layout they describe is in the package
@@ -13,8 +14,8 @@ import (
 const (
 	// Version is the format version this package writes and reads.
 	// Versions 1 and 2 were bbolt files; 3 was this log without close
-	// markers.
-	Version = 4
+	// markers; 4, with close markers that carried no nonce.
+	Version = 5
 
 	FileHeaderLen   = 24 // "IDEMJRNL", version, salt, CRC
 	BatchHeaderLen  = 20 // magic, length, sequence number, CRC
@@ -81,11 +82,17 @@ func FileHeader(salt uint64) []byte {
 	return h
 }
 
-// NewSalt returns a random salt for a new file.
-func NewSalt() (uint64, error) {
+// NewSalt returns a random salt for a new file, from crypto/rand.
+func NewSalt() (uint64, error) { return random64(nil) }
+
+// random64 reads a random uint64 from r, crypto/rand if r is nil.
+func random64(r io.Reader) (uint64, error) {
+	if r == nil {
+		r = rand.Reader
+	}
 	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return 0, err
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return 0, fmt.Errorf("random source: %w", err)
 	}
 	return binary.LittleEndian.Uint64(b[:]), nil
 }
@@ -182,12 +189,31 @@ func ReadRecord(b []byte) (payload []byte, n int, ok bool) {
 	return payload, RecordHeaderLen + int(size), true
 }
 
-// closeMarker is the payload of the record a clean close appends, alone
-// in its batch. Callers' payloads never start with a zero byte.
-var closeMarker = []byte{0}
+// closeMarkerLen is the length of a close marker's payload.
+const closeMarkerLen = 9
+
+// closeMarker returns the payload of the record a clean close appends,
+// alone in its batch: a zero byte (callers' payloads never start with
+// one), then the close's nonce, random, so that two copies of one file
+// that diverged (the same salt, writes of the same sizes) never end in
+// byte-identical markers, whose checkpoints an index file beside the
+// one could then pass off as the other's (see [Checkpoint]).
+func closeMarker(nonce uint64) []byte {
+	return binary.LittleEndian.AppendUint64([]byte{0}, nonce)
+}
+
+// markerNonce reports whether a batch's records are a close marker, and
+// returns its nonce.
+func markerNonce(records []byte) (nonce uint64, ok bool) {
+	p, n, ok := ReadRecord(records)
+	if !ok || n != len(records) || len(p) != closeMarkerLen || p[0] != 0 {
+		return 0, false
+	}
+	return binary.LittleEndian.Uint64(p[1:]), true
+}
 
 // isCloseMarker reports whether a batch's records are a close marker.
 func isCloseMarker(records []byte) bool {
-	p, n, ok := ReadRecord(records)
-	return ok && n == len(records) && len(p) == 1 && p[0] == 0
+	_, ok := markerNonce(records)
+	return ok
 }

@@ -182,6 +182,7 @@ func TestFileHeader(t *testing.T) {
 		{name: "flipped salt", give: flip(hdr, 13), wantErr: ErrCorrupt, want: "damaged file header"},
 		{name: "bbolt-era version", give: withVersion(2), wantErr: ErrVersion, want: "journal format version 2,"},
 		{name: "version without close markers", give: withVersion(3), wantErr: ErrVersion, want: "journal format version 3,"},
+		{name: "version with close markers without a nonce", give: withVersion(4), wantErr: ErrVersion, want: "journal format version 4,"},
 		{name: "future version", give: withVersion(Version + 1), wantErr: ErrVersion, want: fmt.Sprintf("journal format version %d,", Version+1)},
 	}
 	for _, tt := range tests {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,6 +70,18 @@ type Options struct {
 	// simulated disk here (internal/wal/simdisk).
 	FS FS
 
+	// Rand is the source of the random salt of every file the log
+	// creates (a new file's, a rewrite's) and of the nonce of every close
+	// marker; nil means crypto/rand. For tests that need a file's bytes
+	// to be the same on every run (the simulator): anyone who can predict
+	// a file's salt can craft a request body that passes for a batch of
+	// it when replay searches past damage (see docs/journal-format.md).
+	Rand io.Reader
+
+	// Clock, when set, replaces time.Now for the name of the file a torn
+	// tail is kept in (see [TornSuffix]). For tests.
+	Clock func() time.Time
+
 	// Fault, when set, is called before each commit's write ("write"),
 	// between the write and its sync ("sync"), when a rewrite has written
 	// the live records and starts copying the batches committed meanwhile
@@ -101,12 +114,22 @@ type Stats struct {
 // ever removes batches nobody was told were durable; the checkpoints
 // [Options.OnClose] gives name a close marker, which was, and those of
 // [Writer.Checkpoint] a batch of a rewrite, synced before the rename).
+//
+// Two copies of one file (a backup restored beside the original, a file
+// copied and both copies written since) share the salt, and once they
+// diverge may hold at one offset batches of the same length and sequence
+// number: after writes of the same sizes, each copy's close marker would
+// be byte for byte the other's. A close marker therefore carries a random
+// nonce, which its checkpoint names, so that one copy's marker never
+// passes for the other's (and the CRC, which covers the nonce, differs
+// too). A rewrite's batch needs none: each rewrite draws its own salt.
 type Checkpoint struct {
-	Salt uint64 // the file's
-	Off  int64  // where the batch starts
-	Len  int    // its length, header included
-	Seq  uint64 // its sequence number
-	CRC  uint32 // the CRC its header stores
+	Salt  uint64 // the file's
+	Off   int64  // where the batch starts
+	Len   int    // its length, header included
+	Seq   uint64 // its sequence number
+	CRC   uint32 // the CRC its header stores
+	Nonce uint64 // a close marker's nonce, 0 for any other batch
 }
 
 // End is where the batch cp names ends.
@@ -233,6 +256,14 @@ func Open(path string, opts *Options, apply ApplyFunc) (*Log, error) {
 	return l, nil
 }
 
+// now is Options.Clock, or time.Now.
+func (l *Log) now() func() time.Time {
+	if l.opts.Clock != nil {
+		return l.opts.Clock
+	}
+	return time.Now
+}
+
 // dropResume forgets Options.Resume once Open's replay is over: the
 // state its load filled is the caller's to drop, and a log lives as long
 // as its journal (a closure kept here kept every entry of the first
@@ -327,7 +358,7 @@ func (l *Log) open(apply ApplyFunc) error {
 	}
 	size := fi.Size()
 	if size < FileHeaderLen {
-		if size, err = initFile(l.fs, f, l.path, size); err != nil {
+		if size, err = initFile(l.fs, l.opts.Rand, f, l.path, size); err != nil {
 			return fail(err)
 		}
 	} else {
@@ -349,7 +380,7 @@ func (l *Log) open(apply ApplyFunc) error {
 		return fail(err)
 	}
 	if res.Truncated > 0 {
-		torn, err := keepTail(l.fs, f, l.path, res.End, res.Truncated)
+		torn, err := keepTail(l.fs, l.now(), f, l.path, res.End, res.Truncated)
 		if err != nil {
 			return fail(fmt.Errorf("keep the torn tail: %w", err))
 		}
@@ -376,16 +407,23 @@ func (l *Log) open(apply ApplyFunc) error {
 }
 
 // TornSuffix starts the name of the file a torn tail is kept in, beside
-// the journal, followed by the time it was cut.
+// the journal, followed by the time it was cut (and, should a file of
+// that name exist already, after a clock set back, say, by "." and a
+// number).
 const TornSuffix = ".torn-"
 
 // keepTail copies the n bytes of f at off into a new file beside path
 // and makes it durable, so that cutting them off loses nothing a person
 // might need: a tail that is damage rather than a torn write can still be
 // examined.
-func keepTail(fs FS, f File, path string, off, n int64) (string, error) {
-	name := path + TornSuffix + time.Now().UTC().Format("20060102T150405.000000000Z")
+func keepTail(fs FS, now func() time.Time, f File, path string, off, n int64) (string, error) {
+	base := path + TornSuffix + now().UTC().Format("20060102T150405.000000000Z")
+	name := base
 	t, err := fs.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600, false)
+	for i := 1; errors.Is(err, os.ErrExist) && i < 100; i++ {
+		name = base + "." + strconv.Itoa(i)
+		t, err = fs.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600, false)
+	}
 	if err != nil {
 		return "", err
 	}
@@ -455,7 +493,7 @@ func tornHeader(b []byte) bool {
 // short is empty, or holds a header whose write a crash cut short; the
 // salt is random, so only the magic and the version of a short header can
 // be compared. Anything else is not a journal, and is left alone.
-func initFile(fs FS, f File, path string, size int64) (int64, error) {
+func initFile(fs FS, rnd io.Reader, f File, path string, size int64) (int64, error) {
 	data := make([]byte, size)
 	if _, err := f.ReadAt(data, 0); err != nil {
 		return 0, err
@@ -464,7 +502,7 @@ func initFile(fs FS, f File, path string, size int64) (int64, error) {
 		_, err := CheckFileHeader(data)
 		return 0, err
 	}
-	salt, err := NewSalt()
+	salt, err := random64(rnd)
 	if err != nil {
 		return 0, err
 	}
@@ -656,7 +694,12 @@ func (l *Log) commitLoop() {
 			l.mu.Lock()
 			mark := l.broken == nil && !l.marked
 			if mark {
-				l.cur.buf = AppendRecord(l.cur.buf, closeMarker)
+				// Without a nonce, no marker: the file then ends as if
+				// the process had died, which the next open handles.
+				nonce, err := random64(l.opts.Rand)
+				if mark = err == nil; mark {
+					l.cur.buf = AppendRecord(l.cur.buf, closeMarker(nonce))
+				}
 			}
 			l.mu.Unlock()
 			if mark {
@@ -713,8 +756,9 @@ func (l *Log) commitOne(force bool) bool {
 		}
 	} else {
 		l.seq = seq
-		l.marked = isCloseMarker(b.buf[BatchHeaderLen:])
-		l.last = Checkpoint{Salt: salt, Off: b.off, Len: len(b.buf), Seq: seq, CRC: binary.LittleEndian.Uint32(b.buf[16:])}
+		var nonce uint64
+		nonce, l.marked = markerNonce(b.buf[BatchHeaderLen:])
+		l.last = Checkpoint{Salt: salt, Off: b.off, Len: len(b.buf), Seq: seq, CRC: binary.LittleEndian.Uint32(b.buf[16:]), Nonce: nonce}
 		l.size.Store(b.End())
 	}
 	l.mu.Unlock()
@@ -925,16 +969,11 @@ type Writer struct {
 }
 
 // WriteBack writes the n bytes of f at off out to the disk and waits for
-// them, a MiB at a time, syncing nothing else (Linux; elsewhere it does
-// nothing): for a file written beside a log while commits go on, as a
-// rewrite's own writes are, so that a commit's sync never waits for much
-// of its dirty data.
-func WriteBack(f *os.File, off, n int64) error {
-	if syncDisabled {
-		return nil
-	}
-	return writeback(f, off, n)
-}
+// them, a MiB at a time, syncing nothing else ([File.WriteBack]; nothing
+// in a build that never syncs): for a file written beside a log while
+// commits go on, as a rewrite's own writes are, so that a commit's sync
+// never waits for much of its dirty data.
+func WriteBack(f File, off, n int64) error { return writeBack(f, off, n) }
 
 // Checkpoint seals the batch being filled, writes what is buffered and
 // returns the checkpoint of the last batch written, for state saved as
@@ -1051,7 +1090,7 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) (from 
 		_ = l.fs.Remove(tmp)
 		return err
 	}
-	salt, err := NewSalt()
+	salt, err := random64(l.opts.Rand)
 	if err != nil {
 		return fail(err)
 	}

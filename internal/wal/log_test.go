@@ -311,14 +311,16 @@ func TestLogCloseWritesMarker(t *testing.T) {
 	require.NoError(t, l.Close())
 	raw, err := os.ReadFile(path)
 	require.NoError(t, err)
-	require.Len(t, raw, len(crashed)+BatchHeaderLen+RecordHeaderLen+1)
+	require.Len(t, raw, len(crashed)+BatchHeaderLen+RecordHeaderLen+closeMarkerLen)
 	assert.Equal(t, crashed, raw[:len(crashed)], "Close only appends")
 	salt, err := CheckFileHeader(raw)
 	require.NoError(t, err)
 	seq, records, _, ok := ReadBatch(raw[len(crashed):], int64(len(crashed)), salt)
 	require.True(t, ok, "the marker is a valid batch")
 	assert.Equal(t, uint64(2), seq)
-	assert.Equal(t, AppendRecord(nil, []byte{0}), records)
+	nonce, ok := markerNonce(records)
+	require.True(t, ok, "the batch is a marker")
+	assert.Equal(t, AppendRecord(nil, closeMarker(nonce)), records)
 
 	var c collect
 	l, err = Open(path, nil, c.apply)

@@ -40,7 +40,7 @@ func raFile(rng *rand.Rand, batches int, marked bool) ([]byte, []int64) {
 		off := len(file)
 		offs = append(offs, int64(off))
 		file = append(file, make([]byte, BatchHeaderLen)...)
-		file = AppendRecord(file, closeMarker)
+		file = AppendRecord(file, closeMarker(uint64(batches)))
 		SealBatch(file[off:], uint64(batches+1), int64(off), salt)
 	}
 	return file, offs

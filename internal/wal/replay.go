@@ -116,9 +116,10 @@ func replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest Dig
 			if err != nil {
 				return nil, err
 			}
-			if ok && seq == cp.Seq && n == cp.Len && binary.LittleEndian.Uint32(rd.buf[16:]) == cp.CRC && load() == nil {
+			nonce, isMarker := markerNonce(records)
+			if ok && seq == cp.Seq && n == cp.Len && binary.LittleEndian.Uint32(rd.buf[16:]) == cp.CRC && nonce == cp.Nonce && load() == nil {
 				off, res.Seq, res.Last, res.Resumed = cp.End(), seq, cp, true
-				marker = isCloseMarker(records)
+				marker = isMarker
 			}
 		}
 	}
@@ -137,7 +138,8 @@ func replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest Dig
 				rec := 0
 				for _, bt := range run.batches {
 					records := run.buf[bt.start+BatchHeaderLen : bt.start+bt.n]
-					marker = isCloseMarker(records)
+					var nonce uint64
+					nonce, marker = markerNonce(records)
 					var err error
 					switch {
 					case marker:
@@ -151,7 +153,7 @@ func replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest Dig
 					}
 					rec = bt.recs
 					res.Seq = bt.seq
-					res.Last = Checkpoint{Salt: salt, Off: off, Len: bt.n, Seq: bt.seq, CRC: binary.LittleEndian.Uint32(run.buf[bt.start+16:])}
+					res.Last = Checkpoint{Salt: salt, Off: off, Len: bt.n, Seq: bt.seq, CRC: binary.LittleEndian.Uint32(run.buf[bt.start+16:]), Nonce: nonce}
 					off += int64(bt.n)
 				}
 				ra.recycle(run)
@@ -201,14 +203,15 @@ func replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest Dig
 			marker = false
 			continue
 		}
-		marker = isCloseMarker(records)
+		var nonce uint64
+		nonce, marker = markerNonce(records)
 		if !marker {
 			if err := applyBatch(records, off+BatchHeaderLen, salvage, apply); err != nil {
 				return nil, fmt.Errorf("batch at offset %d: %w", off, err)
 			}
 		}
 		res.Seq = seq
-		res.Last = Checkpoint{Salt: salt, Off: off, Len: n, Seq: seq, CRC: binary.LittleEndian.Uint32(rd.buf[16:])}
+		res.Last = Checkpoint{Salt: salt, Off: off, Len: n, Seq: seq, CRC: binary.LittleEndian.Uint32(rd.buf[16:]), Nonce: nonce}
 		off += int64(n)
 	}
 	res.End = off

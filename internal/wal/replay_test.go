@@ -23,7 +23,7 @@ func replayBytes(f []byte, salvage bool) (*Replayed, *collect, error) {
 }
 
 // marker is the batch a clean close appends, numbered seq.
-func marker(seq uint64) []byte { return batch(seq, AppendRecord(nil, closeMarker)) }
+func marker(seq uint64) []byte { return batch(seq, AppendRecord(nil, closeMarker(seq))) }
 
 func TestReplay(t *testing.T) {
 	a, b, c, d := rec("Ba"), rec("Bbb"), rec("Fa"), rec("Bc")
@@ -455,7 +455,7 @@ func checkReplay(t *testing.T, f []byte, salvage bool) {
 		// Also with salvage: a batch after the marker that salvage
 		// skips makes the file not end with it (seed
 		// marker-then-stale-batch; Clean stayed set before the fix).
-		require.True(t, isCloseMarker(f[res.End-RecordHeaderLen-1:]), "Clean, and the file ends with a marker")
+		require.True(t, isCloseMarker(f[res.End-RecordHeaderLen-closeMarkerLen:]), "Clean, and the file ends with a marker")
 	}
 	prev := int64(FileHeaderLen + BatchHeaderLen)
 	for i, off := range got.offs {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -489,4 +490,141 @@ func TestSimScriptIsDeterministic(t *testing.T) {
 	for range 3 {
 		assert.Equal(t, first, trace())
 	}
+}
+
+// With Options.Rand and Options.Clock the log's files are the same, byte
+// for byte and name for name, on every run: the salts of the file and of
+// its rewrites, the nonces of its close markers and the name of a torn
+// tail kept aside (what a seeded simulator needs to replay a run). The
+// control, without Rand, draws a new salt each time. Checked to fail with
+// initFile's salt drawn from crypto/rand whatever Rand says, and with
+// keepTail's name taken from time.Now.
+func TestSimBytesAreReproducible(t *testing.T) {
+	run := func(seeded bool) map[string]string {
+		d := simdisk.New(&simdisk.Options{Torn: simdisk.TornByte})
+		clock := func() time.Time { return time.Date(2030, 1, 2, 3, 4, 5, 6, time.UTC) }
+		opts := func() *wal.Options {
+			o := &wal.Options{FS: d, Clock: clock}
+			if seeded {
+				o.Rand = rand.NewChaCha8([32]byte{7})
+			}
+			return o
+		}
+		noop := func(int64, int, []byte) error { return nil }
+		l, err := wal.Open(simPath, opts(), noop)
+		require.NoError(t, err)
+		require.NoError(t, commit(l, []string{"a=1"}))
+		require.NoError(t, l.Close()) // a marker, with its nonce
+		l, err = wal.Open(simPath, opts(), noop)
+		require.NoError(t, err)
+		require.NoError(t, commit(l, []string{"b=" + strings.Repeat("x", 100)}))
+		d.Halt()
+		_ = l.Close()
+		d.Crash(nil)
+		tearTail(t, d)
+		l, err = wal.Open(simPath, opts(), noop) // keeps the tail aside
+		require.NoError(t, err)
+		require.NotZero(t, l.Stats().Truncated, "the crash kept part of the cut write")
+		require.NoError(t, l.Close())
+		files := map[string]string{}
+		for _, name := range d.Names() {
+			b, err := d.ReadFile(name)
+			require.NoError(t, err)
+			files[name] = string(b)
+		}
+		return files
+	}
+	first := run(true)
+	require.Len(t, first, 2, "the log and its torn tail: %v", slices.Collect(maps.Keys(first)))
+	assert.Equal(t, first, run(true), "the same bytes and names with Rand and Clock")
+	assert.NotEqual(t, run(false)[simPath][:wal.FileHeaderLen], run(false)[simPath][:wal.FileHeaderLen], "without Rand, a new salt each time")
+}
+
+// A torn tail is kept aside even when a file of its name exists already
+// (a clock set back, or one that does not advance): the name gets a
+// number. Checked to fail with keepTail's retry removed (the open then
+// fails with "file exists").
+func TestSimTornTailNameTaken(t *testing.T) {
+	d := simdisk.New(&simdisk.Options{Torn: simdisk.TornByte})
+	clock := func() time.Time { return time.Date(2030, 1, 2, 3, 4, 5, 6, time.UTC) }
+	noop := func(int64, int, []byte) error { return nil }
+	for i := range 2 {
+		l, err := wal.Open(simPath, &wal.Options{FS: d, Clock: clock}, noop)
+		require.NoError(t, err, "open %d", i)
+		if i > 0 {
+			require.NotZero(t, l.Stats().Truncated)
+		}
+		require.NoError(t, commit(l, []string{"b=" + strings.Repeat("x", 100)}))
+		d.Halt()
+		_ = l.Close()
+		d.Crash(nil)
+		tearTail(t, d)
+	}
+	l, err := wal.Open(simPath, &wal.Options{FS: d, Clock: clock}, noop)
+	require.NoError(t, err)
+	torn := l.Stats().TornPath
+	require.NoError(t, l.Close())
+	name := simPath + wal.TornSuffix + "20300102T030405.000000006Z"
+	assert.Equal(t, []string{simPath, name, name + ".1"}, d.Names())
+	assert.Equal(t, name+".1", torn)
+}
+
+// tearTail ends the log on d with what a write the power cut leaves:
+// the start of a batch, and nothing valid after it.
+func tearTail(t *testing.T, d *simdisk.Disk) {
+	b, err := d.ReadFile(simPath)
+	require.NoError(t, err)
+	d.WriteFile(simPath, append(b, b[wal.FileHeaderLen:wal.FileHeaderLen+wal.BatchHeaderLen+3]...), 0o600)
+}
+
+// Two copies of one log that diverged (a backup restored beside the
+// original, say): the same salt, writes of the same sizes, so that each
+// ends, after a clean close, in a marker at the same offset, of the same
+// length and sequence number. A checkpoint of one (an index file written
+// at its close) must not let the other resume from it: the markers'
+// nonces differ, and the checkpoint names its marker's. The control: each
+// copy resumes from its own. Checked to fail with every marker's nonce 0
+// (the copies' markers are then byte-identical, CRC included), and with
+// replay's comparison of the nonce removed.
+func TestSimDivergedCopiesRefuseEachOthersCheckpoint(t *testing.T) {
+	noop := func(int64, int, []byte) error { return nil }
+	d := simdisk.New(nil)
+	l, err := wal.Open(simPath, &wal.Options{FS: d}, noop)
+	require.NoError(t, err)
+	require.NoError(t, commit(l, []string{"a=1"}))
+	require.NoError(t, l.Close())
+
+	closeWith := func(d *simdisk.Disk, record string) wal.Checkpoint {
+		var cp wal.Checkpoint
+		l, err := wal.Open(simPath, &wal.Options{FS: d, OnClose: func(c wal.Checkpoint) { cp = c }}, noop)
+		require.NoError(t, err)
+		require.NoError(t, commit(l, []string{record}))
+		require.NoError(t, l.Close())
+		return cp
+	}
+	a, b := d.Clone(), d.Clone()
+	cpA, cpB := closeWith(a, "x=1"), closeWith(b, "y=2")
+	require.Equal(t, cpA.Salt, cpB.Salt)
+	require.Equal(t, [3]any{cpA.Off, cpA.Len, cpA.Seq}, [3]any{cpB.Off, cpB.Len, cpB.Seq}, "the markers are where and what each other's are")
+	assert.NotEqual(t, cpA.Nonce, cpB.Nonce)
+
+	resumed := func(d *simdisk.Disk, cp wal.Checkpoint) bool {
+		loaded := false
+		l, err := wal.Open(simPath, &wal.Options{FS: d, Resume: func(uint64) (wal.Checkpoint, func() error, bool) {
+			return cp, func() error { loaded = true; return nil }, true
+		}}, noop)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, l.Close()) }()
+		assert.Equal(t, loaded, l.Stats().Resumed)
+		return l.Stats().Resumed
+	}
+	assert.False(t, resumed(b.Clone(), cpA), "a copy does not resume from the other's checkpoint")
+	assert.False(t, resumed(a.Clone(), cpB), "nor the other way")
+	assert.True(t, resumed(a.Clone(), cpA), "each resumes from its own")
+	assert.True(t, resumed(b.Clone(), cpB))
+	// The nonce is compared itself, not only through the CRC, which
+	// covers it in 32 bits (checked to fail without the comparison).
+	wrong := cpA
+	wrong.Nonce++
+	assert.False(t, resumed(a.Clone(), wrong), "a checkpoint naming another nonce")
 }
