@@ -145,9 +145,9 @@ func (w *worker) wait(t *testing.T) int {
 // worker's entries once its leases end, and finish; the server executed
 // every operation exactly once. Checked: with runFleetBatch sending each
 // pending operation of the input itself (Lookup, then Do) instead of the
-// entries ClaimPending leases it, the workers send the same operations
-// and the journal refuses their outcomes (the lease is no one's), so
-// every operation stays pending and this fails.
+// entries ClaimPending leases it, both survivors send the same operations
+// (dozens "sent by 2 surviving workers"), and the one whose lease the
+// other took reports them pending.
 func TestFleet(t *testing.T) {
 	dsn := fleetDSN(t)
 	srvURL, stopServe := startServeBinary(t, "-seed", "3", "-drop-response", "0.05", "-latency", "5ms")

@@ -93,10 +93,10 @@ func newClient(j idemhttp.Journal, rt http.RoundTripper) *idemhttp.Client {
 			// A done step's response is kept with its journal entry, and a
 			// rerun gets it back without sending anything.
 			KeepResults: keepResults,
-			// A done step whose response was not kept (too large, or a
-			// journal that keeps none: filejournal does not yet) is asked
-			// again, under its key and within the retention, and the
-			// service replays it. Past the retention the job stops
+			// A done step whose response was not kept (larger than
+			// KeepResults, or journaled by a build that kept none) is
+			// asked again, under its key and within the retention, and
+			// the service replays it. Past the retention the job stops
 			// (errNoResult) rather than risk a second charge.
 			RefetchDone:      true,
 			RequireOperation: true, // every call of a job is a named step
