@@ -432,15 +432,9 @@ func (a *operation) settle(ctx context.Context, resp *http.Response, err error) 
 	if a.phase == phaseJournaled || a.phase == phaseAttempting {
 		a.advance(phaseNotSent) // it ended before any attempt could leave
 	}
-	if err != nil && !a.reached && (!a.keyed || a.fresh) {
-		// Nothing left, under a key minted for this call (no other call
-		// can have used it) or none: trying again under a new key is
-		// safe. A caller's key, or a journal's, may have been used by an
-		// earlier call: then the call cannot say so.
-		err = a.notSent(err)
-	}
 	to := a.outcome(resp, err)
 	a.advance(to)
+	gone := true // nothing of the call is left in a journal
 	if a.entry != nil {
 		switch to {
 		case phaseDone:
@@ -452,8 +446,17 @@ func (a *operation) settle(ctx context.Context, resp *http.Response, err error) 
 		case phasePending:
 			a.writeFinish(ctx, StatePending, nil)
 		case phaseWithdrawn:
-			a.withdraw(ctx)
+			gone = a.withdraw(ctx)
 		}
+	}
+	if err != nil && !a.reached && gone && (!a.keyed || a.fresh) {
+		// Nothing left, on the wire nor in the journal, under a key minted
+		// for this call (no other call can have used it) or none: trying
+		// again under a new key is safe. A caller's key, or a journal's,
+		// may have been used by an earlier call; an entry the journal
+		// failed to withdraw may yet be resent: then the call cannot say
+		// so.
+		err = a.notSent(err)
 	}
 	return a.end(resp, err)
 }
@@ -502,15 +505,17 @@ func (a *operation) writeFinish(ctx context.Context, s State, r *Result) {
 // nothing, so that Resume never sends a request its caller was told did
 // not go out. Should the removal fail, the entry is marked abandoned
 // instead: Resume never sends either. An entry another sender finished or
-// holds (ErrFenced) is left to it.
-func (a *operation) withdraw(ctx context.Context) {
+// holds (ErrFenced) is left to it. It reports whether nothing of the call
+// is left that Resume would send: false when both writes failed, and the
+// entry stays pending.
+func (a *operation) withdraw(ctx context.Context) bool {
 	c, e := a.c, a.entry
 	ctx = context.WithoutCancel(ctx)
 	t0 := c.journalClock()
 	err := a.j.Delete(ctx, e.Key)
 	if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, ErrFenced) {
 		c.journalEvent(ctx, idemtrace.JournalEvent{Op: idemtrace.JournalDiscard, Key: e.Key, Operation: e.Operation}, t0)
-		return
+		return true
 	}
 	err2 := a.j.Finish(ctx, e.Key, Outcome{State: StateAbandoned, At: c.stamp(a.j)})
 	if errors.Is(err2, ErrFenced) {
@@ -518,9 +523,13 @@ func (a *operation) withdraw(ctx context.Context) {
 	}
 	c.journalEvent(ctx, idemtrace.JournalEvent{Op: idemtrace.JournalDiscard, Key: e.Key, Operation: e.Operation, State: string(StateAbandoned), Err: errors.Join(err, err2)}, t0)
 	if c.cfg.logger != nil {
-		c.cfg.logger.LogAttrs(ctx, slog.LevelError, "idemhttp: journal: could not withdraw an entry that was never sent; marked abandoned",
-			slog.String("key", e.Key), slog.String("error", errors.Join(err, err2).Error()))
+		msg := "idemhttp: journal: could not withdraw an entry that was never sent; marked abandoned"
+		if err2 != nil {
+			msg = "idemhttp: journal: could not withdraw an entry that was never sent, nor mark it abandoned; it stays pending"
+		}
+		c.cfg.logger.LogAttrs(ctx, slog.LevelError, msg, slog.String("key", e.Key), slog.String("error", errors.Join(err, err2).Error()))
 	}
+	return err2 == nil
 }
 
 // writeAbandoned marks an entry past the retention abandoned.

@@ -698,3 +698,28 @@ func TestJournalWithoutOperationIsLoggedOnce(t *testing.T) {
 	}
 	assert.Equal(t, 1, strings.Count(logs.String(), "without WithOperation"), logs.String())
 }
+
+// failingJournal fails Delete and Finish: a disk that broke after the
+// call's Begin.
+type failingJournal struct{ *recJournal }
+
+func (f failingJournal) Delete(context.Context, string) error { return errors.New("EIO") }
+func (f failingJournal) Finish(context.Context, string, Outcome) error {
+	return errors.New("EIO")
+}
+
+// A call that sent nothing but could not withdraw its entry (nor mark it
+// abandoned) does not say ErrNotSent: the entry stays pending, and Resume
+// may send it, so a retry under a new key could run the operation twice.
+// Found by the simulator (seed 5). Checked to fail with settle wrapping
+// ErrNotSent before the withdrawal.
+func TestFailedWithdrawalIsNotNotSent(t *testing.T) {
+	j := failingJournal{newRecJournal()}
+	c := &Client{Journal: j, Policy: &Policy{MaxAttempts: 1}}
+	_, err := c.Do(post(t, "http://"+deadAddr(t), chargeBody))
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, ErrNotSent)
+	pending, err := j.Pending(context.Background())
+	require.NoError(t, err)
+	assert.Len(t, pending, 1, "left for Resume")
+}

@@ -45,6 +45,17 @@ type Options struct {
 	// wrapping [ErrReadOnly].
 	ReadOnly bool
 
+	// KeepDone is how long the journal keeps a done entry after its
+	// outcome, so that a rerun of its operation sends nothing (a
+	// *idemhttp.DoneError, or the kept result). Zero means the retention
+	// its Client tells it (idemhttp.Policy.Retention: the server's key
+	// retention), and it is never shorter than that. After it, the journal
+	// has forgotten the operation, as the server its key, and a rerun runs
+	// it as a new one: set it longer for a batch whose reruns may come
+	// later (a day's outage, a job rerun next week), at the cost of the
+	// index's memory for those entries.
+	KeepDone time.Duration
+
 	// PruneInterval is how often the journal prunes, by itself and in the
 	// background, the done entries older than its retention (see
 	// [Journal.Retain]), so that a process that never restarts stays
@@ -262,10 +273,11 @@ type Journal struct {
 	fs         FS
 	clock      func() time.Time
 	omitBodies bool
-	retention  atomic.Int64 // how long done entries are kept, for the pruner: see Retain
-	retainMu   sync.Mutex   // serialises Retain
-	told       bool         // Retain was called; guarded by retainMu
-	salvage    bool         // SkipVerify
+	retention  atomic.Int64  // how long done entries are kept, for the pruner: see Retain
+	keepDone   time.Duration // Options.KeepDone
+	retainMu   sync.Mutex    // serialises Retain
+	told       bool          // Retain was called; guarded by retainMu
+	salvage    bool          // SkipVerify
 	readOnly   bool
 
 	// mu guards the index. Lock order: the log's file lock (View,
@@ -508,6 +520,7 @@ func Open(path string, opts *Options) (*Journal, error) {
 		_ = j.Compact(context.Background())
 	}
 	j.retention.Store(int64(defaultRetention))
+	j.keepDone = max(opts.KeepDone, 0)
 	if !j.readOnly && opts.PruneInterval >= 0 {
 		j.pruner = startPruner(j, cmp.Or(opts.PruneInterval, time.Hour))
 	}

@@ -10,6 +10,7 @@ import (
 	"hash/crc32"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -2341,4 +2342,30 @@ func TestFileJournalKeepsResults(t *testing.T) {
 	require.NoError(t, j.Close())
 	r := fjOpen(t, path, &filejournal.Options{PruneInterval: -1})
 	check(t, r, "reopened")
+}
+
+// KeepDone keeps done entries past the retention the Client told the
+// journal, so that a late rerun sends nothing; a Client's Resume does not
+// prune them behind it. (The simulator found reruns a day later running
+// their operations again: by design with the default, now a choice.)
+// Checked to fail with the pruner ignoring KeepDone, and with Resume
+// pruning a journal that prunes itself.
+func TestFileJournalKeepDone(t *testing.T) {
+	ctx := context.Background()
+	j := fjOpen(t, fjPath(t), &filejournal.Options{KeepDone: 72 * time.Hour, PruneInterval: time.Millisecond})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(201) }))
+	defer srv.Close()
+	c := &idemhttp.Client{Journal: j, Policy: &idemhttp.Policy{Retention: time.Hour}}
+	e := fjEntry("old-done", "op-old")
+	e.URL = srv.URL
+	e.Created = time.Now().Add(-48 * time.Hour)
+	_, err := j.Begin(ctx, e)
+	require.NoError(t, err)
+	require.NoError(t, j.Finish(ctx, "old-done", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1, At: time.Now().Add(-48 * time.Hour)}))
+	_, err = c.Resume(ctx, nil) // tells the journal an hour of retention, and would prune
+	require.NoError(t, err)
+	time.Sleep(20 * time.Millisecond) // a few rounds of the pruner; the assertion holds whatever it did
+	got, err := j.Get(ctx, "old-done")
+	require.NoError(t, err, "kept for KeepDone, past the Client's retention")
+	assert.Equal(t, idemhttp.StateDone, got.State)
 }

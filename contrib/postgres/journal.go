@@ -853,7 +853,12 @@ func (j *Journal) queryOnce(ctx context.Context, sql string, args ...any) ([]*id
 
 // Prune implements [idemhttp.Journal.Prune]. Pending and abandoned entries
 // are never pruned. The latest time among the entries it deletes raises
-// the high-water mark, so that it outlives them.
+// the high-water mark, so that it outlives them. Nothing prunes the table
+// by itself (a Client's Resume leaves a journal that was told its
+// retention to prune its own): run it from one worker, or a scheduled job,
+// with a cutoff no later than the clients' Policy.Retention ago by the
+// journal's clock ([Journal.Now]), or later for reruns that may come after
+// the server has forgotten the keys.
 func (j *Journal) Prune(ctx context.Context, cutoff time.Time) (int, error) {
 	var n int
 	err := retry(ctx, func() error {
