@@ -504,8 +504,9 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 // that wants one.
 //
 // Turn the SDK's own retries off. An SDK that retries by itself
-// multiplies attempts (stripe-go's default of 2 network retries on top of
-// the Policy's 4 attempts is up to 12 requests per call) and its retries
+// multiplies attempts (when connections die, stripe-go's default of 2
+// network retries on top of the Policy's 4 attempts is up to 12 requests
+// per call) and its retries
 // bypass the retry budget, the deadline rules and the in-progress
 // patience. With stripe-go:
 //
