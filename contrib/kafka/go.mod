@@ -5,11 +5,15 @@ go 1.26.0
 require (
 	github.com/idemkit/idemhttp v0.1.0
 	github.com/idemkit/idemhttp/contrib/sqlite v0.1.0
-	github.com/jackc/pgx/v5 v5.12.0
+	github.com/idemkit/idemhttp/internal/testenv v0.1.0
 	github.com/stretchr/testify v1.12.1
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
-	go.uber.org/goleak v1.3.0
+)
+
+require (
+	github.com/jackc/pgx/v5 v5.13.0 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
 )
 
 require (

@@ -3,27 +3,21 @@ package kafka_test
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.uber.org/goleak"
 
 	"github.com/idemkit/idemhttp/contrib/sqlite"
+	"github.com/idemkit/idemhttp/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(envChild) != "" {
-		os.Exit(child())
-	}
-	goleak.VerifyTestMain(m)
+	testenv.Main(m, envChild, child)
 }
 
 // groupOpts make a dead member's partitions move within a second or two,
@@ -86,25 +80,8 @@ type store struct {
 
 func newStore(t *testing.T) store {
 	t.Helper()
-	if u := os.Getenv("IDEMHTTP_POSTGRES_URL"); u != "" {
-		schema := fmt.Sprintf("d1_kafka_%d", time.Now().UnixNano())
-		admin, err := sql.Open("pgx", u)
-		require.NoError(t, err)
-		defer admin.Close()
-		_, err = admin.Exec("CREATE SCHEMA " + schema)
-		require.NoError(t, err)
-		t.Cleanup(func() {
-			admin, err := sql.Open("pgx", u)
-			if err == nil {
-				_, _ = admin.Exec("DROP SCHEMA " + schema + " CASCADE")
-				_ = admin.Close()
-			}
-		})
-		sep := "?"
-		if strings.Contains(u, "?") {
-			sep = "&"
-		}
-		return store{driver: "pgx", dsn: u + sep + "search_path=" + schema}
+	if os.Getenv(testenv.PostgresEnv) != "" {
+		return store{driver: "pgx", dsn: testenv.NewSchema(t, "d1_kafka_").URL}
 	}
 	return store{driver: "sqlite", dsn: filepath.Join(t.TempDir(), "effects.db")}
 }

@@ -15,36 +15,14 @@ import (
 
 	natsinbox "github.com/idemkit/idemhttp/contrib/nats"
 	"github.com/idemkit/idemhttp/inbox"
+	"github.com/idemkit/idemhttp/internal/testenv"
 )
 
 // runAsync runs c on cons in a goroutine and returns its result channel
 // and the function that stops it.
 func runAsync(t *testing.T, c *natsinbox.Consumer, cons jetstream.Consumer, h inbox.Handler) (<-chan error, context.CancelFunc) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	finished := make(chan struct{})
-	go func() {
-		errc <- c.Run(ctx, cons, h)
-		close(finished)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-finished
-	})
-	return errc, cancel
-}
-
-// wait returns the next value of errc, failing the test after 30 s.
-func wait(t *testing.T, errc <-chan error) error {
-	t.Helper()
-	select {
-	case err := <-errc:
-		return err
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not return in 30 s")
-		return nil
-	}
+	return testenv.Go(t, func(ctx context.Context) error { return c.Run(ctx, cons, h) })
 }
 
 // A handler error naks the message: it is redelivered and the handler
@@ -53,7 +31,7 @@ func wait(t *testing.T, errc <-chan error) error {
 // (With Run acking before the handler, this test fails: checked once.)
 func TestHandlerErrorRedelivers(t *testing.T) {
 	_, js := connect(t)
-	db, _ := newSchema(t)
+	db, _ := testenv.EffectsDB(t, "d2_")
 	in := &inbox.SQL{DB: db}
 	require.NoError(t, in.Migrate(context.Background()))
 	s := newStream(t, js, 10*time.Second) // a redelivery before that is the nak's doing
@@ -91,9 +69,9 @@ func TestHandlerErrorRedelivers(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return s.settled(t, js) }, 10*time.Second, 10*time.Millisecond, "acked")
 	cancel()
-	require.ErrorIs(t, wait(t, errc), context.Canceled)
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 	assert.Equal(t, int32(2), calls.Load())
-	rows, _ := effects(t, db)
+	rows, _ := testenv.Effects(t, db)
 	assert.Equal(t, 1, rows, "the first attempt's effect rolled back")
 }
 
@@ -109,7 +87,7 @@ func TestMessageIDFromOtherHeader(t *testing.T) {
 	errc, cancel := runAsync(t, &natsinbox.Consumer{IDHeader: "Idem-Id"}, s.cons(t, js), h)
 	assert.Equal(t, "order-9", <-got)
 	cancel()
-	require.ErrorIs(t, wait(t, errc), context.Canceled)
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 }
 
 // A message with no id is never passed to the handler and never acked:
@@ -131,7 +109,7 @@ func TestNoID(t *testing.T) {
 		require.Eventually(t, func() bool { return s.settled(t, js) }, 10*time.Second, 10*time.Millisecond,
 			"terminated: never redelivered")
 		cancel()
-		require.ErrorIs(t, wait(t, errc), context.Canceled)
+		require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 		assert.Empty(t, got)
 	})
 	t.Run("stop", func(t *testing.T) {
@@ -141,7 +119,7 @@ func TestNoID(t *testing.T) {
 		var calls atomic.Int32
 		h := func(context.Context, *inbox.Message) error { calls.Add(1); return nil }
 		errc, _ := runAsync(t, &natsinbox.Consumer{NoID: natsinbox.NoIDStop}, s.cons(t, js), h)
-		require.ErrorIs(t, wait(t, errc), inbox.ErrNoMessageID)
+		require.ErrorIs(t, testenv.Wait(t, errc), inbox.ErrNoMessageID)
 		assert.Zero(t, calls.Load())
 
 		// Both are redelivered (naked, or after AckWait if the server
@@ -149,7 +127,7 @@ func TestNoID(t *testing.T) {
 		got := make(chan string, 2)
 		h2 := func(_ context.Context, m *inbox.Message) error { got <- m.ID; return nil }
 		errc2, _ := runAsync(t, &natsinbox.Consumer{NoID: natsinbox.NoIDStop}, s.cons(t, js), h2)
-		require.ErrorIs(t, wait(t, errc2), inbox.ErrNoMessageID)
+		require.ErrorIs(t, testenv.Wait(t, errc2), inbox.ErrNoMessageID)
 		assert.Empty(t, got)
 	})
 }
@@ -163,7 +141,7 @@ func TestCancelNaksPulled(t *testing.T) {
 	s := newStream(t, js, 2*time.Second)
 	ids := make([]string, 10)
 	for i := range ids {
-		ids[i] = msgID(i)
+		ids[i] = testenv.MsgID(i)
 	}
 	s.publish(t, js, ids...)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -186,7 +164,7 @@ func TestCancelNaksPulled(t *testing.T) {
 	require.Eventually(t, func() bool { return s.settled(t, js) }, 20*time.Second, 10*time.Millisecond,
 		"the other seven come back")
 	cancel2()
-	require.ErrorIs(t, wait(t, errc), context.Canceled)
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 	assert.Equal(t, int32(7), rest.Load())
 }
 
@@ -228,8 +206,8 @@ func TestHeartbeatKeepsSlowMessage(t *testing.T) {
 			require.Eventually(t, func() bool { return calls.Load() > 0 && s.settled(t, js) }, 20*time.Second, 10*time.Millisecond)
 			cancel()
 			cancel2()
-			require.ErrorIs(t, wait(t, errc), context.Canceled)
-			require.ErrorIs(t, wait(t, errc2), context.Canceled)
+			require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+			require.ErrorIs(t, testenv.Wait(t, errc2), context.Canceled)
 			assert.Equal(t, tt.wantCalls, calls.Load())
 		})
 	}
@@ -252,7 +230,7 @@ func TestConcurrentRedeliveryOneEffect(t *testing.T) {
 		t.Skip("a handler that runs for 2.5 s")
 	}
 	_, js := connect(t)
-	db, _ := newSchema(t)
+	db, _ := testenv.EffectsDB(t, "d2_")
 	in := &inbox.SQL{DB: db}
 	require.NoError(t, in.Migrate(context.Background()))
 	s := newStream(t, js, time.Second)
@@ -286,8 +264,8 @@ func TestConcurrentRedeliveryOneEffect(t *testing.T) {
 	require.Eventually(t, func() bool { return deliveries.Load() >= 2 && s.settled(t, js) }, 20*time.Second, 10*time.Millisecond)
 	cancel()
 	cancel2()
-	require.ErrorIs(t, wait(t, errc), context.Canceled)
-	require.ErrorIs(t, wait(t, errc2), context.Canceled)
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+	require.ErrorIs(t, testenv.Wait(t, errc2), context.Canceled)
 	var rows int
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM effects`).Scan(&rows))
 	assert.True(t, overlapped.Load(), "the second delivery came while the first handler ran")
@@ -305,7 +283,7 @@ func TestRunStopsOnLostConsumer(t *testing.T) {
 		cons := s.cons(t, js)
 		errc, _ := runAsync(t, &natsinbox.Consumer{MaxWait: time.Second}, cons, h)
 		nc.Close()
-		err := wait(t, errc)
+		err := testenv.Wait(t, errc)
 		require.Error(t, err)
 		assert.NotErrorIs(t, err, context.Canceled)
 	})
@@ -314,7 +292,7 @@ func TestRunStopsOnLostConsumer(t *testing.T) {
 		s := newStream(t, js, time.Minute)
 		errc, _ := runAsync(t, &natsinbox.Consumer{MaxWait: time.Second}, s.cons(t, js), h)
 		require.NoError(t, js.DeleteConsumer(context.Background(), s.name, s.consumer))
-		err := wait(t, errc)
+		err := testenv.Wait(t, errc)
 		assert.True(t, errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted), "%v", err)
 	})
 }

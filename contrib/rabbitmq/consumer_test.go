@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idemhttp/contrib/rabbitmq"
 	"github.com/idemkit/idemhttp/inbox"
+	"github.com/idemkit/idemhttp/internal/testenv"
 )
 
 // runAsync runs c on a new channel of conn in a goroutine and returns its
@@ -22,30 +23,7 @@ import (
 func runAsync(t *testing.T, conn *amqp.Connection, c *rabbitmq.Consumer, h inbox.Handler) (<-chan error, context.CancelFunc) {
 	t.Helper()
 	ch := channel(t, conn)
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	finished := make(chan struct{})
-	go func() {
-		errc <- c.Run(ctx, ch, h)
-		close(finished)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-finished
-	})
-	return errc, cancel
-}
-
-// wait returns the next value of errc, failing the test after 30 s.
-func wait(t *testing.T, errc <-chan error) error {
-	t.Helper()
-	select {
-	case err := <-errc:
-		return err
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not return in 30 s")
-		return nil
-	}
+	return testenv.Go(t, func(ctx context.Context) error { return c.Run(ctx, ch, h) })
 }
 
 // A handler error nacks with requeue: the message comes back and the
@@ -55,7 +33,7 @@ func wait(t *testing.T, errc <-chan error) error {
 // below fail: checked once.)
 func TestHandlerErrorRedelivers(t *testing.T) {
 	conn := dial(t)
-	db, _ := newSchema(t)
+	db, _ := testenv.EffectsDB(t, "d2_")
 	in := &inbox.SQL{DB: db}
 	require.NoError(t, in.Migrate(context.Background()))
 	queue := newQueue(t, conn, nil)
@@ -90,9 +68,9 @@ func TestHandlerErrorRedelivers(t *testing.T) {
 		t.Fatal("no redelivery in 30 s")
 	}
 	cancel()
-	require.ErrorIs(t, wait(t, errc), context.Canceled)
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 	assert.Equal(t, int32(2), calls.Load())
-	rows, _ := effects(t, db)
+	rows, _ := testenv.Effects(t, db)
 	assert.Equal(t, 1, rows, "the first attempt's effect rolled back")
 	assert.Zero(t, ready(t, conn, queue), "acked after the second attempt")
 }
@@ -115,7 +93,7 @@ func TestMessageIDFromHeader(t *testing.T) {
 	assert.IsType(t, amqp.Delivery{}, m.Raw)
 	assert.Equal(t, "order-10", (<-got).ID)
 	cancel()
-	require.ErrorIs(t, wait(t, errc), context.Canceled)
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 	assert.Empty(t, got)
 	assert.Zero(t, ready(t, conn, queue))
 }
@@ -137,7 +115,7 @@ func TestNoID(t *testing.T) {
 		errc, cancel := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue}, h)
 		assert.Equal(t, "order-1", <-got, "Run goes on past it")
 		cancel()
-		require.ErrorIs(t, wait(t, errc), context.Canceled)
+		require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 		assert.Empty(t, got)
 
 		ch := channel(t, conn)
@@ -154,7 +132,7 @@ func TestNoID(t *testing.T) {
 		var calls atomic.Int32
 		h := func(context.Context, *inbox.Message) error { calls.Add(1); return nil }
 		errc, _ := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, NoID: rabbitmq.NoIDStop}, h)
-		require.ErrorIs(t, wait(t, errc), inbox.ErrNoMessageID)
+		require.ErrorIs(t, testenv.Wait(t, errc), inbox.ErrNoMessageID)
 		assert.Zero(t, calls.Load())
 		assert.Equal(t, 2, ready(t, conn, queue), "both back in the queue, the one sent ahead too")
 	})
@@ -167,7 +145,7 @@ func TestCancelRequeuesPrefetched(t *testing.T) {
 	queue := newQueue(t, conn, nil)
 	msgs := make([]amqp.Publishing, 10)
 	for i := range msgs {
-		msgs[i] = amqp.Publishing{MessageId: msgID(i)}
+		msgs[i] = amqp.Publishing{MessageId: testenv.MsgID(i)}
 	}
 	publish(t, conn, queue, msgs...)
 	ch := channel(t, conn)
@@ -193,7 +171,7 @@ func TestChannelClosed(t *testing.T) {
 		conn := dial(t)
 		queue := newQueue(t, conn, nil)
 		publish(t, conn, queue, amqp.Publishing{MessageId: "order-1"})
-		own, err := amqp.Dial(serverEnv(t, amqpEnv))
+		own, err := amqp.Dial(testenv.Server(t, testenv.AMQPEnv))
 		require.NoError(t, err)
 		ch, err := own.Channel()
 		require.NoError(t, err)
@@ -231,13 +209,13 @@ func TestChannelClosed(t *testing.T) {
 		<-started
 		_, err := channel(t, conn).QueueDelete(queue, false, false, false)
 		require.NoError(t, err)
-		require.ErrorIs(t, wait(t, errc), rabbitmq.ErrConsumerCancelled)
+		require.ErrorIs(t, testenv.Wait(t, errc), rabbitmq.ErrConsumerCancelled)
 	})
 	t.Run("no such queue", func(t *testing.T) {
 		conn := dial(t)
 		ch := channel(t, conn)
 		h := func(context.Context, *inbox.Message) error { return nil }
-		err := (&rabbitmq.Consumer{Queue: "d2-missing-" + randomHex(4)}).Run(context.Background(), ch, h)
+		err := (&rabbitmq.Consumer{Queue: "d2-missing-" + testenv.RandomHex(4)}).Run(context.Background(), ch, h)
 		require.ErrorIs(t, err, rabbitmq.ErrChannelClosed)
 		assert.ErrorContains(t, err, "NOT_FOUND")
 	})
@@ -248,14 +226,14 @@ func TestChannelClosed(t *testing.T) {
 // once, whichever consumer gets which copy, at the same moment or not.
 func TestTwoConsumersDuplicatePublishes(t *testing.T) {
 	conn := dial(t)
-	db, _ := newSchema(t)
+	db, _ := testenv.EffectsDB(t, "d2_")
 	in := &inbox.SQL{DB: db}
 	require.NoError(t, in.Migrate(context.Background()))
 	queue := newQueue(t, conn, nil)
 	const n = 200
 	var msgs []amqp.Publishing
 	for i := range n {
-		p := amqp.Publishing{MessageId: msgID(i)}
+		p := amqp.Publishing{MessageId: testenv.MsgID(i)}
 		msgs = append(msgs, p, p)
 	}
 	publish(t, conn, queue, msgs...)
@@ -287,9 +265,9 @@ func TestTwoConsumersDuplicatePublishes(t *testing.T) {
 	}
 	cancel1()
 	cancel2()
-	require.ErrorIs(t, wait(t, errc1), context.Canceled)
-	require.ErrorIs(t, wait(t, errc2), context.Canceled)
-	rows, distinct := effects(t, db)
+	require.ErrorIs(t, testenv.Wait(t, errc1), context.Canceled)
+	require.ErrorIs(t, testenv.Wait(t, errc2), context.Canceled)
+	rows, distinct := testenv.Effects(t, db)
 	assert.Equal(t, n, rows)
 	assert.Equal(t, n, distinct)
 }
@@ -324,7 +302,7 @@ func TestRetryDelay(t *testing.T) {
 		t.Fatal("no second attempt")
 	}
 	cancel()
-	require.ErrorIs(t, wait(t, errc), context.Canceled)
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 
 	// Cancelled during a long delay: Run returns and the delivery is back.
 	publish(t, conn, queue, amqp.Publishing{MessageId: "order-2"})
@@ -333,7 +311,7 @@ func TestRetryDelay(t *testing.T) {
 	errc, cancel = runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, RetryDelay: time.Hour}, h2)
 	<-failed
 	cancel()
-	require.ErrorIs(t, wait(t, errc), context.Canceled)
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 	// The broker requeues it once it has processed the nack, which Run
 	// does not wait for.
 	require.Eventually(t, func() bool { return ready(t, conn, queue) == 1 }, 10*time.Second, 10*time.Millisecond,

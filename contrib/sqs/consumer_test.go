@@ -12,14 +12,14 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	sqsinbox "github.com/idemkit/idemhttp/contrib/sqs"
 	"github.com/idemkit/idemhttp/inbox"
+	"github.com/idemkit/idemhttp/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	testenv.Main(m, "", nil)
 }
 
 const queueURL = "https://sqs.example.invalid/123456789012/orders"
