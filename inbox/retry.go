@@ -19,6 +19,13 @@ const (
 	DefaultMaxDeliveries = 5
 )
 
+// DefaultProcessingLimit is how long the broker adapters let a handler
+// run by default before they end its context and hand its message back
+// for redelivery: far longer than any handler should take, and far
+// shorter than for ever. A handler that may run longer needs a longer
+// limit (each adapter's ProcessingLimit).
+const DefaultProcessingLimit = 5 * time.Minute
+
 // Retry is how a broker adapter redelivers a message whose handler
 // failed (a poison message, or one that met an outage): after a delay
 // that doubles with each delivery, a bounded number of times, and then to

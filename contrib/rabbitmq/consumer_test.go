@@ -1,9 +1,11 @@
 package rabbitmq_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -57,7 +59,7 @@ func TestHandlerErrorRedelivers(t *testing.T) {
 		}
 		return err
 	}
-	errc, cancel := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue}, committed)
+	errc, cancel := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, Retry: fastRetry}, committed)
 	select {
 	case m := <-done:
 		assert.True(t, m.Redelivered, "the broker marks the requeued delivery")
@@ -99,31 +101,39 @@ func TestMessageIDFromHeader(t *testing.T) {
 }
 
 // A delivery with no id is never passed to the handler and never acked:
-// rejected to the queue's dead-letter exchange by default, or returned to
-// the queue while Run stops.
+// rejected to the queue's dead-letter exchange by default and reported
+// (hook and log line: never silent), or returned to the queue while Run
+// stops with an error naming the queue. (Without the report, the reject
+// case's hook got nothing: this test failed.)
 func TestNoID(t *testing.T) {
 	t.Run("reject", func(t *testing.T) {
 		conn := dial(t)
-		dlq := newQueue(t, conn, nil)
-		queue := newQueue(t, conn, amqp.Table{
-			"x-dead-letter-exchange":    "",
-			"x-dead-letter-routing-key": dlq,
-		})
+		queue, dlq := newDeadLettered(t, conn, nil)
 		publish(t, conn, queue, amqp.Publishing{Body: []byte("no id")}, amqp.Publishing{MessageId: "order-1"})
 		got := make(chan string, 2)
 		h := func(_ context.Context, m *inbox.Message) error { got <- m.ID; return nil }
-		errc, cancel := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue}, h)
+		dead := make(chan inbox.DeadLetter, 2)
+		var logs bytes.Buffer
+		c := &rabbitmq.Consumer{Queue: queue, OnDeadLetter: func(d inbox.DeadLetter) { dead <- d },
+			Logger: slog.New(slog.NewTextHandler(&syncWriter{w: &logs}, nil))}
+		errc, cancel := runAsync(t, conn, c, h)
 		assert.Equal(t, "order-1", <-got, "Run goes on past it")
 		cancel()
 		require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 		assert.Empty(t, got)
+		require.Len(t, dead, 1)
+		d := <-dead
+		assert.ErrorIs(t, d.Err, inbox.ErrNoMessageID)
+		assert.Equal(t, queue, d.Message.Source)
+		assert.Contains(t, d.To, queue)
+		assert.Contains(t, logs.String(), "level=ERROR")
 
 		ch := channel(t, conn)
-		d, ok, err := ch.Get(dlq, true)
+		dl, ok, err := ch.Get(dlq, true)
 		require.NoError(t, err)
 		require.True(t, ok, "dead-lettered")
-		assert.Equal(t, "no id", string(d.Body))
-		assert.Contains(t, d.Headers, "x-death")
+		assert.Equal(t, "no id", string(dl.Body))
+		assert.Contains(t, dl.Headers, "x-death")
 	})
 	t.Run("stop", func(t *testing.T) {
 		conn := dial(t)
@@ -132,7 +142,9 @@ func TestNoID(t *testing.T) {
 		var calls atomic.Int32
 		h := func(context.Context, *inbox.Message) error { calls.Add(1); return nil }
 		errc, _ := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, NoID: rabbitmq.NoIDStop}, h)
-		require.ErrorIs(t, testenv.Wait(t, errc), inbox.ErrNoMessageID)
+		err := testenv.Wait(t, errc)
+		require.ErrorIs(t, err, inbox.ErrNoMessageID)
+		assert.ErrorContains(t, err, queue, "the error names the queue")
 		assert.Zero(t, calls.Load())
 		assert.Equal(t, 2, ready(t, conn, queue), "both back in the queue, the one sent ahead too")
 	})
@@ -280,40 +292,277 @@ func TestRunRefusesBadConfig(t *testing.T) {
 	assert.Error(t, (&rabbitmq.Consumer{Queue: "q"}).Run(context.Background(), ch, nil))
 }
 
-// With RetryDelay, a failed delivery is requeued after the delay and runs
-// again; a ctx done during the delay requeues it at once.
-func TestRetryDelay(t *testing.T) {
-	conn := dial(t)
-	queue := newQueue(t, conn, nil)
-	publish(t, conn, queue, amqp.Publishing{MessageId: "order-1"})
-	var calls atomic.Int32
-	second := make(chan struct{})
-	h := func(context.Context, *inbox.Message) error {
-		if calls.Add(1) == 1 {
-			return errors.New("database is down")
-		}
-		close(second)
-		return nil
+// fastRetry redelivers failed deliveries after 10 ms, for tests about
+// something else.
+var fastRetry = inbox.Retry{Delay: 10 * time.Millisecond}
+
+// Cancelling Run while a handler runs requeues the delivery under every
+// setting, and never dead-letters it: not with MaxDeliveries 1 (which used
+// to be RejectOnError, and rejected it: the broker discards a rejected
+// message when the queue has no dead-letter exchange), not without a
+// processing limit. A handler that still returns nil after the
+// cancellation has committed: its delivery is acked. (With Run treating
+// the shutdown's error as a handler failure, the MaxDeliveries 1 case
+// dead-lettered the message: this test failed.)
+func TestShutdownRequeues(t *testing.T) {
+	tests := []struct {
+		name      string
+		give      rabbitmq.Consumer
+		returnNil bool
+		wantReady int
+	}{
+		{name: "default", wantReady: 1},
+		{name: "one delivery", give: rabbitmq.Consumer{Retry: inbox.Retry{MaxDeliveries: 1}}, wantReady: 1},
+		{name: "no processing limit", give: rabbitmq.Consumer{ProcessingLimit: -1}, wantReady: 1},
+		{name: "committed before the end", give: rabbitmq.Consumer{Retry: inbox.Retry{MaxDeliveries: 1}}, returnNil: true},
 	}
-	errc, cancel := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, RetryDelay: 20 * time.Millisecond}, h)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conn := dial(t)
+			queue, dlq := newDeadLettered(t, conn, nil)
+			publish(t, conn, queue, amqp.Publishing{MessageId: "order-1"})
+			started := make(chan struct{})
+			h := func(ctx context.Context, _ *inbox.Message) error {
+				close(started)
+				<-ctx.Done()
+				if tt.returnNil {
+					return nil
+				}
+				return ctx.Err()
+			}
+			var dead atomic.Int32
+			c := tt.give
+			c.Queue = queue
+			c.OnDeadLetter = func(inbox.DeadLetter) { dead.Add(1) }
+			errc, cancel := runAsync(t, conn, &c, h)
+			<-started
+			cancel()
+			require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+			// The broker requeues once it has processed the nack, which
+			// Run does not wait for.
+			require.Eventually(t, func() bool { return ready(t, conn, queue) == tt.wantReady }, 10*time.Second, 10*time.Millisecond)
+			assert.Zero(t, ready(t, conn, dlq), "never dead-lettered")
+			assert.Zero(t, dead.Load())
+		})
+	}
+}
+
+// A handler that always fails: its message is delivered MaxDeliveries
+// times, each redelivery later than the one before by at least the
+// Retry's growing delay, then rejected to the queue's dead-letter
+// exchange and reported, once, through OnDeadLetter and a log line. A
+// healthy message behind it is handled while it waits. (With the delay
+// taken out, the nack at once, the gaps were a few milliseconds: this
+// test failed; with no limit, nothing reached the dead-letter queue.)
+func TestPoisonDeadLettered(t *testing.T) {
+	conn := dial(t)
+	queue, dlq := newDeadLettered(t, conn, nil)
+	publish(t, conn, queue, amqp.Publishing{MessageId: "poison", Body: []byte("bad")}, amqp.Publishing{MessageId: "ok-1"})
+	retry := inbox.Retry{Delay: 200 * time.Millisecond, MaxDelay: time.Second, MaxDeliveries: 3}
+
+	var mu sync.Mutex
+	var calls []time.Time
+	var order []string
+	h := func(_ context.Context, m *inbox.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		order = append(order, m.ID)
+		if m.ID != "poison" {
+			return nil
+		}
+		calls = append(calls, time.Now())
+		return errors.New("cannot parse the order")
+	}
+	dead := make(chan inbox.DeadLetter, 2)
+	var logs bytes.Buffer
+	c := &rabbitmq.Consumer{Queue: queue, Retry: retry, Logger: slog.New(slog.NewTextHandler(&syncWriter{w: &logs}, nil)),
+		OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }}
+	errc, cancel := runAsync(t, conn, c, h)
+	var d inbox.DeadLetter
 	select {
-	case <-second:
+	case d = <-dead:
+	case err := <-errc:
+		t.Fatalf("Run: %v", err)
 	case <-time.After(30 * time.Second):
-		t.Fatal("no second attempt")
+		t.Fatal("never dead-lettered")
 	}
 	cancel()
 	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 
-	// Cancelled during a long delay: Run returns and the delivery is back.
-	publish(t, conn, queue, amqp.Publishing{MessageId: "order-2"})
-	failed := make(chan struct{})
-	h2 := func(context.Context, *inbox.Message) error { close(failed); return errors.New("down") }
-	errc, cancel = runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, RetryDelay: time.Hour}, h2)
-	<-failed
-	cancel()
-	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
-	// The broker requeues it once it has processed the nack, which Run
-	// does not wait for.
-	require.Eventually(t, func() bool { return ready(t, conn, queue) == 1 }, 10*time.Second, 10*time.Millisecond,
-		"the delivery is back in the queue")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, calls, 3, "MaxDeliveries deliveries")
+	for i := 1; i < len(calls); i++ {
+		assert.GreaterOrEqual(t, calls[i].Sub(calls[i-1]), retry.After(i), "redelivery %d waited its delay", i)
+	}
+	assert.Equal(t, []string{"poison", "ok-1"}, order[:2], "the healthy message did not wait behind the poison")
+	assert.Equal(t, 3, d.Deliveries)
+	assert.Equal(t, "poison", d.Message.ID)
+	assert.ErrorContains(t, d.Err, "cannot parse")
+	assert.Contains(t, logs.String(), "giving up")
+	assert.Contains(t, logs.String(), "id=poison")
+	assert.Empty(t, dead, "reported once")
+
+	ch := channel(t, conn)
+	got, ok, err := ch.Get(dlq, true)
+	require.NoError(t, err)
+	require.True(t, ok, "in the dead-letter queue")
+	assert.Equal(t, "bad", string(got.Body))
+	assert.Contains(t, got.Headers, "x-death")
+	assert.Zero(t, ready(t, conn, queue))
+}
+
+// On a quorum queue the broker counts deliveries (x-delivery-count),
+// across consumers and restarts: a poison message that meets three
+// Runs, one delivery each, is dead-lettered by the third. (Counting in
+// the Run alone, the third Run saw a second delivery and held the
+// message again: this test failed.)
+func TestPoisonQuorumCountsAcrossRuns(t *testing.T) {
+	conn := dial(t)
+	queue, dlq := newDeadLettered(t, conn, amqp.Table{"x-queue-type": "quorum"})
+	publish(t, conn, queue, amqp.Publishing{MessageId: "poison"})
+	dead := make(chan inbox.DeadLetter, 1)
+	for run := 1; run <= 3; run++ {
+		failed := make(chan struct{}, 1)
+		h := func(context.Context, *inbox.Message) error {
+			failed <- struct{}{}
+			return errors.New("poison")
+		}
+		c := &rabbitmq.Consumer{Queue: queue, Retry: inbox.Retry{Delay: time.Hour, MaxDeliveries: 3},
+			OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }}
+		errc, cancel := runAsync(t, conn, c, h)
+		select {
+		case <-failed:
+		case err := <-errc:
+			t.Fatalf("run %d: %v", run, err)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("run %d: no delivery", run)
+		}
+		if run == 3 {
+			select {
+			case d := <-dead:
+				assert.Equal(t, 3, d.Deliveries)
+			case <-time.After(10 * time.Second):
+				t.Fatal("the third delivery was not dead-lettered")
+			}
+		}
+		// Held for an hour; the shutdown requeues it (a return the queue
+		// counts).
+		cancel()
+		require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+		require.Eventually(t, func() bool { return ready(t, conn, queue)+ready(t, conn, dlq) == 1 }, 10*time.Second, 10*time.Millisecond)
+	}
+	assert.Equal(t, 1, ready(t, conn, dlq))
+	assert.Zero(t, ready(t, conn, queue))
+}
+
+// Each delivery's IDSpace is its queue, so that two queues carrying
+// different messages under the same id both run through one inbox; two
+// consumers that declare one IDSpace share it. (With the adapter leaving
+// IDSpace empty, the second queue's order-1 was a duplicate: the first
+// case failed.)
+func TestIDSpace(t *testing.T) {
+	tests := []struct {
+		name    string
+		idSpace string
+		want    int
+	}{
+		{name: "per queue", want: 2},
+		{name: "declared shared", idSpace: "orders", want: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conn := dial(t)
+			db, _ := testenv.EffectsDB(t, "d2_")
+			in := &inbox.SQL{DB: db}
+			require.NoError(t, in.Migrate(context.Background()))
+			h := in.Handle("d2-spaces", func(ctx context.Context, tx *sql.Tx, m *inbox.Message) error {
+				return testenv.InsertEffect(ctx, tx, m.IDSpace+"/"+m.ID)
+			})
+			var handled atomic.Int32
+			count := func(ctx context.Context, m *inbox.Message) error {
+				err := h(ctx, m)
+				if err == nil {
+					handled.Add(1)
+				}
+				return err
+			}
+			for range 2 {
+				queue := newQueue(t, conn, nil)
+				publish(t, conn, queue, amqp.Publishing{MessageId: "order-1"})
+				errc, cancel := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, IDSpace: tt.idSpace}, count)
+				require.Eventually(t, func() bool { return ready(t, conn, queue) == 0 && handled.Load() > 0 }, 10*time.Second, 10*time.Millisecond)
+				cancel()
+				require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+				handled.Store(0)
+			}
+			rows, _ := testenv.Effects(t, db)
+			assert.Equal(t, tt.want, rows)
+		})
+	}
+}
+
+// A handler that hangs, ignoring its context, holds its delivery only
+// until the processing limit: then the delivery is requeued, another
+// consumer gets it and commits its effect through the inbox, and the
+// hung handler's late return acks nothing (an ack of the requeued tag
+// would close the channel). (Without the release at the limit, the
+// second consumer never got the message: this test failed.)
+func TestProcessingLimit(t *testing.T) {
+	conn := dial(t)
+	db, _ := testenv.EffectsDB(t, "d2_")
+	in := &inbox.SQL{DB: db}
+	require.NoError(t, in.Migrate(context.Background()))
+	queue := newQueue(t, conn, nil)
+	effect := in.Handle("d2-limit", func(ctx context.Context, tx *sql.Tx, m *inbox.Message) error {
+		return testenv.InsertEffect(ctx, tx, m.ID)
+	})
+
+	hung := make(chan struct{})
+	unblock := make(chan struct{})
+	stuck := func(context.Context, *inbox.Message) error {
+		close(hung)
+		<-unblock // ignores its context
+		return nil
+	}
+	errA, cancelA := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, ProcessingLimit: 300 * time.Millisecond}, stuck)
+	publish(t, conn, queue, amqp.Publishing{MessageId: "order-1"})
+	<-hung
+	done := make(chan string, 1)
+	errB, cancelB := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue}, func(ctx context.Context, m *inbox.Message) error {
+		err := effect(ctx, m)
+		if err == nil {
+			done <- m.ID
+		}
+		return err
+	})
+	select {
+	case id := <-done:
+		assert.Equal(t, "order-1", id)
+	case err := <-errB:
+		t.Fatalf("Run: %v", err)
+	case <-time.After(15 * time.Second):
+		t.Error("the hung handler's delivery never reached the other consumer")
+	}
+	close(unblock)
+	cancelB()
+	require.ErrorIs(t, testenv.Wait(t, errB), context.Canceled)
+	cancelA()
+	require.ErrorIs(t, testenv.Wait(t, errA), context.Canceled, "no ack of the requeued delivery, so no channel error")
+	rows, _ := testenv.Effects(t, db)
+	assert.Equal(t, 1, rows)
+	assert.Zero(t, ready(t, conn, queue))
+}
+
+// syncWriter serialises writes to w, for a logger shared with Run's
+// goroutine.
+type syncWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }

@@ -41,7 +41,9 @@ func newQueue(t testing.TB, conn *amqp.Connection, args amqp.Table) string {
 	t.Helper()
 	name := "d2-" + testenv.RandomHex(6)
 	ch := channel(t, conn)
-	_, err := ch.QueueDeclare(name, false, false, false, false, args)
+	// A quorum queue must be durable.
+	durable := args["x-queue-type"] == "quorum"
+	_, err := ch.QueueDeclare(name, durable, false, false, false, args)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		// A fresh connection: the test may have closed its own.
@@ -55,6 +57,19 @@ func newQueue(t testing.TB, conn *amqp.Connection, args amqp.Table) string {
 		}
 	})
 	return name
+}
+
+// newDeadLettered declares a dead-letter queue and a queue (with args
+// besides, nil for none) whose rejected messages go to it, both private
+// to the test, and returns their names.
+func newDeadLettered(t testing.TB, conn *amqp.Connection, args amqp.Table) (queue, dlq string) {
+	t.Helper()
+	dlq = newQueue(t, conn, nil)
+	all := amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq}
+	for k, v := range args {
+		all[k] = v
+	}
+	return newQueue(t, conn, all), dlq
 }
 
 // publish sends msgs to queue through the default exchange and waits for
