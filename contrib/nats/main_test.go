@@ -41,17 +41,21 @@ type testStream struct {
 // newStream creates a stream and its consumer with the given AckWait.
 func newStream(t testing.TB, js jetstream.JetStream, ackWait time.Duration) *testStream {
 	t.Helper()
+	return newStreamWith(t, js, jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait})
+}
+
+// newStreamWith creates a stream and its consumer with the given
+// configuration (its Durable set here).
+func newStreamWith(t testing.TB, js jetstream.JetStream, cfg jetstream.ConsumerConfig) *testStream {
+	t.Helper()
 	id := testenv.RandomHex(6)
 	s := &testStream{name: "D2_" + strings.ToUpper(id), subject: "d2." + id, consumer: "d2-" + id}
 	ctx := context.Background()
 	_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: s.name, Subjects: []string{s.subject}, Storage: jetstream.MemoryStorage})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), s.name) })
-	_, err = js.CreateOrUpdateConsumer(ctx, s.name, jetstream.ConsumerConfig{
-		Durable:   s.consumer,
-		AckPolicy: jetstream.AckExplicitPolicy,
-		AckWait:   ackWait,
-	})
+	cfg.Durable = s.consumer
+	_, err = js.CreateOrUpdateConsumer(ctx, s.name, cfg)
 	require.NoError(t, err)
 	return s
 }
