@@ -130,8 +130,10 @@ type Consumer struct {
 	// x-delivery-count header, across every consumer and restart), else
 	// by this Run (a classic queue only says "redelivered"), so a poison
 	// message on a classic queue gets up to MaxDeliveries deliveries per
-	// Run that meets it. A quorum queue's own delivery-limit argument
-	// bounds it at the broker too.
+	// Run that meets it. On a quorum queue, a message delivered more often
+	// than that without ever being settled (one that kills its consumer)
+	// is rejected on arrival, without running the handler. A quorum
+	// queue's own delivery-limit argument bounds it at the broker too.
 	Retry inbox.Retry
 	// ProcessingLimit bounds how long one delivery's handler runs. When it
 	// passes, the handler's context ends (an inbox transaction rolls back,
@@ -316,6 +318,16 @@ func (r *run) handle(ctx context.Context, d *amqp.Delivery) error {
 			return channelClosed(err)
 		}
 		c.report(inbox.DeadLetter{Message: m, Deliveries: r.deliveryNumber(d, id), Err: inbox.ErrNoMessageID, To: c.deadLetterTo()})
+		return nil
+	}
+	if n := r.deliveryNumber(d, id); c.Retry.Exhausted(n-1) {
+		// Delivered more often than allowed: its earlier deliveries never
+		// settled, the consumers died on them (only a quorum queue counts
+		// those). Running it again could kill this one too.
+		if err := d.Reject(false); err != nil {
+			return channelClosed(err)
+		}
+		c.report(inbox.DeadLetter{Message: m, Deliveries: n, Err: fmt.Errorf("delivered %d times, more than allowed, without being settled", n), To: c.deadLetterTo()})
 		return nil
 	}
 	released, err := r.callHandler(ctx, d, m)

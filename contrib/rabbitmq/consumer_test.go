@@ -566,3 +566,41 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	defer s.mu.Unlock()
 	return s.w.Write(p)
 }
+
+// On a quorum queue, a message whose earlier deliveries never settled
+// (their consumers died: a channel closed with it unacknowledged) is
+// dead-lettered on arrival once past the limit, without running the
+// handler again. (Without the check, the handler ran a fourth time: this
+// test failed.)
+func TestCrashingMessageDeadLettered(t *testing.T) {
+	conn := dial(t)
+	queue, dlq := newDeadLettered(t, conn, amqp.Table{"x-queue-type": "quorum"})
+	publish(t, conn, queue, amqp.Publishing{MessageId: "crasher"})
+	for range 3 { // three consumers that die holding it
+		ch, err := conn.Channel()
+		require.NoError(t, err)
+		require.NoError(t, ch.Qos(1, 0, false))
+		deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+		require.NoError(t, err)
+		select {
+		case <-deliveries:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no delivery")
+		}
+		require.NoError(t, ch.Close()) // unacked: back to the queue, counted
+	}
+	var calls atomic.Int32
+	dead := make(chan inbox.DeadLetter, 1)
+	c := &rabbitmq.Consumer{Queue: queue, Retry: inbox.Retry{MaxDeliveries: 3}, OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }}
+	errc, cancel := runAsync(t, conn, c, func(context.Context, *inbox.Message) error { calls.Add(1); return nil })
+	select {
+	case d := <-dead:
+		assert.Equal(t, 4, d.Deliveries)
+	case <-time.After(15 * time.Second):
+		t.Fatal("not dead-lettered")
+	}
+	cancel()
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+	assert.Zero(t, calls.Load())
+	require.Eventually(t, func() bool { return ready(t, conn, dlq) == 1 }, 10*time.Second, 10*time.Millisecond)
+}

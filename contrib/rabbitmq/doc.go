@@ -55,7 +55,9 @@
 // deliveries sent ahead, and those waiting out a retry delay, are
 // requeued; none is rejected or dead-lettered. Run cancels its
 // subscription before it requeues, so that the broker hands them to
-// other consumers.
+// other consumers. A quorum queue counts each such return as a delivery
+// (x-delivery-count), like a crash: keep [inbox.Retry.MaxDeliveries], and
+// the queue's delivery-limit, above the restarts a message may meet.
 //
 // # Poison messages
 //
