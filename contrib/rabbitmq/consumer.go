@@ -320,7 +320,7 @@ func (r *run) handle(ctx context.Context, d *amqp.Delivery) error {
 		c.report(inbox.DeadLetter{Message: m, Deliveries: r.deliveryNumber(d, id), Err: inbox.ErrNoMessageID, To: c.deadLetterTo()})
 		return nil
 	}
-	if n := r.deliveryNumber(d, id); c.Retry.Exhausted(n-1) {
+	if n := r.deliveryNumber(d, id); c.Retry.Exhausted(n - 1) {
 		// Delivered more often than allowed: its earlier deliveries never
 		// settled, the consumers died on them (only a quorum queue counts
 		// those). Running it again could kill this one too.
