@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/idemhttp/contrib/sqlite"
+	"github.com/idemkit/idemhttp/inbox"
 	"github.com/idemkit/idemhttp/internal/testenv"
 )
 
@@ -34,14 +36,19 @@ func groupOpts(seeds string) []kgo.Opt {
 }
 
 // newCluster starts an in-process Kafka (franz-go's kfake) on a loopback
-// port of its choosing, with topic of the given partitions.
-func newCluster(t *testing.T, topic string, partitions int32) string {
+// port of its choosing, with topic of the given partitions, and the other
+// topics (dead-letter topics) of one partition each.
+func newCluster(t testing.TB, topic string, partitions int32, others ...string) string {
 	t.Helper()
-	c, err := kfake.NewCluster(
+	opts := []kfake.Opt{
 		kfake.NumBrokers(1),
 		kfake.SeedTopics(partitions, topic),
-		kfake.GroupMinSessionTimeout(100*time.Millisecond),
-	)
+		kfake.GroupMinSessionTimeout(100 * time.Millisecond),
+	}
+	if len(others) > 0 {
+		opts = append(opts, kfake.SeedTopics(1, others...))
+	}
+	c, err := kfake.NewCluster(opts...)
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	return c.ListenAddrs()[0]
@@ -52,6 +59,39 @@ func newCluster(t *testing.T, topic string, partitions int32) string {
 type record struct {
 	key, id, body string
 	partition     int32
+}
+
+// fastRetry redelivers failed records after a millisecond, for tests
+// about something else.
+var fastRetry = inbox.Retry{Delay: time.Millisecond, MaxDelay: 10 * time.Millisecond}
+
+// consumeAll reads n records of topic from its start, outside any group.
+func consumeAll(t *testing.T, seeds, topic string, n int) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	require.NoError(t, err)
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out []*kgo.Record
+	for len(out) < n {
+		fs := cl.PollFetches(ctx)
+		require.NoError(t, ctx.Err(), "only %d of %d records of %s", len(out), n, topic)
+		out = append(out, fs.Records()...)
+	}
+	return out
+}
+
+// headers returns r's headers as a map, the ones of this package only.
+func headers(r *kgo.Record) map[string]string {
+	m := make(map[string]string)
+	for _, h := range r.Headers {
+		if strings.HasPrefix(h.Key, "idemhttp-") {
+			m[h.Key] = string(h.Value)
+		}
+	}
+	return m
 }
 
 func produce(t *testing.T, seeds, topic string, rs []record) {
