@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -163,6 +164,7 @@ func TestRetry(t *testing.T) {
 		{give: inbox.Retry{MaxDeliveries: -1}, deliveries: 1000, want: inbox.DefaultMaxRetryDelay},
 		{give: inbox.Retry{Delay: time.Hour, MaxDelay: time.Minute}, deliveries: 1, want: time.Minute},
 		{deliveries: 0, want: time.Second},
+		{give: inbox.Retry{Delay: math.MaxInt64 / 3, MaxDelay: math.MaxInt64}, deliveries: 5, want: math.MaxInt64, exhausted: true},
 	}
 	for _, tt := range tests {
 		assert.Equal(t, tt.want, tt.give.After(tt.deliveries), "%+v after %d", tt.give, tt.deliveries)

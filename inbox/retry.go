@@ -62,6 +62,9 @@ func (r Retry) After(deliveries int) time.Duration {
 		maxD = DefaultMaxRetryDelay
 	}
 	for i := 1; i < deliveries && d < maxD; i++ {
+		if d > maxD/2 {
+			return maxD // doubling would pass the cap, or overflow
+		}
 		d *= 2
 	}
 	return min(d, maxD)

@@ -58,6 +58,14 @@
 // delivered again, from the last committed offset, to whichever member
 // owns its partition next, and it is never dead-lettered for it.
 //
+// # Inbox retention
+//
+// A consumer group that is reset or rewound re-reads as far back as the
+// topic's retention.ms (7 days by default; for ever on a compacted topic),
+// and every record read again is a redelivery. Keep the inbox's ids
+// ([inbox.SQL.Prune], at least [inbox.SQL.MinRetention]) longer than the
+// topic's retention, or use [SQLOffsets], which needs no retention.
+//
 // # A hung handler
 //
 // A handler runs for at most [Config.ProcessingLimit] (5 minutes by

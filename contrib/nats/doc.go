@@ -91,6 +91,14 @@
 // return and acks nothing it naked. The rest of the batch waits in this
 // process meanwhile, and comes back after AckWait.
 //
+// # Inbox retention
+//
+// JetStream redelivers a message for as long as the stream holds it (its
+// MaxAge; none by default), and drops a producer's second publish of it
+// only within the duplicate window (2 minutes by default). Keep the
+// inbox's ids ([inbox.SQL.Prune], at least [inbox.SQL.MinRetention])
+// longer than the stream's MaxAge, or than producers may republish.
+//
 // # AckWait and slow handlers
 //
 // While a handler runs, Run sends AckProgress ([Consumer.Heartbeat], a third

@@ -100,6 +100,15 @@
 // effect if the first rolled back. A handler past its processing limit
 // has its delivery requeued the same way (see above).
 //
+// # Inbox retention
+//
+// RabbitMQ sets no bound on how late a message comes back: a delivery
+// requeued after its effect committed (its ack lost) waits in the queue
+// until a consumer takes it, for as long as the queue goes unconsumed.
+// Keep the inbox's ids ([inbox.SQL.Prune], at least
+// [inbox.SQL.MinRetention]) longer than that, and longer than producers
+// may republish.
+//
 // # Prefetch and channels
 //
 // [Consumer.Prefetch] sets the channel's QoS: how many unacknowledged

@@ -281,12 +281,23 @@ func (r *run) readRedrive(ctx context.Context) error {
 		}
 		return fmt.Errorf("%w: %s (give it one with a dead-letter queue, or set Consumer.NoRedrivePolicy)", ErrNoRedrivePolicy, r.c.QueueURL)
 	}
+	n, dlq, err := parseRedrive(policy)
+	if err != nil {
+		return fmt.Errorf("sqs: the queue's redrive policy %q: %w", policy, err)
+	}
+	r.maxRecv, r.dlq = n, dlq
+	return nil
+}
+
+// parseRedrive reads a queue's RedrivePolicy attribute, JSON whose
+// maxReceiveCount SQS gives as a number or as a string of one.
+func parseRedrive(policy string) (maxReceiveCount int, deadLetterQueue string, err error) {
 	var p struct {
 		DeadLetterTargetArn string          `json:"deadLetterTargetArn"`
-		MaxReceiveCount     json.RawMessage `json:"maxReceiveCount"` // a number, or a string of one
+		MaxReceiveCount     json.RawMessage `json:"maxReceiveCount"`
 	}
 	if err := json.Unmarshal([]byte(policy), &p); err != nil {
-		return fmt.Errorf("sqs: the queue's redrive policy %q: %w", policy, err)
+		return 0, "", err
 	}
 	raw := string(p.MaxReceiveCount)
 	if unq, err := strconv.Unquote(raw); err == nil {
@@ -294,10 +305,9 @@ func (r *run) readRedrive(ctx context.Context) error {
 	}
 	n, err := strconv.Atoi(raw)
 	if err != nil || n < 1 {
-		return fmt.Errorf("sqs: the queue's redrive policy %q: no maxReceiveCount", policy)
+		return 0, "", errors.New("no maxReceiveCount of 1 or more")
 	}
-	r.maxRecv, r.dlq = n, p.DeadLetterTargetArn
-	return nil
+	return n, p.DeadLetterTargetArn, nil
 }
 
 // receiveInput is the ReceiveMessage request Run repeats.

@@ -85,6 +85,14 @@
 // Run waits for the handler to return and never deletes the message it
 // released.
 //
+// # Inbox retention
+//
+// SQS keeps a message at most 14 days (MessageRetentionPeriod) and hides it
+// at most 12 hours, so an inbox id older than 15 days
+// ([inbox.DefaultMinRetention], the floor of [inbox.SQL.Prune]) can no
+// longer be redelivered by SQS; keep ids longer if producers may resend
+// later than that.
+//
 // # Tested against a fake
 //
 // This package is tested against an in-memory fake of [API] that models
