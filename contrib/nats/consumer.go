@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -349,58 +348,17 @@ const terminated = "terminated (AckTerm): the server publishes $JS.EVENT.ADVISOR
 // callHandler runs h, telling the server every heartbeat that msg is
 // still in progress, and returns h's error. When the processing limit
 // passes first, the heartbeats stop, msg is naked for redelivery at once,
-// and callHandler reports released. Its goroutine ends before it returns.
+// and callHandler reports released (inbox.Supervise).
 func (r *run) callHandler(ctx context.Context, msg jetstream.Msg, m *inbox.Message) (released bool, err error) {
-	if r.heartbeat <= 0 && r.limit < 0 {
-		return false, r.h(ctx, m)
-	}
-	hctx := ctx
-	var limitC <-chan time.Time
-	if r.limit >= 0 {
-		var cancel context.CancelFunc
-		hctx, cancel = context.WithTimeout(ctx, r.limit)
-		defer cancel()
-		t := time.NewTimer(r.limit)
-		defer t.Stop()
-		limitC = t.C
-	}
-	var beatC <-chan time.Time
-	if r.heartbeat > 0 {
-		t := time.NewTicker(r.heartbeat)
-		defer t.Stop()
-		beatC = t.C
-	}
-	var mu sync.Mutex
-	settled := false
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-done:
-				return
-			case <-beatC:
-				// A lost heartbeat costs a redelivery, which the inbox
-				// turns away: nothing to do about an error here.
-				_ = msg.InProgress()
-			case <-limitC:
-				mu.Lock()
-				defer mu.Unlock()
-				if !settled {
-					settled, released = true, true
-					_ = msg.Nak() // a lost nak: redelivered after AckWait
-				}
-				return
-			}
-		}
+	return inbox.Supervise(ctx, r.h, m, inbox.Supervision{
+		Limit: r.limit,
+		Every: r.heartbeat,
+		// A lost heartbeat costs a redelivery, which the inbox turns
+		// away: nothing to do about an error here.
+		Beat: func() { _ = msg.InProgress() },
+		// A lost nak: redelivered after AckWait, the heartbeats stopped.
+		Release: func() { _ = msg.Nak() },
 	})
-	err = r.h(hctx, m)
-	close(done)
-	wg.Wait()
-	mu.Lock()
-	defer mu.Unlock()
-	settled = true
-	return released, err
 }
 
 // defaultHeartbeat is a third of the consumer's AckWait (JetStream's

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -421,19 +420,8 @@ func TestPoisonTerminated(t *testing.T) {
 	require.NoError(t, err)
 	s.publish(t, js, "poison", "ok-1")
 	retry := inbox.Retry{Delay: 200 * time.Millisecond, MaxDelay: time.Second, MaxDeliveries: 3}
-	var mu sync.Mutex
-	var calls []time.Time
-	var order []string
-	h := func(_ context.Context, m *inbox.Message) error {
-		mu.Lock()
-		defer mu.Unlock()
-		order = append(order, m.ID)
-		if m.ID != "poison" {
-			return nil
-		}
-		calls = append(calls, time.Now())
-		return errors.New("cannot parse the order")
-	}
+	poison := &testenv.PoisonHandler{Poison: "poison"}
+	h := poison.Handle
 	dead := make(chan inbox.DeadLetter, 2)
 	errc, cancel := runAsync(t, &natsinbox.Consumer{Retry: retry, MaxWait: time.Second, OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }}, s.cons(t, js), h)
 	var d inbox.DeadLetter
@@ -450,13 +438,8 @@ func TestPoisonTerminated(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 
-	mu.Lock()
-	defer mu.Unlock()
-	require.Len(t, calls, 3)
-	for i := 1; i < len(calls); i++ {
-		assert.GreaterOrEqual(t, calls[i].Sub(calls[i-1]), retry.After(i), "redelivery %d waited its delay", i)
-	}
-	assert.Equal(t, []string{"poison", "ok-1"}, order[:2], "the healthy message did not wait behind the poison")
+	poison.AssertRedeliveries(t, retry, 3)
+	assert.Equal(t, []string{"poison", "ok-1"}, poison.Order()[:2], "the healthy message did not wait behind the poison")
 	assert.Equal(t, 3, d.Deliveries)
 	assert.ErrorContains(t, d.Err, "cannot parse")
 	assert.Contains(t, d.To, "MSG_TERMINATED")

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -371,42 +370,18 @@ func (r *run) handle(ctx context.Context, d *amqp.Delivery) error {
 	return nil
 }
 
-// callHandler runs h under the processing limit. When the limit passes
-// first, another goroutine cancels the subscription (so that the broker
+// callHandler runs h under the processing limit (inbox.Supervise). When
+// the limit passes first, it cancels the subscription (so that the broker
 // sends this stuck consumer nothing more) and requeues d and every
-// delivery sent ahead, so that other consumers get them, and callHandler
-// reports released; that goroutine ends before callHandler returns. A
-// shutdown does not release d: Run settles it once h returns, unless the
-// limit passes first.
+// delivery sent ahead, so that other consumers get them, and reports
+// released. A shutdown does not release d: Run settles it once h returns,
+// unless the limit passes first.
 func (r *run) callHandler(ctx context.Context, d *amqp.Delivery, m *inbox.Message) (released bool, err error) {
 	limit := r.c.ProcessingLimit
 	if limit == 0 {
 		limit = inbox.DefaultProcessingLimit
 	}
-	if limit < 0 {
-		return false, r.h(ctx, m)
-	}
-	hctx, cancel := context.WithTimeout(ctx, limit)
-	defer cancel()
-	var mu sync.Mutex
-	settled := false
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTimer(limit)
-		defer t.Stop()
-		select {
-		case <-done:
-			return
-		case <-t.C:
-		}
-		mu.Lock()
-		if settled {
-			mu.Unlock()
-			return
-		}
-		settled, released = true, true
-		mu.Unlock()
+	return inbox.Supervise(ctx, r.h, m, inbox.Supervision{Limit: limit, Release: func() {
 		// Failures mean the channel is gone, and its deliveries with it.
 		if err := r.ch.Cancel(r.tag, false); err != nil {
 			return
@@ -415,14 +390,7 @@ func (r *run) callHandler(ctx context.Context, d *amqp.Delivery, m *inbox.Messag
 		for ahead := range r.deliveries {
 			_ = ahead.Nack(false, true)
 		}
-	})
-	err = r.h(hctx, m)
-	close(done)
-	wg.Wait()
-	mu.Lock()
-	defer mu.Unlock()
-	settled = true
-	return released, err
+	}})
 }
 
 // deliveryNumber returns which delivery of its message d is: from the quorum

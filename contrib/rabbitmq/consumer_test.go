@@ -360,19 +360,8 @@ func TestPoisonDeadLettered(t *testing.T) {
 	publish(t, conn, queue, amqp.Publishing{MessageId: "poison", Body: []byte("bad")}, amqp.Publishing{MessageId: "ok-1"})
 	retry := inbox.Retry{Delay: 200 * time.Millisecond, MaxDelay: time.Second, MaxDeliveries: 3}
 
-	var mu sync.Mutex
-	var calls []time.Time
-	var order []string
-	h := func(_ context.Context, m *inbox.Message) error {
-		mu.Lock()
-		defer mu.Unlock()
-		order = append(order, m.ID)
-		if m.ID != "poison" {
-			return nil
-		}
-		calls = append(calls, time.Now())
-		return errors.New("cannot parse the order")
-	}
+	poison := &testenv.PoisonHandler{Poison: "poison"}
+	h := poison.Handle
 	dead := make(chan inbox.DeadLetter, 2)
 	var logs bytes.Buffer
 	c := &rabbitmq.Consumer{Queue: queue, Retry: retry, Logger: slog.New(slog.NewTextHandler(&syncWriter{w: &logs}, nil)),
@@ -389,13 +378,8 @@ func TestPoisonDeadLettered(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 
-	mu.Lock()
-	defer mu.Unlock()
-	require.Len(t, calls, 3, "MaxDeliveries deliveries")
-	for i := 1; i < len(calls); i++ {
-		assert.GreaterOrEqual(t, calls[i].Sub(calls[i-1]), retry.After(i), "redelivery %d waited its delay", i)
-	}
-	assert.Equal(t, []string{"poison", "ok-1"}, order[:2], "the healthy message did not wait behind the poison")
+	poison.AssertRedeliveries(t, retry, 3)
+	assert.Equal(t, []string{"poison", "ok-1"}, poison.Order()[:2], "the healthy message did not wait behind the poison")
 	assert.Equal(t, 3, d.Deliveries)
 	assert.Equal(t, "poison", d.Message.ID)
 	assert.ErrorContains(t, d.Err, "cannot parse")

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"math"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -412,49 +411,14 @@ func (r *run) reportIfLast(m *inbox.Message, n int, err error) {
 // callHandler runs h, extending sm's visibility every third of it, and
 // returns h's error. When the processing limit passes first, the
 // extensions stop, sm is made visible at once, and callHandler reports
-// released. Its goroutine ends before it returns.
+// released (inbox.Supervise).
 func (r *run) callHandler(ctx context.Context, sm *types.Message, m *inbox.Message) (released bool, err error) {
-	hctx := ctx
-	var limitC <-chan time.Time
-	if r.limit >= 0 {
-		var cancel context.CancelFunc
-		hctx, cancel = context.WithTimeout(ctx, r.limit)
-		defer cancel()
-		t := time.NewTimer(r.limit)
-		defer t.Stop()
-		limitC = t.C
-	}
-	extend := time.NewTicker(r.visibility / 3)
-	defer extend.Stop()
-	var mu sync.Mutex
-	settled := false
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-done:
-				return
-			case <-extend.C:
-				r.setVisibility(ctx, sm, r.visibility)
-			case <-limitC:
-				mu.Lock()
-				defer mu.Unlock()
-				if !settled {
-					settled, released = true, true
-					r.setVisibility(ctx, sm, 0)
-				}
-				return
-			}
-		}
+	return inbox.Supervise(ctx, r.h, m, inbox.Supervision{
+		Limit:   r.limit,
+		Every:   r.visibility / 3,
+		Beat:    func() { r.setVisibility(ctx, sm, r.visibility) },
+		Release: func() { r.setVisibility(ctx, sm, 0) },
 	})
-	err = r.h(hctx, m)
-	close(done)
-	wg.Wait()
-	mu.Lock()
-	defer mu.Unlock()
-	settled = true
-	return released, err
 }
 
 // messageID returns m's id from the configured place; the error is

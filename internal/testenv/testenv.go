@@ -21,10 +21,13 @@ import (
 	crand "crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -259,5 +262,50 @@ func Wait(t testing.TB, errc <-chan error) error {
 	case <-timer.C:
 		t.Fatal("Run did not return in 30 s")
 		return nil
+	}
+}
+
+// PoisonHandler is the handler of a poison-message test: it fails every
+// delivery of the message whose id is Poison, noting when, and succeeds
+// for every other message, noting the order. It is safe for concurrent
+// use.
+type PoisonHandler struct {
+	// Poison is the id of the message that always fails.
+	Poison string
+
+	mu    sync.Mutex
+	fails []time.Time
+	order []string
+}
+
+// Handle is the [inbox.Handler].
+func (p *PoisonHandler) Handle(_ context.Context, m *inbox.Message) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.order = append(p.order, m.ID)
+	if m.ID != p.Poison {
+		return nil
+	}
+	p.fails = append(p.fails, time.Now())
+	return errors.New("cannot parse the order")
+}
+
+// Order returns the ids of the deliveries so far, in order.
+func (p *PoisonHandler) Order() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.order)
+}
+
+// AssertRedeliveries checks that the poison message was delivered
+// deliveries times, each redelivery at least r's delay after the one
+// before (a lower bound: a timer never fires early).
+func (p *PoisonHandler) AssertRedeliveries(t testing.TB, r inbox.Retry, deliveries int) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	require.Len(t, p.fails, deliveries)
+	for i := 1; i < len(p.fails); i++ {
+		assert.GreaterOrEqual(t, p.fails[i].Sub(p.fails[i-1]), r.After(i), "redelivery %d waited its delay", i)
 	}
 }
