@@ -11,11 +11,8 @@
 //		Principal: func(r *http.Request) string { return accountOf(r) },
 //		Required:  true,
 //	}
-//	h, err := mw.Handler(chargeHandler) // ErrMisconfigured without Principal or SingleTenant
-//	if err != nil {
-//		log.Fatal(err)
-//	}
-//	http.Handle("POST /v1/charges", h)
+//	// Wrap panics (ErrMisconfigured) without Principal or SingleTenant.
+//	http.Handle("POST /v1/charges", mw.Wrap(chargeHandler))
 //
 // The first request with a key runs the handler and its response is
 // stored; a retry with the same key and request gets that response back,

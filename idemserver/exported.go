@@ -56,3 +56,7 @@ func ProblemBodyUnreadable() *Problem { return problemBodyUnreadable() }
 // cannot say what became of key ([TypeStoreUnavailable], 503); the caller
 // sets Retry-After.
 func ProblemStoreUnavailable(key string) *Problem { return problemStoreUnavailable(key) }
+
+// ProblemNoPrincipal returns the problem answered to a keyed request for
+// which the Principal returned an empty scope ([TypeNoPrincipal], 500).
+func ProblemNoPrincipal() *Problem { return problemNoPrincipal() }

@@ -353,34 +353,55 @@ func TestFullStoreRefuses(t *testing.T) {
 	assert.Equal(t, "true", replay.Header().Get(idemserver.ReplayedHeader), "no live record was evicted")
 }
 
-// TestPrincipalRequired: a Middleware with no Principal, and no explicit
-// SingleTenant, is refused at construction, and Wrap's handler refuses
-// every request with 500 and runs nothing.
+// TestPrincipalRequired: Wrap panics, with ErrMisconfigured, on a
+// Middleware with no Principal and no explicit SingleTenant, or both.
 func TestPrincipalRequired(t *testing.T) {
 	a := new(app)
-	_, err := new(idemserver.Middleware).Handler(a)
-	assert.ErrorIs(t, err, idemserver.ErrMisconfigured)
-	assert.ErrorContains(t, err, "Principal")
-
-	_, err = (&idemserver.Middleware{SingleTenant: true, Principal: tenantOf}).Handler(a)
-	assert.ErrorIs(t, err, idemserver.ErrMisconfigured, "both set is ambiguous")
-
-	_, err = (&idemserver.Middleware{SingleTenant: true}).Handler(nil)
-	assert.ErrorIs(t, err, idemserver.ErrMisconfigured)
-
-	var logs storeharness.SyncBuffer
-	h := (&idemserver.Middleware{Logger: slog.New(slog.NewTextHandler(&logs, nil))}).Wrap(a)
-	assert.Contains(t, logs.String(), "Principal is nil", "Wrap logs why at once")
-	for _, q := range []req{{key: "k1"}, {}, {method: http.MethodGet}} {
-		w := serve(h, q)
-		assert.Equal(t, http.StatusInternalServerError, w.Code)
-		assert.Equal(t, idemserver.TypeMisconfigured, problemOf(t, w).Type)
+	tests := []struct {
+		name string
+		give *idemserver.Middleware
+		h    http.Handler
+		want string
+	}{
+		{"neither", new(idemserver.Middleware), a, "Principal is nil"},
+		{"both", &idemserver.Middleware{SingleTenant: true, Principal: tenantOf}, a, "both"},
+		{"nil handler", &idemserver.Middleware{SingleTenant: true}, nil, "nil"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got error
+			func() {
+				defer func() { got, _ = recover().(error) }()
+				tt.give.Wrap(tt.h)
+			}()
+			assert.ErrorIs(t, got, idemserver.ErrMisconfigured)
+			assert.ErrorContains(t, got, tt.want)
+		})
 	}
 	assert.Zero(t, a.calls.Load())
 
-	ok, err := (&idemserver.Middleware{Principal: tenantOf}).Handler(a)
-	require.NoError(t, err)
+	ok := (&idemserver.Middleware{Principal: tenantOf}).Wrap(a)
 	assert.Equal(t, http.StatusCreated, serve(ok, req{key: "k1", tenant: "t"}).Code)
+}
+
+// TestEmptyPrincipalRefused: a request for which the Principal returns ""
+// is answered 500 and runs nothing, whatever its key; one with a scope
+// runs. (Checked to fail with the check removed: the two anonymous
+// callers shared one key space, and the second got the first's response.)
+func TestEmptyPrincipalRefused(t *testing.T) {
+	a := new(app)
+	var logs storeharness.SyncBuffer
+	h := (&idemserver.Middleware{Principal: tenantOf, Logger: slog.New(slog.NewTextHandler(&logs, nil))}).Wrap(a)
+	for _, q := range []req{{key: "k1", body: "x"}, {key: "k1", body: "x"}} {
+		w := serve(h, q)
+		assert.Equal(t, http.StatusInternalServerError, w.Code)
+		assert.Equal(t, idemserver.TypeNoPrincipal, problemOf(t, w).Type)
+		assert.Empty(t, w.Header().Get(idemserver.ReplayedHeader))
+	}
+	assert.Zero(t, a.calls.Load())
+	assert.Contains(t, logs.String(), "empty scope")
+	assert.Equal(t, http.StatusCreated, serve(h, req{key: "k1", body: "x", tenant: "t"}).Code)
+	assert.Equal(t, http.StatusCreated, serve(h, req{body: "keyless"}).Code, "keyless requests pass through")
 }
 
 // TestReplayCarriesOnlyHandlerHeaders: header fields set by middleware

@@ -56,7 +56,7 @@ type Hooks struct {
 
 	// OnRefused is called when the middleware refused a request without
 	// asking the store or running the handler's effect: a full store
-	// (503) or a misconfigured Middleware (500, see [Middleware.Wrap]).
+	// (503) or a request the Principal could not name (500).
 	OnRefused func(ctx context.Context, ev RefusedEvent)
 }
 
@@ -156,8 +156,8 @@ type RefusalReason string
 
 // The reasons of [RefusedEvent.Reason].
 const (
-	RefusedStoreFull     RefusalReason = "store_full"    // [ErrStoreFull]: 503
-	RefusedMisconfigured RefusalReason = "misconfigured" // [ErrMisconfigured]: 500
+	RefusedStoreFull   RefusalReason = "store_full"   // [ErrStoreFull]: 503
+	RefusedNoPrincipal RefusalReason = "no_principal" // the Principal returned an empty scope: 500 ([TypeNoPrincipal])
 )
 
 // RefusedEvent describes a refused request. See [Hooks.OnRefused].
@@ -165,7 +165,7 @@ type RefusedEvent struct {
 	RequestEvent
 	Reason RefusalReason
 	Status int   // the status answered
-	Err    error // the store's or the configuration's error
+	Err    error // the store's error, or why the request has no scope
 }
 
 // event returns the identity of request r with key in scope, as hk allows.

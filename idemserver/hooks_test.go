@@ -367,19 +367,20 @@ func TestHooksRecordNothingByDefault(t *testing.T) {
 	}, log.take())
 }
 
-// TestHooksMisconfigured: Wrap's refusing handler reports every request.
-func TestHooksMisconfigured(t *testing.T) {
+// TestHooksNoPrincipal: a request the Principal cannot name is reported
+// as refused, and nothing else.
+func TestHooksNoPrincipal(t *testing.T) {
 	var log hookLog
-	h := (&idemserver.Middleware{Hooks: log.hooks(true), Logger: slog.New(slog.DiscardHandler)}).Wrap(hookApp)
+	h := (&idemserver.Middleware{Principal: tenantOf, Hooks: log.hooks(true), Logger: slog.New(slog.DiscardHandler)}).Wrap(hookApp)
 	serveHook(h, req{key: "k1"}, false)
 	evs := log.take()
 	require.Len(t, evs, 1)
 	r, ok := evs[0].(refused)
 	require.True(t, ok, "%#v", evs[0])
-	assert.Equal(t, idemserver.RequestEvent{Method: http.MethodPost, Path: "/charges"}, r.RequestEvent)
-	assert.Equal(t, idemserver.RefusedMisconfigured, r.Reason)
+	assert.Equal(t, idemserver.RequestEvent{Method: http.MethodPost, Path: "/charges", Key: "k1"}, r.RequestEvent)
+	assert.Equal(t, idemserver.RefusedNoPrincipal, r.Reason)
 	assert.Equal(t, http.StatusInternalServerError, r.Status)
-	assert.Contains(t, string(r.Err), "misconfigured")
+	assert.Contains(t, string(r.Err), "empty scope")
 }
 
 // TestHooksCopied: Wrap copies the Hooks, so changing them later does not

@@ -88,7 +88,7 @@ const (
 //
 // Principal or SingleTenant must be set; the rest of the zero value works:
 // POST and PATCH, optional keys in either form, a [MemoryStore], a 24 h
-// TTL. Fields are read by [Middleware.Handler] and [Middleware.Wrap];
+// TTL. Fields are read by [Middleware.Wrap];
 // changing them later has no effect on handlers already wrapped. Wrapped
 // handlers are safe for concurrent use.
 type Middleware struct {
@@ -101,6 +101,12 @@ type Middleware struct {
 	// Principal returns the scope of a request's keys: the tenant, account
 	// or API key that sent it, so that one principal can never replay, block
 	// or probe another's response. It must be set unless SingleTenant is.
+	//
+	// It must return a non-empty scope for every keyed request: a request
+	// for which it returns "" (an unauthenticated caller, say) is refused
+	// with 500 ([TypeNoPrincipal]) and runs nothing, since every such
+	// caller would otherwise share one key space. Authenticate before the
+	// middleware runs.
 	Principal func(r *http.Request) string
 
 	// SingleTenant says that one party alone sends every request, so that
@@ -187,20 +193,26 @@ type Middleware struct {
 	// Logger receives store errors at Error level: a failed Claim or a
 	// corrupt stored record (the request was answered 503), a failed
 	// Complete, Release or Renew (the response then goes unstored, or the
-	// key stays claimed until LockTimeout), and a misconfiguration found by
-	// Wrap. A full store is logged at Warn level. Nil means [slog.Default].
+	// key stays claimed until LockTimeout), and a Principal that returned
+	// no scope (answered 500). A full store is logged at Warn level. Nil
+	// means [slog.Default].
 	Logger *slog.Logger
 
 	// Hooks, when not nil, are called at each decision: claims, stored
 	// responses, released keys, renewal failures, store errors and
-	// refusals. Wrap and Handler copy the struct, so later changes to it
+	// refusals. Wrap copies the struct, so later changes to it
 	// have no effect on handlers already wrapped. Nil costs nothing.
 	Hooks *Hooks
 }
 
-// ErrMisconfigured is the error of [Middleware.Handler] for a Middleware
-// whose fields contradict each other or leave a required choice open.
+// ErrMisconfigured is what [Middleware.Wrap] panics with (wrapped, in an
+// error saying which fields are wrong) for a Middleware whose fields
+// contradict each other or leave a required choice open.
 var ErrMisconfigured = errors.New("idemserver: misconfigured middleware")
+
+// errNoPrincipal is the error of a [RefusedEvent] for a Principal that
+// returned an empty scope.
+var errNoPrincipal = errors.New("idemserver: Principal returned an empty scope")
 
 // DefaultShouldStore is the default storage rule: 2xx, 3xx and the 4xx a
 // retry of the same request would get again. Not stored: 5xx, which the
@@ -216,49 +228,34 @@ func DefaultShouldStore(status int) bool {
 	return status >= 200 && status < 500
 }
 
-// Handler returns a handler that enforces the idempotency contract around
-// h, or an error wrapping [ErrMisconfigured] when the Middleware's fields
-// do not make a safe configuration: neither Principal nor SingleTenant
-// set, or both. Prefer it to Wrap where the error can stop the server from
-// starting.
-func (m *Middleware) Handler(h http.Handler) (http.Handler, error) {
-	switch {
-	case m.Principal == nil && !m.SingleTenant:
-		return nil, fmt.Errorf("%w: Principal is nil; set Principal to scope keys by caller, or SingleTenant if one party sends every request", ErrMisconfigured)
-	case m.Principal != nil && m.SingleTenant:
-		return nil, fmt.Errorf("%w: both Principal and SingleTenant are set", ErrMisconfigured)
-	case h == nil:
-		return nil, fmt.Errorf("%w: the wrapped handler is nil", ErrMisconfigured)
+// Wrap returns a handler that enforces the idempotency contract around h.
+// It has the shape every router and middleware chain takes
+// (func(http.Handler) http.Handler).
+//
+// Wrap panics, with an error wrapping [ErrMisconfigured], when the
+// Middleware's fields do not make a safe configuration (neither Principal
+// nor SingleTenant set, or both) or h is nil, as [http.ServeMux] panics on
+// a bad pattern: the mistake is the program's, found where the routes are
+// built, before any request is served, and a server that started anyway
+// would serve one shared key space to every caller.
+func (m *Middleware) Wrap(h http.Handler) http.Handler {
+	if err := m.check(h); err != nil {
+		panic(err)
 	}
-	return m.build(h), nil
+	return m.build(h)
 }
 
-// Wrap is [Middleware.Handler] for call sites that cannot take an error,
-// such as a route table. A Middleware that Handler refuses is never
-// half-applied: Wrap logs the error and returns a handler that answers
-// every request with 500 ([TypeMisconfigured]) and runs nothing, so the
-// mistake shows in the first test request rather than as one shared key
-// space in production. (A panic would be louder still, but this package
-// does not panic on its callers' behalf.)
-func (m *Middleware) Wrap(h http.Handler) http.Handler {
-	wrapped, err := m.Handler(h)
-	if err == nil {
-		return wrapped
+// check returns the error Wrap panics with, or nil.
+func (m *Middleware) check(h http.Handler) error {
+	switch {
+	case h == nil:
+		return fmt.Errorf("%w: the wrapped handler is nil", ErrMisconfigured)
+	case m.Principal == nil && !m.SingleTenant:
+		return fmt.Errorf("%w: Principal is nil; set Principal to scope keys by caller, or SingleTenant if one party sends every request", ErrMisconfigured)
+	case m.Principal != nil && m.SingleTenant:
+		return fmt.Errorf("%w: both Principal and SingleTenant are set", ErrMisconfigured)
 	}
-	logger := m.Logger
-	if logger == nil {
-		logger = slog.Default()
-	}
-	logger.Error("idemserver: middleware refuses every request", "error", err)
-	writeError := m.WriteError
-	if writeError == nil {
-		writeError = func(w http.ResponseWriter, _ *http.Request, p *Problem) { WriteProblem(w, p) }
-	}
-	hooks := m.copyHooks()
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, problemMisconfigured())
-		hooks.refused(r.Context(), r, "", "", RefusedMisconfigured, http.StatusInternalServerError, err)
-	})
+	return nil
 }
 
 // copyHooks returns a copy of m.Hooks, nil if it is nil.
@@ -426,11 +423,18 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r.Body = newBodyReader(body)
 
-	fp := h.fingerprint(r, body)
 	scope := ""
 	if h.principal != nil {
-		scope = h.principal(r)
+		if scope = h.principal(r); scope == "" {
+			// One key space for every caller the Principal cannot name
+			// would let one of them replay another's response.
+			h.logger.ErrorContext(r.Context(), "idemserver: Principal returned an empty scope; answered 500 and ran nothing", "key", key)
+			h.writeError(w, r, problemNoPrincipal())
+			h.hooks.refused(r.Context(), r, "", key, RefusedNoPrincipal, http.StatusInternalServerError, errNoPrincipal)
+			return
+		}
 	}
+	fp := h.fingerprint(r, body)
 	storeKey := scopedKey(scope, key)
 	token := string(strconv.AppendUint([]byte(h.tokenPrefix), h.tokens.Add(1), 36))
 

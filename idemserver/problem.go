@@ -45,10 +45,11 @@ const (
 	// original_status member is the status the handler answered. Do not
 	// retry: look the outcome up by other means.
 	TypeNotReplayable = "https://pkg.go.dev/github.com/idemkit/idemhttp/idemserver#TypeNotReplayable"
-	// TypeMisconfigured: 500, the middleware's configuration is unsafe (see
-	// [Middleware.Handler]), so it refuses every request and runs nothing.
-	// The server's log says why.
-	TypeMisconfigured = "https://pkg.go.dev/github.com/idemkit/idemhttp/idemserver#TypeMisconfigured"
+	// TypeNoPrincipal: 500, the server could not tell whose key the
+	// request carries (the middleware's Principal returned an empty scope),
+	// so it did not process the request. The server's log says so; the
+	// fix is the server's (authenticate before the middleware runs).
+	TypeNoPrincipal = "https://pkg.go.dev/github.com/idemkit/idemhttp/idemserver#TypeNoPrincipal"
 )
 
 // Problem is an RFC 9457 problem detail, the body of every error the
@@ -169,12 +170,12 @@ func problemNotReplayable(header, key string, status int) *Problem {
 	}
 }
 
-func problemMisconfigured() *Problem {
+func problemNoPrincipal() *Problem {
 	return &Problem{
-		Type:   TypeMisconfigured,
-		Title:  "Idempotency middleware misconfigured",
+		Type:   TypeNoPrincipal,
+		Title:  "Idempotency key has no principal",
 		Status: http.StatusInternalServerError,
-		Detail: "The server's idempotency middleware is not configured safely, so it processes no request; the server's log says why.",
+		Detail: "The server could not tell whose idempotency key this request carries, so it did not process it.",
 	}
 }
 

@@ -37,6 +37,10 @@ const (
 // responses must be written to, and read from, the primary.
 var ErrStandby = errors.New("idemhttp/postgres: the database is a standby, not the primary")
 
+// errNoPrincipal is the error reported to Hooks.OnRefused for a request
+// whose Principal returned an empty scope.
+var errNoPrincipal = errors.New("idemhttp/postgres: Principal returned an empty scope")
+
 // TxHandler serves a request inside the database transaction that
 // [TxMiddleware] commits together with the request's stored response. It
 // writes its business rows with tx, writes its response to w, and returns
@@ -66,13 +70,15 @@ type TxOptions struct {
 	// Principal returns the scope of a request's keys (the tenant or
 	// account that sent it), so that one principal can never replay,
 	// block or probe another's response. It is required unless
-	// SingleTenant is set.
+	// SingleTenant is set. A keyed request for which it returns "" is
+	// refused with 500 ([idemserver.TypeNoPrincipal]) and runs nothing:
+	// every such caller would otherwise share one key space.
 	Principal func(r *http.Request) string
 
 	// SingleTenant declares that one party uses the server, so that all
-	// requests share one key space and Principal may be nil. Without it,
-	// a nil Principal is refused: a multi-tenant API must not ship with
-	// one shared key space by accident.
+	// requests share one key space; Principal must then be nil. Without
+	// it, a nil Principal is refused: a multi-tenant API must not ship
+	// with one shared key space by accident.
 	SingleTenant bool
 
 	// Methods lists the methods that take idempotency keys; nil means
@@ -248,8 +254,11 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 	if opts == nil {
 		opts = &TxOptions{}
 	}
-	if opts.Principal == nil && !opts.SingleTenant {
+	switch {
+	case opts.Principal == nil && !opts.SingleTenant:
 		return nil, errors.New("idemhttp/postgres: tx middleware: set Principal, or SingleTenant if one party uses the server")
+	case opts.Principal != nil && opts.SingleTenant:
+		return nil, errors.New("idemhttp/postgres: tx middleware: both Principal and SingleTenant are set")
 	}
 	if err := CheckPrimary(ctx, db); err != nil {
 		return nil, err
@@ -425,7 +434,16 @@ func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Body = &bodyReader{b: body}
 	scope := ""
 	if m.principal != nil {
-		scope = m.principal(r)
+		if scope = m.principal(r); scope == "" {
+			// As idemserver does: one key space for every caller the
+			// Principal cannot name would let one replay another's
+			// response.
+			m.logger.ErrorContext(r.Context(), "idemhttp/postgres: Principal returned an empty scope; answered 500 and ran nothing", "key", key)
+			m.writeError(w, r, idemserver.ProblemNoPrincipal())
+			rep := h.reporter(r, &txClaim{TxKey: TxKey{Key: key}})
+			rep.refused(idemserver.RefusedNoPrincipal, http.StatusInternalServerError, errNoPrincipal)
+			return
+		}
 	}
 	c := &txClaim{
 		TxKey: TxKey{

@@ -83,6 +83,16 @@ func (rp *txReport) released(reason idemserver.ReleaseReason, status int) {
 	}
 }
 
+func (rp *txReport) refused(reason idemserver.RefusalReason, status int, err error) {
+	if rp.hk == nil {
+		return
+	}
+	rp.done = true
+	if rp.hk.OnRefused != nil {
+		rp.hk.OnRefused(rp.ctx, idemserver.RefusedEvent{RequestEvent: rp.ev, Reason: reason, Status: status, Err: err})
+	}
+}
+
 func (rp *txReport) storeError(op idemserver.StoreOp, status int, err error) {
 	if rp.hk == nil {
 		return

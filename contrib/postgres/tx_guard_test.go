@@ -1,0 +1,36 @@
+package postgres_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idemhttp/contrib/postgres"
+	"github.com/idemkit/idemhttp/idemserver"
+)
+
+// TestTxEmptyPrincipalRefused: a keyed request whose Principal returns ""
+// is answered 500 and runs nothing, and setting both Principal and
+// SingleTenant is refused. (Checked to fail with the check removed: the
+// two anonymous requests shared one key, the second got the first's
+// charge replayed.)
+func TestTxEmptyPrincipalRefused(t *testing.T) {
+	s := newTxSchema(t)
+	m := newTx(t, s, 2, &postgres.TxOptions{Principal: func(r *http.Request) string { return r.Header.Get("X-Account") }, Logger: discardLogger()})
+	h := m.WrapFunc(chargeTx)
+	for range 2 {
+		got := post(t, h, "k", "x")
+		assert.Equal(t, http.StatusInternalServerError, got.Status)
+		assert.Contains(t, got.Body, idemserver.TypeNoPrincipal)
+		assert.False(t, got.Replayed)
+	}
+	assert.Empty(t, charges(t, s, "k"))
+
+	_, err := postgres.NewTxMiddleware(context.Background(), s.pool(t, 1), &postgres.TxOptions{
+		SingleTenant: true, Principal: func(*http.Request) string { return "a" }})
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "both")
+}
