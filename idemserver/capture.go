@@ -28,6 +28,9 @@ type recorder struct {
 	renewal     renewal // keeps the claim while the handler runs
 }
 
+// maxHint bounds the body buffer reserved from a declared Content-Length.
+const maxHint = 1 << 20
+
 var (
 	_ http.ResponseWriter = (*recorder)(nil)
 	_ http.Flusher        = (*recorder)(nil)
@@ -67,7 +70,9 @@ func (c *recorder) snapshot(code int) {
 			hint = n
 		}
 	}
-	c.record = encodeHead(code, h, min(hint, c.limit), c.recorded)
+	// The declared length sizes the buffer, within the limit and never
+	// past maxHint: a handler may declare more than it sends.
+	c.record = encodeHead(code, h, min(hint, c.limit, maxHint), c.recorded)
 	c.bodyStart = len(c.record)
 }
 

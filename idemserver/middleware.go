@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -636,7 +637,10 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	// net/http's body reader stops at Content-Length, so reading that many
 	// bytes reads the whole body; with no length, read one byte past the
 	// limit to tell a body at the limit from a longer one.
-	want := limit + 1
+	want := limit
+	if limit < math.MaxInt64 {
+		want = limit + 1 // at math.MaxInt64, no body is longer anyway
+	}
 	if r.ContentLength >= 0 {
 		want = r.ContentLength
 	}

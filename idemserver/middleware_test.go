@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -492,3 +494,44 @@ func TestUnconfiguredMethodUntouched(t *testing.T) {
 type readCloser struct{ io.Reader }
 
 func (*readCloser) Close() error { return nil }
+
+// TestExtremeLimits: any MaxBodyBytes and MaxStoredBody, up to the largest
+// the types hold, serves a small request without a panic, with a body of
+// known or unknown length, and a handler that declares a length far
+// beyond what it writes. (Checked to fail before the fix: MaxBodyBytes of
+// math.MaxInt64 overflowed limit+1 and make panicked with "cap out of
+// range" on a body of unknown length; MaxStoredBody of math.MaxInt
+// reserved the declared 2^62 bytes and panicked the same way.)
+func TestExtremeLimits(t *testing.T) {
+	tests := []struct {
+		give      int64
+		giveStore int
+	}{
+		{math.MaxInt64, math.MaxInt},
+		{math.MaxInt64 - 1, math.MaxInt - 1},
+		{math.MaxInt32, math.MaxInt32},
+		{1 << 62, 1 << 62},
+		{math.MinInt64, math.MinInt},
+	}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Length", strconv.FormatInt(1<<62, 10))
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(body)
+	})
+	for _, tt := range tests {
+		for _, known := range []bool{true, false} {
+			t.Run(fmt.Sprint(tt.give, known), func(t *testing.T) {
+				mw := (&idemserver.Middleware{SingleTenant: true, MaxBodyBytes: tt.give, MaxStoredBody: tt.giveStore}).Wrap(h)
+				r := req{key: "k1", body: "small"}.build()
+				if !known {
+					r.ContentLength = -1
+				}
+				w := httptest.NewRecorder()
+				require.NotPanics(t, func() { mw.ServeHTTP(w, r) })
+				assert.Equal(t, http.StatusCreated, w.Code)
+				assert.Equal(t, "small", w.Body.String())
+			})
+		}
+	}
+}

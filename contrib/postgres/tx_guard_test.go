@@ -2,7 +2,10 @@ package postgres_test
 
 import (
 	"context"
+	"math"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -33,4 +36,20 @@ func TestTxEmptyPrincipalRefused(t *testing.T) {
 		SingleTenant: true, Principal: func(*http.Request) string { return "a" }})
 	require.Error(t, err)
 	assert.ErrorContains(t, err, "both")
+}
+
+// TestTxExtremeLimits: MaxBodyBytes and MaxStoredBody at the largest
+// values their types hold serve a request of unknown length without a
+// panic. (Checked to fail with idemserver.ReadBody's limit+1 restored:
+// "makeslice: cap out of range".)
+func TestTxExtremeLimits(t *testing.T) {
+	s := newTxSchema(t)
+	h := newTx(t, s, 2, &postgres.TxOptions{MaxBodyBytes: math.MaxInt64, MaxStoredBody: math.MaxInt}).WrapFunc(chargeTx)
+	req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader("amount=1"))
+	req.ContentLength = -1
+	req.Header.Set("Idempotency-Key", "k")
+	rec := httptest.NewRecorder()
+	require.NotPanics(t, func() { h.ServeHTTP(rec, req) })
+	assert.Equal(t, http.StatusCreated, rec.Code)
+	assert.Len(t, charges(t, s, "k"), 1)
 }
