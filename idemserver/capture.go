@@ -79,8 +79,13 @@ func (c *recorder) snapshot(code int) {
 // recorded reports whether the header field name, with values vs, goes in
 // the record: not hop-by-hop, chosen by keep, and set by the handler rather
 // than left as outer middleware set it.
+//
+// The rules compare canonical names: a handler may write a field under
+// any spelling (w.Header()["set-cookie"]), and net/http sends it as it is
+// spelt, which a client reads as the same field.
 func (c *recorder) recorded(name string, vs []string) bool {
-	if slices.Contains(hopHeaders, name) || !c.keep.keepHeader(name) {
+	canon := http.CanonicalHeaderKey(name) // no allocation when name is canonical
+	if slices.Contains(hopHeaders, canon) || !c.keep.keepHeader(canon) {
 		return false
 	}
 	if c.outer != nil {

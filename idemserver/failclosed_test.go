@@ -486,3 +486,28 @@ func TestKeyProblemDetailIsPlain(t *testing.T) {
 		assert.NotContains(t, p.Detail, "idem")
 	}
 }
+
+// TestHeaderRulesIgnoreSpelling: a field the handler writes under a
+// non-canonical name (net/http sends it as spelt; a client reads it as
+// the same field) obeys the same rules: Set-Cookie, hop-by-hop fields and
+// OmitHeaders are not replayed. (Checked to fail with the rules comparing
+// names as written: the replay handed out "set-cookie: session=s3cr3t"
+// and "x-trace".)
+func TestHeaderRulesIgnoreSpelling(t *testing.T) {
+	h := (&idemserver.Middleware{SingleTenant: true, OmitHeaders: []string{"X-Trace"}}).Wrap(
+		http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			hdr := w.Header()
+			hdr["set-cookie"] = []string{"session=s3cr3t"}
+			hdr["x-trace"] = []string{"t-1"}
+			hdr["keep-alive"] = []string{"timeout=5"}
+			hdr["x-kept"] = []string{"yes"}
+			w.WriteHeader(http.StatusCreated)
+		}))
+	first := serve(h, req{key: "k1"})
+	require.Equal(t, []string{"session=s3cr3t"}, first.Header()["set-cookie"], "the first response is the handler's")
+	replay := serve(h, req{key: "k1"})
+	require.Equal(t, "true", replay.Header().Get(idemserver.ReplayedHeader))
+	got := replay.Header().Clone()
+	got.Del(idemserver.ReplayedHeader)
+	assert.Equal(t, http.Header{"x-kept": {"yes"}}, got)
+}

@@ -576,8 +576,8 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeK
 	h.hooks.released(ctx, r, scope, key, reason, rec.status, start)
 }
 
-// keepHeader reports whether a response header field the handler set is
-// stored for replays.
+// keepHeader reports whether a response header field the handler set,
+// named in canonical form, is stored for replays.
 func (h *handler) keepHeader(name string) bool {
 	if slices.Contains(h.omit, name) {
 		return false

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -52,4 +53,33 @@ func TestTxExtremeLimits(t *testing.T) {
 	require.NotPanics(t, func() { h.ServeHTTP(rec, req) })
 	assert.Equal(t, http.StatusCreated, rec.Code)
 	assert.Len(t, charges(t, s, "k"), 1)
+}
+
+// TestTxHeaderRulesIgnoreSpelling: a Set-Cookie, hop-by-hop or framing
+// field the handler writes under a non-canonical name is not replayed.
+// (Checked to fail with storedHeader comparing names as written: the
+// replay carried "set-cookie".)
+func TestTxHeaderRulesIgnoreSpelling(t *testing.T) {
+	s := newTxSchema(t)
+	h := newTx(t, s, 2, nil).WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		w.Header()["set-cookie"] = []string{"session=s3cr3t"}
+		w.Header()["connection"] = []string{"x-private"}
+		w.Header()["x-kept"] = []string{"yes"}
+		return chargeTx(w, r, tx)
+	})
+	serveReq := func() *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader("x"))
+		req.Header.Set("Idempotency-Key", "k")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	first := serveReq()
+	require.Equal(t, http.StatusCreated, first.Code)
+	assert.Equal(t, []string{"session=s3cr3t"}, first.Header()["set-cookie"])
+	replay := serveReq()
+	require.Equal(t, "true", replay.Header().Get(idemserver.ReplayedHeader))
+	assert.Nil(t, replay.Header()["set-cookie"])
+	assert.Nil(t, replay.Header()["connection"])
+	assert.Equal(t, []string{"yes"}, replay.Header()["x-kept"])
 }

@@ -47,7 +47,9 @@ var unstoredHeaders = []string{
 func storedHeader(h http.Header) http.Header {
 	out := make(http.Header, len(h))
 	for k, vs := range h {
-		if !slices.Contains(unstoredHeaders, k) {
+		// Compared in canonical form: a field set as h["set-cookie"] is
+		// sent as it is spelt, and read by the client as Set-Cookie.
+		if !slices.Contains(unstoredHeaders, http.CanonicalHeaderKey(k)) {
 			out[k] = vs
 		}
 	}
