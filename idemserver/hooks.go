@@ -38,7 +38,8 @@ type Hooks struct {
 	OnClaim func(ctx context.Context, ev ClaimEvent)
 
 	// OnStored is called when a handler's response has been stored for
-	// replays (or, too large to keep, marked as not replayable).
+	// replays, or its key marked as completed but not replayable (a
+	// response too large to keep, a hijacked connection, a 101).
 	OnStored func(ctx context.Context, ev StoredEvent)
 
 	// OnReleased is called when a claimed key has been released, so that
@@ -94,7 +95,7 @@ type ClaimEvent struct {
 type StoredEvent struct {
 	RequestEvent
 	Status     int           // the handler's status
-	Replayable bool          // false: too large to keep; retries get 410
+	Replayable bool          // false: too large to keep, or hijacked; retries get 410
 	Latency    time.Duration // from the claim to the response stored
 }
 
@@ -105,7 +106,7 @@ type ReleaseReason string
 const (
 	ReleaseServerError ReleaseReason = "server_error" // a 5xx that ShouldStore refused
 	ReleaseNotStored   ReleaseReason = "not_stored"   // another status ShouldStore refused (such as 409 or 429)
-	ReleaseNotStorable ReleaseReason = "not_storable" // a hijacked connection, a 101 or an invalid status: nothing a replay could send
+	ReleaseNotStorable ReleaseReason = "not_storable" // an invalid status: nothing a replay could send
 	ReleaseCanceled    ReleaseReason = "canceled"     // the request was cancelled and the handler answered nothing
 	ReleasePanic       ReleaseReason = "panic"        // the handler panicked
 	// The reasons of a transactional middleware (contrib/postgres's

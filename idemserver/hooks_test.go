@@ -138,8 +138,7 @@ func (s *faultStore) Release(ctx context.Context, key, token string) error {
 }
 
 // hookApp picks its answer by path: /charges 201, /fail 500, /busy 409,
-// /big 4 KiB, /hijack takes the connection (which the recorder cannot
-// give), /cancel waits for the client to leave and answers nothing,
+// /big 4 KiB, /switch answers 101 Switching Protocols, /cancel waits for the client to leave and answers nothing,
 // /panic panics.
 var hookApp = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
@@ -149,8 +148,8 @@ var hookApp = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusConflict)
 	case "/big":
 		_, _ = w.Write([]byte(strings.Repeat("x", 4096)))
-	case "/hijack":
-		_, _, _ = http.NewResponseController(w).Hijack()
+	case "/switch":
+		w.WriteHeader(http.StatusSwitchingProtocols)
 	case "/cancel":
 		<-r.Context().Done()
 	case "/panic":
@@ -254,11 +253,11 @@ func TestHooksEvents(t *testing.T) {
 			},
 		},
 		{
-			name: "released, not storable",
-			give: req{target: "/hijack", key: "k1"},
+			name: "stored, switched protocols",
+			give: req{target: "/switch", key: "k1"},
 			want: []any{
-				idemserver.ClaimEvent{RequestEvent: ev("/hijack"), Outcome: idemserver.ClaimNew},
-				idemserver.ReleasedEvent{RequestEvent: ev("/hijack"), Reason: idemserver.ReleaseNotStorable, Status: http.StatusOK},
+				idemserver.ClaimEvent{RequestEvent: ev("/switch"), Outcome: idemserver.ClaimNew},
+				idemserver.StoredEvent{RequestEvent: ev("/switch"), Status: http.StatusSwitchingProtocols, Replayable: false},
 			},
 		},
 		{

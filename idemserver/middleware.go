@@ -71,7 +71,8 @@ const (
 //   - A response whose body exceeds MaxStoredBody reaches its client whole,
 //     but is not stored; its key stays completed, as not replayable, for
 //     TTL, and a retry gets 410 ([TypeNotReplayable]) instead of a second
-//     run.
+//     run. So does a handler that hijacks the connection or answers 101
+//     Switching Protocols: it ran, and what it sent cannot be replayed.
 //   - A full store (see [ErrStoreFull]) and a failing store get 503 with
 //     Retry-After, and the handler does not run.
 //
@@ -540,12 +541,22 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeK
 		h.hooks.released(ctx, r, scope, key, ReleaseCanceled, 0, start)
 		return
 	}
-	rec.finish()
+	if !rec.hijacked {
+		rec.finish()
+	}
 	var record []byte
 	reason := ReleaseNotStorable
 	switch {
-	case rec.hijacked || rec.status < 100 || rec.status > 999:
-		// Nothing a replay could send: the key is free.
+	case rec.hijacked:
+		// The handler took the connection (or switched protocols): it
+		// ran, with whatever effects, and what it sent is nothing a replay
+		// could send. Keep the key completed, so a retry is told so
+		// instead of running again. The status is 101, that of a
+		// response written before the hijack, or 0: unknown.
+		record = encodeUnreplayable(rec.status)
+	case rec.status < 100 || rec.status > 999:
+		// Nothing a replay could send: the key is free. (net/http panics
+		// on such a status, so only another ResponseWriter gets here.)
 	case !h.shouldStore(rec.status):
 		// Not stored: the key is free.
 		reason = ReleaseNotStored
@@ -565,7 +576,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeK
 			h.hooks.storeError(ctx, r, scope, key, StoreOpComplete, rec.status, err)
 			return
 		}
-		h.hooks.stored(ctx, r, scope, key, rec.status, !rec.overflow, start)
+		h.hooks.stored(ctx, r, scope, key, rec.status, !rec.overflow && !rec.hijacked, start)
 		return
 	}
 	if err := h.store.Release(ctx, storeKey, token); err != nil {

@@ -352,7 +352,10 @@ func TestUnknownLengthBodyTooLarge(t *testing.T) {
 }
 
 // TestStreamingHandlers: a handler that flushes keeps working, and one that
-// hijacks the connection is not stored (nothing to replay).
+// hijacks the connection, or switches protocols, leaves its key completed
+// but not replayable: a retry gets 410 and never runs it again. (Checked to
+// fail with the key released after a hijack, as before: the retry ran the
+// hijacking handler a second time.)
 func TestStreamingHandlers(t *testing.T) {
 	var calls atomic.Int64
 	mux := http.NewServeMux()
@@ -375,6 +378,18 @@ func TestStreamingHandlers(t *testing.T) {
 		fmt.Fprint(buf, "HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\nraw ok")
 		_ = buf.Flush()
 	})
+	mux.HandleFunc("/upgrade", func(w http.ResponseWriter, _ *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Connection", "Upgrade")
+		w.Header().Set("Upgrade", "example/1")
+		w.WriteHeader(http.StatusSwitchingProtocols)
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_ = buf.Flush()
+	})
 	// served reports each request's end, after the middleware stored or
 	// released its key: a hijacked response reaches the client before that.
 	served := make(chan struct{}, 1)
@@ -393,8 +408,16 @@ func TestStreamingHandlers(t *testing.T) {
 		resp, err := srv.Client().Do(r)
 		require.NoError(t, err)
 		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusSwitchingProtocols {
+			return "101", false
+		}
 		b, err := io.ReadAll(resp.Body)
 		require.NoError(t, err)
+		if resp.StatusCode == http.StatusGone {
+			var p idemserver.Problem
+			require.NoError(t, json.Unmarshal(b, &p))
+			return fmt.Sprint("410 ", p.Type == idemserver.TypeNotReplayable, " ", p.OriginalStatus), false
+		}
 		return string(b), resp.Header.Get(idemserver.ReplayedHeader) == "true"
 	}
 	body, _ := post("/flush")
@@ -404,11 +427,14 @@ func TestStreamingHandlers(t *testing.T) {
 	assert.True(t, isReplay)
 
 	raw1, _ := post("/hijack")
-	raw2, isReplay := post("/hijack")
+	raw2, _ := post("/hijack")
 	assert.Equal(t, "raw ok", raw1)
-	assert.Equal(t, "raw ok", raw2)
-	assert.False(t, isReplay, "a hijacked response was never stored")
-	assert.Equal(t, int64(3), calls.Load(), "flush ran once, hijack twice")
+	assert.Equal(t, "410 true 0", raw2, "a hijacked handler ran: its key stays completed")
+	up1, _ := post("/upgrade")
+	up2, _ := post("/upgrade")
+	assert.Equal(t, "101", up1)
+	assert.Equal(t, "410 true 101", up2)
+	assert.Equal(t, int64(3), calls.Load(), "each handler ran once")
 }
 
 func TestKeyFormString(t *testing.T) {

@@ -15,15 +15,17 @@ import (
 const recordFormat = 1
 
 // unreplayableFormat is the first byte of the record kept for a response
-// too large to store: the format byte, then the status as an unsigned
-// varint, and nothing else. It marks the key as completed, so a retry is
-// refused rather than run a second time.
+// that ran but cannot be replayed (too large to store, or sent on a
+// hijacked connection): the format byte, then the status as an unsigned
+// varint (0 when unknown: a hijack before any status), and nothing else.
+// It marks the key as completed, so a retry is refused rather than run a
+// second time.
 const unreplayableFormat = 2
 
 var (
 	errCorrupt       = errors.New("corrupt response record")
 	errTruncated     = errors.New("truncated")
-	errNotReplayable = errors.New("idemserver: response not stored: too large to replay")
+	errNotReplayable = errors.New("idemserver: response not stored: it cannot be replayed")
 )
 
 // encodeUnreplayable returns the record for a response with status that
@@ -131,7 +133,7 @@ func parseRecord(record []byte, into http.Header) (status int, body []byte, err 
 	if len(record) > 0 && record[0] == unreplayableFormat {
 		d := decoder{b: record[1:]}
 		s := d.uvarint()
-		if d.err != nil || len(d.b) != 0 || s < 100 || s > 999 {
+		if d.err != nil || len(d.b) != 0 || (s != 0 && (s < 100 || s > 999)) {
 			return 0, nil, fmt.Errorf("idemserver: %w: bad marker", errCorrupt)
 		}
 		return int(s), nil, errNotReplayable

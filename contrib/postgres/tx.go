@@ -51,7 +51,9 @@ var errNoPrincipal = errors.New("idemhttp/postgres: Principal returned an empty 
 // ([TypeRolledBack]).
 //
 // w buffers the response until the transaction has committed: Flush does
-// nothing, Hijack is not offered, and 1xx responses are dropped.
+// nothing, Hijack is not offered, and 1xx responses are dropped, but for
+// 101 Switching Protocols, which rolls the transaction back (500,
+// [TypeRolledBack]): a switch of protocols cannot wait for the commit.
 type TxHandler interface {
 	ServeHTTPTx(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error
 }
@@ -534,6 +536,13 @@ func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
 		m.logger.ErrorContext(ctx, "idemhttp/postgres: response too large to store; rolled back", "key", key, "limit", m.maxStored)
 		m.writeError(w, r, problemResponseTooLarge(key, m.maxStored))
 		rep.released(idemserver.ReleaseNotStorable, buf.finalStatus())
+		return
+	case buf.switched:
+		// Nothing may reach the client before the commit, and a switch of
+		// protocols cannot be stored: roll back, so that nothing ran.
+		m.logger.ErrorContext(ctx, "idemhttp/postgres: handler answered 101 Switching Protocols, which cannot wait for the commit; rolled back", "key", key)
+		m.writeError(w, r, problemRolledBack(key))
+		rep.released(idemserver.ReleaseNotStorable, http.StatusSwitchingProtocols)
 		return
 	}
 	status := buf.finalStatus()

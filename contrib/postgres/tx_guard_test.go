@@ -83,3 +83,29 @@ func TestTxHeaderRulesIgnoreSpelling(t *testing.T) {
 	assert.Nil(t, replay.Header()["connection"])
 	assert.Equal(t, []string{"yes"}, replay.Header()["x-kept"])
 }
+
+// TestTxSwitchingProtocols: a handler that answers 101 (which cannot wait
+// for the commit; Hijack is not offered) is rolled back, so that nothing
+// ran and its key is free. (Checked to fail with 101 dropped like other
+// 1xx, as before: an empty 200 was committed with the charge and
+// replayed.)
+func TestTxSwitchingProtocols(t *testing.T) {
+	s := newTxSchema(t)
+	m := newTx(t, s, 2, &postgres.TxOptions{Logger: discardLogger()})
+	var hijackErr error
+	h := m.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		if err := chargeTx(httptest.NewRecorder(), r, tx); err != nil {
+			return err
+		}
+		w.Header().Set("Upgrade", "example/1")
+		w.WriteHeader(http.StatusSwitchingProtocols)
+		_, _, hijackErr = http.NewResponseController(w).Hijack()
+		return nil
+	})
+	got := post(t, h, "k", "x") // ServeHTTP on this goroutine
+	assert.ErrorIs(t, hijackErr, http.ErrNotSupported)
+	assert.Equal(t, http.StatusInternalServerError, got.Status)
+	assert.Contains(t, got.Body, postgres.TypeRolledBack)
+	assert.Empty(t, charges(t, s, "k"))
+	assert.Equal(t, http.StatusCreated, post(t, m.WrapFunc(chargeTx), "k", "x").Status, "the key is free")
+}

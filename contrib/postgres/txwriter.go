@@ -83,6 +83,7 @@ type txWriter struct {
 	body        []byte
 	limit       int
 	overflow    bool
+	switched    bool // the handler answered 101 Switching Protocols
 	wroteHeader bool
 }
 
@@ -94,6 +95,11 @@ var (
 func (b *txWriter) Header() http.Header { return b.header }
 
 func (b *txWriter) WriteHeader(code int) {
+	// 101 Switching Protocols cannot wait for the commit (nor can the
+	// connection be hijacked): the request is refused and rolled back.
+	if code == http.StatusSwitchingProtocols {
+		b.switched = true
+	}
 	// 1xx responses would have to reach the client before the commit:
 	// dropped, as a proxy may.
 	if b.wroteHeader || (code >= 100 && code <= 199) {
