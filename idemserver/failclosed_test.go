@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -510,4 +511,63 @@ func TestHeaderRulesIgnoreSpelling(t *testing.T) {
 	got := replay.Header().Clone()
 	got.Del(idemserver.ReplayedHeader)
 	assert.Equal(t, http.Header{"x-kept": {"yes"}}, got)
+}
+
+// hangingStore is a MemoryStore whose Complete hangs until its context
+// ends, as a store that stopped answering does; it counts Release calls.
+type hangingStore struct {
+	*idemserver.MemoryStore
+	releases atomic.Int64
+}
+
+func (s *hangingStore) Complete(ctx context.Context, _, _ string, _ []byte, _ time.Duration) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (s *hangingStore) Release(ctx context.Context, key, token string) error {
+	s.releases.Add(1)
+	return s.MemoryStore.Release(ctx, key, token)
+}
+
+// TestHungCompleteHasADeadline: a store that hangs in Complete holds the
+// finished response only until the claim's lock would time out; then the
+// handler's response is sent, the failure reported, and the key is not
+// released: a retry gets 409, never a second run. (The store's clock is
+// frozen, so that its claim is still live when the retry comes.) Checked
+// to fail with Complete given the request's context without a deadline,
+// as before: the request never returned.
+func TestHungCompleteHasADeadline(t *testing.T) {
+	const lock = 200 * time.Millisecond
+	frozen := time.Now()
+	store := &hangingStore{MemoryStore: &idemserver.MemoryStore{Now: func() time.Time { return frozen }}}
+	var calls atomic.Int64
+	var storeErrs atomic.Int64
+	h := (&idemserver.Middleware{
+		SingleTenant: true, Store: store, LockTimeout: lock, Logger: slog.New(slog.DiscardHandler),
+		Hooks: &idemserver.Hooks{OnStoreError: func(_ context.Context, ev idemserver.StoreErrorEvent) {
+			if ev.Op == idemserver.StoreOpComplete && errors.Is(ev.Err, context.DeadlineExceeded) {
+				storeErrs.Add(1)
+			}
+		}},
+	}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		calls.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "charged")
+	}))
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- serve(h, req{key: "k1"}) }()
+	var first *httptest.ResponseRecorder
+	select {
+	case first = <-done:
+	case <-time.After(50 * lock): // a bound on a hang, not an ordering
+		t.Fatal("the request is held by the hung Complete")
+	}
+	assert.Equal(t, http.StatusCreated, first.Code)
+	assert.Equal(t, "charged", first.Body.String())
+	assert.Equal(t, int64(1), storeErrs.Load())
+	assert.Zero(t, store.releases.Load(), "the key was not released")
+	retry := serve(h, req{key: "k1"})
+	assert.Equal(t, http.StatusConflict, retry.Code)
+	assert.Equal(t, int64(1), calls.Load())
 }

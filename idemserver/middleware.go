@@ -45,9 +45,9 @@ const (
 // then:
 //
 //   - new key: runs the handler, capturing status, header and body as they
-//     pass to the client, and renewing the claim every third of
-//     LockTimeout while it runs; stores the response if ShouldStore accepts
-//     its status, else releases the key so a retry runs again;
+//     pass to the client, and renewing the claim while it runs; stores the
+//     response if ShouldStore accepts its status, else releases the key so
+//     a retry runs again;
 //   - same key and request, still running: 409 with Retry-After;
 //   - same key, different request (method, path, query or body): 422;
 //   - same key and request, completed: replays the stored status, header
@@ -75,13 +75,24 @@ const (
 //     Switching Protocols: it ran, and what it sent cannot be replayed.
 //   - A full store (see [ErrStoreFull]) and a failing store get 503 with
 //     Retry-After, and the handler does not run.
+//   - A store that hangs cannot hold a finished response for ever: the
+//     Complete (or Release) after the handler is given until the claim's
+//     lock would time out. Past that, the response is sent unstored and the
+//     key is not released: it stays claimed until its lock times out, as
+//     after a crash, so retries meanwhile get 409.
 //
 // The lock timeout is how long a crashed server's claim blocks its key
 // (retries get 409 until it passes). A live handler keeps its claim however
-// long it runs, by renewing it every LockTimeout/3 ([Store.Renew]); should
-// a renewal find the claim lost (the store was unreachable for longer than
-// LockTimeout, or lost the record), the error is logged and the late
-// response is sent but not stored.
+// long it runs, by renewing it ([Store.Renew]) every tenth of LockTimeout;
+// a renewal that fails is tried again promptly (a hundredth of LockTimeout
+// after a fast failure, at once after a slow one; each attempt times out
+// after a twentieth), so the claim survives any store outage that ends
+// before LockTimeout has passed since the last renewal: any outage shorter
+// than 0.85 LockTimeout, whenever it starts, and shorter than 0.95
+// LockTimeout when it starts just after a renewal. Should a renewal find
+// the claim lost (the store was unreachable for longer, or lost the
+// record), the error is logged and the late response is sent but not
+// stored.
 //
 // Replays carry what the handler set: the header fields outer middleware
 // had set before the handler ran (a request id, CORS) are not stored, nor
@@ -313,7 +324,7 @@ func (m *Middleware) build(h http.Handler) *handler {
 	if mw.lockTimeout <= 0 {
 		mw.lockTimeout = DefaultLockTimeout
 	}
-	mw.renewer = &renewer{h: mw, every: max(mw.lockTimeout/3, time.Millisecond)}
+	mw.renewer = newRenewer(mw, mw.lockTimeout)
 	if mw.maxBody <= 0 {
 		mw.maxBody = DefaultMaxBodyBytes
 	}
@@ -441,6 +452,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	token := string(strconv.AppendUint([]byte(h.tokenPrefix), h.tokens.Add(1), 36))
 
 	start := h.hooks.clock()
+	claimed := h.renewer.clock.now() // the claim's lock runs from no earlier than this
 	res, err := h.store.Claim(r.Context(), storeKey, Claim{Token: token, Fingerprint: fp, LockTimeout: h.lockTimeout})
 	claimLatency := since(start)
 	if err == nil && (res.State < Claimed || res.State > Completed) {
@@ -458,7 +470,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.storeFailed(w, r, scope, key, StoreOpClaim, err)
 	case res.State == Claimed:
 		h.hooks.claim(ctx, r, scope, key, ClaimNew, 0, claimLatency)
-		h.run(w, r, scope, key, storeKey, token, start)
+		h.run(w, r, scope, key, storeKey, token, claimed, start)
 	case res.Fingerprint != fp && !(h.legacyFingerprints && res.Fingerprint == legacyFingerprint(r, body)):
 		h.writeError(w, r, problemKeyMismatch(h.header, key))
 		h.hooks.claim(ctx, r, scope, key, ClaimMismatch, http.StatusUnprocessableEntity, claimLatency)
@@ -489,10 +501,11 @@ func (h *handler) storeFailed(w http.ResponseWriter, r *http.Request, scope, key
 	h.hooks.storeError(r.Context(), r, scope, key, op, http.StatusServiceUnavailable, err)
 }
 
-// run serves a request whose key this process has just claimed, then
-// stores the response or releases the key. scope, key and start (the
-// claim's time, zero without hooks) are for the hooks.
-func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeKey, token string, start time.Time) {
+// run serves a request whose key this process has just claimed (the
+// Claim sent at claimed), then stores the response or releases the key.
+// scope, key and start (the claim's time, zero without hooks) are for the
+// hooks.
+func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeKey, token string, claimed, start time.Time) {
 	// The request's context ends when the client leaves, but the work is
 	// done by then and its outcome must still be recorded.
 	ctx := context.WithoutCancel(r.Context())
@@ -508,7 +521,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeK
 		// renewal, so that a request without hooks does not pay for it.
 		ctx = withRenewEvent(ctx, h.hooks.event(r, scope, key))
 	}
-	rec.renewal.start(ctx, h, storeKey, token)
+	rec.renewal.start(ctx, h, storeKey, token, claimed)
 	returned := false
 	defer func() {
 		if returned {
@@ -517,8 +530,9 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeK
 		// The handler panicked (or called runtime.Goexit): release the
 		// key so a retry can run, and let the panic continue unrecovered,
 		// with its original stack, to net/http.
-		rec.renewal.stop()
-		if err := h.store.Release(ctx, storeKey, token); err != nil {
+		sctx, cancel := h.finishing(ctx, rec.renewal.stop())
+		defer cancel()
+		if err := h.store.Release(sctx, storeKey, token); err != nil {
 			h.logger.ErrorContext(ctx, "idemserver: release after panic failed", "error", err)
 			h.hooks.storeError(ctx, r, scope, key, StoreOpRelease, rec.status, err)
 			return
@@ -527,13 +541,14 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeK
 	}()
 	h.next.ServeHTTP(rec, r)
 	returned = true
-	rec.renewal.stop()
+	sctx, cancel := h.finishing(ctx, rec.renewal.stop())
+	defer cancel()
 
 	if !rec.wroteHeader && r.Context().Err() != nil {
 		// The handler gave up on a cancelled request without answering:
 		// storing net/http's implicit empty 200 would replay a success
 		// that never happened, for a whole TTL.
-		if err := h.store.Release(ctx, storeKey, token); err != nil {
+		if err := h.store.Release(sctx, storeKey, token); err != nil {
 			h.logger.ErrorContext(ctx, "idemserver: release after cancellation failed", "error", err)
 			h.hooks.storeError(ctx, r, scope, key, StoreOpRelease, 0, err)
 			return
@@ -571,7 +586,10 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeK
 		record = rec.takeRecord()
 	}
 	if record != nil {
-		if err := h.store.Complete(ctx, storeKey, token, record, h.ttl); err != nil {
+		if err := h.store.Complete(sctx, storeKey, token, record, h.ttl); err != nil {
+			// Past the deadline, the response is sent unstored and the key
+			// is not released: it stays claimed until its lock times out,
+			// as after a crash, or completed if the write landed after all.
 			h.logger.ErrorContext(ctx, "idemserver: response not stored", "status", rec.status, "error", err)
 			h.hooks.storeError(ctx, r, scope, key, StoreOpComplete, rec.status, err)
 			return
@@ -579,12 +597,26 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeK
 		h.hooks.stored(ctx, r, scope, key, rec.status, !rec.overflow && !rec.hijacked, start)
 		return
 	}
-	if err := h.store.Release(ctx, storeKey, token); err != nil {
+	if err := h.store.Release(sctx, storeKey, token); err != nil {
 		h.logger.ErrorContext(ctx, "idemserver: release failed", "status", rec.status, "error", err)
 		h.hooks.storeError(ctx, r, scope, key, StoreOpRelease, rec.status, err)
 		return
 	}
 	h.hooks.released(ctx, r, scope, key, reason, rec.status, start)
+}
+
+// finishing returns the context of the Complete or Release after the
+// handler: ctx with a deadline when the claim's lock would time out
+// (expires, as the renewals know it), and no sooner than a tenth of the
+// lock timeout from now. Past that deadline no Complete can succeed
+// anyway, and a store that hangs must not hold a finished response (whose
+// last bytes net/http sends when the handler returns) for ever.
+func (h *handler) finishing(ctx context.Context, expires time.Time) (context.Context, context.CancelFunc) {
+	deadline := expires
+	if floor := time.Now().Add(h.lockTimeout / 10); deadline.Before(floor) {
+		deadline = floor
+	}
+	return context.WithDeadline(ctx, deadline)
 }
 
 // keepHeader reports whether a response header field the handler set,

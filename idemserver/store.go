@@ -107,6 +107,10 @@ type ClaimResult struct {
 //
 // Read from the primary only: a replica that lags lets two requests claim
 // the same key.
+//
+// Every method must return once its ctx is done: the middleware bounds
+// each call with a deadline, and a call that ignored it could hold a
+// request for ever.
 type Store interface {
 	// Claim atomically looks up key. If no live record holds it, Claim
 	// records an in-progress claim from c, locked for c.LockTimeout, and
@@ -119,8 +123,9 @@ type Store interface {
 
 	// Renew extends the in-progress claim on key held by token, so that it
 	// holds the key for lockTimeout (positive) from now, as Claim did. The
-	// middleware calls it every third of the lock timeout while the handler
-	// runs, so a handler slower than the lock timeout keeps its claim. It
+	// middleware calls it every tenth of the lock timeout while the handler
+	// runs, and again promptly after a failure, so a handler slower than the
+	// lock timeout keeps its claim. It
 	// returns ErrClaimLost if token no longer holds a live claim on key: a
 	// claim whose lock already timed out is not revived, since another
 	// request may have taken the key over.
