@@ -453,7 +453,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	start := h.hooks.clock()
 	claimed := h.renewer.clock.now() // the claim's lock runs from no earlier than this
-	res, err := h.store.Claim(r.Context(), storeKey, Claim{Token: token, Fingerprint: fp, LockTimeout: h.lockTimeout})
+	res, err := h.store.Claim(r.Context(), storeKey, Claim{Token: token, Fingerprint: fp, LockTimeout: h.lockTimeout, Scope: scope})
 	claimLatency := since(start)
 	if err == nil && (res.State < Claimed || res.State > Completed) {
 		// Running the handler on a result we cannot trust could run it twice.

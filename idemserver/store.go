@@ -63,6 +63,12 @@ type Claim struct {
 	// Release; it must be positive. After that the claim counts as
 	// abandoned (a crashed server) and the next Claim takes the key over.
 	LockTimeout time.Duration
+	// Scope is the principal's scope the key belongs to (the
+	// [Middleware]'s Principal; empty with SingleTenant). The key already
+	// includes it: a store may ignore it, or bound each scope's share of
+	// its room, as [MemoryStore] does, so that one principal cannot fill
+	// the store for everyone.
+	Scope string
 }
 
 // ClaimResult is what [Store.Claim] found.
