@@ -392,8 +392,8 @@ type handler struct {
 	replayOnly  []string // nil: all but Set-Cookie and omit
 	omit        []string
 	fingerprint func(*http.Request, []byte) string
-	// legacyFingerprints accepts the fingerprints of releases before
-	// DefaultFingerprint compared by meaning.
+	// legacyFingerprints accepts the fingerprints of earlier releases
+	// DefaultFingerprint (see olderFingerprint).
 	legacyFingerprints bool
 	writeError         func(http.ResponseWriter, *http.Request, *Problem)
 	logger             *slog.Logger
@@ -471,7 +471,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case res.State == Claimed:
 		h.hooks.claim(ctx, r, scope, key, ClaimNew, 0, claimLatency)
 		h.run(w, r, scope, key, storeKey, token, claimed, start)
-	case res.Fingerprint != fp && !(h.legacyFingerprints && res.Fingerprint == legacyFingerprint(r, body)):
+	case res.Fingerprint != fp && !(h.legacyFingerprints && h.olderFingerprint(r, body, res.Fingerprint)):
 		h.writeError(w, r, problemKeyMismatch(h.header, key))
 		h.hooks.claim(ctx, r, scope, key, ClaimMismatch, http.StatusUnprocessableEntity, claimLatency)
 	case res.State == InProgress:
@@ -490,6 +490,14 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.hooks.claim(ctx, r, scope, key, ClaimReplay, status, claimLatency)
 		}
 	}
+}
+
+// olderFingerprint reports whether stored, the fingerprint a record was
+// stored with, is the one an earlier release's DefaultFingerprint gave
+// this request: then the record is this request's, stored before an
+// upgrade. Computed only when the fingerprints differ.
+func (h *handler) olderFingerprint(r *http.Request, body []byte, stored string) bool {
+	return stored == previousFingerprint(r, body) || stored == legacyFingerprint(r, body)
 }
 
 // storeFailed answers 503 when the store cannot say what became of a key:
