@@ -163,10 +163,14 @@ type TxOptions struct {
 // idempotent requests on PostgreSQL. For each request with a valid key it
 //
 //  1. begins a transaction and claims the key in it: it takes a
-//     transaction-level advisory lock on a 64-bit hash of the key, without
-//     waiting (a concurrent request with the same key answers 409 with
-//     Retry-After at once), and reads the key's live row, to replay a
-//     stored response (or answer 422 for another request's key);
+//     transaction-level advisory lock on a 64-bit hash of the key and of
+//     the key table's schema-qualified name, without waiting (a concurrent
+//     request with the same key answers 409 with Retry-After at once), and
+//     reads the key's live row, to replay a stored response (or answer 422
+//     for another request's key). Advisory locks belong to the database,
+//     so the table's name in the hash keeps applications in separate
+//     schemas of one database (the layout the package recommends) from
+//     ever blocking each other on a key;
 //  2. runs the handler with the transaction, on a buffered writer;
 //  3. writes the key's row with the response in that same transaction,
 //     unless a live row now holds the key (a [Store] sharing the table
@@ -223,6 +227,7 @@ type TxOptions struct {
 // Create one with [NewTxMiddleware]; it is safe for concurrent use.
 type TxMiddleware struct {
 	db          DB
+	table       string // the key table's schema-qualified name, which scopes the claims' advisory locks
 	principal   func(*http.Request) string
 	methods     []string
 	required    bool
@@ -246,8 +251,10 @@ type TxMiddleware struct {
 }
 
 // NewTxMiddleware returns a TxMiddleware on db, which must be the primary:
-// it fails with [ErrStandby] on a standby. A nil opts means the defaults,
-// which need opts.Principal or opts.SingleTenant, so nil is refused.
+// it fails with [ErrStandby] on a standby. The idemhttp_keys table must
+// exist ([Migrate]): the middleware scopes its claims to the table its
+// search_path finds. A nil opts means the defaults, which need
+// opts.Principal or opts.SingleTenant, so nil is refused.
 //
 // Route every statement of these transactions to the primary: never put
 // a pooler that sends reads to replicas in front of db. Poolers in
@@ -265,8 +272,13 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 	if err := CheckPrimary(ctx, db); err != nil {
 		return nil, err
 	}
+	table, err := keysTable(ctx, db)
+	if err != nil {
+		return nil, err
+	}
 	m := &TxMiddleware{
 		db:          db,
+		table:       table,
 		principal:   opts.Principal,
 		methods:     slices.Clone(opts.Methods),
 		required:    opts.Required,
@@ -334,6 +346,26 @@ func newTokenPrefix() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // never fails (Go 1.24+)
 	return "tx-" + hex.EncodeToString(b[:]) + "-"
+}
+
+// keysTable returns the schema-qualified name of the idemhttp_keys table
+// that db's search_path finds, the table the middleware's statements
+// use, or an error if there is none (Migrate has not run).
+func keysTable(ctx context.Context, db DB) (string, error) {
+	var table *string
+	err := retry(ctx, func() error {
+		return db.QueryRow(ctx, `
+SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass('idemhttp_keys')`).Scan(&table)
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows) || (err == nil && table == nil):
+		return "", errors.New("idemhttp/postgres: tx middleware: no idemhttp_keys table on the search_path; run Migrate first")
+	case err != nil:
+		return "", fmt.Errorf("idemhttp/postgres: tx middleware: find idemhttp_keys: %w", err)
+	}
+	return *table, nil
 }
 
 // CheckPrimary returns [ErrStandby] if db is connected to a standby
@@ -456,6 +488,7 @@ func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fingerprint: m.fingerprint(r, body),
 	}
 	c.row = rowKey(idemserver.ScopedKey(scope, key))
+	c.lock = advisoryKey(m.table, c.row)
 	h.serve(w, r, c)
 }
 
@@ -464,6 +497,7 @@ type txClaim struct {
 	TxKey
 	fingerprint string
 	row         []byte // the key's primary key in idemhttp_keys
+	lock        int64  // the key's advisory lock
 }
 
 // step calls the test hook, if any.

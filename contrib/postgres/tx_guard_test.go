@@ -109,3 +109,40 @@ func TestTxSwitchingProtocols(t *testing.T) {
 	assert.Empty(t, charges(t, s, "k"))
 	assert.Equal(t, http.StatusCreated, post(t, m.WrapFunc(chargeTx), "k", "x").Status, "the key is free")
 }
+
+// TestTxSchemasDoNotShareLocks: two applications in separate schemas of
+// one database (the layout the package recommends) never block each
+// other: a request with key k in one runs while one with k in the other
+// holds its claim. (Checked to fail with the advisory lock on a hash of
+// the key alone: the second got 409 until the first finished.)
+func TestTxSchemasDoNotShareLocks(t *testing.T) {
+	billing, payouts := newTxSchema(t), newTxSchema(t)
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	slow := newTx(t, billing, 2, nil).WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		close(entered)
+		<-release
+		return chargeTx(w, r, tx)
+	})
+	first := make(chan reply, 1)
+	go func() { first <- post(t, slow, "k", "x") }()
+	<-entered
+	other := post(t, newTx(t, payouts, 2, nil).WrapFunc(chargeTx), "k", "x")
+	close(release)
+	assert.Equal(t, http.StatusCreated, other.Status, "the other schema's key is its own")
+	assert.Equal(t, http.StatusCreated, (<-first).Status)
+	assert.Len(t, charges(t, billing, "k"), 1)
+	assert.Len(t, charges(t, payouts, "k"), 1)
+}
+
+// TestTxNeedsTheKeyTable: NewTxMiddleware refuses a database whose
+// search_path has no idemhttp_keys table, rather than scope its locks to
+// a table it cannot name.
+func TestTxNeedsTheKeyTable(t *testing.T) {
+	s := newSchema(t)
+	pool := s.pool(t, 1)
+	_, err := pool.Exec(context.Background(), "DROP TABLE idemhttp_keys")
+	require.NoError(t, err)
+	_, err = postgres.NewTxMiddleware(context.Background(), pool, &postgres.TxOptions{SingleTenant: true})
+	assert.ErrorContains(t, err, "Migrate")
+}

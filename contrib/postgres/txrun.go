@@ -42,12 +42,18 @@ const lookupTxSQL = `SELECT token, fingerprint, record FROM idemhttp_keys WHERE 
 
 const setIdleTimeoutSQL = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
 
-// advisoryKey is the advisory lock of a row key: its SHA-256's first 8
-// bytes. Two keys share a lock with odds of 2^-64 (then one of them
-// answers 409 while the other runs); an application's own advisory locks
-// on small integers never meet it.
-func advisoryKey(row []byte) int64 {
-	sum := sha256.Sum256(row)
+// advisoryKey is the advisory lock of a row key in table (its
+// schema-qualified name): the first 8 bytes of the SHA-256 of both.
+// Advisory locks are the database's, shared by every schema in it, so a
+// hash of the key alone made two applications in separate schemas block
+// each other (409) on the same key. Two keys share a lock with odds of
+// 2^-64 (then one of them answers 409 while the other runs); an
+// application's own advisory locks on small integers never meet it.
+func advisoryKey(table string, row []byte) int64 {
+	var buf [512]byte // most names and keys fit; longer ones spill to the heap
+	b := append(buf[:0], table...)
+	b = append(b, 0) // a quoted identifier holds no NUL
+	sum := sha256.Sum256(append(b, row...))
 	return int64(binary.BigEndian.Uint64(sum[:8]))
 }
 
@@ -123,7 +129,7 @@ func (h *txHandler) beginOnce(ctx context.Context, c *txClaim) (*txRun, claimOut
 		b.Queue(setIdleTimeoutSQL, h.m.idleTimeout)
 	}
 	if c != nil {
-		b.Queue(tryLockSQL, advisoryKey(c.row))
+		b.Queue(tryLockSQL, c.lock)
 		b.Queue(lookupTxSQL, c.row)
 	}
 	// On a pool, hold the connection itself, so that commit can pipeline
