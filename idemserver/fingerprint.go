@@ -21,13 +21,12 @@ import (
 // request differently on a retry is not refused with 422, while two
 // requests a Go handler would tell apart never share a fingerprint:
 //
-//   - method and escaped path, byte for byte;
-//   - the Host (r.Host, letter case ignored): the same key sent to another
-//     host name is another request, even when both names reach one server
-//     and share a store, since two services behind one store must never
-//     replay each other's responses. Behind a proxy that rewrites Host per
-//     instance, wrap this function with one that clears r.Host on a
-//     shallow copy of the request;
+//   - method and escaped path, byte for byte, but not the Host: a retry
+//     may reach another instance of the service under another name (a
+//     client balancing by address, a failover to another region's
+//     endpoint) and is still the same request. Services that must not
+//     share keys keep them apart in the store (a Redis Prefix, a
+//     PostgreSQL schema each), not by host name;
 //   - query parameters sorted by name (the values of one name keep their
 //     order) and decoded, so ?b=2&a=1 and ?a=1&b=2 are one query;
 //   - a JSON body (Content-Type application/json or any +json type) in a
@@ -58,24 +57,23 @@ func DefaultFingerprint(r *http.Request, body []byte) string {
 
 // fingerprintVersion says how a release's DefaultFingerprint was made.
 type fingerprintVersion struct {
-	host       bool // the Host is a part
 	foldNames  bool // JSON members sorted by case-folded name, equal ones in order
 	strictForm bool // only bodies that read as forms are split into fields
 }
 
 var (
 	// fingerprintV2 is DefaultFingerprint's.
-	fingerprintV2 = fingerprintVersion{host: true, foldNames: true, strictForm: true}
+	fingerprintV2 = fingerprintVersion{foldNames: true, strictForm: true}
 	// fingerprintV1 is that of the releases that first compared by
-	// meaning: no Host, members sorted by their bytes, any body that parsed
-	// as a form split into fields.
+	// meaning: members sorted by their bytes, any body that parsed as a
+	// form split into fields.
 	fingerprintV1 = fingerprintVersion{}
 )
 
 // previousFingerprint is the fingerprint of the releases before
-// DefaultFingerprint took the Host and encoding/json's name matching into
-// account; the middleware accepts it for records those releases stored,
-// so that an upgrade does not turn their retries into 422s for a TTL.
+// DefaultFingerprint took encoding/json's name matching into account; the
+// middleware accepts it for records those releases stored, so that an
+// upgrade does not turn their retries into 422s for a TTL.
 func previousFingerprint(r *http.Request, body []byte) string {
 	return fingerprint(r, body, fingerprintV1)
 }
@@ -84,17 +82,6 @@ func fingerprint(r *http.Request, body []byte, v fingerprintVersion) string {
 	var buf [512]byte // most request lines fit; longer ones spill to the heap
 	b := append(buf[:0], r.Method...)
 	b = append(b, 0)
-	if v.host {
-		// A host cannot hold NUL, so the part ends unambiguously.
-		for i := 0; i < len(r.Host); i++ {
-			c := r.Host[i]
-			if 'A' <= c && c <= 'Z' {
-				c += 'a' - 'A'
-			}
-			b = append(b, c)
-		}
-		b = append(b, 0)
-	}
 	b = append(b, r.URL.EscapedPath()...)
 	b = append(b, 0)
 	b = appendCanonicalQuery(b, r.URL.RawQuery)
@@ -102,11 +89,17 @@ func fingerprint(r *http.Request, body []byte, v fingerprintVersion) string {
 	// A raw body's part is its SHA-256 alone, as before canonical forms
 	// existed; a canonical one's is its SHA-256 and a byte naming the
 	// form. NUL cannot occur in the parts before, so the two never read
-	// alike.
+	// alike. The JSON form with folded names has a byte of its own, so
+	// that no request's fingerprint of one version is another request's
+	// of the other: the middleware accepts both.
 	switch mediaKind(r.Header.Get("Content-Type")) {
 	case kindJSON:
 		if sum, ok := canonicalJSONSum(body, v.foldNames); ok {
-			b = append(append(b, sum[:]...), 'j')
+			tag := byte('j')
+			if v.foldNames {
+				tag = 'J'
+			}
+			b = append(append(b, sum[:]...), tag)
 			return sumHex(b)
 		}
 	case kindForm:

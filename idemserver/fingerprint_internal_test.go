@@ -51,8 +51,8 @@ func TestLegacyFingerprintAccepted(t *testing.T) {
 }
 
 // TestPreviousFingerprintAccepted: a record stored by the release whose
-// fingerprint left out the Host and sorted names by their bytes still
-// matches its retry after an upgrade. (Checked to fail without
+// fingerprint sorted names by their bytes still matches its retry after
+// an upgrade. (Checked to fail without
 // olderFingerprint's check of it: 422.)
 func TestPreviousFingerprintAccepted(t *testing.T) {
 	body := `{"b":2,"a":{"B":1,"a":0}}`

@@ -59,12 +59,17 @@ func (r *Response) MarshalBinary() ([]byte, error) {
 // by the middleware, replacing r's contents; it copies what it keeps. It
 // refuses a truncated record, an unknown format and a status outside
 // 100-999, and allocates no more than the record's size, so a corrupt
-// record cannot crash the server. It also refuses the marker the
-// middleware stores for a response too large to keep (see
-// [Middleware].MaxStoredBody), which holds no response.
+// record cannot crash the server. The marker of a request that ran but
+// whose response was not kept ([NotReplayableRecord]) holds no response:
+// for it, UnmarshalBinary sets only Status (the handler's, 0 if unknown)
+// and returns an error wrapping [ErrResponseNotKept].
 func (r *Response) UnmarshalBinary(record []byte) error {
 	h := http.Header{}
 	status, body, err := parseRecord(record, h)
+	if errors.Is(err, errNotReplayable) {
+		*r = Response{Status: status}
+		return err
+	}
 	if err != nil {
 		return err
 	}
