@@ -63,13 +63,13 @@ func (rp *txReport) claim(o idemserver.ClaimOutcome, status int) {
 	}
 }
 
-func (rp *txReport) stored(status int) {
+func (rp *txReport) stored(status int, replayable bool) {
 	if rp.hk == nil {
 		return
 	}
 	rp.done = true
 	if rp.hk.OnStored != nil {
-		rp.hk.OnStored(rp.ctx, idemserver.StoredEvent{RequestEvent: rp.ev, Status: status, Replayable: true, Latency: time.Since(rp.answered)})
+		rp.hk.OnStored(rp.ctx, idemserver.StoredEvent{RequestEvent: rp.ev, Status: status, Replayable: replayable, Latency: time.Since(rp.answered)})
 	}
 }
 
@@ -109,13 +109,4 @@ func (rp *txReport) panicked() {
 	if !rp.done {
 		rp.released(idemserver.ReleasePanic, 0)
 	}
-}
-
-// recordStatus is the status of a stored response, 0 if it cannot be read.
-func recordStatus(record []byte) int {
-	var resp idemserver.Response
-	if resp.UnmarshalBinary(record) != nil {
-		return 0
-	}
-	return resp.Status
 }

@@ -23,14 +23,39 @@ import (
 // COMMIT take a round trip each.
 
 // The claim is the key's transaction-level advisory lock (a 64-bit hash
-// of the key), tried, never waited for: a duplicate of a running request
-// answers 409 at once, and neither waits on the runner's rows nor holds a
-// connection doing so. The key's row is written once, at the end, with the
-// response (storeTxSQL). A first version inserted a claim row at the start
-// under a short lock_timeout, then updated it with the response: twice the
-// row work, and under load the timeout also fired on unrelated waits
-// (relation extension), answering 409 for a free key.
-const tryLockSQL = `SELECT pg_try_advisory_xact_lock($1)`
+// of the key and its table), tried, never waited for: a duplicate of a
+// running request answers 409 at once, and neither waits on the runner's
+// rows nor holds a connection doing so. The key's row is written once, at
+// the end, with the response (storeTxSQL). A first version inserted a
+// claim row at the start under a short lock_timeout, then updated it with
+// the response: twice the row work, and under load the timeout also fired
+// on unrelated waits (relation extension), answering 409 for a free key.
+//
+// The same statement marks the transaction, so that the middleware can
+// tell, once the handler has returned, whether it is still the one it
+// began: a handler may end it (COMMIT or ROLLBACK through tx.Exec or its
+// Conn) and even begin another, and a record written then would commit
+// apart from the handler's writes. Two marks, both undone by PostgreSQL
+// when the transaction ends:
+//
+//   - idemhttp.claim, a setting local to the transaction, holding the
+//     claim's token, which a statement before the store compares;
+//   - default_transaction_read_only, set on locally (which changes nothing
+//     in this transaction: it is the default of the next ones), because
+//     PostgreSQL 14 and later report every change of it to the client
+//     (ParameterStatus), the end of the transaction included: so the
+//     connection knows at once, even when the handler left the
+//     transaction aborted, where no statement can ask. Where the report
+//     does not come (an older server, a pooler that drops it), the first
+//     mark serves alone.
+const txClaimSQL = `SELECT pg_try_advisory_xact_lock($1), set_config('idemhttp.claim', $2, true),
+	set_config('default_transaction_read_only', 'on', true)`
+
+// identitySQL fails (division_by_zero) unless the transaction is the
+// claim's: run first in the pipeline that stores the response, it keeps
+// the store and the COMMIT after it from running in a transaction the
+// handler began.
+const identitySQL = `SELECT 1 / coalesce(current_setting('idemhttp.claim', true) = $1, false)::int`
 
 // divisionByZero is SQLSTATE 22012, storeGuardSQL's "claim lost".
 const divisionByZero = "22012"
@@ -89,12 +114,50 @@ const (
 // errClaimLost: the claim's row was not there to store the response in.
 var errClaimLost = errors.New("claim lost")
 
+// errTxEnded: the transaction is not the claim's any more.
+var errTxEnded = errors.New("the handler ended the transaction")
+
 // txRun is one request's open transaction.
 type txRun struct {
 	tx     pgx.Tx
 	conn   *pgxpool.Conn // the pipelined path's connection, released at the end
-	lent   *handlerTx    // the handler's view of tx
+	pg     *pgconn.PgConn
+	lent   *handlerTx // the handler's view of tx
 	closed bool
+	// marked: the server reported the mark of txClaimSQL, so that its
+	// report's absence tells that the transaction ended.
+	marked bool
+}
+
+// escaped reports whether the transaction the claim began has ended,
+// the handler having sent a COMMIT or ROLLBACK itself. A connection that
+// died is not counted: the server rolled back, and the commit will say
+// that the outcome is unknown.
+//
+// An aborted transaction is not counted either: PostgreSQL undoes the
+// marks (and releases the locks) when the statement fails, not when the
+// transaction ends, so both marks are gone then whoever began it. Nothing
+// in it can commit; what could have committed before, in the one case
+// this misses (a handler that committed, began again and left the new
+// transaction aborted), is the handler's own doing.
+func (run *txRun) escaped() bool {
+	pg := run.pg
+	if pg == nil || pg.IsClosed() {
+		return false
+	}
+	switch pg.TxStatus() {
+	case 'I':
+		return true
+	case 'E':
+		return false
+	}
+	return run.marked && pg.ParameterStatus("default_transaction_read_only") != "on"
+}
+
+// aborted reports whether a statement failed in the transaction, which
+// can then only roll back.
+func (run *txRun) aborted() bool {
+	return run.pg != nil && !run.pg.IsClosed() && run.pg.TxStatus() == 'E'
 }
 
 type acquirer interface {
@@ -123,14 +186,30 @@ func (h *txHandler) begin(ctx context.Context, c *txClaim) (*txRun, claimOutcome
 }
 
 func (h *txHandler) beginOnce(ctx context.Context, c *txClaim) (*txRun, claimOutcome, idemserver.ClaimResult, error) {
+	if c != nil && h.m.lookupApart {
+		// Under SERIALIZABLE, a read of the key table in the request's
+		// transaction takes predicate locks on its index pages, which the
+		// other requests' records then write into: two requests with
+		// different keys were taken to conflict, and most of a busy
+		// server's requests failed with serialization errors (83% of 1600,
+		// 16 at a time). So the key is looked up first, at READ
+		// COMMITTED, in a round trip of its own. A run that commits
+		// between that lookup and the lock makes this one's store fail,
+		// and the lookup after its rollback finds the response.
+		if outcome, res, err := h.recheck(ctx, c); err != nil || outcome != claimRun {
+			return nil, outcome, res, err
+		}
+	}
 	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
+	b.BeginTx(pgx.TxOptions{IsoLevel: h.m.isoLevel})
 	if h.m.idleTimeout != "" {
 		b.Queue(setIdleTimeoutSQL, h.m.idleTimeout)
 	}
 	if c != nil {
-		b.Queue(tryLockSQL, c.lock)
-		b.Queue(lookupTxSQL, c.row)
+		b.Queue(txClaimSQL, c.lock, c.Token)
+		if !h.m.lookupApart {
+			b.Queue(lookupTxSQL, c.row)
+		}
 	}
 	// On a pool, hold the connection itself, so that commit can pipeline
 	// the response and COMMIT and then release it.
@@ -164,9 +243,14 @@ func (h *txHandler) beginOnce(ctx context.Context, c *txClaim) (*txRun, claimOut
 		}
 		return nil, outcome, res, err
 	}
-	return &txRun{tx: tx, conn: conn}, claimRun, idemserver.ClaimResult{State: idemserver.Claimed}, nil
+	run := &txRun{tx: tx, conn: conn, pg: tx.Conn().PgConn()}
+	if c != nil {
+		run.marked = run.pg.ParameterStatus("default_transaction_read_only") == "on" && !h.m.noReport
+	}
+	return run, claimRun, idemserver.ClaimResult{State: idemserver.Claimed}, nil
 }
 
+// readBegin reads the results of beginOnce's batch: what the claim found.
 func (h *txHandler) readBegin(br pgx.BatchResults, c *txClaim) (idemserver.ClaimResult, claimOutcome, error) {
 	if _, err := br.Exec(); err != nil { // BEGIN
 		return idemserver.ClaimResult{}, 0, err
@@ -179,9 +263,18 @@ func (h *txHandler) readBegin(br pgx.BatchResults, c *txClaim) (idemserver.Claim
 	if c == nil {
 		return idemserver.ClaimResult{}, claimRun, nil
 	}
-	var locked bool
-	if err := br.QueryRow().Scan(&locked); err != nil {
+	var (
+		locked    bool
+		token, ro string
+	)
+	if err := br.QueryRow().Scan(&locked, &token, &ro); err != nil {
 		return idemserver.ClaimResult{}, 0, err
+	}
+	if h.m.lookupApart {
+		if !locked {
+			return idemserver.ClaimResult{State: idemserver.InProgress}, claimBusy, nil
+		}
+		return idemserver.ClaimResult{State: idemserver.Claimed}, claimRun, nil
 	}
 	res, outcome, err := readLookup(br.QueryRow(), c.Token)
 	if err == nil && !locked {
@@ -190,6 +283,36 @@ func (h *txHandler) readBegin(br pgx.BatchResults, c *txClaim) (idemserver.Claim
 		return idemserver.ClaimResult{State: idemserver.InProgress}, claimBusy, nil
 	}
 	return res, outcome, err
+}
+
+// recheckBatch is lookupTxSQL in a transaction of its own, READ COMMITTED
+// whatever the server's default, so that it sees every row committed by
+// the time it runs.
+var recheckBatch = []string{"BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY", lookupTxSQL, "COMMIT"}
+
+// recheck looks the key up afresh, after the request's transaction has
+// rolled back: what a new claim of it would find, short of taking it.
+func (h *txHandler) recheck(ctx context.Context, c *txClaim) (claimOutcome, idemserver.ClaimResult, error) {
+	var (
+		outcome claimOutcome
+		res     idemserver.ClaimResult
+	)
+	err := retry(ctx, func() error {
+		b := &pgx.Batch{}
+		b.Queue(recheckBatch[0])
+		b.Queue(recheckBatch[1], c.row)
+		b.Queue(recheckBatch[2])
+		br := h.m.db.SendBatch(ctx, b)
+		_, err := br.Exec()
+		if err == nil {
+			res, outcome, err = readLookup(br.QueryRow(), c.Token)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
+	return outcome, res, err
 }
 
 // readLookup reads lookupTxSQL's row.
@@ -244,6 +367,14 @@ func (run *txRun) commit(ctx context.Context, c *txClaim, record []byte, ttl tim
 		return err
 	}
 	if run.conn == nil {
+		if _, err := run.tx.Exec(ctx, identitySQL, c.Token); err != nil {
+			run.rollback(ctx)
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == divisionByZero {
+				return errTxEnded
+			}
+			return err
+		}
 		tag, err := run.tx.Exec(ctx, storeTxSQL, c.row, []byte(c.Token), []byte(c.fingerprint), record, ttl)
 		switch {
 		case err != nil:
@@ -261,10 +392,25 @@ func (run *txRun) commit(ctx context.Context, c *txClaim, record []byte, ttl tim
 	// behind unclosed; the handler's view of it is closed, and the
 	// connection goes back to the pool only if the session is idle.
 	b := &pgx.Batch{}
+	if !run.marked {
+		// Without the server's report, ask (see txClaimSQL).
+		b.Queue(identitySQL, c.Token)
+	}
 	b.Queue(storeGuardSQL, c.row, []byte(c.Token), []byte(c.fingerprint), record, ttl)
 	b.Queue("COMMIT")
 	br := run.conn.SendBatch(ctx, b)
-	_, err := br.Exec()
+	var err error
+	if !run.marked {
+		if _, err = br.Exec(); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == divisionByZero {
+				err = errTxEnded
+			}
+		}
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
 	var tag pgconn.CommandTag
 	if err == nil {
 		tag, err = br.Exec()
@@ -365,6 +511,11 @@ func (t *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.R
 	return t.tx.QueryRow(ctx, sql, args...)
 }
 
+// Conn returns the transaction's connection, which pgx's helpers need
+// (its type map, for one). What goes through it is the handler's
+// responsibility; a COMMIT or ROLLBACK sent there is found all the same
+// once the handler returns (see TxMiddleware), and the connection goes
+// back to the pool only when the request ends.
 func (t *handlerTx) Conn() *pgx.Conn { return t.tx.Conn() }
 
 type errRow struct{}
