@@ -263,11 +263,8 @@ func (h *txHandler) readBegin(br pgx.BatchResults, c *txClaim) (idemserver.Claim
 	if c == nil {
 		return idemserver.ClaimResult{}, claimRun, nil
 	}
-	var (
-		locked    bool
-		token, ro string
-	)
-	if err := br.QueryRow().Scan(&locked, &token, &ro); err != nil {
+	var locked bool
+	if err := br.QueryRow().Scan(&locked, nil, nil); err != nil { // the marks' values are not needed
 		return idemserver.ClaimResult{}, 0, err
 	}
 	if h.m.lookupApart {
