@@ -505,6 +505,7 @@ func TestHeaderRulesIgnoreSpelling(t *testing.T) {
 			w.WriteHeader(http.StatusCreated)
 		}))
 	first := serve(h, req{key: "k1"})
+	//lint:ignore SA1008 the non-canonical name is the point
 	require.Equal(t, []string{"session=s3cr3t"}, first.Header()["set-cookie"], "the first response is the handler's")
 	replay := serve(h, req{key: "k1"})
 	require.Equal(t, "true", replay.Header().Get(idemserver.ReplayedHeader))
