@@ -552,7 +552,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeK
 	sctx, cancel := h.finishing(ctx, rec.renewal.stop())
 	defer cancel()
 
-	if !rec.wroteHeader && r.Context().Err() != nil {
+	if !rec.wroteHeader && !rec.hijacked && r.Context().Err() != nil {
 		// The handler gave up on a cancelled request without answering:
 		// storing net/http's implicit empty 200 would replay a success
 		// that never happened, for a whole TTL.

@@ -1,11 +1,14 @@
 package idemserver_test
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -560,4 +563,35 @@ func TestExtremeLimits(t *testing.T) {
 			})
 		}
 	}
+}
+
+// hijackRecorder is a ResponseRecorder whose connection can be hijacked:
+// one end of a pipe, the other end closed.
+type hijackRecorder struct{ *httptest.ResponseRecorder }
+
+func (h hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, other := net.Pipe()
+	_ = other.Close()
+	return c, bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c)), nil
+}
+
+// TestHijackWithCancelledContext: a handler that takes the connection
+// while its request's context is done has run all the same; its key is
+// kept, not released as that of a handler that gave up without answering.
+// (Checked to fail with the cancellation check before the hijack's: the
+// retry ran the handler again.)
+func TestHijackWithCancelledContext(t *testing.T) {
+	var calls atomic.Int64
+	h := (&idemserver.Middleware{SingleTenant: true}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		calls.Add(1)
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	h.ServeHTTP(hijackRecorder{httptest.NewRecorder()}, req{key: "k1"}.build().WithContext(ctx))
+	retry := serve(h, req{key: "k1"})
+	assert.Equal(t, http.StatusGone, retry.Code)
+	assert.Equal(t, int64(1), calls.Load())
 }
