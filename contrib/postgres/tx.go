@@ -267,12 +267,11 @@ type TxOptions struct {
 // all the same, and a record written after it would commit apart from the
 // handler's writes: a ROLLBACK would leave a stored 201 for a charge that
 // does not exist, a COMMIT the charge without its record. The middleware
-// marks the transaction when it begins it and checks the mark once the
-// handler has returned, on the connection itself: its transaction state,
-// the server's report of the end of the transaction (PostgreSQL 14 and
-// later report default_transaction_read_only, which the mark sets for
-// the rest of the transaction only), and, where that report does not come,
-// a transaction-local setting the statement before the record compares.
+// reads the transaction's start time when it claims the key, and once the
+// handler has returned it checks, on the connection itself, that a
+// transaction is open and that it is the one begun then: the statement
+// that stores the record compares the start time first (in the same round
+// trip), and so does the one that goes with a rollback.
 // A handler found to have ended the transaction gets 500 ([TypeTxEnded]),
 // and since some of its writes may have committed, its key is kept as
 // completed but not replayable: a retry gets 410
@@ -280,7 +279,7 @@ type TxOptions struct {
 // not told apart: a handler that commits, begins a new transaction and
 // leaves that one aborted by a failed statement is taken for one whose
 // statement failed (500, [TypeRolledBack], the key free), since
-// PostgreSQL undoes the marks when a statement fails.
+// PostgreSQL answers no statement in an aborted transaction.
 //
 // # Why the claim is not committed first
 //
@@ -338,9 +337,6 @@ type TxMiddleware struct {
 
 	// at, when set (by tests), is called at each step of a request.
 	at func(step string)
-	// noReport, when set (by tests), ignores the server's report of the
-	// end of the transaction, as if it had not come (see txClaimSQL).
-	noReport bool
 }
 
 // NewTxMiddleware returns a TxMiddleware on db, which must be the primary:

@@ -161,15 +161,16 @@ func TestTxNeedsTheKeyTable(t *testing.T) {
 // committed without the record, its key is kept as completed but not
 // replayable: a retry gets 410 and never runs it again. Each case runs on
 // both of the middleware's paths (a pool, whose store rides with COMMIT;
-// another DB) and with and without the server's report of the
-// transaction's end.
+// another DB).
 //
-// Checked to fail (1) with the check after the handler removed: the
-// ROLLBACK case stored and sent 201 with no charge, and the COMMIT cases
-// stored their record in a transaction of its own; (2) with the report
-// ignored and the statement that asks (identitySQL) removed: "COMMIT;
-// BEGIN" committed the record apart from the charge; (3) with the key left
-// free instead of kept: the retry charged a second time.
+// Checked to fail (1) with the connection's transaction state not
+// checked: the ROLLBACK case stored and sent 201 with no charge, and the
+// COMMIT cases stored their record in a transaction of its own; (2) with
+// the transaction's start time not compared (storeGuardSQL's first column,
+// sameTxSQL): "COMMIT; BEGIN" and "BEGIN through Conn" committed the
+// record apart from the charge, and "COMMIT; BEGIN, then an error" freed
+// the key; (3) with the key left free instead of kept: the retry charged a
+// second time.
 func TestTxHandlerEndsTheTransaction(t *testing.T) {
 	tests := []struct {
 		name        string
@@ -226,35 +227,41 @@ func TestTxHandlerEndsTheTransaction(t *testing.T) {
 			w.WriteHeader(http.StatusBadGateway)
 			return nil
 		}, 1},
+		{"COMMIT and BEGIN, then an error", func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+			_ = chargeTx(httptest.NewRecorder(), r, tx)
+			_, _ = tx.Exec(r.Context(), "COMMIT; BEGIN")
+			return errors.New("failed after all")
+		}, 1},
+		{"COMMIT and BEGIN, then a 409", func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+			_ = chargeTx(httptest.NewRecorder(), r, tx)
+			_, _ = tx.Exec(r.Context(), "COMMIT; BEGIN")
+			w.WriteHeader(http.StatusConflict)
+			return nil
+		}, 1},
 	}
 	for _, path := range []string{"pool", "other DB"} {
-		for _, report := range []bool{true, false} {
-			for _, tt := range tests {
-				t.Run(fmt.Sprintf("%s/report=%v/%s", path, report, tt.name), func(t *testing.T) {
-					s := newTxSchema(t)
-					var db postgres.DB = s.pool(t, 2)
-					if path != "pool" {
-						db = plainDB{db}
-					}
-					m, err := postgres.NewTxMiddleware(context.Background(), db, &postgres.TxOptions{SingleTenant: true, Logger: discardLogger()})
-					require.NoError(t, err)
-					if !report {
-						postgres.IgnoreTxReport(m)
-					}
-					got := post(t, m.WrapFunc(tt.give), "k", "x")
-					assert.Equal(t, http.StatusInternalServerError, got.Status)
-					assert.Contains(t, got.Body, postgres.TypeTxEnded)
-					assert.Len(t, charges(t, s, "k"), tt.wantCharges)
+		for _, tt := range tests {
+			t.Run(path+"/"+tt.name, func(t *testing.T) {
+				s := newTxSchema(t)
+				var db postgres.DB = s.pool(t, 2)
+				if path != "pool" {
+					db = plainDB{db}
+				}
+				m, err := postgres.NewTxMiddleware(context.Background(), db, &postgres.TxOptions{SingleTenant: true, Logger: discardLogger()})
+				require.NoError(t, err)
+				got := post(t, m.WrapFunc(tt.give), "k", "x")
+				assert.Equal(t, http.StatusInternalServerError, got.Status)
+				assert.Contains(t, got.Body, postgres.TypeTxEnded)
+				assert.Len(t, charges(t, s, "k"), tt.wantCharges)
 
-					retry := post(t, m.WrapFunc(chargeTx), "k", "x")
-					assert.Equal(t, http.StatusGone, retry.Status, "the key is kept: %s", retry.Body)
-					assert.Contains(t, retry.Body, idemserver.TypeNotReplayable)
-					assert.Len(t, charges(t, s, "k"), tt.wantCharges, "the retry ran nothing")
+				retry := post(t, m.WrapFunc(chargeTx), "k", "x")
+				assert.Equal(t, http.StatusGone, retry.Status, "the key is kept: %s", retry.Body)
+				assert.Contains(t, retry.Body, idemserver.TypeNotReplayable)
+				assert.Len(t, charges(t, s, "k"), tt.wantCharges, "the retry ran nothing")
 
-					// The middleware's own connection is sound afterwards.
-					assert.Equal(t, http.StatusCreated, post(t, m.WrapFunc(chargeTx), "k2", "x").Status)
-				})
-			}
+				// The middleware's own connection is sound afterwards.
+				assert.Equal(t, http.StatusCreated, post(t, m.WrapFunc(chargeTx), "k2", "x").Status)
+			})
 		}
 	}
 }

@@ -31,34 +31,36 @@ import (
 // the response: twice the row work, and under load the timeout also fired
 // on unrelated waits (relation extension), answering 409 for a free key.
 //
-// The same statement marks the transaction, so that the middleware can
-// tell, once the handler has returned, whether it is still the one it
-// began: a handler may end it (COMMIT or ROLLBACK through tx.Exec or its
-// Conn) and even begin another, and a record written then would commit
-// apart from the handler's writes. Two marks, both undone by PostgreSQL
-// when the transaction ends:
-//
-//   - idemhttp.claim, a setting local to the transaction, holding the
-//     claim's token, which a statement before the store compares;
-//   - default_transaction_read_only, set on locally (which changes nothing
-//     in this transaction: it is the default of the next ones), because
-//     PostgreSQL 14 and later report every change of it to the client
-//     (ParameterStatus), the end of the transaction included: so the
-//     connection knows at once, even when the handler left the
-//     transaction aborted, where no statement can ask. Where the report
-//     does not come (an older server, a pooler that drops it), the first
-//     mark serves alone.
-const txClaimSQL = `SELECT pg_try_advisory_xact_lock($1), set_config('idemhttp.claim', $2, true),
-	set_config('default_transaction_read_only', 'on', true)`
+// The same statement reads the transaction's start time
+// (transaction_timestamp()), which names the transaction on its
+// connection: a handler may end it (COMMIT or ROLLBACK through tx.Exec or
+// its Conn) and even begin another, and a record written then would commit
+// apart from the handler's writes. The statement that writes the record
+// (storeGuardSQL) compares it first, and so does the one that goes with a
+// rollback (sameTxSQL), to tell a handler that ended the transaction from
+// one that failed. A transaction the handler began later starts later: at
+// least a round trip after this statement answered. The check costs
+// nothing more than this column and a parameter: a first version marked
+// the transaction with two settings (one of them reported by the server
+// when it changes, the end of the transaction included), which cost a
+// dozen allocations and two protocol messages per request.
+const txClaimSQL = `SELECT pg_try_advisory_xact_lock($1), ` + txStartSQL
 
-// identitySQL fails (division_by_zero) unless the transaction is the
-// claim's: run first in the pipeline that stores the response, it keeps
-// the store and the COMMIT after it from running in a transaction the
-// handler began.
-const identitySQL = `SELECT 1 / coalesce(current_setting('idemhttp.claim', true) = $1, false)::int`
+// txStartSQL is the transaction's start in microseconds since 1970, a
+// bigint: cheaper to read and send back than a timestamptz (no scan or
+// encode plan per request), and computed the same way each time.
+const txStartSQL = `(extract(epoch FROM transaction_timestamp()) * 1000000)::bigint`
+
+// sameTxSQL reads whether the connection's transaction is the claim's,
+// begun at $1 (txStartSQL).
+const sameTxSQL = `SELECT ` + txStartSQL + ` = $1`
 
 // divisionByZero is SQLSTATE 22012, storeGuardSQL's "claim lost".
 const divisionByZero = "22012"
+
+// numericOutOfRange is SQLSTATE 22003, storeGuardSQL's "not the claim's
+// transaction".
+const numericOutOfRange = "22003"
 
 // lookupTxSQL reads the key's live row, if any: a completed response to
 // replay, or a claim committed by a [Store] sharing the table. An expired
@@ -94,13 +96,16 @@ ON CONFLICT (key) DO UPDATE
 SET token = excluded.token, fingerprint = excluded.fingerprint, record = excluded.record, expires_at = excluded.expires_at
 WHERE k.expires_at <= now()`
 
-// storeGuardSQL is storeTxSQL for a pipeline with COMMIT: it fails
-// (division_by_zero) unless it wrote the row, which aborts the
-// transaction, so the COMMIT queued after it cannot commit the business
-// write without its record.
+// storeGuardSQL is storeTxSQL for a pipeline with COMMIT: it fails unless
+// the transaction is the claim's, the one begun at $6 (the largest integer
+// plus one: numeric_value_out_of_range), and unless it wrote the row
+// (division_by_zero: the claim is lost). Either failure aborts the
+// transaction, so the COMMIT queued after it can commit neither the
+// business write without its record nor the record in a transaction the
+// handler began.
 const storeGuardSQL = `
 WITH stored AS (` + storeTxSQL + ` RETURNING 1)
-SELECT 1 / count(*) FROM stored`
+SELECT 2147483647 + (` + txStartSQL + ` <> $6)::int, 1 / count(*) FROM stored`
 
 // outcome of begin: what to do with the request.
 type claimOutcome int
@@ -124,34 +129,62 @@ type txRun struct {
 	pg     *pgconn.PgConn
 	lent   *handlerTx // the handler's view of tx
 	closed bool
-	// marked: the server reported the mark of txClaimSQL, so that its
-	// report's absence tells that the transaction ended.
-	marked bool
+	began  int64 // the transaction's start (txStartSQL), for a keyed run; 0 without a key
 }
 
-// escaped reports whether the transaction the claim began has ended,
-// the handler having sent a COMMIT or ROLLBACK itself. A connection that
-// died is not counted: the server rolled back, and the commit will say
-// that the outcome is unknown.
-//
-// An aborted transaction is not counted either: PostgreSQL undoes the
-// marks (and releases the locks) when the statement fails, not when the
-// transaction ends, so both marks are gone then whoever began it. Nothing
-// in it can commit; what could have committed before, in the one case
-// this misses (a handler that committed, began again and left the new
-// transaction aborted), is the handler's own doing.
+// escaped reports whether the connection is outside any transaction, so
+// that the handler ended the claim's itself. (One it began anew after is
+// found by the statements that compare began.) A connection that died is
+// not counted: the server rolled back, and the commit will say that the
+// outcome is unknown.
 func (run *txRun) escaped() bool {
 	pg := run.pg
-	if pg == nil || pg.IsClosed() {
+	return pg != nil && !pg.IsClosed() && pg.TxStatus() == 'I'
+}
+
+// end rolls the run back and reports whether the handler had ended the
+// claim's transaction itself: the connection outside any transaction, or
+// in one begun later. A transaction found aborted is taken for the
+// claim's: PostgreSQL answers no statement in it, so a handler that
+// committed, began again and left the new transaction aborted is not told
+// from one whose statement failed. On a pool the check rides with the
+// ROLLBACK, in its round trip.
+func (run *txRun) end(ctx context.Context) (ended bool) {
+	if run.closed {
 		return false
 	}
-	switch pg.TxStatus() {
-	case 'I':
+	pg := run.pg
+	switch {
+	case pg == nil || pg.IsClosed():
+		run.rollback(ctx)
+		return false
+	case pg.TxStatus() == 'I':
+		run.rollback(ctx)
 		return true
-	case 'E':
+	case pg.TxStatus() == 'E' || run.began == 0: // aborted, or a run without a key
+		run.rollback(ctx)
 		return false
 	}
-	return run.marked && pg.ParameterStatus("default_transaction_read_only") != "on"
+	var same bool
+	if run.conn == nil {
+		err := run.tx.QueryRow(ctx, sameTxSQL, run.began).Scan(&same)
+		run.rollback(ctx)
+		return err == nil && !same
+	}
+	run.closed = true
+	run.lent.close()
+	b := &pgx.Batch{}
+	b.Queue(sameTxSQL, run.began)
+	b.Queue("ROLLBACK")
+	br := run.conn.SendBatch(ctx, b)
+	err := br.QueryRow().Scan(&same)
+	_, _ = br.Exec()
+	_ = br.Close()
+	if pg.TxStatus() != 'I' {
+		_, _ = run.conn.Exec(ctx, "ROLLBACK") // or the connection is destroyed on release, which ends it too
+	}
+	run.conn.Release()
+	return err == nil && !same
 }
 
 // aborted reports whether a statement failed in the transaction, which
@@ -206,7 +239,7 @@ func (h *txHandler) beginOnce(ctx context.Context, c *txClaim) (*txRun, claimOut
 		b.Queue(setIdleTimeoutSQL, h.m.idleTimeout)
 	}
 	if c != nil {
-		b.Queue(txClaimSQL, c.lock, c.Token)
+		b.Queue(txClaimSQL, c.lock)
 		if !h.m.lookupApart {
 			b.Queue(lookupTxSQL, c.row)
 		}
@@ -227,7 +260,8 @@ func (h *txHandler) beginOnce(ctx context.Context, c *txClaim) (*txRun, claimOut
 		br = h.m.db.SendBatch(ctx, b)
 	}
 	tx := br.Tx()
-	res, outcome, err := h.readBegin(br, c)
+	var began int64
+	res, outcome, err := h.readBegin(br, c, &began)
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
@@ -243,15 +277,12 @@ func (h *txHandler) beginOnce(ctx context.Context, c *txClaim) (*txRun, claimOut
 		}
 		return nil, outcome, res, err
 	}
-	run := &txRun{tx: tx, conn: conn, pg: tx.Conn().PgConn()}
-	if c != nil {
-		run.marked = run.pg.ParameterStatus("default_transaction_read_only") == "on" && !h.m.noReport
-	}
-	return run, claimRun, idemserver.ClaimResult{State: idemserver.Claimed}, nil
+	return &txRun{tx: tx, conn: conn, pg: tx.Conn().PgConn(), began: began}, claimRun, idemserver.ClaimResult{State: idemserver.Claimed}, nil
 }
 
-// readBegin reads the results of beginOnce's batch: what the claim found.
-func (h *txHandler) readBegin(br pgx.BatchResults, c *txClaim) (idemserver.ClaimResult, claimOutcome, error) {
+// readBegin reads the results of beginOnce's batch: what the claim found,
+// and the transaction's start into began.
+func (h *txHandler) readBegin(br pgx.BatchResults, c *txClaim, began *int64) (idemserver.ClaimResult, claimOutcome, error) {
 	if _, err := br.Exec(); err != nil { // BEGIN
 		return idemserver.ClaimResult{}, 0, err
 	}
@@ -264,7 +295,7 @@ func (h *txHandler) readBegin(br pgx.BatchResults, c *txClaim) (idemserver.Claim
 		return idemserver.ClaimResult{}, claimRun, nil
 	}
 	var locked bool
-	if err := br.QueryRow().Scan(&locked, nil, nil); err != nil { // the marks' values are not needed
+	if err := br.QueryRow().Scan(&locked, began); err != nil {
 		return idemserver.ClaimResult{}, 0, err
 	}
 	if h.m.lookupApart {
@@ -364,11 +395,11 @@ func (run *txRun) commit(ctx context.Context, c *txClaim, record []byte, ttl tim
 		return err
 	}
 	if run.conn == nil {
-		if _, err := run.tx.Exec(ctx, identitySQL, c.Token); err != nil {
+		var same bool
+		if err := run.tx.QueryRow(ctx, sameTxSQL, run.began).Scan(&same); err != nil || !same {
 			run.rollback(ctx)
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == divisionByZero {
-				return errTxEnded
+			if err == nil {
+				err = errTxEnded
 			}
 			return err
 		}
@@ -389,25 +420,10 @@ func (run *txRun) commit(ctx context.Context, c *txClaim, record []byte, ttl tim
 	// behind unclosed; the handler's view of it is closed, and the
 	// connection goes back to the pool only if the session is idle.
 	b := &pgx.Batch{}
-	if !run.marked {
-		// Without the server's report, ask (see txClaimSQL).
-		b.Queue(identitySQL, c.Token)
-	}
-	b.Queue(storeGuardSQL, c.row, []byte(c.Token), []byte(c.fingerprint), record, ttl)
+	b.Queue(storeGuardSQL, c.row, []byte(c.Token), []byte(c.fingerprint), record, ttl, run.began)
 	b.Queue("COMMIT")
 	br := run.conn.SendBatch(ctx, b)
-	var err error
-	if !run.marked {
-		if _, err = br.Exec(); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == divisionByZero {
-				err = errTxEnded
-			}
-		}
-	}
-	if err == nil {
-		_, err = br.Exec()
-	}
+	_, err := br.Exec()
 	var tag pgconn.CommandTag
 	if err == nil {
 		tag, err = br.Exec()
@@ -421,6 +437,8 @@ func (run *txRun) commit(ctx context.Context, c *txClaim, record []byte, ttl tim
 		err = &pgconn.PgError{Severity: "ERROR", Code: "40000", Message: "COMMIT answered " + tag.String()}
 	case errors.As(err, &pgErr) && pgErr.Code == divisionByZero:
 		err = errClaimLost
+	case errors.As(err, &pgErr) && pgErr.Code == numericOutOfRange:
+		err = errTxEnded
 	}
 	if err != nil && run.conn.Conn().PgConn().TxStatus() != 'I' {
 		// Still in the (aborted) transaction: end it, or the connection

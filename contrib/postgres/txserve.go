@@ -91,11 +91,10 @@ func (h *txHandler) runOnce(ctx context.Context, w http.ResponseWriter, r *http.
 		if run.closed {
 			return // committed or rolled back, and reported
 		}
-		if run.escaped() {
+		if run.end(ctx) {
 			h.markEnded(ctx, run, c, 0, rep)
 			return
 		}
-		run.rollback(ctx)
 		rep.panicked()
 	}()
 	buf := &txWriter{header: make(http.Header), limit: m.maxStored}
@@ -103,17 +102,24 @@ func (h *txHandler) runOnce(ctx context.Context, w http.ResponseWriter, r *http.
 	run.lent.close() // nothing more through it, from a goroutine the handler left either
 	h.step("handler")
 	status := buf.finalStatus()
-	if run.escaped() {
-		// The handler ended the transaction itself (COMMIT or ROLLBACK,
-		// through the transaction or its connection), whatever it then
-		// returned or answered: what it committed is unknown.
-		h.markEnded(ctx, run, c, status, rep)
-		m.writeError(w, r, problemTxEnded(key))
-		return false
+	commit := status < 500
+	if c != nil {
+		commit = m.shouldStore(status)
+	}
+	aborted := run.aborted()
+	if herr != nil || buf.overflow || buf.switched || !commit || aborted || run.escaped() {
+		if run.end(ctx) {
+			// The handler ended the transaction itself (COMMIT or
+			// ROLLBACK, through the transaction or its connection),
+			// whatever it then returned or answered: what it committed
+			// is unknown.
+			h.markEnded(ctx, run, c, status, rep)
+			m.writeError(w, r, problemTxEnded(key))
+			return false
+		}
 	}
 	switch {
 	case herr != nil:
-		run.rollback(ctx)
 		if again, done := h.afterRollback(ctx, w, r, c, rep, herr, canRetry); done {
 			return again
 		}
@@ -122,7 +128,6 @@ func (h *txHandler) runOnce(ctx context.Context, w http.ResponseWriter, r *http.
 		rep.released(idemserver.ReleaseRolledBack, status)
 		return false
 	case buf.overflow:
-		run.rollback(ctx)
 		m.logger.ErrorContext(ctx, "idemhttp/postgres: response too large to store; rolled back", "key", key, "limit", m.maxStored)
 		m.writeError(w, r, problemResponseTooLarge(key, m.maxStored))
 		rep.released(idemserver.ReleaseNotStorable, status)
@@ -130,15 +135,13 @@ func (h *txHandler) runOnce(ctx context.Context, w http.ResponseWriter, r *http.
 	case buf.switched:
 		// Nothing may reach the client before the commit, and a switch of
 		// protocols cannot be stored: roll back, so that nothing ran.
-		run.rollback(ctx)
 		m.logger.ErrorContext(ctx, "idemhttp/postgres: handler answered 101 Switching Protocols, which cannot wait for the commit; rolled back", "key", key)
 		m.writeError(w, r, problemRolledBack(key))
 		rep.released(idemserver.ReleaseNotStorable, http.StatusSwitchingProtocols)
 		return false
-	case run.aborted():
+	case aborted && commit:
 		// A statement failed and the handler answered anyway: nothing
-		// can commit.
-		run.rollback(ctx)
+		// could commit.
 		if again, done := h.afterRollback(ctx, w, r, c, rep, errAborted, false); done {
 			return again
 		}
@@ -146,15 +149,9 @@ func (h *txHandler) runOnce(ctx context.Context, w http.ResponseWriter, r *http.
 		m.writeError(w, r, problemRolledBack(key))
 		rep.released(idemserver.ReleaseRolledBack, status)
 		return false
-	}
-	commit := status < 500
-	if c != nil {
-		commit = m.shouldStore(status)
-	}
-	if !commit {
+	case !commit:
 		// Not stored, so a retry runs the request again: its writes must
 		// not stay.
-		run.rollback(ctx)
 		buf.send(w, nil)
 		if status >= 500 {
 			rep.released(idemserver.ReleaseServerError, status)
@@ -168,7 +165,11 @@ func (h *txHandler) runOnce(ctx context.Context, w http.ResponseWriter, r *http.
 		var err error
 		record, err = (&idemserver.Response{Status: status, Header: storedHeader(buf.header), Body: buf.body}).MarshalBinary()
 		if err != nil { // a status outside 100-999: net/http would panic on it
-			run.rollback(ctx)
+			if run.end(ctx) {
+				h.markEnded(ctx, run, c, status, rep)
+				m.writeError(w, r, problemTxEnded(key))
+				return false
+			}
 			m.logger.ErrorContext(ctx, "idemhttp/postgres: response not storable; rolled back", "key", key, "error", err)
 			m.writeError(w, r, problemRolledBack(key))
 			rep.released(idemserver.ReleaseNotStorable, status)
