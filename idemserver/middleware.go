@@ -619,7 +619,14 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeK
 // lock timeout from now. Past that deadline no Complete can succeed
 // anyway, and a store that hangs must not hold a finished response (whose
 // last bytes net/http sends when the handler returns) for ever.
+//
+// The memory store's methods never wait but for its mutexes, so its calls
+// get no deadline: a context with one arms a runtime timer per request,
+// which the renewer's design measured at 7% of a loopback round trip.
 func (h *handler) finishing(ctx context.Context, expires time.Time) (context.Context, context.CancelFunc) {
+	if _, ok := h.store.(*MemoryStore); ok {
+		return ctx, func() {}
+	}
 	deadline := expires
 	if floor := time.Now().Add(h.lockTimeout / 10); deadline.Before(floor) {
 		deadline = floor
