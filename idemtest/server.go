@@ -81,7 +81,10 @@ type Options struct {
 // or operation / metadata[operation] field (form), else its idempotency
 // key, else "". Side effects are counted per operation, and fault decisions
 // are made per operation (see [Faults]). Keys are scoped by the
-// Authorization header, so two API keys never share idempotency keys.
+// Authorization header, so two API keys never share idempotency keys;
+// requests without one share a scope of their own, "anonymous" (a test
+// server's choice: a real one authenticates first, and idemserver refuses
+// a request its Principal cannot name).
 //
 // A Server is safe for concurrent use. Close it when done.
 type Server struct {
@@ -157,7 +160,7 @@ func newServer(opts *Options, slowHook func()) *Server {
 	}
 	mw := &idemserver.Middleware{
 		Store:       store,
-		Principal:   func(r *http.Request) string { return r.Header.Get("Authorization") },
+		Principal:   principal,
 		Required:    opts.RequireKey,
 		KeyForm:     opts.KeyForm,
 		TTL:         opts.TTL,
@@ -548,4 +551,14 @@ func retryAfterValue(d time.Duration) string {
 		return "0"
 	}
 	return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
+}
+
+// principal scopes a request's keys by its Authorization header, or
+// "anonymous" without one; the prefix keeps an Authorization value from
+// ever reading "anonymous".
+func principal(r *http.Request) string {
+	if a := r.Header.Get("Authorization"); a != "" {
+		return "auth:" + a
+	}
+	return "anonymous"
 }

@@ -63,7 +63,17 @@
 // The tables (idemhttp_keys and idemhttp_journal) go into the first schema
 // on the connection's search_path: to keep two applications apart in one
 // database, give each a schema and set search_path in its connection
-// string (?search_path=billing).
+// string (?search_path=billing). Their keys, claims and locks never meet:
+// TxMiddleware's advisory locks, which belong to the whole database, are
+// taken on a hash of the key and of its table's schema-qualified name.
+//
+// TxMiddleware works at every isolation level ([TxOptions].IsoLevel, or the
+// server's default): a duplicate gets the stored response or 409, never a
+// 500, and a transaction that fails with a serialization failure or a
+// deadlock is answered 503 with Retry-After, its key free, or run again
+// ([TxOptions].SerializationRetries). A handler that ends the transaction
+// itself (COMMIT or ROLLBACK as a statement) never gets a 2xx stored or
+// sent, and its key is kept; see [TxMiddleware].
 //
 // # The primary only
 //
