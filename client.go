@@ -499,9 +499,9 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 // [Client.Do]. That outermost *url.Error is net/http's Client's own, built
 // from the request's URL as the SDK made it (user name and query
 // included): the client redacts every error it makes, but not that one,
-// so keep credentials out of URLs (add them in [Client.PrepareRequest]). Its CloseIdleConnections does nothing: the pool belongs to
-// c.HTTPClient. Its Transport is the [http.RoundTripper] to hand a library
-// that wants one.
+// so keep credentials out of URLs (add them in [Client.PrepareRequest]).
+// Its CloseIdleConnections does nothing (the pool is c.HTTPClient's); its
+// Transport is the [http.RoundTripper] to hand a library that wants one.
 //
 // Turn the SDK's own retries off. An SDK that retries by itself
 // multiplies attempts (when connections die, stripe-go's default of 2
