@@ -15,7 +15,8 @@ import (
 // The layering docs/architecture.md writes down, checked from the
 // packages' own imports (their non-test files): the log knows nothing of
 // the client, the root no storage engine, and the shared rules nothing of
-// anyone. Checked to fail with the root importing internal/wal.
+// anyone. Checked to fail with the root importing internal/wal, and with
+// internal/wal importing net/http.
 func TestArchitecture(t *testing.T) {
 	const mod = "github.com/idemkit/idemhttp"
 	rules := []struct {
@@ -26,8 +27,8 @@ func TestArchitecture(t *testing.T) {
 		{pkg: ".", mayOnly: []string{"idemtrace", "internal/contract"}},
 		{pkg: "idemtrace"},
 		{pkg: "internal/contract"},
-		{pkg: "internal/wal"},
-		{pkg: "internal/wal/simdisk", mayOnly: []string{"internal/wal"}},
+		{pkg: "internal/wal", mustNots: []string{"net/http", "net/url"}},
+		{pkg: "internal/wal/simdisk", mayOnly: []string{"internal/wal"}, mustNots: []string{"net/http", "net/url"}},
 		{pkg: "filejournal", mayOnly: []string{".", "internal/contract", "internal/wal"}},
 		{pkg: "journaltest", mayOnly: []string{"."}},
 		{pkg: "idemserver", mayOnly: []string{".", "internal/contract"}},
@@ -42,6 +43,9 @@ func TestArchitecture(t *testing.T) {
 				allowed[filepath.ToSlash(filepath.Join(mod, p))] = true
 			}
 			for imp := range imports {
+				for _, no := range r.mustNots {
+					assert.False(t, imp == no || strings.HasPrefix(imp, no+"/"), "%s imports %s", r.pkg, imp)
+				}
 				if imp != mod && !strings.HasPrefix(imp, mod+"/") {
 					continue // the standard library and dependencies
 				}
