@@ -47,11 +47,11 @@ type Entry struct {
 	Attempts    int         // attempts made so far, across processes
 	LastStatus  int         // status of the last response, 0 if none
 	State       State       // pending, done or abandoned
-	Result      *Result     // with State done: the final response's copy, if kept (Policy.KeepResponses); nil otherwise
+	Result      *Result     // with State done: the final response's copy, if kept (Policy.KeepResults); nil otherwise
 }
 
 // Result is a bounded copy of an operation's final response, which a
-// journal keeps with the done entry when [Policy.KeepResponses] allows, so
+// journal keeps with the done entry when [Policy.KeepResults] allows, so
 // that a rerun of the operation gets its result back (as a replay, sending
 // nothing) instead of a [*DoneError]: a charge's id survives a crash
 // between the server's answer and the caller saving it.
