@@ -112,9 +112,8 @@ type modelCase struct {
 }
 
 type modelStored struct {
-	fp      string
-	running bool
-	status  int
+	fp     string
+	status int
 }
 
 func (mc *modelCase) next() fault {
