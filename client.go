@@ -49,6 +49,12 @@ type Client struct {
 	// mid-request can [Client.Resume] with the same key. nil keeps keys in
 	// memory only: operations named with [WithOperation] reuse their key
 	// for [Policy.Retention] within the life of the Client.
+	//
+	// Name each operation with [WithOperation]: a call without an
+	// operation id is protected only by Resume at start-up, and a rerun of
+	// the same work after a crash mints a new key and may run it twice.
+	// The client logs that once (Logger); [Policy.RequireOperation]
+	// refuses such calls instead.
 	Journal Journal
 
 	// Logger receives one Info record per retry (method, redacted URL,
@@ -114,6 +120,8 @@ type config struct {
 	traceable, h2c bool
 	// senders gives each operation one sender at a time (lifecycle.go).
 	senders senders
+	// unnamed logs, once, a journaled call without an operation id.
+	unnamed sync.Once
 	// onPhase, for tests, sees every move of every call's lifecycle.
 	onPhase func(from, to phase)
 }
@@ -323,21 +331,29 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 	defer cfg.inflight.Add(-1)
 	p := &cfg.pol
 	ctx := req.Context()
-	if err := ctx.Err(); err != nil {
-		closeBody(req)
-		return nil, &notSentError{err} // nothing sent, nothing journaled
-	}
-
 	key, explicit, err := callerKey(ctx, req.Header, p.keyHeader)
 	if err != nil {
 		closeBody(req)
-		return nil, &notSentError{err}
+		return nil, err
 	}
 	op, hasOp := operationFromContext(ctx)
+	// A refusal before anything is sent is ErrNotSent only when no
+	// earlier call can have used the operation's key: the call brings no
+	// key and names no operation of its own.
+	unsent := func(err error) error {
+		if key == "" && !hasOp {
+			return &notSentError{err}
+		}
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		closeBody(req)
+		return nil, unsent(err) // nothing sent, nothing journaled
+	}
 	if hasOp {
 		if err := validateOperation(op); err != nil {
 			closeBody(req)
-			return nil, &notSentError{err}
+			return nil, err
 		}
 	}
 	keyed := key != "" || hasOp || p.needsKey(req.Method)
@@ -348,14 +364,21 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		if j == nil && hasOp {
 			j = cfg.mem
 		}
-		if j != nil && !hasOp && rs == nil && p.requireOperation {
-			closeBody(req)
-			return nil, &notSentError{fmt.Errorf("idemhttp: %w: a journaled call needs an operation id (WithOperation): Policy.RequireOperation", ErrInvalidRequest)}
+		if j != nil && !hasOp && rs == nil {
+			if p.requireOperation {
+				closeBody(req)
+				return nil, unsent(fmt.Errorf("idemhttp: %w: a journaled call needs an operation id (WithOperation): Policy.RequireOperation", ErrInvalidRequest))
+			}
+			if cfg.logger != nil {
+				cfg.unnamed.Do(func() {
+					cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemhttp: a journaled call without WithOperation: after a crash only Resume protects it, and a rerun of the same work mints a new key (Policy.RequireOperation refuses such calls); logged once")
+				})
+			}
 		}
 	}
 	body, getBody, err := replayableBody(req, j != nil, p.maxBody)
 	if err != nil {
-		return nil, &notSentError{err}
+		return nil, unsent(err)
 	}
 
 	a := &operation{c: c, cfg: cfg, p: p.apply(ctx), operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method), j: j, sdk: sdk, onPhase: cfg.onPhase}
@@ -448,7 +471,7 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		PrepareRetry: enginePrepareRetry,
 		ErrorHandler: engineErrorHandler,
 	}
-	if cfg.hooks.OnAttempt != nil || cfg.hooks.OnAttemptDone != nil {
+	if cfg.hooks.OnAttempt != nil || cfg.hooks.OnAttemptDone != nil || a.p.pacer != nil {
 		a.engine.RequestLogHook = engineRequestHook
 	}
 	a.started = true
@@ -473,13 +496,17 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 // so that the SDK parses its own error body; [ResponseInfo] of it reports
 // the client's typed error in Info.Err. Other errors reach the SDK wrapped
 // in [*url.Error]; errors.Is and errors.As still see the typed errors of
-// [Client.Do]. Its CloseIdleConnections does nothing: the pool belongs to
-// c.HTTPClient. Its Transport is the [http.RoundTripper] to hand a library
-// that wants one.
+// [Client.Do]. That outermost *url.Error is net/http's Client's own, built
+// from the request's URL as the SDK made it (user name and query
+// included): the client redacts every error it makes, but not that one,
+// so keep credentials out of URLs (add them in [Client.PrepareRequest]).
+// Its CloseIdleConnections does nothing (the pool is c.HTTPClient's); its
+// Transport is the [http.RoundTripper] to hand a library that wants one.
 //
 // Turn the SDK's own retries off. An SDK that retries by itself
-// multiplies attempts (stripe-go's default of 2 network retries on top of
-// the Policy's 4 attempts is up to 12 requests per call) and its retries
+// multiplies attempts (when connections die, stripe-go's default of 2
+// network retries on top of the Policy's 4 attempts is up to 12 requests
+// per call) and its retries
 // bypass the retry budget, the deadline rules and the in-progress
 // patience. With stripe-go:
 //

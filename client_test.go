@@ -822,14 +822,18 @@ func TestStandardClientHandsTheSDKItsLastResponse(t *testing.T) {
 		})
 	}
 
-	var c Client
-	req := post(t, "http://"+deadAddr(t), chargeBody)
-	req.Header.Set("Idempotency-Key", "caller-key-2")
-	_, err := c.StandardClient().Do(req)
+	c := &Client{Policy: fast()}
+	_, err := c.StandardClient().Do(post(t, "http://"+deadAddr(t), chargeBody))
 	var ue *url.Error
 	require.ErrorAs(t, err, &ue)
 	assert.ErrorIs(t, err, ErrExhausted)
-	assert.ErrorIs(t, err, ErrNotSent, "refused on every attempt: nothing left")
+	assert.ErrorIs(t, err, ErrNotSent, "refused on every attempt, under a key minted for the call: nothing left")
+
+	req := post(t, "http://"+deadAddr(t), chargeBody)
+	req.Header.Set("Idempotency-Key", "caller-key-2")
+	_, err = c.StandardClient().Do(req)
+	assert.ErrorIs(t, err, ErrExhausted)
+	assert.NotErrorIs(t, err, ErrNotSent, "a caller's key may have been used by an earlier call")
 }
 
 func TestOperationReusesKeyInMemory(t *testing.T) {

@@ -29,11 +29,17 @@ func (a *operation) call() idemtrace.CallEvent {
 func (a *operation) hookCtx() context.Context { return &a.cctx }
 
 // engineRequestHook is the engine's RequestLogHook, installed only on calls
-// with attempt hooks: it times the attempt and reports its start.
+// with attempt hooks or a Pacer: it paces the attempt, times it and
+// reports its start.
 func engineRequestHook(_ retryablehttp.Logger, r *http.Request, _ int) {
 	a := attemptFrom(r.Context())
 	if a == nil {
 		return
+	}
+	if pc := a.p.pacer; pc != nil {
+		// A Wait cut short by the context ends the attempt as the
+		// context's end would: net/http sees it done, before connecting.
+		_ = pc.Wait(r.Context())
 	}
 	a.attemptStart = time.Now()
 	if h := &a.cfg.hooks; h.OnAttempt != nil {

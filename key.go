@@ -15,11 +15,11 @@ import (
 // DefaultKeyHeader is the header that carries the idempotency key unless
 // [Policy.KeyHeader] names another. Stripe, Adyen and the IETF
 // Idempotency-Key draft all use this name.
-const DefaultKeyHeader = contract.KeyHeader
+const DefaultKeyHeader = "Idempotency-Key"
 
 // MaxKeyLen is the longest key accepted, in bytes (Stripe's limit, which the
 // IETF draft leaves to the server).
-const MaxKeyLen = contract.MaxKeyLen
+const MaxKeyLen = 255
 
 // minSecretLen is the shortest secret DeriveKey accepts: HMAC-SHA256 keyed
 // with fewer than 128 bits would let an outsider guess derived keys.

@@ -48,3 +48,9 @@ func TestDeriveKey(t *testing.T) {
 	_, err = DeriveKey(secret, "")
 	assert.ErrorIs(t, err, ErrInvalidKey)
 }
+
+// The exported constants are the shared rules' values.
+func TestKeyConstantsAreTheContracts(t *testing.T) {
+	assert.Equal(t, contract.KeyHeader, DefaultKeyHeader)
+	assert.Equal(t, contract.MaxKeyLen, MaxKeyLen)
+}

@@ -46,7 +46,7 @@ func (p phase) String() string { return phaseNames[p] }
 // next lists the moves the lifecycle allows. Two matter most, by their
 // absence: nothing leaves maybe-sent for withdrawn (an operation that may
 // have run is never forgotten), and nothing leaves a final phase.
-var next = [...][]phase{
+var next = [phaseAnswered + 1][]phase{ // every phase, the final ones with no move
 	phaseMinted:     {phaseJournaled, phaseAttempting, phaseAnswered},
 	phaseJournaled:  {phaseAttempting, phaseNotSent, phaseAbandoned},
 	phaseAttempting: {phaseNotSent, phaseMaybeSent},
@@ -88,8 +88,9 @@ func (a *operation) advance(to phase) bool {
 // entry it may now send, or a withdrawn one it begins anew), which is what
 // the caller asked for; answering it at once could only say "busy".
 type senders struct {
-	mu   sync.Mutex
-	busy map[string]chan struct{}
+	mu      sync.Mutex
+	busy    map[string]chan struct{}
+	waiting int // goroutines waiting for a slot, for tests
 }
 
 // acquire takes id's slot, waiting for its holder to release it, until ctx
@@ -106,14 +107,27 @@ func (s *senders) acquire(ctx context.Context, id string) (waited bool, err erro
 			s.mu.Unlock()
 			return waited, nil
 		}
+		s.waiting++
 		s.mu.Unlock()
 		waited = true
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return waited, ctx.Err()
+		}
+		s.mu.Lock()
+		s.waiting--
+		s.mu.Unlock()
+		if err := ctx.Err(); err != nil {
+			return waited, err
 		}
 	}
+}
+
+// waiters returns how many goroutines wait for a slot.
+func (s *senders) waiters() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.waiting
 }
 
 // release frees id's slot.
@@ -163,7 +177,7 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 	for {
 		if a.operation != "" {
 			if _, err := a.hold(ctx, "o\x00"+a.operation); err != nil {
-				r, e := a.answer(nil, a.notSent(err))
+				r, e := a.answer(nil, err)
 				return r, e, false
 			}
 		}
@@ -179,7 +193,7 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 			// could list from the journal: nobody else may send under it
 			// meanwhile. A minted key without a journal nobody else knows.
 			if _, err := a.hold(ctx, "k\x00"+key); err != nil {
-				r, e := a.answer(nil, a.notSent(err))
+				r, e := a.answer(nil, err)
 				return r, e, false
 			}
 		}
@@ -207,7 +221,7 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 			a.releaseKey(key)
 			waited, err := a.hold(ctx, "k\x00"+e.Key)
 			if err != nil {
-				r, e := a.answer(nil, a.notSent(err))
+				r, e := a.answer(nil, err)
 				return r, e, false
 			}
 			if waited {
@@ -278,7 +292,7 @@ func (a *operation) begin(ctx context.Context, req *http.Request, key string, ex
 	}
 	c.journalEvent(ctx, ev, t0)
 	if err != nil {
-		return nil, a.notSent(fmt.Errorf("idemhttp: journal: %w", err))
+		return nil, fmt.Errorf("idemhttp: journal: %w", err) // not ErrNotSent: a failed Begin may yet be on disk
 	}
 	if existing == nil {
 		a.created = true
@@ -318,7 +332,7 @@ func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, mark
 	c, p, j := a.c, a.p, a.j
 	now, err := c.journalNow(ctx, j)
 	if err != nil {
-		resp, err := a.answer(nil, a.notSent(fmt.Errorf("idemhttp: journal: %w", err)))
+		resp, err := a.answer(nil, fmt.Errorf("idemhttp: journal: %w", err))
 		return resp, err, true
 	}
 	switch e.State {
@@ -341,7 +355,7 @@ func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, mark
 	}
 	if mark.IsZero() {
 		if mark, err = journalHighWater(ctx, j); err != nil {
-			resp, err := a.answer(nil, a.notSent(fmt.Errorf("idemhttp: journal: %w", err)))
+			resp, err := a.answer(nil, fmt.Errorf("idemhttp: journal: %w", err))
 			return resp, err, true
 		}
 	}
@@ -422,13 +436,9 @@ func (a *operation) settle(ctx context.Context, resp *http.Response, err error) 
 	if a.phase == phaseJournaled || a.phase == phaseAttempting {
 		a.advance(phaseNotSent) // it ended before any attempt could leave
 	}
-	if err != nil && !a.reached && (a.entry == nil || a.created) {
-		// Nothing left, and no entry an earlier call or run may have
-		// sent: trying again under a new key is safe.
-		err = a.notSent(err)
-	}
 	to := a.outcome(resp, err)
 	a.advance(to)
+	gone := true // nothing of the call is left in a journal
 	if a.entry != nil {
 		switch to {
 		case phaseDone:
@@ -440,8 +450,17 @@ func (a *operation) settle(ctx context.Context, resp *http.Response, err error) 
 		case phasePending:
 			a.writeFinish(ctx, StatePending, nil)
 		case phaseWithdrawn:
-			a.withdraw(ctx)
+			gone = a.withdraw(ctx)
 		}
+	}
+	if err != nil && !a.reached && gone && (!a.keyed || a.fresh) {
+		// Nothing left, on the wire nor in the journal, under a key minted
+		// for this call (no other call can have used it) or none: trying
+		// again under a new key is safe. A caller's key, or a journal's,
+		// may have been used by an earlier call; an entry the journal
+		// failed to withdraw may yet be resent: then the call cannot say
+		// so.
+		err = a.notSent(err)
 	}
 	return a.end(resp, err)
 }
@@ -490,15 +509,17 @@ func (a *operation) writeFinish(ctx context.Context, s State, r *Result) {
 // nothing, so that Resume never sends a request its caller was told did
 // not go out. Should the removal fail, the entry is marked abandoned
 // instead: Resume never sends either. An entry another sender finished or
-// holds (ErrFenced) is left to it.
-func (a *operation) withdraw(ctx context.Context) {
+// holds (ErrFenced) is left to it. It reports whether nothing of the call
+// is left that Resume would send: false when both writes failed, and the
+// entry stays pending.
+func (a *operation) withdraw(ctx context.Context) bool {
 	c, e := a.c, a.entry
 	ctx = context.WithoutCancel(ctx)
 	t0 := c.journalClock()
 	err := a.j.Delete(ctx, e.Key)
 	if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, ErrFenced) {
 		c.journalEvent(ctx, idemtrace.JournalEvent{Op: idemtrace.JournalDiscard, Key: e.Key, Operation: e.Operation}, t0)
-		return
+		return true
 	}
 	err2 := a.j.Finish(ctx, e.Key, Outcome{State: StateAbandoned, At: c.stamp(a.j)})
 	if errors.Is(err2, ErrFenced) {
@@ -506,9 +527,13 @@ func (a *operation) withdraw(ctx context.Context) {
 	}
 	c.journalEvent(ctx, idemtrace.JournalEvent{Op: idemtrace.JournalDiscard, Key: e.Key, Operation: e.Operation, State: string(StateAbandoned), Err: errors.Join(err, err2)}, t0)
 	if c.cfg.logger != nil {
-		c.cfg.logger.LogAttrs(ctx, slog.LevelError, "idemhttp: journal: could not withdraw an entry that was never sent; marked abandoned",
-			slog.String("key", e.Key), slog.String("error", errors.Join(err, err2).Error()))
+		msg := "idemhttp: journal: could not withdraw an entry that was never sent; marked abandoned"
+		if err2 != nil {
+			msg = "idemhttp: journal: could not withdraw an entry that was never sent, nor mark it abandoned; it stays pending"
+		}
+		c.cfg.logger.LogAttrs(ctx, slog.LevelError, msg, slog.String("key", e.Key), slog.String("error", errors.Join(err, err2).Error()))
 	}
+	return err2 == nil
 }
 
 // writeAbandoned marks an entry past the retention abandoned.

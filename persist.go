@@ -8,6 +8,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idemhttp/internal/contract"
 )
 
 // State is where a journaled operation stands.
@@ -45,11 +47,11 @@ type Entry struct {
 	Attempts    int         // attempts made so far, across processes
 	LastStatus  int         // status of the last response, 0 if none
 	State       State       // pending, done or abandoned
-	Result      *Result     // with State done: the final response's copy, if kept (Policy.KeepResponses); nil otherwise
+	Result      *Result     // with State done: the final response's copy, if kept (Policy.KeepResults); nil otherwise
 }
 
 // Result is a bounded copy of an operation's final response, which a
-// journal keeps with the done entry when [Policy.KeepResponses] allows, so
+// journal keeps with the done entry when [Policy.KeepResults] allows, so
 // that a rerun of the operation gets its result back (as a replay, sending
 // nothing) instead of a [*DoneError]: a charge's id survives a crash
 // between the server's answer and the caller saving it.
@@ -144,8 +146,9 @@ type Journal interface {
 	// Delete removes the pending or abandoned entry for key, or returns an
 	// error wrapping [ErrNotFound] for an unknown key, and one wrapping
 	// [ErrFenced], removing nothing, for a done entry (only Prune forgets
-	// those, after the retention) or one another process's live lease
-	// holds. A Client calls it only to withdraw an entry its own call
+	// those, after the retention) or one another process has taken since
+	// this one wrote it (a journal shared by a fleet: its lease live or
+	// not, since that process may have sent it). A Client calls it only to withdraw an entry its own call
 	// created and that provably never reached the wire, so that Resume
 	// never sends a request its caller was told did not go out; an
 	// operator may call it for an entry a person has resolved. Like Begin,
@@ -232,8 +235,8 @@ func (m *memJournal) Finish(_ context.Context, key string, o Outcome) error {
 	}
 	e.State, e.LastStatus, e.Updated = o.State, o.Status, o.At
 	e.Attempts += o.Attempts
-	if o.State == StateDone {
-		e.Result = cloneResult(o.Result)
+	if o.State == StateDone && o.Result != nil {
+		e.Result = &Result{Status: o.Result.Status, Header: contract.ResultHeader(o.Result.Header), Body: bytes.Clone(o.Result.Body)}
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -126,6 +127,25 @@ type Policy struct {
 	// Budget limits retries across all calls through one Client.
 	Budget Budget
 
+	// Backoff, when set, returns the wait before a call's retry n (1 for
+	// the first), instead of the jittered exponential backoff from
+	// BaseDelay to MaxDelay: a constant, a linear or a decorrelated
+	// jitter, as go-retryablehttp, failsafe-go and the AWS SDKs offer. A
+	// longer Retry-After still wins, and MaxRetryAfter, the in-progress
+	// patience and the deadline still bound the wait. It must be safe for
+	// concurrent use.
+	Backoff func(retry int) time.Duration
+
+	// Pacer, when set, paces every attempt of every call through the
+	// Client, the first ones included: Wait before it (it returns when the
+	// attempt may go, or when the context ends, which ends the attempt),
+	// Observe after it, with its status
+	// (0 for a transport error) and whether the server throttled it (a
+	// 429, or a 503 with Retry-After). The adaptive package's Rate slows
+	// a batch to the rate a throttling server accepts, as the AWS SDKs'
+	// adaptive retry mode does. nil paces nothing.
+	Pacer Pacer
+
 	// Classify, when set, sees every attempt's outcome (a response, with
 	// a nil error, or an error, with a nil response) before the built-in
 	// rules, for an API with its own retry dialect, such as a body field
@@ -147,6 +167,12 @@ type Policy struct {
 	// [idemtrace.ReasonClassified]. Classify runs on the calling goroutine and must
 	// not close or consume the body. It must be safe for concurrent use.
 	Classify func(resp *http.Response, err error) Verdict
+}
+
+// Pacer paces a Client's attempts. See [Policy.Pacer].
+type Pacer interface {
+	Wait(ctx context.Context) error
+	Observe(status int, throttled bool)
 }
 
 // Budget is a retry quota shared by every call through one [Client], in the
@@ -205,6 +231,8 @@ type policy struct {
 	requireOperation   bool
 	deleteGoneOK       bool
 	classify           func(*http.Response, error) Verdict
+	backoffFn          func(int) time.Duration
+	pacer              Pacer
 }
 
 func (p *Policy) resolve() policy {
@@ -230,6 +258,8 @@ func (p *Policy) resolve() policy {
 		refetchDone:        p.RefetchDone,
 		requireOperation:   p.RequireOperation,
 		classify:           p.Classify,
+		backoffFn:          p.Backoff,
+		pacer:              p.Pacer,
 	}
 	if p.KeyMethods != nil && r.keyMethods == nil {
 		r.keyMethods = []string{} // empty but non-nil: no method gets a key

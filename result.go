@@ -10,15 +10,6 @@ import (
 	"github.com/idemkit/idemhttp/internal/contract"
 )
 
-// keptHeaders are the response headers a kept Result holds: what a caller
-// reads to use a result (its type, where the created thing is, the
-// server's request id), nothing that acts on the client (never
-// Set-Cookie) or describes the connection.
-var keptHeaders = [...]string{
-	"Content-Type", "Content-Language", "Content-Location", "Location", "Etag", "Last-Modified", "Date",
-	"Request-Id", "X-Request-Id", "Stripe-Version", "Idempotent-Replayed", "Idempotency-Replayed", "Idempotency-Replay",
-}
-
 // keepResult reads resp's body, up to limit bytes, into a Result to keep
 // with the done entry, and gives resp the same body back. A larger body is
 // not kept at all (a partial copy is no result), and resp still reads
@@ -34,13 +25,7 @@ func keepResult(resp *http.Response, limit int64) *Result {
 	}
 	_ = resp.Body.Close()
 	resp.Body = io.NopCloser(bytes.NewReader(buf))
-	h := make(http.Header)
-	for _, name := range keptHeaders {
-		if v := resp.Header.Values(name); len(v) > 0 {
-			h[name] = append([]string(nil), v...)
-		}
-	}
-	return &Result{Status: resp.StatusCode, Header: h, Body: buf}
+	return &Result{Status: resp.StatusCode, Header: contract.ResultHeader(resp.Header), Body: buf}
 }
 
 // replayResult is the response a rerun of a done operation gets from the

@@ -68,7 +68,7 @@ type ResumeOptions struct {
 // recorded, entries pruned since included. Entries' ages cannot be known
 // then, so every entry is reported with an error wrapping [ErrClockJump]
 // and left pending. Done entries older than the retention are pruned
-// first.
+// first, unless the journal prunes by itself.
 //
 // The error is non-nil only when the journal itself fails, or ctx ends;
 // per-entry failures are in the results. Cancelling ctx stops the
@@ -94,8 +94,13 @@ func (c *Client) Resume(ctx context.Context, opts *ResumeOptions) ([]ResumeResul
 	}
 	pending := o.Entries
 	if pending == nil {
-		if _, err := j.Prune(ctx, now.Add(-c.cfg.pol.retention)); err != nil {
-			return nil, fmt.Errorf("idemhttp: resume: prune: %w", err)
+		// A journal that prunes by itself (Retain) keeps done entries as
+		// long as it was told, and longer if configured so: pruning here
+		// would override that.
+		if _, ok := j.(retainer); !ok {
+			if _, err := j.Prune(ctx, now.Add(-c.cfg.pol.retention)); err != nil {
+				return nil, fmt.Errorf("idemhttp: resume: prune: %w", err)
+			}
 		}
 		if pending, err = j.Pending(ctx); err != nil {
 			return nil, fmt.Errorf("idemhttp: resume: %w", err)

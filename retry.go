@@ -95,6 +95,7 @@ type operation struct {
 	lastCost   int64 // budget tokens the latest retry withdrew
 	waiting    bool  // a retry was decided and its wait has not ended
 	bo         *backoff.ExponentialBackOff
+	retries    int // the backoffs Policy.Backoff gave
 	origStatus int // the server's status when the policy rewrote it
 
 	// What the connection saw during the current attempt (wire.go).
@@ -234,6 +235,13 @@ func ResponseInfo(resp *http.Response) (info Info, ok bool) {
 func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
 	a.attempts++
 	a.waiting = false
+	if pc := a.p.pacer; pc != nil {
+		status := 0
+		if resp != nil {
+			status = resp.StatusCode
+		}
+		pc.Observe(status, resp != nil && (status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != ""))
+	}
 	w := a.wire.take()
 	if w.writes > 1 {
 		a.resent = true
@@ -430,6 +438,10 @@ func (a *operation) hint(resp *http.Response) bool {
 
 // backoff returns the call's next jittered exponential delay.
 func (a *operation) backoff() time.Duration {
+	if f := a.p.backoffFn; f != nil {
+		a.retries++
+		return max(f(a.retries), 0)
+	}
 	if a.bo == nil {
 		a.bo = &backoff.ExponentialBackOff{
 			InitialInterval:     a.p.baseDelay,

@@ -884,3 +884,60 @@ func TestRetryAfterZeroGetsTheBackoff(t *testing.T) {
 		})
 	}
 }
+
+// Issue 26 §7: Policy.Backoff replaces the exponential backoff, for every
+// retry (an in-progress wait too); a longer Retry-After still wins.
+// Checked to fail with backoff() ignoring Policy.Backoff.
+func TestPolicyBackoff(t *testing.T) {
+	srv := newScripted(t, reply(503, ""), reply(409, ""), reply(503, "", "Retry-After", "1"), reply(200, "{}"))
+	var retries []int
+	var delays []time.Duration
+	c := &Client{
+		Policy: &Policy{Backoff: func(n int) time.Duration {
+			retries = append(retries, n)
+			return time.Duration(n) * time.Millisecond
+		}, MaxRetryAfter: 2 * time.Second},
+		Hooks: &idemtrace.Hooks{OnRetry: func(_ context.Context, ev idemtrace.RetryEvent) { delays = append(delays, ev.Delay) }},
+	}
+	req := post(t, srv.URL, chargeBody)
+	req.Header.Set("Idempotency-Key", "caller-key-b")
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, []int{1, 2, 3}, retries)
+	assert.Equal(t, []time.Duration{time.Millisecond, 2 * time.Millisecond, time.Second}, delays)
+}
+
+// recPacer records what the client tells its Pacer.
+type recPacer struct {
+	mu       sync.Mutex
+	waits    int
+	observed []string
+}
+
+func (p *recPacer) Wait(context.Context) error {
+	p.mu.Lock()
+	p.waits++
+	p.mu.Unlock()
+	return nil
+}
+
+func (p *recPacer) Observe(status int, throttled bool) {
+	p.mu.Lock()
+	p.observed = append(p.observed, fmt.Sprintf("%d/%v", status, throttled))
+	p.mu.Unlock()
+}
+
+// Policy.Pacer waits before every attempt and hears every outcome, with
+// the throttles (429, 503 with Retry-After) marked. Checked to fail with
+// the pacer's Wait left out of engineRequestHook.
+func TestPolicyPacer(t *testing.T) {
+	srv := newScripted(t, reply(429, ""), reply(503, "", "Retry-After", "0"), reply(503, ""), reply(200, "{}"))
+	p := &recPacer{}
+	c := &Client{Policy: &Policy{Pacer: p, BaseDelay: time.Millisecond, MaxAttempts: 5}}
+	resp, err := c.Do(post(t, srv.URL, chargeBody))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 4, p.waits)
+	assert.Equal(t, []string{"429/true", "503/true", "503/false", "200/false"}, p.observed)
+}

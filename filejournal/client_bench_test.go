@@ -11,7 +11,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -216,15 +215,6 @@ func (s *benchSender) run(b *testing.B, n, concurrency int) (wall, cpu time.Dura
 	}
 	wg.Wait()
 	return time.Since(start), benchCPUTime() - cpu0
-}
-
-// benchCPUTime is the process's user plus system CPU time so far.
-func benchCPUTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func benchMedian(v []float64) float64 {

@@ -2,6 +2,7 @@ package filejournal
 
 import (
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -295,4 +296,34 @@ func (c *ijClock) set(t time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.t = t
+}
+
+// Issue 26 §1, end to end: a Stripe-style caller whose process ended
+// after the charge succeeded, before it saved the charge's id, reruns with
+// a new Client over the reopened journal and gets the result back, as a
+// replay, sending nothing. Checked to fail with KeepResults 0: the rerun
+// got DoneError and the id was gone.
+func TestDoneOperationsResultSurvivesARestart(t *testing.T) {
+	ctx := idemhttp.WithOperation(context.Background(), "order-1")
+	srv := newScripted(t, reply(201, `{"id":"ch_1","status":"succeeded"}`))
+	path := filepath.Join(t.TempDir(), "journal")
+	j, err := Open(path, nil)
+	require.NoError(t, err)
+	pol := &idemhttp.Policy{KeepResults: 64 << 10}
+	resp, err := (&idemhttp.Client{Journal: j, Policy: pol}).Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close()) // the id was never saved
+	require.NoError(t, j.Close())         // the process ends
+
+	j, err = Open(path, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, j.Close()) })
+	resp, err = (&idemhttp.Client{Journal: j, Policy: pol}).Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, `{"id":"ch_1","status":"succeeded"}`, string(body))
+	assert.True(t, idemhttp.Replayed(resp))
+	assert.Len(t, srv.Hits(), 1, "nothing sent again")
 }

@@ -23,6 +23,11 @@ const (
 	// [Journal.HighWater]) when the file was compacted, so that the
 	// mark outlives the records it was taken from.
 	kindClock = 'T'
+	// kindResult is a begin record of a done entry that keeps its
+	// result (idemhttp.Policy.KeepResults), followed by the result: it
+	// replaces the entry's earlier begin record when one is in the file,
+	// and stands for it in a compacted one.
+	kindResult = 'R'
 
 	recHdrLen = wal.RecordHeaderLen
 	maxRecord = wal.MaxRecord
@@ -53,6 +58,7 @@ type record struct {
 	lastStatus  int
 	hasBody     bool
 	body        []byte
+	result      *idemhttp.Result // of a result record
 }
 
 // entry returns the Entry a begin record describes, with its own copy of
@@ -65,6 +71,11 @@ func (r *record) entry() *idemhttp.Entry {
 	}
 	if r.hasBody {
 		e.Body = append(make([]byte, 0, len(r.body)), r.body...)
+	}
+	if r.result != nil {
+		res := *r.result
+		res.Body = append(make([]byte, 0, len(r.result.Body)), r.result.Body...)
+		e.Result = &res
 	}
 	return e
 }
@@ -88,16 +99,57 @@ func beginSize(e *idemhttp.Entry) (int, []string) {
 		}
 	}
 	slices.Sort(names)
+	if r := e.Result; r != nil {
+		n += 10 + 10 + 10 + len(r.Body) // status, header count, body length
+		for name, vals := range r.Header {
+			n += len(name) + 2*10
+			for _, v := range vals {
+				n += len(v) + 10
+			}
+		}
+	}
 	return n, names
 }
 
+// appendHeader appends a header: a uvarint name count, then per name, in
+// sorted order, the name, a uvarint value count and the values. Names
+// without values are dropped.
+func appendHeader(dst []byte, h http.Header, names []string) []byte {
+	if names == nil {
+		for name, vals := range h {
+			if len(vals) > 0 {
+				names = append(names, name)
+			}
+		}
+		slices.Sort(names)
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(names)))
+	for _, name := range names {
+		dst = journalAppendString(dst, name)
+		vals := h[name]
+		dst = binary.AppendUvarint(dst, uint64(len(vals)))
+		for _, v := range vals {
+			dst = journalAppendString(dst, v)
+		}
+	}
+	return dst
+}
+
 // appendBegin appends the framed begin record of e (sanitised, with a
-// known state) to dst. Header names without values carry no information
-// and are dropped.
+// known state) to dst: a result record when e is done and keeps its
+// Result. Header names without values carry no information and are
+// dropped.
 func appendBegin(dst []byte, e *idemhttp.Entry) ([]byte, error) {
 	st, ok := journalStateByte(e.State)
 	if !ok {
 		return dst, fmt.Errorf("entry %q: unknown state %q", e.Key, e.State)
+	}
+	kind := byte(kindBegin)
+	if e.Result != nil {
+		if st != journalStateDone {
+			return dst, fmt.Errorf("entry %q: a result with state %q", e.Key, e.State)
+		}
+		kind = kindResult
 	}
 	size, names := beginSize(e)
 	if size > maxRecord+beginSlack {
@@ -107,21 +159,13 @@ func appendBegin(dst []byte, e *idemhttp.Entry) ([]byte, error) {
 	start := len(dst)
 	dst = slices.Grow(dst, recHdrLen+size)
 	dst = append(dst, make([]byte, recHdrLen)...) // length and CRC, filled in below
-	dst = append(dst, kindBegin)
+	dst = append(dst, kind)
 	dst = journalAppendString(dst, e.Key)
 	dst = journalAppendString(dst, e.Operation)
 	dst = journalAppendString(dst, e.Method)
 	dst = journalAppendString(dst, e.URL)
 	dst = journalAppendString(dst, e.Fingerprint)
-	dst = binary.AppendUvarint(dst, uint64(len(names)))
-	for _, name := range names {
-		dst = journalAppendString(dst, name)
-		vals := e.Header[name]
-		dst = binary.AppendUvarint(dst, uint64(len(vals)))
-		for _, v := range vals {
-			dst = journalAppendString(dst, v)
-		}
-	}
+	dst = appendHeader(dst, e.Header, names)
 	dst = journalAppendTime(dst, e.Created)
 	dst = journalAppendTime(dst, e.Updated)
 	dst = append(dst, st)
@@ -133,6 +177,12 @@ func appendBegin(dst []byte, e *idemhttp.Entry) ([]byte, error) {
 		dst = append(dst, 1)
 		dst = binary.AppendUvarint(dst, uint64(len(e.Body)))
 		dst = append(dst, e.Body...)
+	}
+	if r := e.Result; r != nil {
+		dst = binary.AppendVarint(dst, int64(r.Status))
+		dst = appendHeader(dst, r.Header, nil)
+		dst = binary.AppendUvarint(dst, uint64(len(r.Body)))
+		dst = append(dst, r.Body...)
 	}
 	if n := len(dst) - start - recHdrLen; n > maxRecord {
 		return dst[:start], tooLarge(e, n)
@@ -200,32 +250,13 @@ func decodeRecord(p []byte) (*record, error) {
 	r := journalReader{b: p}
 	rec := &record{kind: r.byte()}
 	switch rec.kind {
-	case kindBegin:
+	case kindBegin, kindResult:
 		rec.key = r.str()
 		rec.operation = r.str()
 		rec.method = r.str()
 		rec.url = r.str()
 		rec.fingerprint = r.str()
-		if names := r.count(); names > 0 {
-			rec.header = make(http.Header, names)
-			prev := ""
-			for i := range names {
-				name := r.str()
-				vals := make([]string, r.count())
-				for i := range vals {
-					vals[i] = r.str()
-				}
-				if r.err != nil {
-					break
-				}
-				if (i > 0 && name <= prev) || len(vals) == 0 {
-					r.fail("header %q out of order, repeated or empty", name)
-					break
-				}
-				prev = name
-				rec.header[name] = vals
-			}
-		}
+		rec.header = r.header()
 		rec.created = r.time()
 		rec.updated = r.time()
 		rec.state = r.state()
@@ -238,6 +269,13 @@ func decodeRecord(p []byte) (*record, error) {
 			rec.body = r.bytes()
 		default:
 			r.fail("bad body flag")
+		}
+		if rec.kind == kindResult {
+			res := &idemhttp.Result{Status: r.int(), Header: r.header(), Body: r.bytes()}
+			if r.err == nil && rec.state != journalStateDone {
+				r.fail("a result of an entry that is not done")
+			}
+			rec.result = res
 		}
 	case kindFinish:
 		rec.key = r.str()
@@ -443,4 +481,32 @@ func unixTime(sec int64, nsec uint32) time.Time {
 // splitTime is t as the file stores it: see journalAppendTime.
 func splitTime(t time.Time) (int64, uint32) {
 	return t.Unix(), uint32(t.Nanosecond())
+}
+
+// header reads a header as appendHeader writes it: names in strictly
+// increasing order, each with at least one value. nil for none.
+func (r *journalReader) header() http.Header {
+	names := r.count()
+	if names == 0 || r.err != nil {
+		return nil
+	}
+	h := make(http.Header, names)
+	prev := ""
+	for i := range names {
+		name := r.str()
+		vals := make([]string, r.count())
+		for i := range vals {
+			vals[i] = r.str()
+		}
+		if r.err != nil {
+			break
+		}
+		if (i > 0 && name <= prev) || len(vals) == 0 {
+			r.fail("header %q out of order, repeated or empty", name)
+			break
+		}
+		prev = name
+		h[name] = vals
+	}
+	return h
 }

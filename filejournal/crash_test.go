@@ -54,8 +54,12 @@ type killJournal struct {
 }
 
 func die() {
-	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-	select {} // SIGKILL cannot be caught; never return
+	// os.Process.Kill is SIGKILL on Unix, TerminateProcess on Windows:
+	// the process ends at once, nothing deferred runs.
+	if p, err := os.FindProcess(os.Getpid()); err == nil {
+		_ = p.Kill()
+	}
+	select {} // never return
 }
 
 func isVictim(e *idemhttp.Entry) bool { return e.Operation == crashOpID(crashVictim) }

@@ -299,6 +299,17 @@ func (idx *index) apply(rec *record, off int64, n int) error {
 	le := idx.byKey.get(rec.key)
 	exists := le != nil
 	switch rec.kind {
+	case kindResult:
+		if exists {
+			// A done entry's result: the record replaces the entry's
+			// earlier one, request and all.
+			idx.live += int64(n) - int64(le.size)
+			le.off, le.size = off, int32(n)
+			le.state, le.lastStatus, le.attempts = rec.state, rec.lastStatus, rec.attempts
+			le.setUpdated(rec.updated)
+			break
+		}
+		fallthrough // a compacted file's: the entry's only record
 	case kindBegin:
 		if exists {
 			return fmt.Errorf("%w: key %q stored twice", ErrCorrupt, rec.key)

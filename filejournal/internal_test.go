@@ -66,8 +66,16 @@ func ijSampleEntries() []ijCodecCase {
 	extremes := &idemhttp.Entry{Key: "extremes", State: idemhttp.StateDone, Attempts: math.MaxInt64, LastStatus: -1}
 	lowercase := &idemhttp.Entry{Key: "lowercase", State: idemhttp.StatePending, Header: http.Header{"x-not-canonical": {"kept as given"}}}
 	zone := time.FixedZone("UTC+1", 3600)
+	withResult := &idemhttp.Entry{
+		Key: "kept", Operation: "op-kept", Method: http.MethodPost, URL: "https://api.example.com/v1/charges",
+		Body: []byte(`{"amount":100}`), State: idemhttp.StateDone, LastStatus: 201, Attempts: 1, Created: t0, Updated: t0,
+		Result: &idemhttp.Result{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_1"}`)},
+	}
+	emptyResult := &idemhttp.Entry{Key: "kept-empty", State: idemhttp.StateDone, LastStatus: 204, Result: &idemhttp.Result{Status: 204, Body: []byte{}}}
 	return []ijCodecCase{
 		{name: "minimal", give: minimal, want: minimal},
+		{name: "done with its result (a result record)", give: withResult, want: withResult},
+		{name: "a result without headers or body", give: emptyResult, want: emptyResult},
 		{name: "full", give: full, want: full},
 		{name: "done with empty body", give: emptyBody, want: emptyBody},
 		{name: "abandoned with binary body before 1970", give: binaryBody, want: binaryBody},
@@ -111,7 +119,11 @@ func TestJournalCodecBeginRoundTrip(t *testing.T) {
 			b, err := appendBegin(nil, tt.give)
 			require.NoError(t, err)
 			rec := ijDecodeFramed(t, b)
-			assert.Equal(t, byte(kindBegin), rec.kind)
+			want := byte(kindBegin)
+			if tt.give.Result != nil {
+				want = kindResult
+			}
+			assert.Equal(t, want, rec.kind)
 			assert.Equal(t, tt.want, rec.entry())
 		})
 	}
@@ -638,7 +650,7 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 		var again []byte
 		switch rec.kind {
-		case kindBegin:
+		case kindBegin, kindResult:
 			again, err = appendBegin(nil, rec.entry())
 			require.NoError(t, err)
 		case kindFinish:
@@ -654,6 +666,14 @@ func FuzzDecodeRecord(f *testing.F) {
 	})
 }
 
+// ijResultOf returns e done with a result, for a result record.
+func ijResultOf(e *idemhttp.Entry) *idemhttp.Entry {
+	r := *e
+	r.State, r.LastStatus = idemhttp.StateDone, 201
+	r.Result = &idemhttp.Result{Status: 201, Body: []byte(`{"id":"x"}`)}
+	return &r
+}
+
 // ijSeedFiles are journal files that seed FuzzJournalIndex. The same
 // files, as a corpus, seed internal/wal's FuzzReplay.
 func ijSeedFiles(t testing.TB) [][]byte {
@@ -665,6 +685,7 @@ func ijSeedFiles(t testing.TB) [][]byte {
 		ijFile(b1),
 		ijFile(b1, b2, b3),
 		ijFile(b1, ijBatch(2, finishA, finishA, ijBegin(t, ijSampleEntries()[1].give))),
+		ijFile(b1, ijBatch(2, ijBegin(t, ijResultOf(ijEntry("a", "op-a"))))), // a result replacing a's begin record
 		ijFile(b1, ijFlip(b2, 25), b3),
 		ijFile(b1, b2[:len(b2)-3]),
 		ijFile(ijBatch(1, a), ijBatch(3, c)),
@@ -774,7 +795,7 @@ func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 		require.Equal(t, int(le.size), n)
 		rec, err := decodeRecord(payload)
 		require.NoError(t, err)
-		require.Equal(t, byte(kindBegin), rec.kind)
+		require.Contains(t, []byte{kindBegin, kindResult}, rec.kind)
 		require.Equal(t, key, rec.key)
 		require.Equal(t, rec.operation, le.operation())
 		require.Contains(t, []byte{journalStatePending, journalStateDone, journalStateAbandoned}, le.state)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/contract"
 	"github.com/idemkit/idemhttp/internal/wal"
 )
 
@@ -43,6 +44,17 @@ type Options struct {
 	// the file as it was when opened. Calls that write return an error
 	// wrapping [ErrReadOnly].
 	ReadOnly bool
+
+	// KeepDone is how long the journal keeps a done entry after its
+	// outcome, so that a rerun of its operation sends nothing (a
+	// *idemhttp.DoneError, or the kept result). Zero means the retention
+	// its Client tells it (idemhttp.Policy.Retention: the server's key
+	// retention), and it is never shorter than that. After it, the journal
+	// has forgotten the operation, as the server its key, and a rerun runs
+	// it as a new one: set it longer for a batch whose reruns may come
+	// later (a day's outage, a job rerun next week), at the cost of the
+	// index's memory for those entries.
+	KeepDone time.Duration
 
 	// PruneInterval is how often the journal prunes, by itself and in the
 	// background, the done entries older than its retention (see
@@ -261,10 +273,11 @@ type Journal struct {
 	fs         FS
 	clock      func() time.Time
 	omitBodies bool
-	retention  atomic.Int64 // how long done entries are kept, for the pruner: see Retain
-	retainMu   sync.Mutex   // serialises Retain
-	told       bool         // Retain was called; guarded by retainMu
-	salvage    bool         // SkipVerify
+	retention  atomic.Int64  // how long done entries are kept, for the pruner: see Retain
+	keepDone   time.Duration // Options.KeepDone
+	retainMu   sync.Mutex    // serialises Retain
+	told       bool          // Retain was called; guarded by retainMu
+	salvage    bool          // SkipVerify
 	readOnly   bool
 
 	// mu guards the index. Lock order: the log's file lock (View,
@@ -507,6 +520,7 @@ func Open(path string, opts *Options) (*Journal, error) {
 		_ = j.Compact(context.Background())
 	}
 	j.retention.Store(int64(defaultRetention))
+	j.keepDone = max(opts.KeepDone, 0)
 	if !j.readOnly && opts.PruneInterval >= 0 {
 		j.pruner = startPruner(j, cmp.Or(opts.PruneInterval, time.Hour))
 	}
@@ -776,6 +790,13 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if o.Result != nil && state == journalStateDone {
+		if err := j.finishWithResult(ctx, key, o, at); !errors.Is(err, errNoResult) {
+			return err
+		}
+		// The entry is final already, or its result too large for a
+		// record: a plain outcome.
+	}
 	for {
 		j.mu.Lock()
 		le := j.byKey.get(key)
@@ -828,6 +849,74 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 		le.state, le.lastStatus, le.attempts = state, status, attempts
 		le.setUpdated(when)
 		j.raiseLocked(when)
+		j.mu.Unlock()
+		return nil
+	}
+}
+
+// errNoResult: Finish cannot keep the result (the entry is final already,
+// or the result makes its record too large): it records the outcome alone.
+var errNoResult = errors.New("no result kept")
+
+// finishWithResult records a done outcome with its result: a result
+// record, the entry's begin record written again with the result after
+// it, which replaces the begin record (docs/journal-format.md). Unlike a
+// plain Finish it waits for the disk: the index points at the new record
+// only once it is durable and readable, and a Get meanwhile reads the old
+// one. It holds the scan lock, so no compaction or removal moves the
+// entry meanwhile, and marks the entry done at once, as Finish does, so
+// that no Delete or Prune removes it before its record lands.
+func (j *Journal) finishWithResult(ctx context.Context, key string, o idemhttp.Outcome, at time.Time) error {
+	j.scanMu.Lock()
+	defer j.scanMu.Unlock()
+	cur, err := j.read(key)
+	if err != nil {
+		if errors.Is(err, idemhttp.ErrNotFound) {
+			return errNoResult // Finish reports it
+		}
+		return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
+	}
+	if cur.State != idemhttp.StatePending {
+		return errNoResult
+	}
+	rec := *cur
+	rec.State, rec.LastStatus, rec.Attempts, rec.Updated = idemhttp.StateDone, o.Status, cur.Attempts+o.Attempts, at
+	rec.Result = &idemhttp.Result{Status: o.Result.Status, Header: contract.ResultHeader(o.Result.Header), Body: o.Result.Body}
+	encoded, err := appendBegin(nil, &rec)
+	if err != nil {
+		return errNoResult // too large to keep: the outcome alone
+	}
+	for {
+		j.mu.Lock()
+		le := j.byKey.get(key)
+		if le == nil || le.deleting || le.state != journalStatePending {
+			j.mu.Unlock()
+			return errNoResult
+		}
+		b, off, err := j.log.Append(len(encoded), 1, func(buf []byte) []byte { return append(buf, encoded...) })
+		if errors.Is(err, wal.ErrBatchFull) {
+			j.mu.Unlock()
+			<-b.Done()
+			continue
+		}
+		if err != nil {
+			j.mu.Unlock()
+			return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
+		}
+		j.pending--
+		le.state, le.lastStatus, le.attempts = journalStateDone, rec.LastStatus, rec.Attempts
+		le.setUpdated(at)
+		j.raiseLocked(at)
+		j.mu.Unlock()
+		<-b.Done()
+		if err := b.Err(); err != nil {
+			return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
+		}
+		j.mu.Lock()
+		if le := j.byKey.get(key); le != nil && !le.deleting {
+			j.live += int64(len(encoded)) - int64(le.size)
+			le.off, le.size, le.gen = off, int32(len(encoded)), j.gen
+		}
 		j.mu.Unlock()
 		return nil
 	}
@@ -903,7 +992,7 @@ func readEntry(r wal.Reader, le *entry, buf []byte) (*idemhttp.Entry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("entry %s: %w", le.key(), err)
 	}
-	if rec.kind != kindBegin || rec.key != le.key() {
+	if (rec.kind != kindBegin && rec.kind != kindResult) || rec.key != le.key() {
 		return nil, fmt.Errorf("%w: entry %s: the record at offset %d is not its own", ErrCorrupt, le.key(), le.off)
 	}
 	e := rec.entry()

@@ -38,7 +38,7 @@ func startPruner(j *Journal, every time.Duration) *pruner {
 			// Only a clock set forward prunes early, a done entry whose
 			// operation a rerun would then send again under a new key;
 			// nothing here can tell that clock from a correct one.
-			_, _ = j.Prune(ctx, j.now().Add(-time.Duration(j.retention.Load())))
+			_, _ = j.Prune(ctx, j.now().Add(-max(time.Duration(j.retention.Load()), j.keepDone)))
 		}
 	}()
 	return p

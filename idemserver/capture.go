@@ -23,10 +23,13 @@ type recorder struct {
 	limit       int         // most body bytes kept
 	status      int         // final status, 0 until the header is sent
 	overflow    bool        // the body exceeded limit: not storable
-	hijacked    bool        // the handler took the connection: not storable
+	hijacked    bool        // the handler took the connection, or answered 101: not replayable
 	wroteHeader bool
 	renewal     renewal // keeps the claim while the handler runs
 }
+
+// maxHint bounds the body buffer reserved from a declared Content-Length.
+const maxHint = 1 << 20
 
 var (
 	_ http.ResponseWriter = (*recorder)(nil)
@@ -41,13 +44,15 @@ func (c *recorder) WriteHeader(code int) {
 		c.rw.WriteHeader(code) // let net/http report the superfluous call
 		return
 	}
-	// 1xx informational responses (103 Early Hints) precede the final one;
-	// 101 Switching Protocols ends HTTP on the connection, like a hijack.
-	if code >= 100 && code <= 199 {
-		c.hijacked = c.hijacked || code == http.StatusSwitchingProtocols
+	// 1xx informational responses (103 Early Hints) precede the final one.
+	// 101 Switching Protocols is final, as net/http treats it, and ends
+	// HTTP on the connection, like a hijack: what follows is not HTTP a
+	// replay could send.
+	if code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols {
 		c.rw.WriteHeader(code)
 		return
 	}
+	c.hijacked = c.hijacked || code == http.StatusSwitchingProtocols
 	c.snapshot(code)
 	c.rw.WriteHeader(code)
 }
@@ -67,15 +72,22 @@ func (c *recorder) snapshot(code int) {
 			hint = n
 		}
 	}
-	c.record = encodeHead(code, h, min(hint, c.limit), c.recorded)
+	// The declared length sizes the buffer, within the limit and never
+	// past maxHint: a handler may declare more than it sends.
+	c.record = encodeHead(code, h, min(hint, c.limit, maxHint), c.recorded)
 	c.bodyStart = len(c.record)
 }
 
 // recorded reports whether the header field name, with values vs, goes in
 // the record: not hop-by-hop, chosen by keep, and set by the handler rather
 // than left as outer middleware set it.
+//
+// The rules compare canonical names: a handler may write a field under
+// any spelling (w.Header()["set-cookie"]), and net/http sends it as it is
+// spelt, which a client reads as the same field.
 func (c *recorder) recorded(name string, vs []string) bool {
-	if slices.Contains(hopHeaders, name) || !c.keep.keepHeader(name) {
+	canon := http.CanonicalHeaderKey(name) // no allocation when name is canonical
+	if slices.Contains(hopHeaders, canon) || !c.keep.keepHeader(canon) {
 		return false
 	}
 	if c.outer != nil {
@@ -127,10 +139,14 @@ func (c *recorder) Flush() {
 }
 
 // Hijack hands the connection to the handler. What it sends then bypasses
-// the recorder, so the response cannot be stored and the key is released.
+// the recorder, so the response cannot be replayed; since the handler ran,
+// its key is kept as completed, not replayable.
 func (c *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	c.hijacked = true
-	return http.NewResponseController(c.rw).Hijack()
+	conn, rw, err := http.NewResponseController(c.rw).Hijack()
+	if err == nil {
+		c.hijacked = true
+	}
+	return conn, rw, err
 }
 
 // Unwrap lets [http.ResponseController] reach the connection's other

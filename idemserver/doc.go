@@ -11,32 +11,37 @@
 //		Principal: func(r *http.Request) string { return accountOf(r) },
 //		Required:  true,
 //	}
-//	h, err := mw.Handler(chargeHandler) // ErrMisconfigured without Principal or SingleTenant
-//	if err != nil {
-//		log.Fatal(err)
-//	}
-//	http.Handle("POST /v1/charges", h)
+//	// Wrap panics (ErrMisconfigured) without Principal or SingleTenant.
+//	http.Handle("POST /v1/charges", mw.Wrap(chargeHandler))
 //
 // The first request with a key runs the handler and its response is
 // stored; a retry with the same key and request gets that response back,
 // marked Idempotent-Replayed: true, without running the handler; a retry
 // while the first still runs gets 409 with Retry-After; the same key with a
 // different request gets 422. Keys are scoped by the Principal, so tenants
-// cannot see each other's responses. Requests are compared by meaning
+// cannot see each other's responses; a request the Principal cannot name
+// (it returns "") is refused. Requests are compared by meaning
 // ([DefaultFingerprint]): a retry whose JSON members, form fields or query
-// parameters come in another order is the same request.
+// parameters come in another order is the same request, while two
+// requests a Go handler decodes differently (JSON names that differ only
+// in letter case, in another order) are not. The Host is not part of the
+// request: a retry may reach another instance under another name.
 //
 // The middleware fails closed: whenever it cannot tell whether the
 // handler's effect happened, it refuses rather than run it again. A claim
-// is renewed while its handler runs, however long; a response too large
-// to store keeps its key completed (410 for retries); a full or failing
-// store answers 503 and runs nothing; a handler that gives up on a
-// cancelled request without answering releases its key. Replays carry only
-// the header fields the handler set, never Set-Cookie unless allowed. See
+// is renewed while its handler runs, however long, and survives store
+// outages shorter than most of its lock timeout; a response too large to
+// store, or a hijacked connection, keeps its key completed (410 for
+// retries); a full or failing store answers 503 and runs nothing; a store
+// that hangs holds a finished response no longer than the claim's lock; a
+// handler that gives up on a cancelled request without answering releases
+// its key. Replays carry only the header fields the handler set, never
+// Set-Cookie unless allowed, whatever the spelling of the names. See
 // [Middleware] for each rule.
 //
 // Claims and responses live in a [Store]. [MemoryStore] serves a single
-// process, bounded in records and bytes; stores shared by several
+// process, bounded in records and bytes, and each principal's share of
+// them, so that one caller cannot fill it for all; stores shared by several
 // processes (Redis, PostgreSQL) live in their own modules, and every store
 // must pass the conformance suite in package storetest.
 //

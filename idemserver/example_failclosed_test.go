@@ -13,18 +13,25 @@ import (
 	"github.com/idemkit/idemhttp/idemserver"
 )
 
-// Handler refuses a Middleware that says neither whose keys a request
-// carries nor that one party sends them all.
-func ExampleMiddleware_Handler() {
+// Wrap panics on a Middleware that says neither whose keys a request
+// carries nor that one party sends them all, as http.ServeMux panics on a
+// bad pattern: the mistake shows where the routes are built, before any
+// request is served.
+func ExampleMiddleware_Wrap() {
 	var charges atomic.Int64
-	_, err := new(idemserver.Middleware).Handler(chargeHandler(&charges))
-	fmt.Println(errors.Is(err, idemserver.ErrMisconfigured))
+	func() {
+		defer func() {
+			err, _ := recover().(error)
+			fmt.Println(errors.Is(err, idemserver.ErrMisconfigured))
+		}()
+		new(idemserver.Middleware).Wrap(chargeHandler(&charges))
+	}()
 
-	h, err := (&idemserver.Middleware{SingleTenant: true}).Handler(chargeHandler(&charges))
-	fmt.Println(h != nil, err)
+	h := (&idemserver.Middleware{SingleTenant: true}).Wrap(chargeHandler(&charges))
+	fmt.Println(h != nil)
 	// Output:
 	// true
-	// true <nil>
+	// true
 }
 
 // Replays carry the header fields the handler set, minus Set-Cookie and

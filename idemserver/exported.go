@@ -56,3 +56,28 @@ func ProblemBodyUnreadable() *Problem { return problemBodyUnreadable() }
 // cannot say what became of key ([TypeStoreUnavailable], 503); the caller
 // sets Retry-After.
 func ProblemStoreUnavailable(key string) *Problem { return problemStoreUnavailable(key) }
+
+// ProblemNoPrincipal returns the problem answered to a keyed request for
+// which the Principal returned an empty scope ([TypeNoPrincipal], 500).
+func ProblemNoPrincipal() *Problem { return problemNoPrincipal() }
+
+// ErrResponseNotKept is returned (wrapped) by [Response.UnmarshalBinary]
+// for the record of a request that ran but whose response was not kept
+// (see [NotReplayableRecord]): a retry must be answered 410
+// ([ProblemNotReplayable]), never run.
+var ErrResponseNotKept = errNotReplayable
+
+// NotReplayableRecord returns the record that marks a key as completed by
+// a request that ran but whose response cannot be replayed: too large to
+// store, sent on a hijacked connection, or (in a transactional
+// middleware) committed by the handler outside the middleware's
+// transaction. status is the handler's, or 0 if unknown. A retry of the
+// key gets 410 ([TypeNotReplayable]) for as long as the record is kept.
+func NotReplayableRecord(status int) []byte { return encodeUnreplayable(status) }
+
+// ProblemNotReplayable returns the problem answered for a key whose
+// record is a [NotReplayableRecord] ([TypeNotReplayable], 410); status is
+// the record's.
+func ProblemNotReplayable(header, key string, status int) *Problem {
+	return problemNotReplayable(header, key, status)
+}

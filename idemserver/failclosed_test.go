@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -353,34 +354,55 @@ func TestFullStoreRefuses(t *testing.T) {
 	assert.Equal(t, "true", replay.Header().Get(idemserver.ReplayedHeader), "no live record was evicted")
 }
 
-// TestPrincipalRequired: a Middleware with no Principal, and no explicit
-// SingleTenant, is refused at construction, and Wrap's handler refuses
-// every request with 500 and runs nothing.
+// TestPrincipalRequired: Wrap panics, with ErrMisconfigured, on a
+// Middleware with no Principal and no explicit SingleTenant, or both.
 func TestPrincipalRequired(t *testing.T) {
 	a := new(app)
-	_, err := new(idemserver.Middleware).Handler(a)
-	assert.ErrorIs(t, err, idemserver.ErrMisconfigured)
-	assert.ErrorContains(t, err, "Principal")
-
-	_, err = (&idemserver.Middleware{SingleTenant: true, Principal: tenantOf}).Handler(a)
-	assert.ErrorIs(t, err, idemserver.ErrMisconfigured, "both set is ambiguous")
-
-	_, err = (&idemserver.Middleware{SingleTenant: true}).Handler(nil)
-	assert.ErrorIs(t, err, idemserver.ErrMisconfigured)
-
-	var logs storeharness.SyncBuffer
-	h := (&idemserver.Middleware{Logger: slog.New(slog.NewTextHandler(&logs, nil))}).Wrap(a)
-	assert.Contains(t, logs.String(), "Principal is nil", "Wrap logs why at once")
-	for _, q := range []req{{key: "k1"}, {}, {method: http.MethodGet}} {
-		w := serve(h, q)
-		assert.Equal(t, http.StatusInternalServerError, w.Code)
-		assert.Equal(t, idemserver.TypeMisconfigured, problemOf(t, w).Type)
+	tests := []struct {
+		name string
+		give *idemserver.Middleware
+		h    http.Handler
+		want string
+	}{
+		{"neither", new(idemserver.Middleware), a, "Principal is nil"},
+		{"both", &idemserver.Middleware{SingleTenant: true, Principal: tenantOf}, a, "both"},
+		{"nil handler", &idemserver.Middleware{SingleTenant: true}, nil, "nil"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got error
+			func() {
+				defer func() { got, _ = recover().(error) }()
+				tt.give.Wrap(tt.h)
+			}()
+			assert.ErrorIs(t, got, idemserver.ErrMisconfigured)
+			assert.ErrorContains(t, got, tt.want)
+		})
 	}
 	assert.Zero(t, a.calls.Load())
 
-	ok, err := (&idemserver.Middleware{Principal: tenantOf}).Handler(a)
-	require.NoError(t, err)
+	ok := (&idemserver.Middleware{Principal: tenantOf}).Wrap(a)
 	assert.Equal(t, http.StatusCreated, serve(ok, req{key: "k1", tenant: "t"}).Code)
+}
+
+// TestEmptyPrincipalRefused: a request for which the Principal returns ""
+// is answered 500 and runs nothing, whatever its key; one with a scope
+// runs. (Checked to fail with the check removed: the two anonymous
+// callers shared one key space, and the second got the first's response.)
+func TestEmptyPrincipalRefused(t *testing.T) {
+	a := new(app)
+	var logs storeharness.SyncBuffer
+	h := (&idemserver.Middleware{Principal: tenantOf, Logger: slog.New(slog.NewTextHandler(&logs, nil))}).Wrap(a)
+	for _, q := range []req{{key: "k1", body: "x"}, {key: "k1", body: "x"}} {
+		w := serve(h, q)
+		assert.Equal(t, http.StatusInternalServerError, w.Code)
+		assert.Equal(t, idemserver.TypeNoPrincipal, problemOf(t, w).Type)
+		assert.Empty(t, w.Header().Get(idemserver.ReplayedHeader))
+	}
+	assert.Zero(t, a.calls.Load())
+	assert.Contains(t, logs.String(), "empty scope")
+	assert.Equal(t, http.StatusCreated, serve(h, req{key: "k1", body: "x", tenant: "t"}).Code)
+	assert.Equal(t, http.StatusCreated, serve(h, req{body: "keyless"}).Code, "keyless requests pass through")
 }
 
 // TestReplayCarriesOnlyHandlerHeaders: header fields set by middleware
@@ -464,4 +486,89 @@ func TestKeyProblemDetailIsPlain(t *testing.T) {
 		assert.Equal(t, tt.want, p.Detail)
 		assert.NotContains(t, p.Detail, "idem")
 	}
+}
+
+// TestHeaderRulesIgnoreSpelling: a field the handler writes under a
+// non-canonical name (net/http sends it as spelt; a client reads it as
+// the same field) obeys the same rules: Set-Cookie, hop-by-hop fields and
+// OmitHeaders are not replayed. (Checked to fail with the rules comparing
+// names as written: the replay handed out "set-cookie: session=s3cr3t"
+// and "x-trace".)
+func TestHeaderRulesIgnoreSpelling(t *testing.T) {
+	h := (&idemserver.Middleware{SingleTenant: true, OmitHeaders: []string{"X-Trace"}}).Wrap(
+		http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			hdr := w.Header()
+			hdr["set-cookie"] = []string{"session=s3cr3t"}
+			hdr["x-trace"] = []string{"t-1"}
+			hdr["keep-alive"] = []string{"timeout=5"}
+			hdr["x-kept"] = []string{"yes"}
+			w.WriteHeader(http.StatusCreated)
+		}))
+	first := serve(h, req{key: "k1"})
+	//lint:ignore SA1008 the non-canonical name is the point
+	require.Equal(t, []string{"session=s3cr3t"}, first.Header()["set-cookie"], "the first response is the handler's")
+	replay := serve(h, req{key: "k1"})
+	require.Equal(t, "true", replay.Header().Get(idemserver.ReplayedHeader))
+	got := replay.Header().Clone()
+	got.Del(idemserver.ReplayedHeader)
+	assert.Equal(t, http.Header{"x-kept": {"yes"}}, got)
+}
+
+// hangingStore is a MemoryStore whose Complete hangs until its context
+// ends, as a store that stopped answering does; it counts Release calls.
+type hangingStore struct {
+	*idemserver.MemoryStore
+	releases atomic.Int64
+}
+
+func (s *hangingStore) Complete(ctx context.Context, _, _ string, _ []byte, _ time.Duration) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (s *hangingStore) Release(ctx context.Context, key, token string) error {
+	s.releases.Add(1)
+	return s.MemoryStore.Release(ctx, key, token)
+}
+
+// TestHungCompleteHasADeadline: a store that hangs in Complete holds the
+// finished response only until the claim's lock would time out; then the
+// handler's response is sent, the failure reported, and the key is not
+// released: a retry gets 409, never a second run. (The store's clock is
+// frozen, so that its claim is still live when the retry comes.) Checked
+// to fail with Complete given the request's context without a deadline,
+// as before: the request never returned.
+func TestHungCompleteHasADeadline(t *testing.T) {
+	const lock = 200 * time.Millisecond
+	frozen := time.Now()
+	store := &hangingStore{MemoryStore: &idemserver.MemoryStore{Now: func() time.Time { return frozen }}}
+	var calls atomic.Int64
+	var storeErrs atomic.Int64
+	h := (&idemserver.Middleware{
+		SingleTenant: true, Store: store, LockTimeout: lock, Logger: slog.New(slog.DiscardHandler),
+		Hooks: &idemserver.Hooks{OnStoreError: func(_ context.Context, ev idemserver.StoreErrorEvent) {
+			if ev.Op == idemserver.StoreOpComplete && errors.Is(ev.Err, context.DeadlineExceeded) {
+				storeErrs.Add(1)
+			}
+		}},
+	}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		calls.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "charged")
+	}))
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- serve(h, req{key: "k1"}) }()
+	var first *httptest.ResponseRecorder
+	select {
+	case first = <-done:
+	case <-time.After(50 * lock): // a bound on a hang, not an ordering
+		t.Fatal("the request is held by the hung Complete")
+	}
+	assert.Equal(t, http.StatusCreated, first.Code)
+	assert.Equal(t, "charged", first.Body.String())
+	assert.Equal(t, int64(1), storeErrs.Load())
+	assert.Zero(t, store.releases.Load(), "the key was not released")
+	retry := serve(h, req{key: "k1"})
+	assert.Equal(t, http.StatusConflict, retry.Code)
+	assert.Equal(t, int64(1), calls.Load())
 }

@@ -2,6 +2,7 @@ package idemserver
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -10,23 +11,38 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"unicode"
 	"unicode/utf8"
 )
 
 // DefaultFingerprint is the default [Middleware].Fingerprint. It identifies
 // a request by meaning, as Stripe compares a retry's parameters with the
 // first request's, so that a client library that re-encodes the same
-// request differently on a retry is not refused with 422:
+// request differently on a retry is not refused with 422, while two
+// requests a Go handler would tell apart never share a fingerprint:
 //
-//   - method and escaped path, byte for byte;
+//   - method and escaped path, byte for byte, but not the Host: a retry
+//     may reach another instance of the service under another name (a
+//     client balancing by address, a failover to another region's
+//     endpoint) and is still the same request. Services that must not
+//     share keys keep them apart in the store (a Redis Prefix, a
+//     PostgreSQL schema each), not by host name;
 //   - query parameters sorted by name (the values of one name keep their
 //     order) and decoded, so ?b=2&a=1 and ?a=1&b=2 are one query;
 //   - a JSON body (Content-Type application/json or any +json type) in a
-//     canonical form: object members sorted by name, whitespace and string
-//     escapes ignored, numbers kept as their literal text (1.0 and 1
-//     differ), duplicate names kept in their order;
+//     canonical form: whitespace and string escapes ignored, numbers kept
+//     as their literal text (1.0 and 1 differ), object members sorted by
+//     name as encoding/json matches names: without regard to letter case
+//     (Unicode simple folding), members whose names are equal that way
+//     keeping their order, since the last of them wins. So {"a":1,"b":2}
+//     and {"b":2,"a":1} are one request, and {"Amount":1,"amount":1000}
+//     and {"amount":1000,"Amount":1} two;
 //   - a form body (application/x-www-form-urlencoded) with its fields
-//     sorted as the query's are;
+//     sorted as the query's are, when it reads as a form: a body holding a
+//     double quote, a brace, a backslash, whitespace, a control or a
+//     non-ASCII byte, which no form encoder writes unescaped (a JSON body
+//     sent with a form type, say), is compared byte for byte, not split at
+//     its ampersands;
 //   - any other body, and a JSON or form body that does not parse, byte for
 //     byte.
 //
@@ -34,8 +50,35 @@ import (
 // UTF-8 or an unpaired surrogate escape, or nesting deeper than 1000, is
 // compared byte for byte rather than guessed at: when in doubt two requests
 // differ (a 422), never the other way (a replay of another request's
-// response).
+// response). Its cost is linear in the body, whatever its nesting.
 func DefaultFingerprint(r *http.Request, body []byte) string {
+	return fingerprint(r, body, fingerprintV2)
+}
+
+// fingerprintVersion says how a release's DefaultFingerprint was made.
+type fingerprintVersion struct {
+	foldNames  bool // JSON members sorted by case-folded name, equal ones in order
+	strictForm bool // only bodies that read as forms are split into fields
+}
+
+var (
+	// fingerprintV2 is DefaultFingerprint's.
+	fingerprintV2 = fingerprintVersion{foldNames: true, strictForm: true}
+	// fingerprintV1 is that of the releases that first compared by
+	// meaning: members sorted by their bytes, any body that parsed as a
+	// form split into fields.
+	fingerprintV1 = fingerprintVersion{}
+)
+
+// previousFingerprint is the fingerprint of the releases before
+// DefaultFingerprint took encoding/json's name matching into account; the
+// middleware accepts it for records those releases stored, so that an
+// upgrade does not turn their retries into 422s for a TTL.
+func previousFingerprint(r *http.Request, body []byte) string {
+	return fingerprint(r, body, fingerprintV1)
+}
+
+func fingerprint(r *http.Request, body []byte, v fingerprintVersion) string {
 	var buf [512]byte // most request lines fit; longer ones spill to the heap
 	b := append(buf[:0], r.Method...)
 	b = append(b, 0)
@@ -46,23 +89,43 @@ func DefaultFingerprint(r *http.Request, body []byte) string {
 	// A raw body's part is its SHA-256 alone, as before canonical forms
 	// existed; a canonical one's is its SHA-256 and a byte naming the
 	// form. NUL cannot occur in the parts before, so the two never read
-	// alike.
+	// alike. The JSON form with folded names has a byte of its own, so
+	// that no request's fingerprint of one version is another request's
+	// of the other: the middleware accepts both.
 	switch mediaKind(r.Header.Get("Content-Type")) {
 	case kindJSON:
-		if sum, ok := canonicalJSONSum(body); ok {
-			b = append(append(b, sum[:]...), 'j')
+		if sum, ok := canonicalJSONSum(body, v.foldNames); ok {
+			tag := byte('j')
+			if v.foldNames {
+				tag = 'J'
+			}
+			b = append(append(b, sum[:]...), tag)
 			return sumHex(b)
 		}
 	case kindForm:
-		if vs, err := url.ParseQuery(string(body)); err == nil && len(body) > 0 {
-			sum := sha256.Sum256([]byte(vs.Encode()))
-			b = append(append(b, sum[:]...), 'f')
-			return sumHex(b)
+		if len(body) > 0 && (!v.strictForm || plainForm(body)) {
+			if vs, err := url.ParseQuery(string(body)); err == nil {
+				sum := sha256.Sum256([]byte(vs.Encode()))
+				b = append(append(b, sum[:]...), 'f')
+				return sumHex(b)
+			}
 		}
 	}
 	sum := sha256.Sum256(body)
 	b = append(b, sum[:]...)
 	return sumHex(b)
+}
+
+// plainForm reports whether body holds only bytes a form encoder may
+// leave unescaped: no double quote, brace or backslash (which every JSON
+// object or string holds), whitespace, control or non-ASCII byte.
+func plainForm(body []byte) bool {
+	for _, c := range body {
+		if c <= ' ' || c >= 0x7f || c == '"' || c == '{' || c == '}' || c == '\\' {
+			return false
+		}
+	}
+	return true
 }
 
 func sumHex(b []byte) string {
@@ -139,26 +202,32 @@ const maxJSONDepth = 1000
 // buffer per request was the fingerprint's largest cost.
 var canonPool = sync.Pool{New: func() any { return new(canonBuffers) }}
 
-type canonBuffers struct{ out, scratch, str []byte }
+type canonBuffers struct {
+	out, fin, str []byte
+	stack, kids   []canonKid
+	nodes         []canonNode
+}
 
 // maxPooledCanon bounds the buffers the pool keeps, so that one large body
 // does not pin its buffers for good.
 const maxPooledCanon = 64 << 10
 
 // canonicalJSONSum returns the SHA-256 of in's canonical form (see
-// canonicalJSON), and whether in was one JSON text.
-func canonicalJSONSum(in []byte) (sum [32]byte, ok bool) {
+// canonicalJSON), and whether in was one JSON text. fold sorts members
+// as encoding/json matches names (fingerprintVersion.foldNames).
+func canonicalJSONSum(in []byte, fold bool) (sum [32]byte, ok bool) {
 	bufs := canonPool.Get().(*canonBuffers)
 	// The canonicaliser itself lives on the stack: writing slices into a
 	// pooled heap object costs a write barrier per append while the
 	// collector runs.
-	c := jsonCanon{scratch: bufs.scratch, str: bufs.str}
-	out, ok := canonicalJSON(bufs.out[:0], in, &c)
+	c := jsonCanon{str: bufs.str, fin: bufs.fin, stack: bufs.stack, kids: bufs.kids, nodes: bufs.nodes, fold: fold}
+	form, ok := canonicalJSON(bufs.out[:0], in, &c)
 	if ok {
-		sum = sha256.Sum256(out)
+		sum = sha256.Sum256(form)
 	}
-	if cap(out) <= maxPooledCanon && cap(c.scratch) <= maxPooledCanon && cap(c.str) <= maxPooledCanon {
-		bufs.out, bufs.scratch, bufs.str = out[:0], c.scratch[:0], c.str[:0]
+	if cap(c.out) <= maxPooledCanon && cap(c.fin) <= maxPooledCanon && cap(c.str) <= maxPooledCanon &&
+		cap(c.stack) <= maxPooledCanon/32 && cap(c.kids) <= maxPooledCanon/32 && cap(c.nodes) <= maxPooledCanon/32 {
+		*bufs = canonBuffers{out: c.out[:0], fin: c.fin[:0], str: c.str[:0], stack: c.stack[:0], kids: c.kids[:0], nodes: c.nodes[:0]}
 		canonPool.Put(bufs)
 	}
 	return sum, ok
@@ -171,36 +240,147 @@ func canonicalJSONSum(in []byte) (sum [32]byte, ok bool) {
 // ']', strings as 's', the length as a uvarint and the decoded bytes,
 // numbers as 'n', the length and the literal text, and 't', 'f', 'z' for
 // true, false and null. Two texts get one form exactly when they differ
-// only in whitespace, member order and string escapes.
+// only in whitespace, member order and string escapes. Names sort by
+// their bytes, or, with c.fold, as encoding/json matches them (see
+// compareNames).
 //
-// c, when not nil, lends its scratch buffers.
+// It takes time linear in the input, whatever its nesting. A first pass
+// writes the form with every object's members in their input order,
+// noting, for each object out of order or holding one, where its members
+// begin and end; the rest of the form is final as written. When anything
+// is out of order, a second pass copies the form once more, each such
+// object's members in sorted order. (Sorting each object as it closed, by
+// copying its members back in order, copied every byte once per object
+// around it: 26 times the time of a flat body for one 999 deep.)
+//
+// c, when not nil, lends its scratch buffers and says how names sort.
 func canonicalJSON(dst, in []byte, c *jsonCanon) ([]byte, bool) {
 	if c == nil {
 		c = new(jsonCanon)
 	}
+	if cap(dst)-len(dst) < len(in) {
+		// The form is about as long as the text: one allocation rather
+		// than a doubling series.
+		dst = slices.Grow(dst, len(in)+len(in)/16)
+	}
 	c.in, c.pos, c.out = in, 0, dst
+	c.stack, c.kids, c.nodes = c.stack[:0], c.kids[:0], c.nodes[:0]
 	c.space()
-	if !c.value(0) {
+	root, ok := c.value(0)
+	if !ok {
 		return dst, false
 	}
 	c.space()
 	if c.pos != len(c.in) {
 		return dst, false
 	}
-	return c.out, true
+	if root < 0 {
+		return c.out, true // in order throughout: the first pass's form is final
+	}
+	c.fin = append(slices.Grow(c.fin[:0], len(c.out)), c.out[:len(dst)]...)
+	c.fin = c.emit(c.fin, c.nodes[root])
+	return c.fin, true
 }
 
 type jsonCanon struct {
-	in      []byte
-	pos     int
-	out     []byte
-	scratch []byte // an object's members while they are reordered
-	str     []byte // a string's decoded bytes, when it has escapes
+	in   []byte
+	pos  int
+	out  []byte // the first pass's form
+	fin  []byte // the second pass's form, when there is one
+	str  []byte // a string's decoded bytes, when it has escapes
+	fold bool   // names sort as encoding/json matches them
+
+	// The objects and arrays the second pass must rewrite: those out of
+	// order or holding one. Each is a node; its members (objects) or its
+	// elements that are nodes (arrays) are kids, contiguous per node.
+	stack []canonKid // kids of the nodes still open
+	kids  []canonKid
+	nodes []canonNode
 }
 
-// member is an object member's place in out: the member from begin to
-// end, its name's decoded bytes from name to nameEnd.
-type member struct{ begin, name, nameEnd, end int }
+// canonKid is an object member, or an array element that is a node, in
+// out: from begin to end; for a member, its name's decoded bytes from
+// name to nameEnd, where its value starts. node is the value's node, or
+// -1 for a value already final in out.
+type canonKid struct{ begin, name, nameEnd, end, node int }
+
+// canonNode is an object or array to rewrite: its form from begin to end
+// in out, and its kids, kids[first:first+n].
+type canonNode struct {
+	begin, end, first, n int
+	object               bool
+}
+
+// emit appends node n's final form to dst.
+func (c *jsonCanon) emit(dst []byte, n canonNode) []byte {
+	kids := c.kids[n.first : n.first+n.n]
+	if n.object {
+		dst = append(dst, '{')
+		for _, k := range kids {
+			if k.node < 0 {
+				dst = append(dst, c.out[k.begin:k.end]...)
+				continue
+			}
+			dst = append(dst, c.out[k.begin:k.nameEnd]...)
+			dst = c.emit(dst, c.nodes[k.node])
+		}
+		return append(dst, '}')
+	}
+	at := n.begin // the array's '[' and the elements already final run through
+	for _, k := range kids {
+		dst = append(dst, c.out[at:k.begin]...)
+		dst = c.emit(dst, c.nodes[k.node])
+		at = k.end
+	}
+	return append(dst, c.out[at:n.end]...)
+}
+
+// compareNames orders member names: by their bytes, or, with fold, as
+// encoding/json matches a member to a field: letter case ignored (each
+// rune stands for the smallest of its Unicode simple folding orbit, so
+// "K", "k" and the Kelvin sign are one), names equal that way comparing
+// equal, so that a stable sort keeps them in their order. The order of
+// such names is the meaning to a Go handler: the last one wins.
+func compareNames(a, b []byte, fold bool) int {
+	if !fold {
+		return bytes.Compare(a, b)
+	}
+	for len(a) > 0 && len(b) > 0 {
+		ca, cb := a[0], b[0]
+		if ca < utf8.RuneSelf && cb < utf8.RuneSelf {
+			if 'a' <= ca && ca <= 'z' {
+				ca -= 'a' - 'A'
+			}
+			if 'a' <= cb && cb <= 'z' {
+				cb -= 'a' - 'A'
+			}
+			if ca != cb {
+				return cmp.Compare(ca, cb)
+			}
+			a, b = a[1:], b[1:]
+			continue
+		}
+		ra, na := utf8.DecodeRune(a)
+		rb, nb := utf8.DecodeRune(b)
+		if ra, rb = foldRune(ra), foldRune(rb); ra != rb {
+			return cmp.Compare(ra, rb)
+		}
+		a, b = a[na:], b[nb:]
+	}
+	return cmp.Compare(len(a), len(b))
+}
+
+// foldRune returns the smallest rune of r's simple folding orbit, as
+// encoding/json folds names (for ASCII letters, the capital).
+func foldRune(r rune) rune {
+	for {
+		r2 := unicode.SimpleFold(r)
+		if r2 <= r {
+			return r2
+		}
+		r = r2
+	}
+}
 
 func (c *jsonCanon) space() {
 	for c.pos < len(c.in) {
@@ -221,9 +401,11 @@ func (c *jsonCanon) next(ch byte) bool {
 	return false
 }
 
-func (c *jsonCanon) value(depth int) bool {
+// value reads a value and appends its form; it returns the value's node,
+// or -1 when its form in out is final.
+func (c *jsonCanon) value(depth int) (int, bool) {
 	if c.pos >= len(c.in) {
-		return false
+		return -1, false
 	}
 	switch c.in[c.pos] {
 	case '{':
@@ -232,15 +414,15 @@ func (c *jsonCanon) value(depth int) bool {
 		return c.array(depth + 1)
 	case '"':
 		_, ok := c.string()
-		return ok
+		return -1, ok
 	case 't':
-		return c.literal("true", 't')
+		return -1, c.literal("true", 't')
 	case 'f':
-		return c.literal("false", 'f')
+		return -1, c.literal("false", 'f')
 	case 'n':
-		return c.literal("null", 'z')
+		return -1, c.literal("null", 'z')
 	}
-	return c.number()
+	return -1, c.number()
 }
 
 func (c *jsonCanon) literal(lit string, tag byte) bool {
@@ -252,38 +434,39 @@ func (c *jsonCanon) literal(lit string, tag byte) bool {
 	return true
 }
 
-func (c *jsonCanon) object(depth int) bool {
+func (c *jsonCanon) object(depth int) (int, bool) {
 	if depth > maxJSONDepth {
-		return false
+		return -1, false
 	}
+	begin := len(c.out)
 	c.pos++ // '{'
 	c.out = append(c.out, '{')
-	base := len(c.out)
-	var stack [8]member
-	members := stack[:0]
+	base := len(c.stack)
+	rewrite := false // a member's value is a node
 	c.space()
 	if !c.next('}') {
 		for {
 			c.space()
 			if c.pos >= len(c.in) || c.in[c.pos] != '"' {
-				return false
+				return -1, false
 			}
-			m := member{begin: len(c.out)}
+			k := canonKid{begin: len(c.out)}
 			name, ok := c.string()
 			if !ok {
-				return false
+				return -1, false
 			}
-			m.name, m.nameEnd = name, len(c.out)
+			k.name, k.nameEnd = name, len(c.out)
 			c.space()
 			if !c.next(':') {
-				return false
+				return -1, false
 			}
 			c.space()
-			if !c.value(depth) {
-				return false
+			if k.node, ok = c.value(depth); !ok {
+				return -1, false
 			}
-			m.end = len(c.out)
-			members = append(members, m)
+			k.end = len(c.out)
+			rewrite = rewrite || k.node >= 0
+			c.stack = append(c.stack, k)
 			c.space()
 			if c.next(',') {
 				continue
@@ -291,37 +474,56 @@ func (c *jsonCanon) object(depth int) bool {
 			if c.next('}') {
 				break
 			}
-			return false
-		}
-	}
-	out := c.out // not c, which would then escape to the heap
-	byName := func(a, b member) int {
-		return bytes.Compare(out[a.name:a.nameEnd], out[b.name:b.nameEnd])
-	}
-	if !slices.IsSortedFunc(members, byName) {
-		slices.SortStableFunc(members, byName)
-		c.scratch = append(c.scratch[:0], c.out[base:]...)
-		c.out = c.out[:base]
-		for _, m := range members {
-			c.out = append(c.out, c.scratch[m.begin-base:m.end-base]...)
+			return -1, false
 		}
 	}
 	c.out = append(c.out, '}')
-	return true
+	members := c.stack[base:]
+	out, fold := c.out, c.fold // not c, which would then escape to the heap
+	byName := func(a, b canonKid) int {
+		return compareNames(out[a.name:a.nameEnd], out[b.name:b.nameEnd], fold)
+	}
+	if !slices.IsSortedFunc(members, byName) {
+		slices.SortStableFunc(members, byName)
+		rewrite = true
+	}
+	return c.close(begin, base, rewrite, true), true
 }
 
-func (c *jsonCanon) array(depth int) bool {
-	if depth > maxJSONDepth {
-		return false
+// close ends a node begun at begin whose kids are c.stack[base:]: when it
+// needs no rewrite, it drops them and returns -1; otherwise it records
+// the node and returns its index.
+func (c *jsonCanon) close(begin, base int, rewrite, object bool) int {
+	if !rewrite {
+		c.stack = c.stack[:base]
+		return -1
 	}
+	c.nodes = append(c.nodes, canonNode{begin: begin, end: len(c.out), first: len(c.kids), n: len(c.stack) - base, object: object})
+	c.kids = append(c.kids, c.stack[base:]...)
+	c.stack = c.stack[:base]
+	return len(c.nodes) - 1
+}
+
+func (c *jsonCanon) array(depth int) (int, bool) {
+	if depth > maxJSONDepth {
+		return -1, false
+	}
+	begin := len(c.out)
 	c.pos++ // '['
 	c.out = append(c.out, '[')
+	base := len(c.stack)
 	c.space()
 	if !c.next(']') {
 		for {
 			c.space()
-			if !c.value(depth) {
-				return false
+			k := canonKid{begin: len(c.out)}
+			var ok bool
+			if k.node, ok = c.value(depth); !ok {
+				return -1, false
+			}
+			if k.node >= 0 { // only elements to rewrite are kids
+				k.end = len(c.out)
+				c.stack = append(c.stack, k)
 			}
 			c.space()
 			if c.next(',') {
@@ -330,11 +532,11 @@ func (c *jsonCanon) array(depth int) bool {
 			if c.next(']') {
 				break
 			}
-			return false
+			return -1, false
 		}
 	}
 	c.out = append(c.out, ']')
-	return true
+	return c.close(begin, base, len(c.stack) > base, false), true
 }
 
 // string reads a string and appends its form; it returns where the decoded

@@ -1,6 +1,7 @@
 package idemserver_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,6 +17,7 @@ type fpReq struct {
 	target      string // default /charges
 	contentType string
 	body        string
+	host        string // default example.com
 }
 
 func (q fpReq) fingerprint() string {
@@ -24,6 +26,9 @@ func (q fpReq) fingerprint() string {
 		target = "/charges"
 	}
 	r := httptest.NewRequest(http.MethodPost, target, nil)
+	if q.host != "" {
+		r.Host = q.host
+	}
 	if q.contentType != "" {
 		r.Header.Set("Content-Type", q.contentType)
 	}
@@ -71,6 +76,20 @@ func TestDefaultFingerprint(t *testing.T) {
 		{"query differs", fpReq{target: "/charges?a=1"}, fpReq{target: "/charges?a=2"}, false},
 		{"bad query is raw", fpReq{target: "/charges?a=%zz&b=1"}, fpReq{target: "/charges?b=1&a=%zz"}, false},
 		{"path differs", fpReq{target: "/charges"}, fpReq{target: "/refunds"}, false},
+		// encoding/json matches names without regard to case, the last
+		// one winning: members whose names fold alike keep their order.
+		{"JSON names equal but for case keep order", fpReq{contentType: ctJSON, body: `{"Amount":1,"amount":1000}`}, fpReq{contentType: ctJSON, body: `{"amount":1000,"Amount":1}`}, false},
+		{"JSON Kelvin sign is a k", fpReq{contentType: ctJSON, body: `{"k":1,"\u212a":2}`}, fpReq{contentType: ctJSON, body: `{"\u212a":2,"k":1}`}, false},
+		{"JSON names sort without regard to case", fpReq{contentType: ctJSON, body: `{"b":1,"A":2,"c":{"Y":1,"x":2}}`}, fpReq{contentType: ctJSON, body: `{"c":{"x":2,"Y":1},"A":2,"b":1}`}, true},
+		{"JSON names equal but for case, other members moved", fpReq{contentType: ctJSON, body: `{"a":1,"b":0,"A":2}`}, fpReq{contentType: ctJSON, body: `{"b":0,"a":1,"A":2}`}, true},
+		// A JSON body sent with a form type is not split at '&'.
+		{"JSON with a form type is raw", fpReq{contentType: ctForm, body: `{"x":"1&y=2"}`}, fpReq{contentType: ctForm, body: `y=2"}&{"x":"1`}, false},
+		{"JSON with a form type, equal bytes", fpReq{contentType: ctForm, body: `{"x":"1&y=2"}`}, fpReq{contentType: ctForm, body: `{"x":"1&y=2"}`}, true},
+		{"form with brackets", fpReq{contentType: ctForm, body: "metadata[a]=1&metadata[b]=2&amount=3"}, fpReq{contentType: ctForm, body: "amount=3&metadata[b]=2&metadata[a]=1"}, true},
+		{"form with a space is raw", fpReq{contentType: ctForm, body: "a=1 2&b=3"}, fpReq{contentType: ctForm, body: "b=3&a=1 2"}, false},
+		// The Host is not part of the request: a retry may reach another
+		// instance under another name.
+		{"host differs", fpReq{host: "10.0.0.1:8080"}, fpReq{host: "10.0.0.2:8080"}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -122,4 +141,49 @@ func TestCustomFingerprint(t *testing.T) {
 	assert.Equal(t, "true", w.Header().Get(idemserver.ReplayedHeader))
 	w = serve(h, req{key: "k1", body: "other"})
 	assert.Equal(t, http.StatusUnprocessableEntity, w.Code)
+}
+
+// TestCaseFoldedNamesNotReplayed: the issue's two requests, which a Go
+// handler decodes as amounts 1000 and 1, are not one request: the second
+// gets 422, not the first's response. (Checked to fail with names sorted
+// by their bytes: the second was replayed the first's response.)
+func TestCaseFoldedNamesNotReplayed(t *testing.T) {
+	var amounts []int
+	h := (&idemserver.Middleware{SingleTenant: true}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var v struct{ Amount int }
+		_ = json.NewDecoder(r.Body).Decode(&v)
+		amounts = append(amounts, v.Amount)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	send := func(body string) int {
+		r := httptest.NewRequest(http.MethodPost, "/charges", strings.NewReader(body))
+		r.Header.Set("Idempotency-Key", "k1")
+		r.Header.Set("Content-Type", ctJSON)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r) // on this goroutine
+		return w.Code
+	}
+	assert.Equal(t, http.StatusCreated, send(`{"Amount":1,"amount":1000}`))
+	assert.Equal(t, http.StatusUnprocessableEntity, send(`{"amount":1000,"Amount":1}`))
+	assert.Equal(t, []int{1000}, amounts)
+}
+
+// TestHostIsNotPartOfTheRequest: a retry that reaches another instance
+// under another host name (a client balancing by address) gets the
+// replay, as the documentation of DefaultFingerprint says. (Checked to
+// fail with the Host in the fingerprint: 422, which also broke TestTxCrash,
+// whose retries reach a new server at another address.)
+func TestHostIsNotPartOfTheRequest(t *testing.T) {
+	a := new(app)
+	h := (&idemserver.Middleware{SingleTenant: true}).Wrap(a)
+	q := req{key: "k1", body: "x"}
+	first := q.build()
+	first.Host = "10.0.0.1:8080"
+	h.ServeHTTP(httptest.NewRecorder(), first)
+	retry := q.build()
+	retry.Host = "10.0.0.2:8080"
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, retry)
+	assert.Equal(t, "true", w.Header().Get(idemserver.ReplayedHeader))
+	assert.Equal(t, int64(1), a.calls.Load())
 }

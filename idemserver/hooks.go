@@ -38,7 +38,8 @@ type Hooks struct {
 	OnClaim func(ctx context.Context, ev ClaimEvent)
 
 	// OnStored is called when a handler's response has been stored for
-	// replays (or, too large to keep, marked as not replayable).
+	// replays, or its key marked as completed but not replayable (a
+	// response too large to keep, a hijacked connection, a 101).
 	OnStored func(ctx context.Context, ev StoredEvent)
 
 	// OnReleased is called when a claimed key has been released, so that
@@ -56,7 +57,7 @@ type Hooks struct {
 
 	// OnRefused is called when the middleware refused a request without
 	// asking the store or running the handler's effect: a full store
-	// (503) or a misconfigured Middleware (500, see [Middleware.Wrap]).
+	// (503) or a request the Principal could not name (500).
 	OnRefused func(ctx context.Context, ev RefusedEvent)
 }
 
@@ -94,7 +95,7 @@ type ClaimEvent struct {
 type StoredEvent struct {
 	RequestEvent
 	Status     int           // the handler's status
-	Replayable bool          // false: too large to keep; retries get 410
+	Replayable bool          // false: too large to keep, or hijacked; retries get 410
 	Latency    time.Duration // from the claim to the response stored
 }
 
@@ -105,7 +106,7 @@ type ReleaseReason string
 const (
 	ReleaseServerError ReleaseReason = "server_error" // a 5xx that ShouldStore refused
 	ReleaseNotStored   ReleaseReason = "not_stored"   // another status ShouldStore refused (such as 409 or 429)
-	ReleaseNotStorable ReleaseReason = "not_storable" // a hijacked connection, a 101 or an invalid status: nothing a replay could send
+	ReleaseNotStorable ReleaseReason = "not_storable" // an invalid status: nothing a replay could send
 	ReleaseCanceled    ReleaseReason = "canceled"     // the request was cancelled and the handler answered nothing
 	ReleasePanic       ReleaseReason = "panic"        // the handler panicked
 	// The reasons of a transactional middleware (contrib/postgres's
@@ -156,8 +157,8 @@ type RefusalReason string
 
 // The reasons of [RefusedEvent.Reason].
 const (
-	RefusedStoreFull     RefusalReason = "store_full"    // [ErrStoreFull]: 503
-	RefusedMisconfigured RefusalReason = "misconfigured" // [ErrMisconfigured]: 500
+	RefusedStoreFull   RefusalReason = "store_full"   // [ErrStoreFull]: 503
+	RefusedNoPrincipal RefusalReason = "no_principal" // the Principal returned an empty scope: 500 ([TypeNoPrincipal])
 )
 
 // RefusedEvent describes a refused request. See [Hooks.OnRefused].
@@ -165,7 +166,7 @@ type RefusedEvent struct {
 	RequestEvent
 	Reason RefusalReason
 	Status int   // the status answered
-	Err    error // the store's or the configuration's error
+	Err    error // the store's error, or why the request has no scope
 }
 
 // event returns the identity of request r with key in scope, as hk allows.

@@ -138,8 +138,7 @@ func (s *faultStore) Release(ctx context.Context, key, token string) error {
 }
 
 // hookApp picks its answer by path: /charges 201, /fail 500, /busy 409,
-// /big 4 KiB, /hijack takes the connection (which the recorder cannot
-// give), /cancel waits for the client to leave and answers nothing,
+// /big 4 KiB, /switch answers 101 Switching Protocols, /cancel waits for the client to leave and answers nothing,
 // /panic panics.
 var hookApp = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
@@ -149,8 +148,8 @@ var hookApp = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusConflict)
 	case "/big":
 		_, _ = w.Write([]byte(strings.Repeat("x", 4096)))
-	case "/hijack":
-		_, _, _ = http.NewResponseController(w).Hijack()
+	case "/switch":
+		w.WriteHeader(http.StatusSwitchingProtocols)
 	case "/cancel":
 		<-r.Context().Done()
 	case "/panic":
@@ -254,11 +253,11 @@ func TestHooksEvents(t *testing.T) {
 			},
 		},
 		{
-			name: "released, not storable",
-			give: req{target: "/hijack", key: "k1"},
+			name: "stored, switched protocols",
+			give: req{target: "/switch", key: "k1"},
 			want: []any{
-				idemserver.ClaimEvent{RequestEvent: ev("/hijack"), Outcome: idemserver.ClaimNew},
-				idemserver.ReleasedEvent{RequestEvent: ev("/hijack"), Reason: idemserver.ReleaseNotStorable, Status: http.StatusOK},
+				idemserver.ClaimEvent{RequestEvent: ev("/switch"), Outcome: idemserver.ClaimNew},
+				idemserver.StoredEvent{RequestEvent: ev("/switch"), Status: http.StatusSwitchingProtocols, Replayable: false},
 			},
 		},
 		{
@@ -367,19 +366,20 @@ func TestHooksRecordNothingByDefault(t *testing.T) {
 	}, log.take())
 }
 
-// TestHooksMisconfigured: Wrap's refusing handler reports every request.
-func TestHooksMisconfigured(t *testing.T) {
+// TestHooksNoPrincipal: a request the Principal cannot name is reported
+// as refused, and nothing else.
+func TestHooksNoPrincipal(t *testing.T) {
 	var log hookLog
-	h := (&idemserver.Middleware{Hooks: log.hooks(true), Logger: slog.New(slog.DiscardHandler)}).Wrap(hookApp)
+	h := (&idemserver.Middleware{Principal: tenantOf, Hooks: log.hooks(true), Logger: slog.New(slog.DiscardHandler)}).Wrap(hookApp)
 	serveHook(h, req{key: "k1"}, false)
 	evs := log.take()
 	require.Len(t, evs, 1)
 	r, ok := evs[0].(refused)
 	require.True(t, ok, "%#v", evs[0])
-	assert.Equal(t, idemserver.RequestEvent{Method: http.MethodPost, Path: "/charges"}, r.RequestEvent)
-	assert.Equal(t, idemserver.RefusedMisconfigured, r.Reason)
+	assert.Equal(t, idemserver.RequestEvent{Method: http.MethodPost, Path: "/charges", Key: "k1"}, r.RequestEvent)
+	assert.Equal(t, idemserver.RefusedNoPrincipal, r.Reason)
 	assert.Equal(t, http.StatusInternalServerError, r.Status)
-	assert.Contains(t, string(r.Err), "misconfigured")
+	assert.Contains(t, string(r.Err), "empty scope")
 }
 
 // TestHooksCopied: Wrap copies the Hooks, so changing them later does not

@@ -61,6 +61,15 @@ var _ Store = (*MemoryStore)(nil)
 // until records expire. A busier service wants a shared store (Redis,
 // PostgreSQL) anyway, or a shorter TTL.
 //
+// Each principal's scope ([Claim].Scope) is bounded too, by MaxScopeEntries
+// and MaxScopeBytes, a quarter of the store's bounds by default: a caller
+// that fills its share (with requests its handler refuses with a stored
+// 4xx, say) gets ErrStoreFull for its own new keys until its records
+// expire, and leaves the other callers three quarters of the room at
+// least. It takes four such callers to fill the store. The empty scope
+// (SingleTenant, which has one caller) is bounded by the store's bounds
+// alone.
+//
 // The zero value is an empty store ready to use, with the default bounds.
 // A MemoryStore is safe for concurrent use and must not be copied after
 // first use; set its fields before first use.
@@ -80,10 +89,35 @@ type MemoryStore struct {
 	// bound.
 	MaxBytes int64
 
+	// MaxScopeEntries bounds the records of one non-empty scope. Zero
+	// means a quarter of MaxEntries (none if that is unbounded); negative
+	// means no bound per scope.
+	MaxScopeEntries int
+
+	// MaxScopeBytes bounds the bytes of one non-empty scope's records, as
+	// MaxBytes counts them. Zero means a quarter of MaxBytes (none if that
+	// is unbounded); negative means no bound per scope.
+	MaxScopeBytes int64
+
 	entries   atomic.Int64
 	bytes     atomic.Int64
 	nextPrune atomic.Int64 // Unix nanoseconds: when a full store may sweep every shard again
 	shards    [memShards]memShard
+	scopes    [memShards]scopeShard
+}
+
+// scopeShard holds the use of the scopes whose hash falls in it. A scope
+// is listed while it holds records.
+type scopeShard struct {
+	mu  sync.Mutex
+	use map[string]*scopeUse
+	_   [64]byte
+}
+
+// scopeUse is what one scope's records hold; guarded by its shard's mu.
+type scopeUse struct {
+	scope          string
+	entries, bytes int64
 }
 
 type memShard struct {
@@ -99,6 +133,7 @@ type memRecord struct {
 	fingerprint string
 	record      []byte    // the response once completed
 	expires     time.Time // lock expiry while in progress, TTL expiry once completed
+	use         *scopeUse // nil for the empty scope
 }
 
 // size is what rec under key counts against MaxBytes.
@@ -126,6 +161,82 @@ func (s *MemoryStore) maxBytes() int64 {
 	return s.MaxBytes
 }
 
+func (s *MemoryStore) maxScopeEntries() int64 {
+	switch {
+	case s.MaxScopeEntries < 0:
+		return -1
+	case s.MaxScopeEntries > 0:
+		return int64(s.MaxScopeEntries)
+	}
+	if m := s.maxEntries(); m >= 0 {
+		return max(m/4, 1)
+	}
+	return -1
+}
+
+func (s *MemoryStore) maxScopeBytes() int64 {
+	switch {
+	case s.MaxScopeBytes < 0:
+		return -1
+	case s.MaxScopeBytes > 0:
+		return s.MaxScopeBytes
+	}
+	if m := s.maxBytes(); m >= 0 {
+		return max(m/4, 1)
+	}
+	return -1
+}
+
+// admitScope reserves room in scope's share for a record of size bytes
+// (and one more entry when newEntry), or reports false when that would
+// pass a bound. It returns the scope's use, nil for the empty scope,
+// which has no share of its own.
+func (s *MemoryStore) admitScope(scope string, newEntry bool, size int64) (*scopeUse, bool) {
+	if scope == "" {
+		return nil, true
+	}
+	sh := &s.scopes[hashString(scope)%memShards]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	u := sh.use[scope]
+	if u == nil {
+		u = &scopeUse{scope: scope}
+	}
+	n := int64(0)
+	if newEntry {
+		n = 1
+	}
+	if me := s.maxScopeEntries(); me >= 0 && u.entries+n > me {
+		return nil, false
+	}
+	if mb := s.maxScopeBytes(); mb >= 0 && u.bytes+size > mb {
+		return nil, false
+	}
+	u.entries += n
+	u.bytes += size
+	if sh.use == nil {
+		sh.use = make(map[string]*scopeUse)
+	}
+	sh.use[scope] = u
+	return u, true
+}
+
+// addScope adds entries and bytes (negative when they leave) to u's
+// scope, and unlists a scope left without records.
+func (s *MemoryStore) addScope(u *scopeUse, entries, bytes int64) {
+	if u == nil {
+		return
+	}
+	sh := &s.scopes[hashString(u.scope)%memShards]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	u.entries += entries
+	u.bytes += bytes
+	if u.entries <= 0 && sh.use[u.scope] == u {
+		delete(sh.use, u.scope)
+	}
+}
+
 // admit reserves room for a record of size bytes (and one more entry when
 // newEntry), or reports false when that would pass a bound.
 func (s *MemoryStore) admit(newEntry bool, size int64) bool {
@@ -146,9 +257,10 @@ func (s *MemoryStore) admit(newEntry bool, size int64) bool {
 }
 
 // forget accounts for a deleted record.
-func (s *MemoryStore) forget(size int64) {
+func (s *MemoryStore) forget(rec *memRecord, size int64) {
 	s.entries.Add(-1)
 	s.bytes.Add(-size)
+	s.addScope(rec.use, -1, -size)
 }
 
 func (s *MemoryStore) now() time.Time {
@@ -158,17 +270,23 @@ func (s *MemoryStore) now() time.Time {
 	return time.Now()
 }
 
-// shard picks key's shard with FNV-1a, which needs no seed and no allocation.
+// shard picks key's shard.
 func (s *MemoryStore) shard(key string) *memShard {
+	return &s.shards[hashString(key)%memShards]
+}
+
+// hashString is FNV-1a, which needs no seed and no allocation.
+func hashString(key string) uint32 {
 	h := uint32(2166136261)
 	for i := 0; i < len(key); i++ {
 		h ^= uint32(key[i])
 		h *= 16777619
 	}
-	return &s.shards[h%memShards]
+	return h
 }
 
-// Claim implements [Store.Claim]. Its only error is [ErrStoreFull].
+// Claim implements [Store.Claim]. Its only error is [ErrStoreFull], for
+// the store's bounds or c.Scope's share of them.
 func (s *MemoryStore) Claim(_ context.Context, key string, c Claim) (ClaimResult, error) {
 	now := s.now()
 	res, ok := s.claim(key, c, now)
@@ -206,25 +324,25 @@ func (s *MemoryStore) claim(key string, c Claim, now time.Time) (_ ClaimResult, 
 		return ClaimResult{State: Completed, Fingerprint: old.fingerprint, Record: old.record}, true
 	}
 	rec := memRecord{token: c.Token, fingerprint: c.Fingerprint, expires: now.Add(c.LockTimeout)}
-	var oldSize int64
 	if exists {
-		oldSize = old.size(key)
+		// An expired record under key: it goes, whatever happens next.
+		delete(sh.records, key)
+		s.forget(&old, old.size(key))
 	}
-	if !s.admit(!exists, rec.size(key)-oldSize) {
-		// Try once more after sweeping this shard, which may delete the
-		// expired record under key too.
-		if sh.sweep(s, now) == 0 {
-			return ClaimResult{}, false
-		}
-		_, exists = sh.records[key]
-		oldSize = 0
-		if exists {
-			oldSize = old.size(key)
-		}
-		if !s.admit(!exists, rec.size(key)-oldSize) {
+	size := rec.size(key)
+	if !s.admit(true, size) {
+		// Try once more after sweeping this shard.
+		if sh.sweep(s, now) == 0 || !s.admit(true, size) {
 			return ClaimResult{}, false
 		}
 	}
+	use, ok := s.admitScope(c.Scope, true, size)
+	if !ok {
+		s.entries.Add(-1)
+		s.bytes.Add(-size)
+		return ClaimResult{}, false
+	}
+	rec.use = use
 	sh.records[key] = rec
 	return ClaimResult{State: Claimed}, true
 }
@@ -246,7 +364,9 @@ func (s *MemoryStore) Complete(_ context.Context, key, token string, record []by
 	rec.record = record
 	rec.expires = now.Add(ttl)
 	sh.records[key] = rec
-	s.bytes.Add(int64(len(record))) // never refused: the work is done
+	// Never refused, not even past the scope's share: the work is done.
+	s.bytes.Add(int64(len(record)))
+	s.addScope(rec.use, 0, int64(len(record)))
 	return nil
 }
 
@@ -279,7 +399,7 @@ func (s *MemoryStore) Release(_ context.Context, key, token string) error {
 		return err
 	}
 	delete(sh.records, key)
-	s.forget(rec.size(key))
+	s.forget(&rec, rec.size(key))
 	return nil
 }
 
@@ -300,7 +420,7 @@ func (sh *memShard) sweep(s *MemoryStore, now time.Time) int {
 	for k, rec := range sh.records {
 		if !now.Before(rec.expires) {
 			delete(sh.records, k)
-			s.forget(rec.size(k))
+			s.forget(&rec, rec.size(k))
 			n++
 		}
 	}

@@ -3,6 +3,8 @@ package idemserver_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -178,4 +180,68 @@ func TestMemoryStoreBounds(t *testing.T) {
 		assert.Zero(t, s.Len())
 		assert.Zero(t, s.Bytes(), "every byte counted in is counted out")
 	})
+}
+
+// TestMemoryStoreScopeShare: one principal filling the store with stored
+// refusals (400s, kept for the TTL) reaches its share, a quarter of the
+// store, and gets 503 for its own new keys; the other principals keep
+// being served, and the first is served again once its records expire.
+// The empty scope (SingleTenant) has the whole store. (Checked to fail
+// without the per-scope bound: once the first principal had filled the
+// store, every other got 503 for the TTL.)
+func TestMemoryStoreScopeShare(t *testing.T) {
+	clk := newFakeClock()
+	store := &idemserver.MemoryStore{Now: clk.Now, MaxEntries: 100}
+	a := new(app)
+	h := (&idemserver.Middleware{Principal: tenantOf, Store: store, TTL: time.Hour, Logger: slog.New(slog.DiscardHandler)}).Wrap(a)
+	codes := map[int]int{}
+	for i := range 200 {
+		codes[serve(h, req{target: "/invalid", key: fmt.Sprint("bad-", i), tenant: "flood"}).Code]++
+	}
+	assert.Equal(t, map[int]int{http.StatusBadRequest: 25, http.StatusServiceUnavailable: 175}, codes)
+	w := serve(h, req{key: "one-more", tenant: "flood"})
+	assert.Equal(t, idemserver.TypeStoreFull, problemType(w))
+	for _, tenant := range []string{"b", "c", "d"} {
+		for i := range 20 {
+			assert.Equal(t, http.StatusCreated, serve(h, req{key: fmt.Sprint("k-", i), tenant: tenant}).Code, "tenant %s", tenant)
+		}
+	}
+	clk.Advance(2 * time.Hour)
+	assert.Equal(t, http.StatusCreated, serve(h, req{key: "after-ttl", tenant: "flood"}).Code)
+
+	single := &idemserver.MemoryStore{MaxEntries: 100}
+	hs := (&idemserver.Middleware{SingleTenant: true, Store: single}).Wrap(a)
+	for i := range 100 {
+		require.Equal(t, http.StatusCreated, serve(hs, req{key: fmt.Sprint("s-", i)}).Code, "request %d", i)
+	}
+	assert.Equal(t, http.StatusServiceUnavailable, serve(hs, req{key: "s-full"}).Code)
+}
+
+// TestMemoryStoreScopeAccounting: a scope's share is given back as its
+// records are released, completed ones expire, or are pruned, so a
+// principal is never locked out by records it no longer holds.
+func TestMemoryStoreScopeAccounting(t *testing.T) {
+	ctx := context.Background()
+	clk := newFakeClock()
+	s := &idemserver.MemoryStore{Now: clk.Now, MaxScopeEntries: 2, MaxScopeBytes: -1}
+	claim := func(key string) error {
+		_, err := s.Claim(ctx, key, idemserver.Claim{Token: "t-" + key, Fingerprint: "fp", LockTimeout: time.Minute, Scope: "a"})
+		return err
+	}
+	require.NoError(t, claim("1"))
+	require.NoError(t, claim("2"))
+	assert.ErrorIs(t, claim("3"), idemserver.ErrStoreFull)
+	require.NoError(t, s.Release(ctx, "1", "t-1"))
+	require.NoError(t, claim("3"))
+	require.NoError(t, s.Complete(ctx, "3", "t-3", []byte("record"), time.Hour))
+	assert.ErrorIs(t, claim("4"), idemserver.ErrStoreFull)
+	clk.Advance(2 * time.Minute) // claim 2 is abandoned; response 3 is live
+	require.NoError(t, claim("4"))
+	assert.ErrorIs(t, claim("5"), idemserver.ErrStoreFull)
+	clk.Advance(2 * time.Hour)
+	s.Prune()
+	require.NoError(t, claim("5"))
+	require.NoError(t, claim("6"))
+	_, err := s.Claim(ctx, "other", idemserver.Claim{Token: "t", Fingerprint: "fp", LockTimeout: time.Minute, Scope: "b"})
+	assert.NoError(t, err, "another scope has a share of its own")
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -44,9 +45,9 @@ const (
 // then:
 //
 //   - new key: runs the handler, capturing status, header and body as they
-//     pass to the client, and renewing the claim every third of
-//     LockTimeout while it runs; stores the response if ShouldStore accepts
-//     its status, else releases the key so a retry runs again;
+//     pass to the client, and renewing the claim while it runs; stores the
+//     response if ShouldStore accepts its status, else releases the key so
+//     a retry runs again;
 //   - same key and request, still running: 409 with Retry-After;
 //   - same key, different request (method, path, query or body): 422;
 //   - same key and request, completed: replays the stored status, header
@@ -70,16 +71,28 @@ const (
 //   - A response whose body exceeds MaxStoredBody reaches its client whole,
 //     but is not stored; its key stays completed, as not replayable, for
 //     TTL, and a retry gets 410 ([TypeNotReplayable]) instead of a second
-//     run.
+//     run. So does a handler that hijacks the connection or answers 101
+//     Switching Protocols: it ran, and what it sent cannot be replayed.
 //   - A full store (see [ErrStoreFull]) and a failing store get 503 with
 //     Retry-After, and the handler does not run.
+//   - A store that hangs cannot hold a finished response for ever: the
+//     Complete (or Release) after the handler is given until the claim's
+//     lock would time out. Past that, the response is sent unstored and the
+//     key is not released: it stays claimed until its lock times out, as
+//     after a crash, so retries meanwhile get 409.
 //
 // The lock timeout is how long a crashed server's claim blocks its key
 // (retries get 409 until it passes). A live handler keeps its claim however
-// long it runs, by renewing it every LockTimeout/3 ([Store.Renew]); should
-// a renewal find the claim lost (the store was unreachable for longer than
-// LockTimeout, or lost the record), the error is logged and the late
-// response is sent but not stored.
+// long it runs, by renewing it ([Store.Renew]) every tenth of LockTimeout;
+// a renewal that fails is tried again promptly (a hundredth of LockTimeout
+// after a fast failure, at once after a slow one; each attempt times out
+// after a twentieth), so the claim survives any store outage that ends
+// before LockTimeout has passed since the last renewal: any outage shorter
+// than 0.85 LockTimeout, whenever it starts, and shorter than 0.95
+// LockTimeout when it starts just after a renewal. Should a renewal find
+// the claim lost (the store was unreachable for longer, or lost the
+// record), the error is logged and the late response is sent but not
+// stored.
 //
 // Replays carry what the handler set: the header fields outer middleware
 // had set before the handler ran (a request id, CORS) are not stored, nor
@@ -88,7 +101,7 @@ const (
 //
 // Principal or SingleTenant must be set; the rest of the zero value works:
 // POST and PATCH, optional keys in either form, a [MemoryStore], a 24 h
-// TTL. Fields are read by [Middleware.Handler] and [Middleware.Wrap];
+// TTL. Fields are read by [Middleware.Wrap];
 // changing them later has no effect on handlers already wrapped. Wrapped
 // handlers are safe for concurrent use.
 type Middleware struct {
@@ -101,6 +114,12 @@ type Middleware struct {
 	// Principal returns the scope of a request's keys: the tenant, account
 	// or API key that sent it, so that one principal can never replay, block
 	// or probe another's response. It must be set unless SingleTenant is.
+	//
+	// It must return a non-empty scope for every keyed request: a request
+	// for which it returns "" (an unauthenticated caller, say) is refused
+	// with 500 ([TypeNoPrincipal]) and runs nothing, since every such
+	// caller would otherwise share one key space. Authenticate before the
+	// middleware runs.
 	Principal func(r *http.Request) string
 
 	// SingleTenant says that one party alone sends every request, so that
@@ -187,20 +206,26 @@ type Middleware struct {
 	// Logger receives store errors at Error level: a failed Claim or a
 	// corrupt stored record (the request was answered 503), a failed
 	// Complete, Release or Renew (the response then goes unstored, or the
-	// key stays claimed until LockTimeout), and a misconfiguration found by
-	// Wrap. A full store is logged at Warn level. Nil means [slog.Default].
+	// key stays claimed until LockTimeout), and a Principal that returned
+	// no scope (answered 500). A full store is logged at Warn level. Nil
+	// means [slog.Default].
 	Logger *slog.Logger
 
 	// Hooks, when not nil, are called at each decision: claims, stored
 	// responses, released keys, renewal failures, store errors and
-	// refusals. Wrap and Handler copy the struct, so later changes to it
+	// refusals. Wrap copies the struct, so later changes to it
 	// have no effect on handlers already wrapped. Nil costs nothing.
 	Hooks *Hooks
 }
 
-// ErrMisconfigured is the error of [Middleware.Handler] for a Middleware
-// whose fields contradict each other or leave a required choice open.
+// ErrMisconfigured is what [Middleware.Wrap] panics with (wrapped, in an
+// error saying which fields are wrong) for a Middleware whose fields
+// contradict each other or leave a required choice open.
 var ErrMisconfigured = errors.New("idemserver: misconfigured middleware")
+
+// errNoPrincipal is the error of a [RefusedEvent] for a Principal that
+// returned an empty scope.
+var errNoPrincipal = errors.New("idemserver: Principal returned an empty scope")
 
 // DefaultShouldStore is the default storage rule: 2xx, 3xx and the 4xx a
 // retry of the same request would get again. Not stored: 5xx, which the
@@ -216,49 +241,34 @@ func DefaultShouldStore(status int) bool {
 	return status >= 200 && status < 500
 }
 
-// Handler returns a handler that enforces the idempotency contract around
-// h, or an error wrapping [ErrMisconfigured] when the Middleware's fields
-// do not make a safe configuration: neither Principal nor SingleTenant
-// set, or both. Prefer it to Wrap where the error can stop the server from
-// starting.
-func (m *Middleware) Handler(h http.Handler) (http.Handler, error) {
-	switch {
-	case m.Principal == nil && !m.SingleTenant:
-		return nil, fmt.Errorf("%w: Principal is nil; set Principal to scope keys by caller, or SingleTenant if one party sends every request", ErrMisconfigured)
-	case m.Principal != nil && m.SingleTenant:
-		return nil, fmt.Errorf("%w: both Principal and SingleTenant are set", ErrMisconfigured)
-	case h == nil:
-		return nil, fmt.Errorf("%w: the wrapped handler is nil", ErrMisconfigured)
+// Wrap returns a handler that enforces the idempotency contract around h.
+// It has the shape every router and middleware chain takes
+// (func(http.Handler) http.Handler).
+//
+// Wrap panics, with an error wrapping [ErrMisconfigured], when the
+// Middleware's fields do not make a safe configuration (neither Principal
+// nor SingleTenant set, or both) or h is nil, as [http.ServeMux] panics on
+// a bad pattern: the mistake is the program's, found where the routes are
+// built, before any request is served, and a server that started anyway
+// would serve one shared key space to every caller.
+func (m *Middleware) Wrap(h http.Handler) http.Handler {
+	if err := m.check(h); err != nil {
+		panic(err)
 	}
-	return m.build(h), nil
+	return m.build(h)
 }
 
-// Wrap is [Middleware.Handler] for call sites that cannot take an error,
-// such as a route table. A Middleware that Handler refuses is never
-// half-applied: Wrap logs the error and returns a handler that answers
-// every request with 500 ([TypeMisconfigured]) and runs nothing, so the
-// mistake shows in the first test request rather than as one shared key
-// space in production. (A panic would be louder still, but this package
-// does not panic on its callers' behalf.)
-func (m *Middleware) Wrap(h http.Handler) http.Handler {
-	wrapped, err := m.Handler(h)
-	if err == nil {
-		return wrapped
+// check returns the error Wrap panics with, or nil.
+func (m *Middleware) check(h http.Handler) error {
+	switch {
+	case h == nil:
+		return fmt.Errorf("%w: the wrapped handler is nil", ErrMisconfigured)
+	case m.Principal == nil && !m.SingleTenant:
+		return fmt.Errorf("%w: Principal is nil; set Principal to scope keys by caller, or SingleTenant if one party sends every request", ErrMisconfigured)
+	case m.Principal != nil && m.SingleTenant:
+		return fmt.Errorf("%w: both Principal and SingleTenant are set", ErrMisconfigured)
 	}
-	logger := m.Logger
-	if logger == nil {
-		logger = slog.Default()
-	}
-	logger.Error("idemserver: middleware refuses every request", "error", err)
-	writeError := m.WriteError
-	if writeError == nil {
-		writeError = func(w http.ResponseWriter, _ *http.Request, p *Problem) { WriteProblem(w, p) }
-	}
-	hooks := m.copyHooks()
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, problemMisconfigured())
-		hooks.refused(r.Context(), r, "", "", RefusedMisconfigured, http.StatusInternalServerError, err)
-	})
+	return nil
 }
 
 // copyHooks returns a copy of m.Hooks, nil if it is nil.
@@ -314,7 +324,7 @@ func (m *Middleware) build(h http.Handler) *handler {
 	if mw.lockTimeout <= 0 {
 		mw.lockTimeout = DefaultLockTimeout
 	}
-	mw.renewer = &renewer{h: mw, every: max(mw.lockTimeout/3, time.Millisecond)}
+	mw.renewer = newRenewer(mw, mw.lockTimeout)
 	if mw.maxBody <= 0 {
 		mw.maxBody = DefaultMaxBodyBytes
 	}
@@ -382,8 +392,8 @@ type handler struct {
 	replayOnly  []string // nil: all but Set-Cookie and omit
 	omit        []string
 	fingerprint func(*http.Request, []byte) string
-	// legacyFingerprints accepts the fingerprints of releases before
-	// DefaultFingerprint compared by meaning.
+	// legacyFingerprints accepts the fingerprints of earlier releases
+	// DefaultFingerprint (see olderFingerprint).
 	legacyFingerprints bool
 	writeError         func(http.ResponseWriter, *http.Request, *Problem)
 	logger             *slog.Logger
@@ -426,16 +436,24 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r.Body = newBodyReader(body)
 
-	fp := h.fingerprint(r, body)
 	scope := ""
 	if h.principal != nil {
-		scope = h.principal(r)
+		if scope = h.principal(r); scope == "" {
+			// One key space for every caller the Principal cannot name
+			// would let one of them replay another's response.
+			h.logger.ErrorContext(r.Context(), "idemserver: Principal returned an empty scope; answered 500 and ran nothing", "key", key)
+			h.writeError(w, r, problemNoPrincipal())
+			h.hooks.refused(r.Context(), r, "", key, RefusedNoPrincipal, http.StatusInternalServerError, errNoPrincipal)
+			return
+		}
 	}
+	fp := h.fingerprint(r, body)
 	storeKey := scopedKey(scope, key)
 	token := string(strconv.AppendUint([]byte(h.tokenPrefix), h.tokens.Add(1), 36))
 
 	start := h.hooks.clock()
-	res, err := h.store.Claim(r.Context(), storeKey, Claim{Token: token, Fingerprint: fp, LockTimeout: h.lockTimeout})
+	claimed := h.renewer.clock.now() // the claim's lock runs from no earlier than this
+	res, err := h.store.Claim(r.Context(), storeKey, Claim{Token: token, Fingerprint: fp, LockTimeout: h.lockTimeout, Scope: scope})
 	claimLatency := since(start)
 	if err == nil && (res.State < Claimed || res.State > Completed) {
 		// Running the handler on a result we cannot trust could run it twice.
@@ -452,8 +470,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.storeFailed(w, r, scope, key, StoreOpClaim, err)
 	case res.State == Claimed:
 		h.hooks.claim(ctx, r, scope, key, ClaimNew, 0, claimLatency)
-		h.run(w, r, scope, key, storeKey, token, start)
-	case res.Fingerprint != fp && !(h.legacyFingerprints && res.Fingerprint == legacyFingerprint(r, body)):
+		h.run(w, r, scope, key, storeKey, token, claimed, start)
+	case res.Fingerprint != fp && !(h.legacyFingerprints && h.olderFingerprint(r, body, res.Fingerprint)):
 		h.writeError(w, r, problemKeyMismatch(h.header, key))
 		h.hooks.claim(ctx, r, scope, key, ClaimMismatch, http.StatusUnprocessableEntity, claimLatency)
 	case res.State == InProgress:
@@ -474,6 +492,14 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// olderFingerprint reports whether stored, the fingerprint a record was
+// stored with, is the one an earlier release's DefaultFingerprint gave
+// this request: then the record is this request's, stored before an
+// upgrade. Computed only when the fingerprints differ.
+func (h *handler) olderFingerprint(r *http.Request, body []byte, stored string) bool {
+	return stored == previousFingerprint(r, body) || stored == legacyFingerprint(r, body)
+}
+
 // storeFailed answers 503 when the store cannot say what became of a key:
 // without that, running the handler could run it twice.
 func (h *handler) storeFailed(w http.ResponseWriter, r *http.Request, scope, key string, op StoreOp, err error) {
@@ -483,10 +509,11 @@ func (h *handler) storeFailed(w http.ResponseWriter, r *http.Request, scope, key
 	h.hooks.storeError(r.Context(), r, scope, key, op, http.StatusServiceUnavailable, err)
 }
 
-// run serves a request whose key this process has just claimed, then
-// stores the response or releases the key. scope, key and start (the
-// claim's time, zero without hooks) are for the hooks.
-func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeKey, token string, start time.Time) {
+// run serves a request whose key this process has just claimed (the
+// Claim sent at claimed), then stores the response or releases the key.
+// scope, key and start (the claim's time, zero without hooks) are for the
+// hooks.
+func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeKey, token string, claimed, start time.Time) {
 	// The request's context ends when the client leaves, but the work is
 	// done by then and its outcome must still be recorded.
 	ctx := context.WithoutCancel(r.Context())
@@ -502,7 +529,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeK
 		// renewal, so that a request without hooks does not pay for it.
 		ctx = withRenewEvent(ctx, h.hooks.event(r, scope, key))
 	}
-	rec.renewal.start(ctx, h, storeKey, token)
+	rec.renewal.start(ctx, h, storeKey, token, claimed)
 	returned := false
 	defer func() {
 		if returned {
@@ -511,8 +538,9 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeK
 		// The handler panicked (or called runtime.Goexit): release the
 		// key so a retry can run, and let the panic continue unrecovered,
 		// with its original stack, to net/http.
-		rec.renewal.stop()
-		if err := h.store.Release(ctx, storeKey, token); err != nil {
+		sctx, cancel := h.finishing(ctx, rec.renewal.stop())
+		defer cancel()
+		if err := h.store.Release(sctx, storeKey, token); err != nil {
 			h.logger.ErrorContext(ctx, "idemserver: release after panic failed", "error", err)
 			h.hooks.storeError(ctx, r, scope, key, StoreOpRelease, rec.status, err)
 			return
@@ -521,13 +549,14 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeK
 	}()
 	h.next.ServeHTTP(rec, r)
 	returned = true
-	rec.renewal.stop()
+	sctx, cancel := h.finishing(ctx, rec.renewal.stop())
+	defer cancel()
 
-	if !rec.wroteHeader && r.Context().Err() != nil {
+	if !rec.wroteHeader && !rec.hijacked && r.Context().Err() != nil {
 		// The handler gave up on a cancelled request without answering:
 		// storing net/http's implicit empty 200 would replay a success
 		// that never happened, for a whole TTL.
-		if err := h.store.Release(ctx, storeKey, token); err != nil {
+		if err := h.store.Release(sctx, storeKey, token); err != nil {
 			h.logger.ErrorContext(ctx, "idemserver: release after cancellation failed", "error", err)
 			h.hooks.storeError(ctx, r, scope, key, StoreOpRelease, 0, err)
 			return
@@ -535,12 +564,22 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeK
 		h.hooks.released(ctx, r, scope, key, ReleaseCanceled, 0, start)
 		return
 	}
-	rec.finish()
+	if !rec.hijacked {
+		rec.finish()
+	}
 	var record []byte
 	reason := ReleaseNotStorable
 	switch {
-	case rec.hijacked || rec.status < 100 || rec.status > 999:
-		// Nothing a replay could send: the key is free.
+	case rec.hijacked:
+		// The handler took the connection (or switched protocols): it
+		// ran, with whatever effects, and what it sent is nothing a replay
+		// could send. Keep the key completed, so a retry is told so
+		// instead of running again. The status is 101, that of a
+		// response written before the hijack, or 0: unknown.
+		record = encodeUnreplayable(rec.status)
+	case rec.status < 100 || rec.status > 999:
+		// Nothing a replay could send: the key is free. (net/http panics
+		// on such a status, so only another ResponseWriter gets here.)
 	case !h.shouldStore(rec.status):
 		// Not stored: the key is free.
 		reason = ReleaseNotStored
@@ -555,15 +594,18 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeK
 		record = rec.takeRecord()
 	}
 	if record != nil {
-		if err := h.store.Complete(ctx, storeKey, token, record, h.ttl); err != nil {
+		if err := h.store.Complete(sctx, storeKey, token, record, h.ttl); err != nil {
+			// Past the deadline, the response is sent unstored and the key
+			// is not released: it stays claimed until its lock times out,
+			// as after a crash, or completed if the write landed after all.
 			h.logger.ErrorContext(ctx, "idemserver: response not stored", "status", rec.status, "error", err)
 			h.hooks.storeError(ctx, r, scope, key, StoreOpComplete, rec.status, err)
 			return
 		}
-		h.hooks.stored(ctx, r, scope, key, rec.status, !rec.overflow, start)
+		h.hooks.stored(ctx, r, scope, key, rec.status, !rec.overflow && !rec.hijacked, start)
 		return
 	}
-	if err := h.store.Release(ctx, storeKey, token); err != nil {
+	if err := h.store.Release(sctx, storeKey, token); err != nil {
 		h.logger.ErrorContext(ctx, "idemserver: release failed", "status", rec.status, "error", err)
 		h.hooks.storeError(ctx, r, scope, key, StoreOpRelease, rec.status, err)
 		return
@@ -571,8 +613,29 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeK
 	h.hooks.released(ctx, r, scope, key, reason, rec.status, start)
 }
 
-// keepHeader reports whether a response header field the handler set is
-// stored for replays.
+// finishing returns the context of the Complete or Release after the
+// handler: ctx with a deadline when the claim's lock would time out
+// (expires, as the renewals know it), and no sooner than a tenth of the
+// lock timeout from now. Past that deadline no Complete can succeed
+// anyway, and a store that hangs must not hold a finished response (whose
+// last bytes net/http sends when the handler returns) for ever.
+//
+// The memory store's methods never wait but for its mutexes, so its calls
+// get no deadline: a context with one arms a runtime timer per request,
+// which the renewer's design measured at 7% of a loopback round trip.
+func (h *handler) finishing(ctx context.Context, expires time.Time) (context.Context, context.CancelFunc) {
+	if _, ok := h.store.(*MemoryStore); ok {
+		return ctx, func() {}
+	}
+	deadline := expires
+	if floor := time.Now().Add(h.lockTimeout / 10); deadline.Before(floor) {
+		deadline = floor
+	}
+	return context.WithDeadline(ctx, deadline)
+}
+
+// keepHeader reports whether a response header field the handler set,
+// named in canonical form, is stored for replays.
 func (h *handler) keepHeader(name string) bool {
 	if slices.Contains(h.omit, name) {
 		return false
@@ -632,7 +695,10 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	// net/http's body reader stops at Content-Length, so reading that many
 	// bytes reads the whole body; with no length, read one byte past the
 	// limit to tell a body at the limit from a longer one.
-	want := limit + 1
+	want := limit
+	if limit < math.MaxInt64 {
+		want = limit + 1 // at math.MaxInt64, no body is longer anyway
+	}
 	if r.ContentLength >= 0 {
 		want = r.ContentLength
 	}

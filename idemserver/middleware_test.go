@@ -1,12 +1,17 @@
 package idemserver_test
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -350,7 +355,10 @@ func TestUnknownLengthBodyTooLarge(t *testing.T) {
 }
 
 // TestStreamingHandlers: a handler that flushes keeps working, and one that
-// hijacks the connection is not stored (nothing to replay).
+// hijacks the connection, or switches protocols, leaves its key completed
+// but not replayable: a retry gets 410 and never runs it again. (Checked to
+// fail with the key released after a hijack, as before: the retry ran the
+// hijacking handler a second time.)
 func TestStreamingHandlers(t *testing.T) {
 	var calls atomic.Int64
 	mux := http.NewServeMux()
@@ -373,6 +381,18 @@ func TestStreamingHandlers(t *testing.T) {
 		fmt.Fprint(buf, "HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\nraw ok")
 		_ = buf.Flush()
 	})
+	mux.HandleFunc("/upgrade", func(w http.ResponseWriter, _ *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Connection", "Upgrade")
+		w.Header().Set("Upgrade", "example/1")
+		w.WriteHeader(http.StatusSwitchingProtocols)
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_ = buf.Flush()
+	})
 	// served reports each request's end, after the middleware stored or
 	// released its key: a hijacked response reaches the client before that.
 	served := make(chan struct{}, 1)
@@ -391,8 +411,16 @@ func TestStreamingHandlers(t *testing.T) {
 		resp, err := srv.Client().Do(r)
 		require.NoError(t, err)
 		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusSwitchingProtocols {
+			return "101", false
+		}
 		b, err := io.ReadAll(resp.Body)
 		require.NoError(t, err)
+		if resp.StatusCode == http.StatusGone {
+			var p idemserver.Problem
+			require.NoError(t, json.Unmarshal(b, &p))
+			return fmt.Sprint("410 ", p.Type == idemserver.TypeNotReplayable, " ", p.OriginalStatus), false
+		}
 		return string(b), resp.Header.Get(idemserver.ReplayedHeader) == "true"
 	}
 	body, _ := post("/flush")
@@ -402,11 +430,14 @@ func TestStreamingHandlers(t *testing.T) {
 	assert.True(t, isReplay)
 
 	raw1, _ := post("/hijack")
-	raw2, isReplay := post("/hijack")
+	raw2, _ := post("/hijack")
 	assert.Equal(t, "raw ok", raw1)
-	assert.Equal(t, "raw ok", raw2)
-	assert.False(t, isReplay, "a hijacked response was never stored")
-	assert.Equal(t, int64(3), calls.Load(), "flush ran once, hijack twice")
+	assert.Equal(t, "410 true 0", raw2, "a hijacked handler ran: its key stays completed")
+	up1, _ := post("/upgrade")
+	up2, _ := post("/upgrade")
+	assert.Equal(t, "101", up1)
+	assert.Equal(t, "410 true 101", up2)
+	assert.Equal(t, int64(3), calls.Load(), "each handler ran once")
 }
 
 func TestKeyFormString(t *testing.T) {
@@ -492,3 +523,75 @@ func TestUnconfiguredMethodUntouched(t *testing.T) {
 type readCloser struct{ io.Reader }
 
 func (*readCloser) Close() error { return nil }
+
+// TestExtremeLimits: any MaxBodyBytes and MaxStoredBody, up to the largest
+// the types hold, serves a small request without a panic, with a body of
+// known or unknown length, and a handler that declares a length far
+// beyond what it writes. (Checked to fail before the fix: MaxBodyBytes of
+// math.MaxInt64 overflowed limit+1 and make panicked with "cap out of
+// range" on a body of unknown length; MaxStoredBody of math.MaxInt
+// reserved the declared 2^62 bytes and panicked the same way.)
+func TestExtremeLimits(t *testing.T) {
+	tests := []struct {
+		give      int64
+		giveStore int
+	}{
+		{math.MaxInt64, math.MaxInt},
+		{math.MaxInt64 - 1, math.MaxInt - 1},
+		{math.MaxInt32, math.MaxInt32},
+		{1 << 62, 1 << 62},
+		{math.MinInt64, math.MinInt},
+	}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Length", strconv.FormatInt(1<<62, 10))
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(body)
+	})
+	for _, tt := range tests {
+		for _, known := range []bool{true, false} {
+			t.Run(fmt.Sprint(tt.give, known), func(t *testing.T) {
+				mw := (&idemserver.Middleware{SingleTenant: true, MaxBodyBytes: tt.give, MaxStoredBody: tt.giveStore}).Wrap(h)
+				r := req{key: "k1", body: "small"}.build()
+				if !known {
+					r.ContentLength = -1
+				}
+				w := httptest.NewRecorder()
+				require.NotPanics(t, func() { mw.ServeHTTP(w, r) })
+				assert.Equal(t, http.StatusCreated, w.Code)
+				assert.Equal(t, "small", w.Body.String())
+			})
+		}
+	}
+}
+
+// hijackRecorder is a ResponseRecorder whose connection can be hijacked:
+// one end of a pipe, the other end closed.
+type hijackRecorder struct{ *httptest.ResponseRecorder }
+
+func (h hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, other := net.Pipe()
+	_ = other.Close()
+	return c, bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c)), nil
+}
+
+// TestHijackWithCancelledContext: a handler that takes the connection
+// while its request's context is done has run all the same; its key is
+// kept, not released as that of a handler that gave up without answering.
+// (Checked to fail with the cancellation check before the hijack's: the
+// retry ran the handler again.)
+func TestHijackWithCancelledContext(t *testing.T) {
+	var calls atomic.Int64
+	h := (&idemserver.Middleware{SingleTenant: true}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		calls.Add(1)
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	h.ServeHTTP(hijackRecorder{httptest.NewRecorder()}, req{key: "k1"}.build().WithContext(ctx))
+	retry := serve(h, req{key: "k1"})
+	assert.Equal(t, http.StatusGone, retry.Code)
+	assert.Equal(t, int64(1), calls.Load())
+}

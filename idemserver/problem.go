@@ -38,17 +38,19 @@ const (
 	// and refused to record the key rather than evict another; the request
 	// was not run. Retry with the same key after Retry-After.
 	TypeStoreFull = "https://pkg.go.dev/github.com/idemkit/idemhttp/idemserver#TypeStoreFull"
-	// TypeNotReplayable: 410, a request with this key ran to completion,
-	// but its response was too large to store (see
-	// [Middleware].MaxStoredBody), so it cannot be replayed, and it will not
-	// be run again while the key is kept (the TTL). The problem's
-	// original_status member is the status the handler answered. Do not
-	// retry: look the outcome up by other means.
+	// TypeNotReplayable: 410, a request with this key ran, but its
+	// response was not stored: too large (see [Middleware].MaxStoredBody),
+	// or sent on a connection the handler took over (a hijack, 101
+	// Switching Protocols). It cannot be replayed, and it will not be run
+	// again while the key is kept (the TTL). The problem's original_status
+	// member is the status the handler answered, when known. Do not retry:
+	// look the outcome up by other means.
 	TypeNotReplayable = "https://pkg.go.dev/github.com/idemkit/idemhttp/idemserver#TypeNotReplayable"
-	// TypeMisconfigured: 500, the middleware's configuration is unsafe (see
-	// [Middleware.Handler]), so it refuses every request and runs nothing.
-	// The server's log says why.
-	TypeMisconfigured = "https://pkg.go.dev/github.com/idemkit/idemhttp/idemserver#TypeMisconfigured"
+	// TypeNoPrincipal: 500, the server could not tell whose key the
+	// request carries (the middleware's Principal returned an empty scope),
+	// so it did not process the request. The server's log says so; the
+	// fix is the server's (authenticate before the middleware runs).
+	TypeNoPrincipal = "https://pkg.go.dev/github.com/idemkit/idemhttp/idemserver#TypeNoPrincipal"
 )
 
 // Problem is an RFC 9457 problem detail, the body of every error the
@@ -163,19 +165,27 @@ func problemNotReplayable(header, key string, status int) *Problem {
 		Type:           TypeNotReplayable,
 		Title:          "Response for this " + header + " not stored",
 		Status:         http.StatusGone,
-		Detail:         "A request with this key completed with status " + strconv.Itoa(status) + ", but its response was too large to store, so it cannot be replayed; the request will not run again under this key.",
+		Detail:         "A request with this key ran" + withStatus(status) + ", but its response was not stored, so it cannot be replayed; the request will not run again under this key.",
 		Key:            key,
 		OriginalStatus: status,
 	}
 }
 
-func problemMisconfigured() *Problem {
+func problemNoPrincipal() *Problem {
 	return &Problem{
-		Type:   TypeMisconfigured,
-		Title:  "Idempotency middleware misconfigured",
+		Type:   TypeNoPrincipal,
+		Title:  "Idempotency key has no principal",
 		Status: http.StatusInternalServerError,
-		Detail: "The server's idempotency middleware is not configured safely, so it processes no request; the server's log says why.",
+		Detail: "The server could not tell whose idempotency key this request carries, so it did not process it.",
 	}
+}
+
+// withStatus is " with status N", or "" for an unknown status (0).
+func withStatus(status int) string {
+	if status == 0 {
+		return ""
+	}
+	return " with status " + strconv.Itoa(status)
 }
 
 // keyProblemDetail turns a key parsing error into a sentence for a

@@ -15,15 +15,17 @@ import (
 const recordFormat = 1
 
 // unreplayableFormat is the first byte of the record kept for a response
-// too large to store: the format byte, then the status as an unsigned
-// varint, and nothing else. It marks the key as completed, so a retry is
-// refused rather than run a second time.
+// that ran but cannot be replayed (too large to store, or sent on a
+// hijacked connection): the format byte, then the status as an unsigned
+// varint (0 when unknown: a hijack before any status), and nothing else.
+// It marks the key as completed, so a retry is refused rather than run a
+// second time.
 const unreplayableFormat = 2
 
 var (
 	errCorrupt       = errors.New("corrupt response record")
 	errTruncated     = errors.New("truncated")
-	errNotReplayable = errors.New("idemserver: response not stored: too large to replay")
+	errNotReplayable = errors.New("idemserver: response not stored: it cannot be replayed")
 )
 
 // encodeUnreplayable returns the record for a response with status that
@@ -57,12 +59,17 @@ func (r *Response) MarshalBinary() ([]byte, error) {
 // by the middleware, replacing r's contents; it copies what it keeps. It
 // refuses a truncated record, an unknown format and a status outside
 // 100-999, and allocates no more than the record's size, so a corrupt
-// record cannot crash the server. It also refuses the marker the
-// middleware stores for a response too large to keep (see
-// [Middleware].MaxStoredBody), which holds no response.
+// record cannot crash the server. The marker of a request that ran but
+// whose response was not kept ([NotReplayableRecord]) holds no response:
+// for it, UnmarshalBinary sets only Status (the handler's, 0 if unknown)
+// and returns an error wrapping [ErrResponseNotKept].
 func (r *Response) UnmarshalBinary(record []byte) error {
 	h := http.Header{}
 	status, body, err := parseRecord(record, h)
+	if errors.Is(err, errNotReplayable) {
+		*r = Response{Status: status}
+		return err
+	}
 	if err != nil {
 		return err
 	}
@@ -131,7 +138,7 @@ func parseRecord(record []byte, into http.Header) (status int, body []byte, err 
 	if len(record) > 0 && record[0] == unreplayableFormat {
 		d := decoder{b: record[1:]}
 		s := d.uvarint()
-		if d.err != nil || len(d.b) != 0 || s < 100 || s > 999 {
+		if d.err != nil || len(d.b) != 0 || (s != 0 && (s < 100 || s > 999)) {
 			return 0, nil, fmt.Errorf("idemserver: %w: bad marker", errCorrupt)
 		}
 		return int(s), nil, errNotReplayable

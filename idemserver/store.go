@@ -63,6 +63,12 @@ type Claim struct {
 	// Release; it must be positive. After that the claim counts as
 	// abandoned (a crashed server) and the next Claim takes the key over.
 	LockTimeout time.Duration
+	// Scope is the principal's scope the key belongs to (the
+	// [Middleware]'s Principal; empty with SingleTenant). The key already
+	// includes it: a store may ignore it, or bound each scope's share of
+	// its room, as [MemoryStore] does, so that one principal cannot fill
+	// the store for everyone.
+	Scope string
 }
 
 // ClaimResult is what [Store.Claim] found.
@@ -107,6 +113,10 @@ type ClaimResult struct {
 //
 // Read from the primary only: a replica that lags lets two requests claim
 // the same key.
+//
+// Every method must return once its ctx is done: the middleware bounds
+// each call with a deadline, and a call that ignored it could hold a
+// request for ever.
 type Store interface {
 	// Claim atomically looks up key. If no live record holds it, Claim
 	// records an in-progress claim from c, locked for c.LockTimeout, and
@@ -119,8 +129,9 @@ type Store interface {
 
 	// Renew extends the in-progress claim on key held by token, so that it
 	// holds the key for lockTimeout (positive) from now, as Claim did. The
-	// middleware calls it every third of the lock timeout while the handler
-	// runs, so a handler slower than the lock timeout keeps its claim. It
+	// middleware calls it every tenth of the lock timeout while the handler
+	// runs, and again promptly after a failure, so a handler slower than the
+	// lock timeout keeps its claim. It
 	// returns ErrClaimLost if token no longer holds a live claim on key: a
 	// claim whose lock already timed out is not revived, since another
 	// request may have taken the key over.

@@ -21,6 +21,8 @@ const (
 	TypeOutage = "https://pkg.go.dev/github.com/idemkit/idemhttp/idemtest#TypeOutage"
 	// TypeInternal: an injected, stored 500 (FaultStored500).
 	TypeInternal = "https://pkg.go.dev/github.com/idemkit/idemhttp/idemtest#TypeInternal"
+	// TypeRateLimited: a 429 beyond the rate limit (FaultRateLimited).
+	TypeRateLimited = "https://pkg.go.dev/github.com/idemkit/idemhttp/idemtest#TypeRateLimited"
 )
 
 // Operation returns the operation a request body names: the top-level
@@ -28,21 +30,47 @@ const (
 // form field operation or metadata[operation] of a form-encoded body, the
 // way stripe-go sends metadata. contentType picks the decoding; an empty
 // or unparsable one is sniffed: a body starting with '{' is JSON, anything
-// else a form. Operation returns "" when the body names none.
+// else a form. Operation returns "" when the body names none. The fake
+// API reads a request's parameters by the same rule, so a body it takes an
+// operation from is the body it charges.
 func Operation(contentType string, body []byte) string {
-	mt, _, _ := mime.ParseMediaType(contentType)
-	switch {
-	case mt == "application/json" || strings.HasSuffix(mt, "+json"):
+	switch formatOf(contentType, body) {
+	case formatJSON:
 		return jsonOperation(body)
-	case mt == "application/x-www-form-urlencoded":
-		return formOperation(body)
-	case mt == "":
-		if s := strings.TrimLeft(string(body), " \t\r\n"); strings.HasPrefix(s, "{") {
-			return jsonOperation(body)
-		}
+	case formatForm:
 		return formOperation(body)
 	}
 	return ""
+}
+
+// bodyFormat is how the fake API decodes a request body.
+type bodyFormat int
+
+const (
+	formatNone bodyFormat = iota // another media type: no parameters
+	formatJSON
+	formatForm
+)
+
+// formatOf is the one rule for decoding a body, used for its operation
+// ([Operation]) and for its parameters alike: JSON for application/json
+// and any +json type, a form for application/x-www-form-urlencoded, and
+// for a missing or unparsable Content-Type, JSON when the body starts
+// with '{' (after white space), else a form. Any other type has neither.
+func formatOf(contentType string, body []byte) bodyFormat {
+	mt, _, _ := mime.ParseMediaType(contentType)
+	switch {
+	case mt == "application/json" || strings.HasSuffix(mt, "+json"):
+		return formatJSON
+	case mt == "application/x-www-form-urlencoded":
+		return formatForm
+	case mt == "":
+		if s := strings.TrimLeft(string(body), " \t\r\n"); strings.HasPrefix(s, "{") {
+			return formatJSON
+		}
+		return formatForm
+	}
+	return formatNone
 }
 
 func jsonOperation(body []byte) string {
@@ -84,11 +112,11 @@ func formOperation(body []byte) string {
 	return vals.Get("metadata[operation]")
 }
 
-// params reads a request's parameters from a JSON object or a form, as
-// strings.
+// params reads a request's parameters, as strings, from a JSON object or
+// a form, decided by [formatOf] as the operation is.
 func params(r *http.Request, body []byte) url.Values {
-	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	if mt == "application/json" || strings.HasSuffix(mt, "+json") {
+	switch formatOf(r.Header.Get("Content-Type"), body) {
+	case formatJSON:
 		var m map[string]json.RawMessage
 		if json.Unmarshal(body, &m) != nil {
 			return url.Values{}
@@ -103,9 +131,11 @@ func params(r *http.Request, body []byte) url.Values {
 			}
 		}
 		return vals
+	case formatForm:
+		vals, _ := url.ParseQuery(string(body)) // keeps the pairs that parse
+		return vals
 	}
-	vals, _ := url.ParseQuery(string(body))
-	return vals
+	return url.Values{}
 }
 
 // charge is the Stripe-like object POST /v1/charges creates.

@@ -143,5 +143,5 @@ func ExampleStats() {
 	postCharge(srv.Client(), srv.URL, "key-1", "order-1")
 	fmt.Println(srv.Stats())
 	// Output:
-	// requests=2 executions=1 operations=1 duplicates=0 replays=1 conflicts=0 mismatches=0 drop-request=0 drop-response=0 slow=0 unavailable=0 conflict=0 stored-500=0 outage=0
+	// requests=2 executions=1 operations=1 duplicates=0 replays=1 conflicts=0 mismatches=0 drop-request=0 drop-response=0 slow=0 unavailable=0 conflict=0 stored-500=0 outage=0 rate-limited=0
 }

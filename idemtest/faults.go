@@ -34,11 +34,16 @@ const (
 	// FaultOutage: 503 with Retry-After for every request inside one of
 	// [Faults.Outages]' windows.
 	FaultOutage FaultKind = "outage"
+	// FaultRateLimited: 429 with Retry-After before processing, for a
+	// request beyond [Faults.RateLimit].
+	FaultRateLimited FaultKind = "rate-limited"
 )
 
-// FaultKinds returns every fault kind, in decision order.
+// FaultKinds returns every fault kind: the rated kinds in decision order,
+// then those decided by the clock (outages are tried first, then the rate
+// limit, then the rated kinds).
 func FaultKinds() []FaultKind {
-	return []FaultKind{FaultDropRequest, FaultDropResponse, FaultSlow, FaultUnavailable, FaultConflict, FaultStored500, FaultOutage}
+	return []FaultKind{FaultDropRequest, FaultDropResponse, FaultSlow, FaultUnavailable, FaultConflict, FaultStored500, FaultOutage, FaultRateLimited}
 }
 
 // rated are the kinds drawn per request, in decision order; outages are
@@ -55,7 +60,8 @@ var rated = [...]FaultKind{FaultDropRequest, FaultDropResponse, FaultSlow, Fault
 // seed and the same per-operation request sequence give the same faults,
 // however requests interleave across operations and goroutines. Requests
 // refused by an outage do not count in that number, so outages do not
-// shift the decisions that follow them. The count is of requests the server
+// shift the decisions that follow them; nor do requests refused by the
+// rate limit, which depends on time and is not deterministic. The count is of requests the server
 // receives: net/http's Transport silently resends a keyed request once when
 // a reused connection closes without a reply, so for a fault sequence that
 // is the same run after run, disable keep-alives or count on the server.
@@ -88,6 +94,21 @@ type Faults struct {
 	// Outages are windows of time, measured from NewServer on the server's
 	// clock ([Options.Now]), during which every request gets FaultOutage.
 	Outages []Window
+
+	// RateLimit is how many requests a second the server serves, as a
+	// token bucket of RateBurst requests (0 means one second's worth,
+	// at least 1) on the server's clock; a request beyond it gets 429
+	// with Retry-After (FaultRateLimited) and runs nothing. 0 means no
+	// limit. Every request counts, dropped and faulted ones included, as
+	// a real API's limit counts them.
+	RateLimit float64
+	RateBurst int
+
+	// Latency delays every request before it is served (before any
+	// fault but an outage or the rate limit), as a distant server would.
+	// The wait ends early, without a reply and without running anything,
+	// when the client goes away or the server closes. 0 means none.
+	Latency time.Duration
 
 	// MaxPerOperation caps the rated faults injected into one operation;
 	// once reached, its requests are served normally. 0 means no cap. A

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -196,4 +197,40 @@ func TestKeylessRequestsGetNoConflict(t *testing.T) {
 	keyed := new(opState)
 	assert.Equal(t, FaultKind(""), f.decide(keyed, "op", true), "never to an operation's first request")
 	assert.Equal(t, FaultConflict, f.decide(keyed, "op", true))
+}
+
+// TestLatencyEndsWithClose: a request waiting out its latency when the
+// server closes ends at once without a reply, having run nothing.
+func TestLatencyEndsWithClose(t *testing.T) {
+	waiting := make(chan struct{}, 1)
+	srv := newServer(&Options{Faults: Faults{Latency: time.Hour}}, func() { waiting <- struct{}{} })
+	c := srv.Client()
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := c.Post(srv.URL+"/v1/anything", "application/json", strings.NewReader(`{"operation":"op"}`))
+		if err == nil {
+			resp.Body.Close()
+			err = fmt.Errorf("got a reply: %s", resp.Status)
+		}
+		errc <- err
+	}()
+	<-waiting
+	srv.Close()
+	assert.Error(t, <-errc)
+	assert.Zero(t, srv.Executions("op"), "nothing runs before the latency is over")
+}
+
+func TestURLHost(t *testing.T) {
+	tests := []struct {
+		give net.Addr
+		want string
+	}{
+		{&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 80}, "127.0.0.1:80"},
+		{&net.TCPAddr{IP: net.IPv4zero, Port: 8080}, "127.0.0.1:8080"},
+		{&net.TCPAddr{IP: net.IPv6unspecified, Port: 8080}, "127.0.0.1:8080"},
+		{&net.TCPAddr{IP: net.IPv6loopback, Port: 9}, "[::1]:9"},
+	}
+	for _, tt := range tests {
+		assert.Equal(t, tt.want, urlHost(tt.give))
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -57,6 +58,13 @@ type Options struct {
 	// defaults (24 h and 1 min).
 	TTL         time.Duration
 	LockTimeout time.Duration
+
+	// Listener, when set, is where the server listens instead of a new
+	// loopback port, and URL is http:// and its address (an unspecified
+	// address such as 0.0.0.0 is given as 127.0.0.1). Close closes it.
+	// A program serving on a chosen address (idemctl serve) listens
+	// itself and so gets the error, where NewServer would panic.
+	Listener net.Listener
 }
 
 // Server is a fake Stripe-style API on a loopback listener, built on
@@ -65,14 +73,18 @@ type Options struct {
 // and never lose one.
 //
 // Endpoints: POST /v1/charges creates a Stripe-like charge (form or JSON
-// parameters amount and currency); any other path performs a generic
-// operation for every method but GET and HEAD, which report status.
+// parameters amount and currency, the body decoded by the rule of
+// [Operation]); any other path performs a generic operation for every
+// method but GET and HEAD, which report status.
 //
 // Each request belongs to an operation: the body's "operation" member (JSON)
 // or operation / metadata[operation] field (form), else its idempotency
 // key, else "". Side effects are counted per operation, and fault decisions
 // are made per operation (see [Faults]). Keys are scoped by the
-// Authorization header, so two API keys never share idempotency keys.
+// Authorization header, so two API keys never share idempotency keys;
+// requests without one share a scope of their own, "anonymous" (a test
+// server's choice: a real one authenticates first, and idemserver refuses
+// a request its Principal cannot name).
 //
 // A Server is safe for concurrent use. Close it when done.
 type Server struct {
@@ -97,13 +109,14 @@ type Server struct {
 	replays    atomic.Int64
 	conflicts  atomic.Int64
 	mismatches atomic.Int64
-	injected   [len(rated) + 1]atomic.Int64 // per rated kind, then outages
+	injected   [len(rated) + 2]atomic.Int64 // per rated kind, then outages and rate-limited
 	seq        atomic.Int64                 // object ids
+	limiter    *bucket                      // nil: no rate limit
 
 	done      chan struct{} // closed by Close: ends slow replies
 	closeOnce sync.Once
 
-	slowHook func() // test seam: called when a slow reply starts waiting
+	slowHook func() // test seam: called when a slow reply or the latency starts waiting
 }
 
 // NewServer starts a Server on a loopback port; nil opts means the zero
@@ -147,7 +160,7 @@ func newServer(opts *Options, slowHook func()) *Server {
 	}
 	mw := &idemserver.Middleware{
 		Store:       store,
-		Principal:   func(r *http.Request) string { return r.Header.Get("Authorization") },
+		Principal:   principal,
 		Required:    opts.RequireKey,
 		KeyForm:     opts.KeyForm,
 		TTL:         opts.TTL,
@@ -160,10 +173,30 @@ func newServer(opts *Options, slowHook func()) *Server {
 		},
 		WriteError: s.writeError,
 	}
+	if f := opts.Faults; f.RateLimit > 0 {
+		s.limiter = newBucket(f.RateLimit, f.RateBurst, s.start)
+	}
 	s.inner = mw.Wrap(s.app())
-	s.ts = httptest.NewServer(http.HandlerFunc(s.serve))
-	s.URL = s.ts.URL
+	if opts.Listener == nil {
+		s.ts = httptest.NewServer(http.HandlerFunc(s.serve))
+		s.URL = s.ts.URL
+		return s
+	}
+	s.ts = httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
+	_ = s.ts.Listener.Close() // the loopback port it opened, unused
+	s.ts.Listener = opts.Listener
+	s.ts.Start()
+	s.URL = "http://" + urlHost(opts.Listener.Addr())
 	return s
+}
+
+// urlHost renders a listener's address for a URL, an unspecified IP (a
+// listener on every interface) as loopback.
+func urlHost(a net.Addr) string {
+	if ta, ok := a.(*net.TCPAddr); ok && ta.IP.IsUnspecified() {
+		return net.JoinHostPort("127.0.0.1", strconv.Itoa(ta.Port))
+	}
+	return a.String()
 }
 
 // Client returns an HTTP client configured for the server, whose idle
@@ -236,6 +269,7 @@ func (s *Server) Stats() Stats {
 		st.Faults[k] = int(s.injected[i].Load())
 	}
 	st.Faults[FaultOutage] = int(s.injected[len(rated)].Load())
+	st.Faults[FaultRateLimited] = int(s.injected[len(rated)+1].Load())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, n := range s.executions {
@@ -262,13 +296,23 @@ func (s *Server) count(k FaultKind) {
 			return
 		}
 	}
+	if k == FaultRateLimited {
+		s.injected[len(rated)+1].Add(1)
+		return
+	}
 	s.injected[len(rated)].Add(1)
 }
 
-// decide picks the fault for a request of op.
+// decide picks the fault for a request of op: an outage, the rate limit,
+// then the per-operation draw (which outages and the rate limit leave
+// untouched).
 func (s *Server) decide(op string, keyed bool) FaultKind {
-	if s.faults.inOutage(s.now().Sub(s.start)) {
+	now := s.now()
+	if s.faults.inOutage(now.Sub(s.start)) {
 		return FaultOutage
+	}
+	if s.limiter != nil && !s.limiter.take(now) {
+		return FaultRateLimited
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -305,9 +349,17 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if kind != "" {
 		s.count(kind)
 	}
+	if kind != FaultOutage && kind != FaultRateLimited && !s.wait(r, s.faults.Latency) {
+		s.drop(w) // the client left, or the server is closing: nothing ran
+		return
+	}
 	switch kind {
 	case FaultDropRequest:
 		s.drop(w)
+		return
+	case FaultRateLimited:
+		w.Header().Set("Retry-After", s.retryAfter)
+		s.writeError(w, r, &idemserver.Problem{Type: TypeRateLimited, Title: "Too many requests", Status: http.StatusTooManyRequests, Detail: "The request rate is over the limit (an injected fault); retry later."})
 		return
 	case FaultOutage:
 		w.Header().Set("Retry-After", s.retryAfter)
@@ -333,22 +385,37 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	case FaultSlow:
 		var buf bufferedResponse
 		s.inner.ServeHTTP(s.observe(&buf), r.WithContext(ctx))
-		t := time.NewTimer(s.faults.slowDelay())
-		defer t.Stop()
-		if s.slowHook != nil {
-			s.slowHook()
-		}
-		select {
-		case <-t.C:
+		if s.wait(r, s.faults.slowDelay()) {
 			buf.sendTo(w)
-		case <-r.Context().Done(): // the client gave up: nobody to answer
-			s.drop(w)
-		case <-s.done: // a handler returning silently would send an empty 200
+		} else {
+			// The client gave up (nobody to answer), or the server
+			// closes (a handler returning silently would send an empty
+			// 200).
 			s.drop(w)
 		}
 		return
 	}
 	s.inner.ServeHTTP(s.observe(w), r.WithContext(ctx))
+}
+
+// wait waits d, or less when the client goes away or the server closes,
+// and reports whether the full wait elapsed.
+func (s *Server) wait(r *http.Request, d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	if s.slowHook != nil {
+		s.slowHook()
+	}
+	select {
+	case <-t.C:
+		return true
+	case <-r.Context().Done():
+	case <-s.done:
+	}
+	return false
 }
 
 // drop closes the connection without a reply. Without a hijackable
@@ -444,10 +511,54 @@ func bodyOf(r *http.Request) []byte {
 	return b
 }
 
+// bucket is a token bucket on the server's clock: rate tokens a second, up
+// to burst. Safe for concurrent use.
+type bucket struct {
+	mu     sync.Mutex
+	rate   float64
+	burst  float64
+	tokens float64
+	last   time.Time
+}
+
+func newBucket(rate float64, burst int, now time.Time) *bucket {
+	b := float64(burst)
+	if burst <= 0 {
+		b = max(1, rate)
+	}
+	return &bucket{rate: rate, burst: b, tokens: b, last: now}
+}
+
+// take spends a token if there is one at now. A clock that goes back
+// adds nothing.
+func (b *bucket) take(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if d := now.Sub(b.last); d > 0 {
+		b.tokens = min(b.burst, b.tokens+d.Seconds()*b.rate)
+		b.last = now
+	}
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
 // retryAfterValue renders d as delta-seconds, rounded up; 0 or less is "0".
 func retryAfterValue(d time.Duration) string {
 	if d <= 0 {
 		return "0"
 	}
 	return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
+}
+
+// principal scopes a request's keys by its Authorization header, or
+// "anonymous" without one; the prefix keeps an Authorization value from
+// ever reading "anonymous".
+func principal(r *http.Request) string {
+	if a := r.Header.Get("Authorization"); a != "" {
+		return "auth:" + a
+	}
+	return "anonymous"
 }

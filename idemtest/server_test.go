@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -394,11 +395,145 @@ func TestSameSeedSameFaults(t *testing.T) {
 
 func TestStatsString(t *testing.T) {
 	st := idemtest.Stats{Requests: 3, Executions: 1, Operations: 1, Replays: 1, Faults: map[idemtest.FaultKind]int{idemtest.FaultDropResponse: 1}}
-	assert.Equal(t, "requests=3 executions=1 operations=1 duplicates=0 replays=1 conflicts=0 mismatches=0 drop-request=0 drop-response=1 slow=0 unavailable=0 conflict=0 stored-500=0 outage=0", st.String())
+	assert.Equal(t, "requests=3 executions=1 operations=1 duplicates=0 replays=1 conflicts=0 mismatches=0 drop-request=0 drop-response=1 slow=0 unavailable=0 conflict=0 stored-500=0 outage=0 rate-limited=0", st.String())
 }
 
 func TestCloseTwice(t *testing.T) {
 	srv := idemtest.NewServer(nil)
 	srv.Close()
 	assert.NotPanics(t, srv.Close)
+}
+
+// TestBodyOneRule: the operation a body names (Operation) and the
+// parameters the charge reads come from one decision, so a body the
+// server takes an operation from is a body it charges. Before, a JSON body
+// sent without Content-Type named its operation (sniffed as JSON) but was
+// read as a form: 400 "Missing required param: amount". Checked: with
+// params decoding by Content-Type alone again, "json without content
+// type" fails.
+func TestBodyOneRule(t *testing.T) {
+	tests := []struct {
+		name        string
+		contentType string // "" sends no Content-Type
+		give        string
+		wantStatus  int
+		wantOp      string
+	}{
+		{"json", "application/json", `{"amount":100,"currency":"usd","operation":"o1"}`, 200, "o1"},
+		{"json without content type", "", `{"amount":100,"currency":"usd","operation":"o2"}`, 200, "o2"},
+		{"json with leading space without content type", "", " \n{\"amount\":100,\"currency\":\"usd\",\"operation\":\"o3\"}", 200, "o3"},
+		{"form", "application/x-www-form-urlencoded", "amount=100&currency=usd&metadata[operation]=o4", 200, "o4"},
+		{"form without content type", "", "amount=100&currency=usd&operation=o5", 200, "o5"},
+		{"another type names nothing and charges nothing", "text/plain", "amount=100&currency=usd&operation=o6", 400, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := idemtest.NewServer(nil)
+			defer srv.Close()
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(tt.give))
+			require.NoError(t, err)
+			if tt.contentType != "" {
+				req.Header.Set("Content-Type", tt.contentType)
+			}
+			resp, err := srv.Client().Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			var ch struct{ Metadata map[string]string }
+			require.NoError(t, json.NewDecoder(resp.Body).Decode(&ch))
+
+			assert.Equal(t, tt.wantOp, idemtest.Operation(tt.contentType, []byte(tt.give)))
+			assert.Equal(t, tt.wantStatus, resp.StatusCode)
+			if tt.wantOp != "" {
+				assert.Equal(t, tt.wantOp, ch.Metadata["operation"])
+				assert.Equal(t, map[string]int{tt.wantOp: 1}, srv.Snapshot())
+			} else {
+				assert.Empty(t, srv.Snapshot())
+			}
+		})
+	}
+}
+
+// TestRateLimit: beyond RateLimit a second (a bucket of RateBurst) the
+// server answers 429 with Retry-After and runs nothing; the bucket refills
+// on the server's clock. Checked: with decide's limiter check removed, the
+// third request is served and the test fails.
+func TestRateLimit(t *testing.T) {
+	clk := &fakeClock{t: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
+	srv := idemtest.NewServer(&idemtest.Options{
+		Now:    clk.Now,
+		Faults: idemtest.Faults{RateLimit: 2, RateBurst: 2, RetryAfter: time.Second},
+	})
+	defer srv.Close()
+	send := func(op string) outcome {
+		return request{key: op, body: chargeBody(op)}.send(srv.Client(), srv.URL)
+	}
+
+	var statuses []int
+	for _, op := range []string{"a", "b", "c"} {
+		statuses = append(statuses, send(op).status)
+	}
+	limited := send("c")
+	clk.Advance(500 * time.Millisecond) // one token back
+	after := send("c")
+
+	assert.Equal(t, []int{200, 200, 429}, statuses)
+	assert.Equal(t, http.StatusTooManyRequests, limited.status)
+	assert.Equal(t, "1", limited.header.Get("Retry-After"))
+	assert.Contains(t, limited.body, idemtest.TypeRateLimited)
+	assert.Equal(t, http.StatusOK, after.status)
+	assert.Equal(t, map[string]int{"a": 1, "b": 1, "c": 1}, srv.Snapshot())
+	assert.Equal(t, 2, srv.Stats().Faults[idemtest.FaultRateLimited])
+}
+
+// TestRateLimitLeavesDecisions: requests refused by the rate limit do not
+// count in an operation's fault decisions, so the faults a seed gives an
+// operation are the same with or without a limit. Checked: counting them
+// (decide's limiter check after the draw) changes the sequence.
+func TestRateLimitLeavesDecisions(t *testing.T) {
+	faults := idemtest.Faults{Seed: 7, Unavailable: 0.5}
+	run := func(limit float64) []int {
+		clk := &fakeClock{t: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
+		f := faults
+		f.RateLimit, f.RateBurst = limit, 1
+		srv := idemtest.NewServer(&idemtest.Options{Now: clk.Now, Faults: f})
+		defer srv.Close()
+		var got []int
+		for len(got) < 8 {
+			st := request{key: "k", body: chargeBody("op")}.send(srv.Client(), srv.URL).status
+			if st == http.StatusTooManyRequests {
+				clk.Advance(time.Second)
+				continue
+			}
+			got = append(got, st)
+		}
+		return got
+	}
+	assert.Equal(t, run(0), run(1))
+}
+
+// TestLatency: every request waits Latency before it is served.
+func TestLatency(t *testing.T) {
+	const delay = 30 * time.Millisecond
+	srv := idemtest.NewServer(&idemtest.Options{Faults: idemtest.Faults{Latency: delay}})
+	defer srv.Close()
+	start := time.Now()
+	got := request{key: "k1", body: chargeBody("op")}.send(srv.Client(), srv.URL)
+	require.NoError(t, got.err)
+	assert.Equal(t, http.StatusOK, got.status)
+	assert.GreaterOrEqual(t, time.Since(start), delay)
+}
+
+// TestListener: a server on the caller's listener serves there, names it
+// in URL, and closes it.
+func TestListener(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := idemtest.NewServer(&idemtest.Options{Listener: ln})
+	assert.Equal(t, "http://"+ln.Addr().String(), srv.URL)
+	got := request{key: "k1", body: chargeBody("op")}.send(srv.Client(), srv.URL)
+	require.NoError(t, got.err)
+	assert.Equal(t, http.StatusOK, got.status)
+	srv.Close()
+	_, err = net.Dial("tcp", ln.Addr().String())
+	assert.Error(t, err, "Close closed the listener")
 }

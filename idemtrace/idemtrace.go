@@ -1,4 +1,4 @@
-// Package idemtrace defines the events an [github.com/idemkit/idemhttp.Client]
+// Package idemtrace defines the events an idemhttp Client
 // reports at each decision of a call (attempts, retries, give-ups, budget
 // refusals, journal writes), for metrics, traces and audit logs, as
 // net/http/httptrace does for one request's connection. Set them with the

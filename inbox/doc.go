@@ -74,19 +74,71 @@
 // fall back to the broker's id only when told to.
 //
 // A message without an id cannot be deduplicated: the inbox refuses it with
-// [ErrNoMessageID] and runs nothing, so by default it is not acked. Ids are
-// stored as [StoredID] gives them: ids longer than [MaxIDLen] bytes, or not
-// valid UTF-8, are replaced by their SHA-256, never refused or truncated
-// (truncation could make two messages one).
+// [ErrNoMessageID] and runs nothing. An adapter never drops it silently:
+// by default it dead-letters it or stops with an error naming the queue.
+// Ids are stored as [StoredID] gives them: ids longer than [MaxIDLen]
+// bytes, or not valid UTF-8, are replaced by their SHA-256, never refused
+// or truncated (truncation could make two messages one).
+//
+// # Id spaces
+//
+// An id is unique within its source, not across sources: two queues may
+// both carry a message "42". Adapters set [Message.IDSpace] to the queue,
+// stream or topic a message came from, and [SQL.Handle] records ids per
+// consumer and id space ([StoredConsumer]), so that one queue's message
+// is never taken for a duplicate of another's. When several sources carry
+// copies of the same logical messages (one producer publishing to two
+// queues, a topic renamed), declare it: set the same IDSpace on their
+// adapters, and the inbox dedups across them. [DeriveMessageKey] scopes
+// idempotency keys the same way.
+//
+// # Poison messages, shutdown and hung handlers
+//
+// What every adapter guarantees, each with its broker's means (their
+// package documentation says how):
+//
+//   - Shutdown loses nothing: when Run's context ends while a handler
+//     runs, its message goes back to the broker, to be delivered again,
+//     whatever the settings; a message already handed back is never acked
+//     afterwards.
+//   - A message whose handler fails is delivered again after a delay that
+//     grows with each delivery ([Retry]), never at once, so that a
+//     database outage or a poison message cannot spin a consumer. After
+//     [Retry.MaxDeliveries] deliveries it goes to the broker's dead-letter
+//     destination (a dead-letter exchange, a MaxDeliver advisory, a
+//     dead-letter topic, a redrive policy) and is reported, through a hook
+//     and one log line ([ReportDeadLetter]). Nothing is dropped silently.
+//   - A hung handler cannot hold its message for ever: past the adapter's
+//     processing limit its context ends, the message is handed back for
+//     redelivery (heartbeats and visibility extensions stop), and the
+//     inbox's transaction cannot outlive the limit (see [SQL]), so that
+//     the redelivery, which waits on the first delivery's row, gets it.
+//     The adapter's Run waits for the handler to return before it takes
+//     the next message, so that no goroutine outlives Run.
 //
 // # Retention
 //
-// [SQL.Prune] deletes ids processed before a cutoff. After that, a
-// redelivery of a pruned id runs its effect again: keep ids for longer than
-// the broker can redeliver a message (SQS keeps messages up to 14 days; a
-// Kafka consumer group that is reset or rewound re-reads as far back as the
-// topic's retention; RabbitMQ redelivers unacked messages for ever), and
-// longer than a producer may retry. A longer retention costs a bigger table
-// (about 100 bytes per id plus its index) and nothing per message: the
-// insert is an index probe whatever the size. When in doubt, keep more.
+// [SQL.Prune] deletes ids processed before a cutoff, by the database's
+// clock. After that, a redelivery of a pruned id runs its effect again:
+// keep ids for longer than the broker can redeliver a message after its
+// effect committed, and longer than a producer may retry. Prune refuses a
+// retention under [SQL.MinRetention] (15 days by default,
+// [DefaultMinRetention]). Per broker:
+//
+//   - SQS keeps a message at most 14 days (its MessageRetentionPeriod) and
+//     hides it at most 12 hours: 15 days covers every queue.
+//   - Kafka: a consumer group that is reset or rewound re-reads as far
+//     back as the topic's retention.ms (7 days by default; forever for a
+//     compacted topic). Keep ids at least that long, or use SQLOffsets,
+//     which needs no retention.
+//   - RabbitMQ redelivers a message for as long as it sits unacknowledged
+//     in a queue: there is no bound from the broker. Keep ids longer than
+//     a queue may go unconsumed.
+//   - NATS JetStream redelivers while the stream holds the message: its
+//     MaxAge (none by default), and its duplicate window (2 minutes by
+//     default) for a producer's retries.
+//
+// A longer retention costs a bigger table (about 100 bytes per id plus its
+// index) and nothing per message: the insert is an index probe whatever
+// the size. When in doubt, keep more.
 package inbox

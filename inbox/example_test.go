@@ -57,3 +57,37 @@ func ExampleDeriveKey() {
 	// charged, replayed: true
 	// order-42 charged: 1
 }
+
+// Two queues carry a message "42" each: they are different messages, and
+// their keys differ. Adapters set IDSpace to the queue a message came
+// from.
+func ExampleDeriveMessageKey() {
+	secret := []byte("a secret of at least 16 bytes, from your vault")
+	a, _ := inbox.DeriveMessageKey(secret, "charger", &inbox.Message{ID: "42", IDSpace: "orders"})
+	b, _ := inbox.DeriveMessageKey(secret, "charger", &inbox.Message{ID: "42", IDSpace: "refunds"})
+	again, _ := inbox.DeriveMessageKey(secret, "charger", &inbox.Message{ID: "42", IDSpace: "orders", Redelivered: true})
+	fmt.Println("orders and refunds share a key:", a == b)
+	fmt.Println("a redelivery gets the same key:", a == again)
+	// Output:
+	// orders and refunds share a key: false
+	// a redelivery gets the same key: true
+}
+
+// The default redelivery schedule of a message whose handler fails: the
+// delay doubles, and the fifth failed delivery dead-letters it.
+func ExampleRetry() {
+	var r inbox.Retry // the defaults
+	for n := 1; ; n++ {
+		if r.Exhausted(n) {
+			fmt.Printf("delivery %d failed: dead-lettered\n", n)
+			break
+		}
+		fmt.Printf("delivery %d failed: again in %v\n", n, r.After(n))
+	}
+	// Output:
+	// delivery 1 failed: again in 1s
+	// delivery 2 failed: again in 2s
+	// delivery 3 failed: again in 4s
+	// delivery 4 failed: again in 8s
+	// delivery 5 failed: dead-lettered
+}

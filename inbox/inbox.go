@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/idemkit/idemhttp"
@@ -28,6 +29,15 @@ type Message struct {
 	// Source names where the message came from: a Kafka topic and
 	// partition, a queue, a subject. For logs.
 	Source string
+
+	// IDSpace names the space in which ID is unique: the queue (RabbitMQ,
+	// SQS), the stream (NATS JetStream) or the topic (Kafka) the message
+	// came from, unless the adapter was told that several sources share
+	// one id space (their IDSpace setting). [SQL.Handle] records ids per
+	// consumer and id space, so two queues whose ids overlap never make a
+	// message look like a duplicate of the other queue's. Empty means one
+	// id space for everything the consumer handles.
+	IDSpace string
 
 	// Body is the message's payload.
 	Body []byte
@@ -69,7 +79,8 @@ var (
 	ErrNoMessageID = errors.New("inbox: message has no id")
 
 	// ErrInvalidConsumer: the consumer name is empty, longer than
-	// [MaxIDLen] bytes, or not valid UTF-8 without NUL bytes.
+	// [MaxIDLen] bytes, not valid UTF-8, or holds a control character
+	// (NUL, tab, U+001F, ...).
 	ErrInvalidConsumer = errors.New("inbox: invalid consumer name")
 
 	// ErrInvalidTable: a table name is not a plain SQL identifier.
@@ -101,10 +112,32 @@ func StoredID(id string) string {
 }
 
 func checkConsumer(consumer string) error {
-	if consumer == "" || len(consumer) > MaxIDLen || !utf8.ValidString(consumer) || strings.IndexByte(consumer, 0) >= 0 {
+	if consumer == "" || len(consumer) > MaxIDLen || !utf8.ValidString(consumer) || strings.ContainsFunc(consumer, unicode.IsControl) {
 		return fmt.Errorf("%w: %q", ErrInvalidConsumer, consumer)
 	}
 	return nil
+}
+
+// spaceSeparator joins a consumer name and an id space in the consumer
+// column. It is a control character, which consumer names may not hold,
+// so the stored form is one-to-one.
+const spaceSeparator = "\x1f"
+
+// StoredConsumer returns the value of the inbox table's consumer column
+// under which [SQL.Handle] records the messages of idSpace (see
+// [Message.IDSpace]) that consumer processes: consumer itself when idSpace
+// is empty, else consumer, the unit separator U+001F, and
+// [StoredID](idSpace). It is one-to-one, so two id spaces never share
+// rows. A consumer name that is empty, longer than [MaxIDLen] bytes, not
+// valid UTF-8 or holding a control character gives [ErrInvalidConsumer].
+func StoredConsumer(consumer, idSpace string) (string, error) {
+	if err := checkConsumer(consumer); err != nil {
+		return "", err
+	}
+	if idSpace == "" {
+		return consumer, nil
+	}
+	return consumer + spaceSeparator + StoredID(idSpace), nil
 }
 
 // DeriveKey returns the idempotency key for the HTTP call that consumer
@@ -118,15 +151,35 @@ func checkConsumer(consumer string) error {
 // by the server. The server must keep keys for longer than the broker may
 // redeliver.
 //
+// For a [Message] from an adapter, use [DeriveMessageKey], which keeps the
+// message's id space apart from others.
+//
 // An empty messageID gives [ErrNoMessageID]; an invalid consumer
 // [ErrInvalidConsumer]; a secret under 16 bytes an error wrapping
 // [idemhttp.ErrInvalidKey].
 func DeriveKey(secret []byte, consumer, messageID string) (string, error) {
-	if messageID == "" {
-		return "", ErrNoMessageID
-	}
 	if err := checkConsumer(consumer); err != nil {
 		return "", err
 	}
+	return deriveKey(secret, consumer, messageID)
+}
+
+func deriveKey(secret []byte, consumer, messageID string) (string, error) {
+	if messageID == "" {
+		return "", ErrNoMessageID
+	}
 	return idemhttp.DeriveKey(secret, "inbox:"+strconv.Itoa(len(consumer))+":"+consumer+":"+messageID)
+}
+
+// DeriveMessageKey is [DeriveKey] for the message m, scoped by its id
+// space as [SQL.Handle] scopes its rows: the key of
+// [StoredConsumer](consumer, m.IDSpace) and m.ID. Two queues whose ids
+// overlap get different keys, unless their adapters declare one shared id
+// space; a message with no id space gets DeriveKey's key.
+func DeriveMessageKey(secret []byte, consumer string, m *Message) (string, error) {
+	c, err := StoredConsumer(consumer, m.IDSpace)
+	if err != nil {
+		return "", err
+	}
+	return deriveKey(secret, c, m.ID)
 }

@@ -1,6 +1,9 @@
 // Package journaltest is the conformance suite for implementations of
 // [idemhttp.Journal]: every journal, embedded or in a nested module
-// (PostgreSQL, Redis), must pass [Run] unchanged.
+// (PostgreSQL, Redis), must pass [Run] unchanged. A journal shared by a
+// fleet of workers, which leases entries to them ([FleetJournal]), must
+// pass [RunFleet] as well: leases, fencing across workers, and one clock
+// for the fleet.
 //
 //	func TestConformance(t *testing.T) {
 //		journaltest.Run(t, func(t *testing.T) idemhttp.Journal {
@@ -8,6 +11,19 @@
 //			require.NoError(t, err)
 //			t.Cleanup(func() { _ = j.Close() })
 //			return j
+//		})
+//	}
+//
+// A fleet journal's test gives two workers on one new store, and a way to
+// move the store's clock (contrib/postgres shifts the database's now()):
+//
+//	func TestFleetConformance(t *testing.T) {
+//		journaltest.RunFleet(t, func(t *testing.T) *journaltest.Fleet {
+//			store, shift := newStore(t)
+//			return &journaltest.Fleet{
+//				A: store.Worker("a"), B: store.Worker("b"),
+//				Lease: time.Minute, Retention: 24 * time.Hour, Shift: shift,
+//			}
 //		})
 //	}
 package journaltest
@@ -99,8 +115,10 @@ func Run(t *testing.T, open func(t *testing.T) idemhttp.Journal) {
 		{"Prune", testPrune},
 		{"Delete", testDelete},
 		{"FinalStatesStay", testFinalStatesStay},
+		{"ResultKept", testResultKept},
 		{"HeadersRoundTrip", testHeadersRoundTrip},
 		{"SecretsNeverStored", testSecretsNeverStored},
+		{"URLSanitized", testURLSanitized},
 		{"EmptyBodyIsNotNoBody", testEmptyBodyIsNotNoBody},
 		{"HighWater", testHighWater},
 	}
@@ -589,4 +607,74 @@ func testFinalStatesStay(t *testing.T, j idemhttp.Journal) {
 	pending, err := j.Pending(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, pending, "nothing was revived")
+}
+
+// testResultKept: a done outcome's Result (a bounded copy of the final
+// response, Policy.KeepResults) is kept with the entry: Get returns it,
+// and so does Begin for the operation's existing entry, which is how a
+// rerun gets the result back without sending. A journal keeps only the
+// headers a caller reads: never Set-Cookie.
+func testResultKept(t *testing.T, j idemhttp.Journal) {
+	ctx := context.Background()
+	begin(t, j, entry("k-res", "op-res", at(1)))
+	res := &idemhttp.Result{Status: 201, Body: []byte(`{"id":"ch_1"}`), Header: http.Header{
+		"Content-Type": {"application/json"}, "Request-Id": {"req_1"}, "Set-Cookie": {"s=secret"},
+	}}
+	require.NoError(t, j.Finish(ctx, "k-res", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1, At: at(2), Result: res}))
+	want := &idemhttp.Result{Status: 201, Body: []byte(`{"id":"ch_1"}`), Header: http.Header{
+		"Content-Type": {"application/json"}, "Request-Id": {"req_1"},
+	}}
+	got, err := j.Get(ctx, "k-res")
+	require.NoError(t, err)
+	assert.Equal(t, idemhttp.StateDone, got.State)
+	assert.Equal(t, want, got.Result)
+	existing, err := j.Begin(ctx, entry("k-other", "op-res", at(3)))
+	require.NoError(t, err)
+	require.NotNil(t, existing, "the operation's entry")
+	assert.Equal(t, want, existing.Result, "Begin's existing entry carries its result")
+
+	// A pending outcome carries none, and a later outcome of a done
+	// entry does not change it.
+	begin(t, j, entry("k-none", "op-none", at(1)))
+	require.NoError(t, j.Finish(ctx, "k-none", idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1, At: at(2)}))
+	got, err = j.Get(ctx, "k-none")
+	require.NoError(t, err)
+	assert.Nil(t, got.Result)
+}
+
+// testURLSanitized: Begin applies Entry.Sanitized to the URL, given
+// directly as a producer would: a user part (a Stripe-style secret key as
+// user name, or a password) or a credential in the query is refused with
+// ErrInvalidRequest and nothing is stored, and the error does not quote
+// it; a fragment is dropped.
+func testURLSanitized(t *testing.T, j idemhttp.Journal) {
+	ctx := context.Background()
+	tests := []struct {
+		give string
+		want string // "" for refused
+	}{
+		{give: "https://sk_live_4eC39HqLyjWDarjtT1zdp7dc:@api.example.com/v1/charges"},
+		{give: "https://user:hunter2@api.example.com/v1/charges"},
+		{give: "https://api.example.com/v1/charges?api_key=sk_live_secret"},
+		{give: "https://api.example.com/v1/charges?key=AIzaSyA-secret"},
+		{give: "https://api.example.com/v1/charges#frag", want: "https://api.example.com/v1/charges"},
+	}
+	for i, tt := range tests {
+		e := entry(fmt.Sprintf("k%d", i), "", at(i))
+		e.URL = tt.give
+		_, err := j.Begin(ctx, e)
+		if tt.want == "" {
+			assert.ErrorIs(t, err, idemhttp.ErrInvalidRequest, tt.give)
+			for _, secret := range []string{"sk_live", "hunter2", "AIzaSy"} {
+				assert.NotContains(t, fmt.Sprint(err), secret, "the error quotes the secret")
+			}
+			_, err = j.Get(ctx, e.Key)
+			assert.ErrorIs(t, err, idemhttp.ErrNotFound, "stored %s", tt.give)
+			continue
+		}
+		require.NoError(t, err, tt.give)
+		got, err := j.Get(ctx, e.Key)
+		require.NoError(t, err)
+		assert.Equal(t, tt.want, got.URL)
+	}
 }

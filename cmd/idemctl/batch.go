@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 	"github.com/idemkit/idemhttp/internal/contract"
 )
 
@@ -27,6 +28,10 @@ idempotency key before its first attempt, journaled durably, and keeps it
 across retries and reruns. Running the same command again after a crash,
 Ctrl-C or failures resends the pending operations with their keys and skips
 the done ones, so no operation runs twice.
+
+-journal postgres://... shares the journal with other machines: every
+idemctl batch given it loads the input, and each operation is sent by one
+of them (leases; see -lease and README.md).
 
 Keys are derived from the operation id: DeriveKey(secret, id), HMAC-SHA256.
 The secret comes from the environment variable IDEMCTL_KEY_SECRET (or the
@@ -79,6 +84,8 @@ type batchOptions struct {
 	inFormat    string  // auto, jsonl or csv
 	rate        float64 // requests per second, 0: no limit
 	checkDone   bool    // read done rows' requests back to warn about changed lines
+	retention   time.Duration
+	fleet       fleetFlags // with a postgres:// journal
 	spec        inputSpec
 }
 
@@ -89,7 +96,7 @@ func batchCommand(ctx context.Context, args []string, e env) error {
 	fs.StringVar(&o.in, "in", "", "input `FILE` (JSON Lines or CSV); - reads stdin")
 	fs.StringVar(&o.inFormat, "in-format", "auto", "input format: jsonl, csv, or auto (by the file's extension, .csv or .jsonl, else by\nits first character: { or # means JSON Lines)")
 	fs.StringVar(&o.spec.body, "body-format", bodyJSON, "request bodies: json (application/json) or form (application/x-www-form-urlencoded,\nas Stripe's API takes: a JSON object body becomes name=value&nested[field]=value)")
-	fs.StringVar(&o.journal, "journal", "", "journal `FILE`, created if missing: keys and outcomes across runs")
+	fs.StringVar(&o.journal, "journal", "", "journal `FILE`, created if missing: keys and outcomes across runs; or postgres://...: a journal\nseveral machines share, each operation sent by one of them")
 	fs.IntVar(&o.concurrency, "concurrency", 8, "operations in flight at once")
 	fs.Float64Var(&o.rate, "rate", 0, "requests per second at most, retries included (e.g. 25, or 0.5 for one every 2s); 0: no limit")
 	fs.StringVar(&o.keys.secretEnv, "key-secret-env", defaultSecretEnv, "derive each key from the operation id with HMAC-SHA256 keyed by environment variable `VAR`\n(at least 16 bytes), so reruns send the same keys even without the journal;\nwhen VAR is unset, the secret comes from -key-file")
@@ -101,12 +108,17 @@ func batchCommand(ctx context.Context, args []string, e env) error {
 	fs.DurationVar(&o.grace, "grace", 10*time.Second, "after SIGINT or SIGTERM, how long operations in flight may take to finish")
 	fs.StringVar(&o.progress, "progress", "auto", "progress on stderr: auto (a bar on a terminal, else lines), bar, lines or none")
 	fs.BoolVar(&o.checkDone, "check-done", false, "read back the journaled request of every input operation already done, and warn (exit 4)\nwhen the line changed since; off, done rows are skipped from the journal's index alone")
+	retention := retentionFlag(fs)
+	o.fleet.register(fs)
 	fs.StringVar(&o.pruned, "pruned", "refuse", "input operations that idemctl prune deleted from the journal (listed in JOURNAL.pruned):\nrefuse (exit 6 before sending anything), skip (report the recorded outcome, send nothing)\nor send (send them again: with derived keys the server replays them if it still keeps the key)")
 	rest, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
+	o.retention = *retention
+	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) {
+		set[f.Name] = true
 		switch f.Name {
 		case "key-secret-env":
 			o.keys.secretEnvSet = true
@@ -115,6 +127,9 @@ func batchCommand(ctx context.Context, args []string, e env) error {
 		}
 	})
 	if err := o.validate(rest, *rawURL, e.getenv); err != nil {
+		return err
+	}
+	if err := o.fleet.check(o.journal, set); err != nil {
 		return err
 	}
 	return runBatch(ctx, o, e)
@@ -157,6 +172,9 @@ func (o *batchOptions) validate(rest []string, rawURL string, getenv func(string
 	if err := o.creds.check(); err != nil {
 		return err
 	}
+	if err := checkRetention(o.retention); err != nil {
+		return err
+	}
 	if o.keys.secretEnv == "" {
 		return fail(exitUsage, "-key-secret-env must name an environment variable")
 	}
@@ -184,16 +202,57 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 		return fail(exitInput, "none of the %d input lines is a valid operation; nothing was sent (-in-format jsonl or csv, -h for the formats)", len(bad))
 	}
 
-	// The secret first: a key file that cannot be read stops the run
-	// before the journal is touched.
+	if isPostgresURL(o.journal) {
+		// A shared journal: no key file beside it, no prune record.
+		if o.keys.random || o.keys.keyFileSet || e.getenv(o.keys.secretEnv) != "" {
+			var createKey string
+			if o.keySecret, createKey, err = o.keys.secret(o.journal, e.getenv); err != nil {
+				return err
+			}
+			if createKey != "" {
+				if o.keySecret, err = o.keys.createSecret(createKey); err != nil {
+					return err
+				}
+				fmt.Fprintf(e.stderr, "idemctl batch: created key file %s (mode 0600): give the fleet's other machines the same file\n", createKey)
+			}
+		}
+		return runFleetBatch(ctx, o, e, ops, inputErrs)
+	}
+
+	// Nothing is created before everything is known to be sound: an
+	// unreadable key file stops the run before the journal is touched, and
+	// a -journal naming the wrong file (the input, say) before a key file
+	// is created beside it. So: the secret if it exists; an existing
+	// journal opened (Open refuses a file that is not a journal, leaving
+	// it as it was); only then a missing key file created, and last a
+	// missing journal.
+	if err := checkNotInput(o.in, o.journal); err != nil {
+		return err
+	}
 	_, statErr := os.Stat(o.journal)
-	o.keySecret, err = o.keys.secret(o.journal, e.getenv)
+	journalExists := statErr == nil
+	var createKey string
+	o.keySecret, createKey, err = o.keys.secret(o.journal, e.getenv)
 	if err != nil {
 		return err
 	}
+	var fileJournal *filejournal.Journal
+	if journalExists {
+		if fileJournal, err = openJournal(o.journal, false); err != nil {
+			return err
+		}
+	}
+	if createKey != "" {
+		if o.keySecret, err = o.keys.createSecret(createKey); err != nil {
+			if fileJournal != nil {
+				_ = fileJournal.Close()
+			}
+			return err
+		}
+	}
 	if o.keys.createdFile != "" {
 		fmt.Fprintf(e.stderr, "idemctl batch: created key file %s (mode 0600): every key is derived from it; back it up with the journal\n", o.keys.createdFile)
-		if statErr == nil {
+		if journalExists {
 			// A journal from an older idemctl (random keys by default), or
 			// one whose key file was lost. Its entries keep their keys;
 			// only operations it no longer knows get keys from the new
@@ -201,10 +260,10 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 			fmt.Fprintf(e.stderr, "idemctl batch: note: journal %s already existed without this key file: its entries keep their journaled keys; if an earlier key file was lost, restore it before running operations the journal no longer knows\n", o.journal)
 		}
 	}
-
-	fileJournal, err := openJournal(o.journal, false)
-	if err != nil {
-		return err
+	if fileJournal == nil {
+		if fileJournal, err = openJournal(o.journal, false); err != nil {
+			return err
+		}
 	}
 	defer func() {
 		if cerr := fileJournal.Close(); cerr != nil && err == nil {
@@ -259,7 +318,7 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 	r := newRunner(runnerConfig{
 		name: "batch", path: o.journal, fj: fj, concurrency: o.concurrency, timeout: o.timeout,
 		attempts: o.attempts, creds: &o.creds, progress: o.progress, total: total, env: e,
-		contentType: o.spec.contentType(), rate: o.rate,
+		contentType: o.spec.contentType(), rate: o.rate, retention: o.retention,
 	})
 	defer r.close()
 	for _, op := range ops {
@@ -417,15 +476,28 @@ func (o *batchOptions) checkPruned(fj batchJournal, ops []operation, e env) ([]o
 	return kept, skips, nil
 }
 
-// keyRetention is how long the server keeps keys: idemhttp's default
-// Policy.Retention, which the batch's client uses.
-const keyRetention = 24 * time.Hour
+// checkNotInput refuses a journal path that names the input file: opening
+// it would refuse it as not a journal anyway, but saying which mistake it
+// is helps. Nothing is touched either way.
+func checkNotInput(in, journal string) error {
+	if in == "-" {
+		return nil
+	}
+	fi, err := os.Stat(in)
+	if err != nil {
+		return nil // reported by the input's own checks
+	}
+	if ji, err := os.Stat(journal); err == nil && os.SameFile(fi, ji) {
+		return fail(exitUsage, "-journal %s is the input file (-in): name a journal file of its own, such as %s.journal; nothing was touched", journal, strings.TrimSuffix(in, filepath.Ext(in)))
+	}
+	return nil
+}
 
 // resendable reports whether the pending entry p of op can be resent by
 // sending op: it is the same request under the key op would use, and
 // young enough that the server still knows the key.
 func (o *batchOptions) resendable(op operation, p *idemhttp.Entry) bool {
-	if p.Fingerprint != fingerprint(op) || time.Since(p.Created) >= keyRetention {
+	if p.Fingerprint != fingerprint(op) || time.Since(p.Created) >= o.retention {
 		return false
 	}
 	if o.keySecret != nil {

@@ -499,3 +499,57 @@ func TestBatchStdin(t *testing.T) {
 	require.Equal(t, exitOK, code, stderr.String())
 	assertComplete(t, results(t, stdout.String()), 1)
 }
+
+// TestBatchWrongJournalTouchesNothing: a -journal naming the input file,
+// or any other file that is not a journal, is refused before anything is
+// created or sent: no key file appears beside it, the file is unchanged.
+// Before, the key file was created first and the journal refused after.
+// Checked: with the key file created before the journal is opened (the
+// old order), "another file" fails, and without checkNotInput "the input"
+// exits 3 instead of 2.
+func TestBatchWrongJournalTouchesNothing(t *testing.T) {
+	tests := []struct {
+		name     string
+		journal  func(dir, in string) string
+		wantCode int
+		wantErr  string
+	}{
+		{"the input", func(_, in string) string { return in }, exitUsage, "is the input file (-in)"},
+		{"another file", func(dir, _ string) string {
+			p := filepath.Join(dir, "results.jsonl")
+			require.NoError(t, os.WriteFile(p, []byte(`{"operation":"op-000","result":"ok"}`+"\n"), 0o600))
+			return p
+		}, exitJournal, "is not an idemhttp journal"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newServer(t, idemtest.Faults{})
+			dir := t.TempDir()
+			in := writeInput(t, dir, 3)
+			journal := tt.journal(dir, in)
+			before := dirContents(t, dir)
+
+			out := runIn("batch", "-url", srv.URL, "-in", in, "-journal", journal, "-progress", "none")
+
+			assert.Equal(t, tt.wantCode, out.code, out.stderr)
+			assert.Contains(t, out.stderr, tt.wantErr)
+			assert.Equal(t, before, dirContents(t, dir), "nothing created or changed")
+			assert.NoFileExists(t, journal+".key")
+			assert.Zero(t, srv.Stats().Requests, "nothing sent")
+		})
+	}
+}
+
+// dirContents maps each file of dir to its content.
+func dirContents(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	des, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	m := map[string]string{}
+	for _, de := range des {
+		b, err := os.ReadFile(filepath.Join(dir, de.Name()))
+		require.NoError(t, err)
+		m[de.Name()] = string(b)
+	}
+	return m
+}

@@ -24,8 +24,13 @@ import (
 // -journal must not read as "nothing pending". (The headers it must never
 // store, beyond the standard credentials, are the client's SecretHeaders,
 // which drops them before the journal sees them.)
+//
+// The journal's own pruning is off: it would delete done entries past the
+// retention without the record idemctl prune keeps (JOURNAL.pruned), and
+// a later batch naming one would send it again, under a key the server
+// has forgotten. Done stays done until idemctl prune records and deletes it.
 func openJournal(path string, mustExist bool) (*filejournal.Journal, error) {
-	return openJournalWith(path, mustExist, nil)
+	return openJournalWith(path, mustExist, &filejournal.Options{PruneInterval: -1})
 }
 
 // openJournalReadOnly opens the journal at path, which must exist, for
@@ -146,7 +151,11 @@ type clientConfig struct {
 	rt       http.RoundTripper
 	timeout  time.Duration // per attempt
 	attempts int           // 0 means the policy's default
-	creds    *credentialFlags
+	// retention is Policy.Retention: how long the server keeps keys; the
+	// client tells the journal, which keeps done entries as long. 0 means
+	// the policy's default (24 h).
+	retention time.Duration
+	creds     *credentialFlags
 
 	// stopping, when set and true, makes every call that has not sent
 	// its first attempt fail with errStopping, sending nothing.
@@ -163,7 +172,7 @@ func newClient(cfg clientConfig) *idemhttp.Client {
 	c := &idemhttp.Client{
 		HTTPClient: &http.Client{Transport: cfg.rt, Timeout: cfg.timeout},
 		Journal:    cfg.journal,
-		Policy:     &idemhttp.Policy{MaxAttempts: cfg.attempts},
+		Policy:     &idemhttp.Policy{MaxAttempts: cfg.attempts, Retention: cfg.retention},
 	}
 	if cfg.onJournal != nil {
 		c.Hooks = &idemtrace.Hooks{OnJournal: cfg.onJournal}

@@ -25,16 +25,20 @@ const demoSynopsis = `Usage: idemctl demo [flags]
 Starts a fake payments API (idemtest) on loopback that loses requests, loses
 responses after making the charge, replies slowly, and answers 409 and 503
 with Retry-After. Sends N charges through idemhttp with a journal file in a
-temporary folder, and crashes half way: the run is abandoned as a killed
-process would leave it, with the charges in flight unrecorded. A second run
-reopens the journal, resumes the pending charges with their keys and sends
-the rest. Then the same workload, crash included, goes through plain
-net/http, through go-retryablehttp (its defaults, with a short timeout and
-tiny waits; no keys, as most of their users send), and through
-go-retryablehttp with an Idempotency-Key minted per call (what sending a key
-gives without a journal), each against a fresh server with the same seed,
-and a table shows what each server executed. Progress goes to stderr: a bar
-on a terminal, plain lines otherwise.
+temporary folder, and crashes half way: the charges in flight die, half
+before their request left and half after the server answered, unrecorded,
+as a killed process leaves them. A second run reopens the journal and, as
+idemctl batch does, resends the pending charges with their keys beside
+the rest. The same workload,
+crash included, goes through plain net/http, go-retryablehttp (its
+defaults, with a short timeout and tiny waits; no key, as most of its users
+send), go-retryablehttp with an Idempotency-Key minted per call, and
+go-retryablehttp with a key derived from the order id (HMAC-SHA256, no
+journal: what a careful user writes by hand), each against a fresh server
+with the same seed, at the same time; a table shows what each server
+executed. The same seed and flags print the same table; the wall times
+follow it. Progress goes to stderr: a bar on a terminal, plain lines
+otherwise.
 
 Exit code 1 if idemhttp shows a duplicate or lost charge.
 `
@@ -46,7 +50,7 @@ type demoOptions struct {
 	faults      idemtest.Faults
 	timeout     time.Duration // per attempt, for every client
 	attempts    int           // idemhttp's MaxAttempts
-	crashAfter  float64       // fraction of the charges finished before the crash
+	crashAfter  float64       // fraction of the charges the first run starts
 	progress    string        // auto, bar, lines or none
 }
 
@@ -54,18 +58,19 @@ func demoCommand(ctx context.Context, args []string, e env) error {
 	o := &demoOptions{}
 	fs := newFlagSet("demo", demoSynopsis, e)
 	fs.IntVar(&o.n, "n", 500, "charges to send")
-	fs.IntVar(&o.concurrency, "concurrency", 16, "charges in flight at once")
-	fs.Uint64Var(&o.faults.Seed, "seed", 1, "fault seed; the same seed gives every client the same faults")
+	fs.IntVar(&o.concurrency, "concurrency", 16, "charges in flight at once, per client")
+	fs.Uint64Var(&o.faults.Seed, "seed", 1, "fault seed; the same seed gives every client the same faults, and prints the same table")
 	fs.Float64Var(&o.faults.DropRequest, "drop-request", 0.05, "rate of requests lost before the server sees them")
 	fs.Float64Var(&o.faults.DropResponse, "drop-response", 0.05, "rate of responses lost after the charge was made")
 	fs.Float64Var(&o.faults.Slow, "slow", 0.03, "rate of replies slower than -timeout (the charge is made)")
 	fs.Float64Var(&o.faults.Unavailable, "unavailable", 0.05, "rate of 503 with Retry-After")
 	fs.Float64Var(&o.faults.Conflict, "conflict", 0.02, "rate of bursts of 409 (in progress) with Retry-After")
+	fs.IntVar(&o.faults.ConflictBurst, "conflict-burst", 1, "409s in a burst")
 	fs.IntVar(&o.faults.MaxPerOperation, "max-faults", 2, "faults injected into one charge at most (0: no cap)")
 	fs.DurationVar(&o.faults.RetryAfter, "retry-after", time.Second, "Retry-After sent with 503 and 409, rounded up to seconds")
-	fs.DurationVar(&o.timeout, "timeout", 250*time.Millisecond, "timeout of one attempt, for every client")
+	fs.DurationVar(&o.timeout, "timeout", 500*time.Millisecond, "timeout of one attempt, for every client; slow replies take 4 times as long.\nThe same seed prints the same table as long as no normal reply takes this long (a machine loaded far beyond its cores)")
 	fs.IntVar(&o.attempts, "attempts", 6, "idemhttp's attempts per charge")
-	fs.Float64Var(&o.crashAfter, "crash-after", 0.5, "crash after this fraction of the charges finished (0: no crash)")
+	fs.Float64Var(&o.crashAfter, "crash-after", 0.5, "crash once this fraction of the charges has started (0: no crash)")
 	fs.StringVar(&o.progress, "progress", "auto", "progress on stderr: auto (a bar on a terminal, else lines), bar, lines or none")
 	rest, err := parseFlags(fs, args)
 	if err != nil {
@@ -82,13 +87,15 @@ func demoCommand(ctx context.Context, args []string, e env) error {
 		return fail(exitUsage, "-timeout must be positive")
 	case o.attempts < 1:
 		return fail(exitUsage, "-attempts must be at least 1")
-	case o.crashAfter < 0 || o.crashAfter >= 1:
+	case o.faults.ConflictBurst < 1:
+		return fail(exitUsage, "-conflict-burst must be at least 1")
+	case !(o.crashAfter >= 0 && o.crashAfter < 1):
 		return fail(exitUsage, "-crash-after must be in [0, 1)")
 	case o.progress != "auto" && o.progress != "bar" && o.progress != "lines" && o.progress != "none":
 		return fail(exitUsage, "-progress must be auto, bar, lines or none")
 	}
 	for _, r := range []float64{o.faults.DropRequest, o.faults.DropResponse, o.faults.Slow, o.faults.Unavailable, o.faults.Conflict} {
-		if r < 0 || r > 1 {
+		if !(r >= 0 && r <= 1) {
 			return fail(exitUsage, "fault rates must be between 0 and 1")
 		}
 	}
@@ -102,43 +109,74 @@ func demoCommand(ctx context.Context, args []string, e env) error {
 type demoOp struct {
 	id   string
 	body []byte
+	// dies says how the crash ends this charge in the first run: not at
+	// all, or (for the last charges it started, in flight at the crash)
+	// before its request left or after the server answered.
+	dies death
 }
 
-func demoOps(n int) []demoOp {
+// death is how the crash ends a charge of the first run.
+type death int
+
+const (
+	survives     death = iota
+	diesUnsent         // the process dies after the journal's entry, before the request leaves
+	diesAnswered       // the process dies after the server answered, before the client learns it
+)
+
+// demoOps returns the workload: n charges, of which the first run
+// (crashing) starts the first crashAt; the last concurrency of those are
+// in flight when it dies, alternately unsent and answered. Which charges
+// die, and how, depends on nothing but the flags, so that the same seed
+// gives the same table (a crash timed by the clock would not).
+func demoOps(n, crashAt, concurrency int) []demoOp {
 	ops := make([]demoOp, n)
 	for i := range ops {
 		id := fmt.Sprintf("charge-%04d", i)
 		ops[i] = demoOp{id: id, body: fmt.Appendf(nil, `{"amount":%d,"currency":"usd","operation":%q}`, 1000+i, id)}
 	}
+	for i, k := max(crashAt-concurrency, 0), 0; i < crashAt; i, k = i+1, k+1 {
+		ops[i].dies = diesUnsent + death(k%2)
+	}
 	return ops
 }
 
-// runDemo runs the three columns one after the other (running them at
-// once would let them compete for two cores and blur the wall times) and
-// prints the table.
+// demoColumns are the clients of the table, in its order.
+var demoColumns = []struct {
+	name string
+	run  func(context.Context, *demoOptions, []demoOp, *idemtest.Server, *demoStats) error
+}{
+	{"idemhttp", demoIdemhttp},
+	{"net/http", demoPlain},
+	{"retryablehttp", demoRetryable},
+	{"+ random key", demoRetryableMinted},
+	{"+ derived key", demoRetryableDerived},
+}
+
+// runDemo runs the columns at once, each against its own server, and
+// prints the table. The clients spend their time waiting (for Retry-After,
+// timeouts and backoff), not computing, so running them together barely
+// changes any column's wall time and takes the longest column's instead
+// of the sum; what the servers executed does not depend on timing at all.
 func runDemo(ctx context.Context, o *demoOptions, e env) error {
-	ops := demoOps(o.n)
+	ops := demoOps(o.n, o.crashAt(), o.concurrency)
 	printDemoHeader(e.stdout, o)
-	var cols []*demoStats
-	for _, col := range []struct {
-		name string
-		run  func(context.Context, *demoOptions, []demoOp, *idemtest.Server, *demoStats) error
-	}{
-		{"idemhttp", demoIdemhttp},
-		{"net/http", demoPlain},
-		{"go-retryablehttp", demoRetryable},
-		{"go-retryablehttp + Idempotency-Key", demoRetryableKeyed},
-	} {
-		fmt.Fprintf(e.stderr, "idemctl demo: running %s...\n", col.name)
-		prog := newProgress(e.stderr, o.progress, len(ops), e.isTerminal != nil && e.isTerminal(e.stderr))
-		st, err := demoColumn(ctx, o, ops, col.name, prog, col.run)
-		if err != nil {
-			return err
-		}
-		cols = append(cols, st)
-		if ctx.Err() != nil {
-			return &exitError{code: exitInterrupted, err: errors.New("interrupted")}
-		}
+	prog := newDemoProgress(e.stderr, o.progress, len(demoColumns), o.n, e.isTerminal != nil && e.isTerminal(e.stderr))
+	cols := make([]*demoStats, len(demoColumns))
+	errs := make([]error, len(demoColumns))
+	var wg sync.WaitGroup
+	for i, col := range demoColumns {
+		wg.Go(func() {
+			cols[i], errs[i] = demoColumn(ctx, o, ops, col.name, prog.column(col.name), col.run)
+		})
+	}
+	wg.Wait()
+	prog.finish()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return &exitError{code: exitInterrupted, err: errors.New("interrupted")}
 	}
 	printDemoTable(e.stdout, o, cols)
 	idem := cols[0]
@@ -159,11 +197,16 @@ func demoColumn(ctx context.Context, o *demoOptions, ops []demoOp, name string, 
 	st := &demoStats{name: name, ops: len(ops), retries: map[idemtrace.RetryReason]int{}, prog: prog}
 	start := time.Now()
 	err := run(ctx, o, ops, srv, st)
-	prog.finish()
 	if err != nil {
 		return nil, err
 	}
 	st.wall = time.Since(start)
+	// The charges that never succeeded are counted as failed now, once:
+	// during the runs a failure may yet be retried by the second run.
+	for range st.failed {
+		prog.add(&result{Result: resultFailed})
+	}
+	prog.finish()
 	st.server = srv.Stats()
 	snap := srv.Snapshot()
 	for _, op := range ops {
@@ -188,9 +231,9 @@ type demoStats struct {
 	mu      sync.Mutex
 	retries map[idemtrace.RetryReason]int
 
-	// prog shows the charges the client has seen succeed, the same bar
-	// (or lines) as batch. A charge failed in the first run and retried
-	// in the second counts once, when it succeeds.
+	// prog shows the charges the client has seen succeed, and at the end
+	// those that failed. A charge failed in the first run and retried in
+	// the second counts once, when it succeeds.
 	prog *progress
 	seen map[string]bool // charges already shown as succeeded; under mu
 
@@ -200,10 +243,9 @@ type demoStats struct {
 	lost       int // charges never executed
 	wall       time.Duration
 
-	// idemhttp only: what the crash left and the second run did.
-	pendingAtCrash int
-	resumed        int
-	rerun          int
+	rerun int // charges the second run sent
+
+	pendingAtCrash int // idemhttp only: entries the crash left pending
 }
 
 // track wraps send to report each charge the client saw succeed.
@@ -217,8 +259,7 @@ func (s *demoStats) track(send func(context.Context, demoOp) bool) func(context.
 	}
 }
 
-// succeeded shows the charge op as succeeded, once: a charge the crashed
-// run saw succeed may be resumed and succeed again.
+// succeeded shows the charge op as succeeded, once.
 func (s *demoStats) succeeded(op string) {
 	s.mu.Lock()
 	first := !s.seen[op]
@@ -239,17 +280,13 @@ func (s *demoStats) retry(r idemtrace.RetryReason) {
 	s.mu.Unlock()
 }
 
-// pool sends ops with workers; send reports whether the client saw the
-// charge succeed. With crashAfter > 0, once that many charges have
-// finished, crash runs and the run is abandoned: the context of every
-// call in flight is cancelled and no charge starts. It returns which
-// charges succeeded, in the order of ops.
-func pool(ctx context.Context, ops []demoOp, workers, crashAfter int, crash func(), send func(context.Context, demoOp) bool) []bool {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+// pool sends ops with workers and returns which succeeded, in the order
+// of ops. A charge that dies in the crash (op.dies) is sent with a
+// context that the crash transport cancels (see crashTransport): the call
+// ends as a killed process's would, and counts as not succeeded.
+func pool(ctx context.Context, ops []demoOp, workers int, send func(context.Context, demoOp) bool) []bool {
 	ok := make([]bool, len(ops))
-	var next, finished atomic.Int64
-	var once sync.Once
+	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range min(workers, len(ops)) {
 		wg.Go(func() {
@@ -258,13 +295,14 @@ func pool(ctx context.Context, ops []demoOp, workers, crashAfter int, crash func
 				if i >= len(ops) {
 					return
 				}
-				ok[i] = send(ctx, ops[i])
-				if n := finished.Add(1); crashAfter > 0 && n >= int64(crashAfter) {
-					once.Do(func() {
-						crash()
-						cancel()
-					})
+				op := ops[i]
+				if op.dies == survives {
+					ok[i] = send(ctx, op)
+					continue
 				}
+				cctx, cancel := context.WithCancel(ctx)
+				send(context.WithValue(cctx, deathKey{}, &dying{how: op.dies, kill: cancel}), op)
+				cancel()
 			}
 		})
 	}
@@ -272,36 +310,84 @@ func pool(ctx context.Context, ops []demoOp, workers, crashAfter int, crash func
 	return ok
 }
 
-// crashAt is how many charges finish before the crash, 0 for none.
+// crashAt is how many charges the first run starts before the crash, 0
+// for no crash.
 func (o *demoOptions) crashAt() int {
 	return int(float64(o.n) * o.crashAfter)
 }
 
-// crashJournal stands for the journal of a process that dies: once
-// crashed, nothing more reaches the file, neither new entries nor, above
-// all, the outcomes of the calls in flight, which stay pending as a kill
-// would leave them. Their charges may or may not have been made.
-type crashJournal struct {
-	idemhttp.Journal
-	crashed atomic.Bool
+// deathKey carries a *dying in the context of a charge the crash kills.
+type deathKey struct{}
+
+// dying is how a charge dies, and the function that ends its call.
+type dying struct {
+	how  death
+	kill context.CancelFunc
+}
+
+func dyingOf(ctx context.Context) *dying {
+	d, _ := ctx.Value(deathKey{}).(*dying)
+	return d
 }
 
 var errCrashed = errors.New("the process is gone")
 
-// Begin writes nothing once crashed.
-func (c *crashJournal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry, error) {
-	if c.crashed.Load() {
-		return nil, errCrashed
+// crashTransport kills the charges the crash kills, at their first
+// attempt: before the request leaves (nothing sent), or after the server
+// answered (its answer discarded unread by the client). It then cancels
+// the call's context, so no client retries: the process is gone.
+type crashTransport struct{ rt http.RoundTripper }
+
+func (t crashTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	d := dyingOf(r.Context())
+	if d == nil {
+		return t.rt.RoundTrip(r)
 	}
-	return c.Journal.Begin(ctx, e)
+	if d.how == diesAnswered {
+		if resp, err := t.rt.RoundTrip(r); err == nil {
+			drainClose(resp) // the server finished; the client never learns how
+		}
+	} else if r.Body != nil {
+		r.Body.Close() // RoundTrip must close the body, even on error
+	}
+	d.kill()
+	return nil, errCrashed
 }
 
-// Finish writes nothing once crashed: the outcome is lost.
-func (c *crashJournal) Finish(ctx context.Context, key string, o idemhttp.Outcome) error {
-	if c.crashed.Load() {
+// crashJournal stands for the journal of a process that dies: nothing
+// more reaches the file about a charge the crash kills, neither its
+// outcome nor the withdrawal of an entry whose request never left; its
+// entry stays pending as a kill leaves it. (The client calls the journal
+// with the call's context, or one that keeps its values.)
+type crashJournal struct {
+	idemhttp.Journal
+}
+
+// Finish writes nothing for a killed charge: the outcome is lost.
+func (c crashJournal) Finish(ctx context.Context, key string, o idemhttp.Outcome) error {
+	if dyingOf(ctx) != nil {
 		return errCrashed
 	}
 	return c.Journal.Finish(ctx, key, o)
+}
+
+// Delete withdraws nothing for a killed charge: the process is gone.
+func (c crashJournal) Delete(ctx context.Context, key string) error {
+	if dyingOf(ctx) != nil {
+		return errCrashed
+	}
+	return c.Journal.Delete(ctx, key)
+}
+
+// newDemoTransport returns a transport without keep-alives for one
+// column, and the counter of its attempts above it. Without keep-alives,
+// net/http never resends a keyed request by itself (it does when a reused
+// connection dies before the answer), so every server sees the requests
+// the clients made, and the same seed gives the same faults.
+func newDemoTransport(concurrency int) (*http.Transport, *counter) {
+	tr := newTransport(concurrency)
+	tr.DisableKeepAlives = true
+	return tr, &counter{rt: tr}
 }
 
 // demoIdemhttp runs the workload through idemhttp: a first run with a
@@ -314,15 +400,14 @@ func demoIdemhttp(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemte
 	}
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, "journal")
-	tr := newTransport(o.concurrency)
+	tr, cnt := newDemoTransport(o.concurrency)
 	defer tr.CloseIdleConnections()
-	cnt := &counter{rt: tr}
 	defer func() { st.attempts = cnt.attempts.Load() }()
 	// Each run is a new process: a new Client (and retry budget) over
 	// the same journal file.
 	newClient := func(j idemhttp.Journal) *idemhttp.Client {
 		return &idemhttp.Client{
-			HTTPClient: &http.Client{Transport: cnt, Timeout: o.timeout},
+			HTTPClient: &http.Client{Transport: crashTransport{cnt}, Timeout: o.timeout},
 			Journal:    j,
 			Policy:     &idemhttp.Policy{MaxAttempts: o.attempts, BaseDelay: 5 * time.Millisecond, MaxDelay: 100 * time.Millisecond},
 			Hooks:      &idemtrace.Hooks{OnRetry: func(_ context.Context, ev idemtrace.RetryEvent) { st.retry(ev.Reason) }},
@@ -353,13 +438,16 @@ func demoIdemhttp(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemte
 		})
 	}
 
-	// Run 1, killed half way.
+	// Run 1, killed once it has started crashAt charges.
 	fj, err := filejournal.Open(path, nil)
 	if err != nil {
 		return fail(exitJournal, "demo: %v", err)
 	}
-	cj := &crashJournal{Journal: fj}
-	pool(ctx, ops, o.concurrency, o.crashAt(), func() { cj.crashed.Store(true) }, send(newClient(cj)))
+	first := ops
+	if n := o.crashAt(); n > 0 {
+		first = ops[:n]
+	}
+	pool(ctx, first, o.concurrency, send(newClient(crashJournal{fj})))
 	pending, err := fj.Pending(context.Background())
 	if err != nil {
 		_ = fj.Close()
@@ -370,23 +458,14 @@ func demoIdemhttp(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemte
 		return fail(exitJournal, "demo: %v", err)
 	}
 
-	// Run 2: reopen, resume, send what is not done.
+	// Run 2: reopen, and send every charge not done, as idemctl batch
+	// does: Do under WithOperation finds a pending entry of the first run
+	// and resends it with its key, beside the charges never begun.
 	fj, err = filejournal.Open(path, nil)
 	if err != nil {
 		return fail(exitJournal, "demo: %v", err)
 	}
 	defer fj.Close()
-	c := newClient(fj)
-	rrs, err := c.Resume(ctx, nil)
-	if err != nil && ctx.Err() == nil {
-		return fail(exitJournal, "demo: resume: %v", err)
-	}
-	st.resumed = len(rrs)
-	for _, rr := range rrs {
-		if rr.Err == nil && rr.StatusCode < 300 {
-			st.succeeded(rr.Entry.Operation)
-		}
-	}
 	done, err := demoDone(fj)
 	if err != nil {
 		return err
@@ -394,11 +473,12 @@ func demoIdemhttp(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemte
 	var rest []demoOp
 	for _, op := range ops {
 		if !done[op.id] {
+			op.dies = survives
 			rest = append(rest, op)
 		}
 	}
 	st.rerun = len(rest)
-	pool(ctx, rest, o.concurrency, 0, nil, send(c))
+	pool(ctx, rest, o.concurrency, send(newClient(fj)))
 	if done, err = demoDone(fj); err != nil {
 		return err
 	}

@@ -3,6 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"net/http"
 	"time"
 
@@ -12,20 +16,27 @@ import (
 	"github.com/idemkit/idemhttp/idemtrace"
 )
 
-// demoTwoRuns is the baselines' batch job: a first run crashes half way;
-// the rerun resends every charge the first did not see succeed, as a job
-// that records completions (say, in its database) would. Without a key
-// the rerun has no other way to know what the server did.
+// demoTwoRuns is the baselines' batch job: a first run starts the
+// charges up to the crash, the last of them dying in flight; the rerun
+// resends every charge the first did not see succeed, as a job that
+// records completions (say, in its database) would. Without a journal it
+// has no better way to know what the server did.
 func demoTwoRuns(ctx context.Context, o *demoOptions, ops []demoOp, st *demoStats, send func(context.Context, demoOp) bool) {
 	send = st.track(send)
-	ok := pool(ctx, ops, o.concurrency, o.crashAt(), func() {}, send)
+	first := ops
+	if n := o.crashAt(); n > 0 {
+		first = ops[:n]
+	}
+	ok := pool(ctx, first, o.concurrency, send)
 	var rest []demoOp
 	for i, op := range ops {
-		if !ok[i] {
+		if i >= len(first) || !ok[i] {
+			op.dies = survives
 			rest = append(rest, op)
 		}
 	}
-	for _, good := range pool(ctx, rest, o.concurrency, 0, nil, send) {
+	st.rerun = len(rest)
+	for _, good := range pool(ctx, rest, o.concurrency, send) {
 		if !good {
 			st.failed++
 		}
@@ -35,10 +46,9 @@ func demoTwoRuns(ctx context.Context, o *demoOptions, ops []demoOp, st *demoStat
 // demoPlain sends each charge once per run with net/http, as most code
 // does: no key, no retry.
 func demoPlain(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemtest.Server, st *demoStats) error {
-	tr := newTransport(o.concurrency)
+	tr, cnt := newDemoTransport(o.concurrency)
 	defer tr.CloseIdleConnections()
-	cnt := &counter{rt: tr}
-	hc := &http.Client{Transport: cnt, Timeout: o.timeout}
+	hc := &http.Client{Transport: crashTransport{cnt}, Timeout: o.timeout}
 	demoTwoRuns(ctx, o, ops, st, func(ctx context.Context, op demoOp) bool {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/charges", bytes.NewReader(op.body))
 		if err != nil {
@@ -61,31 +71,46 @@ func demoPlain(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemtest.
 // PrepareRetry, which runs only when a retry really happens.
 type retryReasonKey struct{}
 
+// keying says which Idempotency-Key a go-retryablehttp column sends.
+type keying int
+
+const (
+	noKey      keying = iota // as most of its users send
+	mintedKey                // a random key per call, kept across its retries
+	derivedKey               // HMAC-SHA256(secret, order id): the same on a rerun
+)
+
 // demoRetryable sends each charge with go-retryablehttp: its default retry
 // policy (connection errors, 429 and 5xx; at most 4 retries) and backoff
 // (which honours Retry-After on 429 and 503), with the demo's short timeout
 // and tiny waits instead of its 1-30 s, and no key, as most of its users
 // send.
 func demoRetryable(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemtest.Server, st *demoStats) error {
-	return demoRetryableWith(ctx, o, ops, srv, st, false)
+	return demoRetryableWith(ctx, o, ops, srv, st, noKey)
 }
 
-// demoRetryableKeyed is demoRetryable with an Idempotency-Key, minted per
-// call as careful users of it do: its retries resend the key, so they are
-// safe, but the rerun after the crash has no journal to find the first
-// run's keys in and mints new ones, and a 409 (the first attempt still in
-// progress) is not retried. The column shows what the journal and resume
-// add beyond sending a key.
-func demoRetryableKeyed(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemtest.Server, st *demoStats) error {
-	return demoRetryableWith(ctx, o, ops, srv, st, true)
+// demoRetryableMinted is demoRetryable with an Idempotency-Key minted per
+// call: its retries resend the key, so they are safe, but the rerun after
+// the crash has no journal to find the first run's keys in and mints new
+// ones.
+func demoRetryableMinted(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemtest.Server, st *demoStats) error {
+	return demoRetryableWith(ctx, o, ops, srv, st, mintedKey)
 }
 
-func demoRetryableWith(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemtest.Server, st *demoStats, keyed bool) error {
-	tr := newTransport(o.concurrency)
+// demoRetryableDerived is what a careful user writes by hand: the key is
+// HMAC-SHA256 of the order id under a secret, so the rerun sends the same
+// key without a journal, and the server replays what the first run did.
+// What it cannot do (a server that forgot the key, a changed body, a
+// record of what is pending) is in the README.
+func demoRetryableDerived(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemtest.Server, st *demoStats) error {
+	return demoRetryableWith(ctx, o, ops, srv, st, derivedKey)
+}
+
+func demoRetryableWith(ctx context.Context, o *demoOptions, ops []demoOp, srv *idemtest.Server, st *demoStats, k keying) error {
+	tr, cnt := newDemoTransport(o.concurrency)
 	defer tr.CloseIdleConnections()
-	cnt := &counter{rt: tr}
 	rc := retryablehttp.NewClient()
-	rc.HTTPClient = &http.Client{Transport: cnt, Timeout: o.timeout}
+	rc.HTTPClient = &http.Client{Transport: crashTransport{cnt}, Timeout: o.timeout}
 	rc.Logger = nil // its default logs every attempt to stderr
 	rc.RetryWaitMin = time.Millisecond
 	rc.RetryWaitMax = 10 * time.Millisecond
@@ -100,6 +125,8 @@ func demoRetryableWith(ctx context.Context, o *demoOptions, ops []demoOp, srv *i
 		st.retry(*r.Context().Value(retryReasonKey{}).(*idemtrace.RetryReason))
 		return nil
 	}
+	secret := make([]byte, 32)
+	_, _ = rand.Read(secret) // never fails (crypto/rand)
 	demoTwoRuns(ctx, o, ops, st, func(ctx context.Context, op demoOp) bool {
 		ctx = context.WithValue(ctx, retryReasonKey{}, new(idemtrace.RetryReason))
 		req, err := retryablehttp.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/charges", op.body)
@@ -107,8 +134,11 @@ func demoRetryableWith(ctx context.Context, o *demoOptions, ops []demoOp, srv *i
 			return false
 		}
 		req.Header.Set("Content-Type", "application/json")
-		if keyed {
+		switch k {
+		case mintedKey:
 			req.Header.Set("Idempotency-Key", idemhttp.NewKey())
+		case derivedKey:
+			req.Header.Set("Idempotency-Key", handDerivedKey(secret, op.id))
 		}
 		resp, err := rc.Do(req)
 		if err != nil {
@@ -119,6 +149,15 @@ func demoRetryableWith(ctx context.Context, o *demoOptions, ops []demoOp, srv *i
 	})
 	st.attempts = cnt.attempts.Load()
 	return nil
+}
+
+// handDerivedKey is a key as a careful user derives it by hand: the hex
+// HMAC-SHA256 of the order id under a secret kept with the job, the same
+// on every run.
+func handDerivedKey(secret []byte, orderID string) string {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte(orderID))
+	return hex.EncodeToString(m.Sum(nil))
 }
 
 // baselineReason names a retryablehttp retry with idemhttp's reasons, so

@@ -16,14 +16,20 @@ func printDemoHeader(w io.Writer, o *demoOptions) {
 	fmt.Fprintf(w, "idemctl demo: %d charges, %d at a time, against a fake payments API (idemtest) on loopback, seed %d\n", o.n, o.concurrency, f.Seed)
 	fmt.Fprintf(w, "faults per request: %s lost requests, %s lost responses (after the charge is made), %s slow replies (%s, timeout %s),\n",
 		pct(f.DropRequest), pct(f.DropResponse), pct(f.Slow), f.SlowDelay, o.timeout)
-	fmt.Fprintf(w, "  %s 503 and %s bursts of 409, both with Retry-After %s", pct(f.Unavailable), pct(f.Conflict), f.RetryAfter)
+	burst := "409s"
+	if f.ConflictBurst == 1 {
+		burst = "409"
+	}
+	fmt.Fprintf(w, "  %s 503 and %s bursts of %d %s, both with Retry-After %s", pct(f.Unavailable), pct(f.Conflict), f.ConflictBurst, burst, f.RetryAfter)
 	if f.MaxPerOperation > 0 {
 		fmt.Fprintf(w, "; at most %d faults per charge", f.MaxPerOperation)
 	}
 	fmt.Fprintln(w)
 	if n := o.crashAt(); n > 0 {
-		fmt.Fprintf(w, "crash: after %d charges finish, the run is abandoned as a killed process leaves it; a second run then\n", n)
-		fmt.Fprintf(w, "  resumes from the journal (idemhttp) or resends every charge it did not see succeed (the others)\n")
+		inflight := min(o.concurrency, n)
+		fmt.Fprintf(w, "crash: once the first run has started %d charges, it dies with the last %d in flight (half before their request left,\n", n, inflight)
+		fmt.Fprintf(w, "  half after the server answered), unrecorded; a second run then resends the journal's pending charges with their\n")
+		fmt.Fprintf(w, "  keys (idemhttp) or every charge it did not see succeed (the others), and sends the rest\n")
 	}
 	fmt.Fprintln(w)
 }
@@ -35,7 +41,9 @@ var demoReasons = []idemtrace.RetryReason{
 }
 
 // printDemoTable prints one column per client: labels left-aligned,
-// numbers right-aligned under their client's name.
+// numbers right-aligned under their client's name. Everything in it is
+// decided by the flags and the seed; the wall times, which are not, follow
+// it.
 func printDemoTable(w io.Writer, o *demoOptions, cols []*demoStats) {
 	type line struct {
 		label string
@@ -71,6 +79,9 @@ func printDemoTable(w io.Writer, o *demoOptions, cols []*demoStats) {
 			row("  "+string(r), num(func(s *demoStats) int { return s.retries[r] }))
 		}
 	}
+	if o.crashAt() > 0 {
+		row("first-run charges sent again", num(func(s *demoStats) int { return s.rerun - (s.ops - o.crashAt()) }))
+	}
 	row("requests the server saw", num(func(s *demoStats) int { return s.server.Requests }))
 	row("replays of a stored response", num(func(s *demoStats) int { return s.server.Replays }))
 	row("charges executed", num(func(s *demoStats) int { return s.executed }))
@@ -78,7 +89,6 @@ func printDemoTable(w io.Writer, o *demoOptions, cols []*demoStats) {
 	row("  duplicates", num(func(s *demoStats) int { return s.duplicates }))
 	row("  lost (never executed)", num(func(s *demoStats) int { return s.lost }))
 	row("charges the client saw fail", num(func(s *demoStats) int { return s.failed }))
-	row("wall time", func(s *demoStats) string { return s.wall.Round(10 * time.Millisecond).String() })
 
 	labelW := 0
 	cellW := make([]int, len(cols))
@@ -94,28 +104,36 @@ func printDemoTable(w io.Writer, o *demoOptions, cols []*demoStats) {
 		for i, c := range l.cells {
 			fmt.Fprintf(&b, "   %*s", cellW[i], c)
 		}
-		fmt.Fprintln(w, b.String())
+		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
 	}
 	fmt.Fprintln(w)
+	fmt.Fprintln(w, "retryablehttp: hashicorp/go-retryablehttp, its default retry policy, no key, as most of its users send;")
+	fmt.Fprintln(w, "  + random key: with an Idempotency-Key minted per call; + derived key: with HMAC-SHA256(secret, order id)")
+	fmt.Fprintln(w, "  as the key, written by hand, no journal.")
 	if idem := cols[0]; o.crashAt() > 0 {
-		fmt.Fprintf(w, "idemhttp: the crash left %d journal entries pending; the second run resumed them with their keys\n", idem.pendingAtCrash)
-		fmt.Fprintf(w, "  and sent the %d charges not done.\n", idem.rerun)
-	}
-	for _, c := range cols {
-		if c.name == "go-retryablehttp + Idempotency-Key" && o.crashAt() > 0 {
-			fmt.Fprintf(w, "%s: its retries resend the key, but the rerun after the crash has no journal of the\n", c.name)
-			fmt.Fprintf(w, "  first run's keys and mints new ones for the charges it did not see succeed: %d duplicates. The journal\n", c.duplicates)
-			fmt.Fprintf(w, "  keeps each key across the crash, and resume resends it.\n")
-		}
-	}
-	for _, c := range cols {
-		if int64(c.server.Requests) > c.attempts {
-			fmt.Fprintf(w, "%s: the server saw more requests than the client made attempts: net/http's Transport resends a\n", c.name)
-			fmt.Fprintf(w, "  request carrying Idempotency-Key by itself when a reused connection dies first; with the key, that is harmless.\n")
+		fmt.Fprintf(w, "idemhttp: the crash left %d journal entries pending; the second run resent them with their keys\n", idem.pendingAtCrash)
+		fmt.Fprintf(w, "  beside the %d charges never begun.\n", idem.rerun-idem.pendingAtCrash)
+		for _, c := range cols {
+			switch c.name {
+			case "+ random key":
+				fmt.Fprintf(w, "%s: its retries resend the key, but the rerun after the crash has no journal of the first run's keys\n", c.name)
+				fmt.Fprintf(w, "  and mints new ones for the charges it did not see succeed: %d duplicates.\n", c.duplicates)
+			case "+ derived key":
+				fmt.Fprintf(w, "%s: the rerun derives the same keys, so the server replays what the first run did: %d duplicates.\n", c.name, c.duplicates)
+				fmt.Fprintf(w, "  What no journal gives it: a rerun after the server forgot the keys (24 h at Stripe) runs every charge again,\n")
+				fmt.Fprintf(w, "  a changed body under the same key is refused by the server (422) rather than resent as first sent, and\n")
+				fmt.Fprintf(w, "  nothing lists what is pending: the rerun resends all it did not see succeed (README: \"What a derived key does not give\").\n")
+			}
 		}
 	}
 	if o.faults.RetryAfter > 0 && (o.faults.Unavailable > 0 || o.faults.Conflict > 0) {
-		fmt.Fprintf(w, "wall time: idemhttp waits as the server asks (Retry-After %s) on 503 and 409, and resumes 16 entries at a time;\n", o.faults.RetryAfter)
-		fmt.Fprintf(w, "  go-retryablehttp honours Retry-After on 503 only, and net/http never retries.\n")
+		fmt.Fprintf(w, "idemhttp waits as the server asks (Retry-After %s) on 503 and 409; go-retryablehttp honours Retry-After on\n", o.faults.RetryAfter)
+		fmt.Fprintf(w, "  503 only and does not retry a 409, and net/http never retries.\n")
 	}
+	fmt.Fprintln(w)
+	var walls []string
+	for _, c := range cols {
+		walls = append(walls, fmt.Sprintf("%s %s", c.name, c.wall.Round(10*time.Millisecond)))
+	}
+	fmt.Fprintf(w, "wall time (the clients ran at once): %s\n", strings.Join(walls, ", "))
 }

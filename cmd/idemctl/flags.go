@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // newFlagSet returns a flag set that reports errors instead of exiting.
@@ -67,6 +68,27 @@ func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 		rest = append(rest, args[0])
 		args = args[1:]
 	}
+}
+
+// defaultRetention is the -retention of batch, resume and prune: how
+// long Stripe keeps an idempotency key, and idemhttp's default
+// Policy.Retention.
+const defaultRetention = 24 * time.Hour
+
+// retentionFlag adds -retention to fs: the one setting, for batch, resume
+// and prune alike, of how long the server keeps keys (issue 23). It goes
+// into the client's Policy.Retention, which tells the journal how long to
+// keep done entries, and is prune's default cutoff.
+func retentionFlag(fs *flag.FlagSet) *time.Duration {
+	return fs.Duration("retention", defaultRetention, "how long the server keeps idempotency keys (Stripe: 24h): a pending entry older than this\nis not resent but marked abandoned, done entries are kept this long, and prune's -older defaults to it")
+}
+
+// checkRetention validates a -retention value.
+func checkRetention(d time.Duration) error {
+	if d <= 0 {
+		return fail(exitUsage, "-retention must be positive")
+	}
+	return nil
 }
 
 // credentialFlags collects -header 'Name: value' and -header-env

@@ -54,6 +54,9 @@ type operation struct {
 	resume bool
 	// key is the key the journal holds for the operation, "" if none.
 	key string
+	// header, when set, is the journaled request's header (a resend of a
+	// shared journal's entry), sent instead of the input's Content-Type.
+	header http.Header
 }
 
 // lineError is a malformed input line.

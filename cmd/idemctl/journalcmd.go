@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -26,7 +27,9 @@ Lists the journal's entries that need attention: pending (the outcome is
 unknown; idemctl resume or rerunning the batch resends them with their keys)
 and abandoned (pending longer than the server keeps keys: check by hand).
 A table by default; -json prints one JSON object per line (bodies left out:
-see idemctl inspect).
+see idemctl inspect). Attempts are recorded with an outcome, so a pending
+entry a killed run left behind shows ? attempts (0 in JSON): its request
+may have been sent.
 
 Exit codes: 0 nothing pending or abandoned; 1 some entries are pending or
 abandoned (listed); 2 usage; 3 journal error. So a script can wait for
@@ -75,10 +78,25 @@ func pendingCommand(_ context.Context, args []string, e env) error {
 	return nil
 }
 
+// attemptsText renders an entry's attempts. The journal counts them when
+// an outcome is recorded (Finish), so a pending entry with none recorded
+// may well have been sent, by a process that died before learning the
+// outcome: "?", not 0.
+func attemptsText(en *idemhttp.Entry) string {
+	if en.Attempts == 0 && en.State != idemhttp.StateDone {
+		return "?"
+	}
+	return fmt.Sprint(en.Attempts)
+}
+
+// unknownAttemptsNote explains the "?" of attemptsText.
+const unknownAttemptsNote = "ATTEMPTS ?: none recorded yet; attempts are recorded with an outcome, so its requests may have been sent by a run that died before learning it"
+
 // writeTable prints entries as an aligned table.
 func writeTable(w io.Writer, entries []*idemhttp.Entry, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "OPERATION\tKEY\tMETHOD\tURL\tAGE\tATTEMPTS\tSTATUS\tSTATE")
+	unknown := false
 	for _, en := range entries {
 		status := "-"
 		if en.LastStatus != 0 {
@@ -88,11 +106,18 @@ func writeTable(w io.Writer, entries []*idemhttp.Entry, now time.Time) error {
 		if op == "" {
 			op = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n",
-			op, en.Key, en.Method, en.URL, age(now, en.Created), en.Attempts, status, en.State)
+		attempts := attemptsText(en)
+		unknown = unknown || attempts == "?"
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			op, en.Key, en.Method, en.URL, age(now, en.Created), attempts, status, en.State)
 	}
 	if err := tw.Flush(); err != nil {
 		return fail(exitFailed, "write: %v", err)
+	}
+	if unknown {
+		if _, err := fmt.Fprintln(w, unknownAttemptsNote); err != nil {
+			return fail(exitFailed, "write: %v", err)
+		}
 	}
 	return nil
 }
@@ -108,8 +133,9 @@ Resends every pending entry of the journal with its original key, method,
 URL and body (idemhttp Client.Resume), -concurrency at a time, and
 prints each outcome as a JSON line (see idemctl batch -h). The URLs are the
 stored ones; credentials are not stored, so pass them again with -header or
--header-env. An entry older than the server's key retention (24h) is not
-resent but marked abandoned: check with the server whether it ran.
+-header-env. An entry older than the server's key retention (-retention,
+24h) is not resent but marked abandoned: check with the server whether it
+ran.
 
 Exit codes: 0 all resolved; 1 some failed or stay pending; 2 usage;
 3 journal error; 5 server never reached; 130 interrupted.
@@ -118,7 +144,7 @@ Exit codes: 0 all resolved; 1 some failed or stay pending; 2 usage;
 func resumeCommand(ctx context.Context, args []string, e env) error {
 	creds := credentialFlags{getenv: e.getenv}
 	fs := newFlagSet("resume", resumeSynopsis, e)
-	path := fs.String("journal", "", "journal `FILE`")
+	path := fs.String("journal", "", "journal `FILE`, or postgres://... (a journal a fleet shares: resend what no live worker holds)")
 	creds.register(fs)
 	timeout := fs.Duration("timeout", 30*time.Second, "timeout of one attempt")
 	attempts := fs.Int("attempts", 0, "attempts per operation, the first included; 0 means idemhttp's default (4)")
@@ -126,8 +152,16 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 	prog := fs.String("progress", "auto", "progress on stderr: auto, bar, lines or none")
 	perSecond := fs.Float64("rate", 0, "requests per second at most, retries included; 0: no limit")
 	concurrency := fs.Int("concurrency", 16, "entries resent at once")
+	retention := retentionFlag(fs)
+	var fleet fleetFlags
+	fleet.register(fs)
 	rest, err := parseFlags(fs, args)
 	if err != nil {
+		return err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if err := fleet.check(*path, set); err != nil {
 		return err
 	}
 	switch {
@@ -149,6 +183,15 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 	if err := creds.check(); err != nil {
 		return err
 	}
+	if err := checkRetention(*retention); err != nil {
+		return err
+	}
+	if isPostgresURL(*path) {
+		return runFleetResume(ctx, e, runnerConfig{
+			name: "resume", path: redactDSN(*path), concurrency: *concurrency, timeout: *timeout,
+			attempts: *attempts, creds: &creds, progress: *prog, env: e, rate: *perSecond, retention: *retention,
+		}, fleet, *path, *grace)
+	}
 	fj, err := openJournal(*path, true)
 	if err != nil {
 		return err
@@ -161,6 +204,7 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 	r := newRunner(runnerConfig{
 		name: "resume", path: *path, fj: fj, concurrency: *concurrency, timeout: *timeout,
 		attempts: *attempts, creds: &creds, progress: *prog, total: len(pending), env: e, rate: *perSecond,
+		retention: *retention,
 	})
 	defer r.close()
 	opCtx, stop := r.watch(ctx, *grace)
@@ -248,7 +292,11 @@ func writeEntry(w io.Writer, en *idemhttp.Entry, now time.Time) error {
 	row("url", en.URL)
 	row("created", fmt.Sprintf("%s (%s ago)", en.Created.Format(time.RFC3339), age(now, en.Created)))
 	row("updated", fmt.Sprintf("%s (%s ago)", en.Updated.Format(time.RFC3339), age(now, en.Updated)))
-	row("attempts", fmt.Sprint(en.Attempts))
+	if a := attemptsText(en); a == "?" {
+		row("attempts", "unknown: none recorded yet (attempts are recorded with an outcome; its requests may have been sent by a run that died before learning it)")
+	} else {
+		row("attempts", a)
+	}
 	if en.LastStatus != 0 {
 		row("last status", fmt.Sprint(en.LastStatus))
 	}

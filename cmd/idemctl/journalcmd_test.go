@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"path/filepath"
 	"strings"
@@ -8,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/filejournal"
 	"github.com/idemkit/idemhttp/idemtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -223,4 +226,33 @@ func TestHelpOnStdout(t *testing.T) {
 			assert.Contains(t, bad.stderr, "Usage: idemctl "+name)
 		})
 	}
+}
+
+// TestPendingUnknownAttempts: a pending entry a killed run left behind has
+// no attempts recorded (the journal counts them with an outcome), though
+// its request may have been sent: pending shows "?" and says why, inspect
+// says "unknown", never 0. Checked: with attemptsText printing the count,
+// the table shows 0 and this fails.
+func TestPendingUnknownAttempts(t *testing.T) {
+	journal := filepath.Join(t.TempDir(), "journal")
+	fj, err := filejournal.Open(journal, nil)
+	require.NoError(t, err)
+	now := time.Now()
+	_, err = fj.Begin(context.Background(), &idemhttp.Entry{
+		Operation: "op-killed", Key: idemhttp.NewKey(), Method: "POST", URL: "http://127.0.0.1:1/v1/charges",
+		Created: now, Updated: now, State: idemhttp.StatePending,
+	})
+	require.NoError(t, err)
+	require.NoError(t, fj.Close())
+
+	out := runIn("pending", "-journal", journal)
+	lines := strings.Split(strings.TrimSpace(out.stdout), "\n")
+	require.Len(t, lines, 3, out.stdout)
+	row := strings.Fields(lines[1])
+	require.Len(t, row, 8)
+	assert.Equal(t, []string{"?", "-", "pending"}, row[5:])
+	assert.Equal(t, unknownAttemptsNote, lines[2])
+
+	insp := runIn("inspect", "-journal", journal, "op-killed")
+	assert.Regexp(t, `(?m)^attempts +unknown: none recorded yet`, insp.stdout)
 }

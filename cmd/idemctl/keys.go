@@ -34,33 +34,48 @@ type keyFlags struct {
 // secret returns the secret that derives every key, or nil with
 // -random-keys. In order: the environment variable (-key-secret-env,
 // IDEMCTL_KEY_SECRET by default); else the key file (-key-file,
-// JOURNAL.key by default), created with 32 random bytes on first use.
+// JOURNAL.key by default). When the key file does not exist yet, secret
+// returns no secret and its path in create, and touches nothing: the
+// caller creates it (createSecret) once the journal has been found
+// sound, so that a -journal naming the wrong file leaves no key file
+// beside it.
 //
 // Random keys are the one choice that makes a lost journal (or a pruned
 // entry) a duplicate: the rerun mints a new key for an operation the
 // server already ran. So they are refused unless asked for by name.
 // Errors never show the secret, only where it came from.
-func (k *keyFlags) secret(journal string, getenv func(string) string) ([]byte, error) {
+func (k *keyFlags) secret(journal string, getenv func(string) string) (secret []byte, create string, err error) {
 	if k.random {
 		if k.secretEnvSet || k.keyFileSet {
-			return nil, fail(exitUsage, "-random-keys cannot be combined with -key-secret-env or -key-file")
+			return nil, "", fail(exitUsage, "-random-keys cannot be combined with -key-secret-env or -key-file")
 		}
-		return nil, nil
+		return nil, "", nil
 	}
 	if v := getenv(k.secretEnv); v != "" {
 		// DeriveKey refuses short secrets; find out now, not per line.
 		if _, err := idemhttp.DeriveKey([]byte(v), "check"); err != nil {
-			return nil, fail(exitUsage, "the key secret in environment variable %s is too short: at least 16 bytes are needed", k.secretEnv)
+			return nil, "", fail(exitUsage, "the key secret in environment variable %s is too short: at least 16 bytes are needed", k.secretEnv)
 		}
-		return []byte(v), nil
+		return []byte(v), "", nil
 	}
 	if k.secretEnvSet {
-		return nil, fail(exitUsage, "-key-secret-env: environment variable %s is empty or unset", k.secretEnv)
+		return nil, "", fail(exitUsage, "-key-secret-env: environment variable %s is empty or unset", k.secretEnv)
 	}
 	path := k.keyFile
 	if path == "" {
 		path = journal + keyFileSuffix
 	}
+	s, err := readKeyFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, path, nil
+	}
+	return s, "", err
+}
+
+// createSecret creates the key file at path that secret found missing
+// (or reads the one another process created meanwhile) and returns its
+// secret.
+func (k *keyFlags) createSecret(path string) ([]byte, error) {
 	s, created, err := loadOrCreateKeyFile(path)
 	if err != nil {
 		return nil, err

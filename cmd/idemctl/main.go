@@ -4,10 +4,11 @@
 // Usage:
 //
 //	idemctl demo    [flags]                 faults, a crash and a resume, side by side with net/http and go-retryablehttp
+//	idemctl serve   [-addr HOST:PORT] [fault flags]  the fake payments API, to try batch (or anything) against
 //	idemctl batch   -url URL -in FILE -journal FILE [flags]
 //	idemctl pending -journal FILE [-json] [-all]
 //	idemctl resume  -journal FILE [-header 'Name: value' ...]
-//	idemctl prune   -journal FILE [-older 24h] [-dry-run] [-include-pending]
+//	idemctl prune   -journal FILE [-retention 24h | -older D] [-dry-run] [-include-pending]
 //	idemctl inspect -journal FILE [-json] KEY|OPERATION
 //	idemctl verify  -journal FILE [-json] [-repair]
 //
@@ -115,6 +116,7 @@ func isTerminal(w io.Writer) bool {
 // signal arrived.
 var commands = map[string]func(ctx context.Context, args []string, e env) error{
 	"demo":    demoCommand,
+	"serve":   serveCommand,
 	"batch":   batchCommand,
 	"pending": pendingCommand,
 	"resume":  resumeCommand,
@@ -184,11 +186,13 @@ const usage = `idemctl: run HTTP operations so that retries and reruns never per
 
 Usage:
   idemctl demo    [flags]       show faults, a crash and a resume: idemhttp beside net/http and go-retryablehttp
+  idemctl serve   [-addr HOST:PORT] [fault flags]
+                                run the fake payments API (with faults) until Ctrl-C, printing what it counts
   idemctl batch   -url URL -in FILE -journal FILE [flags]
                                 send one request per input line, resumably
   idemctl pending -journal FILE list operations whose outcome is not known yet
   idemctl resume  -journal FILE resend pending operations with their keys
-  idemctl prune   -journal FILE delete done entries older than -older (24h); -dry-run lists them
+  idemctl prune   -journal FILE delete done entries older than -retention (24h); -dry-run lists them
   idemctl inspect -journal FILE KEY|OPERATION
                                 show one journal entry
   idemctl verify  -journal FILE [-repair]

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"slices"
 	"time"
@@ -10,7 +11,7 @@ import (
 	"github.com/idemkit/idemhttp"
 )
 
-const pruneSynopsis = `Usage: idemctl prune -journal FILE [-older 24h] [-dry-run] [-json] [-include-pending]
+const pruneSynopsis = `Usage: idemctl prune -journal FILE [-retention 24h | -older D] [-dry-run] [-json] [-include-pending]
 
 Deletes the done entries last updated more than -older ago. -dry-run lists
 them and deletes nothing. Pending and abandoned entries are kept, since
@@ -22,8 +23,8 @@ those operations refuses to run before sending anything (see batch -pruned):
 with the entry gone, the rerun could not tell that the operation ran. Keep
 FILE.pruned with the journal; deleting it removes that protection.
 
-The default, 24h, matches the retention of Stripe-style servers, after which
-the server has forgotten the key anyway.
+-older defaults to -retention (24h, as batch and resume), the retention of
+Stripe-style servers, after which the server has forgotten the key anyway.
 
 Exit codes: 0 pruned (or listed, with -dry-run); 2 usage; 3 journal error.
 `
@@ -31,7 +32,8 @@ Exit codes: 0 pruned (or listed, with -dry-run); 2 usage; 3 journal error.
 func pruneCommand(_ context.Context, args []string, e env) error {
 	fs := newFlagSet("prune", pruneSynopsis, e)
 	path := fs.String("journal", "", "journal `FILE`")
-	older := fs.Duration("older", 24*time.Hour, "prune entries last updated longer ago than this")
+	older := fs.Duration("older", 0, "prune entries last updated longer ago than this (default: -retention)")
+	retention := retentionFlag(fs)
 	dryRun := fs.Bool("dry-run", false, "list what would be pruned; delete nothing")
 	asJSON := fs.Bool("json", false, "list the entries pruned (or, with -dry-run, those that would be) as JSON lines on stdout;\nwithout it, -dry-run lists them as a table and a real prune lists nothing")
 	withPending := fs.Bool("include-pending", false, "prune pending and abandoned entries too: their operations may have run,\nand a rerun will not know their keys unless keys are derived")
@@ -39,11 +41,19 @@ func pruneCommand(_ context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
+	olderSet := false
+	fs.Visit(func(f *flag.Flag) { olderSet = olderSet || f.Name == "older" })
 	switch {
 	case len(rest) > 0:
 		return fail(exitUsage, "unexpected argument %q", rest[0])
 	case *older < 0:
 		return fail(exitUsage, "-older must not be negative")
+	}
+	if err := checkRetention(*retention); err != nil {
+		return err
+	}
+	if !olderSet {
+		*older = *retention
 	}
 	fj, err := openJournal(*path, true)
 	if err != nil {

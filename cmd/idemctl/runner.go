@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,6 +74,9 @@ type runner struct {
 	// resends them itself. Set before resume.
 	hide func(*idemhttp.Entry) bool
 
+	// benign, when set, tells a journal error that does not stop the run.
+	benign func(error) bool
+
 	mu             sync.Mutex
 	neverConnected int   // failures where no request reached a server
 	firstNoConnect error // the first of them, for the message
@@ -91,8 +95,12 @@ type runnerConfig struct {
 	progress    string
 	total       int
 	env         env
-	contentType string  // of input bodies; "" means application/json
-	rate        float64 // attempts per second at most; 0: no limit
+	contentType string        // of input bodies; "" means application/json
+	rate        float64       // attempts per second at most; 0: no limit
+	retention   time.Duration // the server's key retention: Policy.Retention
+	// benign, when set, tells a journal error that does not stop the run
+	// (a shared journal's lease that another worker took over).
+	benign func(error) bool
 }
 
 func newRunner(cfg runnerConfig) *runner {
@@ -107,12 +115,13 @@ func newRunner(cfg runnerConfig) *runner {
 		stderr:      cfg.env.stderr,
 		start:       time.Now(),
 		lines:       map[string]int{},
+		benign:      cfg.benign,
 
 		contentType: cmp.Or(cfg.contentType, "application/json"),
 	}
 	r.counter = &counter{rt: r.tr, limiter: newLimiter(cfg.rate)}
 	r.client = newClient(clientConfig{
-		journal: cfg.fj, rt: r.counter, timeout: cfg.timeout, attempts: cfg.attempts, creds: cfg.creds,
+		journal: cfg.fj, rt: r.counter, timeout: cfg.timeout, attempts: cfg.attempts, creds: cfg.creds, retention: cfg.retention,
 		stopping: &r.stopping, onJournal: r.onJournal,
 	})
 	return r
@@ -123,7 +132,7 @@ func newRunner(cfg runnerConfig) *runner {
 // damaged), every further operation would be sent without a durable key.
 // Do returns a failed Begin as an error, but only logs a failed Finish.
 func (r *runner) onJournal(ctx context.Context, ev idemtrace.JournalEvent) {
-	if ev.Err == nil {
+	if ev.Err == nil || (r.benign != nil && r.benign(ev.Err)) {
 		return
 	}
 	if ev.Op == idemtrace.JournalBegin {
@@ -209,9 +218,24 @@ func (r *runner) close() {
 // resume resends the journal's pending entries (those r.hide does not
 // hide) with Client.Resume and reports each. It returns the operation ids
 // it reported; its error, with exit code 3, says the journal failed.
+//
+// It hands Resume the pending entries (ResumeOptions.Entries) instead of
+// letting it read them, because Resume would first prune the done
+// entries older than the retention, and nothing would record them: a
+// later batch naming one would send it again, to a server that has
+// forgotten its key (the duplicates of issue 15). Only idemctl prune
+// deletes entries, recording them first; openJournal turns the journal's
+// own pruning off for the same reason.
 func (r *runner) resume(ctx context.Context) (map[string]bool, error) {
 	done := map[string]bool{}
-	opts := idemhttp.ResumeOptions{Concurrency: r.concurrency}
+	pending, err := r.fj.Pending(ctx)
+	if err != nil {
+		return done, describeJournalErr(r.path, err)
+	}
+	if len(pending) == 0 {
+		return done, nil // and a nil Entries would mean "the journal's, pruned first"
+	}
+	opts := idemhttp.ResumeOptions{Concurrency: r.concurrency, Entries: pending}
 	if r.hide != nil {
 		opts.Filter = func(e *idemhttp.Entry) bool { return !r.hide(e) }
 	}
@@ -275,10 +299,17 @@ func (r *runner) do(ctx context.Context, op operation, secret []byte) {
 		r.finish(res)
 		return
 	}
-	if op.Body != nil {
+	switch {
+	case op.header != nil:
+		for k, vv := range op.header {
+			req.Header[k] = slices.Clone(vv)
+		}
+	case op.Body != nil:
 		req.Header.Set("Content-Type", r.contentType)
 	}
-	req.Header.Set("User-Agent", "idemctl")
+	if req.Header.Get("User-Agent") == "" {
+		req.Header.Set("User-Agent", "idemctl")
+	}
 	if r.stopping.Load() {
 		return // not started
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -93,7 +94,15 @@ func TestVerifyHealthy(t *testing.T) {
 		assert.Regexp(t, `(?m)^state +healthy$`, out.stdout)
 		assert.Regexp(t, `(?m)^entries +2 pending, 1 done, 1 abandoned$`, out.stdout)
 		assert.Regexp(t, fmt.Sprintf(`(?m)^file +%d bytes$`, fi.Size()), out.stdout)
-		assert.Regexp(t, `(?m)^live +\d+ bytes`, out.stdout)
+		// Issue 26: "live" once showed the library's estimate, which
+		// counts 150 bytes of index memory per entry and so exceeded the
+		// file of a journal of small entries. No byte count verify shows
+		// may exceed the file. Checked: with the row back, this fails.
+		for _, m := range regexp.MustCompile(`(\d+) bytes`).FindAllStringSubmatch(out.stdout, -1) {
+			n, err := strconv.ParseInt(m[1], 10, 64)
+			require.NoError(t, err)
+			assert.LessOrEqual(t, n, fi.Size(), m[0])
+		}
 		assert.Regexp(t, `(?m)^latest time +\d{4}-`, out.stdout)
 		assert.NotContains(t, out.stdout, "behind the journal")
 		assert.NotContains(t, out.stdout, "torn tail")
@@ -109,7 +118,7 @@ func TestVerifyHealthy(t *testing.T) {
 		assert.True(t, rep.Healthy)
 		assert.Equal(t, &stateCounts{Pending: 2, Done: 1, Abandoned: 1}, rep.Entries)
 		assert.Equal(t, fi.Size(), rep.FileBytes)
-		assert.Positive(t, rep.LiveBytes)
+		assert.NotContains(t, out.stdout, "live_bytes")
 		assert.Zero(t, rep.TruncatedBytes)
 		assert.False(t, rep.Repaired)
 		assert.Empty(t, rep.Error)

@@ -18,6 +18,15 @@
 //     instead of one per message, but dedups only redeliveries of the same
 //     record, not a producer's duplicates.
 //
+// # Committed records only
+//
+// The consumer reads with the read-committed isolation level (franz-go's
+// default is read-uncommitted): a transactional producer's aborted records
+// are never handed to the handler, and the records of an open transaction
+// only once it commits. An option kgo.FetchIsolationLevel(kgo.ReadUncommitted())
+// among NewConsumer's opts overrides it; do not, unless no producer of the
+// topics is transactional.
+//
 // # Commits, failures and rebalances
 //
 // The consumer polls with BlockRebalanceOnPoll, so the group cannot
@@ -29,23 +38,58 @@
 // done, and the inbox skips them.
 //
 // When the handler fails for a record, the consumer commits what came
-// before it, seeks the partition back to the failed record, and waits
-// [Config.RetryDelay] before the record is delivered again: a partition
-// never skips a record it could not process. A member that stops polling
-// for longer than the group's rebalance timeout (a hung handler) loses its
-// partitions; the new owner redelivers from the last commit, possibly while
-// the old member still runs its last record, and the inbox (or the stored
+// before it, seeks the partition back to the failed record and pauses that
+// partition, alone, for [Config.Retry]'s delay, which doubles with each
+// failure of the record: the other partitions go on meanwhile, and a
+// partition never skips a record it could not process. The record that
+// fails [inbox.Retry.MaxDeliveries] times (5 by default) is dead-lettered:
+// handed to [Config.DeadLetter], or produced to [Config.DeadLetterTopic],
+// and then committed, and reported through [Config.OnDeadLetter] and a log
+// line. With neither, it holds its partition, retried at the longest
+// delay, and every failure from then on is reported, so that the block is
+// never silent. A record without an id goes the same way at once (it will
+// never get one), and with no dead-letter destination Run stops with an
+// error naming the record.
+//
+// # Shutdown
+//
+// Cancelling Run's context loses nothing: a record whose handler is
+// running is committed only if the handler returns nil; otherwise it is
+// delivered again, from the last committed offset, to whichever member
+// owns its partition next, and it is never dead-lettered for it.
+//
+// # Inbox retention
+//
+// A consumer group that is reset or rewound re-reads as far back as the
+// topic's retention.ms (7 days by default; for ever on a compacted topic),
+// and every record read again is a redelivery. Keep the inbox's ids
+// ([inbox.SQL.Prune], at least [inbox.SQL.MinRetention]) longer than the
+// topic's retention, or use [SQLOffsets], which needs no retention.
+//
+// # A hung handler
+//
+// A handler runs for at most [Config.ProcessingLimit] (5 minutes by
+// default): then its context ends, which rolls an inbox transaction back
+// (see [inbox.SQL]: the server's own timeouts end it even if the handler
+// ignores its context), and the record counts as failed. Run waits for the
+// handler to return. A handler that ignores its context holds its
+// partitions, and blocks the group's rebalances, until it returns; the
+// group's rebalance timeout then moves its partitions to other members,
+// which redeliver from the last commit, and the inbox (or the stored
 // offset's row lock) lets only one of them commit the effect.
 package kafka
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/idemkit/idemhttp/inbox"
 )
@@ -53,6 +97,16 @@ import (
 // DefaultIDHeader is the record header that carries the message id unless
 // [Config.IDHeader] names another.
 const DefaultIDHeader = "message-id"
+
+// Headers of the records [Consumer] produces to [Config.DeadLetterTopic]:
+// where the record came from, and why it was dead-lettered. The record's
+// own key, value and headers come with them.
+const (
+	HeaderDeadLetterTopic     = "idemhttp-dead-letter-topic"
+	HeaderDeadLetterPartition = "idemhttp-dead-letter-partition"
+	HeaderDeadLetterOffset    = "idemhttp-dead-letter-offset"
+	HeaderDeadLetterError     = "idemhttp-dead-letter-error"
+)
 
 // Config says what a [Consumer] consumes and how it hands records over.
 type Config struct {
@@ -72,19 +126,33 @@ type Config struct {
 	// message id; empty means [DefaultIDHeader].
 	IDHeader string
 
-	// IDFromOffset, when the header is missing, makes the id
-	// "topic/partition/offset" instead of leaving it empty. Such an id
-	// dedups redeliveries of the record but not a producer's retries that
-	// wrote it twice. [SQLOffsets] does not need ids at all.
+	// IDFromOffset, when the header is missing, makes the id the record's
+	// position ([OffsetID]) instead of leaving it empty. Such an id dedups
+	// redeliveries of the record but not a producer's retries that wrote
+	// it twice. [SQLOffsets] does not need ids at all.
 	IDFromOffset bool
 
-	// DeadLetter, when set, receives each record without an id (no header
-	// and IDFromOffset false) instead of Handler; when it returns nil the
-	// record is committed. When nil, such a record fails with
-	// [inbox.ErrNoMessageID] like a handler error: it is not committed and
-	// its partition retries it, stuck, until the producer is fixed and the
-	// record dealt with by hand.
+	// IDSpace is the [inbox.Message.IDSpace] of the records: the space in
+	// which their ids are unique. Empty means the record's topic. Set it
+	// to declare that the ids of all the topics are one space (copies of
+	// the same messages), which the inbox then dedups across them.
+	IDSpace string
+
+	// DeadLetter, when set, receives each record that is dead-lettered
+	// (one without an id, or whose handler failed Retry.MaxDeliveries
+	// times) instead of Handler; when it returns nil the record is
+	// committed, and reported. With [SQLOffsets], make it with
+	// SQLOffsets.Handle, so that the stored offset moves past the record
+	// in the same transaction. When it fails, the record is retried
+	// like a handler failure.
 	DeadLetter inbox.Handler
+
+	// DeadLetterTopic, when set and DeadLetter is not, is the topic a
+	// dead-lettered record is produced to (synchronously, with its key,
+	// value and headers, and the Header* headers of this package), before
+	// it is committed and reported. It cannot be combined with Positions:
+	// the stored offset would stay behind the record.
+	DeadLetterTopic string
 
 	// Positions, when set, is consulted when partitions are assigned: the
 	// consumer starts each partition at the offset it stores instead of the
@@ -92,9 +160,16 @@ type Config struct {
 	// makes Handler.
 	Positions PositionStore
 
-	// RetryDelay is the wait before a record whose handler failed is
-	// delivered again; zero means one second.
-	RetryDelay time.Duration
+	// Retry says how long a partition whose record failed pauses before
+	// the record is delivered again (1 s, doubling with each failure of
+	// the record, up to 5 min, by default), and after how many failures
+	// the record is dead-lettered (5). Only the failing partition pauses.
+	Retry inbox.Retry
+
+	// ProcessingLimit bounds how long one record's handler runs: past it,
+	// the handler's context ends and the record counts as failed. Zero
+	// means [inbox.DefaultProcessingLimit]; negative means no limit.
+	ProcessingLimit time.Duration
 
 	// MaxPollRecords bounds the records of one poll; zero means 500.
 	MaxPollRecords int
@@ -104,43 +179,63 @@ type Config struct {
 	// (the next commit covers them; until then a restart redelivers, which
 	// the inbox absorbs) and fetch errors. Nil ignores them.
 	OnError func(error)
+
+	// OnDeadLetter, when set, is called (from Run's goroutine) for each
+	// record dead-lettered, and for each failure of a record that holds
+	// its partition past Retry.MaxDeliveries. Run also logs each at level
+	// Error.
+	OnDeadLetter func(inbox.DeadLetter)
+
+	// Logger receives the consumer's log lines; nil means
+	// [slog.Default].
+	Logger *slog.Logger
 }
 
 // PositionStore keeps consumer groups' offsets outside Kafka, in the
 // database of the effects. [SQLOffsets] is one.
 type PositionStore interface {
 	// Positions returns the next offset to consume of the partitions of
-	// group it has stored; a partition it has none of is absent.
-	Positions(ctx context.Context, group string, partitions map[string][]int32) (map[string]map[int32]int64, error)
+	// group it has stored; a partition it has none of is absent. ids holds
+	// the topic ID of each topic, when the cluster gave one (Kafka 2.8 and
+	// later): a stored offset of another incarnation of the topic (deleted
+	// and created again) is not the new one's.
+	Positions(ctx context.Context, group string, partitions map[string][]int32, ids map[string][16]byte) (map[string]map[int32]int64, error)
 }
 
 // Consumer runs [Config.Handler] on the records of a consumer group. It is
 // not safe for concurrent use: one goroutine calls [Consumer.Run], and
 // then [Consumer.Close].
 type Consumer struct {
-	cl  *kgo.Client
-	cfg Config
+	cl    *kgo.Client
+	cfg   Config
+	ready chan struct{} // closed once cl is set: the client calls back as soon as it exists
 }
 
 // NewConsumer returns a Consumer for cfg. opts configure the franz-go
-// client (kgo.SeedBrokers at least; TLS, SASL, ...); NewConsumer adds the
-// group, the topics, DisableAutoCommit and BlockRebalanceOnPoll, which the
-// commit order depends on, so opts must not change those.
+// client (kgo.SeedBrokers at least; TLS, SASL, ...). NewConsumer sets the
+// read-committed isolation level before opts (see the package
+// documentation), and adds the group, the topics, DisableAutoCommit and
+// BlockRebalanceOnPoll after them, which the commit order depends on, so
+// opts must not change those.
 func NewConsumer(cfg Config, opts ...kgo.Opt) (*Consumer, error) {
 	if cfg.Group == "" || len(cfg.Topics) == 0 || cfg.Handler == nil {
 		return nil, errors.New("idemhttp/kafka: Config.Group, Config.Topics and Config.Handler are required")
 	}
+	if cfg.DeadLetterTopic != "" && cfg.Positions != nil && cfg.DeadLetter == nil {
+		return nil, errors.New("idemhttp/kafka: Config.DeadLetterTopic cannot be used with Positions (the stored offset would stay behind the record): set DeadLetter to a SQLOffsets.Handle")
+	}
 	if cfg.IDHeader == "" {
 		cfg.IDHeader = DefaultIDHeader
-	}
-	if cfg.RetryDelay <= 0 {
-		cfg.RetryDelay = time.Second
 	}
 	if cfg.MaxPollRecords <= 0 {
 		cfg.MaxPollRecords = 500
 	}
-	c := &Consumer{cfg: cfg}
-	all := append([]kgo.Opt{}, opts...)
+	if cfg.ProcessingLimit == 0 {
+		cfg.ProcessingLimit = inbox.DefaultProcessingLimit
+	}
+	c := &Consumer{cfg: cfg, ready: make(chan struct{})}
+	all := []kgo.Opt{kgo.FetchIsolationLevel(kgo.ReadCommitted())}
+	all = append(all, opts...)
 	all = append(all,
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.ConsumeTopics(cfg.Topics...),
@@ -155,6 +250,7 @@ func NewConsumer(cfg Config, opts ...kgo.Opt) (*Consumer, error) {
 		return nil, fmt.Errorf("idemhttp/kafka: new client: %w", err)
 	}
 	c.cl = cl
+	close(c.ready)
 	return c, nil
 }
 
@@ -169,13 +265,24 @@ func (c *Consumer) Close() { c.cl.Close() }
 // adjustOffsets starts every newly assigned partition at the offset the
 // PositionStore holds for it, if any.
 func (c *Consumer) adjustOffsets(ctx context.Context, assigned map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	select {
+	case <-c.ready:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 	parts := make(map[string][]int32, len(assigned))
 	for t, ps := range assigned {
 		for p := range ps {
 			parts[t] = append(parts[t], p)
 		}
 	}
-	stored, err := c.cfg.Positions.Positions(ctx, c.cfg.Group, parts)
+	ids, err := c.topicIDs(ctx, parts)
+	if err != nil {
+		// Without the topic's identity, a stored offset of a deleted
+		// topic could skip the new topic's records: retry the join.
+		return nil, fmt.Errorf("idemhttp/kafka: topic ids: %w", err)
+	}
+	stored, err := c.cfg.Positions.Positions(ctx, c.cfg.Group, parts, ids)
 	if err != nil {
 		// Consuming from the group's offsets instead is safe (the stored
 		// positions still skip what is done) but may redeliver a lot; an
@@ -192,13 +299,64 @@ func (c *Consumer) adjustOffsets(ctx context.Context, assigned map[string]map[in
 	return assigned, nil
 }
 
-// Run polls and processes records until ctx ends or the client is closed,
-// and returns ctx's error (or [kgo.ErrClientClosed]). Records of one
+// topicIDs asks the cluster for the IDs of topics (none for a cluster
+// that has none).
+func (c *Consumer) topicIDs(ctx context.Context, topics map[string][]int32) (map[string][16]byte, error) {
+	req := kmsg.NewPtrMetadataRequest()
+	for t := range topics {
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(t)
+		req.Topics = append(req.Topics, rt)
+	}
+	resp, err := req.RequestWith(ctx, c.cl)
+	if err != nil {
+		return nil, err
+	}
+	ids := make(map[string][16]byte, len(resp.Topics))
+	for _, t := range resp.Topics {
+		if t.Topic != nil && t.TopicID != ([16]byte{}) {
+			ids[*t.Topic] = t.TopicID
+		}
+	}
+	return ids, nil
+}
+
+// topicPartition names one partition.
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
+// failing is the record a partition keeps failing on.
+type failing struct {
+	offset int64
+	n      int // failed deliveries of it
+}
+
+// runState is the state of one Run: the partitions paused after a
+// failure, until when, and how often their records failed.
+type runState struct {
+	resume   map[topicPartition]time.Time
+	failures map[topicPartition]failing
+}
+
+// Run polls and processes records until ctx ends, the client is closed,
+// or a record without an id meets a consumer with no dead-letter
+// destination, and returns ctx's error, [kgo.ErrClientClosed], or an error
+// wrapping [inbox.ErrNoMessageID] that names the record. Records of one
 // partition are processed one at a time, in order; the offsets of a
-// poll's processed records are committed before the next poll.
+// poll's processed records are committed before the next poll. A
+// partition whose record failed pauses, alone, for the retry delay.
 func (c *Consumer) Run(ctx context.Context) error {
+	st := &runState{resume: make(map[topicPartition]time.Time), failures: make(map[topicPartition]failing)}
 	for {
-		fetches := c.cl.PollRecords(ctx, c.cfg.MaxPollRecords)
+		c.resumeDue(st)
+		pollCtx, cancel := ctx, context.CancelFunc(func() {})
+		if next, ok := st.nextResume(); ok {
+			pollCtx, cancel = context.WithDeadline(ctx, next)
+		}
+		fetches := c.cl.PollRecords(pollCtx, c.cfg.MaxPollRecords)
+		cancel()
 		if fetches.IsClientClosed() {
 			return kgo.ErrClientClosed
 		}
@@ -206,19 +364,33 @@ func (c *Consumer) Run(ctx context.Context) error {
 			c.cl.AllowRebalance()
 			return err
 		}
-		failed := false
+		var stop error
+		globalWait := false
 		fetches.EachError(func(t string, p int32, err error) {
+			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+				return // the poll's deadline: a paused partition is due
+			}
 			c.report(fmt.Errorf("idemhttp/kafka: fetch %s/%d: %w", t, p, err))
-			failed = true // wait before polling again, not spin
+			if p < 0 {
+				globalWait = true // not a partition's: wait before polling again, not spin
+				return
+			}
+			c.pause(st, topicPartition{t, p}, c.cfg.Retry.After(1))
 		})
 		var done []*kgo.Record
-		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-			last, ok := c.processPartition(ctx, p.Records)
-			if last != nil {
-				done = append(done, last)
-			}
-			if !ok {
-				failed = true
+		fetches.EachTopic(func(ft kgo.FetchTopic) {
+			for _, fp := range ft.Partitions {
+				if stop != nil {
+					if len(fp.Records) > 0 {
+						c.seek(fp.Records[0]) // not handled: fetched again
+					}
+					continue
+				}
+				last, err := c.processPartition(ctx, st, ft.Topic, ft.TopicID, fp.Partition, fp.Records)
+				if last != nil {
+					done = append(done, last)
+				}
+				stop = err
 			}
 		})
 		if len(done) > 0 {
@@ -230,8 +402,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 		}
 		c.cl.AllowRebalance()
-		if failed {
-			t := time.NewTimer(c.cfg.RetryDelay)
+		if stop != nil {
+			return stop
+		}
+		if globalWait {
+			t := time.NewTimer(c.cfg.Retry.After(1))
 			select {
 			case <-ctx.Done():
 				t.Stop()
@@ -242,42 +417,190 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 }
 
-// processPartition runs the handler on rs in order and returns the last
-// record it processed, and false when one failed: then the partition is
-// seeked back to that record so that the next poll delivers it again.
-func (c *Consumer) processPartition(ctx context.Context, rs []*kgo.Record) (*kgo.Record, bool) {
-	var last *kgo.Record
-	for _, r := range rs {
-		m := c.message(r)
-		var err error
-		switch {
-		case m.ID != "", c.cfg.Positions != nil && c.cfg.DeadLetter == nil:
-			// With positions in the database, the offset is the id.
-			err = c.cfg.Handler(ctx, m)
-		case c.cfg.DeadLetter != nil:
-			err = c.cfg.DeadLetter(ctx, m)
-		default:
-			err = inbox.ErrNoMessageID
+// nextResume returns the earliest time a paused partition is due.
+func (st *runState) nextResume() (time.Time, bool) {
+	var next time.Time
+	for _, t := range st.resume {
+		if next.IsZero() || t.Before(next) {
+			next = t
 		}
-		if err != nil {
-			c.report(fmt.Errorf("idemhttp/kafka: %s offset %d: not committed, will retry: %w", m.Source, r.Offset, err))
-			c.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{
-				r.Topic: {r.Partition: {Epoch: r.LeaderEpoch, Offset: r.Offset}},
-			})
-			return last, false
-		}
-		last = r
 	}
-	return last, true
+	return next, !next.IsZero()
 }
 
-// message turns r into the Message handlers see.
-func (c *Consumer) message(r *kgo.Record) *inbox.Message {
+// resumeDue resumes the partitions whose pause has ended.
+func (c *Consumer) resumeDue(st *runState) {
+	now := time.Now()
+	var due map[string][]int32
+	for tp, t := range st.resume {
+		if !t.After(now) {
+			if due == nil {
+				due = make(map[string][]int32)
+			}
+			due[tp.topic] = append(due[tp.topic], tp.partition)
+			delete(st.resume, tp)
+		}
+	}
+	if due != nil {
+		c.cl.ResumeFetchPartitions(due)
+	}
+}
+
+// pause stops fetching tp for d.
+func (c *Consumer) pause(st *runState, tp topicPartition, d time.Duration) {
+	c.cl.PauseFetchPartitions(map[string][]int32{tp.topic: {tp.partition}})
+	st.resume[tp] = time.Now().Add(d)
+}
+
+// processPartition runs the handler on rs in order and returns the last
+// record it processed (or dead-lettered). On a failure it seeks the
+// partition back to the failed record and pauses it, so that the record
+// is delivered again after the retry delay. It returns an error only when
+// Run must stop.
+func (c *Consumer) processPartition(ctx context.Context, st *runState, topic string, topicID [16]byte, partition int32, rs []*kgo.Record) (*kgo.Record, error) {
+	tp := topicPartition{topic, partition}
+	var last *kgo.Record
+	for _, r := range rs {
+		if ctx.Err() != nil {
+			// Not handled: delivered again from here, after the commit
+			// of last.
+			c.seek(r)
+			return last, nil
+		}
+		m := c.message(r, topicID)
+		noID := m.ID == "" && c.cfg.Positions == nil
+		var err error
+		if noID {
+			err = inbox.ErrNoMessageID
+		} else {
+			err = c.callHandler(ctx, m)
+		}
+		if err == nil {
+			delete(st.failures, tp)
+			last = r
+			continue
+		}
+		if ctx.Err() != nil {
+			// Shutdown: not committed, redelivered, never counted.
+			c.seek(r)
+			return last, nil
+		}
+		f := st.failures[tp]
+		if f.offset != r.Offset {
+			f = failing{offset: r.Offset}
+		}
+		f.n++
+		st.failures[tp] = f
+		if noID || c.cfg.Retry.Exhausted(f.n) {
+			to, dlErr := c.deadLetter(ctx, r, m, err)
+			if dlErr == nil && to != "" {
+				c.reportDead(inbox.DeadLetter{Message: m, Deliveries: f.n, Err: err, To: to})
+				delete(st.failures, tp)
+				last = r
+				continue
+			}
+			if noID && to == "" {
+				c.seek(r)
+				return last, fmt.Errorf("idemhttp/kafka: %s offset %d: %w (set Config.DeadLetter or DeadLetterTopic to move such records aside)", m.Source, r.Offset, inbox.ErrNoMessageID)
+			}
+			if dlErr != nil {
+				err = fmt.Errorf("%w (and its dead-lettering failed: %w)", err, dlErr)
+			} else {
+				c.reportDead(inbox.DeadLetter{Message: m, Deliveries: f.n, Err: err,
+					To: "nowhere: it holds its partition, retried at the longest delay (set Config.DeadLetter or DeadLetterTopic)"})
+			}
+		}
+		c.report(fmt.Errorf("idemhttp/kafka: %s offset %d: not committed, will retry: %w", m.Source, r.Offset, err))
+		c.seek(r)
+		c.pause(st, tp, c.cfg.Retry.After(f.n))
+		return last, nil
+	}
+	return last, nil
+}
+
+// seek makes the next fetch of r's partition start at r.
+func (c *Consumer) seek(r *kgo.Record) {
+	c.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{
+		r.Topic: {r.Partition: {Epoch: r.LeaderEpoch, Offset: r.Offset}},
+	})
+}
+
+// callHandler runs the handler under the processing limit.
+func (c *Consumer) callHandler(ctx context.Context, m *inbox.Message) error {
+	if c.cfg.ProcessingLimit < 0 {
+		return c.cfg.Handler(ctx, m)
+	}
+	hctx, cancel := context.WithTimeout(ctx, c.cfg.ProcessingLimit)
+	defer cancel()
+	err := c.cfg.Handler(hctx, m)
+	if err != nil && hctx.Err() != nil && ctx.Err() == nil {
+		err = fmt.Errorf("processing limit (%v) passed: %w", c.cfg.ProcessingLimit, err)
+	}
+	return err
+}
+
+// deadLetter hands r to the dead-letter destination and says where it
+// went; "" means there is none. cause is why.
+func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, m *inbox.Message, cause error) (string, error) {
+	switch {
+	case c.cfg.DeadLetter != nil:
+		return "Config.DeadLetter", c.cfg.DeadLetter(ctx, m)
+	case c.cfg.DeadLetterTopic != "":
+		dl := &kgo.Record{
+			Topic: c.cfg.DeadLetterTopic,
+			Key:   r.Key,
+			Value: r.Value,
+			Headers: append(append([]kgo.RecordHeader(nil), r.Headers...),
+				kgo.RecordHeader{Key: HeaderDeadLetterTopic, Value: []byte(r.Topic)},
+				kgo.RecordHeader{Key: HeaderDeadLetterPartition, Value: []byte(strconv.Itoa(int(r.Partition)))},
+				kgo.RecordHeader{Key: HeaderDeadLetterOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
+				kgo.RecordHeader{Key: HeaderDeadLetterError, Value: []byte(cause.Error())},
+			),
+		}
+		to := "topic " + c.cfg.DeadLetterTopic
+		if err := c.cl.ProduceSync(ctx, dl).FirstErr(); err != nil {
+			return to, fmt.Errorf("produce to %s: %w", c.cfg.DeadLetterTopic, err)
+		}
+		return to, nil
+	}
+	return "", nil
+}
+
+// topicIDKey is the key under which the consumer puts a record's topic ID
+// in its Context (franz-go's place for a consumer's enrichment of
+// records).
+type topicIDKey struct{}
+
+// RecordTopicID returns the ID of the topic incarnation r was fetched
+// from, as a [Consumer] recorded it; false when there is none (a record
+// that did not come from a Consumer, or a cluster older than Kafka 3.1).
+func RecordTopicID(r *kgo.Record) ([16]byte, bool) {
+	if r == nil || r.Context == nil {
+		return [16]byte{}, false
+	}
+	id, ok := r.Context.Value(topicIDKey{}).([16]byte)
+	return id, ok && id != [16]byte{}
+}
+
+// message turns r, fetched from the topic whose ID is topicID, into the
+// Message handlers see.
+func (c *Consumer) message(r *kgo.Record, topicID [16]byte) *inbox.Message {
+	if topicID != ([16]byte{}) {
+		parent := r.Context
+		if parent == nil {
+			parent = context.Background()
+		}
+		r.Context = context.WithValue(parent, topicIDKey{}, topicID)
+	}
 	m := &inbox.Message{
-		Source: r.Topic + "/" + strconv.Itoa(int(r.Partition)),
-		Body:   r.Value,
-		Time:   r.Timestamp,
-		Raw:    r,
+		Source:  r.Topic + "/" + strconv.Itoa(int(r.Partition)),
+		IDSpace: c.cfg.IDSpace,
+		Body:    r.Value,
+		Time:    r.Timestamp,
+		Raw:     r,
+	}
+	if m.IDSpace == "" {
+		m.IDSpace = r.Topic
 	}
 	if len(r.Headers) > 0 {
 		m.Header = make(map[string][]string, len(r.Headers))
@@ -294,13 +617,29 @@ func (c *Consumer) message(r *kgo.Record) *inbox.Message {
 	return m
 }
 
-// OffsetID is the id of a record by its position: "topic/partition/offset".
+// OffsetID is the id of a record by its position: "topic/partition/offset",
+// and, when the record's topic ID is known ([RecordTopicID]),
+// "topic@<topic ID in hex>/partition/offset", so that a topic deleted and
+// created again, whose offsets start over, does not give its records the
+// ids of the old incarnation's.
 func OffsetID(r *kgo.Record) string {
-	return r.Topic + "/" + strconv.Itoa(int(r.Partition)) + "/" + strconv.FormatInt(r.Offset, 10)
+	topic := r.Topic
+	if id, ok := RecordTopicID(r); ok {
+		topic += "@" + hex.EncodeToString(id[:])
+	}
+	return topic + "/" + strconv.Itoa(int(r.Partition)) + "/" + strconv.FormatInt(r.Offset, 10)
 }
 
 func (c *Consumer) report(err error) {
 	if c.cfg.OnError != nil {
 		c.cfg.OnError(err)
 	}
+}
+
+func (c *Consumer) reportDead(d inbox.DeadLetter) {
+	logger := c.cfg.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	inbox.ReportDeadLetter(logger, c.cfg.OnDeadLetter, d)
 }

@@ -17,7 +17,7 @@ import (
 )
 
 // run runs c until stop says to, then closes it and waits for Run.
-func run(t *testing.T, c *kafka.Consumer) (stop func()) {
+func run(t testing.TB, c *kafka.Consumer) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -44,7 +44,7 @@ func TestHandlerErrorRedelivers(t *testing.T) {
 	seen := make(chan string, 10)
 	failed := false
 	c, err := kafka.NewConsumer(kafka.Config{
-		Group: "g", Topics: []string{"t"}, RetryDelay: time.Millisecond,
+		Group: "g", Topics: []string{"t"}, Retry: fastRetry,
 		Handler: func(_ context.Context, m *inbox.Message) error {
 			seen <- m.ID
 			if m.ID == "b" && !failed {
@@ -64,50 +64,73 @@ func TestHandlerErrorRedelivers(t *testing.T) {
 	assert.Equal(t, []string{"a", "b", "b", "c"}, got)
 }
 
-// TestNoMessageID checks the two configurations for a record without the
-// id header: by default it is not processed, not committed, and holds its
-// partition back, with ErrNoMessageID reported; with DeadLetter it goes
-// there and the partition moves on.
+// TestNoMessageID checks the configurations for a record without the id
+// header: by default Run stops with an error naming the record, before
+// handling it or anything behind it in its partition; with DeadLetter, or
+// DeadLetterTopic, it goes there, is reported, and the partition moves
+// on. It is never handled, and never dropped silently. (With the report
+// removed, the dead-lettered cases' hooks got nothing; with Run going on
+// past the record, "c" was handled: this test failed both ways.)
 func TestNoMessageID(t *testing.T) {
-	seeds := newCluster(t, "t", 1)
+	seeds := newCluster(t, "t", 1, "t-dlq")
 	produce(t, seeds, "t", []record{{id: "a"}, {body: "no id"}, {id: "c"}})
 
-	t.Run("held", func(t *testing.T) {
+	t.Run("stop", func(t *testing.T) {
 		seen := make(chan string, 10)
-		errs := make(chan error, 100)
 		c, err := kafka.NewConsumer(kafka.Config{
-			Group: "held", Topics: []string{"t"}, RetryDelay: time.Millisecond,
+			Group: "stop", Topics: []string{"t"}, Retry: fastRetry,
 			Handler: func(_ context.Context, m *inbox.Message) error { seen <- m.ID; return nil },
-			OnError: func(err error) {
-				select {
-				case errs <- err:
-				default:
-				}
-			},
 		}, groupOpts(seeds)...)
 		require.NoError(t, err)
-		stop := run(t, c)
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		err = c.Run(ctx)
+		require.ErrorIs(t, err, inbox.ErrNoMessageID)
+		assert.ErrorContains(t, err, "t/0 offset 1", "the error names the record")
 		assert.Equal(t, "a", <-seen)
-		for range 3 { // retried, again and again
-			assert.ErrorIs(t, <-errs, inbox.ErrNoMessageID)
-		}
-		stop()
 		assert.Empty(t, seen, "c waits behind the record without id")
 	})
 
-	t.Run("dead-lettered", func(t *testing.T) {
+	t.Run("dead-letter handler", func(t *testing.T) {
 		seen := make(chan string, 10)
 		dead := make(chan string, 10)
+		reported := make(chan inbox.DeadLetter, 10)
 		c, err := kafka.NewConsumer(kafka.Config{
 			Group: "dl", Topics: []string{"t"},
-			Handler:    func(_ context.Context, m *inbox.Message) error { seen <- m.ID; return nil },
-			DeadLetter: func(_ context.Context, m *inbox.Message) error { dead <- string(m.Body); return nil },
+			Handler:      func(_ context.Context, m *inbox.Message) error { seen <- m.ID; return nil },
+			DeadLetter:   func(_ context.Context, m *inbox.Message) error { dead <- string(m.Body); return nil },
+			OnDeadLetter: func(d inbox.DeadLetter) { reported <- d },
 		}, groupOpts(seeds)...)
 		require.NoError(t, err)
 		run(t, c)
 		assert.Equal(t, "a", <-seen)
 		assert.Equal(t, "no id", <-dead)
 		assert.Equal(t, "c", <-seen)
+		d := <-reported
+		assert.ErrorIs(t, d.Err, inbox.ErrNoMessageID)
+	})
+
+	t.Run("dead-letter topic", func(t *testing.T) {
+		seen := make(chan string, 10)
+		reported := make(chan inbox.DeadLetter, 10)
+		c, err := kafka.NewConsumer(kafka.Config{
+			Group: "dlt", Topics: []string{"t"}, DeadLetterTopic: "t-dlq",
+			Handler:      func(_ context.Context, m *inbox.Message) error { seen <- m.ID; return nil },
+			OnDeadLetter: func(d inbox.DeadLetter) { reported <- d },
+		}, groupOpts(seeds)...)
+		require.NoError(t, err)
+		run(t, c)
+		assert.Equal(t, "a", <-seen)
+		assert.Equal(t, "c", <-seen)
+		d := <-reported
+		assert.Contains(t, d.To, "t-dlq")
+		got := consumeAll(t, seeds, "t-dlq", 1)
+		assert.Equal(t, "no id", string(got[0].Value))
+		assert.Equal(t, map[string]string{
+			kafka.HeaderDeadLetterTopic: "t", kafka.HeaderDeadLetterPartition: "0", kafka.HeaderDeadLetterOffset: "1",
+			kafka.HeaderDeadLetterError: inbox.ErrNoMessageID.Error(),
+		}, headers(got[0]))
 	})
 }
 
@@ -122,7 +145,7 @@ func TestIDFromOffset(t *testing.T) {
 	}, groupOpts(seeds)...)
 	require.NoError(t, err)
 	run(t, c)
-	assert.Equal(t, "t/0/0", <-seen)
+	assert.Regexp(t, `^t@[0-9a-f]{32}/0/0$`, <-seen, "the topic, its ID, the partition, the offset")
 	assert.Equal(t, "mine", <-seen, "the header wins")
 }
 
@@ -166,14 +189,14 @@ func TestSQLOffsetsConcurrentOwners(t *testing.T) {
 	res, err = offs.Process(ctx, "g", &kgo.Record{Topic: "t", Partition: 3, Offset: 9}, effect("9"))
 	require.NoError(t, err)
 	assert.False(t, res.Duplicate)
-	pos, err := offs.Positions(ctx, "g", map[string][]int32{"t": {3}})
+	pos, err := offs.Positions(ctx, "g", map[string][]int32{"t": {3}}, nil)
 	require.NoError(t, err)
 	assert.Equal(t, map[string]map[int32]int64{"t": {3: 10}}, pos)
 
 	boom := errors.New("boom")
 	_, err = offs.Process(ctx, "g", &kgo.Record{Topic: "t", Partition: 3, Offset: 10}, func(context.Context, *sql.Tx) error { return boom })
 	assert.ErrorIs(t, err, boom)
-	pos, err = offs.Positions(ctx, "g", map[string][]int32{"t": {3}})
+	pos, err = offs.Positions(ctx, "g", map[string][]int32{"t": {3}}, nil)
 	require.NoError(t, err)
 	assert.Equal(t, int64(10), pos["t"][3], "a failed effect does not advance the offset")
 

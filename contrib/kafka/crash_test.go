@@ -3,14 +3,11 @@ package kafka_test
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +16,7 @@ import (
 
 	"github.com/idemkit/idemhttp/contrib/kafka"
 	"github.com/idemkit/idemhttp/inbox"
+	"github.com/idemkit/idemhttp/internal/testenv"
 )
 
 // The child process's settings.
@@ -86,8 +84,6 @@ func testCrash(t *testing.T, mode string) {
 	}
 	produce(t, seeds, crashTopic, rs)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
 	kills := 0
 	for run := 0; ; run++ {
 		require.Less(t, run, 40, "the consumer never finished")
@@ -103,17 +99,14 @@ func testCrash(t *testing.T, mode string) {
 		if kills%4 == 3 {
 			inTx = "1"
 		}
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(),
-			envChild+"="+mode, envSeeds+"="+seeds, envDriver+"="+st.driver, envDSN+"="+st.dsn,
-			envKillAfter+"="+strconv.Itoa(killAfter), envWant+"="+strconv.Itoa(messages), envKillInTx+"="+inTx)
-		out, err := cmd.CombinedOutput()
-		var exitErr *exec.ExitError
-		if errors.As(err, &exitErr) && exitErr.Sys().(syscall.WaitStatus).Signal() == syscall.SIGKILL {
+		killed := testenv.RunChild(t, []string{
+			envChild + "=" + mode, envSeeds + "=" + seeds, envDriver + "=" + st.driver, envDSN + "=" + st.dsn,
+			envKillAfter + "=" + strconv.Itoa(killAfter), envWant + "=" + strconv.Itoa(messages), envKillInTx + "=" + inTx,
+		}, nil)
+		if killed {
 			kills++
 			continue
 		}
-		require.NoError(t, err, "child: %s", out)
 		break
 	}
 	require.Equal(t, 8, kills)
@@ -171,7 +164,7 @@ func child() int {
 		// The transaction committed; Run commits the offset only after
 		// the whole poll: die in between.
 		if !inTx && killAfter > 0 && effects.Add(1) == int64(killAfter) {
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			testenv.Die()
 		}
 	}
 	write := func(ctx context.Context, tx *sql.Tx, m *inbox.Message) error {
@@ -179,7 +172,7 @@ func child() int {
 		// Dying here, with the effect written but not committed, loses
 		// the message if the offset was committed before the handler ran.
 		if err == nil && inTx && killAfter > 0 && effects.Add(1) == int64(killAfter) {
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			testenv.Die()
 		}
 		return err
 	}

@@ -3,27 +3,23 @@ package kafka_test
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.uber.org/goleak"
 
 	"github.com/idemkit/idemhttp/contrib/sqlite"
+	"github.com/idemkit/idemhttp/inbox"
+	"github.com/idemkit/idemhttp/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(envChild) != "" {
-		os.Exit(child())
-	}
-	goleak.VerifyTestMain(m)
+	testenv.Main(m, envChild, child)
 }
 
 // groupOpts make a dead member's partitions move within a second or two,
@@ -40,14 +36,19 @@ func groupOpts(seeds string) []kgo.Opt {
 }
 
 // newCluster starts an in-process Kafka (franz-go's kfake) on a loopback
-// port of its choosing, with topic of the given partitions.
-func newCluster(t *testing.T, topic string, partitions int32) string {
+// port of its choosing, with topic of the given partitions, and the other
+// topics (dead-letter topics) of one partition each.
+func newCluster(t testing.TB, topic string, partitions int32, others ...string) string {
 	t.Helper()
-	c, err := kfake.NewCluster(
+	opts := []kfake.Opt{
 		kfake.NumBrokers(1),
 		kfake.SeedTopics(partitions, topic),
-		kfake.GroupMinSessionTimeout(100*time.Millisecond),
-	)
+		kfake.GroupMinSessionTimeout(100 * time.Millisecond),
+	}
+	if len(others) > 0 {
+		opts = append(opts, kfake.SeedTopics(1, others...))
+	}
+	c, err := kfake.NewCluster(opts...)
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	return c.ListenAddrs()[0]
@@ -58,6 +59,39 @@ func newCluster(t *testing.T, topic string, partitions int32) string {
 type record struct {
 	key, id, body string
 	partition     int32
+}
+
+// fastRetry redelivers failed records after a millisecond, for tests
+// about something else.
+var fastRetry = inbox.Retry{Delay: time.Millisecond, MaxDelay: 10 * time.Millisecond}
+
+// consumeAll reads n records of topic from its start, outside any group.
+func consumeAll(t *testing.T, seeds, topic string, n int) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	require.NoError(t, err)
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out []*kgo.Record
+	for len(out) < n {
+		fs := cl.PollFetches(ctx)
+		require.NoError(t, ctx.Err(), "only %d of %d records of %s", len(out), n, topic)
+		out = append(out, fs.Records()...)
+	}
+	return out
+}
+
+// headers returns r's headers as a map, the ones of this package only.
+func headers(r *kgo.Record) map[string]string {
+	m := make(map[string]string)
+	for _, h := range r.Headers {
+		if strings.HasPrefix(h.Key, "idemhttp-") {
+			m[h.Key] = string(h.Value)
+		}
+	}
+	return m
 }
 
 func produce(t *testing.T, seeds, topic string, rs []record) {
@@ -86,25 +120,8 @@ type store struct {
 
 func newStore(t *testing.T) store {
 	t.Helper()
-	if u := os.Getenv("IDEMHTTP_POSTGRES_URL"); u != "" {
-		schema := fmt.Sprintf("d1_kafka_%d", time.Now().UnixNano())
-		admin, err := sql.Open("pgx", u)
-		require.NoError(t, err)
-		defer admin.Close()
-		_, err = admin.Exec("CREATE SCHEMA " + schema)
-		require.NoError(t, err)
-		t.Cleanup(func() {
-			admin, err := sql.Open("pgx", u)
-			if err == nil {
-				_, _ = admin.Exec("DROP SCHEMA " + schema + " CASCADE")
-				_ = admin.Close()
-			}
-		})
-		sep := "?"
-		if strings.Contains(u, "?") {
-			sep = "&"
-		}
-		return store{driver: "pgx", dsn: u + sep + "search_path=" + schema}
+	if os.Getenv(testenv.PostgresEnv) != "" {
+		return store{driver: "pgx", dsn: testenv.NewSchema(t, "d1_kafka_").URL}
 	}
 	return store{driver: "sqlite", dsn: filepath.Join(t.TempDir(), "effects.db")}
 }

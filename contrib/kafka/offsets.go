@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -26,7 +27,13 @@ const DefaultOffsetsTable = "idemhttp_kafka_offsets"
 //
 // For each record, in one transaction, Handle advances the partition's row
 // to offset+1 only if it is not already past the record (an upsert whose
-// WHERE compares offsets), runs the effect if it did, and commits. A
+// WHERE compares offsets), runs the effect if it did, and commits. The row
+// also holds the topic's ID (Kafka's topic identity, KIP-516): a topic
+// deleted and created again under the same name starts its offsets over,
+// and a stored offset of the old incarnation neither skips the new one's
+// records nor positions the consumer in it. Records from a cluster that
+// gives no topic IDs (older than Kafka 3.1) are stored with none, and
+// compared by offset alone. A
 // record at or below a processed one is a duplicate and runs nothing, so
 // a redelivery after a crash, or the old owner of a partition still
 // running after a rebalance, cannot run an effect twice: two members
@@ -72,6 +79,7 @@ func (o *SQLOffsets) Migrate(ctx context.Context) error {
     topic       text    NOT NULL,
     part        integer NOT NULL, -- the partition
     next_offset bigint  NOT NULL, -- the offset of the first record not yet processed
+    topic_id    text    NOT NULL DEFAULT '', -- the topic's ID in hex, '' when unknown
     PRIMARY KEY (consumer, topic, part)
 )`)
 	if err != nil {
@@ -80,27 +88,33 @@ func (o *SQLOffsets) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// Positions implements [PositionStore].
-func (o *SQLOffsets) Positions(ctx context.Context, group string, partitions map[string][]int32) (map[string]map[int32]int64, error) {
+// Positions implements [PositionStore]. A stored position of another
+// incarnation of the topic than ids names is returned as offset 0, the
+// new incarnation's start; one stored without a topic ID is returned as
+// it is.
+func (o *SQLOffsets) Positions(ctx context.Context, group string, partitions map[string][]int32, ids map[string][16]byte) (map[string]map[int32]int64, error) {
 	t, err := o.table()
 	if err != nil {
 		return nil, err
 	}
-	rows, err := o.DB.QueryContext(ctx, "SELECT topic, part, next_offset FROM "+t+" WHERE consumer = $1", group)
+	rows, err := o.DB.QueryContext(ctx, "SELECT topic, part, next_offset, topic_id FROM "+t+" WHERE consumer = $1", group)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	out := make(map[string]map[int32]int64)
 	for rows.Next() {
-		var topic string
+		var topic, storedID string
 		var part int32
 		var next int64
-		if err := rows.Scan(&topic, &part, &next); err != nil {
+		if err := rows.Scan(&topic, &part, &next, &storedID); err != nil {
 			return nil, err
 		}
 		if _, ok := partitions[topic]; !ok {
 			continue
+		}
+		if id, ok := ids[topic]; ok && storedID != "" && storedID != hex.EncodeToString(id[:]) {
+			next = 0 // the topic was deleted and created again
 		}
 		if out[topic] == nil {
 			out[topic] = make(map[int32]int64)
@@ -151,10 +165,18 @@ func (o *SQLOffsets) Process(ctx context.Context, group string, r *kgo.Record, f
 	// The upsert takes the partition's row lock, so a second member
 	// processing the same partition waits here, then sees the offset the
 	// first one committed. Its WHERE leaves the row alone, and reports no
-	// row, when the record is behind the stored position.
-	res, err := tx.ExecContext(ctx, "INSERT INTO "+t+" AS o (consumer, topic, part, next_offset) VALUES ($1, $2, $3, $4)"+
-		" ON CONFLICT (consumer, topic, part) DO UPDATE SET next_offset = excluded.next_offset WHERE o.next_offset <= $5",
-		group, r.Topic, r.Partition, r.Offset+1, r.Offset)
+	// row, when the record is behind the stored position of the same
+	// incarnation of the topic; a row of another incarnation (both IDs
+	// known and different) is the old topic's, and the record's wins.
+	var topicID string
+	if id, ok := RecordTopicID(r); ok {
+		topicID = hex.EncodeToString(id[:])
+	}
+	res, err := tx.ExecContext(ctx, "INSERT INTO "+t+" AS o (consumer, topic, part, next_offset, topic_id) VALUES ($1, $2, $3, $4, $6)"+
+		" ON CONFLICT (consumer, topic, part) DO UPDATE SET next_offset = excluded.next_offset,"+
+		" topic_id = CASE WHEN excluded.topic_id = '' THEN o.topic_id ELSE excluded.topic_id END"+
+		" WHERE o.next_offset <= $5 OR (o.topic_id <> '' AND excluded.topic_id <> '' AND o.topic_id <> excluded.topic_id)",
+		group, r.Topic, r.Partition, r.Offset+1, r.Offset, topicID)
 	if err != nil {
 		return inbox.Result{}, fmt.Errorf("idemhttp/kafka: advance offset: %w", err)
 	}

@@ -15,36 +15,14 @@ import (
 
 	natsinbox "github.com/idemkit/idemhttp/contrib/nats"
 	"github.com/idemkit/idemhttp/inbox"
+	"github.com/idemkit/idemhttp/internal/testenv"
 )
 
 // runAsync runs c on cons in a goroutine and returns its result channel
 // and the function that stops it.
 func runAsync(t *testing.T, c *natsinbox.Consumer, cons jetstream.Consumer, h inbox.Handler) (<-chan error, context.CancelFunc) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	finished := make(chan struct{})
-	go func() {
-		errc <- c.Run(ctx, cons, h)
-		close(finished)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-finished
-	})
-	return errc, cancel
-}
-
-// wait returns the next value of errc, failing the test after 30 s.
-func wait(t *testing.T, errc <-chan error) error {
-	t.Helper()
-	select {
-	case err := <-errc:
-		return err
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not return in 30 s")
-		return nil
-	}
+	return testenv.Go(t, func(ctx context.Context) error { return c.Run(ctx, cons, h) })
 }
 
 // A handler error naks the message: it is redelivered and the handler
@@ -53,7 +31,7 @@ func wait(t *testing.T, errc <-chan error) error {
 // (With Run acking before the handler, this test fails: checked once.)
 func TestHandlerErrorRedelivers(t *testing.T) {
 	_, js := connect(t)
-	db, _ := newSchema(t)
+	db, _ := testenv.EffectsDB(t, "d2_")
 	in := &inbox.SQL{DB: db}
 	require.NoError(t, in.Migrate(context.Background()))
 	s := newStream(t, js, 10*time.Second) // a redelivery before that is the nak's doing
@@ -77,7 +55,7 @@ func TestHandlerErrorRedelivers(t *testing.T) {
 		}
 		return err
 	}
-	errc, cancel := runAsync(t, &natsinbox.Consumer{NakDelay: 10 * time.Millisecond}, s.cons(t, js), committed)
+	errc, cancel := runAsync(t, &natsinbox.Consumer{Retry: inbox.Retry{Delay: 10 * time.Millisecond}}, s.cons(t, js), committed)
 	select {
 	case m := <-done:
 		assert.True(t, m.Redelivered)
@@ -91,9 +69,9 @@ func TestHandlerErrorRedelivers(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return s.settled(t, js) }, 10*time.Second, 10*time.Millisecond, "acked")
 	cancel()
-	require.ErrorIs(t, wait(t, errc), context.Canceled)
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 	assert.Equal(t, int32(2), calls.Load())
-	rows, _ := effects(t, db)
+	rows, _ := testenv.Effects(t, db)
 	assert.Equal(t, 1, rows, "the first attempt's effect rolled back")
 }
 
@@ -109,12 +87,14 @@ func TestMessageIDFromOtherHeader(t *testing.T) {
 	errc, cancel := runAsync(t, &natsinbox.Consumer{IDHeader: "Idem-Id"}, s.cons(t, js), h)
 	assert.Equal(t, "order-9", <-got)
 	cancel()
-	require.ErrorIs(t, wait(t, errc), context.Canceled)
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 }
 
 // A message with no id is never passed to the handler and never acked:
 // terminated by default (with an advisory a dead-letter process can act
-// on), or naked while Run stops.
+// on) and reported (hook and log line: never silent), or naked while Run
+// stops with an error naming the stream. (Without the report, the hook
+// got nothing: this test failed.)
 func TestNoID(t *testing.T) {
 	t.Run("term", func(t *testing.T) {
 		nc, js := connect(t)
@@ -124,15 +104,20 @@ func TestNoID(t *testing.T) {
 		s.publish(t, js, "", "order-1")
 		got := make(chan string, 2)
 		h := func(_ context.Context, m *inbox.Message) error { got <- m.ID; return nil }
-		errc, cancel := runAsync(t, &natsinbox.Consumer{}, s.cons(t, js), h)
+		dead := make(chan inbox.DeadLetter, 2)
+		errc, cancel := runAsync(t, &natsinbox.Consumer{OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }}, s.cons(t, js), h)
 		assert.Equal(t, "order-1", <-got, "Run goes on past it")
 		_, err = advisories.NextMsg(10 * time.Second)
 		require.NoError(t, err, "the server announced the termination")
 		require.Eventually(t, func() bool { return s.settled(t, js) }, 10*time.Second, 10*time.Millisecond,
 			"terminated: never redelivered")
 		cancel()
-		require.ErrorIs(t, wait(t, errc), context.Canceled)
+		require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 		assert.Empty(t, got)
+		require.Len(t, dead, 1)
+		d := <-dead
+		assert.ErrorIs(t, d.Err, inbox.ErrNoMessageID)
+		assert.Equal(t, s.name, d.Message.IDSpace)
 	})
 	t.Run("stop", func(t *testing.T) {
 		_, js := connect(t)
@@ -141,7 +126,9 @@ func TestNoID(t *testing.T) {
 		var calls atomic.Int32
 		h := func(context.Context, *inbox.Message) error { calls.Add(1); return nil }
 		errc, _ := runAsync(t, &natsinbox.Consumer{NoID: natsinbox.NoIDStop}, s.cons(t, js), h)
-		require.ErrorIs(t, wait(t, errc), inbox.ErrNoMessageID)
+		err := testenv.Wait(t, errc)
+		require.ErrorIs(t, err, inbox.ErrNoMessageID)
+		assert.ErrorContains(t, err, s.name, "the error names the stream")
 		assert.Zero(t, calls.Load())
 
 		// Both are redelivered (naked, or after AckWait if the server
@@ -149,7 +136,7 @@ func TestNoID(t *testing.T) {
 		got := make(chan string, 2)
 		h2 := func(_ context.Context, m *inbox.Message) error { got <- m.ID; return nil }
 		errc2, _ := runAsync(t, &natsinbox.Consumer{NoID: natsinbox.NoIDStop}, s.cons(t, js), h2)
-		require.ErrorIs(t, wait(t, errc2), inbox.ErrNoMessageID)
+		require.ErrorIs(t, testenv.Wait(t, errc2), inbox.ErrNoMessageID)
 		assert.Empty(t, got)
 	})
 }
@@ -163,7 +150,7 @@ func TestCancelNaksPulled(t *testing.T) {
 	s := newStream(t, js, 2*time.Second)
 	ids := make([]string, 10)
 	for i := range ids {
-		ids[i] = msgID(i)
+		ids[i] = testenv.MsgID(i)
 	}
 	s.publish(t, js, ids...)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -186,7 +173,7 @@ func TestCancelNaksPulled(t *testing.T) {
 	require.Eventually(t, func() bool { return s.settled(t, js) }, 20*time.Second, 10*time.Millisecond,
 		"the other seven come back")
 	cancel2()
-	require.ErrorIs(t, wait(t, errc), context.Canceled)
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 	assert.Equal(t, int32(7), rest.Load())
 }
 
@@ -228,8 +215,8 @@ func TestHeartbeatKeepsSlowMessage(t *testing.T) {
 			require.Eventually(t, func() bool { return calls.Load() > 0 && s.settled(t, js) }, 20*time.Second, 10*time.Millisecond)
 			cancel()
 			cancel2()
-			require.ErrorIs(t, wait(t, errc), context.Canceled)
-			require.ErrorIs(t, wait(t, errc2), context.Canceled)
+			require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+			require.ErrorIs(t, testenv.Wait(t, errc2), context.Canceled)
 			assert.Equal(t, tt.wantCalls, calls.Load())
 		})
 	}
@@ -252,7 +239,7 @@ func TestConcurrentRedeliveryOneEffect(t *testing.T) {
 		t.Skip("a handler that runs for 2.5 s")
 	}
 	_, js := connect(t)
-	db, _ := newSchema(t)
+	db, _ := testenv.EffectsDB(t, "d2_")
 	in := &inbox.SQL{DB: db}
 	require.NoError(t, in.Migrate(context.Background()))
 	s := newStream(t, js, time.Second)
@@ -286,8 +273,8 @@ func TestConcurrentRedeliveryOneEffect(t *testing.T) {
 	require.Eventually(t, func() bool { return deliveries.Load() >= 2 && s.settled(t, js) }, 20*time.Second, 10*time.Millisecond)
 	cancel()
 	cancel2()
-	require.ErrorIs(t, wait(t, errc), context.Canceled)
-	require.ErrorIs(t, wait(t, errc2), context.Canceled)
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+	require.ErrorIs(t, testenv.Wait(t, errc2), context.Canceled)
 	var rows int
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM effects`).Scan(&rows))
 	assert.True(t, overlapped.Load(), "the second delivery came while the first handler ran")
@@ -305,7 +292,7 @@ func TestRunStopsOnLostConsumer(t *testing.T) {
 		cons := s.cons(t, js)
 		errc, _ := runAsync(t, &natsinbox.Consumer{MaxWait: time.Second}, cons, h)
 		nc.Close()
-		err := wait(t, errc)
+		err := testenv.Wait(t, errc)
 		require.Error(t, err)
 		assert.NotErrorIs(t, err, context.Canceled)
 	})
@@ -314,7 +301,301 @@ func TestRunStopsOnLostConsumer(t *testing.T) {
 		s := newStream(t, js, time.Minute)
 		errc, _ := runAsync(t, &natsinbox.Consumer{MaxWait: time.Second}, s.cons(t, js), h)
 		require.NoError(t, js.DeleteConsumer(context.Background(), s.name, s.consumer))
-		err := wait(t, errc)
+		err := testenv.Wait(t, errc)
 		assert.True(t, errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted), "%v", err)
 	})
+}
+
+// Run refuses a consumer whose ack policy cannot redeliver a failed
+// message, before it pulls anything: AckNone (an ordered consumer too)
+// and AckAll. (Without the check, Run pulled and the AckNone consumer's
+// message was gone after one failed attempt: this test failed, Run
+// running until the test's deadline.)
+func TestAckPolicyRefused(t *testing.T) {
+	tests := []struct {
+		name string
+		give func(t *testing.T, js jetstream.JetStream) (jetstream.Consumer, *testStream)
+	}{
+		{name: "AckNone", give: func(t *testing.T, js jetstream.JetStream) (jetstream.Consumer, *testStream) {
+			s := newStreamWith(t, js, jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy})
+			return s.cons(t, js), s
+		}},
+		{name: "AckAll", give: func(t *testing.T, js jetstream.JetStream) (jetstream.Consumer, *testStream) {
+			s := newStreamWith(t, js, jetstream.ConsumerConfig{AckPolicy: jetstream.AckAllPolicy})
+			return s.cons(t, js), s
+		}},
+		{name: "ordered", give: func(t *testing.T, js jetstream.JetStream) (jetstream.Consumer, *testStream) {
+			s := newStream(t, js, time.Minute)
+			c, err := js.OrderedConsumer(context.Background(), s.name, jetstream.OrderedConsumerConfig{})
+			require.NoError(t, err)
+			return c, s
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, js := connect(t)
+			cons, s := tt.give(t, js)
+			s.publish(t, js, "order-1")
+			var calls atomic.Int32
+			h := func(context.Context, *inbox.Message) error { calls.Add(1); return errors.New("fails") }
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err := (&natsinbox.Consumer{}).Run(ctx, cons, h)
+			require.ErrorIs(t, err, natsinbox.ErrAckPolicy)
+			assert.Zero(t, calls.Load(), "nothing pulled")
+		})
+	}
+}
+
+// Cancelling Run while a handler runs naks its message for redelivery
+// at once, whatever the settings: with MaxDeliveries 1, a failure
+// terminates a message, but a shutdown never does. A handler that still
+// returns nil has committed: its message is acked. (With Run treating
+// the shutdown's error as a handler failure, the message was terminated
+// and never came back: this test failed.)
+func TestShutdownNaks(t *testing.T) {
+	tests := []struct {
+		name      string
+		returnNil bool
+		wantBack  bool
+	}{
+		{name: "handler fails", wantBack: true},
+		{name: "handler committed", returnNil: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, js := connect(t)
+			// AckWait 3 s: the message comes back after it even when the
+			// server misses the nak (seen with 2.9.10 under load).
+			s := newStream(t, js, 3*time.Second)
+			s.publish(t, js, "order-1")
+			started := make(chan struct{})
+			h := func(ctx context.Context, _ *inbox.Message) error {
+				close(started)
+				<-ctx.Done()
+				if tt.returnNil {
+					return nil
+				}
+				return ctx.Err()
+			}
+			var dead atomic.Int32
+			c := &natsinbox.Consumer{Retry: inbox.Retry{Delay: time.Hour, MaxDeliveries: 1}, OnDeadLetter: func(inbox.DeadLetter) { dead.Add(1) }}
+			errc, cancel := runAsync(t, c, s.cons(t, js), h)
+			<-started
+			cancel()
+			require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+			assert.Zero(t, dead.Load(), "never terminated")
+			if !tt.wantBack {
+				require.Eventually(t, func() bool { return s.settled(t, js) }, 10*time.Second, 10*time.Millisecond, "acked")
+				return
+			}
+			back := make(chan string, 1)
+			errc2, cancel2 := runAsync(t, &natsinbox.Consumer{}, s.cons(t, js), func(_ context.Context, m *inbox.Message) error {
+				back <- m.ID
+				return nil
+			})
+			select {
+			case id := <-back:
+				assert.Equal(t, "order-1", id)
+			case <-time.After(15 * time.Second):
+				t.Error("the message never came back")
+			}
+			cancel2()
+			require.ErrorIs(t, testenv.Wait(t, errc2), context.Canceled)
+		})
+	}
+}
+
+// A handler that always fails: its message is delivered MaxDeliveries
+// times, each redelivery later than the one before by at least the
+// Retry's growing delay (a nak with that delay), then terminated (the
+// server publishes MSG_TERMINATED) and reported once. A healthy message
+// behind it is handled meanwhile. (With the nak's delay taken out, the
+// gaps were a few milliseconds; with no limit, no advisory came: this
+// test failed both ways.)
+func TestPoisonTerminated(t *testing.T) {
+	nc, js := connect(t)
+	s := newStream(t, js, time.Minute)
+	advisories, err := nc.SubscribeSync("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED." + s.name + "." + s.consumer)
+	require.NoError(t, err)
+	s.publish(t, js, "poison", "ok-1")
+	retry := inbox.Retry{Delay: 200 * time.Millisecond, MaxDelay: time.Second, MaxDeliveries: 3}
+	poison := &testenv.PoisonHandler{Poison: "poison"}
+	h := poison.Handle
+	dead := make(chan inbox.DeadLetter, 2)
+	errc, cancel := runAsync(t, &natsinbox.Consumer{Retry: retry, MaxWait: time.Second, OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }}, s.cons(t, js), h)
+	var d inbox.DeadLetter
+	select {
+	case d = <-dead:
+	case err := <-errc:
+		t.Fatalf("Run: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("never given up")
+	}
+	_, err = advisories.NextMsg(10 * time.Second)
+	require.NoError(t, err, "the server announced the termination")
+	require.Eventually(t, func() bool { return s.settled(t, js) }, 10*time.Second, 10*time.Millisecond)
+	cancel()
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+
+	poison.AssertRedeliveries(t, retry, 3)
+	assert.Equal(t, []string{"poison", "ok-1"}, poison.Order()[:2], "the healthy message did not wait behind the poison")
+	assert.Equal(t, 3, d.Deliveries)
+	assert.ErrorContains(t, d.Err, "cannot parse")
+	assert.Contains(t, d.To, "MSG_TERMINATED")
+	assert.Empty(t, dead, "reported once")
+}
+
+// With the consumer's MaxDeliver under the Retry's limit, the server
+// stops redelivering at MaxDeliver and publishes MAX_DELIVERIES; Run
+// reports it. (With Run ignoring MaxDeliver, nothing was reported: this
+// test failed.)
+func TestPoisonMaxDeliver(t *testing.T) {
+	nc, js := connect(t)
+	s := newStreamWith(t, js, jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute, MaxDeliver: 2})
+	advisories, err := nc.SubscribeSync("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + s.name + "." + s.consumer)
+	require.NoError(t, err)
+	s.publish(t, js, "poison")
+	var calls atomic.Int32
+	h := func(context.Context, *inbox.Message) error { calls.Add(1); return errors.New("poison") }
+	dead := make(chan inbox.DeadLetter, 1)
+	errc, cancel := runAsync(t, &natsinbox.Consumer{Retry: inbox.Retry{Delay: 10 * time.Millisecond}, MaxWait: time.Second,
+		OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }}, s.cons(t, js), h)
+	select {
+	case d := <-dead:
+		assert.Equal(t, 2, d.Deliveries)
+		assert.Contains(t, d.To, "MaxDeliver")
+	case <-time.After(30 * time.Second):
+		t.Fatal("not reported")
+	}
+	_, err = advisories.NextMsg(10 * time.Second)
+	require.NoError(t, err, "the server announced it")
+	cancel()
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+	assert.Equal(t, int32(2), calls.Load())
+}
+
+// A message whose earlier deliveries never settled (its consumer died on
+// each, as on a message that crashes the process) is terminated, past the
+// limit, without running the handler again. (Without the check, the
+// handler ran a third time: this test failed.)
+func TestCrashingMessageTerminated(t *testing.T) {
+	_, js := connect(t)
+	s := newStream(t, js, time.Second)
+	s.publish(t, js, "crasher")
+	cons := s.cons(t, js)
+	for range 2 { // two deliveries that die: pulled, never settled
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		require.NoError(t, err)
+		n := 0
+		for range batch.Messages() {
+			n++
+		}
+		require.Equal(t, 1, n)
+		// The redelivery comes after AckWait (1 s): the next Fetch waits
+		// for it.
+	}
+	var calls atomic.Int32
+	dead := make(chan inbox.DeadLetter, 1)
+	c := &natsinbox.Consumer{Retry: inbox.Retry{MaxDeliveries: 2}, MaxWait: 2 * time.Second, OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }}
+	errc, cancel := runAsync(t, c, cons, func(context.Context, *inbox.Message) error { calls.Add(1); return nil })
+	select {
+	case d := <-dead:
+		assert.Equal(t, 3, d.Deliveries)
+	case <-time.After(15 * time.Second):
+		t.Fatal("not terminated")
+	}
+	require.Eventually(t, func() bool { return s.settled(t, js) }, 10*time.Second, 10*time.Millisecond)
+	cancel()
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+	assert.Zero(t, calls.Load())
+}
+
+// Each message's IDSpace is its stream, so that two streams carrying
+// different messages under the same Nats-Msg-Id both run through one
+// inbox; declaring one IDSpace shares it. (With the adapter leaving
+// IDSpace empty, the second stream's order-1 was a duplicate: the first
+// case failed.)
+func TestIDSpace(t *testing.T) {
+	tests := []struct {
+		name    string
+		idSpace string
+		want    int
+	}{
+		{name: "per stream", want: 2},
+		{name: "declared shared", idSpace: "orders", want: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, js := connect(t)
+			db, _ := testenv.EffectsDB(t, "d2_")
+			in := &inbox.SQL{DB: db}
+			require.NoError(t, in.Migrate(context.Background()))
+			h := in.Handle("d2-spaces", func(ctx context.Context, tx *sql.Tx, m *inbox.Message) error {
+				return testenv.InsertEffect(ctx, tx, m.IDSpace+"/"+m.ID)
+			})
+			for range 2 {
+				s := newStream(t, js, time.Minute)
+				s.publish(t, js, "order-1")
+				errc, cancel := runAsync(t, &natsinbox.Consumer{IDSpace: tt.idSpace, MaxWait: time.Second}, s.cons(t, js), h)
+				require.Eventually(t, func() bool { return s.settled(t, js) }, 10*time.Second, 10*time.Millisecond)
+				cancel()
+				require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+			}
+			rows, _ := testenv.Effects(t, db)
+			assert.Equal(t, tt.want, rows)
+		})
+	}
+}
+
+// A handler that hangs, ignoring its context, holds its message only
+// until the processing limit: then the heartbeats stop and the message is
+// naked, another instance gets it long before AckWait and commits its
+// effect, and the hung handler's late return acks nothing. (Without the
+// nak at the limit, the message waited for AckWait: this test failed.)
+func TestProcessingLimit(t *testing.T) {
+	_, js := connect(t)
+	db, _ := testenv.EffectsDB(t, "d2_")
+	in := &inbox.SQL{DB: db}
+	require.NoError(t, in.Migrate(context.Background()))
+	// AckWait 30 s, longer than the test waits: only the nak at the limit
+	// brings the message back in time.
+	s := newStream(t, js, 30*time.Second)
+	effect := in.Handle("d2-limit", func(ctx context.Context, tx *sql.Tx, m *inbox.Message) error {
+		return testenv.InsertEffect(ctx, tx, m.ID)
+	})
+	hung := make(chan struct{})
+	unblock := make(chan struct{})
+	stuck := func(context.Context, *inbox.Message) error {
+		close(hung)
+		<-unblock // ignores its context
+		return nil
+	}
+	errA, cancelA := runAsync(t, &natsinbox.Consumer{ProcessingLimit: 300 * time.Millisecond, Batch: 1, MaxWait: time.Second}, s.cons(t, js), stuck)
+	s.publish(t, js, "order-1")
+	<-hung
+	done := make(chan string, 1)
+	errB, cancelB := runAsync(t, &natsinbox.Consumer{MaxWait: time.Second}, s.cons(t, js), func(ctx context.Context, m *inbox.Message) error {
+		err := effect(ctx, m)
+		if err == nil {
+			done <- m.ID
+		}
+		return err
+	})
+	select {
+	case id := <-done:
+		assert.Equal(t, "order-1", id)
+	case err := <-errB:
+		t.Errorf("Run: %v", err)
+	case <-time.After(15 * time.Second):
+		t.Error("the hung handler's message never reached the other instance")
+	}
+	close(unblock)
+	require.Eventually(t, func() bool { return s.settled(t, js) }, 10*time.Second, 10*time.Millisecond)
+	cancelB()
+	require.ErrorIs(t, testenv.Wait(t, errB), context.Canceled)
+	cancelA()
+	require.ErrorIs(t, testenv.Wait(t, errA), context.Canceled)
+	rows, _ := testenv.Effects(t, db)
+	assert.Equal(t, 1, rows)
 }

@@ -30,18 +30,74 @@
 // across redeliveries but differs between two publishes of one message.
 //
 // A message with no id is never handled and never acked: it is terminated
-// ([NoIDTerm], the default; the server publishes a MSG_TERMINATED advisory
-// naming it), or naked while Run stops ([NoIDStop]).
+// and reported through [Consumer.OnDeadLetter] and a log line
+// ([NoIDTerm], the default; the server publishes a MSG_TERMINATED
+// advisory naming it), or naked while Run stops with an error naming the
+// stream ([NoIDStop]).
 //
-// # Ack after commit, nak on error
+// Each message's [inbox.Message.IDSpace] is its stream (or
+// [Consumer.IDSpace]), so an inbox shared by the consumers of two streams
+// never takes one stream's message for a duplicate of the other's.
+//
+// # Ack policy
+//
+// The JetStream consumer must use AckExplicit. Run refuses AckNone (and so
+// an ordered consumer) and AckAll with [ErrAckPolicy] before it pulls
+// anything: with AckNone a message counts as acknowledged when it is sent,
+// so a failed one never comes back; with AckAll, acking one message acks
+// every earlier one, failed or still running.
+//
+// # Ack after commit
 //
 // Run acks a message only after the handler returned nil, which for an
 // inbox handler means after its transaction committed. A crash before the
 // ack leaves it unacknowledged and the server redelivers it after the
-// consumer's AckWait. A handler error naks it ([Consumer.NakDelay] delays
-// the redelivery); its transaction rolled back, the inbox row with it, so
-// the redelivery runs the effect again. The consumer's MaxDeliver bounds
-// how often a message that always fails comes back.
+// consumer's AckWait.
+//
+// # Shutdown
+//
+// Cancelling Run's context loses nothing, whatever the settings: a message
+// whose handler is running is acked if the handler returns nil (its effect
+// committed) and naked for redelivery at once otherwise, never terminated;
+// the messages pulled and not yet handled are naked too. JetStream counts
+// every delivery, so keep the consumer's MaxDeliver unlimited (the
+// default) or above [inbox.Retry.MaxDeliveries], and let Run decide when a
+// message is given up.
+//
+// # Poison messages
+//
+// A handler error rolls its transaction back, the inbox row with it, and
+// Run naks the message with a delay that doubles each time
+// ([Consumer.Retry]: 1 s to 5 min by default), so nothing spins. The
+// delivery that reaches [inbox.Retry.MaxDeliveries] (5 by default;
+// JetStream's NumDelivered, counted across instances and restarts) and
+// fails is terminated (AckTerm: the server publishes a MSG_TERMINATED
+// advisory with its stream sequence, for a dead-letter process to fetch it
+// from the stream) and reported through [Consumer.OnDeadLetter] and a log
+// line at level Error. A message delivered more often than that without
+// ever being settled (one that kills its consumer) is terminated on
+// arrival, without running the handler. A consumer whose MaxDeliver is
+// lower stops at MaxDeliver instead, publishing a MAX_DELIVERIES advisory,
+// and Run reports that. Keep the stream's retention (limits, not
+// work-queue) long enough for the dead-letter process to read it.
+//
+// # A hung handler
+//
+// A handler runs for at most [Consumer.ProcessingLimit] (5 minutes by
+// default). Then its context ends, which rolls an inbox transaction back
+// (see [inbox.SQL]: the server's own timeouts end it even if the handler
+// ignores its context), the heartbeats stop, and Run naks the message, so
+// that another instance gets it at once. Run waits for the handler to
+// return and acks nothing it naked. The rest of the batch waits in this
+// process meanwhile, and comes back after AckWait.
+//
+// # Inbox retention
+//
+// JetStream redelivers a message for as long as the stream holds it (its
+// MaxAge; none by default), and drops a producer's second publish of it
+// only within the duplicate window (2 minutes by default). Keep the
+// inbox's ids ([inbox.SQL.Prune], at least [inbox.SQL.MinRetention])
+// longer than the stream's MaxAge, or than producers may republish.
 //
 // # AckWait and slow handlers
 //

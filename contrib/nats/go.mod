@@ -4,10 +4,14 @@ go 1.26.0
 
 require (
 	github.com/idemkit/idemhttp v0.1.0
-	github.com/jackc/pgx/v5 v5.13.0
+	github.com/idemkit/idemhttp/internal/testenv v0.1.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/stretchr/testify v1.12.1
-	go.uber.org/goleak v1.3.0
+)
+
+require (
+	github.com/jackc/pgx/v5 v5.13.0 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
 )
 
 require (

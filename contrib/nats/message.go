@@ -6,20 +6,25 @@ import (
 	"github.com/idemkit/idemhttp/inbox"
 )
 
-// newMessage is the handler's view of msg, whose id is id. Raw is the
+// newMessage is the handler's view of msg, whose id is id. Its IDSpace is
+// idSpace, or the stream's name when idSpace is empty. Raw is the
 // [jetstream.Msg].
-func newMessage(id string, msg jetstream.Msg) *inbox.Message {
+func newMessage(id, idSpace string, msg jetstream.Msg) *inbox.Message {
 	m := &inbox.Message{
-		ID:     id,
-		Source: msg.Subject(),
-		Body:   msg.Data(),
-		Header: msg.Headers(),
-		Raw:    msg,
+		ID:      id,
+		Source:  msg.Subject(),
+		IDSpace: idSpace,
+		Body:    msg.Data(),
+		Header:  msg.Headers(),
+		Raw:     msg,
 	}
 	if md, err := msg.Metadata(); err == nil {
 		m.Source = md.Stream + "/" + msg.Subject()
 		m.Time = md.Timestamp
 		m.Redelivered = md.NumDelivered > 1
+		if m.IDSpace == "" {
+			m.IDSpace = md.Stream
+		}
 	}
 	return m
 }

@@ -63,7 +63,17 @@
 // The tables (idemhttp_keys and idemhttp_journal) go into the first schema
 // on the connection's search_path: to keep two applications apart in one
 // database, give each a schema and set search_path in its connection
-// string (?search_path=billing).
+// string (?search_path=billing). Their keys, claims and locks never meet:
+// TxMiddleware's advisory locks, which belong to the whole database, are
+// taken on a hash of the key and of its table's schema-qualified name.
+//
+// TxMiddleware works at every isolation level ([TxOptions].IsoLevel, or the
+// server's default): a duplicate gets the stored response or 409, never a
+// 500, and a transaction that fails with a serialization failure or a
+// deadlock is answered 503 with Retry-After, its key free, or run again
+// ([TxOptions].SerializationRetries). A handler that ends the transaction
+// itself (COMMIT or ROLLBACK as a statement) never gets a 2xx stored or
+// sent, and its key is kept; see [TxMiddleware].
 //
 // # The primary only
 //
@@ -109,47 +119,96 @@
 // (which [Journal.Begin] leases to the calling worker). Each worker then
 // loops: [Journal.ClaimPending] leases it the oldest entries no live lease
 // holds (SELECT ... FOR UPDATE SKIP LOCKED, so workers never wait for each
-// other), and it sends each one through an [idemhttp.Client] whose Journal
-// is the same Journal, with the entry's own key, operation id and body;
-// the client records the outcome, which ends the lease:
+// other), and it resends them through an [idemhttp.Client] whose Journal
+// is the same Journal, with their own keys, operation ids and bodies; the
+// client records each outcome, which ends the lease:
 //
 //	j := postgres.NewJournal(pool, &postgres.JournalOptions{Worker: "worker-7"})
 //	client := &idemhttp.Client{Journal: j, PrepareRequest: addCredentials}
 //	for {
 //		entries, err := j.ClaimPending(ctx, 16)
-//		if err != nil { return err }
+//		if err != nil { return err } // ErrClockJump: the clock was set back; a person decides
 //		if len(entries) == 0 { /* none free: stop when Pending is empty, else wait */ }
-//		for _, e := range entries {
-//			rctx := idemhttp.WithOperation(idemhttp.WithKey(ctx, e.Key), e.Operation) // if e.Operation != ""
-//			req, _ := http.NewRequestWithContext(rctx, e.Method, e.URL, bytes.NewReader(e.Body))
-//			for name, vals := range e.Header { req.Header[name] = vals }
-//			resp, err := client.Do(req)
-//			if errors.Is(err, idemhttp.ErrKeyExpired) {
-//				// The server has forgotten the key: do not resend.
-//				j.Finish(ctx, e.Key, idemhttp.Outcome{State: idemhttp.StateAbandoned})
-//			}
-//			...
-//		}
+//		results, err := client.Resume(ctx, &idemhttp.ResumeOptions{Entries: entries})
+//		...
 //	}
-//
-// Leases are fenced: a worker whose lease expired and whose entry another
-// worker claimed gets a [*LeaseLostError] ([ErrLeaseLost]) from
-// [Journal.Finish], which then changes nothing, and from [Journal.Renew],
-// with which a worker still busy extends its lease. Created and updated
-// times are the database's clock.
 //
 // A worker that dies (or hangs) keeps its entries until their leases
 // expire; then another worker claims them and resends them with the same
 // keys, and the server either replays the stored response or runs the
-// operation for the first time. The lease only saves work: correctness
-// rests on the keys, so a worker that outlives its lease and sends at the
-// same time as its successor is safe (one of them gets a 409 or a replay).
-// Do not call [idemhttp.Client.Resume] in a fleet: it resends every
+// operation for the first time. A worker that outlives its lease and sends
+// at the same time as its successor is safe too (one of them gets a 409 or
+// a replay): correctness rests on the keys. Do not call
+// [idemhttp.Client.Resume] without Entries in a fleet: it resends every
 // pending entry, including those other workers hold.
 //
+// # Fencing: nobody undoes another worker's entry
+//
+// Every write is fenced, so that a stale worker (one whose lease expired,
+// or whose PrepareRequest stalled while another worker took the entry)
+// never removes, revives or overwrites what another holds or has
+// finished. Every refusal changes nothing and wraps [idemhttp.ErrFenced]:
+//
+//   - Done and abandoned are final: a [Journal.Finish] in the other state
+//     is refused; one in the same state (a second sender that got the
+//     replay) only adds its attempts.
+//   - Finish of a pending entry that another worker's live lease holds is
+//     refused with a [*LeaseLostError] ([ErrLeaseLost]): the holder's
+//     outcome counts.
+//   - [Journal.Delete], with which a Client withdraws an entry its own call
+//     began and never sent, refuses a done entry, and a pending one that
+//     another worker has claimed or begun since, live lease or not: that
+//     worker may have sent it, and withdrawing it would make the caller's
+//     retry mint a new key and run the operation twice.
+//   - [Journal.Renew] extends only this worker's own lease.
+//
+// Every worker that sends an entry holds it first: [Journal.ClaimPending]
+// leases it, and so does [Journal.Begin] when it finds a pending entry
+// with the same fingerprint (the caller, which ran the same operation, is
+// about to send it). Each Journal has a token of its own, so workers that
+// share a name are still told apart.
+//
+// # One clock for the fleet
+//
+// Entries are aged by one clock, the database's now() (or
+// [JournalOptions.Clock], for tests that simulate time), never by the
+// workers' own, which drift. [Journal.Now] returns it; an [idemhttp.Client]
+// that sees Now leaves the entries' times for the journal to stamp and
+// ages them by Now, so that neither a database clock ahead of a worker
+// (an entry past the server's retention resent) nor a worker's ahead of
+// the database (a done entry pruned at once and its operation run again)
+// can make an operation run twice. A time given with an entry (one moved
+// from another journal) is kept, but never later than the clock.
+// [Journal.ClaimPending] hands out no entry older than the retention the
+// worker's Client told the journal ([Journal.Retain]: its
+// idemhttp.Policy.Retention, the one retention setting) by that clock: it
+// marks it abandoned, for a person or a reconciliation step (list them
+// with SELECT ... WHERE state = 'abandoned'). Until a Client told it, it
+// hands every entry out, and the Client's Resume abandons those past its
+// retention.
+//
+// [Journal.HighWater] is the latest time the journal ever recorded, kept
+// in the one-row idemhttp_journal_clock table so that it outlives pruned
+// entries. A database restored or failed over to a host whose clock is
+// behind shows as a clock below the mark: the client then neither resends
+// nor reuses an entry, and ClaimPending claims nothing
+// ([idemhttp.ErrClockJump]), since no entry's age is known. The mark is
+// raised by each process at most every few seconds (a write to one row in
+// every transaction would serialise the fleet's commits), so a jump is
+// seen by every worker once it exceeds [idemhttp.ClockTolerance] by those
+// seconds.
+//
+// A done outcome's [idemhttp.Result] (a bounded copy of the final
+// response, Set-Cookie left out) is kept with the entry, in the result
+// column, and returned by [Journal.Get] and by a Begin that finds the
+// entry.
+//
 // Credentials never reach the table: Authorization, Cookie,
-// Proxy-Authorization and [JournalOptions.SecretHeaders] are stripped
-// whatever the caller passes, and URL passwords removed. Add credentials in
+// Proxy-Authorization and the names in [idemhttp.Client.SecretHeaders]
+// are stripped, and an entry whose URL carries a user part or a secret
+// query value is refused when it is written, whatever way it comes in
+// ([idemhttp.Entry.Sanitized]), rather than stored as an entry every
+// resend of which would fail. Add credentials in
 // [idemhttp.Client.PrepareRequest].
 //
 // # Durability

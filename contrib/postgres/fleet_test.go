@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -110,7 +111,7 @@ func resend(ctx context.Context, j *postgres.Journal, c *idemhttp.Client, e *ide
 	}
 	req, err := http.NewRequestWithContext(rctx, e.Method, e.URL, bytes.NewReader(e.Body))
 	if err != nil {
-		return j.Finish(ctx, e.Key, idemhttp.Outcome{State: idemhttp.StateAbandoned, At: time.Now()})
+		return j.Finish(ctx, e.Key, idemhttp.Outcome{State: idemhttp.StateAbandoned})
 	}
 	for name, vals := range e.Header {
 		req.Header[name] = vals
@@ -120,7 +121,7 @@ func resend(ctx context.Context, j *postgres.Journal, c *idemhttp.Client, e *ide
 	case errors.Is(err, idemhttp.ErrKeyExpired):
 		// The server has forgotten the key: resending could run the
 		// operation twice. Leave it to a person.
-		return j.Finish(ctx, e.Key, idemhttp.Outcome{State: idemhttp.StateAbandoned, At: time.Now()})
+		return j.Finish(ctx, e.Key, idemhttp.Outcome{State: idemhttp.StateAbandoned})
 	case err != nil:
 		return nil
 	}
@@ -176,7 +177,6 @@ func TestFleet(t *testing.T) {
 	ctx := context.Background()
 	producer := postgres.NewJournal(s.pool(t, 0), nil)
 	url := srv.URL + "/charges"
-	now := time.Now()
 	for i := range ops {
 		op := fmt.Sprintf("op-%03d", i)
 		body := []byte(op)
@@ -187,7 +187,6 @@ func TestFleet(t *testing.T) {
 			URL:       url,
 			Header:    http.Header{"Content-Type": {"text/plain"}},
 			Body:      body,
-			Created:   now.Add(time.Duration(i) * time.Millisecond),
 		})
 		require.NoError(t, err)
 		require.Nil(t, existing)
@@ -265,4 +264,117 @@ func TestFleet(t *testing.T) {
 	require.NoError(t, s.admin(t).QueryRow(ctx,
 		"SELECT count(*) FROM "+s.name+".idemhttp_journal WHERE state = 'done'").Scan(&done))
 	assert.Equal(t, ops, done)
+}
+
+// TestFleetStaleCreator is issue 22 §2b.1 end to end, with real Clients:
+// worker A begins an operation, and its PrepareRequest stalls past A's
+// lease; worker B claims the entry and sends it; then A's PrepareRequest
+// fails, so A's call sent nothing and withdraws "its" entry. The journal
+// refuses (ErrFenced), so the caller's retry of the operation reuses the
+// key and the operation runs once, whatever B did meanwhile: finished it,
+// still sending it under a live lease, or sent it and died (its lease
+// expired). Checked to fail with deleteSQL's token clause removed: A's
+// withdrawal then succeeded and the caller's retry ran the operation a
+// second time, in each case.
+func TestFleetStaleCreator(t *testing.T) {
+	tests := []struct {
+		name string
+		b    string // what B does before A's call fails: "finish", "send", "send-and-die"
+	}{
+		{name: "B finished it", b: "finish"},
+		{name: "B is sending it", b: "send"},
+		{name: "B sent it and died", b: "send-and-die"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := newSchema(t)
+			ja, jb, shift := fleet(t, s)
+			e := storeharness.NewEffects()
+			mw := &idemserver.Middleware{SingleTenant: true, Required: true}
+			srv := httptest.NewServer(mw.Wrap(e))
+			t.Cleanup(srv.Close)
+			tr := &http.Transport{}
+			t.Cleanup(tr.CloseIdleConnections)
+			hc := &http.Client{Transport: tr}
+
+			entered, release := make(chan struct{}), make(chan struct{})
+			var stall atomic.Bool
+			stall.Store(true)
+			ca := &idemhttp.Client{HTTPClient: hc, Journal: ja, PrepareRequest: func(*http.Request) error {
+				if !stall.Load() {
+					return nil
+				}
+				close(entered)
+				<-release
+				return errors.New("credentials unavailable")
+			}}
+			cb := &idemhttp.Client{HTTPClient: hc, Journal: jb}
+			do := func(c *idemhttp.Client) error {
+				req, err := http.NewRequestWithContext(idemhttp.WithOperation(ctx, "op-1"), http.MethodPost, srv.URL+"/charges", strings.NewReader("op-1"))
+				if err != nil {
+					return err
+				}
+				resp, err := c.Do(req)
+				if err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					_ = resp.Body.Close()
+				}
+				return err
+			}
+
+			first := make(chan error, 1)
+			go func() { first <- do(ca) }()
+			<-entered
+			shift(2 * time.Minute) // A's lease expires while its PrepareRequest stalls
+			claimed, err := jb.ClaimPending(ctx, 10)
+			require.NoError(t, err)
+			require.Len(t, claimed, 1)
+			key := claimed[0].Key
+			switch tt.b {
+			case "finish":
+				res, err := cb.Resume(ctx, &idemhttp.ResumeOptions{Entries: claimed})
+				require.NoError(t, err)
+				require.NoError(t, res[0].Err)
+			case "send", "send-and-die":
+				req, err := http.NewRequest(http.MethodPost, srv.URL+"/charges", strings.NewReader("op-1"))
+				require.NoError(t, err)
+				req.Header.Set("Idempotency-Key", key)
+				resp, err := hc.Do(req)
+				require.NoError(t, err)
+				_, _ = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
+				require.Equal(t, http.StatusCreated, resp.StatusCode)
+				if tt.b == "send-and-die" {
+					shift(2 * time.Minute)
+				}
+			}
+			require.Equal(t, 1, e.Count("op-1"))
+
+			close(release)
+			require.Error(t, <-first, "A's call failed before sending")
+			got, err := ja.Get(ctx, key)
+			require.NoError(t, err, "the entry B sent is still there")
+			t.Logf("after A's withdrawal: %s", got.State)
+
+			// The caller retries the operation: same key, nothing runs twice.
+			stall.Store(false)
+			if tt.b != "finish" {
+				shift(2 * time.Minute) // B's lease, if any, has expired: A may resend
+			}
+			err = do(ca)
+			var done *idemhttp.DoneError
+			switch {
+			case err == nil, errors.As(err, &done):
+			default:
+				// An entry left abandoned (the client's fallback, see
+				// the report) is refused too; never resent under a new key.
+				assert.ErrorIs(t, err, idemhttp.ErrKeyExpired)
+			}
+			assert.Equal(t, 1, e.Count("op-1"), "the operation ran twice")
+			again, err := ja.Lookup(ctx, "op-1")
+			require.NoError(t, err)
+			assert.Equal(t, key, again.Key, "the operation kept its key")
+		})
+	}
 }

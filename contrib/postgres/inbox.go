@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,9 +22,22 @@ import (
 // for when to use it, where message ids come from, and retention.
 //
 // The table must be in the database of the business tables the handlers
-// write, reached on the primary. An Inbox is safe for concurrent use.
-// Create it with [NewInbox].
+// write, reached on the primary. processed_at comes from the database's
+// clock, and so does [Inbox.Prune]'s cutoff. When the context of
+// [Inbox.Process] or [Inbox.ProcessBatch] has a deadline (an adapter's
+// processing limit), the transaction's statement_timeout, lock_timeout
+// and idle_in_transaction_session_timeout are set to the time left, so
+// that the server rolls it back, and releases the id's row lock, when a
+// hung handler overruns it, even one that ignores its context.
+//
+// An Inbox is safe for concurrent use; its MinRetention must not change
+// once it is in use. Create it with [NewInbox].
 type Inbox struct {
+	// MinRetention is the youngest age of the ids [Inbox.Prune] may
+	// delete; zero means [inbox.DefaultMinRetention]. See
+	// [inbox.SQL.MinRetention].
+	MinRetention time.Duration
+
 	db DB
 }
 
@@ -64,10 +78,12 @@ func (in *Inbox) Process(ctx context.Context, consumer, messageID string, fn fun
 // row, about 40% of the statement's time), and when one is not it fails
 // with a unique violation, after waiting, like ON CONFLICT, for a
 // concurrent insert of that id to commit or roll back.
+// processed_at is the database's clock: now(), the transaction's start.
 const (
-	inboxInsertOne  = `INSERT INTO idemhttp_inbox (consumer, id, processed_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`
-	inboxInsertMany = `INSERT INTO idemhttp_inbox (consumer, id, processed_at) SELECT $1, unnest($2::text[]), $3 ON CONFLICT DO NOTHING RETURNING id`
-	inboxInsertAll  = `INSERT INTO idemhttp_inbox (consumer, id, processed_at) SELECT $1, unnest($2::text[]), $3`
+	inboxNow        = `(extract(epoch from now()) * 1000000)::bigint`
+	inboxInsertOne  = `INSERT INTO idemhttp_inbox (consumer, id, processed_at) VALUES ($1, $2, ` + inboxNow + `) ON CONFLICT DO NOTHING`
+	inboxInsertMany = `INSERT INTO idemhttp_inbox (consumer, id, processed_at) SELECT $1, unnest($2::text[]), ` + inboxNow + ` ON CONFLICT DO NOTHING RETURNING id`
+	inboxInsertAll  = `INSERT INTO idemhttp_inbox (consumer, id, processed_at) SELECT $1, unnest($2::text[]), ` + inboxNow
 )
 
 // errSeenBefore: inboxInsertAll found an id already recorded; the
@@ -78,10 +94,10 @@ var errSeenBefore = errors.New("an id of the batch was recorded before")
 // that were new. With optimistic set and more than one distinct id, it
 // tries inboxInsertAll first and returns errSeenBefore, with tx aborted,
 // when some id was recorded before.
-func recordIDs(ctx context.Context, tx pgx.Tx, consumer string, ids []string, now int64, optimistic bool) (map[string]bool, error) {
+func recordIDs(ctx context.Context, tx pgx.Tx, consumer string, ids []string, optimistic bool) (map[string]bool, error) {
 	fresh := make(map[string]bool, len(ids))
 	if len(ids) == 1 {
-		tag, err := tx.Exec(ctx, inboxInsertOne, consumer, ids[0], now)
+		tag, err := tx.Exec(ctx, inboxInsertOne, consumer, ids[0])
 		if err != nil {
 			return nil, err
 		}
@@ -97,7 +113,7 @@ func recordIDs(ctx context.Context, tx pgx.Tx, consumer string, ids []string, no
 		for _, id := range distinct {
 			fresh[id] = true
 		}
-		_, err := tx.Exec(ctx, inboxInsertAll, consumer, distinct, now)
+		_, err := tx.Exec(ctx, inboxInsertAll, consumer, distinct)
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation
 			return nil, errSeenBefore
@@ -107,7 +123,7 @@ func recordIDs(ctx context.Context, tx pgx.Tx, consumer string, ids []string, no
 		}
 		return fresh, nil
 	}
-	rows, err := tx.Query(ctx, inboxInsertMany, consumer, distinct, now)
+	rows, err := tx.Query(ctx, inboxInsertMany, consumer, distinct)
 	if err != nil {
 		return nil, err
 	}
@@ -132,9 +148,15 @@ func recordIDs(ctx context.Context, tx pgx.Tx, consumer string, ids []string, no
 // the batch. An empty id anywhere gives [inbox.ErrNoMessageID] before
 // anything runs.
 func (in *Inbox) ProcessBatch(ctx context.Context, consumer string, ids []string, fn func(ctx context.Context, tx pgx.Tx, i int) error) ([]inbox.Result, error) {
-	if err := checkInboxConsumer(consumer); err != nil {
+	if _, err := inbox.StoredConsumer(consumer, ""); err != nil {
 		return nil, err
 	}
+	return in.processBatch(ctx, consumer, ids, fn)
+}
+
+// processBatch is ProcessBatch for a consumer column already checked (and
+// maybe scoped by an id space, see inbox.StoredConsumer).
+func (in *Inbox) processBatch(ctx context.Context, consumer string, ids []string, fn func(ctx context.Context, tx pgx.Tx, i int) error) ([]inbox.Result, error) {
 	stored := make([]string, len(ids))
 	for i, id := range ids {
 		if id == "" {
@@ -158,6 +180,9 @@ func (in *Inbox) ProcessBatch(ctx context.Context, consumer string, ids []string
 			tx = nil
 			return fmt.Errorf("idemhttp/postgres: inbox: begin: %w", err)
 		}
+		if err := limitInboxTx(ctx, tx); err != nil {
+			return fmt.Errorf("idemhttp/postgres: inbox: set the transaction's timeouts: %w", err)
+		}
 		return nil
 	}
 	if err := begin(); err != nil {
@@ -172,8 +197,7 @@ func (in *Inbox) ProcessBatch(ctx context.Context, consumer string, ids []string
 		}
 	}()
 
-	now := time.Now().UnixMicro()
-	fresh, err := recordIDs(ctx, tx, consumer, stored, now, true)
+	fresh, err := recordIDs(ctx, tx, consumer, stored, true)
 	if errors.Is(err, errSeenBefore) {
 		// Some id of the batch was processed before (typically a batch
 		// redelivered after a crash): start again, asking which.
@@ -181,7 +205,7 @@ func (in *Inbox) ProcessBatch(ctx context.Context, consumer string, ids []string
 		if err := begin(); err != nil {
 			return nil, err
 		}
-		fresh, err = recordIDs(ctx, tx, consumer, stored, now, false)
+		fresh, err = recordIDs(ctx, tx, consumer, stored, false)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp/postgres: inbox: record ids: %w", err)
@@ -210,44 +234,67 @@ func (in *Inbox) ProcessBatch(ctx context.Context, consumer string, ids []string
 	return results, nil
 }
 
-// checkInboxConsumer applies inbox's rules for consumer names, through
-// StoredID: a name it would hash is one it refuses.
-func checkInboxConsumer(consumer string) error {
-	if consumer == "" || inbox.StoredID(consumer) != consumer {
-		return fmt.Errorf("%w: %q", inbox.ErrInvalidConsumer, consumer)
+// limitInboxTx bounds tx by ctx's deadline, on the server: each
+// statement, each wait for a lock, and each pause between statements ends
+// when it passes. Without a deadline it sends nothing.
+func limitInboxTx(ctx context.Context, tx pgx.Tx) error {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return nil
 	}
-	return nil
+	left := time.Until(deadline)
+	if left <= 0 {
+		return context.DeadlineExceeded
+	}
+	// PostgreSQL reads 0 as "no limit": never less than a millisecond.
+	ms := strconv.FormatInt(max(left.Milliseconds(), 1), 10) + "ms"
+	_, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $1, true)", ms)
+	return err
 }
 
 // Handle returns an [inbox.Handler] that processes each message with
-// [Inbox.Process] as consumer: fn runs, in the transaction, only for a
-// message whose id is new; a duplicate returns nil, so the adapter acks
-// it; a message without an id returns [inbox.ErrNoMessageID].
+// [Inbox.Process] as consumer, in the message's id space: its row is
+// recorded under [inbox.StoredConsumer](consumer, m.IDSpace), so two
+// sources whose ids overlap never take each other's messages for
+// duplicates (unless their adapters declare one shared id space). fn
+// runs, in the transaction, only for a message whose id is new; a
+// duplicate returns nil, so the adapter acks it; a message without an id
+// returns [inbox.ErrNoMessageID].
 func (in *Inbox) Handle(consumer string, fn func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error) inbox.Handler {
 	return func(ctx context.Context, m *inbox.Message) error {
-		_, err := in.Process(ctx, consumer, m.ID, func(ctx context.Context, tx pgx.Tx) error {
+		c, err := inbox.StoredConsumer(consumer, m.IDSpace)
+		if err != nil {
+			return err
+		}
+		_, err = in.processBatch(ctx, c, []string{m.ID}, func(ctx context.Context, tx pgx.Tx, _ int) error {
 			return fn(ctx, tx, m)
 		})
 		return err
 	}
 }
 
-// inboxPruneSQL deletes a chunk of old ids, so that a prune never holds
-// many row locks at once.
-const inboxPruneSQL = `DELETE FROM idemhttp_inbox WHERE ctid = ANY (ARRAY(SELECT ctid FROM idemhttp_inbox WHERE processed_at < $1 LIMIT 1000))`
+// inboxPruneSQL deletes a chunk of ids older than $1 microseconds by the
+// database's clock, so that a prune never holds many row locks at once.
+const inboxPruneSQL = `DELETE FROM idemhttp_inbox WHERE ctid = ANY (ARRAY(SELECT ctid FROM idemhttp_inbox WHERE processed_at < ` + inboxNow + ` - $1 LIMIT 1000))`
 
-// Prune deletes the ids processed more than olderThan ago, a thousand rows
-// per statement, and returns how many it deleted. A redelivery of a
-// pruned id runs its effect again: keep ids for longer than the broker can
-// redeliver a message (see the [inbox] package documentation).
+// Prune deletes the ids processed more than olderThan ago, by the
+// database's clock, a thousand rows per statement, and returns how many it
+// deleted. A redelivery of a pruned id runs its effect again, so
+// olderThan must be at least [Inbox.MinRetention] (else an error wrapping
+// [inbox.ErrRetention], and nothing is deleted): keep ids for longer than
+// the broker can redeliver a message (see the [inbox] package
+// documentation).
 func (in *Inbox) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
-	if olderThan <= 0 {
-		return 0, errors.New("idemhttp/postgres: inbox: prune: olderThan must be positive")
+	minimum := in.MinRetention
+	if minimum <= 0 {
+		minimum = inbox.DefaultMinRetention
 	}
-	cutoff := time.Now().Add(-olderThan).UnixMicro()
+	if olderThan < minimum {
+		return 0, fmt.Errorf("idemhttp/postgres: %w: %v is under %v (Inbox.MinRetention)", inbox.ErrRetention, olderThan, minimum)
+	}
 	var total int64
 	for {
-		tag, err := in.db.Exec(ctx, inboxPruneSQL, cutoff)
+		tag, err := in.db.Exec(ctx, inboxPruneSQL, olderThan.Microseconds())
 		if err != nil {
 			return total, fmt.Errorf("idemhttp/postgres: inbox: prune: %w", err)
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/assert"
@@ -242,8 +243,10 @@ func TestInboxBadInput(t *testing.T) {
 func TestInboxPrune(t *testing.T) {
 	ctx := context.Background()
 	f := newInboxFixture(t)
+	f.in.MinRetention = time.Hour
+	// Two hours old by the database's clock.
 	_, err := f.pool.Exec(ctx, `INSERT INTO idemhttp_inbox (consumer, id, processed_at)
-SELECT 'billing', 'old-' || i, $1 FROM generate_series(1, 2500) AS i`, time.Now().Add(-2*time.Hour).UnixMicro())
+SELECT 'billing', 'old-' || i, (extract(epoch from now() - interval '2 hours') * 1000000)::bigint FROM generate_series(1, 2500) AS i`)
 	require.NoError(t, err)
 	_, err = f.in.Process(ctx, "billing", "new", effectTx("billing", "new"))
 	require.NoError(t, err)
@@ -253,8 +256,127 @@ SELECT 'billing', 'old-' || i, $1 FROM generate_series(1, 2500) AS i`, time.Now(
 	res, err := f.in.Process(ctx, "billing", "new", effectTx("billing", "new"))
 	require.NoError(t, err)
 	assert.True(t, res.Duplicate)
-	_, err = f.in.Prune(ctx, 0)
-	assert.Error(t, err)
+
+	// Under the minimum: refused, nothing deleted. (Without the check,
+	// Prune(ctx, time.Second) deleted "new": this failed.)
+	for _, give := range []time.Duration{0, time.Second, 59 * time.Minute} {
+		n, err := f.in.Prune(ctx, give)
+		assert.ErrorIs(t, err, inbox.ErrRetention, give)
+		assert.Zero(t, n)
+	}
+	f.in.MinRetention = 0
+	_, err = f.in.Prune(ctx, inbox.DefaultMinRetention-time.Second)
+	assert.ErrorIs(t, err, inbox.ErrRetention)
+	assert.Equal(t, 1, f.count(t, "SELECT count(*) FROM idemhttp_inbox"))
+}
+
+// TestInboxDatabaseClock checks that processed_at is the database's clock
+// (the transaction's now()), for pgx's Inbox and inbox.SQL alike, so that
+// Prune, which cuts by the same clock, cannot delete an id early because a
+// consumer's clock runs ahead. (With processed_at from time.Now() in the
+// consumer, the values differed: this test failed.)
+func TestInboxDatabaseClock(t *testing.T) {
+	ctx := context.Background()
+	f := newInboxFixture(t)
+	db := stdlib.OpenDBFromPool(f.pool)
+	t.Cleanup(func() { _ = db.Close() })
+	sqlIn := &inbox.SQL{DB: db}
+	const now = "SELECT (extract(epoch from now()) * 1000000)::bigint"
+	var want [4]int64
+	_, err := f.in.Process(ctx, "pgx", "m-1", func(ctx context.Context, tx pgx.Tx) error {
+		return tx.QueryRow(ctx, now).Scan(&want[0])
+	})
+	require.NoError(t, err)
+	_, err = f.in.ProcessBatch(ctx, "pgx", []string{"m-2", "m-3"}, func(ctx context.Context, tx pgx.Tx, _ int) error {
+		return tx.QueryRow(ctx, now).Scan(&want[1])
+	})
+	require.NoError(t, err)
+	_, err = sqlIn.Process(ctx, "sql", "m-1", func(ctx context.Context, tx *sql.Tx) error {
+		return tx.QueryRowContext(ctx, now).Scan(&want[2])
+	})
+	require.NoError(t, err)
+	_, err = sqlIn.ProcessBatch(ctx, "sql", []string{"m-2", "m-3"}, func(ctx context.Context, tx *sql.Tx, _ int) error {
+		return tx.QueryRowContext(ctx, now).Scan(&want[3])
+	})
+	require.NoError(t, err)
+	for i, k := range [][2]string{{"pgx", "m-1"}, {"pgx", "m-3"}, {"sql", "m-1"}, {"sql", "m-3"}} {
+		assert.Equal(t, 1, f.count(t, "SELECT count(*) FROM idemhttp_inbox WHERE consumer = $1 AND id = $2 AND processed_at = $3", k[0], k[1], want[i]), k)
+	}
+}
+
+// TestInboxDeadlineEndsTransaction runs a handler that ignores its
+// context (a statement under context.WithoutCancel that would sleep for
+// 10 s) under a 300 ms deadline, with pgx's Inbox and inbox.SQL: the
+// server cancels the statement (statement_timeout from the deadline),
+// nothing commits, and the id stays free for a redelivery. (Without the
+// timeouts the sleep ran its 10 s and the handler's statement succeeded:
+// this test failed.)
+func TestInboxDeadlineEndsTransaction(t *testing.T) {
+	f := newInboxFixture(t)
+	db := stdlib.OpenDBFromPool(f.pool)
+	t.Cleanup(func() { _ = db.Close() })
+	sqlIn := &inbox.SQL{DB: db}
+	tests := []struct {
+		give string
+		run  func(ctx context.Context) (stmtErr error, err error)
+	}{
+		{give: "pgx", run: func(ctx context.Context) (stmtErr, err error) {
+			_, err = f.in.Process(ctx, "pgx", "m-1", func(ctx context.Context, tx pgx.Tx) error {
+				_, stmtErr = tx.Exec(context.WithoutCancel(ctx), "SELECT pg_sleep(10)")
+				return stmtErr
+			})
+			return stmtErr, err
+		}},
+		{give: "sql", run: func(ctx context.Context) (stmtErr, err error) {
+			_, err = sqlIn.Process(ctx, "sql", "m-1", func(ctx context.Context, tx *sql.Tx) error {
+				_, stmtErr = tx.ExecContext(context.WithoutCancel(ctx), "SELECT pg_sleep(10)")
+				return stmtErr
+			})
+			return stmtErr, err
+		}},
+	}
+	for _, tt := range tests {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		stmtErr, err := tt.run(ctx)
+		cancel()
+		require.Error(t, err, tt.give)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, stmtErr, &pgErr, tt.give)
+		assert.Equal(t, "57014", pgErr.Code, "%s: query_canceled by statement_timeout: %v", tt.give, pgErr)
+		assert.Zero(t, f.count(t, "SELECT count(*) FROM idemhttp_inbox WHERE consumer = $1", tt.give), tt.give)
+	}
+	// No deadline, no timeouts: the transaction's settings are the
+	// server's.
+	_, err := f.in.Process(context.Background(), "pgx", "m-2", func(ctx context.Context, tx pgx.Tx) error {
+		var v string
+		if err := tx.QueryRow(ctx, "SELECT current_setting('statement_timeout')").Scan(&v); err != nil {
+			return err
+		}
+		assert.Equal(t, "0", v)
+		return nil
+	})
+	require.NoError(t, err)
+}
+
+// TestInboxIDSpaces checks that pgx's Handle records ids per id space, as
+// inbox.SQL's does: the same id from two queues runs twice. (With Handle
+// ignoring m.IDSpace, the refunds queue's m-1 was a duplicate: this test
+// failed.)
+func TestInboxIDSpaces(t *testing.T) {
+	ctx := context.Background()
+	f := newInboxFixture(t)
+	var ran []string
+	h := f.in.Handle("billing", func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
+		ran = append(ran, m.IDSpace)
+		return effectTx("billing", m.IDSpace+"/"+m.ID)(ctx, tx)
+	})
+	for _, space := range []string{"orders", "refunds", "orders", ""} {
+		require.NoError(t, h(ctx, &inbox.Message{ID: "m-1", IDSpace: space}))
+	}
+	assert.Equal(t, []string{"orders", "refunds", ""}, ran)
+	assert.ErrorIs(t, h(ctx, &inbox.Message{ID: "m-1"}), nil)
+	_, err := f.in.Process(ctx, "bad\x1fname", "m-1", effectTx("x", "y"))
+	assert.ErrorIs(t, err, inbox.ErrInvalidConsumer)
 }
 
 // ExampleInbox records each message's id in the transaction of its effect,

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -30,42 +32,46 @@ const DefaultLease = 5 * time.Minute
 type JournalOptions struct {
 	// Worker names this process in the entries it leases (the
 	// lease_owner column), for operators reading the table. Empty means
-	// "hostname:pid". Names need not be unique: leases are exclusive by
-	// their expiry, not by the name.
+	// "hostname:pid". Names need not be unique: each Journal fences its
+	// leases with a token of its own, not with the name.
 	Worker string
 
 	// Lease is how long an entry begun or claimed by this journal is
 	// reserved for it: [Journal.ClaimPending] in other processes skips it
 	// until then. Zero means [DefaultLease]. Set it above the longest
-	// call the worker makes, retries included; a worker that runs past its
-	// lease is not an error (the entry's key makes a second sender safe),
-	// only wasted work.
+	// call the worker makes, retries included, or renew it
+	// ([Journal.Renew]); a worker that runs past its lease while another
+	// claims the entry does not run the operation twice (both send the
+	// same key), but its outcome is refused ([ErrLeaseLost]).
 	Lease time.Duration
 
 	// OmitBodies keeps request bodies out of the table; fingerprints are
 	// still stored. An entry without its body cannot be resent.
 	OmitBodies bool
 
-	// ClientClock makes the journal store the times it is given (the
-	// entry's Created and Updated, the outcome's At) instead of the
-	// database's now(). By default every created_at and updated_at comes
-	// from the database's clock, so that a fleet's entries are ordered and
-	// aged by one clock however far the workers' clocks drift. Tests that
-	// simulate time set it.
-	ClientClock bool
+	// Clock, when set, is the journal's clock instead of the database's
+	// now(): the time it stamps on entries and outcomes given without one,
+	// the time leases are reckoned by, and what [Journal.Now] returns.
+	// Every Journal of a fleet must then share it. Tests that simulate
+	// time set it; nil, for production, means the database's clock, one
+	// clock for the whole fleet however far the workers' clocks drift.
+	Clock func() time.Time
 }
 
-// ErrLeaseLost is returned, wrapped in a [*LeaseLostError], by
-// [Journal.Finish] and [Journal.Renew] when another worker holds a live
-// lease on the entry: this worker's lease expired and the entry was
-// claimed again. The worker must stop working on the entry; the new
-// holder resends it with the same key.
-var ErrLeaseLost = errors.New("idemhttp/postgres: lease lost")
+// ErrLeaseLost is returned, wrapped in a [*LeaseLostError], when another
+// worker holds the entry: by [Journal.Finish] while another worker's lease
+// on it is live (this worker's lease expired and the entry was claimed
+// again), by [Journal.Renew] once this Journal no longer holds the lease,
+// and by [Journal.Delete] once another worker has claimed or begun the
+// entry, live lease or not. The worker must stop working on the entry;
+// the holder resends it with the same key. It wraps [idemhttp.ErrFenced],
+// so a Client treats it as every other fenced write.
+var ErrLeaseLost = fmt.Errorf("idemhttp/postgres: lease lost: %w", idemhttp.ErrFenced)
 
 // LeaseLostError says which entry's lease was lost, and to whom.
 type LeaseLostError struct {
 	Key   string // the entry's key
-	Owner string // the worker now holding the lease, or "" if none does
+	Owner string // the worker now holding a live lease on it, or "" if none does
 }
 
 // Error says which entry's lease was lost, and to whom.
@@ -76,7 +82,7 @@ func (e *LeaseLostError) Error() string {
 	return "idemhttp/postgres: lease lost on entry " + e.Key + " (now held by " + e.Owner + ")"
 }
 
-// Unwrap returns [ErrLeaseLost].
+// Unwrap returns [ErrLeaseLost], which wraps [idemhttp.ErrFenced].
 func (e *LeaseLostError) Unwrap() error { return ErrLeaseLost }
 
 var _ idemhttp.Journal = (*Journal)(nil)
@@ -88,29 +94,45 @@ var _ idemhttp.Journal = (*Journal)(nil)
 //
 // Besides the [idemhttp.Journal] methods, which [idemhttp.Client] calls, a
 // Journal leases pending entries to workers: [Journal.Begin] leases the
-// entry it writes to its own worker, [Journal.Enqueue] writes an entry no
-// one holds, and [Journal.ClaimPending] leases the oldest pending entries
-// that no live lease holds, with SELECT ... FOR UPDATE SKIP LOCKED, so
-// concurrent workers never claim the same entry at once. A worker that dies
-// leaves its entries pending; when their leases expire another worker
-// claims them and resends them with the same key, and the server replays
-// or runs them once. See the package documentation for the worker loop.
+// entry it writes, or the pending entry it finds, to its own worker;
+// [Journal.Enqueue] writes an entry no one holds; and
+// [Journal.ClaimPending] leases the oldest pending entries that no live
+// lease holds, with SELECT ... FOR UPDATE SKIP LOCKED, so concurrent
+// workers never claim the same entry at once. A worker that dies leaves
+// its entries pending; when their leases expire another worker claims
+// them and resends them with the same key, and the server replays or runs
+// them once. See the package documentation for the worker loop.
+//
+// Writes are fenced, so that a stale worker never removes, revives or
+// overwrites an entry another worker holds or has finished: see
+// [Journal.Finish], [Journal.Delete] and [Journal.Renew]. Every refusal
+// wraps [idemhttp.ErrFenced].
+//
+// One clock ages the entries of the whole fleet: the database's (or
+// [JournalOptions.Clock]). [Journal.Now] returns it, and a Client, seeing
+// Now, ages entries by it and leaves their times for the journal to stamp.
 //
 // Entries never hold what [idemhttp.Entry.Sanitized] removes (the
-// Authorization, Cookie and Proxy-Authorization headers, a URL's user part
-// or fragment) nor a URL with a credential in its query, whatever the
-// caller passes; the headers a Client's SecretHeaders names never reach
-// the journal.
+// Authorization, Cookie and Proxy-Authorization headers, a URL's
+// fragment), and an entry whose URL carries credentials (a user part, a
+// secret query value) is refused, whatever way it comes in; the headers a
+// Client's SecretHeaders names never reach the journal.
 //
 // A Journal is safe for concurrent use. Create it with [NewJournal] after
-// [Migrate] has created the table.
+// [Migrate] has created the tables.
 type Journal struct {
-	db          DB
-	worker      string
-	token       string // this Journal's leases, unique even when worker names are not
-	lease       time.Duration
-	omitBodies  bool
-	clientClock bool
+	db         DB
+	worker     string
+	token      string // this Journal's leases, unique even when worker names are not
+	lease      time.Duration
+	retention  atomic.Int64 // the longest Policy.Retention a Client told it (Retain); 0: none yet
+	omitBodies bool
+	clock      func() time.Time // nil: the database's now()
+
+	mu     sync.Mutex
+	seen   time.Time   // the latest time this Journal recorded
+	stored time.Time   // the latest mark it knows idemhttp_journal_clock holds
+	last   clockSample // read with the last entry Begin found
 }
 
 // NewJournal returns a Journal on db, which must reach the primary. A nil
@@ -120,12 +142,12 @@ func NewJournal(db DB, opts *JournalOptions) *Journal {
 		opts = &JournalOptions{}
 	}
 	j := &Journal{
-		db:          db,
-		worker:      opts.Worker,
-		lease:       opts.Lease,
-		omitBodies:  opts.OmitBodies,
-		clientClock: opts.ClientClock,
-		token:       newLeaseToken(),
+		db:         db,
+		worker:     opts.Worker,
+		lease:      opts.Lease,
+		omitBodies: opts.OmitBodies,
+		clock:      opts.Clock,
+		token:      newLeaseToken(),
 	}
 	if j.worker == "" {
 		host, _ := os.Hostname()
@@ -143,55 +165,116 @@ func newLeaseToken() string {
 	return hex.EncodeToString(b[:])
 }
 
+// Retain tells the journal the retention of the Client that uses it
+// ([idemhttp.Policy.Retention]), as an [idemhttp.Client] does at its first
+// call: [Journal.ClaimPending] then abandons, instead of handing out,
+// entries older than the longest retention it was told. A d that is not
+// positive is ignored.
+func (j *Journal) Retain(d time.Duration) {
+	for {
+		cur := j.retention.Load()
+		if int64(d) <= cur || j.retention.CompareAndSwap(cur, int64(d)) {
+			return
+		}
+	}
+}
+
 // Worker returns the name this journal writes as the lease owner.
 func (j *Journal) Worker() string { return j.worker }
 
-// entryColumns lists the columns scanEntry reads, in its order, each
-// qualified with table (an alias and a dot, or "").
-func entryColumns(table string) string {
-	return fmt.Sprintf(`%[1]skey, coalesce(%[1]soperation, ''), %[1]smethod, %[1]surl, %[1]sheader,
-    %[1]sbody, %[1]sfingerprint, %[1]screated_at, %[1]supdated_at, %[1]sattempts, %[1]slast_status, %[1]sstate`, table)
+// now is the argument every statement reckons time by: NULL for the
+// database's now(), or the injected clock's reading. See sqlNow.
+func (j *Journal) now() *time.Time {
+	if j.clock == nil {
+		return nil
+	}
+	t := j.clock()
+	return &t
 }
 
-// selectEntries reads entries; a WHERE clause follows.
-var selectEntries = "SELECT " + entryColumns("") + " FROM idemhttp_journal "
+// sqlNow replaces {now} in a statement with the journal's clock: the
+// parameter $n when the Journal has a Clock, else the database's now()
+// (the start of the statement's transaction).
+func sqlNow(sql string, n int) string {
+	return strings.ReplaceAll(sql, "{now}", "coalesce($"+strconv.Itoa(n)+"::timestamptz, now())")
+}
 
-// beginSQL inserts an entry unless its key or operation is taken. The
-// lease ends Lease from now by the database's clock, as ClaimPending's
-// leases do, so that workers' clocks need not agree; the times are the
-// database's too unless given ($8 and $9 not NULL: ClientClock).
-const beginSQL = `
+// entryColumns lists the columns scanEntry reads, in its order, each
+// qualified with table (an alias and a dot, or ""); with result, the
+// kept response too.
+func entryColumns(table string, result bool) string {
+	cols := fmt.Sprintf(`%[1]skey, coalesce(%[1]soperation, ''), %[1]smethod, %[1]surl, %[1]sheader,
+    %[1]sbody, %[1]sfingerprint, %[1]screated_at, %[1]supdated_at, %[1]sattempts, %[1]slast_status, %[1]sstate`, table)
+	if result {
+		cols += ", " + table + "result"
+	}
+	return cols
+}
+
+// beginSQL inserts an entry unless its key or operation is taken. Its
+// times are the ones given, but never later than the journal's clock, or
+// that clock when none is given ($8 and $9 NULL: a Client's call); the
+// lease, when there is an owner, ends Lease from the clock. It returns
+// the latest time it recorded, for the high-water mark.
+var beginSQL = sqlNow(`
 INSERT INTO idemhttp_journal (key, operation, method, url, header, body, fingerprint, state,
     created_at, updated_at, attempts, last_status, lease_owner, lease_token, lease_expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', coalesce($8, now()), coalesce($9, now()), $10, $11, $12,
+VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', least($8::timestamptz, {now}), least($9::timestamptz, {now}), $10, $11, $12,
     CASE WHEN $12::text IS NULL THEN NULL ELSE $14 END,
-    CASE WHEN $12::text IS NULL THEN NULL ELSE now() + $13::interval END)
+    CASE WHEN $12::text IS NULL THEN NULL ELSE {now} + $13::interval END)
 ON CONFLICT DO NOTHING
-RETURNING true`
+RETURNING greatest(created_at, updated_at)`, 15)
 
 // existingSQL reads the entry beginSQL conflicted with: the operation's
 // when there is one, else the key's.
-var existingSQL = selectEntries + `
+var existingSQL = "SELECT " + entryColumns("", true) + ` FROM idemhttp_journal
 WHERE key = $1 OR operation = $2
 ORDER BY operation IS NOT DISTINCT FROM $2 DESC
 LIMIT 1`
 
+// takeSQL is existingSQL for Begin: besides reading the entry, it leases
+// it to this Journal when it is pending with the same fingerprint and
+// another (or no) Journal's token: the caller is about to send it, and a
+// worker that created it or claimed it earlier must no longer withdraw it
+// (Delete) nor, while this lease lasts, record its outcome. The row
+// returned is the one read before the lease changed, which only the lease
+// columns, not read, tell apart. On Begin's insert path it finds the new
+// row, already this Journal's, and writes nothing. With the entry come the
+// journal's clock and high-water mark, which a Client asks for next (see
+// clockSample).
+var takeSQL = sqlNow(`
+WITH e AS (`+existingSQL+`),
+took AS (
+    UPDATE idemhttp_journal j SET lease_owner = $3, lease_token = $4, lease_expires_at = {now} + $5::interval
+    FROM e
+    WHERE j.key = e.key AND j.state = 'pending' AND j.fingerprint = $6 AND j.lease_token IS DISTINCT FROM $4)
+SELECT e.*, {now}, (SELECT high FROM idemhttp_journal_clock WHERE id = 1) FROM e`, 7)
+
 // beginAttempts bounds Begin's retries when the entry it conflicted with
-// vanishes before it can be read (a concurrent Prune); two would do.
+// vanishes before it can be read (a concurrent Prune or Delete); two would
+// do.
 const beginAttempts = 5
 
-// Begin implements [idemhttp.Journal.Begin]. The entry stored is a
-// sanitised copy of e (state pending, Created and Updated the database's
-// now() or, with ClientClock, e's own or now when zero, secret headers,
-// URL password and with OmitBodies the body removed),
-// leased to this journal's worker for its Lease, so that no other worker
-// resends it while this one is sending it. e is not modified.
+// Begin implements [idemhttp.Journal.Begin]. The entry stored is what
+// [idemhttp.Entry.Sanitized] returns for e, without the body when
+// OmitBodies is set; its Created and Updated times are the journal's
+// clock when e has none (a Client's call: it leaves them to a journal with
+// a clock), else e's own, but never later than the clock (a producer's
+// clock that runs ahead cannot date an entry in the journal's future).
+// It is leased to this journal's worker for its Lease, so that no other
+// worker resends it while this one is sending it. e is not modified.
+//
+// When Begin finds the entry instead (an operation run again, or an entry
+// claimed and being resent) and it is pending with e's fingerprint, Begin
+// leases it to this worker too, whoever held it: the caller is about to
+// send it, so the worker that created it must no longer withdraw it
+// ([Journal.Delete]), and one that held it gets [ErrLeaseLost] for its
+// outcome while this lease lasts. The entry returned carries its Result.
 //
 // Begin fails with an error wrapping [idemhttp.ErrInvalidKey] or
-// [idemhttp.ErrInvalidRequest] for a bad key or operation id, and with
-// [idemhttp.ErrInvalidRequest] for a method, URL or header that is not
-// valid UTF-8 (a jsonb or text column would alter it), before touching
-// the database.
+// [idemhttp.ErrInvalidRequest] for a bad key or operation id, a URL with
+// credentials, and for a method, URL or header that is not valid UTF-8 (a
+// jsonb or text column would alter it), before touching the database.
 func (j *Journal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry, error) {
 	return j.begin(ctx, e, true)
 }
@@ -199,10 +282,13 @@ func (j *Journal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry
 // Enqueue records e as pending like [Journal.Begin], but leases it to no
 // one, so that the next [Journal.ClaimPending] of any worker may take it at
 // once. A producer uses it to load a batch that a fleet of workers then
-// works through; the entry must be complete (Key, Method, URL, Body and
-// Fingerprint, from [idemhttp.Fingerprint] of the method, URL and body) so
-// that a worker can send it. Like Begin, it returns the existing entry for
-// e.Operation or e.Key instead of writing, if there is one.
+// works through; the entry must hold the request (Key, Method, URL, Header
+// and Body) so that a worker can send it; Sanitized fills in its
+// Fingerprint. Leave Created zero for the journal's clock to stamp it (a
+// time given, for entries moved from another journal, is kept, as an
+// earlier age is the safe side). Like Begin, it returns the existing
+// entry for e.Operation or e.Key instead of writing, if there is one, and
+// refuses what Begin refuses.
 func (j *Journal) Enqueue(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry, error) {
 	return j.begin(ctx, e, false)
 }
@@ -229,13 +315,14 @@ func (j *Journal) begin(ctx context.Context, e *idemhttp.Entry, leased bool) (*i
 	if leased {
 		leaseOwner, lease = &j.worker, j.lease
 	}
-	var created, updated *time.Time // NULL: the database's now()
-	if j.clientClock {
+	var created, updated *time.Time // NULL: the journal's clock
+	if !rec.Created.IsZero() {
 		created, updated = &rec.Created, &rec.Updated
 	}
 	for range beginAttempts {
 		var (
 			existing *idemhttp.Entry
+			stamped  time.Time
 			inserted bool
 		)
 		// Sent again after a dead connection, a Begin whose first try
@@ -246,14 +333,21 @@ func (j *Journal) begin(ctx context.Context, e *idemhttp.Entry, leased bool) (*i
 			// it conflicted on the key or the operation, the entry it
 			// conflicted with, the operation's first. DO NOTHING takes no
 			// row lock, so the entry may be pruned in between: then the
-			// loop tries again.
+			// loop tries again. The second statement has a snapshot of its
+			// own, which sees the row the insert conflicted with even when
+			// its writer committed after the insert began.
 			b := &pgx.Batch{}
+			now := j.now()
 			b.Queue(beginSQL, rec.Key, op, rec.Method, rec.URL, header, rec.Body, rec.Fingerprint,
-				created, updated, rec.Attempts, rec.LastStatus, leaseOwner, lease, j.token)
-			b.Queue(existingSQL, rec.Key, op)
+				created, updated, rec.Attempts, rec.LastStatus, leaseOwner, lease, j.token, now)
+			if leased {
+				b.Queue(takeSQL, rec.Key, op, j.worker, j.token, j.lease, rec.Fingerprint, now)
+			} else {
+				b.Queue(existingSQL, rec.Key, op)
+			}
 			br := j.db.SendBatch(ctx, b)
 			var err error
-			existing, inserted, err = readBegin(br)
+			existing, stamped, inserted, err = j.readBegin(br, leased)
 			if cerr := br.Close(); err == nil && cerr != nil {
 				err = cerr
 			}
@@ -263,6 +357,7 @@ func (j *Journal) begin(ctx context.Context, e *idemhttp.Entry, leased bool) (*i
 		case err != nil:
 			return nil, fmt.Errorf("idemhttp/postgres: journal begin %s: %w", rec.Key, err)
 		case inserted:
+			j.recorded(ctx, stamped)
 			return nil, nil
 		case existing != nil:
 			return existing, nil
@@ -271,20 +366,32 @@ func (j *Journal) begin(ctx context.Context, e *idemhttp.Entry, leased bool) (*i
 	return nil, fmt.Errorf("idemhttp/postgres: journal begin %s: the conflicting entry kept vanishing", rec.Key)
 }
 
-// readBegin reads Begin's pipeline: inserted, or the existing entry, or
-// neither when the conflicting entry vanished.
-func readBegin(br pgx.BatchResults) (existing *idemhttp.Entry, inserted bool, err error) {
-	switch err := br.QueryRow().Scan(&inserted); {
+// readBegin reads Begin's pipeline: inserted, with the time it recorded,
+// or the existing entry, or neither when the conflicting entry vanished.
+// taken says the second statement is takeSQL, whose clock sample it keeps.
+func (j *Journal) readBegin(br pgx.BatchResults, taken bool) (existing *idemhttp.Entry, stamped time.Time, inserted bool, err error) {
+	switch err := br.QueryRow().Scan(&stamped); {
 	case err == nil:
-		return nil, true, nil
+		return nil, stamped, true, nil
 	case !errors.Is(err, pgx.ErrNoRows):
-		return nil, false, err
+		return nil, time.Time{}, false, err
 	}
-	e, err := scanEntry(br.QueryRow())
+	var (
+		now  time.Time
+		mark *time.Time
+	)
+	var extra []any
+	if taken {
+		extra = []any{&now, &mark}
+	}
+	e, err := scanEntry(br.QueryRow(), true, extra...)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, false, nil
+		return nil, time.Time{}, false, nil
 	}
-	return e, false, err
+	if err == nil && taken {
+		j.sample(now, mark)
+	}
+	return e, time.Time{}, false, err
 }
 
 // sanitize returns the entry to store and its header as JSON, or an error
@@ -333,16 +440,22 @@ func textSafe(s string) bool {
 	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
-// scanEntry reads one row of entryColumns.
-func scanEntry(row pgx.Row) (*idemhttp.Entry, error) {
+// scanEntry reads one row of entryColumns(_, result), followed by the
+// columns extra points to.
+func scanEntry(row pgx.Row, result bool, extra ...any) (*idemhttp.Entry, error) {
 	var (
 		e      idemhttp.Entry
 		header []byte
 		state  string
+		res    []byte
 	)
-	err := row.Scan(&e.Key, &e.Operation, &e.Method, &e.URL, &header, &e.Body, &e.Fingerprint,
-		&e.Created, &e.Updated, &e.Attempts, &e.LastStatus, &state)
-	if err != nil {
+	dest := []any{&e.Key, &e.Operation, &e.Method, &e.URL, &header, &e.Body, &e.Fingerprint,
+		&e.Created, &e.Updated, &e.Attempts, &e.LastStatus, &state}
+	if result {
+		dest = append(dest, &res)
+	}
+	dest = append(dest, extra...)
+	if err := row.Scan(dest...); err != nil {
 		return nil, err
 	}
 	e.State = idemhttp.State(state)
@@ -352,27 +465,57 @@ func scanEntry(row pgx.Row) (*idemhttp.Entry, error) {
 	if len(e.Header) == 0 {
 		e.Header = nil
 	}
+	if res != nil {
+		r, err := decodeResult(res)
+		if err != nil {
+			return nil, fmt.Errorf("entry %s: result: %w", e.Key, err)
+		}
+		e.Result = r
+	}
 	return &e, nil
 }
 
+// finishSQL records an outcome where the fence allows it: on a pending
+// entry that no other Journal's live lease holds, or, adding attempts
+// only, on a final entry in the outcome's own state (a second sender that
+// got the replay). A definite outcome ends the lease; a pending one keeps
+// it, so the entry waits for the lease to expire before another worker
+// retries it. $6 is this Journal's token. It returns the entry's Updated
+// time, for the high-water mark. A statement that changes no row is
+// explained by explain.
+var finishSQL = sqlNow(`
+UPDATE idemhttp_journal SET
+    attempts = attempts + $2,
+    last_status = CASE WHEN state = 'pending' THEN $4 ELSE last_status END,
+    updated_at = CASE WHEN state = 'pending' THEN least($5::timestamptz, {now}) ELSE updated_at END,
+    result = CASE WHEN state = 'pending' AND $3 = 'done' THEN $7 ELSE result END,
+    lease_owner = CASE WHEN $3 = 'pending' THEN lease_owner END,
+    lease_token = CASE WHEN $3 = 'pending' THEN lease_token END,
+    lease_expires_at = CASE WHEN $3 = 'pending' THEN lease_expires_at END,
+    state = $3
+WHERE key = $1 AND (
+    (state = 'pending' AND NOT (lease_token IS DISTINCT FROM $6 AND coalesce(lease_expires_at > {now}, false)))
+    OR (state <> 'pending' AND state = $3 AND $2 > 0))
+RETURNING updated_at`, 8)
+
 // Finish implements [idemhttp.Journal.Finish]: it adds o.Attempts to the
-// entry's attempts and sets its state, last status and Updated time (the
-// database's now(), or with ClientClock o.At, or now when zero). A
-// definite outcome (done or abandoned) ends the entry's lease; a pending
-// one keeps it, so the entry waits for the lease to expire before another
-// worker retries it.
+// entry's attempts and sets its state, last status, Updated time (o.At,
+// or the journal's clock when zero, and never later than the clock) and,
+// for done, its Result (Set-Cookie left out). A definite outcome (done or
+// abandoned) ends the entry's lease; a pending one keeps it, so the entry
+// waits for the lease to expire before another worker retries it.
 //
-// Finish is fenced: while another worker (another Journal) holds a live
+// Finish is fenced. While another worker (another Journal) holds a live
 // lease on a pending entry, it changes nothing and returns a
-// [*LeaseLostError] (errors.Is [ErrLeaseLost]): this worker's lease
-// expired and the entry was claimed again, so the new holder's outcome is
-// the one that counts. A lease that expired without being claimed again
-// does not stop Finish.
-//
-// A done entry stays done: a pending outcome for it (a worker whose lease
-// expired gave up after another worker finished the entry) only adds its
-// attempts. Otherwise the entry would be resent, and if the server had
-// forgotten its key by then, run twice.
+// [*LeaseLostError] (errors.Is [ErrLeaseLost] and [idemhttp.ErrFenced]):
+// this worker's lease expired and the entry was claimed again, or another
+// caller began it, so the holder's outcome is the one that counts. A
+// lease that expired without being claimed again does not stop Finish.
+// Done and abandoned are final: an outcome in the other state changes
+// nothing and returns an error wrapping [idemhttp.ErrFenced]; one in the
+// same state only adds its attempts. Otherwise a stale worker's pending
+// or abandoned could hide a done entry, or revive an abandoned one that
+// the next claim would hand out.
 //
 // Finish returns an error wrapping [idemhttp.ErrNotFound] for an unknown
 // key and [idemhttp.ErrInvalidRequest] for an unknown state.
@@ -385,52 +528,79 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 	if o.Attempts < 0 {
 		return fmt.Errorf("idemhttp/postgres: journal finish %s: %w: negative attempts", key, idemhttp.ErrInvalidRequest)
 	}
-	var at *time.Time // NULL: the database's now()
-	if j.clientClock {
-		t := o.At
-		if t.IsZero() {
-			t = time.Now()
+	var at *time.Time // NULL: the journal's clock
+	if !o.At.IsZero() {
+		at = &o.At
+	}
+	var result []byte
+	if o.State == idemhttp.StateDone {
+		result = encodeResult(o.Result)
+	}
+	return j.fenced(ctx, "finish", key, &o, func() (bool, error) {
+		// Sent again after a dead connection, a Finish whose first try
+		// committed after all counts its attempts twice; nothing else
+		// changes.
+		var updated time.Time
+		err := retry(ctx, func() error {
+			return j.db.QueryRow(ctx, finishSQL, key, o.Attempts, string(o.State), o.Status, at, j.token, result, j.now()).Scan(&updated)
+		})
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, nil
 		}
-		at = &t
-	}
-	// Sent again after a dead connection, a Finish whose first try
-	// committed after all counts its attempts twice; nothing else changes.
-	var tag pgconn.CommandTag
-	err := retry(ctx, func() (err error) {
-		tag, err = j.db.Exec(ctx, `
-UPDATE idemhttp_journal SET
-    attempts = attempts + $2,
-    last_status = CASE WHEN state = 'done' AND $3 = 'pending' THEN last_status ELSE $4 END,
-    updated_at = CASE WHEN state = 'done' AND $3 = 'pending' THEN updated_at ELSE coalesce($5, now()) END,
-    lease_owner = CASE WHEN $3 = 'pending' THEN lease_owner END,
-    lease_token = CASE WHEN $3 = 'pending' THEN lease_token END,
-    lease_expires_at = CASE WHEN $3 = 'pending' THEN lease_expires_at END,
-    state = CASE WHEN state = 'done' AND $3 = 'pending' THEN state ELSE $3 END
-WHERE key = $1 AND NOT `+leasedToOther+``, key, o.Attempts, string(o.State), o.Status, at, j.token)
-		return err
+		if err != nil {
+			return false, err
+		}
+		j.recorded(ctx, updated)
+		return true, nil
 	})
-	if err != nil {
-		return fmt.Errorf("idemhttp/postgres: journal finish %s: %w", key, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return j.missing(ctx, "finish", key)
-	}
-	return nil
 }
 
-// leasedToOther is true for a row that a live lease of another Journal
-// holds ($6 is this Journal's token).
-const leasedToOther = `(state = 'pending' AND lease_token IS DISTINCT FROM $6 AND lease_expires_at > now())`
+// fencedAttempts bounds how often a fenced write is tried again when the
+// row changed between the write, which matched nothing, and explain,
+// which found the write allowed after all (a lease expiring in between).
+const fencedAttempts = 4
 
-// missing explains why an update fenced by leasedToOther changed no row:
-// the entry is unknown, or another worker holds it.
-func (j *Journal) missing(ctx context.Context, op, key string) error {
-	var owner *string
-	var leased bool
+// fenced runs write, a statement fenced in its WHERE clause, until it
+// reports that it changed the row, or explain says why it may not: the
+// entry is unknown, final, or another Journal's. o is the outcome of a
+// Finish, nil for the other writes.
+func (j *Journal) fenced(ctx context.Context, op, key string, o *idemhttp.Outcome, write func() (bool, error)) error {
+	for range fencedAttempts {
+		ok, err := write()
+		if err != nil {
+			return fmt.Errorf("idemhttp/postgres: journal %s %s: %w", op, key, err)
+		}
+		if ok {
+			return nil
+		}
+		switch why := j.explain(ctx, op, key, o); {
+		case why == errUnchanged:
+			return nil
+		case why != nil:
+			return why
+		}
+	}
+	return fmt.Errorf("idemhttp/postgres: journal %s %s: %w: the entry kept changing", op, key, idemhttp.ErrFenced)
+}
+
+// errUnchanged is explain's verdict for a Finish in the final entry's own
+// state with no attempts to add: there was nothing to change.
+var errUnchanged = errors.New("unchanged")
+
+// explain says why a fenced write to key changed nothing: the reason (the
+// entry is unknown, final, or another Journal's; the error reading it),
+// errUnchanged, or nil when the write is allowed after all (the row
+// changed in between) and may go again.
+func (j *Journal) explain(ctx context.Context, op, key string, o *idemhttp.Outcome) error {
+	var (
+		state  string
+		owner  *string
+		mine   bool // this Journal's token is on the entry
+		other  bool // another Journal's token is on it
+		leased bool // another's live lease holds it
+	)
 	err := retry(ctx, func() error {
-		return j.db.QueryRow(ctx, `
-SELECT lease_owner, lease_token IS NOT NULL AND lease_token <> $2 AND lease_expires_at > now()
-FROM idemhttp_journal WHERE key = $1`, key, j.token).Scan(&owner, &leased)
+		return j.db.QueryRow(ctx, explainSQL, key, j.token, j.now()).Scan(&state, &owner, &mine, &other, &leased)
 	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -438,42 +608,78 @@ FROM idemhttp_journal WHERE key = $1`, key, j.token).Scan(&owner, &leased)
 	case err != nil:
 		return fmt.Errorf("idemhttp/postgres: journal %s %s: %w", op, key, err)
 	}
-	lost := &LeaseLostError{Key: key}
-	if leased && owner != nil {
-		lost.Owner = *owner
+	lost := func() error {
+		l := &LeaseLostError{Key: key}
+		if leased && owner != nil {
+			l.Owner = *owner
+		}
+		return fmt.Errorf("idemhttp/postgres: journal %s: %w", op, l)
 	}
-	return fmt.Errorf("idemhttp/postgres: journal %s: %w", op, lost)
-}
-
-// Renew extends this worker's lease on a pending entry to Lease from now
-// (by the database's clock), for a worker still busy with it as its lease
-// nears its end. It returns a [*LeaseLostError] (errors.Is [ErrLeaseLost])
-// when this Journal no longer holds the lease: it expired and another
-// worker claimed the entry, or the entry was finished. Then the worker
-// must stop: someone else now owns the entry. An unknown key returns an
-// error wrapping [idemhttp.ErrNotFound].
-func (j *Journal) Renew(ctx context.Context, key string) error {
-	var tag pgconn.CommandTag
-	err := retry(ctx, func() (err error) {
-		tag, err = j.db.Exec(ctx, `
-UPDATE idemhttp_journal SET lease_expires_at = now() + $3::interval
-WHERE key = $1 AND state = 'pending' AND lease_token = $2`, key, j.token, j.lease)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("idemhttp/postgres: journal renew %s: %w", key, err)
+	final := func() error {
+		return fmt.Errorf("idemhttp/postgres: journal %s %s: %w: the entry is %s", op, key, idemhttp.ErrFenced, state)
 	}
-	if tag.RowsAffected() == 0 {
-		return j.missing(ctx, "renew", key)
+	pending := state == string(idemhttp.StatePending)
+	switch op {
+	case "finish":
+		switch {
+		case !pending && state == string(o.State):
+			if o.Attempts == 0 {
+				return errUnchanged
+			}
+		case !pending:
+			return final()
+		case leased:
+			return lost()
+		}
+	case "renew":
+		if !pending || !mine {
+			return lost()
+		}
+	case "delete":
+		switch {
+		case state == string(idemhttp.StateDone):
+			return final()
+		case pending && other:
+			return lost()
+		}
 	}
 	return nil
 }
 
-// Get implements [idemhttp.Journal.Get].
+// explainSQL reads what explain needs of key's row: its state and lease
+// owner, and whether this Journal's token ($2), another's, or another's
+// live lease is on it.
+var explainSQL = sqlNow(`
+SELECT state, lease_owner, lease_token IS NOT DISTINCT FROM $2, lease_token IS NOT NULL AND lease_token <> $2,
+    lease_token IS NOT NULL AND lease_token <> $2 AND coalesce(lease_expires_at > {now}, false)
+FROM idemhttp_journal WHERE key = $1`, 3)
+
+// Renew extends this worker's lease on a pending entry to Lease from now
+// (by the journal's clock), for a worker still busy with it as its lease
+// nears its end. It returns a [*LeaseLostError] (errors.Is [ErrLeaseLost]
+// and [idemhttp.ErrFenced]) when this Journal no longer holds the lease:
+// another worker claimed or began the entry, or the entry was finished.
+// Then the worker must stop: someone else now owns the entry. An unknown
+// key returns an error wrapping [idemhttp.ErrNotFound].
+func (j *Journal) Renew(ctx context.Context, key string) error {
+	return j.fenced(ctx, "renew", key, nil, func() (bool, error) {
+		var tag pgconn.CommandTag
+		err := retry(ctx, func() (err error) {
+			tag, err = j.db.Exec(ctx, sqlNow(`
+UPDATE idemhttp_journal SET lease_expires_at = {now} + $3::interval
+WHERE key = $1 AND state = 'pending' AND lease_token = $2`, 4), key, j.token, j.lease, j.now())
+			return err
+		})
+		return tag.RowsAffected() == 1, err
+	})
+}
+
+// Get implements [idemhttp.Journal.Get]: the entry with its request and,
+// when done, its Result.
 func (j *Journal) Get(ctx context.Context, key string) (*idemhttp.Entry, error) {
 	var e *idemhttp.Entry
 	err := retry(ctx, func() (err error) {
-		e, err = scanEntry(j.db.QueryRow(ctx, selectEntries+`WHERE key = $1`, key))
+		e, err = scanEntry(j.db.QueryRow(ctx, "SELECT "+entryColumns("", true)+" FROM idemhttp_journal WHERE key = $1", key), true)
 		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -486,11 +692,11 @@ func (j *Journal) Get(ctx context.Context, key string) (*idemhttp.Entry, error) 
 }
 
 // Lookup implements [idemhttp.Journal.Lookup]: the entry for operation,
-// with its request, in one query.
+// with its request but without its Result, in one query.
 func (j *Journal) Lookup(ctx context.Context, operation string) (*idemhttp.Entry, error) {
 	var e *idemhttp.Entry
 	err := retry(ctx, func() (err error) {
-		e, err = scanEntry(j.db.QueryRow(ctx, selectEntries+`WHERE operation = $1`, operation))
+		e, err = scanEntry(j.db.QueryRow(ctx, "SELECT "+entryColumns("", false)+" FROM idemhttp_journal WHERE operation = $1", operation), false)
 		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -504,15 +710,43 @@ func (j *Journal) Lookup(ctx context.Context, operation string) (*idemhttp.Entry
 
 // Pending implements [idemhttp.Journal.Pending]: every pending entry,
 // oldest Created first (ties in key order), leased or not. A fleet's
-// workers use [Journal.ClaimPending] instead; [idemhttp.Client.Resume],
-// which calls Pending, would resend entries other workers are sending.
+// workers use [Journal.ClaimPending] instead; [idemhttp.Client.Resume]
+// without Entries, which calls Pending, would resend entries other
+// workers are sending.
 func (j *Journal) Pending(ctx context.Context) ([]*idemhttp.Entry, error) {
-	out, err := j.query(ctx, selectEntries+`WHERE state = 'pending' ORDER BY created_at, key`)
+	out, err := j.query(ctx, "SELECT "+entryColumns("", false)+" FROM idemhttp_journal WHERE state = 'pending' ORDER BY created_at, key")
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp/postgres: journal pending: %w", err)
 	}
 	return out, nil
 }
+
+// claimPendingSQL leases up to $1 of the oldest pending entries that no live
+// lease holds. MATERIALIZED keeps the locking subquery from being inlined
+// and run more than once. The UPDATE rechecks the lease after locking: a
+// row another worker leased between the snapshot and the lock is skipped.
+// A row older than the retention ($6) by the journal's clock is marked
+// abandoned instead of leased. Nothing is claimed when the clock is more
+// than the tolerance ($8) below the high-water mark (the stored one, or
+// $7, this Journal's own): every entry's age is then in doubt.
+var claimPendingSQL = sqlNow(`
+WITH free AS MATERIALIZED (
+    SELECT key FROM idemhttp_journal
+    WHERE state = 'pending' AND (lease_expires_at IS NULL OR lease_expires_at <= {now})
+        AND coalesce(greatest((SELECT high FROM idemhttp_journal_clock WHERE id = 1), $7::timestamptz) <= {now} + $8::interval, true)
+    ORDER BY created_at, key
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED)
+UPDATE idemhttp_journal j SET
+    state = CASE WHEN j.created_at < {now} - $6::interval THEN 'abandoned' ELSE 'pending' END,
+    updated_at = CASE WHEN j.created_at < {now} - $6::interval THEN {now} ELSE j.updated_at END,
+    lease_owner = CASE WHEN j.created_at < {now} - $6::interval THEN NULL ELSE $2 END,
+    lease_token = CASE WHEN j.created_at < {now} - $6::interval THEN NULL ELSE $4 END,
+    lease_expires_at = CASE WHEN j.created_at < {now} - $6::interval THEN NULL ELSE {now} + $3::interval END
+FROM free
+WHERE j.key = free.key AND j.state = 'pending'
+    AND (j.lease_expires_at IS NULL OR j.lease_expires_at <= {now})
+RETURNING `+entryColumns("j.", false), 5)
 
 // ClaimPending leases up to limit pending entries that no live lease holds
 // (never leased, or their lease expired) to this journal's worker for its
@@ -522,6 +756,21 @@ func (j *Journal) Pending(ctx context.Context) ([]*idemhttp.Entry, error) {
 // waiting for them. An empty result means no entry is free now; entries
 // leased by live workers may still be pending.
 //
+// It never hands out an entry older than the retention a Client told the
+// journal ([Journal.Retain]: the Client's [idemhttp.Policy.Retention], the
+// one retention setting) by the journal's clock: the server may have
+// forgotten its key, and a resend could run the operation twice. Such an
+// entry, when its turn comes, is marked abandoned (as
+// [idemhttp.Client.Resume] marks one) for a person or a reconciliation
+// step to resolve, and is not returned. Before any Client told it (a
+// worker that claims before its Client's first call), it hands every
+// entry out, and the Client's Resume abandons those past its retention; list them
+// with SELECT ... FROM idemhttp_journal WHERE state = 'abandoned'. When
+// the clock is more than [idemhttp.ClockTolerance] below the latest time
+// the journal ever recorded ([Journal.HighWater]), it was set back and no
+// entry's age is known: ClaimPending claims nothing and returns an error
+// wrapping [idemhttp.ErrClockJump].
+//
 // Send each entry with its own key, operation and body (see the package
 // documentation); its outcome, recorded through [Journal.Finish], ends the
 // lease. limit must be positive.
@@ -529,23 +778,39 @@ func (j *Journal) ClaimPending(ctx context.Context, limit int) ([]*idemhttp.Entr
 	if limit <= 0 {
 		return nil, fmt.Errorf("idemhttp/postgres: claim pending: %w: limit %d", idemhttp.ErrInvalidRequest, limit)
 	}
-	// MATERIALIZED keeps the locking subquery from being inlined and run
-	// more than once. The UPDATE rechecks the lease after locking: a row
-	// another worker leased between the snapshot and the lock is skipped.
-	out, err := j.query(ctx, `
-WITH free AS MATERIALIZED (
-    SELECT key FROM idemhttp_journal
-    WHERE state = 'pending' AND (lease_expires_at IS NULL OR lease_expires_at <= now())
-    ORDER BY created_at, key
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED)
-UPDATE idemhttp_journal j SET lease_owner = $2, lease_token = $4, lease_expires_at = now() + $3::interval
-FROM free
-WHERE j.key = free.key AND j.state = 'pending'
-    AND (j.lease_expires_at IS NULL OR j.lease_expires_at <= now())
-RETURNING `+entryColumns("j."), limit, j.worker, j.lease, j.token)
-	if err != nil {
-		return nil, fmt.Errorf("idemhttp/postgres: claim pending: %w", err)
+	var out []*idemhttp.Entry
+	for len(out) < limit {
+		retention := time.Duration(j.retention.Load())
+		if retention <= 0 {
+			// No Client told it yet: hand every entry out, and let the
+			// Client's own check (with the journal's clock) abandon those
+			// past its retention. Abandoning at a guess could give up on
+			// entries the server still remembers.
+			retention = 100 * 365 * 24 * time.Hour
+		}
+		rows, err := j.query(ctx, claimPendingSQL, limit-len(out), j.worker, j.lease, j.token, j.now(), retention, j.seenMark(), idemhttp.ClockTolerance)
+		if err != nil {
+			return nil, fmt.Errorf("idemhttp/postgres: claim pending: %w", err)
+		}
+		abandoned := 0
+		for _, e := range rows {
+			if e.State == idemhttp.StatePending {
+				out = append(out, e)
+				continue
+			}
+			abandoned++
+			j.recorded(ctx, e.Updated)
+		}
+		if len(rows) == 0 && len(out) == 0 {
+			if err := j.clockBack(ctx); err != nil {
+				return nil, err
+			}
+		}
+		// Rows marked abandoned took places in the limit: claim again
+		// for them. Each round abandons at least one, so this ends.
+		if abandoned == 0 {
+			break
+		}
 	}
 	slices.SortFunc(out, func(a, b *idemhttp.Entry) int {
 		if c := a.Created.Compare(b.Created); c != 0 {
@@ -556,9 +821,10 @@ RETURNING `+entryColumns("j."), limit, j.worker, j.lease, j.token)
 	return out, nil
 }
 
-// query runs a statement that returns entries. Sent again after a dead
-// connection, a ClaimPending whose first try committed after all leaves
-// those entries leased until their lease expires: a delay, not a loss.
+// query runs a statement that returns entries without their Result. Sent
+// again after a dead connection, a ClaimPending whose first try committed
+// after all leaves those entries leased until their lease expires: a
+// delay, not a loss.
 func (j *Journal) query(ctx context.Context, sql string, args ...any) ([]*idemhttp.Entry, error) {
 	var out []*idemhttp.Entry
 	err := retry(ctx, func() (err error) {
@@ -576,7 +842,7 @@ func (j *Journal) queryOnce(ctx context.Context, sql string, args ...any) ([]*id
 	defer rows.Close()
 	var out []*idemhttp.Entry
 	for rows.Next() {
-		e, err := scanEntry(rows)
+		e, err := scanEntry(rows, false)
 		if err != nil {
 			return nil, err
 		}
@@ -586,32 +852,56 @@ func (j *Journal) queryOnce(ctx context.Context, sql string, args ...any) ([]*id
 }
 
 // Prune implements [idemhttp.Journal.Prune]. Pending and abandoned entries
-// are never pruned.
+// are never pruned. The latest time among the entries it deletes raises
+// the high-water mark, so that it outlives them. Nothing prunes the table
+// by itself (a Client's Resume leaves a journal that was told its
+// retention to prune its own): run it from one worker, or a scheduled job,
+// with a cutoff no later than the clients' Policy.Retention ago by the
+// journal's clock ([Journal.Now]), or later for reruns that may come after
+// the server has forgotten the keys.
 func (j *Journal) Prune(ctx context.Context, cutoff time.Time) (int, error) {
-	var tag pgconn.CommandTag
-	err := retry(ctx, func() (err error) {
-		tag, err = j.db.Exec(ctx, `DELETE FROM idemhttp_journal WHERE state = 'done' AND updated_at < $1`, cutoff)
-		return err
+	var n int
+	err := retry(ctx, func() error {
+		return j.db.QueryRow(ctx, `
+WITH d AS (DELETE FROM idemhttp_journal WHERE state = 'done' AND updated_at < $1
+    RETURNING greatest(created_at, updated_at) AS t)`+raiseFromDeleted+`
+SELECT count(*) FROM d`, cutoff, j.seenMark()).Scan(&n)
 	})
+	j.unsample()
 	if err != nil {
 		return 0, fmt.Errorf("idemhttp/postgres: journal prune: %w", err)
 	}
-	return int(tag.RowsAffected()), nil
+	return n, nil
 }
 
-// Delete implements [idemhttp.Journal.Delete]: it removes key's entry,
-// whatever its state, or returns an error wrapping [idemhttp.ErrNotFound].
+// deleteSQL removes a pending entry that no other Journal has leased (it
+// is this one's, or was enqueued and never claimed), or an abandoned one.
+var deleteSQL = `
+WITH d AS (DELETE FROM idemhttp_journal
+    WHERE key = $1 AND (state = 'abandoned' OR (state = 'pending' AND (lease_token IS NULL OR lease_token = $3)))
+    RETURNING greatest(created_at, updated_at) AS t)` + raiseFromDeleted + `
+SELECT count(*) FROM d`
+
+// Delete implements [idemhttp.Journal.Delete]: it removes key's pending or
+// abandoned entry, or returns an error wrapping [idemhttp.ErrNotFound].
+//
+// It is fenced: a done entry is refused (only Prune forgets those, after
+// the retention), and so is a pending entry that another Journal has
+// claimed or begun since this one wrote it, live lease or expired, with a
+// [*LeaseLostError] (errors.Is [ErrLeaseLost] and [idemhttp.ErrFenced]):
+// that worker may have sent it, and withdrawing it would make the
+// caller's retry a second operation. A Client deletes only an entry its
+// own call began and provably never sent. An operator clearing a stuck
+// entry another worker held marks it abandoned first ([Journal.Finish],
+// allowed once that lease expired), then deletes it. The entry's times
+// raise the high-water mark.
 func (j *Journal) Delete(ctx context.Context, key string) error {
-	var tag pgconn.CommandTag
-	err := retry(ctx, func() (err error) {
-		tag, err = j.db.Exec(ctx, `DELETE FROM idemhttp_journal WHERE key = $1`, key)
-		return err
+	defer j.unsample() // it may have raised the mark
+	return j.fenced(ctx, "delete", key, nil, func() (bool, error) {
+		var n int
+		err := retry(ctx, func() error {
+			return j.db.QueryRow(ctx, deleteSQL, key, j.seenMark(), j.token).Scan(&n)
+		})
+		return n == 1, err
 	})
-	if err != nil {
-		return fmt.Errorf("idemhttp/postgres: journal delete %s: %w", key, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("idemhttp/postgres: journal delete %s: %w", key, idemhttp.ErrNotFound)
-	}
-	return nil
 }

@@ -1,6 +1,7 @@
--- Schema of github.com/idemkit/idemhttp/contrib/postgres, version 2: version 1
--- plus idemhttp_journal.lease_token and the idemhttp_recovery table. Applying
--- it to a version 1 database upgrades it in place.
+-- Schema of github.com/idemkit/idemhttp/contrib/postgres, version 3: version 1
+-- plus idemhttp_journal.lease_token and the idemhttp_recovery table (version
+-- 2), plus idemhttp_journal.result and the idemhttp_journal_clock table
+-- (version 3). Applying it to an older database upgrades it in place.
 --
 -- Migrate applies this file in one transaction under an advisory lock. Every
 -- statement is idempotent, so it may also be applied by hand (psql -f
@@ -48,6 +49,27 @@ CREATE TABLE IF NOT EXISTS idemhttp_journal (
 -- lease, so that Finish and Renew are fenced even when worker names repeat.
 -- Added after version 1; ADD COLUMN IF NOT EXISTS upgrades older tables.
 ALTER TABLE idemhttp_journal ADD COLUMN IF NOT EXISTS lease_token text;
+
+-- result holds a done entry's kept response (idemhttp.Result: status,
+-- headers, body) in the journal's own binary encoding; NULL for none.
+-- Added in version 3.
+ALTER TABLE idemhttp_journal ADD COLUMN IF NOT EXISTS result bytea;
+
+-- idemhttp_journal_clock holds the journal's high-water mark: the latest time
+-- the journal recorded, kept when the entries holding it are pruned, so that
+-- a clock set back is seen (Journal.HighWater). One row. Added in version 3;
+-- an older table's mark starts at its latest time (the scan runs only while
+-- the row is missing).
+CREATE TABLE IF NOT EXISTS idemhttp_journal_clock (
+    id   integer     PRIMARY KEY CHECK (id = 1),
+    high timestamptz NOT NULL
+);
+INSERT INTO idemhttp_journal_clock (id, high)
+SELECT 1, s.high FROM (
+    SELECT max(greatest(created_at, updated_at)) AS high FROM idemhttp_journal
+    WHERE NOT EXISTS (SELECT 1 FROM idemhttp_journal_clock)) s
+WHERE s.high IS NOT NULL
+ON CONFLICT (id) DO NOTHING;
 
 -- One key per operation. NULLs are distinct, so entries without an
 -- operation never conflict here.

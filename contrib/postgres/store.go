@@ -47,6 +47,11 @@ SET token = excluded.token, fingerprint = excluded.fingerprint, record = NULL, e
 WHERE k.expires_at <= now()
 RETURNING true`
 
+// beginReadCommitted begins the Store's transactions: their statements
+// are written for READ COMMITTED, where each sees the rows committed
+// before it began, and a row it waited for as it is now.
+const beginReadCommitted = "BEGIN ISOLATION LEVEL READ COMMITTED"
+
 // lookupSQL reads the row claimSQL left alone. It is a separate statement,
 // not a CTE, because under READ COMMITTED a statement's snapshot may miss
 // a row that a concurrent transaction committed while claimSQL waited for
@@ -54,8 +59,12 @@ RETURNING true`
 const lookupSQL = `SELECT token, fingerprint, record FROM idemhttp_keys WHERE key = $1`
 
 // Claim implements [idemserver.Store.Claim] in one round trip: claimSQL
-// and lookupSQL go in one pipeline, which PostgreSQL runs as one implicit
-// transaction.
+// and lookupSQL go in one pipeline, in a transaction at READ COMMITTED
+// whatever the server's default: lookupSQL must see the row claimSQL
+// waited for, and under REPEATABLE READ or SERIALIZABLE a claim that
+// waited for a row another transaction updated (a Complete, a Renew)
+// failed with a serialization error instead, which the middleware
+// answers 503, where the duplicate is due its replay or 409.
 //
 // A Claim whose connection turns out dead is sent again (see [retry]).
 // Should the first try have committed after all, the second finds a row
@@ -68,11 +77,18 @@ func (s *Store) Claim(ctx context.Context, key string, c idemserver.Claim) (idem
 	var res idemserver.ClaimResult
 	err := retry(ctx, func() error {
 		b := &pgx.Batch{}
+		b.Queue(beginReadCommitted)
 		b.Queue(claimSQL, rowKey(key), []byte(c.Token), []byte(c.Fingerprint), c.LockTimeout)
 		b.Queue(lookupSQL, rowKey(key))
+		b.Queue("COMMIT")
 		br := s.db.SendBatch(ctx, b)
-		var err error
-		res, err = readClaim(br, c.Token)
+		_, err := br.Exec()
+		if err == nil {
+			res, err = readClaim(br, c.Token)
+		}
+		if err == nil {
+			_, err = br.Exec()
+		}
 		if cerr := br.Close(); err == nil && cerr != nil {
 			err = cerr
 		}

@@ -10,11 +10,11 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/idemserver"
@@ -30,12 +30,32 @@ const (
 	// [TxOptions.MaxStoredBody], so it could not be stored with the
 	// business write: nothing was committed and the key is free.
 	TypeResponseTooLarge = "https://pkg.go.dev/github.com/idemkit/idemhttp/contrib/postgres#TypeResponseTooLarge"
+	// TypeTxEnded: 500, the handler ended the middleware's transaction
+	// itself (a COMMIT or ROLLBACK sent through the transaction or its
+	// connection), so its response was neither stored nor sent. What it
+	// committed is unknown to the middleware, so the key is kept as
+	// completed, not replayable: a retry gets 410
+	// ([idemserver.TypeNotReplayable]) and never runs again. The fix is
+	// the handler's: return an error to roll back, nil to commit.
+	TypeTxEnded = "https://pkg.go.dev/github.com/idemkit/idemhttp/contrib/postgres#TypeTxEnded"
+	// TypeSerializationFailure: 503, the request's transaction was rolled
+	// back by a serialization failure or a deadlock (SQLSTATE 40001 or
+	// 40P01), because of other transactions running at the same time:
+	// nothing was committed and the key is free, so a retry with the same
+	// key after Retry-After runs the request again. See
+	// [TxOptions].SerializationRetries to have the middleware run it again
+	// itself.
+	TypeSerializationFailure = "https://pkg.go.dev/github.com/idemkit/idemhttp/contrib/postgres#TypeSerializationFailure"
 )
 
 // ErrStandby is returned by [NewTxMiddleware] and [CheckPrimary] when the
 // database is a standby (pg_is_in_recovery() is true): claims and stored
 // responses must be written to, and read from, the primary.
 var ErrStandby = errors.New("idemhttp/postgres: the database is a standby, not the primary")
+
+// errNoPrincipal is the error reported to Hooks.OnRefused for a request
+// whose Principal returned an empty scope.
+var errNoPrincipal = errors.New("idemhttp/postgres: Principal returned an empty scope")
 
 // TxHandler serves a request inside the database transaction that
 // [TxMiddleware] commits together with the request's stored response. It
@@ -44,10 +64,15 @@ var ErrStandby = errors.New("idemhttp/postgres: the database is a standby, not t
 // Rollback refuse with an error: the middleware commits, with the stored
 // response. A statement that failed aborts the transaction even if the
 // handler ignores the error: nothing commits, and the client gets 500
-// ([TypeRolledBack]).
+// ([TypeRolledBack]). A handler that ends the transaction itself anyway
+// (a COMMIT or ROLLBACK sent with tx.Exec or through tx.Conn()) gets 500
+// ([TypeTxEnded]) and its key is kept, never replayed nor run again: see
+// [TxMiddleware].
 //
 // w buffers the response until the transaction has committed: Flush does
-// nothing, Hijack is not offered, and 1xx responses are dropped.
+// nothing, Hijack is not offered, and 1xx responses are dropped, but for
+// 101 Switching Protocols, which rolls the transaction back (500,
+// [TypeRolledBack]): a switch of protocols cannot wait for the commit.
 type TxHandler interface {
 	ServeHTTPTx(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error
 }
@@ -66,13 +91,15 @@ type TxOptions struct {
 	// Principal returns the scope of a request's keys (the tenant or
 	// account that sent it), so that one principal can never replay,
 	// block or probe another's response. It is required unless
-	// SingleTenant is set.
+	// SingleTenant is set. A keyed request for which it returns "" is
+	// refused with 500 ([idemserver.TypeNoPrincipal]) and runs nothing:
+	// every such caller would otherwise share one key space.
 	Principal func(r *http.Request) string
 
 	// SingleTenant declares that one party uses the server, so that all
-	// requests share one key space and Principal may be nil. Without it,
-	// a nil Principal is refused: a multi-tenant API must not ship with
-	// one shared key space by accident.
+	// requests share one key space; Principal must then be nil. Without
+	// it, a nil Principal is refused: a multi-tenant API must not ship
+	// with one shared key space by accident.
 	SingleTenant bool
 
 	// Methods lists the methods that take idempotency keys; nil means
@@ -92,6 +119,29 @@ type TxOptions struct {
 	// TTL is how long a stored response is replayed; zero means
 	// [idemserver.DefaultTTL].
 	TTL time.Duration
+
+	// IsoLevel is the isolation level of the requests' transactions; empty
+	// means the server's default (default_transaction_isolation, as
+	// NewTxMiddleware reads it). The claim works at every level: under
+	// REPEATABLE READ and SERIALIZABLE a duplicate still gets the stored
+	// response or 409, never a 500. Under SERIALIZABLE the key is looked
+	// up at READ COMMITTED before the transaction begins, a round trip
+	// more, so that the key table's reads take no predicate locks (which
+	// made requests with different keys fail each other).
+	IsoLevel pgx.TxIsoLevel
+
+	// SerializationRetries is how many times a keyed request whose
+	// transaction fails with a serialization failure or a deadlock
+	// (SQLSTATE 40001 or 40P01, from the handler's statements, as an error
+	// it returns wrapping the *pgconn.PgError, or from the commit) is run
+	// again, in a new transaction, before the client gets 503
+	// ([TypeSerializationFailure]). Zero runs none again. The handler must
+	// be safe to run again: everything it does in the database rolled
+	// back, and calls it makes to other services carry keys from
+	// [TxKey.DeriveKey]. Each run is a new run of the key (a new
+	// TxKey.Token); a run that finds the key taken meanwhile answers as a
+	// duplicate would. Requests without a key are not run again.
+	SerializationRetries int
 
 	// IdleTimeout, if positive, sets idle_in_transaction_session_timeout
 	// for each request's transaction, so that PostgreSQL ends the
@@ -140,13 +190,16 @@ type TxOptions struct {
 
 	// Hooks, when set, are told of every keyed request's claim and of how
 	// it ended, as [idemserver.Middleware.Hooks] are: OnClaim (new, 409,
-	// replay, 422), then one of OnStored (committed), OnReleased (rolled
-	// back: idemserver.ReleaseRolledBack for a handler error or a refused
-	// commit, ReleaseClaimLost, ReleaseServerError, ReleaseNotStored,
-	// ReleaseNotStorable for a response too large or invalid,
-	// ReleasePanic) or OnStoreError (the claim or the commit's outcome
-	// unknown: 503). Requests without a key report nothing. Nil costs
-	// nothing. The struct is copied by NewTxMiddleware.
+	// replay, 410, 422), then one of OnStored (committed; or, with
+	// Replayable false, the key kept after the handler ended the
+	// transaction itself), OnReleased (rolled back:
+	// idemserver.ReleaseRolledBack for a handler error, a refused commit or
+	// a serialization failure, ReleaseClaimLost, ReleaseServerError,
+	// ReleaseNotStored, ReleaseNotStorable for a response too large or
+	// invalid, or a 101, ReleasePanic) or OnStoreError (the claim or the
+	// commit's outcome unknown: 503). OnRefused reports a request whose
+	// Principal gave no scope. Requests without a key report nothing. Nil
+	// costs nothing. The struct is copied by NewTxMiddleware.
 	Hooks *idemserver.Hooks
 }
 
@@ -155,10 +208,14 @@ type TxOptions struct {
 // idempotent requests on PostgreSQL. For each request with a valid key it
 //
 //  1. begins a transaction and claims the key in it: it takes a
-//     transaction-level advisory lock on a 64-bit hash of the key, without
-//     waiting (a concurrent request with the same key answers 409 with
-//     Retry-After at once), and reads the key's live row, to replay a
-//     stored response (or answer 422 for another request's key);
+//     transaction-level advisory lock on a 64-bit hash of the key and of
+//     the key table's schema-qualified name, without waiting (a concurrent
+//     request with the same key answers 409 with Retry-After at once), and
+//     reads the key's live row, to replay a stored response (or answer 422
+//     for another request's key). Advisory locks belong to the database,
+//     so the table's name in the hash keeps applications in separate
+//     schemas of one database (the layout the package recommends) from
+//     ever blocking each other on a key;
 //  2. runs the handler with the transaction, on a buffered writer;
 //  3. writes the key's row with the response in that same transaction,
 //     unless a live row now holds the key (a [Store] sharing the table
@@ -182,6 +239,47 @@ type TxOptions struct {
 // Whatever the isolation level, the key's primary key is the last word:
 // should two runs ever hold the key at once, only one of their rows can
 // commit, and the other's business write rolls back with it.
+//
+// # Isolation levels
+//
+// The transactions run at [TxOptions].IsoLevel, or the server's default.
+// Under REPEATABLE READ and SERIALIZABLE the snapshot is taken before the
+// key's lock (by the statement that takes it), so a duplicate that takes
+// the lock just as the first run commits cannot see that run's row; its
+// handler runs, and its writes or its record then fail (a unique
+// violation, a serialization failure). After any rollback the middleware
+// looks the key up afresh, at READ COMMITTED, and answers as a duplicate
+// would: the stored response, 409 or 422, never a 500. Under
+// SERIALIZABLE the key is looked up at READ COMMITTED before the
+// transaction begins (a round trip more), since a read of the key table
+// inside it takes predicate locks that made requests with different keys
+// fail each other. A transaction that fails with a serialization failure
+// or a deadlock (SQLSTATE 40001, 40P01) of its own is answered 503 with
+// Retry-After ([TypeSerializationFailure]): nothing committed, the key is
+// free, and a retry with the same key runs it again. With
+// [TxOptions].SerializationRetries the middleware runs it again itself.
+//
+// # A handler that ends the transaction
+//
+// The handler's [pgx.Tx] refuses Commit and Rollback, but a COMMIT or
+// ROLLBACK sent as a statement (tx.Exec, or through tx.Conn(), which is
+// kept for pgx's helpers that need the connection) ends the transaction
+// all the same, and a record written after it would commit apart from the
+// handler's writes: a ROLLBACK would leave a stored 201 for a charge that
+// does not exist, a COMMIT the charge without its record. The middleware
+// reads the transaction's start time when it claims the key, and once the
+// handler has returned it checks, on the connection itself, that a
+// transaction is open and that it is the one begun then: the statement
+// that stores the record compares the start time first (in the same round
+// trip), and so does the one that goes with a rollback.
+// A handler found to have ended the transaction gets 500 ([TypeTxEnded]),
+// and since some of its writes may have committed, its key is kept as
+// completed but not replayable: a retry gets 410
+// ([idemserver.TypeNotReplayable]) and never runs it again. One case is
+// not told apart: a handler that commits, begins a new transaction and
+// leaves that one aborted by a failed statement is taken for one whose
+// statement failed (500, [TypeRolledBack], the key free), since
+// PostgreSQL answers no statement in an aborted transaction.
 //
 // # Why the claim is not committed first
 //
@@ -210,17 +308,21 @@ type TxOptions struct {
 //
 // Requests that take no key (other methods, or keyless requests when the
 // key is optional) also run in a transaction, committed unless the handler
-// fails or answers 5xx.
+// fails or answers 5xx (or ended the transaction itself: 500).
 //
 // Create one with [NewTxMiddleware]; it is safe for concurrent use.
 type TxMiddleware struct {
 	db          DB
+	table       string // the key table's schema-qualified name, which scopes the claims' advisory locks
 	principal   func(*http.Request) string
 	methods     []string
 	required    bool
 	header      string
 	form        idemserver.KeyForm
 	ttl         time.Duration
+	isoLevel    pgx.TxIsoLevel
+	lookupApart bool   // the transactions are SERIALIZABLE: look the key up before (see beginOnce)
+	retries     int    // SerializationRetries
 	idleTimeout string // idle_in_transaction_session_timeout value, "" to leave it
 	retryAfter  string
 	maxBody     int64
@@ -238,8 +340,10 @@ type TxMiddleware struct {
 }
 
 // NewTxMiddleware returns a TxMiddleware on db, which must be the primary:
-// it fails with [ErrStandby] on a standby. A nil opts means the defaults,
-// which need opts.Principal or opts.SingleTenant, so nil is refused.
+// it fails with [ErrStandby] on a standby. The idemhttp_keys table must
+// exist ([Migrate]): the middleware scopes its claims to the table its
+// search_path finds. A nil opts means the defaults, which need
+// opts.Principal or opts.SingleTenant, so nil is refused.
 //
 // Route every statement of these transactions to the primary: never put
 // a pooler that sends reads to replicas in front of db. Poolers in
@@ -248,20 +352,40 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 	if opts == nil {
 		opts = &TxOptions{}
 	}
-	if opts.Principal == nil && !opts.SingleTenant {
+	switch {
+	case opts.Principal == nil && !opts.SingleTenant:
 		return nil, errors.New("idemhttp/postgres: tx middleware: set Principal, or SingleTenant if one party uses the server")
+	case opts.Principal != nil && opts.SingleTenant:
+		return nil, errors.New("idemhttp/postgres: tx middleware: both Principal and SingleTenant are set")
 	}
 	if err := CheckPrimary(ctx, db); err != nil {
 		return nil, err
 	}
+	table, err := keysTable(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	iso := string(opts.IsoLevel)
+	if iso == "" {
+		err := retry(ctx, func() error {
+			return db.QueryRow(ctx, "SELECT current_setting('default_transaction_isolation')").Scan(&iso)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("idemhttp/postgres: tx middleware: read the default isolation: %w", err)
+		}
+	}
 	m := &TxMiddleware{
 		db:          db,
+		table:       table,
 		principal:   opts.Principal,
 		methods:     slices.Clone(opts.Methods),
 		required:    opts.Required,
 		header:      opts.KeyHeader,
 		form:        opts.KeyForm,
 		ttl:         opts.TTL,
+		isoLevel:    opts.IsoLevel,
+		lookupApart: strings.EqualFold(iso, string(pgx.Serializable)),
+		retries:     max(opts.SerializationRetries, 0),
 		maxBody:     opts.MaxBodyBytes,
 		maxStored:   opts.MaxStoredBody,
 		shouldStore: opts.ShouldStore,
@@ -323,6 +447,26 @@ func newTokenPrefix() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // never fails (Go 1.24+)
 	return "tx-" + hex.EncodeToString(b[:]) + "-"
+}
+
+// keysTable returns the schema-qualified name of the idemhttp_keys table
+// that db's search_path finds, the table the middleware's statements
+// use, or an error if there is none (Migrate has not run).
+func keysTable(ctx context.Context, db DB) (string, error) {
+	var table *string
+	err := retry(ctx, func() error {
+		return db.QueryRow(ctx, `
+SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass('idemhttp_keys')`).Scan(&table)
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows) || (err == nil && table == nil):
+		return "", errors.New("idemhttp/postgres: tx middleware: no idemhttp_keys table on the search_path; run Migrate first")
+	case err != nil:
+		return "", fmt.Errorf("idemhttp/postgres: tx middleware: find idemhttp_keys: %w", err)
+	}
+	return *table, nil
 }
 
 // CheckPrimary returns [ErrStandby] if db is connected to a standby
@@ -425,17 +569,24 @@ func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Body = &bodyReader{b: body}
 	scope := ""
 	if m.principal != nil {
-		scope = m.principal(r)
+		if scope = m.principal(r); scope == "" {
+			// As idemserver does: one key space for every caller the
+			// Principal cannot name would let one replay another's
+			// response.
+			m.logger.ErrorContext(r.Context(), "idemhttp/postgres: Principal returned an empty scope; answered 500 and ran nothing", "key", key)
+			m.writeError(w, r, idemserver.ProblemNoPrincipal())
+			rep := h.reporter(r, &txClaim{TxKey: TxKey{Key: key}})
+			rep.refused(idemserver.RefusedNoPrincipal, http.StatusInternalServerError, errNoPrincipal)
+			return
+		}
 	}
 	c := &txClaim{
-		TxKey: TxKey{
-			Key:   key,
-			Scope: scope,
-			Token: string(strconv.AppendUint([]byte(m.tokenPrefix), m.tokens.Add(1), 36)),
-		},
+		TxKey:       TxKey{Key: key, Scope: scope, Token: m.newToken()},
 		fingerprint: m.fingerprint(r, body),
+		body:        body,
 	}
 	c.row = rowKey(idemserver.ScopedKey(scope, key))
+	c.lock = advisoryKey(m.table, c.row)
 	h.serve(w, r, c)
 }
 
@@ -444,140 +595,13 @@ type txClaim struct {
 	TxKey
 	fingerprint string
 	row         []byte // the key's primary key in idemhttp_keys
+	lock        int64  // the key's advisory lock
+	body        []byte // the request body, for a run again
 }
 
 // step calls the test hook, if any.
 func (h *txHandler) step(name string) {
 	if h.m.at != nil {
 		h.m.at(name)
-	}
-}
-
-// serve runs one request in a transaction; c is nil for a request without
-// a key.
-func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
-	m := h.m
-	// The work must be finished and recorded even when the client leaves;
-	// a rollback then would only make its retry run the request again.
-	ctx := context.WithoutCancel(r.Context())
-	key := ""
-	if c != nil {
-		key = c.Key
-	}
-	rep := h.reporter(r, c)
-	run, outcome, res, err := h.begin(ctx, c)
-	rep.claimed()
-	if err != nil {
-		m.logger.ErrorContext(ctx, "idemhttp/postgres: begin or claim failed; answered 503", "key", key, "error", err)
-		w.Header().Set("Retry-After", m.retryAfter)
-		m.writeError(w, r, idemserver.ProblemStoreUnavailable(key))
-		rep.storeError(idemserver.StoreOpClaim, http.StatusServiceUnavailable, err)
-		return
-	}
-	switch {
-	case outcome != claimRun && res.Fingerprint != "" && res.Fingerprint != c.fingerprint:
-		// As idemserver does: another request's key is 422 whether that
-		// request has finished (a stored response) or not (a Store's
-		// claim; a running TxMiddleware request's fingerprint is unknown
-		// until it commits).
-		m.writeError(w, r, idemserver.ProblemKeyMismatch(m.header, key))
-		rep.claim(idemserver.ClaimMismatch, http.StatusUnprocessableEntity)
-		return
-	case outcome == claimBusy:
-		w.Header().Set("Retry-After", m.retryAfter)
-		m.writeError(w, r, idemserver.ProblemInProgress(m.header, key))
-		rep.claim(idemserver.ClaimInProgress, http.StatusConflict)
-		return
-	case outcome == claimCompleted:
-		h.replay(w, r, key, res.Record)
-		rep.claim(idemserver.ClaimReplay, recordStatus(res.Record))
-		return
-	}
-	rep.claim(idemserver.ClaimNew, 0)
-
-	// From here the transaction is open and, for a keyed request, holds
-	// the key. Every path that does not commit rolls back, a panic's too:
-	// the deferred rollback runs before the panic continues to net/http.
-	defer run.rollback(ctx) // nothing once committed
-	defer rep.panicked()    // reports a panic: every other path has reported
-	if c != nil {
-		r = r.WithContext(context.WithValue(r.Context(), txKeyContext{}, c.TxKey))
-	}
-	buf := &txWriter{header: make(http.Header), limit: m.maxStored}
-	herr := h.next.ServeHTTPTx(buf, r, run.lent)
-	h.step("handler")
-	switch {
-	case herr != nil:
-		m.logger.ErrorContext(ctx, "idemhttp/postgres: handler failed; rolled back", "key", key, "error", herr)
-		m.writeError(w, r, problemRolledBack(key))
-		rep.released(idemserver.ReleaseRolledBack, buf.finalStatus())
-		return
-	case buf.overflow:
-		m.logger.ErrorContext(ctx, "idemhttp/postgres: response too large to store; rolled back", "key", key, "limit", m.maxStored)
-		m.writeError(w, r, problemResponseTooLarge(key, m.maxStored))
-		rep.released(idemserver.ReleaseNotStorable, buf.finalStatus())
-		return
-	}
-	status := buf.finalStatus()
-	commit := status < 500
-	if c != nil {
-		commit = m.shouldStore(status)
-	}
-	if !commit {
-		// Not stored, so a retry runs the request again: its writes must
-		// not stay.
-		run.rollback(ctx)
-		buf.send(w, nil)
-		if status >= 500 {
-			rep.released(idemserver.ReleaseServerError, status)
-		} else {
-			rep.released(idemserver.ReleaseNotStored, status)
-		}
-		return
-	}
-	var record []byte
-	if c != nil {
-		var err error
-		record, err = (&idemserver.Response{Status: status, Header: storedHeader(buf.header), Body: buf.body}).MarshalBinary()
-		if err != nil { // a status outside 100-999: net/http would panic on it
-			m.logger.ErrorContext(ctx, "idemhttp/postgres: response not storable; rolled back", "key", key, "error", err)
-			m.writeError(w, r, problemRolledBack(key))
-			rep.released(idemserver.ReleaseNotStorable, status)
-			return
-		}
-	}
-	h.step("before-commit")
-	if err := run.commit(ctx, c, record, m.ttl, h.step); err != nil {
-		// Whatever happened, a retry with the same key is safe: the
-		// record rides the same commit as the writes, so it finds both or
-		// neither.
-		var pgErr *pgconn.PgError
-		if errors.Is(err, errClaimLost) {
-			// The claim is gone: whoever holds the key now may run the
-			// request, so this run's writes did not commit.
-			m.logger.ErrorContext(ctx, "idemhttp/postgres: claim lost; rolled back", "key", key)
-			w.Header().Set("Retry-After", m.retryAfter)
-			m.writeError(w, r, idemserver.ProblemInProgress(m.header, key))
-			rep.released(idemserver.ReleaseClaimLost, status)
-			return
-		}
-		if errors.As(err, &pgErr) {
-			m.logger.ErrorContext(ctx, "idemhttp/postgres: commit refused; rolled back", "key", key, "error", err)
-			m.writeError(w, r, problemRolledBack(key))
-			rep.released(idemserver.ReleaseRolledBack, status)
-			return
-		}
-		m.logger.ErrorContext(ctx, "idemhttp/postgres: commit outcome unknown; answered 503", "key", key, "error", err)
-		w.Header().Set("Retry-After", m.retryAfter)
-		m.writeError(w, r, idemserver.ProblemStoreUnavailable(key))
-		rep.storeError(idemserver.StoreOpComplete, http.StatusServiceUnavailable, err)
-		return
-	}
-	h.step("after-commit")
-	buf.send(w, h.m.at)
-	if c != nil {
-		rep.stored(status)
-	} else {
-		rep.done = true
 	}
 }

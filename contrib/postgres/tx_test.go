@@ -209,13 +209,14 @@ func TestTxClaimLost(t *testing.T) {
 	replies := make(chan reply, 1)
 	go func() { replies <- post(t, h, "k", "x") }()
 	<-entered
+	req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader("x"))
 	res, err := postgres.NewStore(s.pool(t, 1)).Claim(ctx, idemserver.ScopedKey("", "k"),
-		idemserver.Claim{Token: "other", Fingerprint: "fp", LockTimeout: time.Minute})
+		idemserver.Claim{Token: "other", Fingerprint: idemserver.DefaultFingerprint(req, []byte("x")), LockTimeout: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, idemserver.Claimed, res.State)
 	close(release)
 	got := <-replies
-	assert.Equal(t, http.StatusConflict, got.Status)
+	assert.Equal(t, http.StatusConflict, got.Status, "the same request, running elsewhere")
 	assert.Contains(t, got.Body, idemserver.TypeInProgress)
 	assert.Empty(t, charges(t, s, "k"), "the business write must roll back with the lost claim")
 }

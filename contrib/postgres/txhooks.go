@@ -63,13 +63,13 @@ func (rp *txReport) claim(o idemserver.ClaimOutcome, status int) {
 	}
 }
 
-func (rp *txReport) stored(status int) {
+func (rp *txReport) stored(status int, replayable bool) {
 	if rp.hk == nil {
 		return
 	}
 	rp.done = true
 	if rp.hk.OnStored != nil {
-		rp.hk.OnStored(rp.ctx, idemserver.StoredEvent{RequestEvent: rp.ev, Status: status, Replayable: true, Latency: time.Since(rp.answered)})
+		rp.hk.OnStored(rp.ctx, idemserver.StoredEvent{RequestEvent: rp.ev, Status: status, Replayable: replayable, Latency: time.Since(rp.answered)})
 	}
 }
 
@@ -80,6 +80,16 @@ func (rp *txReport) released(reason idemserver.ReleaseReason, status int) {
 	rp.done = true
 	if rp.hk.OnReleased != nil {
 		rp.hk.OnReleased(rp.ctx, idemserver.ReleasedEvent{RequestEvent: rp.ev, Reason: reason, Status: status, Latency: time.Since(rp.answered)})
+	}
+}
+
+func (rp *txReport) refused(reason idemserver.RefusalReason, status int, err error) {
+	if rp.hk == nil {
+		return
+	}
+	rp.done = true
+	if rp.hk.OnRefused != nil {
+		rp.hk.OnRefused(rp.ctx, idemserver.RefusedEvent{RequestEvent: rp.ev, Reason: reason, Status: status, Err: err})
 	}
 }
 
@@ -99,13 +109,4 @@ func (rp *txReport) panicked() {
 	if !rp.done {
 		rp.released(idemserver.ReleasePanic, 0)
 	}
-}
-
-// recordStatus is the status of a stored response, 0 if it cannot be read.
-func recordStatus(record []byte) int {
-	var resp idemserver.Response
-	if resp.UnmarshalBinary(record) != nil {
-		return 0
-	}
-	return resp.Status
 }

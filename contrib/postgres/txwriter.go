@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"slices"
@@ -12,15 +13,21 @@ import (
 // The response side of TxMiddleware: the buffered writer, replays, and the
 // middleware's own problems.
 
-// replay sends a stored response, marked as a replay; a corrupt record
-// gets 503 and nothing else.
-func (h *txHandler) replay(w http.ResponseWriter, r *http.Request, key string, record []byte) {
+// replay sends a stored response, marked as a replay, and returns the
+// claim's outcome and the status sent. The record of a request whose
+// response was not kept gets 410; a corrupt record gets 503 and nothing
+// else.
+func (h *txHandler) replay(w http.ResponseWriter, r *http.Request, key string, record []byte) (idemserver.ClaimOutcome, int) {
 	var resp idemserver.Response
-	if err := resp.UnmarshalBinary(record); err != nil {
+	switch err := resp.UnmarshalBinary(record); {
+	case errors.Is(err, idemserver.ErrResponseNotKept):
+		h.m.writeError(w, r, idemserver.ProblemNotReplayable(h.m.header, key, resp.Status))
+		return idemserver.ClaimNotReplayable, http.StatusGone
+	case err != nil:
 		h.m.logger.ErrorContext(r.Context(), "idemhttp/postgres: corrupt stored response; answered 503", "key", key, "error", err)
 		w.Header().Set("Retry-After", h.m.retryAfter)
 		h.m.writeError(w, r, idemserver.ProblemStoreUnavailable(key))
-		return
+		return idemserver.ClaimReplay, 0
 	}
 	hdr := w.Header()
 	for k, vs := range resp.Header {
@@ -30,6 +37,7 @@ func (h *txHandler) replay(w http.ResponseWriter, r *http.Request, key string, r
 	hdr.Set("Content-Length", strconv.Itoa(len(resp.Body)))
 	w.WriteHeader(resp.Status)
 	_, _ = w.Write(resp.Body) // a failed write means the client left
+	return idemserver.ClaimReplay, resp.Status
 }
 
 // unstoredHeaders are never replayed: hop-by-hop fields describe one
@@ -47,7 +55,9 @@ var unstoredHeaders = []string{
 func storedHeader(h http.Header) http.Header {
 	out := make(http.Header, len(h))
 	for k, vs := range h {
-		if !slices.Contains(unstoredHeaders, k) {
+		// Compared in canonical form: a field set as h["set-cookie"] is
+		// sent as it is spelt, and read by the client as Set-Cookie.
+		if !slices.Contains(unstoredHeaders, http.CanonicalHeaderKey(k)) {
 			out[k] = vs
 		}
 	}
@@ -60,6 +70,26 @@ func problemRolledBack(key string) *idemserver.Problem {
 		Title:  "Request rolled back",
 		Status: http.StatusInternalServerError,
 		Detail: "The request failed and nothing was committed; a retry with the same key runs it again.",
+		Key:    key,
+	}
+}
+
+func problemTxEnded(key string) *idemserver.Problem {
+	return &idemserver.Problem{
+		Type:   TypeTxEnded,
+		Title:  "Transaction ended by the handler",
+		Status: http.StatusInternalServerError,
+		Detail: "The request's handler ended its transaction itself, so its response was not stored; the request will not run again under this key.",
+		Key:    key,
+	}
+}
+
+func problemSerializationFailure(key string) *idemserver.Problem {
+	return &idemserver.Problem{
+		Type:   TypeSerializationFailure,
+		Title:  "Request rolled back by a concurrent transaction",
+		Status: http.StatusServiceUnavailable,
+		Detail: "The request conflicted with others running at the same time and nothing was committed; retry with the same key after Retry-After.",
 		Key:    key,
 	}
 }
@@ -81,6 +111,7 @@ type txWriter struct {
 	body        []byte
 	limit       int
 	overflow    bool
+	switched    bool // the handler answered 101 Switching Protocols
 	wroteHeader bool
 }
 
@@ -92,6 +123,11 @@ var (
 func (b *txWriter) Header() http.Header { return b.header }
 
 func (b *txWriter) WriteHeader(code int) {
+	// 101 Switching Protocols cannot wait for the commit (nor can the
+	// connection be hijacked): the request is refused and rolled back.
+	if code == http.StatusSwitchingProtocols {
+		b.switched = true
+	}
 	// 1xx responses would have to reach the client before the commit:
 	// dropped, as a proxy may.
 	if b.wroteHeader || (code >= 100 && code <= 199) {

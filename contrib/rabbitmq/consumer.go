@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -39,17 +40,23 @@ type NoIDPolicy int
 
 const (
 	// NoIDReject (the zero value) rejects the delivery without requeueing
-	// it. RabbitMQ dead-letters a rejected message to the queue's
-	// dead-letter exchange (the x-dead-letter-exchange queue argument or
-	// policy), with an x-death header saying why; declare one, or the
-	// broker discards the message. Run goes on with the next delivery.
+	// it, and reports it ([Consumer.OnDeadLetter] and a log line).
+	// RabbitMQ dead-letters a rejected message to the queue's dead-letter
+	// exchange (the x-dead-letter-exchange queue argument or policy), with
+	// an x-death header saying why; declare one, or the broker discards
+	// the message. Run goes on with the next delivery.
 	NoIDReject NoIDPolicy = iota
 	// NoIDStop returns the delivery to the queue (nack with requeue) and
-	// stops Run with an error wrapping [inbox.ErrNoMessageID]: the line
-	// stops until a person looks. Every consumer of the queue stops the
-	// same way when the message reaches it.
+	// stops Run with an error wrapping [inbox.ErrNoMessageID] that names
+	// the queue: the line stops until a person looks. Every consumer of
+	// the queue stops the same way when the message reaches it.
 	NoIDStop
 )
+
+// deliveryCountHeader is the header in which a quorum queue counts a
+// message's earlier deliveries that were returned (RabbitMQ 3.10 and
+// later).
+const deliveryCountHeader = "x-delivery-count"
 
 // Consumer consumes one RabbitMQ queue with manual acknowledgements and
 // passes every delivery to an [inbox.Handler], acknowledging it only after
@@ -93,50 +100,78 @@ type Consumer struct {
 	// unacknowledged deliveries the broker sends ahead of the handler.
 	// Zero means [DefaultPrefetch]; AMQP's own zero ("unlimited") is not
 	// offered, as it lets one consumer take a whole backlog that other
-	// consumers could be working on.
+	// consumers could be working on. A delivery waiting out its retry
+	// delay counts against it.
 	Prefetch int
 	// IDHeader names the header that holds the message id (a string or
 	// bytes value). Empty means the message-id property.
 	IDHeader string
+	// IDSpace is the [inbox.Message.IDSpace] of the deliveries: the space
+	// in which their ids are unique. Empty means the queue's name. Give
+	// the consumers of several queues the same IDSpace to declare that
+	// their ids are one space (copies of the same messages), which the
+	// inbox then dedups across them.
+	IDSpace string
 	// NoID says what to do with a delivery that has no id. The zero value
 	// is [NoIDReject].
 	NoID NoIDPolicy
-	// RejectOnError, when true, rejects a delivery whose handler returned
-	// an error without requeueing it (so it is dead-lettered, see
-	// [NoIDReject]). The default nacks it with requeue: it is delivered
-	// again, to this or another consumer, and the handler runs again
-	// (the inbox row was rolled back with the effect). A message that
-	// always fails then loops: bound it with a quorum queue's
-	// delivery-limit, which dead-letters it after that many deliveries.
-	RejectOnError bool
-	// RetryDelay is how long Run waits after a handler error before it
-	// requeues the delivery and goes on (Run returns early, requeueing
-	// it, when ctx is done meanwhile). Zero means at once. RabbitMQ has no
-	// delayed requeue, and a requeued delivery comes straight back: with
-	// no delay, a consumer whose database is down spins through its
-	// queue. The wait holds up this consumer, which is what an outage
-	// calls for; other consumers of the queue go on.
-	RetryDelay time.Duration
+	// Retry says when a delivery whose handler returned an error comes
+	// back, and after how many deliveries it is dead-lettered instead.
+	// The zero value is [inbox.Retry]'s default: 1 s doubling to 5 min,
+	// 5 deliveries. RabbitMQ has no delayed requeue: Run holds the failed
+	// delivery, unacknowledged, for the delay, then requeues it (nack),
+	// and goes on with other deliveries meanwhile. On the last delivery it
+	// rejects it without requeue, which dead-letters it to the queue's
+	// dead-letter exchange (declare one: x-dead-letter-exchange), and
+	// reports it ([Consumer.OnDeadLetter] and a log line).
+	//
+	// Deliveries are counted by the queue when it is a quorum queue (its
+	// x-delivery-count header, across every consumer and restart), else
+	// by this Run (a classic queue only says "redelivered"), so a poison
+	// message on a classic queue gets up to MaxDeliveries deliveries per
+	// Run that meets it. On a quorum queue, a message delivered more often
+	// than that without ever being settled (one that kills its consumer)
+	// is rejected on arrival, without running the handler. A quorum
+	// queue's own delivery-limit argument bounds it at the broker too.
+	Retry inbox.Retry
+	// ProcessingLimit bounds how long one delivery's handler runs. When it
+	// passes, the handler's context ends (an inbox transaction rolls back,
+	// see [inbox.SQL]) and Run requeues the delivery at once, so that
+	// another consumer gets it, even if the handler goes on; Run waits for
+	// the handler to return before it takes the next delivery, and never
+	// acknowledges the requeued one. It counts as a failed delivery. Zero
+	// means [inbox.DefaultProcessingLimit]; negative means no limit
+	// (RabbitMQ's consumer_timeout, 30 minutes by default, then closes
+	// the channel).
+	ProcessingLimit time.Duration
+	// OnDeadLetter, when set, is called (from Run's goroutine) for each
+	// delivery Run dead-letters: one whose last allowed delivery failed,
+	// or that has no id. Run also logs each at level Error.
+	OnDeadLetter func(inbox.DeadLetter)
+	// Logger receives Run's log lines; nil means [slog.Default].
+	Logger *slog.Logger
 }
 
 // Run consumes c.Queue on ch until ctx is done, the channel closes, or a
 // delivery with no id stops it (see [NoIDStop]), and passes each delivery
 // to h, one at a time, in the order the broker sent them.
 //
-// After h returns nil, Run acknowledges the delivery; after h returns an
-// error, Run nacks it (see [Consumer.RejectOnError] and
-// [Consumer.RetryDelay]) and goes on: a handler error never stops Run. h gets ctx; when ctx is done while h
-// runs, h's transaction should roll back and h return an error, and the
-// delivery is requeued.
+// After h returns nil, Run acknowledges the delivery. After h returns an
+// error, Run requeues it after [Consumer.Retry]'s delay, or dead-letters
+// it on its last delivery, and goes on: a handler error never stops Run.
+// h gets a context that ends with ctx or at [Consumer.ProcessingLimit].
 //
-// Run sets the channel's QoS and registers one consumer on it, and uses
-// the channel alone while it runs; it does not close the channel. When
-// ctx is done Run cancels its consumer, returns every delivery the broker
-// had sent ahead to the queue (nack with requeue), and returns ctx.Err().
-// Otherwise it returns an error wrapping [ErrChannelClosed],
-// [ErrConsumerCancelled] or [inbox.ErrNoMessageID]; a failed ack, nack or
-// reject ends Run too, as it means the channel is gone. No goroutine of
-// Run's outlives it.
+// Shutdown loses nothing: when ctx is done while h runs, Run waits for h,
+// acknowledges the delivery if h returned nil (its effect committed) and
+// requeues it otherwise, whatever the settings (never a reject, never a
+// dead letter). Then it cancels its consumer, returns every delivery the
+// broker had sent ahead, and every delivery waiting out a retry delay, to
+// the queue (nack with requeue), and returns ctx.Err(). Otherwise it
+// returns an error wrapping [ErrChannelClosed], [ErrConsumerCancelled] or
+// [inbox.ErrNoMessageID]; a failed ack, nack or reject ends Run too, as it
+// means the channel is gone. Run sets the channel's QoS, registers one
+// consumer on it, uses the channel alone while it runs, and does not close
+// it. No goroutine of Run's outlives it.
 //
 // Use a connection without the client library's automatic recovery
 // ([amqp.Config].Recovery nil, the default): a recovered channel numbers
@@ -162,24 +197,22 @@ func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel, h inbox.Handler) e
 	if err := ch.Qos(prefetch, 0, false); err != nil {
 		return fmt.Errorf("rabbitmq: set prefetch: %w", closeErr(closed, err))
 	}
-	tag := c.Tag
-	if tag == "" {
-		tag = uniqueTag()
-	}
-	// Not ConsumeWithContext: its context would cancel the consumer from a
-	// goroutine of the library's at any moment; Run cancels it itself, at
-	// a point where it can account for every delivery sent ahead.
-	deliveries, err := ch.Consume(c.Queue, tag, false, false, false, false, nil)
-	if err != nil {
+	r := &run{c: c, ch: ch, h: h, failures: make(map[string]int)}
+	defer r.stopTimer()
+	if err := r.subscribe(); err != nil {
 		return fmt.Errorf("rabbitmq: consume %q: %w", c.Queue, closeErr(closed, err))
 	}
 	for {
 		select {
 		case <-ctx.Done():
-			return stop(ch, tag, deliveries, ctx.Err())
+			return r.stop(ctx.Err())
 		case e := <-closed:
 			return closedBy(e)
-		case d, ok := <-deliveries:
+		case <-r.timerC():
+			if err := r.requeueDue(); err != nil {
+				return err
+			}
+		case d, ok := <-r.deliveries:
 			if !ok {
 				// The delivery channel also closes when the channel does;
 				// tell the two apart.
@@ -195,62 +228,299 @@ func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel, h inbox.Handler) e
 			}
 			if ctx.Err() != nil {
 				// select chose this case over a done ctx: done wins.
-				if err := d.Nack(false, true); err != nil {
-					return ctx.Err()
-				}
-				return stop(ch, tag, deliveries, ctx.Err())
+				r.returning = append(r.returning, &d)
+				return r.stop(ctx.Err())
 			}
-			if err := c.handle(ctx, &d, h); err != nil {
-				if errors.Is(err, inbox.ErrNoMessageID) {
-					// Leave the channel as the caller gave it: the
-					// deliveries sent ahead go back now, not at close.
-					_ = stop(ch, tag, deliveries, nil)
-				}
+			err := r.handle(ctx, &d)
+			if errors.Is(err, inbox.ErrNoMessageID) {
+				// Leave the channel as the caller gave it: the
+				// deliveries sent ahead go back now, not at close.
+				return r.stop(err)
+			}
+			if err != nil {
 				return err
+			}
+			if r.released && ctx.Err() == nil {
+				// The processing limit cancelled the subscription (see
+				// callHandler); take deliveries again.
+				if err := r.subscribe(); err != nil {
+					return fmt.Errorf("rabbitmq: consume %q again: %w", c.Queue, closeErr(closed, err))
+				}
 			}
 		}
 	}
 }
 
-// handle runs h for one delivery and settles it. It returns an error only
-// when Run must stop.
-func (c *Consumer) handle(ctx context.Context, d *amqp.Delivery, h inbox.Handler) error {
+// run is the state of one Run: the deliveries waiting out a retry delay
+// (at most the prefetch count), and the failures this Run counted, for
+// queues that do not count deliveries themselves.
+type run struct {
+	c  *Consumer
+	ch *amqp.Channel
+	h  inbox.Handler
+
+	tag        string               // of the current subscription
+	deliveries <-chan amqp.Delivery // of the current subscription
+	released   bool                 // the last handler passed its limit: the subscription is cancelled
+
+	returning []*amqp.Delivery // to requeue once the subscription is cancelled
+	parked    []parked
+	timer     *time.Timer
+	failures  map[string]int // message id -> failed deliveries seen by this Run
+}
+
+// parked is a failed delivery held until its retry delay has passed.
+type parked struct {
+	d   *amqp.Delivery
+	due time.Time
+}
+
+// subscribe registers a consumer on the channel with a new tag. Not
+// ConsumeWithContext: its context would cancel the consumer from a
+// goroutine of the library's at any moment; Run cancels it itself, at a
+// point where it can account for every delivery sent ahead.
+func (r *run) subscribe() error {
+	r.tag = r.c.Tag
+	if r.tag == "" || r.released {
+		// A tag of its own for a second subscription: the broker may not
+		// have forgotten the first one's yet.
+		r.tag = uniqueTag()
+	}
+	r.released = false
+	d, err := r.ch.Consume(r.c.Queue, r.tag, false, false, false, false, nil)
+	if err != nil {
+		return err
+	}
+	r.deliveries = d
+	return nil
+}
+
+// maxCounted bounds run.failures: past it, the oldest counts are
+// forgotten (a classic queue's poison message then gets more deliveries,
+// never fewer).
+const maxCounted = 4096
+
+// handle runs h for one delivery and settles it, or parks it. It returns
+// an error only when Run must stop.
+func (r *run) handle(ctx context.Context, d *amqp.Delivery) error {
+	c := r.c
 	id, ok := c.messageID(d)
+	m := newMessage(c.Queue, c.idSpace(), id, d)
 	if !ok {
 		if c.NoID == NoIDStop {
-			if err := d.Nack(false, true); err != nil {
-				return channelClosed(err)
-			}
-			return fmt.Errorf("rabbitmq: delivery %d on %q: %w", d.DeliveryTag, c.Queue, inbox.ErrNoMessageID)
+			// Requeued by stop, once the subscription is cancelled, so
+			// that it does not come straight back here.
+			r.returning = append(r.returning, d)
+			return fmt.Errorf("rabbitmq: delivery %d on queue %q: %w", d.DeliveryTag, c.Queue, inbox.ErrNoMessageID)
 		}
 		if err := d.Reject(false); err != nil {
 			return channelClosed(err)
 		}
+		c.report(inbox.DeadLetter{Message: m, Deliveries: r.deliveryNumber(d, id), Err: inbox.ErrNoMessageID, To: c.deadLetterTo()})
 		return nil
 	}
-	if err := h(ctx, newMessage(c.Queue, id, d)); err != nil {
-		// Requeue: the transaction rolled back, the inbox row with it, so
-		// the next delivery runs the effect again.
-		if c.RetryDelay > 0 && !c.RejectOnError {
-			t := time.NewTimer(c.RetryDelay)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-			}
+	if n := r.deliveryNumber(d, id); c.Retry.Exhausted(n - 1) {
+		// Delivered more often than allowed: its earlier deliveries never
+		// settled, the consumers died on them (only a quorum queue counts
+		// those). Running it again could kill this one too.
+		if err := d.Reject(false); err != nil {
+			return channelClosed(err)
 		}
-		if err := d.Nack(false, !c.RejectOnError); err != nil {
+		c.report(inbox.DeadLetter{Message: m, Deliveries: n, Err: fmt.Errorf("delivered %d times, more than allowed, without being settled", n), To: c.deadLetterTo()})
+		return nil
+	}
+	released, err := r.callHandler(ctx, d, m)
+	r.released = released
+	if released {
+		// Requeued at the processing limit: the delivery tag is spent.
+		// Whatever the handler did, the broker delivers the message again
+		// and the inbox serialises the two.
+		c.logger().Warn("rabbitmq: handler passed its processing limit; delivery requeued",
+			slog.String("queue", c.Queue), slog.String("id", id), slog.Bool("returned_nil", err == nil))
+		return nil
+	}
+	if err == nil {
+		// The effect committed. If this ack is lost (a crash now, a
+		// dropped connection), the broker delivers the message again and
+		// the inbox turns it away.
+		delete(r.failures, id)
+		if err := d.Ack(false); err != nil {
 			return channelClosed(err)
 		}
 		return nil
 	}
-	// The effect committed. If this ack is lost (a crash now, a dropped
-	// connection), the broker delivers the message again and the inbox
-	// turns it away.
-	if err := d.Ack(false); err != nil {
-		return channelClosed(err)
+	if ctx.Err() != nil {
+		// Shutdown: back to the queue, whatever the settings (stop
+		// requeues it once the subscription is cancelled). The
+		// transaction rolled back, the inbox row with it.
+		r.returning = append(r.returning, d)
+		return nil
 	}
+	n := r.deliveryNumber(d, id)
+	if c.Retry.Exhausted(n) {
+		delete(r.failures, id)
+		if err := d.Reject(false); err != nil {
+			return channelClosed(err)
+		}
+		c.report(inbox.DeadLetter{Message: m, Deliveries: n, Err: err, To: c.deadLetterTo()})
+		return nil
+	}
+	r.count(id, n)
+	r.park(d, time.Now().Add(c.Retry.After(n)))
 	return nil
+}
+
+// callHandler runs h under the processing limit (inbox.Supervise). When
+// the limit passes first, it cancels the subscription (so that the broker
+// sends this stuck consumer nothing more) and requeues d and every
+// delivery sent ahead, so that other consumers get them, and reports
+// released. A shutdown does not release d: Run settles it once h returns,
+// unless the limit passes first.
+func (r *run) callHandler(ctx context.Context, d *amqp.Delivery, m *inbox.Message) (released bool, err error) {
+	limit := r.c.ProcessingLimit
+	if limit == 0 {
+		limit = inbox.DefaultProcessingLimit
+	}
+	return inbox.Supervise(ctx, r.h, m, inbox.Supervision{Limit: limit, Release: func() {
+		// Failures mean the channel is gone, and its deliveries with it.
+		if err := r.ch.Cancel(r.tag, false); err != nil {
+			return
+		}
+		_ = d.Nack(false, true)
+		for ahead := range r.deliveries {
+			_ = ahead.Nack(false, true)
+		}
+	}})
+}
+
+// deliveryNumber returns which delivery of its message d is: from the quorum
+// queue's count when there is one, else from this Run's count and the
+// redelivered flag.
+func (r *run) deliveryNumber(d *amqp.Delivery, id string) int {
+	if n, ok := deliveryCount(d.Headers[deliveryCountHeader]); ok {
+		return n + 1
+	}
+	n := r.failures[id] + 1
+	if d.Redelivered {
+		n = max(n, 2)
+	}
+	return n
+}
+
+func deliveryCount(v any) (int, bool) {
+	switch v := v.(type) {
+	case int64:
+		return int(v), v >= 0
+	case int32:
+		return int(v), v >= 0
+	case int16:
+		return int(v), v >= 0
+	case int8:
+		return int(v), v >= 0
+	case int:
+		return v, v >= 0
+	}
+	return 0, false
+}
+
+func (r *run) count(id string, n int) {
+	if _, ok := r.failures[id]; !ok && len(r.failures) >= maxCounted {
+		for k := range r.failures { // forget one
+			delete(r.failures, k)
+			break
+		}
+	}
+	r.failures[id] = n
+}
+
+// park holds d until due.
+func (r *run) park(d *amqp.Delivery, due time.Time) {
+	r.parked = append(r.parked, parked{d: d, due: due})
+	r.resetTimer()
+}
+
+// requeueDue requeues the parked deliveries whose delay has passed.
+func (r *run) requeueDue() error {
+	now := time.Now()
+	keep := r.parked[:0]
+	var err error
+	for _, p := range r.parked {
+		if err == nil && !p.due.After(now) {
+			if nerr := p.d.Nack(false, true); nerr != nil {
+				err = channelClosed(nerr)
+			}
+			continue
+		}
+		keep = append(keep, p)
+	}
+	clear(r.parked[len(keep):])
+	r.parked = keep
+	r.timer = nil
+	r.resetTimer()
+	return err
+}
+
+// resetTimer arms the timer for the earliest parked delivery.
+func (r *run) resetTimer() {
+	if len(r.parked) == 0 {
+		r.stopTimer()
+		return
+	}
+	due := r.parked[0].due
+	for _, p := range r.parked[1:] {
+		if p.due.Before(due) {
+			due = p.due
+		}
+	}
+	r.stopTimer()
+	r.timer = time.NewTimer(time.Until(due))
+}
+
+func (r *run) stopTimer() {
+	if r.timer != nil {
+		r.timer.Stop()
+		r.timer = nil
+	}
+}
+
+// timerC is the timer's channel, or nil (never ready) when none is armed.
+func (r *run) timerC() <-chan time.Time {
+	if r.timer == nil {
+		return nil
+	}
+	return r.timer.C
+}
+
+// stop cancels the subscription, requeues the deliveries to return, the
+// parked ones and those sent ahead of the handler, and returns ret.
+// Cancelling first keeps the broker from handing the requeued deliveries
+// straight back to this consumer (and a quorum queue from counting them
+// twice). The library delivers what it had buffered before it closes
+// deliveries, once the broker confirmed the cancel.
+func (r *run) stop(ret error) error {
+	r.stopTimer()
+	if err := r.ch.Cancel(r.tag, false); err != nil {
+		// The channel is gone, and its deliveries went back with it.
+		return ret
+	}
+	for _, d := range r.returning {
+		if err := d.Nack(false, true); err != nil {
+			return ret
+		}
+	}
+	for _, p := range r.parked {
+		if err := p.d.Nack(false, true); err != nil {
+			return ret
+		}
+	}
+	r.returning, r.parked = nil, nil
+	for d := range r.deliveries {
+		if err := d.Nack(false, true); err != nil {
+			// Channel gone: the broker requeues the rest itself.
+			break
+		}
+	}
+	return ret
 }
 
 // messageID returns the delivery's id from the configured place; ok is
@@ -269,21 +539,26 @@ func (c *Consumer) messageID(d *amqp.Delivery) (string, bool) {
 	return id, id != ""
 }
 
-// stop cancels the consumer and requeues the deliveries sent ahead of the
-// handler, then returns ret. The library delivers what it had buffered
-// before it closes deliveries, once the broker confirmed the cancel.
-func stop(ch *amqp.Channel, tag string, deliveries <-chan amqp.Delivery, ret error) error {
-	if err := ch.Cancel(tag, false); err != nil {
-		// The channel is gone, and its deliveries went back with it.
-		return ret
+func (c *Consumer) idSpace() string {
+	if c.IDSpace != "" {
+		return c.IDSpace
 	}
-	for d := range deliveries {
-		if err := d.Nack(false, true); err != nil {
-			// Channel gone: the broker requeues the rest itself.
-			break
-		}
+	return c.Queue
+}
+
+func (c *Consumer) deadLetterTo() string {
+	return fmt.Sprintf("rejected to the dead-letter exchange of queue %q (RabbitMQ discards it if the queue has none)", c.Queue)
+}
+
+func (c *Consumer) logger() *slog.Logger {
+	if c.Logger != nil {
+		return c.Logger
 	}
-	return ret
+	return slog.Default()
+}
+
+func (c *Consumer) report(d inbox.DeadLetter) {
+	inbox.ReportDeadLetter(c.logger(), c.OnDeadLetter, d)
 }
 
 // closeErr prefers the broker's reason for a close, when it sent one, to

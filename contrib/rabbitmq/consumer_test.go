@@ -1,9 +1,11 @@
 package rabbitmq_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/idemkit/idemhttp/contrib/rabbitmq"
 	"github.com/idemkit/idemhttp/inbox"
+	"github.com/idemkit/idemhttp/internal/testenv"
 )
 
 // runAsync runs c on a new channel of conn in a goroutine and returns its
@@ -22,30 +25,7 @@ import (
 func runAsync(t *testing.T, conn *amqp.Connection, c *rabbitmq.Consumer, h inbox.Handler) (<-chan error, context.CancelFunc) {
 	t.Helper()
 	ch := channel(t, conn)
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	finished := make(chan struct{})
-	go func() {
-		errc <- c.Run(ctx, ch, h)
-		close(finished)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-finished
-	})
-	return errc, cancel
-}
-
-// wait returns the next value of errc, failing the test after 30 s.
-func wait(t *testing.T, errc <-chan error) error {
-	t.Helper()
-	select {
-	case err := <-errc:
-		return err
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not return in 30 s")
-		return nil
-	}
+	return testenv.Go(t, func(ctx context.Context) error { return c.Run(ctx, ch, h) })
 }
 
 // A handler error nacks with requeue: the message comes back and the
@@ -55,7 +35,7 @@ func wait(t *testing.T, errc <-chan error) error {
 // below fail: checked once.)
 func TestHandlerErrorRedelivers(t *testing.T) {
 	conn := dial(t)
-	db, _ := newSchema(t)
+	db, _ := testenv.EffectsDB(t, "d2_")
 	in := &inbox.SQL{DB: db}
 	require.NoError(t, in.Migrate(context.Background()))
 	queue := newQueue(t, conn, nil)
@@ -79,7 +59,7 @@ func TestHandlerErrorRedelivers(t *testing.T) {
 		}
 		return err
 	}
-	errc, cancel := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue}, committed)
+	errc, cancel := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, Retry: fastRetry}, committed)
 	select {
 	case m := <-done:
 		assert.True(t, m.Redelivered, "the broker marks the requeued delivery")
@@ -90,9 +70,9 @@ func TestHandlerErrorRedelivers(t *testing.T) {
 		t.Fatal("no redelivery in 30 s")
 	}
 	cancel()
-	require.ErrorIs(t, wait(t, errc), context.Canceled)
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 	assert.Equal(t, int32(2), calls.Load())
-	rows, _ := effects(t, db)
+	rows, _ := testenv.Effects(t, db)
 	assert.Equal(t, 1, rows, "the first attempt's effect rolled back")
 	assert.Zero(t, ready(t, conn, queue), "acked after the second attempt")
 }
@@ -115,37 +95,45 @@ func TestMessageIDFromHeader(t *testing.T) {
 	assert.IsType(t, amqp.Delivery{}, m.Raw)
 	assert.Equal(t, "order-10", (<-got).ID)
 	cancel()
-	require.ErrorIs(t, wait(t, errc), context.Canceled)
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 	assert.Empty(t, got)
 	assert.Zero(t, ready(t, conn, queue))
 }
 
 // A delivery with no id is never passed to the handler and never acked:
-// rejected to the queue's dead-letter exchange by default, or returned to
-// the queue while Run stops.
+// rejected to the queue's dead-letter exchange by default and reported
+// (hook and log line: never silent), or returned to the queue while Run
+// stops with an error naming the queue. (Without the report, the reject
+// case's hook got nothing: this test failed.)
 func TestNoID(t *testing.T) {
 	t.Run("reject", func(t *testing.T) {
 		conn := dial(t)
-		dlq := newQueue(t, conn, nil)
-		queue := newQueue(t, conn, amqp.Table{
-			"x-dead-letter-exchange":    "",
-			"x-dead-letter-routing-key": dlq,
-		})
+		queue, dlq := newDeadLettered(t, conn, nil)
 		publish(t, conn, queue, amqp.Publishing{Body: []byte("no id")}, amqp.Publishing{MessageId: "order-1"})
 		got := make(chan string, 2)
 		h := func(_ context.Context, m *inbox.Message) error { got <- m.ID; return nil }
-		errc, cancel := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue}, h)
+		dead := make(chan inbox.DeadLetter, 2)
+		var logs bytes.Buffer
+		c := &rabbitmq.Consumer{Queue: queue, OnDeadLetter: func(d inbox.DeadLetter) { dead <- d },
+			Logger: slog.New(slog.NewTextHandler(&syncWriter{w: &logs}, nil))}
+		errc, cancel := runAsync(t, conn, c, h)
 		assert.Equal(t, "order-1", <-got, "Run goes on past it")
 		cancel()
-		require.ErrorIs(t, wait(t, errc), context.Canceled)
+		require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 		assert.Empty(t, got)
+		require.Len(t, dead, 1)
+		d := <-dead
+		assert.ErrorIs(t, d.Err, inbox.ErrNoMessageID)
+		assert.Equal(t, queue, d.Message.Source)
+		assert.Contains(t, d.To, queue)
+		assert.Contains(t, logs.String(), "level=ERROR")
 
 		ch := channel(t, conn)
-		d, ok, err := ch.Get(dlq, true)
+		dl, ok, err := ch.Get(dlq, true)
 		require.NoError(t, err)
 		require.True(t, ok, "dead-lettered")
-		assert.Equal(t, "no id", string(d.Body))
-		assert.Contains(t, d.Headers, "x-death")
+		assert.Equal(t, "no id", string(dl.Body))
+		assert.Contains(t, dl.Headers, "x-death")
 	})
 	t.Run("stop", func(t *testing.T) {
 		conn := dial(t)
@@ -154,7 +142,9 @@ func TestNoID(t *testing.T) {
 		var calls atomic.Int32
 		h := func(context.Context, *inbox.Message) error { calls.Add(1); return nil }
 		errc, _ := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, NoID: rabbitmq.NoIDStop}, h)
-		require.ErrorIs(t, wait(t, errc), inbox.ErrNoMessageID)
+		err := testenv.Wait(t, errc)
+		require.ErrorIs(t, err, inbox.ErrNoMessageID)
+		assert.ErrorContains(t, err, queue, "the error names the queue")
 		assert.Zero(t, calls.Load())
 		assert.Equal(t, 2, ready(t, conn, queue), "both back in the queue, the one sent ahead too")
 	})
@@ -167,7 +157,7 @@ func TestCancelRequeuesPrefetched(t *testing.T) {
 	queue := newQueue(t, conn, nil)
 	msgs := make([]amqp.Publishing, 10)
 	for i := range msgs {
-		msgs[i] = amqp.Publishing{MessageId: msgID(i)}
+		msgs[i] = amqp.Publishing{MessageId: testenv.MsgID(i)}
 	}
 	publish(t, conn, queue, msgs...)
 	ch := channel(t, conn)
@@ -193,7 +183,7 @@ func TestChannelClosed(t *testing.T) {
 		conn := dial(t)
 		queue := newQueue(t, conn, nil)
 		publish(t, conn, queue, amqp.Publishing{MessageId: "order-1"})
-		own, err := amqp.Dial(serverEnv(t, amqpEnv))
+		own, err := amqp.Dial(testenv.Server(t, testenv.AMQPEnv))
 		require.NoError(t, err)
 		ch, err := own.Channel()
 		require.NoError(t, err)
@@ -231,13 +221,13 @@ func TestChannelClosed(t *testing.T) {
 		<-started
 		_, err := channel(t, conn).QueueDelete(queue, false, false, false)
 		require.NoError(t, err)
-		require.ErrorIs(t, wait(t, errc), rabbitmq.ErrConsumerCancelled)
+		require.ErrorIs(t, testenv.Wait(t, errc), rabbitmq.ErrConsumerCancelled)
 	})
 	t.Run("no such queue", func(t *testing.T) {
 		conn := dial(t)
 		ch := channel(t, conn)
 		h := func(context.Context, *inbox.Message) error { return nil }
-		err := (&rabbitmq.Consumer{Queue: "d2-missing-" + randomHex(4)}).Run(context.Background(), ch, h)
+		err := (&rabbitmq.Consumer{Queue: "d2-missing-" + testenv.RandomHex(4)}).Run(context.Background(), ch, h)
 		require.ErrorIs(t, err, rabbitmq.ErrChannelClosed)
 		assert.ErrorContains(t, err, "NOT_FOUND")
 	})
@@ -248,14 +238,14 @@ func TestChannelClosed(t *testing.T) {
 // once, whichever consumer gets which copy, at the same moment or not.
 func TestTwoConsumersDuplicatePublishes(t *testing.T) {
 	conn := dial(t)
-	db, _ := newSchema(t)
+	db, _ := testenv.EffectsDB(t, "d2_")
 	in := &inbox.SQL{DB: db}
 	require.NoError(t, in.Migrate(context.Background()))
 	queue := newQueue(t, conn, nil)
 	const n = 200
 	var msgs []amqp.Publishing
 	for i := range n {
-		p := amqp.Publishing{MessageId: msgID(i)}
+		p := amqp.Publishing{MessageId: testenv.MsgID(i)}
 		msgs = append(msgs, p, p)
 	}
 	publish(t, conn, queue, msgs...)
@@ -287,9 +277,9 @@ func TestTwoConsumersDuplicatePublishes(t *testing.T) {
 	}
 	cancel1()
 	cancel2()
-	require.ErrorIs(t, wait(t, errc1), context.Canceled)
-	require.ErrorIs(t, wait(t, errc2), context.Canceled)
-	rows, distinct := effects(t, db)
+	require.ErrorIs(t, testenv.Wait(t, errc1), context.Canceled)
+	require.ErrorIs(t, testenv.Wait(t, errc2), context.Canceled)
+	rows, distinct := testenv.Effects(t, db)
 	assert.Equal(t, n, rows)
 	assert.Equal(t, n, distinct)
 }
@@ -302,40 +292,299 @@ func TestRunRefusesBadConfig(t *testing.T) {
 	assert.Error(t, (&rabbitmq.Consumer{Queue: "q"}).Run(context.Background(), ch, nil))
 }
 
-// With RetryDelay, a failed delivery is requeued after the delay and runs
-// again; a ctx done during the delay requeues it at once.
-func TestRetryDelay(t *testing.T) {
+// fastRetry redelivers failed deliveries after 10 ms, for tests about
+// something else.
+var fastRetry = inbox.Retry{Delay: 10 * time.Millisecond}
+
+// Cancelling Run while a handler runs requeues the delivery under every
+// setting, and never dead-letters it: not with MaxDeliveries 1 (which used
+// to be RejectOnError, and rejected it: the broker discards a rejected
+// message when the queue has no dead-letter exchange), not without a
+// processing limit. A handler that still returns nil after the
+// cancellation has committed: its delivery is acked. (With Run treating
+// the shutdown's error as a handler failure, the MaxDeliveries 1 case
+// dead-lettered the message: this test failed.)
+func TestShutdownRequeues(t *testing.T) {
+	tests := []struct {
+		name      string
+		give      rabbitmq.Consumer
+		returnNil bool
+		wantReady int
+	}{
+		{name: "default", wantReady: 1},
+		{name: "one delivery", give: rabbitmq.Consumer{Retry: inbox.Retry{MaxDeliveries: 1}}, wantReady: 1},
+		{name: "no processing limit", give: rabbitmq.Consumer{ProcessingLimit: -1}, wantReady: 1},
+		{name: "committed before the end", give: rabbitmq.Consumer{Retry: inbox.Retry{MaxDeliveries: 1}}, returnNil: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conn := dial(t)
+			queue, dlq := newDeadLettered(t, conn, nil)
+			publish(t, conn, queue, amqp.Publishing{MessageId: "order-1"})
+			started := make(chan struct{})
+			h := func(ctx context.Context, _ *inbox.Message) error {
+				close(started)
+				<-ctx.Done()
+				if tt.returnNil {
+					return nil
+				}
+				return ctx.Err()
+			}
+			var dead atomic.Int32
+			c := tt.give
+			c.Queue = queue
+			c.OnDeadLetter = func(inbox.DeadLetter) { dead.Add(1) }
+			errc, cancel := runAsync(t, conn, &c, h)
+			<-started
+			cancel()
+			require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+			// The broker requeues once it has processed the nack, which
+			// Run does not wait for.
+			require.Eventually(t, func() bool { return ready(t, conn, queue) == tt.wantReady }, 10*time.Second, 10*time.Millisecond)
+			assert.Zero(t, ready(t, conn, dlq), "never dead-lettered")
+			assert.Zero(t, dead.Load())
+		})
+	}
+}
+
+// A handler that always fails: its message is delivered MaxDeliveries
+// times, each redelivery later than the one before by at least the
+// Retry's growing delay, then rejected to the queue's dead-letter
+// exchange and reported, once, through OnDeadLetter and a log line. A
+// healthy message behind it is handled while it waits. (With the delay
+// taken out, the nack at once, the gaps were a few milliseconds: this
+// test failed; with no limit, nothing reached the dead-letter queue.)
+func TestPoisonDeadLettered(t *testing.T) {
 	conn := dial(t)
-	queue := newQueue(t, conn, nil)
-	publish(t, conn, queue, amqp.Publishing{MessageId: "order-1"})
-	var calls atomic.Int32
-	second := make(chan struct{})
-	h := func(context.Context, *inbox.Message) error {
-		if calls.Add(1) == 1 {
-			return errors.New("database is down")
+	queue, dlq := newDeadLettered(t, conn, nil)
+	publish(t, conn, queue, amqp.Publishing{MessageId: "poison", Body: []byte("bad")}, amqp.Publishing{MessageId: "ok-1"})
+	retry := inbox.Retry{Delay: 200 * time.Millisecond, MaxDelay: time.Second, MaxDeliveries: 3}
+
+	poison := &testenv.PoisonHandler{Poison: "poison"}
+	h := poison.Handle
+	dead := make(chan inbox.DeadLetter, 2)
+	var logs bytes.Buffer
+	c := &rabbitmq.Consumer{Queue: queue, Retry: retry, Logger: slog.New(slog.NewTextHandler(&syncWriter{w: &logs}, nil)),
+		OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }}
+	errc, cancel := runAsync(t, conn, c, h)
+	var d inbox.DeadLetter
+	select {
+	case d = <-dead:
+	case err := <-errc:
+		t.Fatalf("Run: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("never dead-lettered")
+	}
+	cancel()
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+
+	poison.AssertRedeliveries(t, retry, 3)
+	assert.Equal(t, []string{"poison", "ok-1"}, poison.Order()[:2], "the healthy message did not wait behind the poison")
+	assert.Equal(t, 3, d.Deliveries)
+	assert.Equal(t, "poison", d.Message.ID)
+	assert.ErrorContains(t, d.Err, "cannot parse")
+	assert.Contains(t, logs.String(), "giving up")
+	assert.Contains(t, logs.String(), "id=poison")
+	assert.Empty(t, dead, "reported once")
+
+	ch := channel(t, conn)
+	got, ok, err := ch.Get(dlq, true)
+	require.NoError(t, err)
+	require.True(t, ok, "in the dead-letter queue")
+	assert.Equal(t, "bad", string(got.Body))
+	assert.Contains(t, got.Headers, "x-death")
+	assert.Zero(t, ready(t, conn, queue))
+}
+
+// On a quorum queue the broker counts deliveries (x-delivery-count),
+// across consumers and restarts: a poison message that meets three
+// Runs, one delivery each, is dead-lettered by the third. (Counting in
+// the Run alone, the third Run saw a second delivery and held the
+// message again: this test failed.)
+func TestPoisonQuorumCountsAcrossRuns(t *testing.T) {
+	conn := dial(t)
+	queue, dlq := newDeadLettered(t, conn, amqp.Table{"x-queue-type": "quorum"})
+	publish(t, conn, queue, amqp.Publishing{MessageId: "poison"})
+	dead := make(chan inbox.DeadLetter, 1)
+	for run := 1; run <= 3; run++ {
+		failed := make(chan struct{}, 1)
+		h := func(context.Context, *inbox.Message) error {
+			failed <- struct{}{}
+			return errors.New("poison")
 		}
-		close(second)
+		c := &rabbitmq.Consumer{Queue: queue, Retry: inbox.Retry{Delay: time.Hour, MaxDeliveries: 3},
+			OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }}
+		errc, cancel := runAsync(t, conn, c, h)
+		select {
+		case <-failed:
+		case err := <-errc:
+			t.Fatalf("run %d: %v", run, err)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("run %d: no delivery", run)
+		}
+		if run == 3 {
+			select {
+			case d := <-dead:
+				assert.Equal(t, 3, d.Deliveries)
+			case <-time.After(10 * time.Second):
+				t.Fatal("the third delivery was not dead-lettered")
+			}
+		}
+		// Held for an hour; the shutdown requeues it (a return the queue
+		// counts).
+		cancel()
+		require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+		require.Eventually(t, func() bool { return ready(t, conn, queue)+ready(t, conn, dlq) == 1 }, 10*time.Second, 10*time.Millisecond)
+	}
+	assert.Equal(t, 1, ready(t, conn, dlq))
+	assert.Zero(t, ready(t, conn, queue))
+}
+
+// Each delivery's IDSpace is its queue, so that two queues carrying
+// different messages under the same id both run through one inbox; two
+// consumers that declare one IDSpace share it. (With the adapter leaving
+// IDSpace empty, the second queue's order-1 was a duplicate: the first
+// case failed.)
+func TestIDSpace(t *testing.T) {
+	tests := []struct {
+		name    string
+		idSpace string
+		want    int
+	}{
+		{name: "per queue", want: 2},
+		{name: "declared shared", idSpace: "orders", want: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conn := dial(t)
+			db, _ := testenv.EffectsDB(t, "d2_")
+			in := &inbox.SQL{DB: db}
+			require.NoError(t, in.Migrate(context.Background()))
+			h := in.Handle("d2-spaces", func(ctx context.Context, tx *sql.Tx, m *inbox.Message) error {
+				return testenv.InsertEffect(ctx, tx, m.IDSpace+"/"+m.ID)
+			})
+			var handled atomic.Int32
+			count := func(ctx context.Context, m *inbox.Message) error {
+				err := h(ctx, m)
+				if err == nil {
+					handled.Add(1)
+				}
+				return err
+			}
+			for range 2 {
+				queue := newQueue(t, conn, nil)
+				publish(t, conn, queue, amqp.Publishing{MessageId: "order-1"})
+				errc, cancel := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, IDSpace: tt.idSpace}, count)
+				require.Eventually(t, func() bool { return ready(t, conn, queue) == 0 && handled.Load() > 0 }, 10*time.Second, 10*time.Millisecond)
+				cancel()
+				require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+				handled.Store(0)
+			}
+			rows, _ := testenv.Effects(t, db)
+			assert.Equal(t, tt.want, rows)
+		})
+	}
+}
+
+// A handler that hangs, ignoring its context, holds its delivery only
+// until the processing limit: then the delivery is requeued, another
+// consumer gets it and commits its effect through the inbox, and the
+// hung handler's late return acks nothing (an ack of the requeued tag
+// would close the channel). (Without the release at the limit, the
+// second consumer never got the message: this test failed.)
+func TestProcessingLimit(t *testing.T) {
+	conn := dial(t)
+	db, _ := testenv.EffectsDB(t, "d2_")
+	in := &inbox.SQL{DB: db}
+	require.NoError(t, in.Migrate(context.Background()))
+	queue := newQueue(t, conn, nil)
+	effect := in.Handle("d2-limit", func(ctx context.Context, tx *sql.Tx, m *inbox.Message) error {
+		return testenv.InsertEffect(ctx, tx, m.ID)
+	})
+
+	hung := make(chan struct{})
+	unblock := make(chan struct{})
+	stuck := func(context.Context, *inbox.Message) error {
+		close(hung)
+		<-unblock // ignores its context
 		return nil
 	}
-	errc, cancel := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, RetryDelay: 20 * time.Millisecond}, h)
+	errA, cancelA := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, ProcessingLimit: 300 * time.Millisecond}, stuck)
+	publish(t, conn, queue, amqp.Publishing{MessageId: "order-1"})
+	<-hung
+	done := make(chan string, 1)
+	errB, cancelB := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue}, func(ctx context.Context, m *inbox.Message) error {
+		err := effect(ctx, m)
+		if err == nil {
+			done <- m.ID
+		}
+		return err
+	})
 	select {
-	case <-second:
-	case <-time.After(30 * time.Second):
-		t.Fatal("no second attempt")
+	case id := <-done:
+		assert.Equal(t, "order-1", id)
+	case err := <-errB:
+		t.Fatalf("Run: %v", err)
+	case <-time.After(15 * time.Second):
+		t.Error("the hung handler's delivery never reached the other consumer")
+	}
+	close(unblock)
+	cancelB()
+	require.ErrorIs(t, testenv.Wait(t, errB), context.Canceled)
+	cancelA()
+	require.ErrorIs(t, testenv.Wait(t, errA), context.Canceled, "no ack of the requeued delivery, so no channel error")
+	rows, _ := testenv.Effects(t, db)
+	assert.Equal(t, 1, rows)
+	assert.Zero(t, ready(t, conn, queue))
+}
+
+// syncWriter serialises writes to w, for a logger shared with Run's
+// goroutine.
+type syncWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+// On a quorum queue, a message whose earlier deliveries never settled
+// (their consumers died: a channel closed with it unacknowledged) is
+// dead-lettered on arrival once past the limit, without running the
+// handler again. (Without the check, the handler ran a fourth time: this
+// test failed.)
+func TestCrashingMessageDeadLettered(t *testing.T) {
+	conn := dial(t)
+	queue, dlq := newDeadLettered(t, conn, amqp.Table{"x-queue-type": "quorum"})
+	publish(t, conn, queue, amqp.Publishing{MessageId: "crasher"})
+	for range 3 { // three consumers that die holding it
+		ch, err := conn.Channel()
+		require.NoError(t, err)
+		require.NoError(t, ch.Qos(1, 0, false))
+		deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+		require.NoError(t, err)
+		select {
+		case <-deliveries:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no delivery")
+		}
+		require.NoError(t, ch.Close()) // unacked: back to the queue, counted
+	}
+	var calls atomic.Int32
+	dead := make(chan inbox.DeadLetter, 1)
+	c := &rabbitmq.Consumer{Queue: queue, Retry: inbox.Retry{MaxDeliveries: 3}, OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }}
+	errc, cancel := runAsync(t, conn, c, func(context.Context, *inbox.Message) error { calls.Add(1); return nil })
+	select {
+	case d := <-dead:
+		assert.Equal(t, 4, d.Deliveries)
+	case <-time.After(15 * time.Second):
+		t.Fatal("not dead-lettered")
 	}
 	cancel()
-	require.ErrorIs(t, wait(t, errc), context.Canceled)
-
-	// Cancelled during a long delay: Run returns and the delivery is back.
-	publish(t, conn, queue, amqp.Publishing{MessageId: "order-2"})
-	failed := make(chan struct{})
-	h2 := func(context.Context, *inbox.Message) error { close(failed); return errors.New("down") }
-	errc, cancel = runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, RetryDelay: time.Hour}, h2)
-	<-failed
-	cancel()
-	require.ErrorIs(t, wait(t, errc), context.Canceled)
-	// The broker requeues it once it has processed the nack, which Run
-	// does not wait for.
-	require.Eventually(t, func() bool { return ready(t, conn, queue) == 1 }, 10*time.Second, 10*time.Millisecond,
-		"the delivery is back in the queue")
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+	assert.Zero(t, calls.Load())
+	require.Eventually(t, func() bool { return ready(t, conn, dlq) == 1 }, 10*time.Second, 10*time.Millisecond)
 }

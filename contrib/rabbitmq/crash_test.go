@@ -3,12 +3,8 @@ package rabbitmq_test
 import (
 	"context"
 	"database/sql"
-	"fmt"
-	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,12 +14,13 @@ import (
 
 	"github.com/idemkit/idemhttp/contrib/rabbitmq"
 	"github.com/idemkit/idemhttp/inbox"
+	"github.com/idemkit/idemhttp/internal/testenv"
 )
 
 // The crash test's child process reads its settings from these variables.
 const (
 	childEnv      = "D2_RMQ_CHILD" // "inbox" or "naive"
-	childSchema   = "D2_RMQ_SCHEMA"
+	childDSN      = "D2_RMQ_DSN"
 	childQueue    = "D2_RMQ_QUEUE"
 	childCrashAt  = "D2_RMQ_CRASH_AFTER"
 	crashConsumer = "d2-crash"
@@ -44,44 +41,26 @@ func TestCrashBeforeAck(t *testing.T) {
 	const total = 1000
 	for _, mode := range []string{"inbox", "naive"} {
 		t.Run(mode, func(t *testing.T) {
-			seed := uint64(time.Now().UnixNano())
-			t.Logf("seed %d", seed)
-			rng := rand.New(rand.NewPCG(seed, seed))
 			conn := dial(t)
-			db, schema := newSchema(t)
+			db, schema := testenv.EffectsDB(t, "d2_")
 			if mode == "inbox" {
 				require.NoError(t, (&inbox.SQL{DB: db}).Migrate(context.Background()))
 			}
 			queue := newQueue(t, conn, nil)
 			msgs := make([]amqp.Publishing, total)
 			for i := range msgs {
-				msgs[i] = amqp.Publishing{MessageId: msgID(i), Body: []byte(msgID(i))}
+				msgs[i] = amqp.Publishing{MessageId: testenv.MsgID(i), Body: []byte(testenv.MsgID(i))}
 			}
 			publish(t, conn, queue, msgs...)
-
-			crashes := 0
-			for {
-				_, distinct := effects(t, db)
-				if distinct == total {
-					break
-				}
-				require.Less(t, crashes, 200, "no progress")
-				// Crash after 1 to 150 effects, before that one's ack.
-				runChild(t, mode, schema, queue, 1+rng.IntN(150), db, total)
-				crashes++
-			}
+			// Crash after 1 to 150 effects, before that one's ack.
+			crashes := testenv.CrashUntilDone(t, db, total, 150, func(crashAfter int) {
+				runChild(t, mode, schema, queue, crashAfter, db, total)
+			})
 			// The last consumer: every delivery the crashes left
 			// unacknowledged is redelivered before a marker published
 			// after them, which stops it.
 			drain(t, conn, db, queue, mode)
-			rows, distinct := effects(t, db)
-			t.Logf("%s: %d crashes, %d effect rows for %d messages", mode, crashes, rows, total)
-			assert.Equal(t, total, distinct, "every message's effect ran")
-			if mode == "inbox" {
-				assert.Equal(t, total, rows, "no effect ran twice")
-			} else {
-				assert.Greater(t, rows, total, "the naive consumer ran effects twice")
-			}
+			testenv.AssertEffects(t, mode, db, total, crashes)
 		})
 	}
 }
@@ -89,94 +68,40 @@ func TestCrashBeforeAck(t *testing.T) {
 // runChild runs a consumer process that kills itself after crashAfter
 // effects, or that this process kills once every message has an effect,
 // and waits for it to die.
-func runChild(t *testing.T, mode, schema, queue string, crashAfter int, db *sql.DB, total int) {
+func runChild(t *testing.T, mode string, schema *testenv.Schema, queue string, crashAfter int, db *sql.DB, total int) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(),
-		childEnv+"="+mode, childSchema+"="+schema, childQueue+"="+queue,
-		childCrashAt+"="+strconv.Itoa(crashAfter))
-	cmd.Stdout = os.Stderr
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.After(60 * time.Second)
-	for {
-		select {
-		case err := <-exited:
-			var ee *exec.ExitError
-			require.ErrorAs(t, err, &ee, "the child dies only by SIGKILL")
-			ws := ee.Sys().(syscall.WaitStatus)
-			require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "child: %v", err)
-			return
-		case <-tick.C:
-			// The last child: everything is done before its crash point.
-			if _, distinct := effects(t, db); distinct == total {
-				_ = cmd.Process.Kill()
-			}
-		case <-deadline:
-			_ = cmd.Process.Kill()
-			<-exited
-			t.Fatal("child ran for 60 s")
-		}
-	}
+	killed := testenv.RunChild(t, []string{
+		childEnv + "=" + mode, childDSN + "=" + schema.URL, childQueue + "=" + queue,
+		childCrashAt + "=" + strconv.Itoa(crashAfter),
+	}, func() bool {
+		// The last child: everything is done before its crash point.
+		_, distinct := testenv.Effects(t, db)
+		return distinct == total
+	})
+	require.True(t, killed, "the child dies only by SIGKILL")
 }
 
 // childMain is the consumer process of TestCrashBeforeAck.
 func childMain() int {
-	mode := os.Getenv(childEnv)
 	crashAfter, err := strconv.Atoi(os.Getenv(childCrashAt))
 	if err != nil {
-		return fail(err)
+		return testenv.ChildFailed(err)
 	}
-	conn, err := amqp.Dial(os.Getenv(amqpEnv))
+	conn, err := amqp.Dial(os.Getenv(testenv.AMQPEnv))
 	if err != nil {
-		return fail(err)
+		return testenv.ChildFailed(err)
 	}
 	ch, err := conn.Channel()
 	if err != nil {
-		return fail(err)
+		return testenv.ChildFailed(err)
 	}
-	db, err := sql.Open("pgx", withSearchPath(os.Getenv(pgEnv), os.Getenv(childSchema)))
+	db, err := sql.Open("pgx", os.Getenv(childDSN))
 	if err != nil {
-		return fail(err)
+		return testenv.ChildFailed(err)
 	}
-	done := 0
-	effect := effectFunc(mode, db)
-	h := func(ctx context.Context, m *inbox.Message) error {
-		if err := effect(ctx, m); err != nil {
-			return err
-		}
-		done++
-		if done == crashAfter {
-			// Committed, not acked: the worst moment to die.
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {}
-		}
-		return nil
-	}
+	h := testenv.DieAfter(crashAfter, testenv.EffectHandler(os.Getenv(childEnv), db, crashConsumer))
 	c := &rabbitmq.Consumer{Queue: os.Getenv(childQueue)}
-	return fail(c.Run(context.Background(), ch, h))
-}
-
-// effectFunc is the consumer's effect for mode: one row in effects,
-// through the inbox or on its own.
-func effectFunc(mode string, db *sql.DB) inbox.Handler {
-	insert := func(ctx context.Context, ex interface {
-		ExecContext(context.Context, string, ...any) (sql.Result, error)
-	}, id string) error {
-		_, err := ex.ExecContext(ctx, `INSERT INTO effects (msg_id) VALUES ($1)`, id)
-		return err
-	}
-	if mode == "naive" {
-		return func(ctx context.Context, m *inbox.Message) error { return insert(ctx, db, m.ID) }
-	}
-	in := &inbox.SQL{DB: db}
-	return in.Handle(crashConsumer, func(ctx context.Context, tx *sql.Tx, m *inbox.Message) error {
-		return insert(ctx, tx, m.ID)
-	})
+	return testenv.ChildFailed(c.Run(context.Background(), ch, h))
 }
 
 // drain consumes queue until a marker published after every redelivery
@@ -193,7 +118,7 @@ func drain(t *testing.T, conn *amqp.Connection, db *sql.DB, queue, mode string) 
 	publish(t, conn, queue, amqp.Publishing{MessageId: "end"})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	effect := effectFunc(mode, db)
+	effect := testenv.EffectHandler(mode, db, crashConsumer)
 	h := func(ctx context.Context, m *inbox.Message) error {
 		if m.ID == "end" {
 			cancel()
@@ -204,9 +129,4 @@ func drain(t *testing.T, conn *amqp.Connection, db *sql.DB, queue, mode string) 
 	err := (&rabbitmq.Consumer{Queue: queue}).Run(ctx, channel(t, conn), h)
 	require.ErrorIs(t, err, context.Canceled)
 	assert.Zero(t, ready(t, conn, queue), "drained")
-}
-
-func fail(err error) int {
-	fmt.Fprintln(os.Stderr, "child:", err)
-	return 1
 }

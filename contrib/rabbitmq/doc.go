@@ -27,22 +27,66 @@
 // broker's redeliveries only.
 //
 // A delivery with no id is never handled and never acked: it is rejected,
-// so the broker dead-letters it if the queue has a dead-letter exchange
-// ([NoIDReject], the default), or Run stops with [inbox.ErrNoMessageID]
-// ([NoIDStop]).
+// so the broker dead-letters it if the queue has a dead-letter exchange,
+// and reported through [Consumer.OnDeadLetter] and a log line
+// ([NoIDReject], the default), or Run stops with an error naming the
+// queue and wrapping [inbox.ErrNoMessageID] ([NoIDStop]).
 //
-// # Ack after commit, requeue on error
+// # Id spaces
+//
+// Each delivery's [inbox.Message.IDSpace] is its queue (or
+// [Consumer.IDSpace]), so an inbox shared by the consumers of two queues
+// never takes one queue's message for a duplicate of the other's.
+//
+// # Ack after commit
 //
 // Run acks a delivery only after the handler returned nil, which for an
 // inbox handler means after its transaction committed. A crash before the
 // ack leaves the delivery unacknowledged, and RabbitMQ requeues every
 // unacknowledged delivery of a channel that closes (the process died, the
 // connection dropped, the broker closed the channel), with the
-// redelivered flag set. A handler error nacks the delivery with requeue,
-// or rejects it with [Consumer.RejectOnError]; its transaction rolled back,
-// the inbox row with it, so the redelivery runs the effect again. Set
-// [Consumer.RetryDelay] so that an outage of the database pauses the
-// consumer rather than spinning it through the queue.
+// redelivered flag set.
+//
+// # Shutdown
+//
+// Cancelling Run's context loses nothing, whatever the settings: a
+// delivery whose handler is running is acknowledged if the handler
+// returns nil (its effect committed) and requeued otherwise; the
+// deliveries sent ahead, and those waiting out a retry delay, are
+// requeued; none is rejected or dead-lettered. Run cancels its
+// subscription before it requeues, so that the broker hands them to
+// other consumers. A quorum queue counts each such return as a delivery
+// (x-delivery-count), like a crash: keep [inbox.Retry.MaxDeliveries], and
+// the queue's delivery-limit, above the restarts a message may meet.
+//
+// # Poison messages
+//
+// A handler error rolls its transaction back, the inbox row with it, and
+// the delivery comes back after a delay that doubles each time
+// ([Consumer.Retry]: 1 s to 5 min by default); RabbitMQ has no delayed
+// requeue, so Run holds the failed delivery unacknowledged for the delay
+// (other deliveries go on meanwhile) and then requeues it. The delivery
+// that reaches [inbox.Retry.MaxDeliveries] (5 by default) and fails is
+// rejected without requeue: RabbitMQ dead-letters it to the queue's
+// dead-letter exchange, and Run reports it through [Consumer.OnDeadLetter]
+// and a log line at level Error. Declare the queue with a dead-letter
+// exchange (x-dead-letter-exchange, or a policy): without one, RabbitMQ
+// discards rejected messages, and the log line is all that is left. A
+// quorum queue counts deliveries itself (x-delivery-count), across
+// consumers and restarts, and its delivery-limit argument bounds them at
+// the broker as well; on a classic queue Run counts them, per Run.
+//
+// # A hung handler
+//
+// A handler runs for at most [Consumer.ProcessingLimit] (5 minutes by
+// default). Then its context ends, which rolls an inbox transaction back
+// (see [inbox.SQL]: the server's own timeouts end it even if the handler
+// ignores its context), and Run cancels its subscription and requeues the
+// delivery and those sent ahead, so that other consumers get them at
+// once. Run waits for the handler to return, acknowledges nothing it
+// requeued, subscribes again and goes on. Without a limit (a negative
+// ProcessingLimit), RabbitMQ's consumer_timeout (30 minutes by default)
+// closes a channel whose delivery stays unacknowledged.
 //
 // # Redelivery to another consumer
 //
@@ -53,18 +97,25 @@
 // partition, a stalled process whose channel the broker closed). The
 // inbox serialises the two: the second transaction's insert of the same
 // id waits for the first, then finds its row and runs nothing, or runs the
-// effect if the first rolled back. A handler slower than the broker's
-// consumer_timeout (30 minutes by default) has its channel closed and its
-// delivery requeued the same way.
+// effect if the first rolled back. A handler past its processing limit
+// has its delivery requeued the same way (see above).
+//
+// # Inbox retention
+//
+// RabbitMQ sets no bound on how late a message comes back: a delivery
+// requeued after its effect committed (its ack lost) waits in the queue
+// until a consumer takes it, for as long as the queue goes unconsumed.
+// Keep the inbox's ids ([inbox.SQL.Prune], at least
+// [inbox.SQL.MinRetention]) longer than that, and longer than producers
+// may republish.
 //
 // # Prefetch and channels
 //
 // [Consumer.Prefetch] sets the channel's QoS: how many unacknowledged
 // deliveries the broker sends ahead. Run handles one delivery at a time;
-// for parallelism run several Consumers, each on its own channel. On
-// cancellation Run requeues the deliveries sent ahead. After a channel or
-// connection closes, Run returns [ErrChannelClosed]: open a new channel
-// and run again. Leave the client's automatic recovery off, since a
+// for parallelism run several Consumers, each on its own channel. After a
+// channel or connection closes, Run returns [ErrChannelClosed]: open a new
+// channel and run again. Leave the client's automatic recovery off, since a
 // recovered channel numbers its deliveries afresh and a late ack could
 // then acknowledge the wrong message.
 package rabbitmq

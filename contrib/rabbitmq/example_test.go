@@ -55,8 +55,11 @@ func ExampleConsumer_Run() {
 		ch, err := conn.Channel()
 		if err == nil {
 			c := &rabbitmq.Consumer{
-				Queue:    "orders", // declared with x-dead-letter-exchange for messages with no id
+				Queue:    "orders", // declared with x-dead-letter-exchange: poison messages and messages with no id go there
 				Prefetch: 64,
+				OnDeadLetter: func(d inbox.DeadLetter) {
+					// Also logged; count it in your metrics.
+				},
 			}
 			err = c.Run(ctx, ch, handle)
 		}

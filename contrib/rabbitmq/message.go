@@ -8,14 +8,15 @@ import (
 	"github.com/idemkit/idemhttp/inbox"
 )
 
-// newMessage is the handler's view of delivery d, whose id is id. Header
-// holds the AMQP headers whose values are strings or bytes, each as one
-// value; the rest, and the other properties, are in Raw (the
-// [amqp.Delivery]).
-func newMessage(queue, id string, d *amqp.Delivery) *inbox.Message {
+// newMessage is the handler's view of delivery d, whose id is id, in
+// idSpace. Header holds the AMQP headers whose values are strings or
+// bytes, each as one value; the rest, and the other properties, are in
+// Raw (the [amqp.Delivery]).
+func newMessage(queue, idSpace, id string, d *amqp.Delivery) *inbox.Message {
 	m := &inbox.Message{
 		ID:          id,
 		Source:      queue,
+		IDSpace:     idSpace,
 		Body:        d.Body,
 		Time:        d.Timestamp,
 		Redelivered: d.Redelivered,

@@ -73,6 +73,10 @@
 // While Redis is unreachable, Claim fails and the middleware answers 503
 // with Retry-After; a response whose Complete fails is still sent to its
 // caller but not stored, and its key is free again after the lock timeout.
+// A claim whose handler is running survives an outage, a restart
+// included, shorter than 0.85 of the lock timeout: the middleware renews
+// it every tenth of the lock timeout and promptly after a failed renewal
+// (TestClaimSurvivesRestart).
 // go-redis resends a command whose connection failed (its MaxRetries): a
 // resent Claim recognises its own earlier claim; a resent Complete whose
 // first run succeeded reports [idemserver.ErrClaimLost], though the

@@ -171,3 +171,43 @@ func TestServerRestart(t *testing.T) {
 		assert.Equal(t, 1, e.Count(fmt.Sprint("op-", i)), "op-%d", i)
 	}
 }
+
+// TestClaimSurvivesRestart kills Redis while a handler runs and restarts
+// it after 0.45 of the lock timeout (the outage that lost claims when
+// renewals ran at 1/3 and 2/3 of it and a failed one waited for the next):
+// renewals resume once it is back, so once the lock timeout has passed
+// since the outage began, a retry still gets 409 rather than a second run,
+// and the slow response is stored. Checked to fail with the renewer's old
+// schedule (every LockTimeout/3, no prompt retry): the retry ran the
+// operation a second time.
+func TestClaimSurvivesRestart(t *testing.T) {
+	const lockTimeout = 3 * time.Second
+	r := startPrivateRedis(t)
+	store := idemredis.NewStore(r.client(t), nil)
+	e := storeharness.NewEffects()
+	var log storeharness.SyncBuffer
+	srv := storeharness.Serve(t, store, e, lockTimeout, &log)
+
+	started, release := e.Hold(1)
+	first := make(chan storeharness.Reply, 1)
+	go func() { first <- storeharness.Post(srv, "a", "key-slow", "op-slow") }()
+	<-started
+	// Real time must pass for renewals to fail and a lock to time out:
+	// these waits order nothing.
+	<-time.After(lockTimeout / 4) // so that the outage covers 1/3 and 2/3
+	down := time.Now()
+	r.kill()
+	<-time.After(lockTimeout * 45 / 100)
+	r.start()
+	<-time.After(time.Until(down.Add(lockTimeout + lockTimeout/10)))
+	retry := storeharness.Post(srv, "a", "key-slow", "op-slow")
+	release()
+	assert.Equal(t, storeharness.Reply{Status: http.StatusConflict, Body: idemserver.TypeInProgress}, retry, "the claim survived the outage")
+	got := <-first
+	assert.Equal(t, storeharness.Reply{Status: http.StatusCreated, Body: storeharness.Created("op-slow", 1)}, got)
+	assert.Contains(t, log.String(), "renewing the claim failed", "the outage was seen")
+	assert.NotContains(t, log.String(), "response not stored")
+	assert.Equal(t, 1, e.Count("op-slow"))
+	replay := storeharness.Post(srv, "a", "key-slow", "op-slow")
+	assert.True(t, replay.Replayed)
+}

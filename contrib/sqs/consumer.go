@@ -2,10 +2,14 @@ package sqs
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
-	"sync"
+	"strconv"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -20,6 +24,7 @@ type API interface {
 	ReceiveMessage(ctx context.Context, in *sqs.ReceiveMessageInput, optFns ...func(*sqs.Options)) (*sqs.ReceiveMessageOutput, error)
 	DeleteMessage(ctx context.Context, in *sqs.DeleteMessageInput, optFns ...func(*sqs.Options)) (*sqs.DeleteMessageOutput, error)
 	ChangeMessageVisibility(ctx context.Context, in *sqs.ChangeMessageVisibilityInput, optFns ...func(*sqs.Options)) (*sqs.ChangeMessageVisibilityOutput, error)
+	GetQueueAttributes(ctx context.Context, in *sqs.GetQueueAttributesInput, optFns ...func(*sqs.Options)) (*sqs.GetQueueAttributesOutput, error)
 }
 
 var _ API = (*sqs.Client)(nil)
@@ -37,9 +42,30 @@ const (
 	DefaultVisibilityTimeout = 30 * time.Second
 )
 
+// maxVisibility is the longest visibility timeout SQS accepts.
+const maxVisibility = 12 * time.Hour
+
 // settleTimeout bounds a delete or visibility change that Run finishes
 // after ctx is done: a delete after a commit is worth completing.
 const settleTimeout = 10 * time.Second
+
+var (
+	// ErrNoRedrivePolicy: the queue has no redrive policy, so a message
+	// whose handler always fails would never reach a dead-letter queue:
+	// SQS would delete it, silently, when its retention period ends.
+	// [Consumer.Run] refuses such a queue unless [Consumer.NoRedrivePolicy]
+	// is set.
+	ErrNoRedrivePolicy = errors.New("sqs: the queue has no redrive policy")
+
+	// ErrContentBasedID: the message's id, its MessageDeduplicationId, is
+	// the SHA-256 of its body, as a FIFO queue with content-based
+	// deduplication makes it when the producer sets none. Two different
+	// messages with the same body (two equal payments) would have one id
+	// and the inbox would run only the first: Run treats such a message
+	// as one without an id ([Consumer.NoID]), and its error wraps
+	// [inbox.ErrNoMessageID] too.
+	ErrContentBasedID = fmt.Errorf("sqs: the MessageDeduplicationId is the SHA-256 of the body (content-based deduplication), no id of the producer's: %w", inbox.ErrNoMessageID)
+)
 
 // NoIDPolicy says what [Consumer.Run] does with a message that carries no
 // id. Neither choice deletes it: a message with no id cannot be
@@ -48,16 +74,15 @@ const settleTimeout = 10 * time.Second
 type NoIDPolicy int
 
 const (
-	// NoIDRedrive (the zero value) leaves the message as it is: it becomes
-	// visible again when its visibility timeout ends, and once it has been
-	// received the queue's maxReceiveCount times, the queue's redrive
-	// policy moves it to the dead-letter queue. Configure one: without a
-	// redrive policy the message comes back until its retention period
-	// ends. Run goes on with the next message.
+	// NoIDRedrive (the zero value) leaves the message in the queue, hidden
+	// for [Consumer.Retry]'s delay: once it has been received the queue's
+	// maxReceiveCount times, the redrive policy moves it to the
+	// dead-letter queue, and Run reports it ([Consumer.OnDeadLetter] and a
+	// log line) on that last receive. Run goes on with the next message.
 	NoIDRedrive NoIDPolicy = iota
 	// NoIDStop makes the message visible again at once and stops Run with
-	// an error wrapping [inbox.ErrNoMessageID]: the line stops until a
-	// person looks.
+	// an error wrapping [inbox.ErrNoMessageID] that names the queue: the
+	// line stops until a person looks.
 	NoIDStop
 )
 
@@ -102,10 +127,16 @@ type Consumer struct {
 	// producer's id. Empty means SQS's MessageId.
 	IDAttribute string
 	// DeduplicationID, when true, takes the id from the
-	// MessageDeduplicationId system attribute (FIFO queues; with
-	// content-based deduplication it is a SHA-256 of the body). It
-	// cannot be combined with IDAttribute.
+	// MessageDeduplicationId system attribute (FIFO queues). An id that is
+	// the SHA-256 of the body, which is what content-based deduplication
+	// makes when the producer sets none, is refused ([ErrContentBasedID]).
+	// It cannot be combined with IDAttribute.
 	DeduplicationID bool
+	// IDSpace is the [inbox.Message.IDSpace] of the messages: the space in
+	// which their ids are unique. Empty means the queue's URL. Give the
+	// consumers of several queues the same IDSpace to declare that their
+	// ids are one space, which the inbox then dedups across them.
+	IDSpace string
 	// NoID says what to do with a message with no id. The zero value is
 	// [NoIDRedrive].
 	NoID NoIDPolicy
@@ -122,30 +153,63 @@ type Consumer struct {
 	// whole seconds. Zero means [DefaultVisibilityTimeout]. Run extends
 	// it by this much every third of it while the message's handler runs.
 	VisibilityTimeout time.Duration
-	// RetryDelay is how long a message whose handler returned an error
-	// stays hidden before it is received again. Zero means it is visible
-	// again at once.
-	RetryDelay time.Duration
+	// Retry says how long a message whose handler returned an error stays
+	// hidden before it is received again: a delay that doubles with the
+	// message's receive count (ApproximateReceiveCount), 1 s to 5 min by
+	// default, at most 12 hours. The queue's redrive policy, not Retry,
+	// decides when it goes to the dead-letter queue: after
+	// maxReceiveCount receives. Without a redrive policy
+	// ([Consumer.NoRedrivePolicy]), Retry.MaxDeliveries is when Run starts
+	// reporting the message as one that holds up its queue.
+	Retry inbox.Retry
+	// NoRedrivePolicy, when true, lets Run consume a queue that has no
+	// redrive policy. A message whose handler always fails then comes
+	// back, Retry.MaxDelay apart, until the queue's retention period ends
+	// and SQS deletes it; Run reports it at every failure from
+	// Retry.MaxDeliveries on. The default refuses such a queue
+	// ([ErrNoRedrivePolicy]).
+	NoRedrivePolicy bool
+	// ProcessingLimit bounds how long one message's handler runs. When it
+	// passes, the handler's context ends (an inbox transaction rolls back,
+	// see [inbox.SQL]), the visibility extensions stop, and Run makes the
+	// message visible at once, so that another consumer receives it, even
+	// if the handler goes on; Run waits for the handler to return before
+	// it takes the next message, and never deletes the message it
+	// released. Zero means [inbox.DefaultProcessingLimit]; negative means
+	// no limit.
+	ProcessingLimit time.Duration
 	// OnSettleError, when set, is called with each error of a delete or
 	// visibility change that Run does not stop for: the message comes
 	// back when its visibility ends, and the inbox turns it away if its
 	// effect had committed. Nil means such errors are dropped.
 	OnSettleError func(messageID string, err error)
+	// OnDeadLetter, when set, is called (from Run's goroutine) for each
+	// message on its way to the dead-letter queue (failed, or without an
+	// id, on its maxReceiveCount-th receive), or, without a redrive
+	// policy, holding up the queue. Run also logs each at level Error.
+	OnDeadLetter func(inbox.DeadLetter)
+	// Logger receives Run's log lines; nil means [slog.Default].
+	Logger *slog.Logger
 }
 
 // Run receives from c.QueueURL until ctx is done or a receive fails, and
 // passes each message to h, one at a time.
 //
-// After h returns nil, Run deletes the message; after h returns an error,
-// Run makes it visible again after [Consumer.RetryDelay] and goes on: a
-// handler error never stops Run. h gets ctx; when ctx is done while h
-// runs, h's transaction should roll back and h return an error.
+// Before it receives, Run reads the queue's redrive policy
+// (GetQueueAttributes) and returns an error wrapping [ErrNoRedrivePolicy]
+// when there is none, unless [Consumer.NoRedrivePolicy] is set. After h
+// returns nil, Run deletes the message; after h returns an error, Run
+// hides it for [Consumer.Retry]'s delay and goes on: a handler error never
+// stops Run. h gets a context that ends with ctx or at
+// [Consumer.ProcessingLimit].
 //
-// When ctx is done Run makes the messages it received and did not handle
-// visible again, so other consumers get them at once, and returns
-// ctx.Err(). Otherwise it returns the receive's error, or an error
-// wrapping [inbox.ErrNoMessageID] (see [NoIDStop]). No goroutine of Run's
-// outlives it.
+// Shutdown loses nothing: when ctx is done while h runs, Run waits for h,
+// deletes the message if h returned nil (its effect committed) and makes
+// it visible at once otherwise, whatever the settings. It makes the
+// messages it received and did not handle visible again, so other
+// consumers get them at once, and returns ctx.Err(). Otherwise it returns
+// the receive's error, or an error wrapping [inbox.ErrNoMessageID] (see
+// [NoIDStop]). No goroutine of Run's outlives it.
 func (c *Consumer) Run(ctx context.Context, api API, h inbox.Handler) error {
 	if c.QueueURL == "" {
 		return errors.New("sqs: Consumer.QueueURL is empty")
@@ -156,8 +220,15 @@ func (c *Consumer) Run(ctx context.Context, api API, h inbox.Handler) error {
 	if h == nil {
 		return errors.New("sqs: nil handler")
 	}
+	r := &run{c: c, api: api, h: h, limit: c.ProcessingLimit}
+	if r.limit == 0 {
+		r.limit = inbox.DefaultProcessingLimit
+	}
+	if err := r.readRedrive(ctx); err != nil {
+		return err
+	}
 	in := c.receiveInput()
-	visibility := time.Duration(in.VisibilityTimeout) * time.Second
+	r.visibility = time.Duration(in.VisibilityTimeout) * time.Second
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -171,15 +242,71 @@ func (c *Consumer) Run(ctx context.Context, api API, h inbox.Handler) error {
 		}
 		for i := range out.Messages {
 			if ctx.Err() != nil {
-				c.release(ctx, api, out.Messages[i:])
+				r.release(ctx, out.Messages[i:])
 				return ctx.Err()
 			}
-			if err := c.handle(ctx, api, &out.Messages[i], h, visibility); err != nil {
-				c.release(ctx, api, out.Messages[i+1:])
+			if err := r.handle(ctx, &out.Messages[i]); err != nil {
+				r.release(ctx, out.Messages[i+1:])
 				return err
 			}
 		}
 	}
+}
+
+// run is one Run's settings, resolved.
+type run struct {
+	c          *Consumer
+	api        API
+	h          inbox.Handler
+	limit      time.Duration // < 0: none
+	visibility time.Duration
+	maxRecv    int    // the redrive policy's maxReceiveCount; 0: no policy
+	dlq        string // the redrive policy's dead-letter queue
+}
+
+// readRedrive reads the queue's redrive policy.
+func (r *run) readRedrive(ctx context.Context) error {
+	out, err := r.api.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
+		QueueUrl:       &r.c.QueueURL,
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameRedrivePolicy},
+	})
+	if err != nil {
+		return fmt.Errorf("sqs: read the queue's redrive policy (GetQueueAttributes): %w", err)
+	}
+	policy := out.Attributes[string(types.QueueAttributeNameRedrivePolicy)]
+	if policy == "" {
+		if r.c.NoRedrivePolicy {
+			return nil
+		}
+		return fmt.Errorf("%w: %s (give it one with a dead-letter queue, or set Consumer.NoRedrivePolicy)", ErrNoRedrivePolicy, r.c.QueueURL)
+	}
+	n, dlq, err := parseRedrive(policy)
+	if err != nil {
+		return fmt.Errorf("sqs: the queue's redrive policy %q: %w", policy, err)
+	}
+	r.maxRecv, r.dlq = n, dlq
+	return nil
+}
+
+// parseRedrive reads a queue's RedrivePolicy attribute, JSON whose
+// maxReceiveCount SQS gives as a number or as a string of one.
+func parseRedrive(policy string) (maxReceiveCount int, deadLetterQueue string, err error) {
+	var p struct {
+		DeadLetterTargetArn string          `json:"deadLetterTargetArn"`
+		MaxReceiveCount     json.RawMessage `json:"maxReceiveCount"`
+	}
+	if err := json.Unmarshal([]byte(policy), &p); err != nil {
+		return 0, "", err
+	}
+	raw := string(p.MaxReceiveCount)
+	if unq, err := strconv.Unquote(raw); err == nil {
+		raw = unq
+	}
+	n, err := strconv.Atoi(raw)
+	if err != nil || n < 1 {
+		return 0, "", errors.New("no maxReceiveCount of 1 or more")
+	}
+	return n, p.DeadLetterTargetArn, nil
 }
 
 // receiveInput is the ReceiveMessage request Run repeats.
@@ -199,7 +326,7 @@ func (c *Consumer) receiveInput() *sqs.ReceiveMessageInput {
 	if in.WaitTimeSeconds > 20 {
 		in.WaitTimeSeconds = 20
 	}
-	// For inbox.Message's Time and Redelivered.
+	// For inbox.Message's Time and Redelivered, and the retry delay.
 	in.MessageSystemAttributeNames = []types.MessageSystemAttributeName{
 		types.MessageSystemAttributeNameSentTimestamp,
 		types.MessageSystemAttributeNameApproximateReceiveCount,
@@ -217,20 +344,39 @@ func (c *Consumer) receiveInput() *sqs.ReceiveMessageInput {
 
 // handle runs h for one message and settles it. It returns an error only
 // when Run must stop.
-func (c *Consumer) handle(ctx context.Context, api API, m *types.Message, h inbox.Handler, visibility time.Duration) error {
-	id := c.messageID(m)
-	if id == "" {
+func (r *run) handle(ctx context.Context, sm *types.Message) error {
+	c := r.c
+	id, idErr := c.messageID(sm)
+	m := newMessage(c.QueueURL, c.idSpace(), id, sm)
+	n := receiveCount(sm)
+	if idErr != nil {
 		if c.NoID == NoIDStop {
-			c.setVisibility(ctx, api, m, 0)
-			return fmt.Errorf("sqs: message %s: %w", deref(m.MessageId), inbox.ErrNoMessageID)
+			r.setVisibility(ctx, sm, 0)
+			return fmt.Errorf("sqs: message %s on %s: %w", deref(sm.MessageId), c.QueueURL, idErr)
 		}
+		r.setVisibility(ctx, sm, r.retryDelay(n))
+		r.reportIfLast(m, n, idErr)
 		return nil
 	}
-	err := c.withExtension(ctx, api, m, visibility, func() error { return h(ctx, newMessage(c.QueueURL, id, m)) })
+	released, err := r.callHandler(ctx, sm, m)
+	if released {
+		// Visible again at the processing limit: whatever the handler
+		// did, another consumer receives the message and the inbox
+		// serialises the two. Its receipt handle is spent.
+		c.logger().Warn("sqs: handler passed its processing limit; message made visible",
+			slog.String("queue", c.QueueURL), slog.String("id", id), slog.Bool("returned_nil", err == nil))
+		return nil
+	}
 	if err != nil {
 		// The transaction rolled back, the inbox row with it, so the
 		// next receive runs the effect again.
-		c.setVisibility(ctx, api, m, c.RetryDelay)
+		if ctx.Err() != nil {
+			// Shutdown: visible again at once, whatever the settings.
+			r.setVisibility(ctx, sm, 0)
+			return nil
+		}
+		r.setVisibility(ctx, sm, r.retryDelay(n))
+		r.reportIfLast(m, n, err)
 		return nil
 	}
 	// The effect committed. If this delete is lost (a crash now, a
@@ -238,72 +384,109 @@ func (c *Consumer) handle(ctx context.Context, api API, m *types.Message, h inbo
 	// the inbox turns it away.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	if _, err := api.DeleteMessage(sctx, &sqs.DeleteMessageInput{QueueUrl: &c.QueueURL, ReceiptHandle: m.ReceiptHandle}); err != nil {
+	if _, err := r.api.DeleteMessage(sctx, &sqs.DeleteMessageInput{QueueUrl: &c.QueueURL, ReceiptHandle: sm.ReceiptHandle}); err != nil {
 		c.settleError(id, fmt.Errorf("sqs: delete: %w", err))
 	}
 	return nil
 }
 
-// messageID returns m's id from the configured place, or "" when it has
-// none.
-func (c *Consumer) messageID(m *types.Message) string {
+func (r *run) retryDelay(n int) time.Duration {
+	return min(r.c.Retry.After(max(n, 1)), maxVisibility)
+}
+
+// reportIfLast reports a message that failed on its n-th receive when the
+// redrive policy moves it to the dead-letter queue at its next receive,
+// or, without a policy, when it is past Retry's limit.
+func (r *run) reportIfLast(m *inbox.Message, n int, err error) {
 	switch {
-	case c.IDAttribute != "":
-		v, ok := m.MessageAttributes[c.IDAttribute]
-		if !ok {
-			return ""
-		}
-		if v.StringValue != nil {
-			return *v.StringValue
-		}
-		return string(v.BinaryValue)
-	case c.DeduplicationID:
-		return m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)]
-	default:
-		return deref(m.MessageId)
+	case r.maxRecv > 0 && n >= r.maxRecv:
+		r.c.report(inbox.DeadLetter{Message: m, Deliveries: n, Err: err,
+			To: fmt.Sprintf("moved by the queue's redrive policy (maxReceiveCount %d) to %s at its next receive", r.maxRecv, r.dlq)})
+	case r.maxRecv == 0 && r.c.Retry.Exhausted(n):
+		r.c.report(inbox.DeadLetter{Message: m, Deliveries: n, Err: err,
+			To: "stays in the queue, which has no redrive policy: SQS deletes it when the retention period ends"})
 	}
 }
 
-// withExtension runs fn, extending m's visibility by visibility every
-// third of it, and returns fn's error. The extending goroutine ends
-// before withExtension returns.
-func (c *Consumer) withExtension(ctx context.Context, api API, m *types.Message, visibility time.Duration, fn func() error) error {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(visibility / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				c.setVisibility(ctx, api, m, visibility)
+// callHandler runs h, extending sm's visibility every third of it, and
+// returns h's error. When the processing limit passes first, the
+// extensions stop, sm is made visible at once, and callHandler reports
+// released (inbox.Supervise).
+func (r *run) callHandler(ctx context.Context, sm *types.Message, m *inbox.Message) (released bool, err error) {
+	return inbox.Supervise(ctx, r.h, m, inbox.Supervision{
+		Limit:   r.limit,
+		Every:   r.visibility / 3,
+		Beat:    func() { r.setVisibility(ctx, sm, r.visibility) },
+		Release: func() { r.setVisibility(ctx, sm, 0) },
+	})
+}
+
+// messageID returns m's id from the configured place; the error is
+// inbox.ErrNoMessageID when it has none, and ErrContentBasedID when its
+// deduplication id is its body's hash.
+func (c *Consumer) messageID(m *types.Message) (string, error) {
+	var id string
+	switch {
+	case c.IDAttribute != "":
+		if v, ok := m.MessageAttributes[c.IDAttribute]; ok {
+			if v.StringValue != nil {
+				id = *v.StringValue
+			} else {
+				id = string(v.BinaryValue)
 			}
 		}
-	})
-	defer wg.Wait()
-	defer close(done)
-	return fn()
+	case c.DeduplicationID:
+		id = m.Attributes[string(types.MessageSystemAttributeNameMessageDeduplicationId)]
+		if id != "" {
+			// SQS's content-based deduplication id is the hex SHA-256 of
+			// the body: an id of the payload, not of the message.
+			sum := sha256.Sum256([]byte(deref(m.Body)))
+			if id == hex.EncodeToString(sum[:]) {
+				return id, ErrContentBasedID
+			}
+		}
+	default:
+		id = deref(m.MessageId)
+	}
+	if id == "" {
+		return "", inbox.ErrNoMessageID
+	}
+	return id, nil
+}
+
+func (c *Consumer) idSpace() string {
+	if c.IDSpace != "" {
+		return c.IDSpace
+	}
+	return c.QueueURL
+}
+
+// receiveCount is m's ApproximateReceiveCount, 1 when absent.
+func receiveCount(m *types.Message) int {
+	n, err := strconv.Atoi(m.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)])
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n
 }
 
 // release makes msgs visible again at once.
-func (c *Consumer) release(ctx context.Context, api API, msgs []types.Message) {
+func (r *run) release(ctx context.Context, msgs []types.Message) {
 	for i := range msgs {
-		c.setVisibility(ctx, api, &msgs[i], 0)
+		r.setVisibility(ctx, &msgs[i], 0)
 	}
 }
 
-func (c *Consumer) setVisibility(ctx context.Context, api API, m *types.Message, d time.Duration) {
+func (r *run) setVisibility(ctx context.Context, m *types.Message, d time.Duration) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	_, err := api.ChangeMessageVisibility(sctx, &sqs.ChangeMessageVisibilityInput{
-		QueueUrl:          &c.QueueURL,
+	_, err := r.api.ChangeMessageVisibility(sctx, &sqs.ChangeMessageVisibilityInput{
+		QueueUrl:          &r.c.QueueURL,
 		ReceiptHandle:     m.ReceiptHandle,
 		VisibilityTimeout: seconds(d, 0),
 	})
 	if err != nil {
-		c.settleError(deref(m.MessageId), fmt.Errorf("sqs: change visibility: %w", err))
+		r.c.settleError(deref(m.MessageId), fmt.Errorf("sqs: change visibility: %w", err))
 	}
 }
 
@@ -311,6 +494,17 @@ func (c *Consumer) settleError(id string, err error) {
 	if c.OnSettleError != nil {
 		c.OnSettleError(id, err)
 	}
+}
+
+func (c *Consumer) logger() *slog.Logger {
+	if c.Logger != nil {
+		return c.Logger
+	}
+	return slog.Default()
+}
+
+func (c *Consumer) report(d inbox.DeadLetter) {
+	inbox.ReportDeadLetter(c.logger(), c.OnDeadLetter, d)
 }
 
 // seconds is d in whole seconds, rounded up (a visibility shorter than

@@ -2,8 +2,11 @@ package sqs_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,14 +15,14 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	sqsinbox "github.com/idemkit/idemhttp/contrib/sqs"
 	"github.com/idemkit/idemhttp/inbox"
+	"github.com/idemkit/idemhttp/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	testenv.Main(m, "", nil)
 }
 
 const queueURL = "https://sqs.example.invalid/123456789012/orders"
@@ -59,8 +62,9 @@ func TestRunDeletesAfterHandler(t *testing.T) {
 	assert.Zero(t, n, "both deleted")
 }
 
-// A handler error leaves the message in the queue, visible again after
-// RetryDelay, so the next receive runs the handler again.
+// A handler error leaves the message in the queue, hidden for the
+// Retry's delay (1 s by default, never at once), so the next receive
+// after it runs the handler again.
 // (With Run deleting before the handler, this test and the lost-delete one
 // fail: checked once.)
 func TestRunHandlerErrorRedelivers(t *testing.T) {
@@ -72,24 +76,212 @@ func TestRunHandlerErrorRedelivers(t *testing.T) {
 		}
 		return nil
 	}}
-	c := &sqsinbox.Consumer{QueueURL: queueURL, RetryDelay: 0}
+	c := &sqsinbox.Consumer{QueueURL: queueURL}
 	require.NoError(t, runUntilIdle(c, f, r.handle))
-	assert.Equal(t, []string{id, id}, r.seen(), "made visible at once, received again, handled again")
-	n, _ := f.live()
+	assert.Equal(t, []string{id}, r.seen())
+	n, hidden := f.live()
+	assert.Equal(t, 1, n, "not deleted")
+	assert.Equal(t, 1, hidden, "hidden for the delay")
+	assert.Equal(t, []int32{1}, f.changes)
+	f.expire() // the delay ends
+	require.NoError(t, runUntilIdle(c, f, r.handle))
+	assert.Equal(t, []string{id, id}, r.seen(), "received again, handled again")
+	n, _ = f.live()
 	assert.Zero(t, n)
-	assert.Equal(t, []int32{0}, f.changes)
 
-	// With a delay, the message stays hidden for that long.
+	// With a longer delay, the message stays hidden for that long.
 	f = newFake()
 	f.send("a", nil, nil)
 	r = recorder{err: func(string, int) error { return errors.New("no") }}
-	c.RetryDelay = 90 * time.Second
+	c.Retry.Delay = 90 * time.Second
 	require.NoError(t, runUntilIdle(c, f, r.handle))
 	assert.Len(t, r.seen(), 1)
-	n, hidden := f.live()
+	n, hidden = f.live()
 	assert.Equal(t, 1, n, "not deleted")
 	assert.Equal(t, 1, hidden)
 	assert.Equal(t, []int32{90}, f.changes)
+}
+
+// A handler that always fails: each receive hides its message for twice
+// as long as the one before, and the queue's redrive policy moves it to
+// the dead-letter queue after maxReceiveCount receives; Run reports it
+// once, on the last receive. (With a fixed delay, the changes were
+// [1 1 1 1 1]; without the report, the hook got nothing: this test
+// failed both ways.)
+func TestRunPoisonRedriven(t *testing.T) {
+	f := newFake()
+	f.send("poison", nil, nil)
+	var calls int
+	h := func(context.Context, *inbox.Message) error { calls++; return errors.New("cannot parse") }
+	var dead []inbox.DeadLetter
+	c := &sqsinbox.Consumer{QueueURL: queueURL, OnDeadLetter: func(d inbox.DeadLetter) { dead = append(dead, d) }}
+	for round := 0; len(f.deadLettered()) == 0; round++ {
+		require.Less(t, round, 10, "never dead-lettered")
+		require.NoError(t, runUntilIdle(c, f, h))
+		f.expire()
+	}
+	assert.Equal(t, 5, calls, "maxReceiveCount receives")
+	assert.Equal(t, []int32{1, 2, 4, 8, 16}, f.changes, "a delay that doubles")
+	assert.Equal(t, []string{"poison"}, f.deadLettered())
+	require.Len(t, dead, 1)
+	assert.Equal(t, 5, dead[0].Deliveries)
+	assert.Contains(t, dead[0].To, "orders-dlq")
+	assert.ErrorContains(t, dead[0].Err, "cannot parse")
+}
+
+// Run refuses a queue without a redrive policy (a poison message would
+// come back until SQS deleted it, silently, at the end of its retention),
+// unless told to run without one; then it reports such a message at each
+// failure from Retry.MaxDeliveries on. (Without the check, Run consumed the
+// queue: this test failed.)
+func TestRunRedrivePolicyRequired(t *testing.T) {
+	f := newFake()
+	f.setRedrive(0)
+	f.send("poison", nil, nil)
+	var calls int
+	h := func(context.Context, *inbox.Message) error { calls++; return errors.New("cannot parse") }
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := (&sqsinbox.Consumer{QueueURL: queueURL}).Run(ctx, f, h)
+	require.ErrorIs(t, err, sqsinbox.ErrNoRedrivePolicy)
+	assert.Zero(t, calls)
+
+	var dead []inbox.DeadLetter
+	c := &sqsinbox.Consumer{QueueURL: queueURL, NoRedrivePolicy: true, Retry: inbox.Retry{MaxDeliveries: 3},
+		OnDeadLetter: func(d inbox.DeadLetter) { dead = append(dead, d) }}
+	for range 4 {
+		require.NoError(t, runUntilIdle(c, f, h))
+		f.expire()
+	}
+	assert.Equal(t, 4, calls)
+	require.Len(t, dead, 2, "from the third failure on")
+	assert.Contains(t, dead[0].To, "no redrive policy")
+	assert.Equal(t, []int{3, 4}, []int{dead[0].Deliveries, dead[1].Deliveries})
+}
+
+// Cancelling Run while a handler runs makes its message visible at once,
+// whatever the Retry, or deletes it when the handler still returns nil
+// (its effect committed). (With Run treating the shutdown's error as a
+// handler failure, the message stayed hidden for an hour: this test
+// failed.)
+func TestRunShutdownReleases(t *testing.T) {
+	tests := []struct {
+		name      string
+		returnNil bool
+		wantLive  int
+	}{
+		{name: "handler fails", wantLive: 1},
+		{name: "handler committed", returnNil: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFake()
+			f.send("a", nil, nil)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			h := func(ctx context.Context, _ *inbox.Message) error {
+				cancel()
+				<-ctx.Done()
+				if tt.returnNil {
+					return nil
+				}
+				return ctx.Err()
+			}
+			var dead int
+			c := &sqsinbox.Consumer{QueueURL: queueURL, Retry: inbox.Retry{Delay: time.Hour}, OnDeadLetter: func(inbox.DeadLetter) { dead++ }}
+			require.ErrorIs(t, c.Run(ctx, f, h), context.Canceled)
+			n, hidden := f.live()
+			assert.Equal(t, tt.wantLive, n)
+			assert.Zero(t, hidden, "visible at once")
+			if tt.wantLive == 1 {
+				assert.Equal(t, []int32{0}, f.changes)
+			}
+			assert.Zero(t, dead)
+		})
+	}
+}
+
+// A FIFO queue with content-based deduplication makes the
+// MessageDeduplicationId the SHA-256 of the body when the producer sets
+// none: two different orders with equal bodies would share it. Run
+// refuses such an id, as no id; a producer's own id passes. (Without the
+// check, the hash was the id and the handler ran: this test failed.)
+func TestRunRefusesContentBasedID(t *testing.T) {
+	body := `{"amount":100}`
+	sum := sha256.Sum256([]byte(body))
+	f := newFake()
+	f.send(body, nil, map[string]string{"MessageDeduplicationId": hex.EncodeToString(sum[:])})
+	f.send(body, nil, map[string]string{"MessageDeduplicationId": "order-2"})
+	var r recorder
+	var dead []inbox.DeadLetter
+	c := &sqsinbox.Consumer{QueueURL: queueURL, DeduplicationID: true, OnDeadLetter: func(d inbox.DeadLetter) { dead = append(dead, d) }}
+	for range 6 {
+		require.NoError(t, runUntilIdle(c, f, r.handle))
+		f.expire()
+	}
+	assert.Equal(t, []string{"order-2"}, r.seen())
+	assert.Len(t, f.deadLettered(), 1, "redriven, never handled")
+	require.Len(t, dead, 1)
+	assert.ErrorIs(t, dead[0].Err, sqsinbox.ErrContentBasedID)
+	assert.ErrorIs(t, dead[0].Err, inbox.ErrNoMessageID)
+
+	f = newFake()
+	f.send(body, nil, map[string]string{"MessageDeduplicationId": hex.EncodeToString(sum[:])})
+	err := (&sqsinbox.Consumer{QueueURL: queueURL, DeduplicationID: true, NoID: sqsinbox.NoIDStop}).Run(context.Background(), f, r.handle)
+	require.ErrorIs(t, err, sqsinbox.ErrContentBasedID)
+	assert.ErrorContains(t, err, queueURL, "the error names the queue")
+}
+
+// Each message's IDSpace is the queue's URL, or the declared one. (With
+// the adapter leaving it empty, this test failed.)
+func TestRunIDSpace(t *testing.T) {
+	for _, tt := range []struct{ give, want string }{{"", queueURL}, {"orders", "orders"}} {
+		f := newFake()
+		f.send("a", nil, nil)
+		var got string
+		h := func(_ context.Context, m *inbox.Message) error { got = m.IDSpace; return nil }
+		require.NoError(t, runUntilIdle(&sqsinbox.Consumer{QueueURL: queueURL, IDSpace: tt.give}, f, h))
+		assert.Equal(t, tt.want, got)
+	}
+}
+
+// A handler that hangs, ignoring its context, holds its message only
+// until the processing limit: then the extensions stop and the message is
+// made visible at once for another consumer, and the hung handler's late
+// return deletes nothing. (Without the release, no visibility change came
+// while the handler hung: this test failed.)
+func TestRunProcessingLimit(t *testing.T) {
+	f := newFake()
+	f.changed = make(chan int32, 4)
+	f.send("a", nil, nil)
+	unblock := make(chan struct{})
+	var calls atomic.Int32
+	h := func(context.Context, *inbox.Message) error {
+		if calls.Add(1) == 1 {
+			<-unblock // ignores its context
+		}
+		return nil
+	}
+	var settle []error
+	c := &sqsinbox.Consumer{QueueURL: queueURL, ProcessingLimit: 100 * time.Millisecond,
+		OnSettleError: func(_ string, err error) { settle = append(settle, err) }}
+	errc := make(chan error, 1)
+	go func() { errc <- runUntilIdle(c, f, h) }()
+	select {
+	case v := <-f.changed:
+		assert.Equal(t, int32(0), v, "visible at once")
+		_, hidden := f.live()
+		assert.Zero(t, hidden, "another consumer can receive it while the handler hangs")
+	case <-time.After(20 * time.Second):
+		t.Error("no visibility change at the limit")
+	}
+	close(unblock)
+	require.NoError(t, <-errc)
+	// The hung handler's return deleted nothing; the message, received
+	// again, was handled and deleted with its new receipt handle.
+	assert.Equal(t, int32(2), calls.Load())
+	assert.Equal(t, 1, f.deletes)
+	assert.Empty(t, settle, "no delete with the given-up receipt handle")
 }
 
 func TestRunIDSources(t *testing.T) {
@@ -237,8 +429,58 @@ func TestRunReceiveError(t *testing.T) {
 	assert.ErrorContains(t, err, "sqs: receive")
 }
 
+// failingAPI fails every receive, on a queue with a redrive policy.
 type failingAPI struct{ sqsinbox.API }
 
+func (failingAPI) GetQueueAttributes(ctx context.Context, in *sqs.GetQueueAttributesInput, _ ...func(*sqs.Options)) (*sqs.GetQueueAttributesOutput, error) {
+	return newFake().GetQueueAttributes(ctx, in)
+}
+
 func (failingAPI) ReceiveMessage(context.Context, *sqs.ReceiveMessageInput, ...func(*sqs.Options)) (*sqs.ReceiveMessageOutput, error) {
+	return nil, errors.New("access denied")
+}
+
+// The redrive policy's maxReceiveCount is read whether SQS spells it as a
+// number or as a string; a policy without one, or a failed
+// GetQueueAttributes, stops Run before it receives anything.
+func TestRunReadsRedrivePolicy(t *testing.T) {
+	tests := []struct {
+		give    string
+		wantErr bool
+	}{
+		{give: `{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:1:dlq","maxReceiveCount":3}`},
+		{give: `{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:1:dlq","maxReceiveCount":"3"}`},
+		{give: `{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:1:dlq"}`, wantErr: true},
+		{give: `not json`, wantErr: true},
+	}
+	for _, tt := range tests {
+		f := newFake()
+		f.redrive = tt.give
+		f.send("poison", nil, nil)
+		var dead []inbox.DeadLetter
+		c := &sqsinbox.Consumer{QueueURL: queueURL, OnDeadLetter: func(d inbox.DeadLetter) { dead = append(dead, d) }}
+		h := func(context.Context, *inbox.Message) error { return errors.New("poison") }
+		var err error
+		for range 3 {
+			if err = runUntilIdle(c, f, h); err != nil {
+				break
+			}
+			f.expire()
+		}
+		if tt.wantErr {
+			assert.ErrorContains(t, err, "redrive policy", tt.give)
+			continue
+		}
+		require.NoError(t, err, tt.give)
+		require.Len(t, dead, 1, tt.give)
+		assert.Equal(t, 3, dead[0].Deliveries)
+	}
+	err := (&sqsinbox.Consumer{QueueURL: queueURL}).Run(context.Background(), deniedAPI{}, func(context.Context, *inbox.Message) error { return nil })
+	assert.ErrorContains(t, err, "GetQueueAttributes")
+}
+
+type deniedAPI struct{ sqsinbox.API }
+
+func (deniedAPI) GetQueueAttributes(context.Context, *sqs.GetQueueAttributesInput, ...func(*sqs.Options)) (*sqs.GetQueueAttributesOutput, error) {
 	return nil, errors.New("access denied")
 }

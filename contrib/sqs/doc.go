@@ -26,34 +26,78 @@
 // within its 5-minute deduplication interval (the inbox covers the
 // retries that come later).
 //
-// A message with no id is never handled and never deleted: it is left to
-// come back and, after the queue's maxReceiveCount, to be moved to its
-// dead-letter queue by the redrive policy ([NoIDRedrive], the default), or
-// made visible again while Run stops ([NoIDStop]).
+// With DeduplicationID, an id that is the SHA-256 of the body is refused
+// ([ErrContentBasedID]): that is what a FIFO queue with content-based
+// deduplication makes when the producer sets no id, and two different
+// messages with the same body (two equal payments) would share it.
 //
-// # Delete after commit, redeliver on error
+// A message with no id (or a refused one) is never handled and never
+// deleted: it is hidden for the retry delay and, after the queue's
+// maxReceiveCount receives, moved to its dead-letter queue by the redrive
+// policy, and reported ([NoIDRedrive], the default), or made visible again
+// while Run stops with an error naming the queue ([NoIDStop]).
+//
+// Each message's [inbox.Message.IDSpace] is its queue's URL (or
+// [Consumer.IDSpace]), so an inbox shared by the consumers of two queues
+// never takes one queue's message for a duplicate of the other's.
+//
+// # Delete after commit
 //
 // Run deletes a message only after the handler returned nil, which for an
 // inbox handler means after its transaction committed. A crash before the
 // delete leaves the message in the queue, and it is received again when
-// its visibility timeout ends, by this consumer or another. A handler
-// error makes the message visible again after [Consumer.RetryDelay]; its
-// transaction rolled back, the inbox row with it, so the next receive
-// runs the effect again.
+// its visibility timeout ends, by this consumer or another.
 //
-// # Visibility and slow handlers
+// # Shutdown
+//
+// Cancelling Run's context loses nothing, whatever the settings: a message
+// whose handler is running is deleted if the handler returns nil (its
+// effect committed) and made visible again at once otherwise; the
+// messages received and not yet handled are made visible at once too.
+//
+// # Poison messages
+//
+// A handler error rolls its transaction back, the inbox row with it, and
+// Run hides the message for a delay that doubles with its receive count
+// ([Consumer.Retry]: 1 s to 5 min by default), so nothing spins. The
+// queue's redrive policy moves it to the dead-letter queue after
+// maxReceiveCount receives; Run reports it, through [Consumer.OnDeadLetter]
+// and a log line at level Error, on the receive that was its last. Run
+// refuses to consume a queue without a redrive policy
+// ([ErrNoRedrivePolicy]): there, SQS would delete a poison message,
+// silently, when its retention period ends. [Consumer.NoRedrivePolicy]
+// allows it, and Run then reports such a message at every failure from
+// [inbox.Retry.MaxDeliveries] on. Run reads the policy with
+// GetQueueAttributes, which needs the sqs:GetQueueAttributes permission.
+//
+// # Visibility, slow handlers and hung handlers
 //
 // While a handler runs, Run extends its message's visibility timeout every
 // third of [Consumer.VisibilityTimeout], so another consumer does not
 // receive it meanwhile. Should that fail (a long network partition), the
 // second consumer's transaction waits on the first's inbox row and then
 // runs nothing, and the first's delete fails harmlessly
-// ([Consumer.OnSettleError] hears of it).
+// ([Consumer.OnSettleError] hears of it). A handler runs for at most
+// [Consumer.ProcessingLimit] (5 minutes by default): then its context ends,
+// which rolls an inbox transaction back (see [inbox.SQL]: the server's own
+// timeouts end it even if the handler ignores its context), the extensions
+// stop, and Run makes the message visible at once, for another consumer.
+// Run waits for the handler to return and never deletes the message it
+// released.
+//
+// # Inbox retention
+//
+// SQS keeps a message at most 14 days (MessageRetentionPeriod) and hides it
+// at most 12 hours, so an inbox id older than 15 days
+// ([inbox.DefaultMinRetention], the floor of [inbox.SQL.Prune]) can no
+// longer be redelivered by SQS; keep ids longer if producers may resend
+// later than that.
 //
 // # Tested against a fake
 //
 // This package is tested against an in-memory fake of [API] that models
-// receipt handles and visibility (once through the real SDK client, with
+// receipt handles, visibility, receive counts and the redrive policy (once
+// through the real SDK client, with
 // the fake behind SQS's JSON protocol), not against SQS. No local SQS
 // implementation could be run in this project's CI: ElasticMQ needs a JVM,
 // and goaws (v0.4.5, the version available) speaks only SQS's old query

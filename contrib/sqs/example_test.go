@@ -42,8 +42,11 @@ func ExampleConsumer_Run() {
 		return err
 	})
 	c := &sqsinbox.Consumer{
-		QueueURL:    os.Getenv("QUEUE_URL"), // with a redrive policy to a dead-letter queue
+		QueueURL:    os.Getenv("QUEUE_URL"), // with a redrive policy to a dead-letter queue: Run refuses one without
 		IDAttribute: "idem-id",
+		OnDeadLetter: func(d inbox.DeadLetter) {
+			// Also logged; count it in your metrics.
+		},
 		OnSettleError: func(id string, err error) {
 			log.Printf("message %s: %v (it will come back; the inbox turns it away)", id, err)
 		},

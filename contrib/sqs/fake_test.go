@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -35,6 +36,13 @@ type fakeSQS struct {
 	failDelete  func() bool
 	deletes     int
 	changes     []int32
+
+	// redrive is the queue's RedrivePolicy attribute; "" for none. When
+	// set, a message received maxReceiveCount times moves, at its next
+	// receive, to dead, as SQS's redrive does.
+	redrive         string
+	maxReceiveCount int
+	dead            []*fakeMsg
 }
 
 type fakeMsg struct {
@@ -49,8 +57,47 @@ type fakeMsg struct {
 
 var _ sqsinbox.API = (*fakeSQS)(nil)
 
+// newFake returns an empty queue with a redrive policy of
+// maxReceiveCount 5.
 func newFake() *fakeSQS {
-	return &fakeSQS{received: make(chan struct{}, 1)}
+	f := &fakeSQS{received: make(chan struct{}, 1)}
+	f.setRedrive(5)
+	return f
+}
+
+// setRedrive gives the queue a redrive policy of maxReceiveCount n, or
+// none when n is 0.
+func (f *fakeSQS) setRedrive(n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.maxReceiveCount = n
+	f.redrive = ""
+	if n > 0 {
+		f.redrive = fmt.Sprintf(`{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:123456789012:orders-dlq","maxReceiveCount":%d}`, n)
+	}
+}
+
+// deadLettered returns the bodies of the messages the redrive moved.
+func (f *fakeSQS) deadLettered() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, m := range f.dead {
+		out = append(out, m.body)
+	}
+	return out
+}
+
+func (f *fakeSQS) GetQueueAttributes(_ context.Context, in *sqs.GetQueueAttributesInput, _ ...func(*sqs.Options)) (*sqs.GetQueueAttributesOutput, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := &sqs.GetQueueAttributesOutput{Attributes: map[string]string{}}
+	for _, name := range in.AttributeNames {
+		if name == types.QueueAttributeNameRedrivePolicy && f.redrive != "" {
+			out.Attributes[string(name)] = f.redrive
+		}
+	}
+	return out, nil
 }
 
 // send adds a message; a nil attrs and system are fine.
@@ -98,6 +145,13 @@ func (f *fakeSQS) ReceiveMessage(ctx context.Context, in *sqs.ReceiveMessageInpu
 		if m.deleted || m.handle != "" {
 			continue
 		}
+		if f.maxReceiveCount > 0 && m.recvs >= f.maxReceiveCount {
+			// The redrive policy: to the dead-letter queue, not to the
+			// consumer.
+			m.deleted = true
+			f.dead = append(f.dead, m)
+			continue
+		}
 		f.seq++
 		m.recvs++
 		m.handle = fmt.Sprintf("rh-%s-%d", m.id, f.seq)
@@ -114,6 +168,13 @@ func (f *fakeSQS) ReceiveMessage(ctx context.Context, in *sqs.ReceiveMessageInpu
 			}
 		}
 		for _, name := range in.MessageSystemAttributeNames {
+			if name == types.MessageSystemAttributeNameApproximateReceiveCount {
+				if msg.Attributes == nil {
+					msg.Attributes = map[string]string{}
+				}
+				msg.Attributes[string(name)] = strconv.Itoa(m.recvs)
+				continue
+			}
 			if v, ok := m.system[string(name)]; ok {
 				if msg.Attributes == nil {
 					msg.Attributes = map[string]string{}
@@ -182,9 +243,14 @@ func (f *fakeSQS) byHandle(h string) *fakeMsg {
 	return nil
 }
 
-// runUntilIdle runs c on f until a receive finds the queue empty, then
-// stops it and returns Run's error (nil when it stopped for that).
+// runUntilIdle runs c on f (or on api, which serves f, when given) until a
+// receive finds the queue empty, then stops it and returns Run's error
+// (nil when it stopped for that).
 func runUntilIdle(c *sqsinbox.Consumer, f *fakeSQS, h inbox.Handler) error {
+	return runUntilIdleVia(c, f, f, h)
+}
+
+func runUntilIdleVia(c *sqsinbox.Consumer, f *fakeSQS, api sqsinbox.API, h inbox.Handler) error {
 	select {
 	case <-f.received: // a signal from an earlier run
 	default:
@@ -192,7 +258,7 @@ func runUntilIdle(c *sqsinbox.Consumer, f *fakeSQS, h inbox.Handler) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errc := make(chan error, 1)
-	go func() { errc <- c.Run(ctx, f, h) }()
+	go func() { errc <- c.Run(ctx, api, h) }()
 	select {
 	case err := <-errc:
 		return err

@@ -6,9 +6,13 @@ require (
 	github.com/aws/aws-sdk-go-v2 v1.48.0
 	github.com/aws/aws-sdk-go-v2/service/sqs v1.53.0
 	github.com/idemkit/idemhttp v0.1.0
-	github.com/jackc/pgx/v5 v5.12.0
+	github.com/idemkit/idemhttp/internal/testenv v0.1.0
 	github.com/stretchr/testify v1.12.1
-	go.uber.org/goleak v1.3.0
+)
+
+require (
+	github.com/jackc/pgx/v5 v5.13.0 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
 )
 
 require (

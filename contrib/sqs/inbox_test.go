@@ -5,52 +5,26 @@ import (
 	"database/sql"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
-	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	sqsinbox "github.com/idemkit/idemhttp/contrib/sqs"
 	"github.com/idemkit/idemhttp/inbox"
+	"github.com/idemkit/idemhttp/internal/testenv"
 )
 
-const pgEnv = "IDEMHTTP_POSTGRES_URL"
-
 // newSchema creates a PostgreSQL schema private to the test (dropped when
-// it ends) with an effects table, and returns a pool on it. It skips the
-// test when no server is configured (fails on CI).
+// it ends) with an effects table and the inbox, and returns a pool on it.
+// It skips the test when no server is configured (fails on CI).
 func newSchema(t testing.TB) *sql.DB {
 	t.Helper()
-	url := os.Getenv(pgEnv)
-	if url == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is not set: on CI, run `eval \"$(bash .ci/services.sh)\"` before the tests", pgEnv)
-		}
-		t.Skipf("%s is not set: start the servers with `eval \"$(bash .ci/services.sh)\"` to run this test", pgEnv)
-	}
-	schema := fmt.Sprintf("d2_sqs_%x", rand.Uint64())
-	admin, err := sql.Open("pgx", url)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = admin.Close() })
-	_, err = admin.Exec("CREATE SCHEMA " + schema)
-	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = admin.Exec("DROP SCHEMA " + schema + " CASCADE") })
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
-	db, err := sql.Open("pgx", url+sep+"search_path="+schema)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	_, err = db.Exec(`CREATE TABLE effects (msg_id text NOT NULL)`)
-	require.NoError(t, err)
+	db, _ := testenv.EffectsDB(t, "d2_sqs_")
 	require.NoError(t, (&inbox.SQL{DB: db}).Migrate(context.Background()))
 	return db
 }
@@ -80,18 +54,7 @@ func TestLostDeletesAndProducerRetries(t *testing.T) {
 				f.send("order", attr, nil)
 				f.send("order", attr, nil)
 			}
-			insert := func(ctx context.Context, ex interface {
-				ExecContext(context.Context, string, ...any) (sql.Result, error)
-			}, id string) error {
-				_, err := ex.ExecContext(ctx, `INSERT INTO effects (msg_id) VALUES ($1)`, id)
-				return err
-			}
-			var h inbox.Handler = func(ctx context.Context, m *inbox.Message) error { return insert(ctx, db, m.ID) }
-			if mode == "inbox" {
-				h = (&inbox.SQL{DB: db}).Handle("d2-sqs", func(ctx context.Context, tx *sql.Tx, m *inbox.Message) error {
-					return insert(ctx, tx, m.ID)
-				})
-			}
+			h := testenv.EffectHandler(mode, db, "d2-sqs")
 			c := &sqsinbox.Consumer{QueueURL: queueURL, IDAttribute: "idem-id", WaitTime: time.Second}
 			rounds := 0
 			for {
@@ -104,8 +67,7 @@ func TestLostDeletesAndProducerRetries(t *testing.T) {
 				f.expire() // the lost deletes' messages come back
 				rounds++
 			}
-			var rows, distinct int
-			require.NoError(t, db.QueryRow(`SELECT count(*), count(DISTINCT msg_id) FROM effects`).Scan(&rows, &distinct))
+			rows, distinct := testenv.Effects(t, db)
 			t.Logf("%s: %d effect rows for %d orders (%d messages), %d rounds", mode, rows, orders, 2*orders, rounds)
 			assert.Equal(t, orders, distinct)
 			if mode == "inbox" {

@@ -10,14 +10,15 @@ import (
 )
 
 // newMessage is the handler's view of m, received from queueURL, whose id
-// is id. Header holds its String message attributes that were received;
-// Raw is the [types.Message].
-func newMessage(queueURL, id string, m *types.Message) *inbox.Message {
+// is id, in idSpace. Header holds its String message attributes that were
+// received; Raw is the [types.Message].
+func newMessage(queueURL, idSpace, id string, m *types.Message) *inbox.Message {
 	msg := &inbox.Message{
-		ID:     id,
-		Source: queueURL,
-		Body:   []byte(deref(m.Body)),
-		Raw:    *m,
+		ID:      id,
+		Source:  queueURL,
+		IDSpace: idSpace,
+		Body:    []byte(deref(m.Body)),
+		Raw:     *m,
 	}
 	for k, v := range m.MessageAttributes {
 		if v.StringValue != nil {

@@ -47,6 +47,11 @@ func serveJSON(t *testing.T, f *fakeSQS) *sqs.Client {
 			if err = dec.Decode(&in); err == nil {
 				out, err = f.DeleteMessage(r.Context(), &in)
 			}
+		case "GetQueueAttributes":
+			var in sqs.GetQueueAttributesInput
+			if err = dec.Decode(&in); err == nil {
+				out, err = f.GetQueueAttributes(r.Context(), &in)
+			}
 		case "ChangeMessageVisibility":
 			var in sqs.ChangeMessageVisibilityInput
 			if err = dec.Decode(&in); err == nil {
@@ -117,11 +122,13 @@ func TestRunThroughSDK(t *testing.T) {
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() { errc <- c.Run(ctx, client, h) }()
-	<-f.received // the queue is empty but for the message with no id
+	<-f.received // the queue is empty but for the hidden messages
 	cancel()
 	require.ErrorIs(t, <-errc, context.Canceled)
+	f.expire() // order-1's retry delay ends
+	require.NoError(t, runUntilIdleVia(c, f, client, h))
 
-	assert.Equal(t, []string{"order-1", "order-2", "order-1"}, seen, "order-1 visible again at once, received again")
+	assert.Equal(t, []string{"order-1", "order-2", "order-1"}, seen, "order-1 hidden for its delay, received again")
 	assert.Equal(t, "body of order-1", bodies[0])
 	assert.Empty(t, settle, "every delete and visibility change was accepted")
 	n, hidden := f.live()

@@ -244,7 +244,10 @@ func child(seeds, dbPath, killAfterEnv string) int {
 				case <-naiveStalled:
 				case <-time.After(10 * time.Second):
 				}
-				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				// os.Process.Kill is SIGKILL on Unix (and builds on Windows).
+				if p, err := os.FindProcess(os.Getpid()); err == nil {
+					_ = p.Kill()
+				}
 			}
 			return nil
 		},

@@ -9,16 +9,16 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
+
+	"github.com/idemkit/idemhttp/internal/testenv"
 )
 
 // TestMain doubles as the consumer process: run re-executes the test
 // binary, as the command re-executes itself, with the child's environment.
 func TestMain(m *testing.M) {
-	if seeds := os.Getenv(envSeeds); seeds != "" {
-		os.Exit(child(seeds, os.Getenv(envDB), os.Getenv(envKillAfter)))
-	}
-	goleak.VerifyTestMain(m)
+	testenv.Main(m, envSeeds, func() int {
+		return child(os.Getenv(envSeeds), os.Getenv(envDB), os.Getenv(envKillAfter))
+	})
 }
 
 func TestKilledConsumerAppliesEachOrderOnce(t *testing.T) {

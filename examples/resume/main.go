@@ -13,9 +13,15 @@
 // The parent then does what a restarted job does: it reopens the journal,
 // calls Client.Resume, which resends every pending entry with its original
 // key (a charge that ran is replayed, not run again), and reruns the whole
-// batch, in which operations already done reuse their keys and get replays.
-// Finally it asks the server how often each charge ran and exits non-zero
-// if any ran twice or never.
+// batch, in which operations already done send nothing: Do returns an
+// *idemhttp.DoneError (errors.Is ErrAlreadyDone) with the key, the status
+// and the attempts the journal recorded, not the response. (Done is done:
+// the client does not ask the server again, within its key retention or
+// past it.) A client with Policy.KeepResults set gets the response back
+// instead: the journal keeps a copy with the done entry, and the rerun's
+// Do returns it as a replay (idemhttp.Replayed true), still sending
+// nothing; examples/saga does that. Finally it asks the server how often
+// each charge ran and exits non-zero if any ran twice or never.
 //
 //	go run ./examples/resume
 //

@@ -46,8 +46,8 @@ func TestCrashResumeRerun(t *testing.T) {
 	assert.Equal(t, rep.JournalPending, rep.Resumed)
 	assert.GreaterOrEqual(t, rep.ExecutedAtCrash, crashAt)
 	assert.Less(t, rep.ExecutedAtCrash, batchSize, "the crash must come mid-batch")
-	// Every operation the child recorded as done is replayed by the rerun,
-	// as is every one Resume resolved.
+	// Every operation the child recorded as done, and every one Resume
+	// resolved, is done for the rerun: a DoneError, nothing sent.
 	assert.Equal(t, rep.JournalDone+rep.Resumed, rep.RerunDone, "done is done: a rerun sends nothing for them")
 	assert.Equal(t, batchSize, rep.RerunDone+rep.RerunExecuted)
 }

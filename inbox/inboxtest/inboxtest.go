@@ -47,7 +47,11 @@ func Run(t *testing.T, open func(t *testing.T) *sql.DB) {
 		{"LongIDsAreHashed", testLongIDs},
 		{"ClosedDatabase", testClosedDatabase},
 		{"Handle", testHandle},
+		{"IDSpaces", testIDSpaces},
+		{"UniqueViolation", testUniqueViolation},
+		{"RedeliveredBatchesStayFast", testRedeliveredBatches},
 		{"Prune", testPrune},
+		{"PruneRefusesShortRetention", testPruneMinimum},
 		{"MigrateTwice", testMigrateTwice},
 	}
 	for _, tt := range tests {
@@ -405,7 +409,7 @@ func testClosedDatabase(t *testing.T, f *fixture) {
 	assert.False(t, res.Duplicate)
 	_, err = f.in.ProcessBatch(ctx, "billing", []string{"m-1", "m-2"}, func(context.Context, *sql.Tx, int) error { return nil })
 	assert.Error(t, err)
-	_, err = f.in.Prune(ctx, time.Hour)
+	_, err = f.in.Prune(ctx, inbox.DefaultMinRetention)
 	assert.Error(t, err)
 }
 
@@ -424,16 +428,90 @@ func testHandle(t *testing.T, f *fixture) {
 	assert.Equal(t, 1, ran)
 }
 
+// testIDSpaces checks that Handle records ids per id space: the same id
+// from two queues runs twice, from one queue once, and two adapters that
+// declare one id space share it. (With Handle ignoring m.IDSpace, the
+// second queue's message was taken for a duplicate: this test failed.)
+func testIDSpaces(t *testing.T, f *fixture) {
+	ctx := context.Background()
+	var ran []string
+	h := f.in.Handle("billing", func(ctx context.Context, tx *sql.Tx, m *inbox.Message) error {
+		ran = append(ran, m.IDSpace)
+		return effect("billing", m.IDSpace+"/"+m.ID)(ctx, tx)
+	})
+	for _, space := range []string{"orders", "refunds", "orders", ""} {
+		require.NoError(t, h(ctx, &inbox.Message{ID: "m-1", IDSpace: space}))
+	}
+	assert.Equal(t, []string{"orders", "refunds", ""}, ran, "once per id space")
+	var consumers []string
+	rows, err := f.db.Query("SELECT consumer FROM inboxtest_inbox")
+	require.NoError(t, err)
+	for rows.Next() {
+		var c string
+		require.NoError(t, rows.Scan(&c))
+		consumers = append(consumers, c)
+	}
+	require.NoError(t, rows.Err())
+	slices.Sort(consumers) // in Go: a collation may order control characters otherwise
+	assert.Equal(t, []string{"billing", "billing\x1forders", "billing\x1frefunds"}, consumers)
+	_, err = inbox.StoredConsumer("bill\x1fing", "orders")
+	assert.ErrorIs(t, err, inbox.ErrInvalidConsumer, "a consumer name cannot forge an id space")
+}
+
+// testUniqueViolation checks that the driver's unique violations are
+// recognised (IsUniqueViolation), which is what keeps ProcessBatch's plain
+// insert, the fast path, in use after a batch meets a recorded id.
+func testUniqueViolation(t *testing.T, f *fixture) {
+	ctx := context.Background()
+	_, err := f.db.ExecContext(ctx, "INSERT INTO inboxtest_inbox (consumer, id, processed_at) VALUES ('c', 'x', 0)")
+	require.NoError(t, err)
+	_, err = f.db.ExecContext(ctx, "INSERT INTO inboxtest_inbox (consumer, id, processed_at) VALUES ('c', 'x', 0)")
+	require.Error(t, err)
+	assert.True(t, inbox.IsUniqueViolation(err), "%T: %v", err, err)
+	assert.True(t, inbox.IsUniqueViolation(fmt.Errorf("wrapped: %w", err)))
+	_, err = f.db.ExecContext(ctx, "INSERT INTO inboxtest_missing (x) VALUES (1)")
+	require.Error(t, err)
+	assert.False(t, inbox.IsUniqueViolation(err), "%T: %v", err, err)
+}
+
+// testRedeliveredBatches runs batches that meet recorded ids in turn with
+// new ones, concurrently: every result is right whichever insert recorded
+// it.
+func testRedeliveredBatches(t *testing.T, f *fixture) {
+	ctx := context.Background()
+	for round := range 4 {
+		ids := make([]string, 20)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("r%d-%d", round, i)
+		}
+		if round%2 == 1 {
+			ids[7] = "r0-7" // recorded in round 0
+		}
+		res, err := f.in.ProcessBatch(ctx, "billing", ids, func(ctx context.Context, tx *sql.Tx, i int) error {
+			return effect("billing", ids[i])(ctx, tx)
+		})
+		require.NoError(t, err)
+		for i, r := range res {
+			assert.Equal(t, round%2 == 1 && i == 7, r.Duplicate, "round %d, message %d", round, i)
+		}
+	}
+	assert.Equal(t, 1, f.effects(t, "billing", "r0-7"))
+	assert.Equal(t, 78, f.recorded(t))
+}
+
 func testPrune(t *testing.T, f *fixture) {
 	ctx := context.Background()
-	tx, err := f.db.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	for i := range 2500 {
-		_, err := tx.ExecContext(ctx, "INSERT INTO inboxtest_inbox (consumer, id, processed_at) VALUES ($1, $2, $3)",
-			"billing", fmt.Sprintf("old-%d", i), time.Now().Add(-2*time.Hour).UnixMicro())
-		require.NoError(t, err)
+	f.in.MinRetention = time.Hour
+	// Two hours old by the database's clock (Process stamps ids with it),
+	// whatever this process's clock says: backdate the ids Process wrote.
+	ids := make([]string, 2500)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("old-%d", i)
 	}
-	require.NoError(t, tx.Commit())
+	_, err := f.in.ProcessBatch(ctx, "billing", ids, func(context.Context, *sql.Tx, int) error { return nil })
+	require.NoError(t, err)
+	_, err = f.db.ExecContext(ctx, "UPDATE inboxtest_inbox SET processed_at = processed_at - $1", (2 * time.Hour).Microseconds())
+	require.NoError(t, err)
 	_, err = f.in.Process(ctx, "billing", "new", effect("billing", "new"))
 	require.NoError(t, err)
 
@@ -444,9 +522,35 @@ func testPrune(t *testing.T, f *fixture) {
 	res, err := f.in.Process(ctx, "billing", "new", effect("billing", "new"))
 	require.NoError(t, err)
 	assert.True(t, res.Duplicate, "a recent id survives")
+}
 
-	_, err = f.in.Prune(ctx, 0)
-	assert.Error(t, err)
+// testPruneMinimum checks that Prune never deletes ids younger than the
+// minimum retention: a shorter olderThan is refused and deletes nothing.
+// (With the check removed, Prune(ctx, time.Second) deleted the two-hour-old
+// id: this test failed.)
+func testPruneMinimum(t *testing.T, f *fixture) {
+	ctx := context.Background()
+	_, err := f.in.Process(ctx, "billing", "m-1", effect("billing", "m-1"))
+	require.NoError(t, err)
+	_, err = f.db.ExecContext(ctx, "UPDATE inboxtest_inbox SET processed_at = processed_at - $1", (2 * time.Hour).Microseconds())
+	require.NoError(t, err)
+	tests := []struct {
+		give    time.Duration
+		minimum time.Duration
+	}{
+		{give: time.Second},
+		{give: 0},
+		{give: -time.Hour},
+		{give: inbox.DefaultMinRetention - time.Second},
+		{give: time.Hour, minimum: 3 * time.Hour},
+	}
+	for _, tt := range tests {
+		f.in.MinRetention = tt.minimum
+		n, err := f.in.Prune(ctx, tt.give)
+		assert.ErrorIs(t, err, inbox.ErrRetention, tt.give)
+		assert.Zero(t, n)
+	}
+	assert.Equal(t, 1, f.recorded(t), "nothing deleted")
 }
 
 func testMigrateTwice(t *testing.T, f *fixture) {

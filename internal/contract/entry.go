@@ -136,3 +136,28 @@ func Latest(ts ...time.Time) time.Time {
 	}
 	return m
 }
+
+// resultHeaders are the response headers a kept result may hold: what a
+// caller reads to use a result (its type, where the created thing is, the
+// server's request id), nothing that acts on the client (never
+// Set-Cookie) or describes the connection.
+var resultHeaders = [...]string{
+	"Content-Type", "Content-Language", "Content-Location", "Location", "Etag", "Last-Modified", "Date",
+	"Request-Id", "X-Request-Id", "Stripe-Version", "Idempotent-Replayed", "Idempotency-Replayed", "Idempotency-Replay",
+}
+
+// ResultHeader returns the headers of a response that a kept result may
+// hold (a copy; nil for none): the rule for what of a response rests in a
+// journal, kept by the client and by every journal.
+func ResultHeader(h http.Header) http.Header {
+	var out http.Header
+	for _, name := range resultHeaders {
+		if v := h.Values(name); len(v) > 0 {
+			if out == nil {
+				out = make(http.Header)
+			}
+			out[name] = append([]string(nil), v...)
+		}
+	}
+	return out
+}

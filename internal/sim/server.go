@@ -271,10 +271,7 @@ func (w *world) startServer() *serverProc {
 		RetryAfter:   time.Second,
 		Logger:       slog.New(slog.DiscardHandler),
 	}
-	inner, err := mw.Handler(http.HandlerFunc(p.charge))
-	if err != nil {
-		panic(err) // a misconfigured world
-	}
+	inner := mw.Wrap(http.HandlerFunc(p.charge)) // panics on a misconfigured world
 	p.srv = &http.Server{
 		Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 			inner.ServeHTTP(rw, r)

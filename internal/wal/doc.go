@@ -1,4 +1,4 @@
-// Package wal is the byte-level log under idemhttp's FileJournal: an
+// Package wal is the byte-level log under package filejournal, the embedded journal: an
 // append-only file of checksummed records, written in batches with group
 // commit, locked against a second writer, replayed on open, and rewritten
 // atomically. It knows nothing of what its records mean; the journal

@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/idemkit/idemhttp/idemtest"
@@ -83,16 +82,6 @@ func serverChild() int {
 		fmt.Println(int64(processCPU()))
 	}
 	return 0
-}
-
-// processCPU returns the CPU time, user and system, that this process has
-// used: all its threads, the garbage collector's included.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // ChildServer is an idemtest server running in a child process, so that

@@ -302,7 +302,11 @@ func crashChild(config string) int {
 		if n == cc.KillAt {
 			go func() {
 				time.Sleep(cc.KillDelay)
-				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				// SIGKILL on Unix, TerminateProcess on Windows: no
+				// deferred call, no flush.
+				if p, err := os.FindProcess(os.Getpid()); err == nil {
+					_ = p.Kill()
+				}
 			}()
 		}
 	})
