@@ -199,15 +199,6 @@ func (r *recJournal) Delete(ctx context.Context, key string) error {
 
 func (r *recJournal) Prune(ctx context.Context, cutoff time.Time) (int, error) {
 	r.w.acks.pruning()
-	if es, err := r.Journal.Entries(ctx); err == nil {
-		// The done entries this prune drops: their operations are
-		// forgotten (see bugPrunedDone).
-		for _, e := range es {
-			if e.State == idemhttp.StateDone && e.Updated.Before(cutoff) {
-				r.w.forgot(r.w.opOfKey(e.Key))
-			}
-		}
-	}
 	return r.Journal.Prune(ctx, cutoff)
 }
 
@@ -355,16 +346,6 @@ func (w *world) startClient() *clientProc {
 				if ev.Err != nil {
 					p.jerr.Store(true)
 				}
-				if c, ok := ctx.Value(callKey{}).(*call); ok && ev.Err != nil {
-					c.mu.Lock()
-					switch ev.Op {
-					case idemtrace.JournalDiscard:
-						c.withdrawFailed = true
-					case idemtrace.JournalBegin:
-						c.beginFailed = true
-					}
-					c.mu.Unlock()
-				}
 			},
 		},
 	}
@@ -405,13 +386,7 @@ type call struct {
 	mu     sync.Mutex
 	keys   []string // keys its attempts carried
 	zombie bool     // it returned after its process died: nobody heard it
-	// withdrawFailed: the call withdrew its entry and the journal
-	// failed to (see bugWithdrawFailed).
-	withdrawFailed bool
-	// beginFailed: the journal failed the call's Begin (see
-	// bugBeginReappears).
-	beginFailed bool
-	turns       int // its turns at the journal (see world.turn)
+	turns  int      // its turns at the journal (see world.turn)
 
 	// Its outcome.
 	class       outcome

@@ -19,11 +19,13 @@ import (
 	"github.com/idemkit/idemhttp/internal/wal/simdisk"
 )
 
-// The bugs of the client the simulator found (known.go), one test each:
-// the seed that found it, in the world it shrank to, must run clean.
-// Each is skipped until the bug is fixed; then unskip it, and remove the
-// bug from known.go, so that TestSim fails on it again. Each was checked
-// to fail without its Skip.
+// The bugs of the client the simulator found, one test each: the seed
+// that found it, in the world it shrank to, must run clean. A bug still
+// open (known.go) has its test skipped until the fix; then unskip it, and
+// remove the bug from known.go, so that TestSim fails on it again. Each
+// was checked to fail without its Skip; the fixed ones (TestFound*) were
+// checked to fail on the code before their fix (the simulator's first
+// branch, 9c7f7d9) and pass since 969779f.
 
 // knownSeed runs seed in world (the shrunk one, as TestSim printed it)
 // and fails on any broken invariant, known or not.
@@ -46,16 +48,14 @@ func knownSeed(t *testing.T, seed uint64, world string) {
 // makes Resume prune the done entry of an operation that ran minutes
 // before; the rerun finds no entry, mints a new key and charges again,
 // though the server still holds the old key.
-func TestKnownBugPrunedDone(t *testing.T) {
-	t.Skip("bug: a done entry pruned by the retention (a clock set forward) lets a rerun run its operation again; seed 89")
+func TestFoundPrunedDone(t *testing.T) {
 	knownSeed(t, 89, "compact=0,ops=1,dups=0,workers=1,steps=9,maxattempts=3,keepresults=false,refetchdone=false,concurrent=false,sdk=0,refuse=9,dropreq=0,dropresp=23,resetbefore=11,resetafter=0,deadpooled=0,delay=36,closeidle=0,writeerr=0,syncerr=0,othererr=0,torn=0,dirkeep=false,nodsync=false,clientcrashes=0,servercrashes=0,serverpoint=0,pause=0,clockjumps=2,longsleep=false")
 }
 
 // The same without a clock jump: a day passes, the done entries are
 // pruned, and the batch's rerun runs the operations again. The README
 // says done is done "within the retention or past it".
-func TestKnownBugPrunedDoneAfterADay(t *testing.T) {
-	t.Skip("bug: a done entry pruned after the retention lets a rerun run its operation again; seed 60")
+func TestFoundPrunedDoneAfterADay(t *testing.T) {
 	knownSeed(t, 60, "compact=0,ops=2,dups=0,workers=1,steps=25,maxattempts=2,keepresults=false,refetchdone=false,concurrent=false,sdk=0,refuse=0,dropreq=15,dropresp=0,resetbefore=19,resetafter=0,deadpooled=0,delay=0,closeidle=0,writeerr=0,syncerr=0,othererr=0,torn=0,dirkeep=false,nodsync=false,clientcrashes=0,servercrashes=0,serverpoint=0,pause=0,clockjumps=0,longsleep=true")
 }
 
@@ -63,8 +63,7 @@ func TestKnownBugPrunedDoneAfterADay(t *testing.T) {
 // fails the delete (EIO) and so the fallback (marking it abandoned); the
 // entry stays pending, the call reports ErrNotSent, and the next run's
 // Resume sends the entry under its key.
-func TestKnownBugWithdrawFailed(t *testing.T) {
-	t.Skip("bug: a failed withdrawal leaves a pending entry behind an ErrNotSent; seed 4")
+func TestFoundWithdrawFailed(t *testing.T) {
 	knownSeed(t, 4, "compact=0,ops=4,dups=0,workers=2,steps=21,maxattempts=2,keepresults=false,refetchdone=false,concurrent=false,sdk=0,refuse=0,dropreq=0,dropresp=0,resetbefore=0,resetafter=0,deadpooled=0,delay=0,closeidle=0,writeerr=0,syncerr=24,othererr=0,torn=0,dirkeep=false,nodsync=false,clientcrashes=0,servercrashes=1,serverpoint=0,pause=0,clockjumps=0,longsleep=false")
 }
 
@@ -80,8 +79,7 @@ func TestKnownBugClockBack(t *testing.T) {
 // The journal fails a Begin (its batch's write or sync, and then its
 // truncation); the call reports ErrNotSent; the next run finds the Begin
 // in the file, pending, and Resume sends it under its key.
-func TestKnownBugBeginReappears(t *testing.T) {
-	t.Skip("bug: a Begin the journal failed, reported ErrNotSent, reappears pending and is resent; seed 5865")
+func TestFoundBeginReappears(t *testing.T) {
 	knownSeed(t, 5865, "compact=0,ops=2,dups=0,workers=1,steps=9,maxattempts=2,keepresults=false,refetchdone=false,concurrent=false,sdk=0,refuse=0,dropreq=4,dropresp=0,resetbefore=14,resetafter=0,deadpooled=0,delay=0,closeidle=0,writeerr=0,syncerr=33,othererr=35,torn=0,dirkeep=false,nodsync=false,clientcrashes=0,servercrashes=0,serverpoint=0,pause=0,clockjumps=0,longsleep=false")
 }
 
@@ -140,9 +138,9 @@ func TestKnownBugCacheOnly(t *testing.T) {
 // yet the log frees the old file at once (CloseReplaced truncates it).
 // A power cut that keeps the truncation (a torn prefix of the old file's
 // changes) but not the rename leaves the journal empty: an acknowledged
-// Begin is gone. (Found by seed 2152 once the job compacted its journal.)
-func TestKnownBugFreedBeforeTheRenameIsDurable(t *testing.T) {
-	t.Skip("bug: a compaction whose directory sync failed frees the old file, which a power cut may bring back truncated; seed 2152")
+// Begin is gone. (Found by seed 2152 once the job compacted its journal;
+// the log now leaves the old file whole when the directory sync failed.)
+func TestFoundFreedBeforeTheRenameIsDurable(t *testing.T) {
 	ctx := context.Background()
 	for crash := range uint64(32) {
 		d := simdisk.New(&simdisk.Options{Torn: simdisk.TornSector, DirPrefix: true})

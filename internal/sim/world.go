@@ -63,10 +63,8 @@ type world struct {
 	serverCrashes int
 	stats         map[string]int
 	trace         []string
-	pruned        map[int]bool // operations whose done entry a Prune dropped
-	clockBack     bool         // the client's clock was set back
-	cacheOnly     bool         // a truncation failed (bugCacheOnly)
-	dirSyncFailed bool         // a directory sync failed (bugFreedEarly)
+	clockBack     bool // the client's clock was set back
+	cacheOnly     bool // a truncation failed (bugCacheOnly)
 
 	cli             *clientProc
 	cliN, srvN      int
@@ -305,14 +303,11 @@ func (w *world) diskFault(op simdisk.Op) error {
 		}
 	case simdisk.OpTruncate, simdisk.OpRename, simdisk.OpRemove, simdisk.OpSyncDir:
 		if w.drng.permille(w.cfg.OtherErr) {
-			w.mu.Lock()
-			switch op.Kind {
-			case simdisk.OpTruncate:
+			if op.Kind == simdisk.OpTruncate {
+				w.mu.Lock()
 				w.cacheOnly = true
-			case simdisk.OpSyncDir:
-				w.dirSyncFailed = true
+				w.mu.Unlock()
 			}
-			w.mu.Unlock()
 			w.diskFailed("disk EIO on "+op.Kind.String(), op)
 			return syscall.EIO
 		}
@@ -985,14 +980,7 @@ func (w *world) checkEnd() {
 			slices.Sort(keys)
 			for _, k := range slices.Compact(keys) {
 				if es := w.ledger.byKey(k); len(es) > 0 {
-					known := ""
-					switch {
-					case c.withdrawFailed:
-						known = bugWithdrawFailed
-					case c.beginFailed:
-						known = bugBeginReappears
-					}
-					w.failKnown(invNotSent, c.op, known, "call %d of op %d reported not sent (%s), and key %s has the effect %s", c.id, c.op, errText(c.err), k, es[0].charge)
+					w.fail(invNotSent, c.op, "call %d of op %d reported not sent (%s), and key %s has the effect %s", c.id, c.op, errText(c.err), k, es[0].charge)
 				}
 			}
 		}

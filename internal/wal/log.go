@@ -1184,10 +1184,15 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) (from 
 	// spreads the second.
 	l.fileMu.Unlock()
 	unlocked = true
-	old.CloseReplaced() // and releases the old inode's lock; nf holds the new one's
 	if dirErr != nil {
+		// The rename may not survive a power cut, and then the old file
+		// is the journal again: leave it whole. A plain close frees it
+		// only once the unlink is durable (found by the simulator,
+		// internal/sim's TestFoundFreedBeforeTheRenameIsDurable).
+		_ = old.Close()
 		return fmt.Errorf("sync the directory after a rewrite: %w", dirErr)
 	}
+	old.CloseReplaced() // and releases the old inode's lock; nf holds the new one's
 	return nil
 }
 
