@@ -24,9 +24,10 @@ func TestArchitecture(t *testing.T) {
 		mayOnly  []string // the repository's packages it may import; nil: none
 		mustNots []string // prefixes it must not import
 	}{
-		{pkg: ".", mayOnly: []string{"idemtrace", "internal/contract"}},
+		{pkg: ".", mayOnly: []string{"idemtrace", "internal/contract", "internal/plant"}},
 		{pkg: "idemtrace"},
 		{pkg: "internal/contract"},
+		{pkg: "internal/plant", mustNots: []string{"net/http", "net/url"}},
 		{pkg: "internal/wal", mustNots: []string{"net/http", "net/url"}},
 		{pkg: "internal/wal/simdisk", mayOnly: []string{"internal/wal"}, mustNots: []string{"net/http", "net/url"}},
 		{pkg: "filejournal", mayOnly: []string{".", "internal/contract", "internal/wal"}},

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/idemkit/idemhttp/internal/contract"
+	"github.com/idemkit/idemhttp/internal/plant"
 )
 
 // This file is an operation's lifecycle: the one home of every decision
@@ -145,8 +146,7 @@ func (s *senders) release(id string) {
 // taken in one order, an operation id's before a key's, and a call holds
 // at most one of each, so two calls never wait for each other.
 func (a *operation) hold(ctx context.Context, id string) (waited bool, err error) {
-	// A planted bug, off but in a test build: bug_noslots_off.go.
-	if bugNoSenderSlots {
+	if plant.NoSenderSlots { // a planted bug (internal/plant), false but in a test build
 		return false, nil
 	}
 	for _, h := range a.held {

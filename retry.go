@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/idemkit/idemhttp/internal/contract"
+	"github.com/idemkit/idemhttp/internal/plant"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/hashicorp/go-retryablehttp"
@@ -170,10 +171,10 @@ var (
 		return delay
 	}
 	enginePrepareRetry = func(r *http.Request) error {
-		attemptFrom(r.Context()).waiting = false
-		// A planted bug, off but in a test build: bug_newkey_off.go.
-		if bugRetryNewKey {
-			bugMintRetryKey(attemptFrom(r.Context()), r)
+		a := attemptFrom(r.Context())
+		a.waiting = false
+		if plant.RetryNewKey { // a planted bug (internal/plant), false but in a test build
+			r.Header[a.p.keyHeader] = []string{plant.RetryKey(a.key, a.attempts)}
 		}
 		return nil
 	}
@@ -247,12 +248,11 @@ func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err err
 		a.resent = true
 	}
 	err = a.redact(err)
-	// The lifecycle's evidence: whether this attempt can have reached the
-	// server (wire.go). An answer always did.
-	// A planted bug, off but in a test build: bug_resetnotsent_off.go.
-	if bugResetNotSent && resp == nil && bugIsReset(err) {
+	if plant.ResetNotSent && resp == nil && plant.IsReset(err) { // a planted bug (internal/plant)
 		w.writes = 0
 	}
+	// The lifecycle's evidence: whether this attempt can have reached the
+	// server (wire.go). An answer always did.
 	a.sawAttempt(resp != nil || !w.notSent(a.cfg.traceable))
 	if a.bodyRef.differed() {
 		// The body from GetBody was not the one sent before: it was cut
