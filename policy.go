@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -241,16 +242,16 @@ func (p *Policy) resolve() policy {
 	}
 	r := policy{
 		maxAttempts:        p.MaxAttempts,
-		baseDelay:          p.BaseDelay,
-		maxDelay:           p.MaxDelay,
-		maxRetryAfter:      p.MaxRetryAfter,
+		baseDelay:          positiveOr(p.BaseDelay, 250*time.Millisecond),
+		maxDelay:           positiveOr(p.MaxDelay, 20*time.Second),
+		maxRetryAfter:      positiveOr(p.MaxRetryAfter, 60*time.Second),
 		keyMethods:         slices.Clone(p.KeyMethods),
-		keyHeader:          http.CanonicalHeaderKey(p.KeyHeader),
+		keyHeader:          cmp.Or(http.CanonicalHeaderKey(p.KeyHeader), DefaultKeyHeader),
 		quoteKey:           p.QuoteKey,
-		maxBody:            p.MaxBodyBytes,
-		retention:          p.Retention,
+		maxBody:            positiveOr(p.MaxBodyBytes, 8<<20),
+		retention:          positiveOr(p.Retention, 24*time.Hour),
 		shouldRetry:        p.HonorShouldRetry,
-		inProgressPatience: p.InProgressPatience,
+		inProgressPatience: positiveOr(p.InProgressPatience, 30*time.Second),
 		deleteGoneOK:       p.RetriedDeleteNotFoundOK,
 		redactQuery:        contract.SecretQueryNames(p.RedactQuery),
 		redactPath:         slices.Clone(p.RedactPathAfter),
@@ -269,34 +270,19 @@ func (p *Policy) resolve() policy {
 	} else if r.maxAttempts < 0 {
 		r.maxAttempts = 1
 	}
-	if r.baseDelay <= 0 {
-		r.baseDelay = 250 * time.Millisecond
-	}
-	if r.maxDelay <= 0 {
-		r.maxDelay = 20 * time.Second
-	}
-	if r.maxDelay < r.baseDelay {
-		r.maxDelay = r.baseDelay
-	}
-	if r.maxRetryAfter <= 0 {
-		r.maxRetryAfter = 60 * time.Second
-	}
+	r.maxDelay = max(r.maxDelay, r.baseDelay)
 	if r.keyMethods == nil {
 		r.keyMethods = []string{http.MethodPost, http.MethodPatch}
 	}
-	if r.keyHeader == "" {
-		r.keyHeader = DefaultKeyHeader
-	}
-	if r.maxBody <= 0 {
-		r.maxBody = 8 << 20
-	}
-	if r.retention <= 0 {
-		r.retention = 24 * time.Hour
-	}
-	if r.inProgressPatience <= 0 {
-		r.inProgressPatience = 30 * time.Second
-	}
 	return r
+}
+
+// positiveOr is v, or def when v is not positive: a field's default.
+func positiveOr[T int64 | time.Duration](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }
 
 func (p *policy) needsKey(method string) bool {
