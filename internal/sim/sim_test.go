@@ -3,6 +3,8 @@
 package sim
 
 import (
+	"crypto/subtle"
+	"encoding/hex"
 	"flag"
 	"fmt"
 	"os/exec"
@@ -39,8 +41,8 @@ var (
 )
 
 // PlantedTags are the build tags of the planted bugs, one bug each: four
-// in the client and the journal (the root package's bug_*_off.go, the
-// log's sync_off.go), one in the simulator's store (bug_splitcommit_off.go).
+// in the client and the journal (internal/plant's *_off.go, the log's
+// sync_off.go), one in the simulator's store (bug_splitcommit_off.go).
 var PlantedTags = []string{
 	"idemhttp_nosync",           // the journal's syncs off: an acknowledged Begin is lost in a power cut
 	"idemhttp_bug_newkey",       // a retry mints a new key
@@ -99,7 +101,8 @@ func TestSim(t *testing.T) {
 		known    = map[string]int{}
 		faults   = map[string]int{}
 		mismatch []string
-		sizes    [3]int // steps, requests, client processes
+		sizes    [3]int  // steps, requests, client processes
+		all      [8]byte // every seed's trace hash, XORed: the run's, whatever the order seeds ended in
 	)
 	next.Store(*flagFirst)
 	last := *flagFirst + uint64(n)
@@ -128,6 +131,9 @@ func TestSim(t *testing.T) {
 						}
 					}
 					mu.Lock()
+					if h, err := hex.DecodeString(res.Hash); err == nil {
+						subtle.XORBytes(all[:], all[:], h)
+					}
 					for k, v := range res.Faults {
 						faults[k] += v
 					}
@@ -164,6 +170,7 @@ func TestSim(t *testing.T) {
 	if r := ran.Load(); r > 0 {
 		t.Logf("per seed: %.0f steps, %.1f requests delivered, %.1f client processes", float64(sizes[0])/float64(r), float64(sizes[1])/float64(r), float64(sizes[2])/float64(r))
 	}
+	t.Logf("trace hash of the %d seeds (each seed's, XORed): %x", ran.Load(), all)
 	t.Logf("faults injected: %s", summary(faults))
 	t.Logf("invariants checked: %s", strings.Join(Invariants, "; "))
 	if len(known) > 0 {
