@@ -78,12 +78,13 @@ var (
 	ErrAlreadyDone = errors.New("operation already done")
 
 	// ErrClockJump: a journaled entry was created, or last updated, after
-	// the clock's current time, or the clock is below the latest time the
-	// journal ever recorded (a clock journal (one with HighWater)): the clock was set back (or
-	// was ahead when the entry was written). Its age, and so whether the
-	// server still holds its key, cannot be known, so it is not resent;
-	// the entry stays pending for a person or a reconciliation step, or
-	// for the clock to catch up.
+	// the clock's current time, or the clock is below the latest time a
+	// journal with HighWater ever recorded: the clock was set back (or was
+	// ahead when the entry was written). Its age, and so whether the server
+	// still holds its key, cannot be known, so it is not resent; the entry
+	// stays pending for a person or a reconciliation step. Do not just wait
+	// for the clock to catch up: past the mark, its age is judged short by
+	// the jump, and one near the retention may be resent too late.
 	ErrClockJump = errors.New("journal entry is newer than the clock: the clock jumped")
 
 	// ErrNotSent: the call sent nothing the server could act on, on any
