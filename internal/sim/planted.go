@@ -2,10 +2,6 @@
 
 package sim
 
-import "strconv"
-
 // planted lists the planted bugs this build has (their build tags, each
 // file of which adds its name): the simulator must find them.
 var planted []string
-
-func itoa(n int) string { return strconv.Itoa(n) }

@@ -4,6 +4,7 @@ package sim
 
 import (
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -145,7 +146,7 @@ func keep(l string, ops map[int]bool) bool {
 		if op < 0 {
 			return true
 		}
-		for _, s := range []string{"op " + itoa(op) + ":", "op " + itoa(op) + " ", "op" + itoa(op) + ".sim", "k-" + itoa(op) + "-"} {
+		for _, s := range []string{"op " + strconv.Itoa(op) + ":", "op " + strconv.Itoa(op) + " ", "op" + strconv.Itoa(op) + ".sim", "k-" + strconv.Itoa(op) + "-"} {
 			if strings.Contains(l, s) {
 				return true
 			}
