@@ -175,7 +175,10 @@ func (c *Consumer) Run(ctx context.Context, cons jetstream.Consumer, h inbox.Han
 	case info.Config.AckPolicy != jetstream.AckExplicitPolicy:
 		return fmt.Errorf("%w: consumer %q of stream %q uses %v", ErrAckPolicy, info.Name, info.Stream, info.Config.AckPolicy)
 	}
-	r := &run{c: c, h: h, maxDeliver: info.Config.MaxDeliver, batch: c.Batch, maxWait: c.MaxWait, heartbeat: c.Heartbeat}
+	r := &run{c: c, h: h, maxDeliver: info.Config.MaxDeliver, idHeader: c.IDHeader, batch: c.Batch, maxWait: c.MaxWait, heartbeat: c.Heartbeat}
+	if r.idHeader == "" {
+		r.idHeader = DefaultIDHeader
+	}
 	if r.batch <= 0 {
 		r.batch = DefaultBatch
 	}
@@ -204,6 +207,7 @@ type run struct {
 	c          *Consumer
 	h          inbox.Handler
 	maxDeliver int // the JetStream consumer's; <= 0: none
+	idHeader   string
 	batch      int
 	maxWait    time.Duration
 	heartbeat  time.Duration
@@ -260,14 +264,15 @@ func (r *run) fetchAndHandle(ctx context.Context, cons jetstream.Consumer) error
 // when Run must stop.
 func (r *run) handle(ctx context.Context, msg jetstream.Msg) error {
 	c := r.c
-	header := c.IDHeader
-	if header == "" {
-		header = DefaultIDHeader
+	id := msg.Headers().Get(r.idHeader)
+	// Metadata parses the reply subject on every call: once per message.
+	md, mdErr := msg.Metadata()
+	if mdErr != nil {
+		md = nil
 	}
-	id := msg.Headers().Get(header)
-	m := newMessage(id, c.IDSpace, msg)
+	m := newMessage(id, c.IDSpace, msg, md)
 	n := 1
-	if md, err := msg.Metadata(); err == nil {
+	if md != nil {
 		n = int(min(md.NumDelivered, 1<<30))
 	}
 	if id == "" {

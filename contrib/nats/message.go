@@ -6,10 +6,10 @@ import (
 	"github.com/idemkit/idemhttp/inbox"
 )
 
-// newMessage is the handler's view of msg, whose id is id. Its IDSpace is
-// idSpace, or the stream's name when idSpace is empty. Raw is the
-// [jetstream.Msg].
-func newMessage(id, idSpace string, msg jetstream.Msg) *inbox.Message {
+// newMessage is the handler's view of msg, whose id is id and whose
+// metadata is md (nil when msg.Metadata failed). Its IDSpace is idSpace, or
+// the stream's name when idSpace is empty. Raw is the [jetstream.Msg].
+func newMessage(id, idSpace string, msg jetstream.Msg, md *jetstream.MsgMetadata) *inbox.Message {
 	m := &inbox.Message{
 		ID:      id,
 		Source:  msg.Subject(),
@@ -18,7 +18,7 @@ func newMessage(id, idSpace string, msg jetstream.Msg) *inbox.Message {
 		Header:  msg.Headers(),
 		Raw:     msg,
 	}
-	if md, err := msg.Metadata(); err == nil {
+	if md != nil {
 		m.Source = md.Stream + "/" + msg.Subject()
 		m.Time = md.Timestamp
 		m.Redelivered = md.NumDelivered > 1
