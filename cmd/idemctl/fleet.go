@@ -138,9 +138,14 @@ func runFleetBatch(ctx context.Context, o *batchOptions, e env, ops []operation,
 	}
 	defer fj.Close()
 	name := redactDSN(o.journal)
+	// Each operation's fingerprint, computed once: the wait in claimAll
+	// compares every pending entry with its operation every poll. (Ids are
+	// unique: loadInput rejects a second line with the same id.)
 	byID := make(map[string]operation, len(ops))
+	fps := make(map[string]string, len(ops))
 	for _, op := range ops {
 		byID[op.ID] = op
+		fps[op.ID] = fingerprint(op)
 	}
 
 	r := newRunner(runnerConfig{
@@ -161,7 +166,7 @@ func runFleetBatch(ctx context.Context, o *batchOptions, e env, ops []operation,
 		if ctx.Err() != nil {
 			break
 		}
-		en, err := fj.Enqueue(context.WithoutCancel(ctx), o.fleetEntry(op))
+		en, err := fj.Enqueue(context.WithoutCancel(ctx), o.fleetEntry(op, fps[op.ID]))
 		if err != nil {
 			return describeJournalErr(name, err)
 		}
@@ -169,7 +174,7 @@ func runFleetBatch(ctx context.Context, o *batchOptions, e env, ops []operation,
 			continue
 		}
 		// Done (or abandoned) before this worker started: as on a file.
-		if o.checkDone && en.Fingerprint != fingerprint(op) {
+		if o.checkDone && en.Fingerprint != fps[op.ID] {
 			inputErrs++
 			r.prog.printf("idemctl batch: %s:%d: operation %q differs from the request journaled under key %s; the journaled one stands\n", o.in, op.Line, op.ID, en.Key)
 		}
@@ -177,7 +182,7 @@ func runFleetBatch(ctx context.Context, o *batchOptions, e env, ops []operation,
 	}
 	r.claimAll(ctx, opCtx, fj, func(en *idemhttp.Entry) (operation, bool) {
 		op, ok := byID[en.Operation]
-		if !ok || en.Fingerprint != fingerprint(op) {
+		if !ok || en.Fingerprint != fps[op.ID] {
 			return op, false
 		}
 		op.key, op.resume = en.Key, en.Attempts > 0
@@ -187,9 +192,9 @@ func runFleetBatch(ctx context.Context, o *batchOptions, e env, ops []operation,
 	return r.fleetSummary(ctx, fj, ops, inputErrs)
 }
 
-// fleetEntry is the pending entry of op that Enqueue loads: complete, so
-// that any worker can send it.
-func (o *batchOptions) fleetEntry(op operation) *idemhttp.Entry {
+// fleetEntry is the pending entry of op, whose fingerprint is fp, that
+// Enqueue loads: complete, so that any worker can send it.
+func (o *batchOptions) fleetEntry(op operation, fp string) *idemhttp.Entry {
 	key := idemhttp.NewKey()
 	if o.keySecret != nil {
 		if k, err := idemhttp.DeriveKey(o.keySecret, op.ID); err == nil { // validated already
@@ -202,7 +207,7 @@ func (o *batchOptions) fleetEntry(op operation) *idemhttp.Entry {
 	}
 	return &idemhttp.Entry{
 		Operation: op.ID, Key: key, Method: op.Method, URL: op.URL, Header: h, Body: op.Body,
-		Fingerprint: fingerprint(op), State: idemhttp.StatePending,
+		Fingerprint: fp, State: idemhttp.StatePending,
 	}
 }
 
