@@ -637,9 +637,5 @@ func (c *Consumer) report(err error) {
 }
 
 func (c *Consumer) reportDead(d inbox.DeadLetter) {
-	logger := c.cfg.Logger
-	if logger == nil {
-		logger = slog.Default()
-	}
-	inbox.ReportDeadLetter(logger, c.cfg.OnDeadLetter, d)
+	inbox.ReportDeadLetter(c.cfg.Logger, c.cfg.OnDeadLetter, d) // it takes nil as slog.Default
 }

@@ -558,7 +558,7 @@ func (c *Consumer) logger() *slog.Logger {
 }
 
 func (c *Consumer) report(d inbox.DeadLetter) {
-	inbox.ReportDeadLetter(c.logger(), c.OnDeadLetter, d)
+	inbox.ReportDeadLetter(c.Logger, c.OnDeadLetter, d) // it takes nil as slog.Default
 }
 
 // closeErr prefers the broker's reason for a close, when it sent one, to
