@@ -290,6 +290,12 @@ func (s *SQL) processBatch(ctx context.Context, consumer string, ids []string, f
 	if err != nil {
 		return nil, err
 	}
+	// Sorted and without repeats once, for every insert below (a single
+	// id is both already).
+	distinct := stored
+	if len(stored) > 1 {
+		distinct = sortedDistinct(stored)
+	}
 
 	var tx *sql.Tx
 	committed := false
@@ -315,7 +321,7 @@ func (s *SQL) processBatch(ctx context.Context, consumer string, ids []string, f
 	if err := begin(); err != nil {
 		return nil, err
 	}
-	fresh, err := s.recordIDs(ctx, tx, engine, t, consumer, stored)
+	fresh, err := s.recordIDs(ctx, tx, engine, t, consumer, stored, distinct)
 	if unreadable := errors.Is(err, errUnreadable); unreadable || errors.Is(err, errRecordedBefore) {
 		// Some id of the batch was recorded before (typically a batch
 		// redelivered after a crash), and the plain insert aborted the
@@ -324,8 +330,8 @@ func (s *SQL) processBatch(ctx context.Context, consumer string, ids []string, f
 		if err := begin(); err != nil {
 			return nil, err
 		}
-		fresh, err = insertReturning(ctx, tx, engine, t, consumer, stored)
-		if err == nil && unreadable && len(fresh) < len(sortedDistinct(stored)) {
+		fresh, err = insertReturning(ctx, tx, engine, t, consumer, distinct)
+		if err == nil && unreadable && len(fresh) < len(distinct) {
 			// The plain insert's error was a unique violation that this
 			// driver does not spell recognisably: from now on, ON
 			// CONFLICT only, so that every redelivered batch does not
@@ -389,13 +395,14 @@ var (
 	errUnreadable     = errors.New("the batch's insert failed")
 )
 
-// recordIDs records ids (stored forms) in tx and returns the set of those
-// that were new. A single id uses ON CONFLICT DO NOTHING and the
-// rows-affected count (RETURNING is in SQLite only from 3.35). Several
-// distinct ids are inserted plainly first, unless the driver's unique
-// violations proved unreadable: errRecordedBefore or errUnreadable, with
-// tx aborted, say to ask again with insertReturning in a new transaction.
-func (s *SQL) recordIDs(ctx context.Context, tx *sql.Tx, engine int32, table, consumer string, ids []string) (map[string]bool, error) {
+// recordIDs records ids (stored forms; distinct is sortedDistinct(ids))
+// in tx and returns the set of those that were new. A single id uses ON
+// CONFLICT DO NOTHING and the rows-affected count (RETURNING is in SQLite
+// only from 3.35). Several distinct ids are inserted plainly first, unless
+// the driver's unique violations proved unreadable: errRecordedBefore or
+// errUnreadable, with tx aborted, say to ask again with insertReturning in
+// a new transaction.
+func (s *SQL) recordIDs(ctx context.Context, tx *sql.Tx, engine int32, table, consumer string, ids, distinct []string) (map[string]bool, error) {
 	if len(ids) == 1 {
 		r, err := tx.ExecContext(ctx, "INSERT INTO "+table+" (consumer, id, processed_at) VALUES ($1, $2, "+nowMicros(engine)+") ON CONFLICT DO NOTHING", consumer, ids[0])
 		if err != nil {
@@ -407,7 +414,6 @@ func (s *SQL) recordIDs(ctx context.Context, tx *sql.Tx, engine int32, table, co
 		}
 		return map[string]bool{ids[0]: n == 1}, nil
 	}
-	distinct := sortedDistinct(ids)
 	if len(distinct) == 1 || s.pessimistic.Load() {
 		return insertReturning(ctx, tx, engine, table, consumer, distinct)
 	}
@@ -434,13 +440,14 @@ func (s *SQL) recordIDs(ctx context.Context, tx *sql.Tx, engine int32, table, co
 	return nil, fmt.Errorf("%w: %w", errUnreadable, err)
 }
 
-// insertReturning records ids with ON CONFLICT DO NOTHING RETURNING id,
-// which lists only the rows this statement inserted: a row another
-// transaction inserted, committed or not, is not new (the statement waits
-// for that transaction to end first).
+// insertReturning records ids, sorted and distinct (sortedDistinct), with
+// ON CONFLICT DO NOTHING RETURNING id, which lists only the rows this
+// statement inserted: a row another transaction inserted, committed or
+// not, is not new (the statement waits for that transaction to end
+// first).
 func insertReturning(ctx context.Context, tx *sql.Tx, engine int32, table, consumer string, ids []string) (map[string]bool, error) {
 	fresh := make(map[string]bool, len(ids))
-	err := insertRows(sortedDistinct(ids), engine, table, " ON CONFLICT DO NOTHING RETURNING id", consumer,
+	err := insertRows(ids, engine, table, " ON CONFLICT DO NOTHING RETURNING id", consumer,
 		func(q string, args []any) error {
 			rows, err := tx.QueryContext(ctx, q, args...)
 			if err != nil {
