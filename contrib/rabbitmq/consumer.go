@@ -197,7 +197,10 @@ func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel, h inbox.Handler) e
 	if err := ch.Qos(prefetch, 0, false); err != nil {
 		return fmt.Errorf("rabbitmq: set prefetch: %w", closeErr(closed, err))
 	}
-	r := &run{c: c, ch: ch, h: h, failures: make(map[string]int)}
+	r := &run{c: c, ch: ch, h: h, limit: c.ProcessingLimit, failures: make(map[string]int)}
+	if r.limit == 0 {
+		r.limit = inbox.DefaultProcessingLimit
+	}
 	defer r.stopTimer()
 	if err := r.subscribe(); err != nil {
 		return fmt.Errorf("rabbitmq: consume %q: %w", c.Queue, closeErr(closed, err))
@@ -255,9 +258,10 @@ func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel, h inbox.Handler) e
 // (at most the prefetch count), and the failures this Run counted, for
 // queues that do not count deliveries themselves.
 type run struct {
-	c  *Consumer
-	ch *amqp.Channel
-	h  inbox.Handler
+	c     *Consumer
+	ch    *amqp.Channel
+	h     inbox.Handler
+	limit time.Duration // ProcessingLimit, resolved; < 0: none
 
 	tag        string               // of the current subscription
 	deliveries <-chan amqp.Delivery // of the current subscription
@@ -306,6 +310,9 @@ func (r *run) handle(ctx context.Context, d *amqp.Delivery) error {
 	c := r.c
 	id, ok := c.messageID(d)
 	m := newMessage(c.Queue, c.idSpace(), id, d)
+	// Which delivery this is, once: r.failures changes only as d is settled
+	// or parked.
+	n := r.deliveryNumber(d, id)
 	if !ok {
 		if c.NoID == NoIDStop {
 			// Requeued by stop, once the subscription is cancelled, so
@@ -316,10 +323,10 @@ func (r *run) handle(ctx context.Context, d *amqp.Delivery) error {
 		if err := d.Reject(false); err != nil {
 			return channelClosed(err)
 		}
-		c.report(inbox.DeadLetter{Message: m, Deliveries: r.deliveryNumber(d, id), Err: inbox.ErrNoMessageID, To: c.deadLetterTo()})
+		c.report(inbox.DeadLetter{Message: m, Deliveries: n, Err: inbox.ErrNoMessageID, To: c.deadLetterTo()})
 		return nil
 	}
-	if n := r.deliveryNumber(d, id); c.Retry.Exhausted(n - 1) {
+	if c.Retry.Exhausted(n - 1) {
 		// Delivered more often than allowed: its earlier deliveries never
 		// settled, the consumers died on them (only a quorum queue counts
 		// those). Running it again could kill this one too.
@@ -356,7 +363,6 @@ func (r *run) handle(ctx context.Context, d *amqp.Delivery) error {
 		r.returning = append(r.returning, d)
 		return nil
 	}
-	n := r.deliveryNumber(d, id)
 	if c.Retry.Exhausted(n) {
 		delete(r.failures, id)
 		if err := d.Reject(false); err != nil {
@@ -377,11 +383,7 @@ func (r *run) handle(ctx context.Context, d *amqp.Delivery) error {
 // released. A shutdown does not release d: Run settles it once h returns,
 // unless the limit passes first.
 func (r *run) callHandler(ctx context.Context, d *amqp.Delivery, m *inbox.Message) (released bool, err error) {
-	limit := r.c.ProcessingLimit
-	if limit == 0 {
-		limit = inbox.DefaultProcessingLimit
-	}
-	return inbox.Supervise(ctx, r.h, m, inbox.Supervision{Limit: limit, Release: func() {
+	return inbox.Supervise(ctx, r.h, m, inbox.Supervision{Limit: r.limit, Release: func() {
 		// Failures mean the channel is gone, and its deliveries with it.
 		if err := r.ch.Cancel(r.tag, false); err != nil {
 			return
