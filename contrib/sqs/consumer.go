@@ -347,15 +347,14 @@ func (c *Consumer) receiveInput() *sqs.ReceiveMessageInput {
 func (r *run) handle(ctx context.Context, sm *types.Message) error {
 	c := r.c
 	id, idErr := c.messageID(sm)
-	m := newMessage(c.QueueURL, c.idSpace(), id, sm)
 	n := receiveCount(sm)
+	m := newMessage(c.QueueURL, c.idSpace(), id, sm, n)
 	if idErr != nil {
 		if c.NoID == NoIDStop {
 			r.setVisibility(ctx, sm, 0)
 			return fmt.Errorf("sqs: message %s on %s: %w", deref(sm.MessageId), c.QueueURL, idErr)
 		}
-		r.setVisibility(ctx, sm, r.retryDelay(n))
-		r.reportIfLast(m, n, idErr)
+		r.retryLater(ctx, sm, m, n, idErr)
 		return nil
 	}
 	released, err := r.callHandler(ctx, sm, m)
@@ -375,8 +374,7 @@ func (r *run) handle(ctx context.Context, sm *types.Message) error {
 			r.setVisibility(ctx, sm, 0)
 			return nil
 		}
-		r.setVisibility(ctx, sm, r.retryDelay(n))
-		r.reportIfLast(m, n, err)
+		r.retryLater(ctx, sm, m, n, err)
 		return nil
 	}
 	// The effect committed. If this delete is lost (a crash now, a
@@ -388,6 +386,14 @@ func (r *run) handle(ctx context.Context, sm *types.Message) error {
 		c.settleError(id, fmt.Errorf("sqs: delete: %w", err))
 	}
 	return nil
+}
+
+// retryLater makes sm (m to the handler), which failed with err on its
+// n-th receive, visible again after its retry delay, and reports it when
+// that receive was its last (reportIfLast).
+func (r *run) retryLater(ctx context.Context, sm *types.Message, m *inbox.Message, n int, err error) {
+	r.setVisibility(ctx, sm, r.retryDelay(n))
+	r.reportIfLast(m, n, err)
 }
 
 func (r *run) retryDelay(n int) time.Duration {

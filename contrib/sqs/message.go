@@ -10,15 +10,17 @@ import (
 )
 
 // newMessage is the handler's view of m, received from queueURL, whose id
-// is id, in idSpace. Header holds its String message attributes that were
-// received; Raw is the [types.Message].
-func newMessage(queueURL, idSpace, id string, m *types.Message) *inbox.Message {
+// is id, in idSpace, on its receives-th receive (receiveCount). Header
+// holds its String message attributes that were received; Raw is the
+// [types.Message].
+func newMessage(queueURL, idSpace, id string, m *types.Message, receives int) *inbox.Message {
 	msg := &inbox.Message{
-		ID:      id,
-		Source:  queueURL,
-		IDSpace: idSpace,
-		Body:    []byte(deref(m.Body)),
-		Raw:     *m,
+		ID:          id,
+		Source:      queueURL,
+		IDSpace:     idSpace,
+		Body:        []byte(deref(m.Body)),
+		Redelivered: receives > 1,
+		Raw:         *m,
 	}
 	for k, v := range m.MessageAttributes {
 		if v.StringValue != nil {
@@ -30,9 +32,6 @@ func newMessage(queueURL, idSpace, id string, m *types.Message) *inbox.Message {
 	}
 	if ms, err := strconv.ParseInt(m.Attributes[string(types.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil {
 		msg.Time = time.UnixMilli(ms)
-	}
-	if n, err := strconv.Atoi(m.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)]); err == nil {
-		msg.Redelivered = n > 1
 	}
 	return msg
 }
