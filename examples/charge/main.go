@@ -99,11 +99,7 @@ func run(w io.Writer, n int, seed uint64) error {
 	st := api.Stats()
 	fmt.Fprintf(w, "\ncharges: %d ok, %d failed\n", ok, failed)
 	fmt.Fprintf(w, "retries by reason: %s\n", counts(total))
-	faults := map[string]int{}
-	for k, v := range st.Faults {
-		faults[string(k)] = v
-	}
-	fmt.Fprintf(w, "server: %d requests, %d charges executed, %d replays; faults injected: %s\n", st.Requests, st.Executions, st.Replays, counts(faults))
+	fmt.Fprintf(w, "server: %d requests, %d charges executed, %d replays; faults injected: %s\n", st.Requests, st.Executions, st.Replays, counts(st.Faults))
 	fmt.Fprintf(w, "charges executed more than once: %d\n", st.Duplicates)
 	if st.Duplicates != 0 {
 		return fmt.Errorf("%d duplicate charges", st.Duplicates)
