@@ -612,16 +612,11 @@ func (j *Journal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry
 		}
 		found := j.lookupLocked(rec.Operation, rec.Key)
 		if found == nil {
-			b, off, err := j.log.Append(len(encoded), 1, func(buf []byte) []byte { return append(buf, encoded...) })
-			if errors.Is(err, wal.ErrBatchFull) {
-				// A batch must stay within what replay accepts: wait for
-				// the committer to take this one.
-				j.mu.Unlock()
-				<-b.Done()
+			b, off, retry, err := j.appendLocked(false, len(encoded), 1, func(buf []byte) []byte { return append(buf, encoded...) })
+			if retry {
 				continue
 			}
 			if err != nil {
-				j.mu.Unlock()
 				return nil, fmt.Errorf("idemhttp: journal begin %s: %w", e.Key, err)
 			}
 			j.indexBeginLocked(rec, b, off, len(encoded))
@@ -659,6 +654,31 @@ func (j *Journal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry
 		}
 		return existing, nil
 	}
+}
+
+// appendLocked appends records to the log, called with the index lock
+// held: with [wal.Log.AppendLazy] when lazy, else [wal.Log.Append]. On
+// success the lock is still held, for the caller to index what it
+// appended in the same critical section. Otherwise it has released it:
+// with the batch full it waits for the committer to take that batch (a
+// batch must stay within what replay accepts) and reports retry, and the
+// caller looks at the index again, since it may have changed meanwhile;
+// any other error it returns.
+func (j *Journal) appendLocked(lazy bool, need, records int, fn func([]byte) []byte) (b *wal.Batch, off int64, retry bool, err error) {
+	if lazy {
+		b, off, err = j.log.AppendLazy(need, records, fn)
+	} else {
+		b, off, err = j.log.Append(need, records, fn)
+	}
+	if err == nil {
+		return b, off, false, nil
+	}
+	j.mu.Unlock()
+	if errors.Is(err, wal.ErrBatchFull) {
+		<-b.Done()
+		return nil, 0, true, nil
+	}
+	return nil, 0, false, err
 }
 
 // encodeBufs holds encoding buffers, so that a Begin allocates none.
@@ -827,16 +847,13 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 		attempts := le.attempts + o.Attempts
 		// Lazy: the record waits for the next Begin's commit (or the
 		// bound) instead of starting one nobody waits for.
-		b, _, err := j.log.AppendLazy(finishMax(key), 1, func(buf []byte) []byte {
+		_, _, retry, err := j.appendLocked(true, finishMax(key), 1, func(buf []byte) []byte {
 			return appendFinish(buf, key, state, status, attempts, when)
 		})
-		if errors.Is(err, wal.ErrBatchFull) {
-			j.mu.Unlock()
-			<-b.Done()
+		if retry {
 			continue
 		}
 		if err != nil {
-			j.mu.Unlock()
 			return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
 		}
 		if was, now := le.state == journalStatePending, state == journalStatePending; was != now {
@@ -893,14 +910,11 @@ func (j *Journal) finishWithResult(ctx context.Context, key string, o idemhttp.O
 			j.mu.Unlock()
 			return errNoResult
 		}
-		b, off, err := j.log.Append(len(encoded), 1, func(buf []byte) []byte { return append(buf, encoded...) })
-		if errors.Is(err, wal.ErrBatchFull) {
-			j.mu.Unlock()
-			<-b.Done()
+		b, off, retry, err := j.appendLocked(false, len(encoded), 1, func(buf []byte) []byte { return append(buf, encoded...) })
+		if retry {
 			continue
 		}
 		if err != nil {
-			j.mu.Unlock()
 			return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
 		}
 		j.pending--
@@ -1208,20 +1222,17 @@ func (j *Journal) removeChunk(les []*entry, doomed func(*entry) bool) (int, erro
 		// with them. (Without it, a clock set forward, then back while
 		// only pruning ran, went unnoticed.) Not counted in Writes.
 		now := j.now().Round(0)
-		b, _, err := j.log.Append(clockMax+need, len(keep), func(buf []byte) []byte {
+		b, _, retry, err := j.appendLocked(false, clockMax+need, len(keep), func(buf []byte) []byte {
 			buf = appendClock(buf, now)
 			for _, le := range keep {
 				buf = appendDelete(buf, le.key())
 			}
 			return buf
 		})
-		if errors.Is(err, wal.ErrBatchFull) {
-			j.mu.Unlock()
-			<-b.Done()
+		if retry {
 			continue
 		}
 		if err != nil {
-			j.mu.Unlock()
 			return 0, err
 		}
 		for _, le := range keep {
