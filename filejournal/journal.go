@@ -273,10 +273,8 @@ type Journal struct {
 	fs         FS
 	clock      func() time.Time
 	omitBodies bool
-	retention  atomic.Int64  // how long done entries are kept, for the pruner: see Retain
+	retention  atomic.Int64  // the longest retention a Client told it (Retain); 0: none yet, defaultRetention applies
 	keepDone   time.Duration // Options.KeepDone
-	retainMu   sync.Mutex    // serialises Retain
-	told       bool          // Retain was called; guarded by retainMu
 	salvage    bool          // SkipVerify
 	readOnly   bool
 
@@ -519,7 +517,6 @@ func Open(path string, opts *Options) (*Journal, error) {
 		// a valid journal, and a later Prune tries again.
 		_ = j.Compact(context.Background())
 	}
-	j.retention.Store(int64(defaultRetention))
 	j.keepDone = max(opts.KeepDone, 0)
 	if !j.readOnly && opts.PruneInterval >= 0 {
 		j.pruner = startPruner(j, cmp.Or(opts.PruneInterval, time.Hour))

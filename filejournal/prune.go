@@ -1,6 +1,7 @@
 package filejournal
 
 import (
+	"cmp"
 	"context"
 	"sync"
 	"time"
@@ -38,7 +39,8 @@ func startPruner(j *Journal, every time.Duration) *pruner {
 			// Only a clock set forward prunes early, a done entry whose
 			// operation a rerun would then send again under a new key;
 			// nothing here can tell that clock from a correct one.
-			_, _ = j.Prune(ctx, j.now().Add(-max(time.Duration(j.retention.Load()), j.keepDone)))
+			retention := cmp.Or(time.Duration(j.retention.Load()), defaultRetention)
+			_, _ = j.Prune(ctx, j.now().Add(-max(retention, j.keepDone)))
 		}
 	}()
 	return p
@@ -58,13 +60,12 @@ func (p *pruner) stop() {
 // than the client expects would let a rerun of its operation mint a new
 // key. A d that is not positive is ignored.
 func (j *Journal) Retain(d time.Duration) {
-	if d <= 0 {
-		return
-	}
-	j.retainMu.Lock()
-	defer j.retainMu.Unlock()
-	if !j.told || int64(d) > j.retention.Load() {
-		j.retention.Store(int64(d))
-		j.told = true
+	// retention starts at 0, so a first positive d is stored whatever its
+	// size, later ones only raise it, and one not positive never is.
+	for {
+		cur := j.retention.Load()
+		if int64(d) <= cur || j.retention.CompareAndSwap(cur, int64(d)) {
+			return
+		}
 	}
 }
