@@ -305,8 +305,7 @@ func (idx *index) apply(rec *record, off int64, n int) error {
 			// earlier one, request and all.
 			idx.live += int64(n) - int64(le.size)
 			le.off, le.size = off, int32(n)
-			le.state, le.lastStatus, le.attempts = rec.state, rec.lastStatus, rec.attempts
-			le.setUpdated(rec.updated)
+			le.setOutcome(rec.state, rec.lastStatus, rec.attempts, rec.updated)
 			break
 		}
 		fallthrough // a compacted file's: the entry's only record
@@ -330,8 +329,7 @@ func (idx *index) apply(rec *record, off int64, n int) error {
 		if !exists {
 			return fmt.Errorf("%w: outcome of unknown key %q", ErrCorrupt, rec.key)
 		}
-		le.state, le.lastStatus, le.attempts = rec.state, rec.lastStatus, rec.attempts
-		le.setUpdated(rec.updated)
+		le.setOutcome(rec.state, rec.lastStatus, rec.attempts, rec.updated)
 	case kindDelete:
 		if !exists {
 			return fmt.Errorf("%w: deletion of unknown key %q", ErrCorrupt, rec.key)

@@ -409,6 +409,13 @@ func (le *entry) updated() time.Time { return unixTime(le.updatedSec, le.updated
 
 func (le *entry) setUpdated(t time.Time) { le.updatedSec, le.updatedNs = splitTime(t) }
 
+// setOutcome sets what an outcome changes: the state, the last status,
+// the attempts (a total) and the time it was recorded.
+func (le *entry) setOutcome(state byte, lastStatus, attempts int, updated time.Time) {
+	le.state, le.lastStatus, le.attempts = state, lastStatus, attempts
+	le.setUpdated(updated)
+}
+
 // compareCreated orders entries by created time, then key.
 func compareCreated(a, b *entry) int {
 	return cmp.Or(cmp.Compare(a.createdSec, b.createdSec), cmp.Compare(a.createdNs, b.createdNs), strings.Compare(a.key(), b.key()))
@@ -860,8 +867,7 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 				j.pending--
 			}
 		}
-		le.state, le.lastStatus, le.attempts = state, status, attempts
-		le.setUpdated(when)
+		le.setOutcome(state, status, attempts, when)
 		j.raiseLocked(when)
 		j.mu.Unlock()
 		return nil
@@ -915,8 +921,7 @@ func (j *Journal) finishWithResult(ctx context.Context, key string, o idemhttp.O
 			return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
 		}
 		j.pending--
-		le.state, le.lastStatus, le.attempts = journalStateDone, rec.LastStatus, rec.Attempts
-		le.setUpdated(at)
+		le.setOutcome(journalStateDone, rec.LastStatus, rec.Attempts, at)
 		j.raiseLocked(at)
 		j.mu.Unlock()
 		<-b.Done()
