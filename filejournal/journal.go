@@ -902,7 +902,12 @@ func (j *Journal) finishWithResult(ctx context.Context, key string, o idemhttp.O
 	rec := *cur
 	rec.State, rec.LastStatus, rec.Attempts, rec.Updated = idemhttp.StateDone, o.Status, cur.Attempts+o.Attempts, at
 	rec.Result = &idemhttp.Result{Status: o.Result.Status, Header: contract.ResultHeader(o.Result.Header), Body: o.Result.Body}
-	encoded, err := appendBegin(nil, &rec)
+	// Append copies the record into its batch before it returns, so the
+	// buffer goes back to the pool when this call does.
+	bp := encodeBufs.Get()
+	defer encodeBufs.Put(bp)
+	encoded, err := appendBegin((*bp)[:0], &rec)
+	*bp = encoded
 	if err != nil {
 		return errNoResult // too large to keep: the outcome alone
 	}
