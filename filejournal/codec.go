@@ -140,6 +140,13 @@ func appendHeader(dst []byte, h http.Header, names []string) []byte {
 // Result. Header names without values carry no information and are
 // dropped.
 func appendBegin(dst []byte, e *idemhttp.Entry) ([]byte, error) {
+	size, names := beginSize(e)
+	return appendBeginSized(dst, e, size, names)
+}
+
+// appendBeginSized is appendBegin for a caller that has computed
+// beginSize(e) already: size and names are what it returned.
+func appendBeginSized(dst []byte, e *idemhttp.Entry, size int, names []string) ([]byte, error) {
 	st, ok := journalStateByte(e.State)
 	if !ok {
 		return dst, fmt.Errorf("entry %q: unknown state %q", e.Key, e.State)
@@ -151,7 +158,6 @@ func appendBegin(dst []byte, e *idemhttp.Entry) ([]byte, error) {
 		}
 		kind = kindResult
 	}
-	size, names := beginSize(e)
 	if size > maxRecord+beginSlack {
 		// Certainly too large: refuse before copying the body.
 		return dst, tooLarge(e, size)

@@ -587,12 +587,12 @@ func (j *Journal) compact(ctx context.Context) error {
 				// Deleted since: any state will do, the delete follows.
 				e.State = idemhttp.StateDone
 			}
-			size, _ := beginSize(e)
+			size, names := beginSize(e)
 			var encErr error
 			var n int
 			off, err := w.Append(recHdrLen+size, func(buf []byte) []byte {
 				start := len(buf)
-				buf, encErr = appendBegin(buf, e)
+				buf, encErr = appendBeginSized(buf, e, size, names)
 				n = len(buf) - start
 				return buf
 			})
