@@ -119,26 +119,6 @@ func (t *table) get(s string) *entry {
 	return sh.slots[i]
 }
 
-// getBytes is get for a string held as bytes, whose hash is h.
-func (t *table) getBytes(h uint64, b []byte) *entry {
-	sh := t.shard(h)
-	if sh.n == 0 {
-		return nil
-	}
-	mask := uint64(len(sh.slots) - 1)
-	tag := tag(h)
-	for i := h & mask; ; i = (i + 1) & mask {
-		switch sh.hashes[i] {
-		case 0:
-			return nil
-		case tag:
-			if le := sh.slots[i]; t.name(le) == string(b) {
-				return le
-			}
-		}
-	}
-}
-
 // find returns the shard of s, whose hash is h, and the slot of the
 // entry indexed by s in it, or -1. A probe reads the tags only, and
 // follows a slot's pointer (a cache miss, and another for its string)

@@ -80,3 +80,23 @@ func TestFjTableHint(t *testing.T) {
 		assert.Equal(t, size, len(tab.shards[i].slots), "a table sized for its entries does not grow")
 	}
 }
+
+// getBytes is get for a string held as bytes, whose hash is h.
+func (t *table) getBytes(h uint64, b []byte) *entry {
+	sh := t.shard(h)
+	if sh.n == 0 {
+		return nil
+	}
+	mask := uint64(len(sh.slots) - 1)
+	tag := tag(h)
+	for i := h & mask; ; i = (i + 1) & mask {
+		switch sh.hashes[i] {
+		case 0:
+			return nil
+		case tag:
+			if le := sh.slots[i]; t.name(le) == string(b) {
+				return le
+			}
+		}
+	}
+}
