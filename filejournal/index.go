@@ -387,16 +387,9 @@ func (j *Journal) newIndexWriter(push bool) (*indexWriter, error) {
 // newFjIndexWriter starts an index file at path on fs, numbering its
 // temporary file with temps.
 func newFjIndexWriter(fs FS, path string, temps *atomic.Uint64, push bool) (*indexWriter, error) {
-	var f File
-	var tmp string
-	var err error
-	for range 100 {
-		tmp = path + ".tmp-" + strconv.FormatUint(temps.Add(1), 10)
-		f, err = fs.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600, false)
-		if !errors.Is(err, os.ErrExist) {
-			break
-		}
-	}
+	f, tmp, err := wal.CreateNew(fs, func(int) string {
+		return path + ".tmp-" + strconv.FormatUint(temps.Add(1), 10)
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package wal
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 )
@@ -46,6 +47,33 @@ type FS interface {
 	// EvalSymlinks returns the path name after resolving symlinks, as
 	// [filepath.EvalSymlinks].
 	EvalSymlinks(name string) (string, error)
+}
+
+// createTries bounds the names [CreateNew] tries.
+const createTries = 100
+
+// CreateNew creates a file on fs that did not exist, mode 0600 and open
+// for writing (os.O_CREATE|os.O_EXCL, so that no file already there, a
+// crashed process's or another writer's, is reused or truncated). It
+// tries name(0), name(1) and so on, in that order, up to name(99),
+// calling name once per try, and returns the first file it could create
+// with its name. It returns the error of the first try that fails for
+// another reason than the file existing, or, when all 100 exist, one
+// wrapping [os.ErrExist]. The caller closes the file.
+func CreateNew(fs FS, name func(i int) string) (File, string, error) {
+	var err error
+	for i := range createTries {
+		n := name(i)
+		var f File
+		f, err = fs.OpenFile(n, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600, false)
+		if err == nil {
+			return f, n, nil
+		}
+		if !errors.Is(err, os.ErrExist) {
+			break
+		}
+	}
+	return nil, "", err
 }
 
 // File is an open file of an [FS]. The log reads and writes it at

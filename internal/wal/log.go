@@ -418,12 +418,12 @@ const TornSuffix = ".torn-"
 // examined.
 func keepTail(fs FS, now func() time.Time, f File, path string, off, n int64) (string, error) {
 	base := path + TornSuffix + now().UTC().Format("20060102T150405.000000000Z")
-	name := base
-	t, err := fs.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600, false)
-	for i := 1; errors.Is(err, os.ErrExist) && i < 100; i++ {
-		name = base + "." + strconv.Itoa(i)
-		t, err = fs.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600, false)
-	}
+	t, name, err := CreateNew(fs, func(i int) string {
+		if i == 0 {
+			return base
+		}
+		return base + "." + strconv.Itoa(i)
+	})
 	if err != nil {
 		return "", err
 	}
