@@ -474,7 +474,6 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 	if cfg.hooks.OnAttempt != nil || cfg.hooks.OnAttemptDone != nil || a.p.pacer != nil {
 		a.engine.RequestLogHook = engineRequestHook
 	}
-	a.started = true
 	resp, err := a.finish(a.engine.Do(rreq))
 	if a.firstBody != nil {
 		_ = a.firstBody.Close() // never sent; net/http would have closed it

@@ -347,7 +347,6 @@ func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, mark
 		}
 		// Within the server's retention it still holds the key: a resend
 		// under it gets the stored response, and runs nothing.
-		a.refetch = true
 		return nil, nil, false
 	case StateAbandoned:
 		resp, err := a.answer(nil, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", e.Operation, e.Key, e.Created.Format(time.RFC3339), ErrKeyExpired))

@@ -72,7 +72,6 @@ type operation struct {
 	fresh   bool // the key was minted for this call: the server cannot have seen it before the first attempt
 	resent  bool // net/http resent an attempt by itself, so the key may have been seen
 	unknown bool // an attempt may have reached the server without an answer reaching us
-	started bool // the first attempt began
 
 	// The lifecycle (lifecycle.go).
 	phase           phase
@@ -82,7 +81,6 @@ type operation struct {
 	created         bool                 // the journal entry is this call's own
 	reached         bool                 // an attempt may have reached a server (or got an answer)
 	settled         bool                 // the outcome is written (or the call was answered locally)
-	refetch         bool                 // a done operation resent to get its result (Policy.RefetchDone)
 	redirectRefused bool                 // a 3xx was returned unfollowed: nothing ran at its target
 	sdk             bool                 // StandardClient's transport: a final give-up's last response goes back
 	passedThrough   bool                 // sdk: the response returned is a give-up's (passErr)
