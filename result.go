@@ -20,7 +20,7 @@ func keepResult(resp *http.Response, limit int64) *Result {
 	}
 	buf, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil || int64(len(buf)) > limit {
-		resp.Body = &prefixedBody{Reader: io.MultiReader(bytes.NewReader(buf), &errReader{err: err, r: resp.Body}), closer: resp.Body}
+		putBack(resp, buf, err)
 		return nil
 	}
 	_ = resp.Body.Close()

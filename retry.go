@@ -636,8 +636,13 @@ func peekBody(resp *http.Response) []byte {
 		return nil
 	}
 	buf, err := io.ReadAll(io.LimitReader(resp.Body, peekLen))
-	resp.Body = &prefixedBody{Reader: io.MultiReader(bytes.NewReader(buf), &errReader{err: err, r: resp.Body}), closer: resp.Body}
+	putBack(resp, buf, err)
 	return buf
+}
+
+// putBack puts buf read from resp's body, and the error that stopped the read, back in front of it.
+func putBack(resp *http.Response, buf []byte, err error) {
+	resp.Body = &prefixedBody{Reader: io.MultiReader(bytes.NewReader(buf), &errReader{err: err, r: resp.Body}), closer: resp.Body}
 }
 
 // prefixedBody is a body whose first bytes were peeked.
