@@ -435,16 +435,7 @@ func newBudget(b Budget) *budget {
 	if b.Disabled {
 		return nil
 	}
-	nb := &budget{capacity: int64(b.Capacity), cost: int64(b.RetryCost), timeoutCost: int64(b.TimeoutCost)}
-	if nb.capacity <= 0 {
-		nb.capacity = 500
-	}
-	if nb.cost <= 0 {
-		nb.cost = 5
-	}
-	if nb.timeoutCost <= 0 {
-		nb.timeoutCost = 10
-	}
+	nb := &budget{capacity: positiveOr(int64(b.Capacity), 500), cost: positiveOr(int64(b.RetryCost), 5), timeoutCost: positiveOr(int64(b.TimeoutCost), 10)}
 	nb.tokens.Store(nb.capacity)
 	return nb
 }
