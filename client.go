@@ -351,7 +351,7 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		return nil, unsent(err) // nothing sent, nothing journaled
 	}
 	if hasOp {
-		if err := validateOperation(op); err != nil {
+		if err := contract.ValidateOperation(op); err != nil {
 			closeBody(req)
 			return nil, err
 		}

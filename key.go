@@ -8,8 +8,6 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
-
-	"github.com/idemkit/idemhttp/internal/contract"
 )
 
 // DefaultKeyHeader is the header that carries the idempotency key unless
@@ -101,6 +99,3 @@ func operationFromContext(ctx context.Context) (string, bool) {
 	op, ok := ctx.Value(opCtxKey).(string)
 	return op, ok
 }
-
-// validateOperation applies the key rules to an operation id.
-func validateOperation(op string) error { return contract.ValidateOperation(op) }

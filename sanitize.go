@@ -34,7 +34,7 @@ func (e *Entry) Sanitized() (*Entry, error) {
 		return nil, err
 	}
 	if e.Operation != "" {
-		if err := validateOperation(e.Operation); err != nil {
+		if err := contract.ValidateOperation(e.Operation); err != nil {
 			return nil, err
 		}
 	}
