@@ -387,14 +387,19 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		again, a.mark = rs.entry, rs.mark
 	}
 	a.req = req // for the call's events until out replaces it
+	// closeStreamed closes a body left open to stream (an in-memory one
+	// is closed already) when the call stops before sending it.
+	closeStreamed := func() {
+		if getBody != nil {
+			closeBody(req)
+		}
+	}
 	a.cctx = callCtx{Context: ctx, a: a}
 	if keyed {
 		var resp *http.Response
 		var ok bool
 		if resp, err, ok = a.open(ctx, req, key, explicit, body, again); !ok {
-			if getBody != nil {
-				closeBody(req)
-			}
+			closeStreamed()
 			return resp, err
 		}
 		// A panic in PrepareRequest or a hook still withdraws the entry
@@ -425,9 +430,7 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 	}
 	if cfg.prepare != nil {
 		if err := cfg.prepare(out); err != nil {
-			if getBody != nil {
-				closeBody(req)
-			}
+			closeStreamed()
 			return a.settle(ctx, nil, fmt.Errorf("idemhttp: prepare request: %w", err))
 		}
 		if out.Header == nil {
@@ -440,26 +443,26 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 	out.Body = nil
 	rreq := &a.rreq
 	rreq.Request = out
+	var rf retryablehttp.ReaderFunc
+	var n int64
 	switch {
 	case body != nil:
 		a.mem = body
-		a.probing = true // SetBody reads the body once to measure it
-		err = rreq.SetBody(retryablehttp.ReaderFunc(a.memBody))
-		a.probing = false
-		rreq.ContentLength = int64(len(body))
+		rf, n = a.memBody, int64(len(body))
 	case getBody != nil:
 		a.first.reset(req.Body, &a.bodyRef)
 		a.firstBody = &a.first
 		a.getBody = getBody
+		rf, n = a.body, req.ContentLength
+	}
+	if rf != nil {
 		a.probing = true // SetBody reads the body once to measure it
-		err = rreq.SetBody(retryablehttp.ReaderFunc(a.body))
+		err = rreq.SetBody(rf)
 		a.probing = false
-		rreq.ContentLength = req.ContentLength
+		rreq.ContentLength = n
 	}
 	if err != nil {
-		if getBody != nil {
-			closeBody(req)
-		}
+		closeStreamed()
 		return a.settle(ctx, nil, fmt.Errorf("idemhttp: %w: body: %w", ErrNotReplayable, err))
 	}
 
