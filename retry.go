@@ -332,9 +332,9 @@ func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err err
 		// succeeding at last) keep the bucket full forever.
 		switch {
 		case a.lastCost > 0:
-			a.c.cfg.budget.deposit(a.lastCost)
+			a.cfg.budget.deposit(a.lastCost)
 		case a.attempts == 1:
-			a.c.cfg.budget.deposit(1)
+			a.cfg.budget.deposit(1)
 		}
 	}
 	if resp.StatusCode == http.StatusNotFound && a.unknown && a.p.deleteGoneOK && a.req.Method == http.MethodDelete {
@@ -380,10 +380,10 @@ func (a *operation) retry(ctx context.Context, reason idemtrace.RetryReason, res
 		}
 		return false, a.giveUp(context.DeadlineExceeded, resp)
 	}
-	cost, ok := a.c.cfg.budget.withdraw(timeout)
+	cost, ok := a.cfg.budget.withdraw(timeout)
 	if !ok {
 		if f := a.cfg.hooks.OnBudgetRefused; f != nil {
-			b := a.c.cfg.budget
+			b := a.cfg.budget
 			f(a.hookCtx(), idemtrace.BudgetEvent{CallEvent: a.call(), Attempts: a.attempts, Cost: b.costOf(timeout), Tokens: b.tokens.Load()})
 		}
 		return false, a.giveUp(ErrBudgetExhausted, resp)
