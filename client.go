@@ -381,7 +381,7 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		return nil, unsent(err)
 	}
 
-	a := &operation{c: c, cfg: cfg, p: p.apply(ctx), operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method), j: j, sdk: sdk, onPhase: cfg.onPhase}
+	a := &operation{c: c, cfg: cfg, p: p.apply(ctx), operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method), j: j, sdk: sdk}
 	var again *Entry
 	if rs != nil {
 		again, a.mark = rs.entry, rs.mark

@@ -65,8 +65,8 @@ var lifecycleBug func(from, to phase)
 func (a *operation) advance(to phase) bool {
 	for _, p := range next[a.phase] {
 		if p == to {
-			if a.onPhase != nil {
-				a.onPhase(a.phase, to)
+			if f := a.cfg.onPhase; f != nil {
+				f(a.phase, to)
 			}
 			a.phase = to
 			return true

@@ -75,15 +75,14 @@ type operation struct {
 
 	// The lifecycle (lifecycle.go).
 	phase           phase
-	onPhase         func(from, to phase) // tests only
-	badMoves        [][2]phase           // moves the lifecycle refused: a bug
-	held            []string             // the senders' slots this call holds
-	created         bool                 // the journal entry is this call's own
-	reached         bool                 // an attempt may have reached a server (or got an answer)
-	settled         bool                 // the outcome is written (or the call was answered locally)
-	redirectRefused bool                 // a 3xx was returned unfollowed: nothing ran at its target
-	sdk             bool                 // StandardClient's transport: a final give-up's last response goes back
-	passedThrough   bool                 // sdk: the response returned is a give-up's (passErr)
+	badMoves        [][2]phase // moves the lifecycle refused: a bug
+	held            []string   // the senders' slots this call holds
+	created         bool       // the journal entry is this call's own
+	reached         bool       // an attempt may have reached a server (or got an answer)
+	settled         bool       // the outcome is written (or the call was answered locally)
+	redirectRefused bool       // a 3xx was returned unfollowed: nothing ran at its target
+	sdk             bool       // StandardClient's transport: a final give-up's last response goes back
+	passedThrough   bool       // sdk: the response returned is a give-up's (passErr)
 	passErr         error
 	fromJournal     bool      // the response is the journal's copy of the result
 	mark            time.Time // the journal's high-water mark, when Resume read it for all its entries
