@@ -382,10 +382,6 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 	}
 
 	a := &operation{c: c, cfg: cfg, p: p.apply(ctx), operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method), j: j, sdk: sdk}
-	var again *Entry
-	if rs != nil {
-		again, a.mark = rs.entry, rs.mark
-	}
 	a.req = req // for the call's events until out replaces it
 	// closeStreamed closes a body left open to stream (an in-memory one
 	// is closed already) when the call stops before sending it.
@@ -398,7 +394,7 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 	if keyed {
 		var resp *http.Response
 		var ok bool
-		if resp, err, ok = a.open(ctx, req, key, explicit, body, again); !ok {
+		if resp, err, ok = a.open(ctx, req, key, explicit, body, rs); !ok {
 			closeStreamed()
 			return resp, err
 		}

@@ -169,11 +169,11 @@ func (a *operation) releaseAll() {
 }
 
 // open chooses the key and the journal entry of a keyed call, as its one
-// sender in this process. For a resend (Resume) it rereads the entry
+// sender in this process. For a resend (Resume, rs) it rereads the entry
 // instead of beginning one: an entry withdrawn or finished meanwhile is
 // not sent again. ok is false when the call is answered without sending,
 // and resp and err say how. want is the caller's key, "" if none.
-func (a *operation) open(ctx context.Context, req *http.Request, want string, explicit bool, body []byte, resend *Entry) (resp *http.Response, err error, ok bool) {
+func (a *operation) open(ctx context.Context, req *http.Request, want string, explicit bool, body []byte, rs *resend) (resp *http.Response, err error, ok bool) {
 	for {
 		if a.operation != "" {
 			if _, err := a.hold(ctx, "o\x00"+a.operation); err != nil {
@@ -183,8 +183,8 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 		}
 		key, minted := want, false
 		switch {
-		case resend != nil:
-			key = resend.Key
+		case rs != nil:
+			key = rs.entry.Key
 		case key == "":
 			key, minted = NewKey(), true
 		}
@@ -205,8 +205,8 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 		}
 
 		var e *Entry
-		if resend != nil {
-			e, err = a.reread(ctx, resend)
+		if rs != nil {
+			e, err = a.reread(ctx, rs.entry)
 		} else {
 			e, err = a.begin(ctx, req, key, explicit, body)
 		}
@@ -232,7 +232,7 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 		}
 		a.entry, a.fresh = e, minted && a.created
 		if !a.created {
-			if resp, err, answered := a.judge(ctx, req, e, a.mark, resend != nil); answered {
+			if resp, err, answered := a.judge(ctx, req, e, rs); answered {
 				return resp, err, false
 			}
 		}
@@ -326,9 +326,13 @@ func (a *operation) reread(ctx context.Context, e *Entry) (*Entry, error) {
 // judge decides whether an existing entry may be sent again under its
 // key, for a rerun of its operation (Do) and for a resend (Resume): the
 // one home of those rules. answered is true when it may not, with what
-// the call returns. mark is the journal's high-water mark when the caller
-// read it already (Resume, once for all its entries), else zero.
-func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, mark time.Time, resend bool) (resp *http.Response, err error, answered bool) {
+// the call returns. rs is Resume's resend, nil for Do: its mark is the
+// journal's high-water mark, read once for all its entries.
+func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, rs *resend) (resp *http.Response, err error, answered bool) {
+	resending, mark := rs != nil, time.Time{}
+	if resending {
+		mark = rs.mark
+	}
 	c, p, j := a.c, a.p, a.j
 	now, err := c.journalNow(ctx, j)
 	if err != nil {
@@ -337,11 +341,11 @@ func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, mark
 	}
 	switch e.State {
 	case StateDone:
-		if r := e.Result; r != nil && !resend {
+		if r := e.Result; r != nil && !resending {
 			resp, err := a.answer(a.replayResult(req, r), nil)
 			return resp, err, true
 		}
-		if !p.refetchDone || now.Sub(e.Created) > p.retention || resend {
+		if !p.refetchDone || now.Sub(e.Created) > p.retention || resending {
 			resp, err := a.answer(nil, &DoneError{Operation: e.Operation, Key: e.Key, Status: e.LastStatus, Attempts: e.Attempts, Finished: e.Updated, Result: e.Result})
 			return resp, err, true
 		}

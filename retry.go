@@ -84,8 +84,7 @@ type operation struct {
 	sdk             bool       // StandardClient's transport: a final give-up's last response goes back
 	passedThrough   bool       // sdk: the response returned is a give-up's (passErr)
 	passErr         error
-	fromJournal     bool      // the response is the journal's copy of the result
-	mark            time.Time // the journal's high-water mark, when Resume read it for all its entries
+	fromJournal     bool // the response is the journal's copy of the result
 
 	lastStatus int
 	lastErr    error
