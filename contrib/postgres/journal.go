@@ -654,6 +654,12 @@ SELECT state, lease_owner, lease_token IS NOT DISTINCT FROM $2, lease_token IS N
     lease_token IS NOT NULL AND lease_token <> $2 AND coalesce(lease_expires_at > {now}, false)
 FROM idemhttp_journal WHERE key = $1`, 3)
 
+// renewSQL extends the lease of key $1, pending and held by token $2, to
+// $3 from the journal's clock.
+var renewSQL = sqlNow(`
+UPDATE idemhttp_journal SET lease_expires_at = {now} + $3::interval
+WHERE key = $1 AND state = 'pending' AND lease_token = $2`, 4)
+
 // Renew extends this worker's lease on a pending entry to Lease from now
 // (by the journal's clock), for a worker still busy with it as its lease
 // nears its end. It returns a [*LeaseLostError] (errors.Is [ErrLeaseLost]
@@ -665,21 +671,22 @@ func (j *Journal) Renew(ctx context.Context, key string) error {
 	return j.fenced(ctx, "renew", key, nil, func() (bool, error) {
 		var tag pgconn.CommandTag
 		err := retry(ctx, func() (err error) {
-			tag, err = j.db.Exec(ctx, sqlNow(`
-UPDATE idemhttp_journal SET lease_expires_at = {now} + $3::interval
-WHERE key = $1 AND state = 'pending' AND lease_token = $2`, 4), key, j.token, j.lease, j.now())
+			tag, err = j.db.Exec(ctx, renewSQL, key, j.token, j.lease, j.now())
 			return err
 		})
 		return tag.RowsAffected() == 1, err
 	})
 }
 
+// getSQL reads key $1's entry with its Result.
+var getSQL = "SELECT " + entryColumns("", true) + " FROM idemhttp_journal WHERE key = $1"
+
 // Get implements [idemhttp.Journal.Get]: the entry with its request and,
 // when done, its Result.
 func (j *Journal) Get(ctx context.Context, key string) (*idemhttp.Entry, error) {
 	var e *idemhttp.Entry
 	err := retry(ctx, func() (err error) {
-		e, err = scanEntry(j.db.QueryRow(ctx, "SELECT "+entryColumns("", true)+" FROM idemhttp_journal WHERE key = $1", key), true)
+		e, err = scanEntry(j.db.QueryRow(ctx, getSQL, key), true)
 		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -691,12 +698,16 @@ func (j *Journal) Get(ctx context.Context, key string) (*idemhttp.Entry, error) 
 	return e, nil
 }
 
+// lookupOperationSQL reads operation $1's entry without its Result. (Not
+// lookupSQL: that is the Store's.)
+var lookupOperationSQL = "SELECT " + entryColumns("", false) + " FROM idemhttp_journal WHERE operation = $1"
+
 // Lookup implements [idemhttp.Journal.Lookup]: the entry for operation,
 // with its request but without its Result, in one query.
 func (j *Journal) Lookup(ctx context.Context, operation string) (*idemhttp.Entry, error) {
 	var e *idemhttp.Entry
 	err := retry(ctx, func() (err error) {
-		e, err = scanEntry(j.db.QueryRow(ctx, "SELECT "+entryColumns("", false)+" FROM idemhttp_journal WHERE operation = $1", operation), false)
+		e, err = scanEntry(j.db.QueryRow(ctx, lookupOperationSQL, operation), false)
 		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -708,13 +719,16 @@ func (j *Journal) Lookup(ctx context.Context, operation string) (*idemhttp.Entry
 	return e, nil
 }
 
+// pendingSQL reads every pending entry without its Result, oldest first.
+var pendingSQL = "SELECT " + entryColumns("", false) + " FROM idemhttp_journal WHERE state = 'pending' ORDER BY created_at, key"
+
 // Pending implements [idemhttp.Journal.Pending]: every pending entry,
 // oldest Created first (ties in key order), leased or not. A fleet's
 // workers use [Journal.ClaimPending] instead; [idemhttp.Client.Resume]
 // without Entries, which calls Pending, would resend entries other
 // workers are sending.
 func (j *Journal) Pending(ctx context.Context) ([]*idemhttp.Entry, error) {
-	out, err := j.query(ctx, "SELECT "+entryColumns("", false)+" FROM idemhttp_journal WHERE state = 'pending' ORDER BY created_at, key")
+	out, err := j.query(ctx, pendingSQL)
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp/postgres: journal pending: %w", err)
 	}
