@@ -22,10 +22,7 @@ func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
 	// The work must be finished and recorded even when the client leaves;
 	// a rollback then would only make its retry run the request again.
 	ctx := context.WithoutCancel(r.Context())
-	key := ""
-	if c != nil {
-		key = c.Key
-	}
+	key := claimKey(c)
 	rep := h.reporter(r, c)
 	for attempt := 0; ; attempt++ {
 		run, outcome, res, err := h.begin(ctx, c)
@@ -80,9 +77,8 @@ func sleepJitter(attempt int) {
 // caller runs the request again.
 func (h *txHandler) runOnce(ctx context.Context, w http.ResponseWriter, r *http.Request, c *txClaim, run *txRun, rep *txReport, canRetry bool) (again bool) {
 	m := h.m
-	key := ""
+	key := claimKey(c)
 	if c != nil {
-		key = c.Key
 		r = r.WithContext(context.WithValue(r.Context(), txKeyContext{}, c.TxKey))
 	}
 	// Every path that does not commit rolls back, a panic's too: the
@@ -113,20 +109,14 @@ func (h *txHandler) runOnce(ctx context.Context, w http.ResponseWriter, r *http.
 			// ROLLBACK, through the transaction or its connection),
 			// whatever it then returned or answered: what it committed
 			// is unknown.
-			h.markEnded(ctx, run, c, status, rep)
-			m.writeError(w, r, problemTxEnded(key))
+			h.ended(ctx, w, r, run, c, status, rep)
 			return false
 		}
 	}
 	switch {
 	case herr != nil:
-		if again, done := h.afterRollback(ctx, w, r, c, rep, herr, canRetry); done {
-			return again
-		}
-		m.logger.ErrorContext(ctx, "idemhttp/postgres: handler failed; rolled back", "key", key, "error", herr)
-		m.writeError(w, r, problemRolledBack(key))
-		rep.released(idemserver.ReleaseRolledBack, status)
-		return false
+		return h.rolledBack(ctx, w, r, c, rep, status, herr, canRetry,
+			"idemhttp/postgres: handler failed; rolled back", "error", herr)
 	case buf.overflow:
 		m.logger.ErrorContext(ctx, "idemhttp/postgres: response too large to store; rolled back", "key", key, "limit", m.maxStored)
 		m.writeError(w, r, problemResponseTooLarge(key, m.maxStored))
@@ -142,13 +132,8 @@ func (h *txHandler) runOnce(ctx context.Context, w http.ResponseWriter, r *http.
 	case aborted && commit:
 		// A statement failed and the handler answered anyway: nothing
 		// could commit.
-		if again, done := h.afterRollback(ctx, w, r, c, rep, errAborted, false); done {
-			return again
-		}
-		m.logger.ErrorContext(ctx, "idemhttp/postgres: a statement failed and the handler went on; rolled back", "key", key, "status", status)
-		m.writeError(w, r, problemRolledBack(key))
-		rep.released(idemserver.ReleaseRolledBack, status)
-		return false
+		return h.rolledBack(ctx, w, r, c, rep, status, errAborted, false,
+			"idemhttp/postgres: a statement failed and the handler went on; rolled back", "status", status)
 	case !commit:
 		// Not stored, so a retry runs the request again: its writes must
 		// not stay.
@@ -166,8 +151,7 @@ func (h *txHandler) runOnce(ctx context.Context, w http.ResponseWriter, r *http.
 		record, err = (&idemserver.Response{Status: status, Header: storedHeader(buf.header), Body: buf.body}).MarshalBinary()
 		if err != nil { // a status outside 100-999: net/http would panic on it
 			if run.end(ctx) {
-				h.markEnded(ctx, run, c, status, rep)
-				m.writeError(w, r, problemTxEnded(key))
+				h.ended(ctx, w, r, run, c, status, rep)
 				return false
 			}
 			m.logger.ErrorContext(ctx, "idemhttp/postgres: response not storable; rolled back", "key", key, "error", err)
@@ -195,8 +179,7 @@ func (h *txHandler) runOnce(ctx context.Context, w http.ResponseWriter, r *http.
 	case errors.Is(err, errTxEnded):
 		// Seen by the statement before the store: the handler ended the
 		// transaction and began another.
-		h.markEnded(ctx, run, c, status, rep)
-		m.writeError(w, r, problemTxEnded(key))
+		h.ended(ctx, w, r, run, c, status, rep)
 		return false
 	case errors.Is(err, errClaimLost):
 		if again, done := h.afterRollback(ctx, w, r, c, rep, err, false); done {
@@ -210,18 +193,43 @@ func (h *txHandler) runOnce(ctx context.Context, w http.ResponseWriter, r *http.
 		rep.released(idemserver.ReleaseClaimLost, status)
 		return false
 	case errors.As(err, &pgErr):
-		if again, done := h.afterRollback(ctx, w, r, c, rep, err, canRetry); done {
-			return again
-		}
-		m.logger.ErrorContext(ctx, "idemhttp/postgres: commit refused; rolled back", "key", key, "error", err)
-		m.writeError(w, r, problemRolledBack(key))
-		rep.released(idemserver.ReleaseRolledBack, status)
-		return false
+		return h.rolledBack(ctx, w, r, c, rep, status, err, canRetry,
+			"idemhttp/postgres: commit refused; rolled back", "error", err)
 	}
 	m.logger.ErrorContext(ctx, "idemhttp/postgres: commit outcome unknown; answered 503", "key", key, "error", err)
 	w.Header().Set("Retry-After", m.retryAfter)
 	m.writeError(w, r, idemserver.ProblemStoreUnavailable(key))
 	rep.storeError(idemserver.StoreOpComplete, http.StatusServiceUnavailable, err)
+	return false
+}
+
+// claimKey returns c's key, or "" for a request without one (c nil).
+func claimKey(c *txClaim) string {
+	if c == nil {
+		return ""
+	}
+	return c.Key
+}
+
+// ended answers a run whose handler ended the transaction itself: the key
+// kept as not replayable (see markEnded), and 500.
+func (h *txHandler) ended(ctx context.Context, w http.ResponseWriter, r *http.Request, run *txRun, c *txClaim, status int, rep *txReport) {
+	h.markEnded(ctx, run, c, status, rep)
+	h.m.writeError(w, r, problemTxEnded(claimKey(c)))
+}
+
+// rolledBack answers a run whose transaction rolled back because of
+// cause, after the handler answered status: what afterRollback answers
+// when it does (returning again), else, logged as msg with the key and
+// attrs, the plain failure answer (500, [TypeRolledBack]).
+func (h *txHandler) rolledBack(ctx context.Context, w http.ResponseWriter, r *http.Request, c *txClaim, rep *txReport, status int, cause error, canRetry bool, msg string, attrs ...any) bool {
+	if again, done := h.afterRollback(ctx, w, r, c, rep, cause, canRetry); done {
+		return again
+	}
+	key := claimKey(c)
+	h.m.logger.ErrorContext(ctx, msg, append([]any{"key", key}, attrs...)...)
+	h.m.writeError(w, r, problemRolledBack(key))
+	rep.released(idemserver.ReleaseRolledBack, status)
 	return false
 }
 
