@@ -187,11 +187,10 @@ func (s *MemoryStore) maxScopeBytes() int64 {
 	return -1
 }
 
-// admitScope reserves room in scope's share for a record of size bytes
-// (and one more entry when newEntry), or reports false when that would
-// pass a bound. It returns the scope's use, nil for the empty scope,
-// which has no share of its own.
-func (s *MemoryStore) admitScope(scope string, newEntry bool, size int64) (*scopeUse, bool) {
+// admitScope reserves room in scope's share for one more record of size
+// bytes, or reports false when that would pass a bound. It returns the
+// scope's use, nil for the empty scope, which has no share of its own.
+func (s *MemoryStore) admitScope(scope string, size int64) (*scopeUse, bool) {
 	if scope == "" {
 		return nil, true
 	}
@@ -202,17 +201,13 @@ func (s *MemoryStore) admitScope(scope string, newEntry bool, size int64) (*scop
 	if u == nil {
 		u = &scopeUse{scope: scope}
 	}
-	n := int64(0)
-	if newEntry {
-		n = 1
-	}
-	if me := s.maxScopeEntries(); me >= 0 && u.entries+n > me {
+	if me := s.maxScopeEntries(); me >= 0 && u.entries+1 > me {
 		return nil, false
 	}
 	if mb := s.maxScopeBytes(); mb >= 0 && u.bytes+size > mb {
 		return nil, false
 	}
-	u.entries += n
+	u.entries++
 	u.bytes += size
 	if sh.use == nil {
 		sh.use = make(map[string]*scopeUse)
@@ -237,20 +232,16 @@ func (s *MemoryStore) addScope(u *scopeUse, entries, bytes int64) {
 	}
 }
 
-// admit reserves room for a record of size bytes (and one more entry when
-// newEntry), or reports false when that would pass a bound.
-func (s *MemoryStore) admit(newEntry bool, size int64) bool {
-	if newEntry {
-		if max := s.maxEntries(); s.entries.Add(1) > max && max >= 0 {
-			s.entries.Add(-1)
-			return false
-		}
+// admit reserves room for one more record of size bytes, or reports false
+// when that would pass a bound.
+func (s *MemoryStore) admit(size int64) bool {
+	if max := s.maxEntries(); s.entries.Add(1) > max && max >= 0 {
+		s.entries.Add(-1)
+		return false
 	}
 	if max := s.maxBytes(); s.bytes.Add(size) > max && max >= 0 {
 		s.bytes.Add(-size)
-		if newEntry {
-			s.entries.Add(-1)
-		}
+		s.entries.Add(-1)
 		return false
 	}
 	return true
@@ -330,16 +321,15 @@ func (s *MemoryStore) claim(key string, c Claim, now time.Time) (_ ClaimResult, 
 		s.forget(&old, old.size(key))
 	}
 	size := rec.size(key)
-	if !s.admit(true, size) {
+	if !s.admit(size) {
 		// Try once more after sweeping this shard.
-		if sh.sweep(s, now) == 0 || !s.admit(true, size) {
+		if sh.sweep(s, now) == 0 || !s.admit(size) {
 			return ClaimResult{}, false
 		}
 	}
-	use, ok := s.admitScope(c.Scope, true, size)
+	use, ok := s.admitScope(c.Scope, size)
 	if !ok {
-		s.entries.Add(-1)
-		s.bytes.Add(-size)
+		s.forget(&rec, size) // rec.use is still nil: the global counts alone
 		return ClaimResult{}, false
 	}
 	rec.use = use
