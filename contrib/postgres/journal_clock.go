@@ -127,47 +127,39 @@ func (j *Journal) HighWater(ctx context.Context) (time.Time, error) {
 	if err := ctx.Err(); err != nil {
 		return time.Time{}, err
 	}
-	var stored time.Time
-	if s, ok := j.fresh(); ok {
-		stored = s.mark
-	} else {
-		var err error
-		if stored, err = j.storedMark(ctx); err != nil {
+	// A fresh sample's mark is in j.stored already (sample keeps the
+	// later of the two), as is the one storedMark reads: j.stored is then
+	// the latest mark known, and never goes down.
+	if _, ok := j.fresh(); !ok {
+		if err := j.storedMark(ctx); err != nil {
 			return time.Time{}, fmt.Errorf("idemhttp/postgres: journal high water: %w", err)
 		}
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return latest(stored, j.stored, j.seen), nil
-}
-
-// latest returns the latest of ts, the zero Time for none.
-func latest(ts ...time.Time) time.Time {
-	var m time.Time
-	for _, t := range ts {
-		if t.After(m) {
-			m = t
-		}
+	if j.seen.After(j.stored) {
+		return j.seen, nil
 	}
-	return m
+	return j.stored, nil
 }
 
-// storedMark reads the mark in idemhttp_journal_clock (zero if none), and
-// remembers it, so that recorded does not raise it needlessly.
-func (j *Journal) storedMark(ctx context.Context) (time.Time, error) {
+// storedMark reads the mark in idemhttp_journal_clock (none if no row)
+// into j.stored, for HighWater and so that recorded does not raise it
+// needlessly.
+func (j *Journal) storedMark(ctx context.Context) error {
 	var high time.Time
 	err := retry(ctx, func() error {
 		return j.db.QueryRow(ctx, "SELECT high FROM idemhttp_journal_clock WHERE id = 1").Scan(&high)
 	})
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return time.Time{}, err
+		return err
 	}
 	j.mu.Lock()
 	if high.After(j.stored) {
 		j.stored = high
 	}
 	j.mu.Unlock()
-	return high, nil
+	return nil
 }
 
 // seenMark returns the latest time this Journal recorded, nil for none,
