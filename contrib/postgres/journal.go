@@ -740,23 +740,25 @@ func (j *Journal) Pending(ctx context.Context) ([]*idemhttp.Entry, error) {
 // and run more than once. The UPDATE rechecks the lease after locking: a
 // row another worker leased between the snapshot and the lock is skipped.
 // A row older than the retention ($6) by the journal's clock is marked
-// abandoned instead of leased. Nothing is claimed when the clock is more
-// than the tolerance ($8) below the high-water mark (the stored one, or
-// $7, this Journal's own): every entry's age is then in doubt.
+// abandoned instead of leased (abandon, worked out once per row in free:
+// created_at never changes, and the row is locked from then on). Nothing
+// is claimed when the clock is more than the tolerance ($8) below the
+// high-water mark (the stored one, or $7, this Journal's own): every
+// entry's age is then in doubt.
 var claimPendingSQL = sqlNow(`
 WITH free AS MATERIALIZED (
-    SELECT key FROM idemhttp_journal
+    SELECT key, created_at < {now} - $6::interval AS abandon FROM idemhttp_journal
     WHERE state = 'pending' AND (lease_expires_at IS NULL OR lease_expires_at <= {now})
         AND coalesce(greatest((SELECT high FROM idemhttp_journal_clock WHERE id = 1), $7::timestamptz) <= {now} + $8::interval, true)
     ORDER BY created_at, key
     LIMIT $1
     FOR UPDATE SKIP LOCKED)
 UPDATE idemhttp_journal j SET
-    state = CASE WHEN j.created_at < {now} - $6::interval THEN 'abandoned' ELSE 'pending' END,
-    updated_at = CASE WHEN j.created_at < {now} - $6::interval THEN {now} ELSE j.updated_at END,
-    lease_owner = CASE WHEN j.created_at < {now} - $6::interval THEN NULL ELSE $2 END,
-    lease_token = CASE WHEN j.created_at < {now} - $6::interval THEN NULL ELSE $4 END,
-    lease_expires_at = CASE WHEN j.created_at < {now} - $6::interval THEN NULL ELSE {now} + $3::interval END
+    state = CASE WHEN free.abandon THEN 'abandoned' ELSE 'pending' END,
+    updated_at = CASE WHEN free.abandon THEN {now} ELSE j.updated_at END,
+    lease_owner = CASE WHEN free.abandon THEN NULL ELSE $2 END,
+    lease_token = CASE WHEN free.abandon THEN NULL ELSE $4 END,
+    lease_expires_at = CASE WHEN free.abandon THEN NULL ELSE {now} + $3::interval END
 FROM free
 WHERE j.key = free.key AND j.state = 'pending'
     AND (j.lease_expires_at IS NULL OR j.lease_expires_at <= {now})
