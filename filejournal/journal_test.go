@@ -489,7 +489,7 @@ func TestFileJournalCancelUnderContention(t *testing.T) {
 // The file format, restated from docs/journal-format.md so
 // that these tests can build, cut and damage files from the outside.
 const (
-	fjTestVersion     = 5
+	fjTestVersion     = 6
 	fjTestFileHdrLen  = 24
 	fjTestBatchMagic  = 0x314a4449 // "IDJ1" read as little endian, before the salt
 	fjTestBatchHdrLen = 20
@@ -951,8 +951,7 @@ func TestFileJournalRefusesForeignFiles(t *testing.T) {
 		{name: "another program's file", give: append([]byte("SQLite format 3\x00"), make([]byte, 84)...), wantErr: notJournal, want: "not an idemhttp journal"},
 		{name: "a text file shorter than a header", give: []byte("hello\n"), wantErr: notJournal, want: "not an idemhttp journal"},
 		{name: "a journal with a damaged magic", give: flippedMagic, wantErr: notJournal, want: "not an idemhttp journal"},
-		{name: "format version 6", give: fjReheader(valid, fjFileHeader(6, salt, false)), wantErr: version, want: "format version 6"},
-		{name: "format version 4", give: fjReheader(valid, fjFileHeader(4, salt, false)), wantErr: version, want: "format version 4"},
+		{name: "format version 7", give: fjReheader(valid, fjFileHeader(7, salt, false)), wantErr: version, want: "format version 7"},
 		{name: "format version 3", give: fjReheader(valid, fjFileHeader(3, salt, false)), wantErr: version, want: "format version 3"},
 		{name: "format version 2", give: fjReheader(valid, fjFileHeader(2, salt, false)), wantErr: version, want: "format version 2"},
 		{name: "a version 2 header cut short", give: fjFileHeader(2, salt, false)[:16], wantErr: notJournal, want: "not an idemhttp journal"},

@@ -385,12 +385,30 @@ func (l *Log) open(apply ApplyFunc) error {
 			return fail(fmt.Errorf("keep the torn tail: %w", err))
 		}
 		l.tornPath = torn
+	}
+	if res.Truncated > 0 {
 		if err := f.Truncate(res.End); err != nil {
 			return fail(err)
 		}
 		if err := datasync(f); err != nil {
 			return fail(err)
 		}
+	}
+	if res.Version != Version {
+		// Before anything of this version is appended: a build of the
+		// file's version then refuses it as a whole (ErrVersion), rather
+		// than as corrupt at the first record it does not know. The
+		// header is 24 bytes at the start of the first sector, which a
+		// disk writes whole or not at all (PostgreSQL keeps its control
+		// file within 512 bytes for the same reason); the salt stays,
+		// so every batch stays valid.
+		if _, err := f.WriteAt(fileHeaderWith(Version, res.Salt), 0); err != nil {
+			return fail(fmt.Errorf("upgrade the journal's format: %w", err))
+		}
+		if err := datasync(f); err != nil {
+			return fail(fmt.Errorf("upgrade the journal's format: %w", err))
+		}
+		res.Version = Version
 	}
 	// A rewrite that a crash interrupted before its rename leaves its
 	// temporary file; the journal itself is the old file, intact. Only

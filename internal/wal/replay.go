@@ -15,9 +15,10 @@ type ApplyFunc func(off int64, n int, payload []byte) error
 
 // Replayed describes what a replay found.
 type Replayed struct {
-	Salt uint64 // the file's, from its header
-	Seq  uint64 // the last valid batch's sequence number, 0 if none
-	End  int64  // where the valid batches end
+	Salt    uint64 // the file's, from its header
+	Version uint32 // the file's format version, from its header
+	Seq     uint64 // the last valid batch's sequence number, 0 if none
+	End     int64  // where the valid batches end
 
 	// Truncated is the size of the incomplete or damaged tail after End,
 	// with nothing valid after it: a group commit that a crash cut short,
@@ -100,13 +101,13 @@ func replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest Dig
 		// A new file, its header not (or not all) written yet, as a
 		// writer would create it: an empty log. (A writer's Open writes
 		// the header first; a read-only open, or Verify, sees it so.)
-		return &Replayed{End: size}, nil
+		return &Replayed{End: size, Version: Version}, nil
 	}
-	salt, err := CheckFileHeader(hdr)
+	salt, version, err := ReadFileHeader(hdr)
 	if err != nil {
 		return nil, err
 	}
-	res := &Replayed{Salt: salt}
+	res := &Replayed{Salt: salt, Version: version}
 	rd := &batchReader{r: r, size: size, salt: salt}
 	off := int64(FileHeaderLen)
 	marker := false

@@ -32,7 +32,7 @@ func TestReplay(t *testing.T) {
 
 	res, got, err := replayBytes(f, false)
 	require.NoError(t, err)
-	assert.Equal(t, &Replayed{Salt: testSalt, Seq: 3, End: int64(len(f))}, withoutLast(t, res))
+	assert.Equal(t, &Replayed{Salt: testSalt, Version: Version, Seq: 3, End: int64(len(f))}, withoutLast(t, res))
 	assert.Equal(t, []string{"Ba", "Bbb", "Fa", "Bc"}, got.payloads, "every record, in order")
 	o1 := int64(FileHeaderLen + BatchHeaderLen)
 	o2 := int64(FileHeaderLen + len(b1) + BatchHeaderLen)
@@ -51,12 +51,12 @@ func TestReplay(t *testing.T) {
 	var part collect
 	res, err = Replay(bytes.NewReader(f), size, false, part.apply)
 	require.NoError(t, err)
-	assert.Equal(t, &Replayed{Salt: testSalt, Seq: 1, End: size}, withoutLast(t, res))
+	assert.Equal(t, &Replayed{Salt: testSalt, Version: Version, Seq: 1, End: size}, withoutLast(t, res))
 	assert.Equal(t, []string{"Ba", "Bbb"}, part.payloads)
 
 	res, got, err = replayBytes(FileHeader(testSalt), false)
 	require.NoError(t, err)
-	assert.Equal(t, &Replayed{Salt: testSalt, End: FileHeaderLen}, withoutLast(t, res))
+	assert.Equal(t, &Replayed{Salt: testSalt, Version: Version, End: FileHeaderLen}, withoutLast(t, res))
 	assert.Empty(t, got.payloads)
 }
 
@@ -197,7 +197,7 @@ func TestReplayCutsTornTail(t *testing.T) {
 				res, got, err := replayBytes(f, salvage)
 				require.NoError(t, err, "salvage %v", salvage)
 				assert.Equal(t, []string{"Ba"}, got.payloads, "nothing of the torn batch is applied")
-				assert.Equal(t, &Replayed{Salt: testSalt, Seq: 1, End: int64(len(head)), Truncated: int64(len(tt.give))}, withoutLast(t, res))
+				assert.Equal(t, &Replayed{Salt: testSalt, Version: Version, Seq: 1, End: int64(len(head)), Truncated: int64(len(tt.give))}, withoutLast(t, res))
 			}
 		})
 	}
