@@ -86,13 +86,15 @@ func TestFoundBeginReappears(t *testing.T) {
 // A Begin's batch fails its sync (EIO: simdisk, as Linux, drops the
 // pages' durability for good, though reads still see them) and its
 // truncation: the journal stops writing, the process exits; the next
-// run, on the same machine, reads the batch from the cache as valid,
-// and appends and syncs an entry after it; a power cut then leaves a
-// hole before that entry, and the journal no longer opens (ErrCorrupt):
-// an acknowledged Begin is out of reach. (Found by seed 820 of the
-// first worlds; built here directly, the world's code having moved on.)
+// run, on the same machine, read the batch from the cache as valid, and
+// appended and synced an entry after it; a power cut then left a hole
+// before that entry, and the journal no longer opened (ErrCorrupt): an
+// acknowledged Begin was out of reach. (Found by seed 820 of the first
+// worlds; built here directly, the world's code having moved on.) Fixed
+// in internal/wal: the failed batch's header is spoiled in the cache
+// when it cannot be cut off, and an open of a file left unclosed writes
+// its last batch again and syncs it before it appends (settle).
 func TestKnownBugCacheOnly(t *testing.T) {
-	t.Skip("bug: a batch left only in the cache by a failed sync and truncation is built on, and a power cut corrupts the journal; seed 820 (of the first worlds)")
 	ctx := context.Background()
 	d := simdisk.New(nil)
 	open := func() (*filejournal.Journal, error) {

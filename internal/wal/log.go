@@ -357,7 +357,8 @@ func (l *Log) open(apply ApplyFunc) error {
 		return fail(err)
 	}
 	size := fi.Size()
-	if size < FileHeaderLen {
+	fresh := size < FileHeaderLen // a new file: its header is written and synced here
+	if fresh {
 		if size, err = initFile(l.fs, l.opts.Rand, f, l.path, size); err != nil {
 			return fail(err)
 		}
@@ -386,12 +387,9 @@ func (l *Log) open(apply ApplyFunc) error {
 		}
 		l.tornPath = torn
 	}
-	if res.Truncated > 0 {
-		if err := f.Truncate(res.End); err != nil {
-			return fail(err)
-		}
-		if err := datasync(f); err != nil {
-			return fail(err)
+	if !res.Clean && !fresh {
+		if err := settle(l.fs, f, l.path, res, size); err != nil {
+			return fail(fmt.Errorf("make the journal's last batch durable: %w", err))
 		}
 	}
 	if res.Version != Version {
@@ -422,6 +420,55 @@ func (l *Log) open(apply ApplyFunc) error {
 	l.f, l.fi = f, fi
 	l.setReplayed(res)
 	return nil
+}
+
+// settle makes the file f, which a process that did not close it left
+// behind, durable as replay found it (res; size bytes long), before
+// anything is appended after it: the fsync-gate problem. The last batch
+// of such a file may be in the page cache only: a process whose sync of
+// it failed (EIO: Linux then marks the pages clean, and no later sync
+// writes them again, though reads still see them) and whose truncation
+// of it failed too (see [Log.write]) left it there, valid to every read
+// until the machine loses power. A batch appended after it and synced
+// would then survive a power cut that the batch before it does not: a
+// hole before acknowledged batches, and a journal that no longer opens.
+//
+// Every batch before the last one was made durable by a sync that
+// succeeded (the log writes a batch only once the one before it is on
+// disk, and stops at the first failure), so the doubt is about the last
+// one alone (or the header, in a file without a batch). settle cuts off
+// what follows the valid batches (a torn tail, already kept aside, and
+// any preallocated space, whose zeros may be as doubtful), writes the
+// last batch again, with the very bytes the reads show, so that its
+// pages are dirty again, and syncs the file and its directory (whose
+// entry a failed directory sync after a rewrite may have left unsynced).
+// If that sync succeeds, the file is on disk as the cache shows it;
+// if not, the open fails, and nothing was built on it.
+//
+// A clean close leaves nothing to settle: the close marker is written
+// only by a log that never saw a write or sync fail, after the last
+// batch's sync succeeded.
+func settle(fs FS, f File, path string, res *Replayed, size int64) error {
+	if size > res.End {
+		if err := f.Truncate(res.End); err != nil {
+			return err
+		}
+	}
+	from := int64(0)
+	if res.Seq != 0 {
+		from = res.Last.Off
+	}
+	last := make([]byte, res.End-from)
+	if _, err := f.ReadAt(last, from); err != nil {
+		return err
+	}
+	if _, err := f.WriteAt(last, from); err != nil {
+		return err
+	}
+	if err := datasync(f); err != nil {
+		return err
+	}
+	return syncDir(fs, path)
 }
 
 // TornSuffix starts the name of the file a torn tail is kept in, beside
@@ -823,11 +870,17 @@ func (l *Log) write(b *Batch, seq, salt uint64) error {
 	if !errors.Is(err, ErrReplaced) {
 		// The callers are told this batch failed, so it must not come
 		// back when the file is next opened, as it would if the write
-		// reached the page cache: cut it off. If even that fails, the
-		// next open may find it whole: a Begin reported failed may
-		// reappear.
+		// reached the page cache: cut it off. If that fails too, spoil
+		// its header in the cache, which is all the next process on
+		// this machine reads (the page cache lies after a failed sync:
+		// see settle); after a power cut the batch is gone or torn
+		// anyway. If even that fails, the next open may find it whole: a
+		// Begin reported failed may reappear, and settle makes it
+		// durable before anything is built on it.
 		if terr := l.f.Truncate(b.off); terr == nil {
 			_ = datasync(l.f)
+		} else {
+			_, _ = l.f.WriteAt(make([]byte, BatchHeaderLen), b.off)
 		}
 	}
 	return fmt.Errorf("journal writes stopped: %w", err)
