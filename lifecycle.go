@@ -339,13 +339,31 @@ func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, rs *
 		resp, err := a.answer(nil, fmt.Errorf("idemhttp: journal: %w", err))
 		return resp, err, true
 	}
+	// Whether e's age is known: not when the clock is behind a time the
+	// journal holds (set back), nor when e predates a set-back the
+	// journal found and could not measure (clockDoubter). A resend or a
+	// refetch of such an entry may reach a server that has forgotten
+	// its key: neither is made.
+	var doubt time.Time
+	if mark.IsZero() {
+		mark, err = journalHighWater(ctx, j)
+	}
+	if err == nil {
+		doubt, err = journalClockDoubt(ctx, j)
+	}
+	if err != nil {
+		resp, err := a.answer(nil, fmt.Errorf("idemhttp: journal: %w", err))
+		return resp, err, true
+	}
+	t := contract.Latest(e.Created, e.Updated, mark)
+	ageUnknown := t.After(now.Add(ClockTolerance)) || !doubt.IsZero() && !e.Created.After(doubt)
 	switch e.State {
 	case StateDone:
 		if r := e.Result; r != nil && !resending {
 			resp, err := a.answer(a.replayResult(req, r), nil)
 			return resp, err, true
 		}
-		if !p.refetchDone || now.Sub(e.Created) > p.retention || resending {
+		if !p.refetchDone || now.Sub(e.Created) > p.retention || resending || ageUnknown {
 			resp, err := a.answer(nil, &DoneError{Operation: e.Operation, Key: e.Key, Status: e.LastStatus, Attempts: e.Attempts, Finished: e.Updated, Result: e.Result})
 			return resp, err, true
 		}
@@ -356,15 +374,12 @@ func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, rs *
 		resp, err := a.answer(nil, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", e.Operation, e.Key, e.Created.Format(time.RFC3339), ErrKeyExpired))
 		return resp, err, true
 	}
-	if mark.IsZero() {
-		if mark, err = journalHighWater(ctx, j); err != nil {
-			resp, err := a.answer(nil, fmt.Errorf("idemhttp: journal: %w", err))
-			return resp, err, true
+	if ageUnknown {
+		why := fmt.Sprintf("the journal holds times up to %s, the clock says %s", t.Format(time.RFC3339), now.Format(time.RFC3339))
+		if !t.After(now.Add(ClockTolerance)) {
+			why = fmt.Sprintf("the clock was set back by an unknown amount when the journal held times up to %s", doubt.Format(time.RFC3339))
 		}
-	}
-	if t := contract.Latest(e.Created, e.Updated, mark); t.After(now.Add(ClockTolerance)) {
-		resp, err := a.answer(nil, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w: the journal holds times up to %s, the clock says %s",
-			e.Operation, e.Key, e.Created.Format(time.RFC3339), ErrClockJump, t.Format(time.RFC3339), now.Format(time.RFC3339)))
+		resp, err := a.answer(nil, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w: %s", e.Operation, e.Key, e.Created.Format(time.RFC3339), ErrClockJump, why))
 		return resp, err, true
 	}
 	if now.Sub(e.Created) > p.retention {
@@ -377,6 +392,29 @@ func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, rs *
 		return resp, err, true
 	}
 	return nil, nil, false
+}
+
+// clockDoubter is implemented by a [Journal] that knows of its clock
+// having been set back by an amount nobody measured
+// ([github.com/idemkit/idemhttp/filejournal.Journal.ClockDoubt]): an
+// entry created at or before ClockDoubt's time is of unknown age, for
+// good.
+type clockDoubter interface {
+	ClockDoubt(ctx context.Context) (time.Time, error)
+}
+
+// journalClockDoubt returns j's ClockDoubt if it has one, else the zero
+// Time.
+func journalClockDoubt(ctx context.Context, j Journal) (time.Time, error) {
+	cd, ok := j.(clockDoubter)
+	if !ok {
+		return time.Time{}, nil
+	}
+	t, err := cd.ClockDoubt(ctx)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("clock doubt: %w", err)
+	}
+	return t, nil
 }
 
 // answer ends a call that sends nothing: slots released, nothing written

@@ -154,7 +154,7 @@ func TestJournalBytesAreReproducible(t *testing.T) {
 	ctx := context.Background()
 	run := func(seeded bool) map[string]string {
 		d := simdisk.New(nil)
-		opts := &Options{FS: d, Clock: func() time.Time { return ijT0 }, PruneInterval: -1}
+		opts := &Options{FS: d, Clock: func() time.Time { return ijT0 }, Uptime: func() (string, time.Duration) { return "test", 0 }, PruneInterval: -1}
 		if seeded {
 			opts.Rand = rand.NewChaCha8([32]byte{1})
 		}

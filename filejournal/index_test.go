@@ -507,7 +507,7 @@ func ijWriteIndexFile(t *testing.T, from, to string, cp wal.Checkpoint, edit fun
 		high = r.high
 	}
 	r.mu.Unlock()
-	require.NoError(t, w.finish(cp, high))
+	require.NoError(t, w.finish(cp, high, &clockState{}))
 	return added
 }
 

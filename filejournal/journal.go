@@ -80,6 +80,17 @@ type Options struct {
 	// back.
 	Clock func() time.Time
 
+	// Uptime replaces the machine's uptime clock, the evidence by which
+	// the journal measures a clock set back (see [Journal.Now]): it
+	// returns a name of the current boot and the time since it, and ""
+	// when it has none (a test that wants no evidence returns that). nil
+	// means, on Linux, the kernel's boot id and CLOCK_BOOTTIME (which
+	// counts suspended time and cannot be set), evidence that outlives
+	// the process until the machine restarts; elsewhere, and when Clock
+	// is set, the process's own monotonic clock (a synctest bubble's
+	// time, in a bubble), evidence for as long as the process runs.
+	Uptime func() (boot string, since time.Duration)
+
 	// Rand is the source of the random salt of the journal file and of
 	// every compaction's new file, and of the nonce of every close
 	// marker (see docs/journal-format.md); nil means crypto/rand. Set it
@@ -292,6 +303,15 @@ type Journal struct {
 	durable int64                   // the end of the file's part the index reflects
 	high    time.Time               // the high-water mark: see HighWater
 
+	// The journal's clock (see Now). clockMu guards the fields below it;
+	// it is taken last, after mu and inside the log's append.
+	uptime     func() (bootID, time.Duration)
+	clockMu    sync.Mutex
+	clk        clockState
+	clkGen     uint64 // counts the jumps found (clk.read's changes)
+	clkWritten uint64 // the generation of the last witness record appended
+	witnessDue bool   // this process has written no witness record yet
+
 	// While a compaction runs, the entries published after its snapshot
 	// (their offsets move with the batches it copies), and those deleted
 	// after it (marked goneLate).
@@ -456,6 +476,7 @@ func Open(path string, opts *Options) (*Journal, error) {
 	if j.clock == nil {
 		j.clock = time.Now
 	}
+	j.uptime = uptimeFunc(opts)
 	if j.fs == nil {
 		j.fs = wal.OS{}
 	}
@@ -513,6 +534,16 @@ func Open(path string, opts *Options) (*Journal, error) {
 		j.indexFrom = xf.cp
 	}
 	j.byKey, j.byOp, j.live, j.all, j.high = idx.byKey, idx.byOp, idx.live, idx.all, idx.high
+	j.clk = idx.clk
+	j.clk.mark = j.high
+	j.witnessDue = true
+	// A clock set back while no process had the journal open is found
+	// now, and kept before anything is written under it.
+	j.now()
+	if err := j.persistClock(context.Background()); err != nil {
+		_ = log.Close()
+		return nil, fmt.Errorf("idemhttp: open journal %s: keep the clock's jump: %w", path, err)
+	}
 	for le := range j.byKey.all() {
 		if le.state == journalStatePending {
 			j.pending++
@@ -616,12 +647,18 @@ func (j *Journal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry
 		}
 		found := j.lookupLocked(rec.Operation, rec.Key)
 		if found == nil {
-			b, off, retry, err := j.appendLocked(false, len(encoded), 1, func(buf []byte) []byte { return append(buf, encoded...) })
+			// The clock's witness goes with it, when due: after it,
+			// so that off is the begin record's.
+			w, gen := j.clockRecord(false)
+			b, off, retry, err := j.appendLocked(false, len(encoded)+len(w), 1, func(buf []byte) []byte { return append(append(buf, encoded...), w...) })
 			if retry {
 				continue
 			}
 			if err != nil {
 				return nil, fmt.Errorf("idemhttp: journal begin %s: %w", e.Key, err)
+			}
+			if w != nil {
+				j.clockWritten(gen)
 			}
 			j.indexBeginLocked(rec, b, off, len(encoded))
 			j.mu.Unlock()
@@ -851,14 +888,18 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 		attempts := le.attempts + o.Attempts
 		// Lazy: the record waits for the next Begin's commit (or the
 		// bound) instead of starting one nobody waits for.
-		_, _, retry, err := j.appendLocked(true, finishMax(key), 1, func(buf []byte) []byte {
-			return appendFinish(buf, key, state, status, attempts, when)
+		w, gen := j.clockRecord(false)
+		_, _, retry, err := j.appendLocked(true, finishMax(key)+len(w), 1, func(buf []byte) []byte {
+			return append(appendFinish(buf, key, state, status, attempts, when), w...)
 		})
 		if retry {
 			continue
 		}
 		if err != nil {
 			return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
+		}
+		if w != nil {
+			j.clockWritten(gen)
 		}
 		if was, now := le.state == journalStatePending, state == journalStatePending; was != now {
 			if now {
@@ -1229,18 +1270,22 @@ func (j *Journal) removeChunk(les []*entry, doomed func(*entry) bool) (int, erro
 		// with them. (Without it, a clock set forward, then back while
 		// only pruning ran, went unnoticed.) Not counted in Writes.
 		now := j.now().Round(0)
-		b, _, retry, err := j.appendLocked(false, clockMax+need, len(keep), func(buf []byte) []byte {
+		w, gen := j.clockRecord(false)
+		b, _, retry, err := j.appendLocked(false, clockMax+need+len(w), len(keep), func(buf []byte) []byte {
 			buf = appendClock(buf, now)
 			for _, le := range keep {
 				buf = appendDelete(buf, le.key())
 			}
-			return buf
+			return append(buf, w...)
 		})
 		if retry {
 			continue
 		}
 		if err != nil {
 			return 0, err
+		}
+		if w != nil {
+			j.clockWritten(gen)
 		}
 		for _, le := range keep {
 			le.deleting = true
