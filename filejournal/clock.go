@@ -113,10 +113,12 @@ func (j *Journal) ClockDoubt(ctx context.Context) (time.Time, error) {
 
 // now reads the journal's clock (see Now), and notes a jump found.
 func (j *Journal) now() time.Time {
-	wall := j.clock()
-	boot, up := j.uptime()
 	j.clockMu.Lock()
 	defer j.clockMu.Unlock()
+	// Both clocks read under the lock: readings in the order of the
+	// anchors they make.
+	wall := j.clock()
+	boot, up := j.uptime()
 	t, changed := j.clk.read(wall, boot, up)
 	if changed {
 		j.clkGen++
@@ -343,9 +345,14 @@ func uptimeFunc(opts *Options) func() (bootID, time.Duration) {
 	switch {
 	case opts.Uptime != nil:
 		f := opts.Uptime
+		var last string
+		var boot bootID
 		return func() (bootID, time.Duration) {
 			name, since := f()
-			return bootOf(name), since
+			if name != last { // hashed once per boot, not per reading
+				last, boot = name, bootOf(name)
+			}
+			return boot, since
 		}
 	case opts.Clock != nil:
 		return processUptime

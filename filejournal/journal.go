@@ -305,7 +305,7 @@ type Journal struct {
 
 	// The journal's clock (see Now). clockMu guards the fields below it;
 	// it is taken last, after mu and inside the log's append.
-	uptime     func() (bootID, time.Duration)
+	uptime     func() (bootID, time.Duration) // called with clockMu held
 	clockMu    sync.Mutex
 	clk        clockState
 	clkGen     uint64 // counts the jumps found (clk.read's changes)
