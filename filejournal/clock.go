@@ -31,9 +31,13 @@ import (
 // [idemhttp.ClockTolerance], makes [idemhttp.Client.Resume] refuse to resend and
 // [idemhttp.Client.Do] refuse to reuse a pending entry ([idemhttp.ErrClockJump]): the age
 // of every entry, and so whether the server still holds its key, is then
-// in doubt. Entries written while the clock was far ahead keep it so
-// until the clock passes the mark; resolve the pending entries by hand
-// and start a new journal file to get rid of a wrong mark.
+// in doubt. The journal's own clock ([Journal.Now]) is seldom below it:
+// a set-back the machine's uptime clock measures is added to it; one it
+// cannot measure leaves the entries up to the mark of unknown age for
+// good ([Journal.ClockDoubt]). Entries written while the clock was far
+// ahead keep the mark so until the clock passes it; resolve the pending
+// entries by hand and start a new journal file to get rid of a wrong
+// mark.
 //
 // HighWater reads memory only. It includes times of writes not yet on
 // disk, and of writes that failed: a mark too high only makes the checks

@@ -95,9 +95,10 @@ type Options struct {
 	// every compaction's new file, and of the nonce of every close
 	// marker (see docs/journal-format.md); nil means crypto/rand. Set it
 	// only where a file's bytes must be the same on every run (the
-	// simulator): anyone who can predict a file's salt can craft a
-	// request body that passes for a batch of the file when an open
-	// searches past damage.
+	// simulator; with Clock, and Uptime or a synctest bubble, since the
+	// clock's witness records hold readings of both): anyone who can
+	// predict a file's salt can craft a request body that passes for a
+	// batch of the file when an open searches past damage.
 	Rand io.Reader
 
 	// writeBehind, for tests, is how long a Finish's record may wait for
@@ -206,7 +207,11 @@ type Stats struct {
 //
 // After a failed write or sync, or once the file was deleted or replaced
 // underneath it, the journal takes no more writes until it is closed and
-// opened again: the file's tail is unknown. A Begin reported failed that
+// opened again: the file's tail is unknown. An open of a file that was
+// not closed cleanly writes its last batch again and syncs it before
+// anything is appended: after a failed sync, Linux keeps the pages in
+// its cache, readable, without ever writing them (the fsync-gate
+// problem), and nothing may be built on bytes that only the cache holds. A Begin reported failed that
 // way may still reappear after the reopen (its bytes may have reached the
 // disk); it is then pending, and Resume sends it under its key. The
 // journal relies on the local file system's locks and syncs: use local
@@ -230,7 +235,10 @@ type Stats struct {
 //
 // # Space
 //
-// Records are never rewritten in place. When pruned and deleted entries
+// Records are never rewritten in place. The file's tail is preallocated
+// with zeros, a quarter of the file at a time (at most 4 MiB), so that a
+// commit's sync writes only its data: the file's size on disk runs
+// ahead of [Stats.FileBytes] by up to that much. When pruned and deleted entries
 // make up more than half of the file, and at least 1 MiB of it, Prune and
 // Open rewrite it with only the live entries (see
 // [Journal.Compact]). Memory holds the index: about 120 to 150
@@ -271,6 +279,31 @@ type Stats struct {
 // the open time, which grow with the entries, are the limits: prune more
 // often, or keep a journal per batch. bench/README.md has the
 // measurements.
+//
+// # The clock
+//
+// The journal stamps entries and outcomes with its own clock, by which a
+// [idemhttp.Client] ages them ([Journal.Now]): the machine's clock, plus
+// the set-backs the journal has measured against the machine's uptime
+// clock (on Linux CLOCK_BOOTTIME, which nobody can set, within one boot;
+// elsewhere the process's monotonic clock, within the process). What it
+// guarantees:
+//
+//   - Within one boot (Linux; elsewhere within one process), a clock set
+//     back by more than [idemhttp.ClockTolerance], whether or not anything
+//     was running to see it, never makes an entry look younger than the
+//     time since it was created, by more than that: Resume and RefetchDone
+//     judge the server's retention by the time that really passed.
+//   - A clock found more than that below the latest time the journal holds,
+//     with no such evidence of how far it went back (after a reboot),
+//     makes every entry created before, for good, of unknown age
+//     ([Journal.ClockDoubt]): never resent or refetched automatically.
+//   - Not detected: a clock set back across a reboot by some amount, then
+//     carried past the latest time the journal holds by more downtime than
+//     that before the journal is next opened. Nothing on the machine can
+//     tell that clock from a right one: keep the clock right at boot.
+//
+// docs/journal-format.md has the details, and what is kept in the file.
 //
 // Entries never hold what [idemhttp.Entry.Sanitized] removes (credentials,
 // the key header, a URL's user part or fragment) nor a URL with a
