@@ -180,8 +180,7 @@ type Log struct {
 	// alloc is the file's size: its durable part, then the zeros the
 	// log wrote ahead of its next batches (see tailFor). The committer's,
 	// and Rewrite's with the file held exclusively.
-	alloc   int64
-	tailBuf []byte // the committer's, for a batch and the zeros after it
+	alloc int64
 
 	writes, commits, rewrites atomic.Uint64
 	size                      atomic.Int64
@@ -872,9 +871,10 @@ func (l *Log) write(b *Batch, seq, salt uint64) error {
 	SealBatch(b.buf, seq, b.off, salt)
 	buf := b.buf
 	if end := b.off + int64(len(buf)); end > l.alloc {
-		n := int(tailFor(end))
-		l.tailBuf = append(append(l.tailBuf[:0], buf...), make([]byte, n)...)
-		buf = l.tailBuf
+		// Rare (the tail grows with the file): a buffer of its own,
+		// not kept, so that a log does not hold megabytes of zeros.
+		buf = make([]byte, len(b.buf)+int(tailFor(end)))
+		copy(buf, b.buf)
 	}
 	err := l.step("write")
 	if err == nil {
@@ -892,13 +892,8 @@ func (l *Log) write(b *Batch, seq, salt uint64) error {
 			err = datasync(l.f)
 		}
 	}
-	if len(buf) > len(b.buf) {
-		if cap(l.tailBuf) > maxPooledBuf {
-			l.tailBuf = nil
-		}
-		if err == nil {
-			l.alloc = b.off + int64(len(buf))
-		}
+	if len(buf) > len(b.buf) && err == nil {
+		l.alloc = b.off + int64(len(buf))
 	}
 	if err == nil {
 		l.commits.Add(1)
