@@ -2,13 +2,13 @@ package idemhttp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"net"
 	"net/http"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -118,8 +118,11 @@ type config struct {
 	// before anything could be sent (see wire.go); h2c: it may speak
 	// HTTP/2 over a connection without TLS.
 	traceable, h2c bool
-	// senders gives each operation one sender at a time (lifecycle.go).
-	senders senders
+	// scope is the scope of the senders' slots of calls with c.Journal
+	// (lifecycle.go): the journal itself, so that Clients sharing it share
+	// its slots, or the config, a scope of this Client's own, for a
+	// journal whose value cannot be a map key.
+	scope any
 	// unnamed logs, once, a journaled call without an operation id.
 	unnamed sync.Once
 	// onPhase, for tests, sees every move of every call's lifecycle.
@@ -161,6 +164,10 @@ func (c *Client) init() {
 		}
 		cfg.mem = newMemJournal(cfg.pol.retention)
 		cfg.journal = c.Journal
+		cfg.scope = cfg
+		if c.Journal != nil && reflect.ValueOf(c.Journal).Comparable() {
+			cfg.scope = c.Journal
+		}
 		if r, ok := c.Journal.(retainer); ok {
 			// Policy.Retention is the one retention setting: a journal that
 			// prunes by itself must not drop a done entry the client would
@@ -359,9 +366,12 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 	keyed := key != "" || hasOp || p.needsKey(req.Method)
 
 	var j Journal
+	var scope any = cfg // the slots of a call without c.Journal are this Client's
 	if keyed {
 		j = cfg.journal
-		if j == nil && hasOp {
+		if j != nil {
+			scope = cfg.scope
+		} else if hasOp {
 			j = cfg.mem
 		}
 		if j != nil && !hasOp && rs == nil {
@@ -381,7 +391,7 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		return nil, unsent(err)
 	}
 
-	a := &operation{c: c, cfg: cfg, p: p.apply(ctx), operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method), j: j, sdk: sdk}
+	a := &operation{c: c, cfg: cfg, p: p.apply(ctx), operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method), j: j, scope: scope, sdk: sdk}
 	a.req = req // for the call's events until out replaces it
 	// closeStreamed closes a body left open to stream (an in-memory one
 	// is closed already) when the call stops before sending it.
@@ -391,6 +401,10 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		}
 	}
 	a.cctx = callCtx{Context: ctx, a: a}
+	// A panic anywhere in the call (a hook's, a caller's callback's, a
+	// journal's) ends it as any call ends: the slots freed, an entry it
+	// created and never sent withdrawn. The panic goes on.
+	defer a.unwind(ctx)
 	if keyed {
 		var resp *http.Response
 		var ok bool
@@ -398,13 +412,6 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 			closeStreamed()
 			return resp, err
 		}
-		// A panic in PrepareRequest or a hook still withdraws the entry
-		// and frees the slots; the panic goes on.
-		defer func() {
-			if !a.settled {
-				_, _ = a.settle(ctx, nil, errors.New("idemhttp: panic"))
-			}
-		}()
 	} else {
 		a.advance(phaseAttempting)
 	}

@@ -238,7 +238,7 @@ func TestOneSenderPerOperation(t *testing.T) {
 	require.Eventually(t, func() bool { return runs.Load() == 1 }, 5*time.Second, time.Millisecond)
 	go call()
 	// The second call is waiting for the first: it has not sent.
-	require.Eventually(t, func() bool { return c.cfg.senders.waiters() == 1 || runs.Load() > 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return slots.waiters(j) == 1 || runs.Load() > 1 }, 5*time.Second, time.Millisecond)
 	assert.EqualValues(t, 1, runs.Load())
 	close(release)
 	first, second := <-results, <-results
@@ -312,7 +312,7 @@ func TestResumeWaitsForALiveSender(t *testing.T) {
 		assert.NoError(t, err)
 		resumed <- rs
 	}()
-	require.Eventually(t, func() bool { return c.cfg.senders.waiters() == 1 || runs.Load() > 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return slots.waiters(j) == 1 || runs.Load() > 1 }, 5*time.Second, time.Millisecond)
 	assert.EqualValues(t, 1, runs.Load(), "Resume waits, it does not send")
 	close(release)
 	require.NoError(t, <-done)

@@ -74,17 +74,17 @@ type operation struct {
 	unknown bool // an attempt may have reached the server without an answer reaching us
 
 	// The lifecycle (lifecycle.go).
-	phase           phase
-	badMoves        [][2]phase // moves the lifecycle refused: a bug
-	held            []string   // the senders' slots this call holds
-	created         bool       // the journal entry is this call's own
-	reached         bool       // an attempt may have reached a server (or got an answer)
-	settled         bool       // the outcome is written (or the call was answered locally)
-	redirectRefused bool       // a 3xx was returned unfollowed: nothing ran at its target
-	sdk             bool       // StandardClient's transport: a final give-up's last response goes back
-	passedThrough   bool       // sdk: the response returned is a give-up's (passErr)
-	passErr         error
-	fromJournal     bool // the response is the journal's copy of the result
+	phase         phase
+	badMoves      [][2]phase // moves the lifecycle refused: a bug
+	held          []slotID   // the senders' slots this call holds
+	scope         any        // the scope of its slots: its journal's (config.scope)
+	created       bool       // the journal entry is this call's own
+	reached       bool       // an attempt may have reached a server (or got an answer)
+	settled       bool       // the outcome is written (or the call was answered locally)
+	sdk           bool       // StandardClient's transport: a final give-up's last response goes back
+	passedThrough bool       // sdk: the response returned is a give-up's (passErr)
+	passErr       error
+	fromJournal   bool // the response is the journal's copy of the result
 
 	lastStatus int
 	lastErr    error
