@@ -226,6 +226,12 @@ type attemptTransport struct {
 }
 
 func (t attemptTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if a := attemptFrom(r.Context()); a != nil {
+		if err := a.handOver(r); err != nil {
+			closeBody(r) // a RoundTripper closes the body, even on errors
+			return nil, err
+		}
+	}
 	if t.jar != nil {
 		// As http.Client does for each request it sends, redirect hops
 		// included, but on a copy: the engine reuses r's header for
@@ -240,6 +246,9 @@ func (t attemptTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 	}
 	resp, err := t.roundTrip(r)
+	if a := attemptFrom(r.Context()); a != nil && err == nil {
+		a.lastResp = resp // for unwind: a panic before the call returns it leaves it open
+	}
 	if err == nil && t.jar != nil {
 		if rc := resp.Cookies(); len(rc) > 0 {
 			t.jar.SetCookies(r.URL, rc)
@@ -301,7 +310,8 @@ func (b *cancelBody) Close() error {
 //   - from the server: [*KeyMismatchError], or a [*GiveUpError] whose
 //     reason is [ErrExhausted], [ErrInProgress], [ErrBudgetExhausted],
 //     [ErrRetryAfterTooLong], [ErrKeyRequired], [ErrBodyChanged],
-//     [ErrNotReplayable] (GetBody failed on a retry) or the context's error;
+//     [ErrNotReplayable] (GetBody failed on a retry), [ErrPacerRefused]
+//     or the context's error;
 //   - a transport error that must not be retried, as net/http returned it
 //     but with the URL's secrets redacted: an outcome-unknown failure of a
 //     request without a key and with a non-idempotent method, a
@@ -439,6 +449,10 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		if out.Header == nil {
 			out.Header = make(http.Header)
 		}
+	}
+	if why := unsendable(out); why != "" {
+		closeStreamed()
+		return a.settle(ctx, nil, fmt.Errorf("idemhttp: %w: net/http would not send it: %s", ErrInvalidRequest, why))
 	}
 
 	// The engine's request lives in the call state: FromRequest would only

@@ -553,6 +553,9 @@ func (a *operation) settle(ctx context.Context, resp *http.Response, err error) 
 // process. An entry the call created and never sent is withdrawn; one
 // that may have been sent stays pending, for Resume.
 func (a *operation) unwind(ctx context.Context) {
+	if r := a.lastResp; r != nil && r.Body != nil && !a.returned {
+		_ = r.Body.Close() // nobody else will: its connection would leak
+	}
 	if a.settled {
 		return
 	}

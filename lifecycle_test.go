@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -136,28 +137,28 @@ func TestLifecycleRefusesWhatMustNeverHappen(t *testing.T) {
 // leaves no entry a later Resume would send, however many attempts it
 // made and however the last one failed, and says so (ErrNotSent), so the
 // caller's own retry and Resume cannot both run it. Attempt 1 is refused
-// (dial), attempt 2 is refused by net/http itself (a proxy setting that
-// fails): before, the entry was withdrawn only when the call stopped
-// before its first attempt, and this one stayed pending. Checked to fail
-// with outcome() returning pending for not-sent calls: the entry stayed,
-// and Resume sent it after the caller's own rerun had.
+// (dial), attempt 2 fails its DNS lookup: before, the entry was withdrawn
+// only when the call stopped before its first attempt, and this one
+// stayed pending. Checked to fail with outcome() returning pending for
+// not-sent calls: the entry stayed, and Resume sent it after the caller's
+// own rerun had.
 func TestCallThatSentNothingLeavesNothing(t *testing.T) {
 	srv := newScripted(t, reply(201, "{}"))
 	dead := deadAddr(t)
-	var proxyCalls atomic.Int32
-	tr := &http.Transport{Proxy: func(*http.Request) (*url.URL, error) {
-		if proxyCalls.Add(1) >= 2 {
-			return nil, errors.New("proxy configuration refused")
+	var dials atomic.Int32
+	tr := &http.Transport{DialContext: func(_ context.Context, network, addr string) (net.Conn, error) {
+		if dials.Add(1) >= 2 {
+			return nil, &net.OpError{Op: "dial", Net: network, Err: &net.DNSError{Err: "no such host", Name: "api.invalid", IsNotFound: true}}
 		}
-		return nil, nil
+		return nil, &net.OpError{Op: "dial", Net: network, Err: syscall.ECONNREFUSED}
 	}}
 	defer tr.CloseIdleConnections()
 	j := newRecJournal()
-	c := &Client{Journal: j, Policy: &Policy{BaseDelay: time.Millisecond}, HTTPClient: &http.Client{Transport: tr}}
+	c := &Client{Journal: j, Policy: &Policy{MaxAttempts: 2, BaseDelay: time.Millisecond}, HTTPClient: &http.Client{Transport: tr}}
 	_, err := c.Do(post(t, "http://"+dead+"/v1/charges", chargeBody))
 	require.Error(t, err)
 	assert.ErrorIs(t, err, ErrNotSent)
-	assert.EqualValues(t, 2, proxyCalls.Load(), "two attempts, the second refused locally")
+	assert.EqualValues(t, 2, dials.Load(), "two attempts, the second failing its lookup")
 	pending, err := j.Pending(context.Background())
 	require.NoError(t, err)
 	assert.Empty(t, pending, "withdrawn")

@@ -131,16 +131,22 @@ type Policy struct {
 	// Backoff, when set, returns the wait before a call's retry n (1 for
 	// the first), instead of the jittered exponential backoff from
 	// BaseDelay to MaxDelay: a constant, a linear or a decorrelated
-	// jitter, as go-retryablehttp, failsafe-go and the AWS SDKs offer. A
-	// longer Retry-After still wins, and MaxRetryAfter, the in-progress
-	// patience and the deadline still bound the wait. It must be safe for
+	// jitter, as go-retryablehttp, failsafe-go and the AWS SDKs offer. Its
+	// result is bounded as the built-in backoff's is: a negative one
+	// means no wait, and one longer than MaxDelay (default 20 s) waits
+	// MaxDelay; raise MaxDelay for longer waits. A longer Retry-After
+	// still wins (up to MaxRetryAfter), the in-progress patience bounds
+	// the waits after a 409, and a wait that would cross the context's
+	// deadline stops the call at once instead. It must be safe for
 	// concurrent use.
 	Backoff func(retry int) time.Duration
 
 	// Pacer, when set, paces every attempt of every call through the
-	// Client, the first ones included: Wait before it (it returns when the
-	// attempt may go, or when the context ends, which ends the attempt),
-	// Observe after it, with its status
+	// Client, the first ones included: Wait before it (it returns nil when
+	// the attempt may go; an error stops the call before the attempt is
+	// sent, with the context's error when the context ended and
+	// [ErrPacerRefused] otherwise, so a Pacer is never bypassed),
+	// Observe after each attempt that was sent, with its status
 	// (0 for a transport error) and whether the server throttled it (a
 	// 429, or a 503 with Retry-After). The adaptive package's Rate slows
 	// a batch to the rate a throttling server accepts, as the AWS SDKs'

@@ -555,8 +555,10 @@ func TestGetBodyErrorOnRetryIsAGiveUp(t *testing.T) {
 }
 
 // Issue 11, item 10: errors that an identical retry would repeat are not
-// retried: an invalid header value, an unsupported scheme, a CheckRedirect
-// refusal.
+// retried: an invalid header value (refused before sending), a
+// CheckRedirect refusal. (An unsupported scheme is no longer among them:
+// net/http's refusal of it looks like a registered protocol's send, whose
+// outcome is unknown; issue 31 §1.8, TestUnobservedSendIsNeverNotSent.)
 func TestPermanentLocalErrorsAreNotRetried(t *testing.T) {
 	srv := newScripted(t, reply(302, "", "Location", "/elsewhere"), reply(200, "{}"))
 	refuse := errors.New("no redirects")
@@ -570,7 +572,6 @@ func TestPermanentLocalErrorsAreNotRetried(t *testing.T) {
 			r.Header.Set("X-Bad", "a\nb")
 			return r
 		}, nil},
-		{"unsupported scheme", func() *http.Request { return post(t, "ftp://127.0.0.1/x", chargeBody) }, nil},
 		{"CheckRedirect refusal", func() *http.Request { return post(t, srv.URL, chargeBody) },
 			&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return refuse }}},
 	}
