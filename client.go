@@ -467,7 +467,7 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		a.mem = body
 		rf, n = a.memBody, int64(len(body))
 	case getBody != nil:
-		a.first.reset(req.Body, &a.bodyRef)
+		a.first.reset(ctx, req.Body, &a.bodyRef, req.ContentLength, false)
 		a.firstBody = &a.first
 		a.getBody = getBody
 		rf, n = a.body, req.ContentLength

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -619,4 +621,132 @@ func TestBackoffIsBoundedByMaxDelay(t *testing.T) {
 	resp.Body.Close()
 	assert.Len(t, srv.Hits(), 3)
 	assert.Less(t, time.Since(start), 2*time.Second)
+}
+
+// stagedBodies is a RoundTripper standing in for a server and its
+// connections, which reads request bodies when the test says: it
+// records every body that reached it whole (its declared length read,
+// as an HTTP/1.1 server knows it).
+type stagedBodies struct {
+	mu    sync.Mutex
+	calls int
+	whole []string
+	first io.ReadCloser // attempt 1's body, still on its way
+	on    func(call int, r *http.Request) (*http.Response, error)
+}
+
+func (s *stagedBodies) RoundTrip(r *http.Request) (*http.Response, error) {
+	s.mu.Lock()
+	s.calls++
+	n := s.calls
+	s.mu.Unlock()
+	return s.on(n, r)
+}
+
+// readWhole reads body up to n bytes and records it when all n came.
+func (s *stagedBodies) readWhole(body io.Reader, n int64) {
+	b := make([]byte, n)
+	if _, err := io.ReadFull(body, b); err == nil {
+		s.mu.Lock()
+		s.whole = append(s.whole, string(b))
+		s.mu.Unlock()
+	}
+}
+
+func (s *stagedBodies) distinctWhole() map[string]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := map[string]bool{}
+	for _, b := range s.whole {
+		m[b] = true
+	}
+	return m
+}
+
+// Issue 31 §1.13, the model test's rare failure (seed 1056: a PUT with a
+// changing streamed body, a same-origin 307, then a refused dial), made
+// deterministic. A streamed body that GetBody changes must never reach
+// the server whole under the key beside another, whatever order the
+// answer and the reading of the bodies take:
+//
+//   - "307 after n bytes" (seed 1056): the server has attempt 1's body
+//     whole (its declared n bytes) and answers 307 before net/http reads
+//     on to the body's EOF (HTTP/1.1 writes the bytes straight to the
+//     connection, then reads once more). The reference used to be
+//     recorded at EOF, so attempt 2's changed body went out unchecked,
+//     whole. Checked to fail with the reference recorded only at EOF
+//     (readReference's declared case removed).
+//   - "503 before reading": the server answers before reading attempt
+//     1's body at all, and reads it whole later, while attempt 2's body
+//     is on its way. Checked to fail with a later body deciding whether it
+//     is checked when GetBody makes it (as before), rather than waiting at
+//     its first Read for the earlier body: both went out whole.
+func TestChangedStreamedBodyNeverArrivesWhole(t *testing.T) {
+	payload := `{"amount":1000,"currency":"usd","op":"op-1056"}`
+	changed := `{"amount":9999,"currency":"usd","op":"op-1056"}` // the same length
+	n := int64(len(payload))
+	for _, tt := range []struct {
+		name       string
+		first      *http.Response // attempt 1's answer
+		readFirstN bool           // the server reads attempt 1's n bytes before answering
+		changeFrom int32          // GetBody's first call that returns the changed body
+	}{
+		{"307 after n bytes", &http.Response{StatusCode: 307, Header: http.Header{"Location": {"/moved"}}}, true, 2},
+		{"503 before reading", &http.Response{StatusCode: 503, Header: http.Header{}}, false, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := &stagedBodies{}
+			s.on = func(call int, r *http.Request) (*http.Response, error) {
+				switch {
+				case call == 1:
+					s.first = r.Body
+					if tt.readFirstN {
+						s.readWhole(r.Body, n) // n bytes, not the EOF after them
+					}
+					resp := *tt.first
+					resp.Body, resp.Request = http.NoBody, r
+					return &resp, nil
+				case call == 2 && tt.first.StatusCode == 307: // the redirect: refused
+					r.Body.Close()
+					return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+				}
+				// Attempt 2: its body is read while attempt 1's may still
+				// be on its way; then attempt 1's is read on, and closed.
+				a := attemptFrom(r.Context())
+				var started atomic.Bool
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					started.Store(true)
+					s.readWhole(r.Body, n)
+					r.Body.Close()
+				}()
+				require.Eventually(t, func() bool { return a.bodyRef.waiters() > 0 || started.Load() }, 5*time.Second, time.Millisecond)
+				if !tt.readFirstN {
+					s.readWhole(s.first, n)
+				}
+				_, _ = io.Copy(io.Discard, s.first)
+				s.first.Close()
+				<-done
+				return &http.Response{StatusCode: 201, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+			}
+			c := &Client{HTTPClient: &http.Client{Transport: s}, Policy: &Policy{MaxAttempts: 2, BaseDelay: time.Microsecond, MaxBodyBytes: 24}}
+			req, err := http.NewRequest(http.MethodPut, "http://api.test/v1/charges/1", strings.NewReader(payload))
+			require.NoError(t, err)
+			var gets atomic.Int32
+			req.GetBody = func() (io.ReadCloser, error) {
+				if gets.Add(1) >= tt.changeFrom {
+					return io.NopCloser(strings.NewReader(changed)), nil
+				}
+				return io.NopCloser(strings.NewReader(payload)), nil
+			}
+			req.Header.Set("Idempotency-Key", "caller-1056")
+			resp, err := c.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			assert.Len(t, s.distinctWhole(), 1, "bodies that differed arrived whole under one key: %q", s.whole)
+			assert.ErrorIs(t, err, ErrBodyChanged)
+		})
+	}
 }
