@@ -27,8 +27,9 @@ import (
 //
 // A larger body, or one of unknown length, with GetBody is streamed: the
 // first attempt sends req.Body and sets the reference (its length n and a
-// seeded maphash of its bytes), and every later body, from GetBody, is
-// checked against it as it goes out. It holds back byte n of the
+// seeded maphash of its bytes; when, and which body is it, is bodyRef's
+// rule), and every later body, from GetBody, is checked against it as it
+// goes out. It holds back byte n of the
 // reference until the whole body is known to match, and fails as soon as
 // more than n bytes arrive, so a changed body (longer, shorter or the same
 // length) is never completely delivered, with a Content-Length, chunked

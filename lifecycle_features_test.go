@@ -750,3 +750,26 @@ func TestChangedStreamedBodyNeverArrivesWhole(t *testing.T) {
 		})
 	}
 }
+
+// A body closed by net/http's Client (as it follows a redirect) while its
+// Transport may still be writing it lets no further byte out: a later
+// body, finding it closed and no reference, becomes the reference, and
+// the closed one must not then arrive whole beside it. Checked to fail
+// with Close not stopping reads: the closed body delivered its last byte.
+func TestClosedBodyLetsNothingOut(t *testing.T) {
+	ref := &bodyRef{}
+	var first, later verifyingBody
+	first.reset(context.Background(), io.NopCloser(strings.NewReader("abcd")), ref, 4, false)
+	buf := make([]byte, 3)
+	_, err := io.ReadFull(&first, buf)
+	require.NoError(t, err)
+	later.reset(context.Background(), io.NopCloser(strings.NewReader("wxyz")), ref, 4, true)
+	require.NoError(t, first.Close())
+
+	got, err := io.ReadAll(&later)
+	require.NoError(t, err)
+	assert.Equal(t, "wxyz", string(got), "the later body is the reference now")
+	k, err := first.Read(buf)
+	assert.Zero(t, k)
+	assert.ErrorIs(t, err, errBodyClosed)
+}
