@@ -50,11 +50,11 @@ type Client struct {
 	// memory only: operations named with [WithOperation] reuse their key
 	// for [Policy.Retention] within the life of the Client.
 	//
-	// Name each operation with [WithOperation]: a call without an
-	// operation id is protected only by Resume at start-up, and a rerun of
-	// the same work after a crash mints a new key and may run it twice.
-	// The client logs that once (Logger); [Policy.RequireOperation]
-	// refuses such calls instead.
+	// Name each operation with [WithOperation]: a keyed call without an
+	// operation id is refused ([ErrInvalidRequest], before anything is
+	// written or sent), since only Resume at start-up would protect it: a
+	// rerun of the same work after a crash would mint a new key and may
+	// run it twice. [Policy.AllowUnnamed] lets such calls through.
 	Journal Journal
 
 	// Logger receives one Info record per retry (method, redacted URL,
@@ -123,8 +123,6 @@ type config struct {
 	// its slots, or the config, a scope of this Client's own, for a
 	// journal whose value cannot be a map key.
 	scope any
-	// unnamed logs, once, a journaled call without an operation id.
-	unnamed sync.Once
 	// onPhase, for tests, sees every move of every call's lifecycle.
 	onPhase func(from, to phase)
 }
@@ -384,16 +382,12 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		} else if hasOp {
 			j = cfg.mem
 		}
-		if j != nil && !hasOp && rs == nil {
-			if p.requireOperation {
-				closeBody(req)
-				return nil, unsent(fmt.Errorf("idemhttp: %w: a journaled call needs an operation id (WithOperation): Policy.RequireOperation", ErrInvalidRequest))
-			}
-			if cfg.logger != nil {
-				cfg.unnamed.Do(func() {
-					cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemhttp: a journaled call without WithOperation: after a crash only Resume protects it, and a rerun of the same work mints a new key (Policy.RequireOperation refuses such calls); logged once")
-				})
-			}
+		if j != nil && !hasOp && rs == nil && !p.allowUnnamed {
+			// Fail closed by default: a rerun of the same work would mint
+			// a new key. Resume's resends name what the journal holds.
+			closeBody(req)
+			return nil, unsent(fmt.Errorf("idemhttp: %w: a call journaled without an operation id: name it with WithOperation(ctx, id), "+
+				"so that a rerun of the same work reuses its key (or set Policy.AllowUnnamed)", ErrInvalidRequest))
 		}
 	}
 	body, getBody, err := replayableBody(req, j != nil, p.maxBody)

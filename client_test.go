@@ -958,7 +958,7 @@ func TestDoneContextSendsNothing(t *testing.T) {
 	j := newRecJournal()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	c := &Client{Journal: j}
+	c := &Client{Policy: unnamed(nil), Journal: j}
 	resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
 	assert.Nil(t, resp)
 	assert.ErrorIs(t, err, context.Canceled)

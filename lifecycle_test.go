@@ -94,7 +94,7 @@ func TestLifecycleTransitions(t *testing.T) {
 			if pol == nil {
 				pol = fast()
 			}
-			c := &Client{Journal: j, Policy: pol, onPhase: ph.on}
+			c := &Client{Journal: j, Policy: unnamed(pol), onPhase: ph.on}
 			req := post(t, u, chargeBody)
 			if tt.op != "" {
 				req = req.WithContext(WithOperation(ctx, tt.op))
@@ -154,7 +154,7 @@ func TestCallThatSentNothingLeavesNothing(t *testing.T) {
 	}}
 	defer tr.CloseIdleConnections()
 	j := newRecJournal()
-	c := &Client{Journal: j, Policy: &Policy{MaxAttempts: 2, BaseDelay: time.Millisecond}, HTTPClient: &http.Client{Transport: tr}}
+	c := &Client{Journal: j, Policy: unnamed(&Policy{MaxAttempts: 2, BaseDelay: time.Millisecond}), HTTPClient: &http.Client{Transport: tr}}
 	_, err := c.Do(post(t, "http://"+dead+"/v1/charges", chargeBody))
 	require.Error(t, err)
 	assert.ErrorIs(t, err, ErrNotSent)
@@ -165,10 +165,10 @@ func TestCallThatSentNothingLeavesNothing(t *testing.T) {
 
 	// The caller fixes things and runs the operation again (a new key):
 	// Resume has nothing to send behind its back.
-	resp, err := (&Client{Journal: j}).Do(post(t, srv.URL, chargeBody))
+	resp, err := (&Client{Policy: unnamed(nil), Journal: j}).Do(post(t, srv.URL, chargeBody))
 	require.NoError(t, err)
 	resp.Body.Close()
-	results, err := (&Client{Journal: j}).Resume(context.Background(), nil)
+	results, err := (&Client{Policy: unnamed(nil), Journal: j}).Resume(context.Background(), nil)
 	require.NoError(t, err)
 	assert.Empty(t, results)
 	assert.Len(t, srv.Hits(), 1, "the operation ran once")
@@ -181,7 +181,7 @@ func TestRerunThatSentNothingKeepsThePendingEntry(t *testing.T) {
 	ctx := WithOperation(context.Background(), "op-1")
 	srv := newScripted(t, drop)
 	j := newRecJournal()
-	c := &Client{Journal: j, Policy: &Policy{MaxAttempts: 1}}
+	c := &Client{Journal: j, Policy: unnamed(&Policy{MaxAttempts: 1})}
 	_, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
 	require.Error(t, err, "the response was lost")
 	srv.Close()
@@ -218,7 +218,7 @@ func TestOneSenderPerOperation(t *testing.T) {
 	}))
 	defer srv.Close()
 	j := newRecJournal()
-	c := &Client{Journal: j, Policy: fast()}
+	c := &Client{Journal: j, Policy: unnamed(fast())}
 	ctx := WithOperation(context.Background(), "order-7")
 	type result struct {
 		status int
@@ -297,7 +297,7 @@ func TestResumeWaitsForALiveSender(t *testing.T) {
 	}))
 	defer srv.Close()
 	j := newRecJournal()
-	c := &Client{Journal: j, Policy: fast()}
+	c := &Client{Journal: j, Policy: unnamed(fast())}
 	done := make(chan error, 1)
 	go func() {
 		resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(WithOperation(context.Background(), "op-live")))
@@ -380,7 +380,7 @@ func TestUnfollowedRedirectIsNotDone(t *testing.T) {
 	defer other.Close()
 	origin := newScripted(t, reply(307, "", "Location", other.URL))
 	j := newRecJournal()
-	c := &Client{Journal: j, Policy: fast()}
+	c := &Client{Journal: j, Policy: unnamed(fast())}
 	ctx := WithOperation(context.Background(), "op-redirected")
 	for range 2 {
 		resp, err := c.Do(post(t, origin.URL, chargeBody).WithContext(ctx))
@@ -507,7 +507,7 @@ func TestEveryDefaultSecretQueryNameIsRedactedAndRefused(t *testing.T) {
 			assert.NotContains(t, err.Error(), "s3cr3t")
 
 			j := newRecJournal()
-			_, err = (&Client{Journal: j}).Do(post(t, raw, chargeBody))
+			_, err = (&Client{Policy: unnamed(nil), Journal: j}).Do(post(t, raw, chargeBody))
 			assert.ErrorIs(t, err, ErrInvalidRequest, "a journal would write it to disk")
 			assert.Empty(t, j.Events(), "refused before the journal")
 		})
@@ -622,19 +622,37 @@ func TestDoneOperationReturnsItsResult(t *testing.T) {
 	})
 }
 
-// RequireOperation refuses a journaled call without an operation id
-// before anything is sent.
-func TestRequireOperation(t *testing.T) {
+// Issue 31 §2.15: a journaled call without an operation id is refused
+// by default, before anything is written or sent, with an error naming
+// the fix; Policy.AllowUnnamed lets it through. A rerun of the same work
+// would otherwise mint a new key and charge again. Checked to fail with
+// the refusal behind the old opt-in (RequireOperation): the call was
+// journaled and sent.
+func TestUnnamedJournaledCallIsRefusedByDefault(t *testing.T) {
 	srv := newScripted(t, reply(201, "{}"))
 	j := newRecJournal()
-	c := &Client{Journal: j, Policy: &Policy{RequireOperation: true}}
+	c := &Client{Journal: j}
 	_, err := c.Do(post(t, srv.URL, chargeBody))
 	assert.ErrorIs(t, err, ErrInvalidRequest)
 	assert.ErrorIs(t, err, ErrNotSent)
+	assert.ErrorContains(t, err, "WithOperation")
+	assert.ErrorContains(t, err, "Policy.AllowUnnamed")
 	assert.Empty(t, srv.Hits())
+	assert.Empty(t, j.Events(), "nothing journaled")
+
 	resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(WithOperation(context.Background(), "op")))
 	require.NoError(t, err)
 	resp.Body.Close()
+
+	resp, err = (&Client{Journal: j, Policy: &Policy{AllowUnnamed: true}}).Do(post(t, srv.URL, chargeBody))
+	require.NoError(t, err, "the explicit opt-out")
+	resp.Body.Close()
+	assert.Len(t, srv.Hits(), 2)
+
+	// Through StandardClient, as an SDK would call: the same rule.
+	_, err = c.StandardClient().Do(post(t, srv.URL, chargeBody))
+	assert.ErrorIs(t, err, ErrInvalidRequest)
+	assert.Len(t, srv.Hits(), 2)
 }
 
 // Issue 22 §2.5, end to end over both protocols: an attempt that times out
@@ -664,7 +682,7 @@ func TestTimeoutAfterConnectingIsUnknownOnBothProtocols(t *testing.T) {
 			hc := srv.Client()
 			hc.Timeout = 50 * time.Millisecond
 			j := newRecJournal()
-			c := &Client{Journal: j, HTTPClient: hc, Policy: &Policy{MaxAttempts: 1}}
+			c := &Client{Journal: j, HTTPClient: hc, Policy: unnamed(&Policy{MaxAttempts: 1})}
 			_, err := c.Do(post(t, srv.URL, chargeBody))
 			require.Error(t, err)
 			assert.NotErrorIs(t, err, ErrNotSent)
@@ -686,20 +704,6 @@ func TestTimeoutAfterConnectingIsUnknownOnBothProtocols(t *testing.T) {
 	}
 }
 
-// Issue 26 §3: a journaled call without an operation id is logged, once,
-// with what it risks. Checked to fail with the log line removed.
-func TestJournalWithoutOperationIsLoggedOnce(t *testing.T) {
-	srv := newScripted(t, reply(201, "{}"))
-	var logs bytes.Buffer
-	c := &Client{Journal: newRecJournal(), Logger: slog.New(slog.NewTextHandler(&logs, nil))}
-	for range 3 {
-		resp, err := c.Do(post(t, srv.URL, chargeBody))
-		require.NoError(t, err)
-		resp.Body.Close()
-	}
-	assert.Equal(t, 1, strings.Count(logs.String(), "without WithOperation"), logs.String())
-}
-
 // failingJournal fails Delete and Finish: a disk that broke after the
 // call's Begin.
 type failingJournal struct{ *recJournal }
@@ -716,7 +720,7 @@ func (f failingJournal) Finish(context.Context, string, Outcome) error {
 // ErrNotSent before the withdrawal.
 func TestFailedWithdrawalIsNotNotSent(t *testing.T) {
 	j := failingJournal{newRecJournal()}
-	c := &Client{Journal: j, Policy: &Policy{MaxAttempts: 1}}
+	c := &Client{Journal: j, Policy: unnamed(&Policy{MaxAttempts: 1})}
 	_, err := c.Do(post(t, "http://"+deadAddr(t), chargeBody))
 	require.Error(t, err)
 	assert.NotErrorIs(t, err, ErrNotSent)

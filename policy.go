@@ -111,12 +111,14 @@ type Policy struct {
 	// forgotten the key, and the rerun gets a [*DoneError] instead.
 	RefetchDone bool
 
-	// RequireOperation refuses, with [ErrInvalidRequest] and before
-	// anything is sent, a keyed call without [WithOperation] by a Client
-	// with a Journal. Without an operation id, only [Client.Resume]
-	// protects such a call after a crash: a rerun of the same work mints a
-	// new key.
-	RequireOperation bool
+	// AllowUnnamed lets a Client with a Journal send keyed calls without
+	// [WithOperation], which it otherwise refuses with [ErrInvalidRequest]
+	// before anything is written or sent. Such a call is protected only by
+	// [Client.Resume] after a crash: a rerun of the same work mints a new
+	// key (an SDK's own random key is no better) and may run it twice. Set
+	// it only for work that is never rerun, or that finds what it already
+	// did by other means.
+	AllowUnnamed bool
 
 	// RetriedDeleteNotFoundOK reports a 404 to a DELETE as 204 No Content
 	// when an earlier attempt of the same call may have run without its
@@ -235,7 +237,7 @@ type policy struct {
 	redactPath         []string
 	keepResults        int64
 	refetchDone        bool
-	requireOperation   bool
+	allowUnnamed       bool
 	deleteGoneOK       bool
 	classify           func(*http.Response, error) Verdict
 	backoffFn          func(int) time.Duration
@@ -263,7 +265,7 @@ func (p *Policy) resolve() policy {
 		redactPath:         slices.Clone(p.RedactPathAfter),
 		keepResults:        max(p.KeepResults, 0),
 		refetchDone:        p.RefetchDone,
-		requireOperation:   p.RequireOperation,
+		allowUnnamed:       p.AllowUnnamed,
 		classify:           p.Classify,
 		backoffFn:          p.Backoff,
 		pacer:              p.Pacer,

@@ -127,7 +127,7 @@ func TestTwoKeyValuesAreRefused(t *testing.T) {
 func TestJournalHeadersStrippedInAnyCase(t *testing.T) {
 	srv := newScripted(t, reply(200, "{}"))
 	j := newRecJournal()
-	c := &Client{Journal: j, SecretHeaders: []string{"X-Api-Key"}}
+	c := &Client{Policy: unnamed(nil), Journal: j, SecretHeaders: []string{"X-Api-Key"}}
 	req := post(t, srv.URL, chargeBody)
 	setRaw(req.Header, "authorization", []string{"Bearer sk_live_1"})
 	setRaw(req.Header, "cookie", []string{"session=1"})
@@ -244,7 +244,7 @@ func TestFailureBeforeFirstByteLeavesNothingToResume(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := newScripted(t, reply(200, "{}"))
 			j := newRecJournal()
-			c := &Client{Journal: j, PrepareRequest: tt.prepare}
+			c := &Client{Policy: unnamed(nil), Journal: j, PrepareRequest: tt.prepare}
 			func() {
 				defer func() { _ = recover() }()
 				_, err := c.Do(post(t, srv.URL, chargeBody).WithContext(WithOperation(context.Background(), "op-1")))
@@ -254,7 +254,7 @@ func TestFailureBeforeFirstByteLeavesNothingToResume(t *testing.T) {
 			require.NoError(t, err)
 			assert.Empty(t, pending)
 
-			c2 := &Client{Journal: j}
+			c2 := &Client{Policy: unnamed(nil), Journal: j}
 			results, err := c2.Resume(context.Background(), nil)
 			require.NoError(t, err)
 			assert.Empty(t, results)
@@ -656,7 +656,7 @@ func TestSecretQueryValuesAreRedacted(t *testing.T) {
 		assert.Contains(t, s, "page=2")
 	}
 
-	journaled := &Client{Journal: newRecJournal()}
+	journaled := &Client{Policy: unnamed(nil), Journal: newRecJournal()}
 	_, err = journaled.Do(post(t, srv.URL+"/v1?access_token=t0k", chargeBody))
 	assert.ErrorIs(t, err, ErrInvalidRequest)
 	assert.Len(t, srv.Hits(), 2, "the journaled request was refused before sending")
@@ -759,7 +759,7 @@ func TestRetriedDeleteNotFound(t *testing.T) {
 func TestJournalKeyWinsOverHeaderKey(t *testing.T) {
 	srv := newScripted(t, drop, reply(200, "{}"))
 	j := newRecJournal()
-	c := &Client{Journal: j, Policy: &Policy{MaxAttempts: 1}}
+	c := &Client{Journal: j, Policy: unnamed(&Policy{MaxAttempts: 1})}
 	ctx := WithOperation(context.Background(), "row-1")
 	req := post(t, srv.URL, chargeBody).WithContext(ctx)
 	req.Header.Set("Idempotency-Key", "sdk-minted-1")
