@@ -114,6 +114,13 @@ func closeBody(req *http.Request) {
 //     whole, and it becomes the reference itself). A server may answer
 //     before reading a body, and net/http may still be writing one after
 //     the attempt ended, so an earlier body is in doubt until it is closed.
+//     The wait is short (bodyWaitLimit): net/http closes a body it is done
+//     with soon after, but HTTP/2's Transport calls GetBody for a retry of
+//     its own before it closes the body it gives up. A later body that
+//     waited that long fails, unsent: its attempt fails (its outcome is
+//     then unknown, as for any body cut short), and the next attempt asks
+//     again. Failing costs an attempt; sending it unchecked could run two
+//     bodies under one key.
 type bodyRef struct {
 	mu      sync.Mutex
 	set     bool
@@ -125,14 +132,13 @@ type bodyRef struct {
 	open    []int         // the numbers of those not yet closed
 	wake    chan struct{} // closed when the reference is set or a body closes
 	waiting int           // later bodies waiting (await), for tests
-	stop    error         // a later body could not wait for an earlier one: the call stops with it
 }
 
 // bodyWaitLimit bounds how long a later body waits for an earlier one to
-// be closed, when the context has no earlier end. net/http closes every
-// body it is given, at most when its connection closes; a RoundTripper
-// that does not would hold the call until its deadline.
-const bodyWaitLimit = time.Minute
+// be closed or to make the reference. net/http's HTTP/1.1 Transport waits
+// 50 ms for a request still being written before it closes the
+// connection (and the body) under a response that came first.
+const bodyWaitLimit = 250 * time.Millisecond
 
 // handOut numbers a new body and counts it open.
 func (r *bodyRef) handOut() int {
@@ -195,29 +201,21 @@ func (r *bodyRef) await(ctx context.Context, k int) (int64, bool, error) {
 			defer t.Stop()
 			limit = t.C
 		}
+		var err error
 		select {
 		case <-wake:
-			r.mu.Lock()
-			r.waiting--
-			r.mu.Unlock()
 		case <-ctx.Done():
-			return 0, false, r.fail(fmt.Errorf("%w: waiting for the body an earlier attempt was still sending: %w", ErrNotReplayable, ctx.Err()))
+			err = ctx.Err()
 		case <-limit:
-			return 0, false, r.fail(fmt.Errorf("%w: the body an earlier attempt sent was not closed within %s", ErrNotReplayable, bodyWaitLimit))
+			err = fmt.Errorf("idemhttp: a body an earlier attempt was sending was not closed within %s: this one cannot be checked against it, and is not sent", bodyWaitLimit)
+		}
+		r.mu.Lock()
+		r.waiting--
+		r.mu.Unlock()
+		if err != nil {
+			return 0, false, err
 		}
 	}
-}
-
-// fail records why a waiting body gave up, for the call to stop with,
-// and returns it.
-func (r *bodyRef) fail(err error) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.waiting--
-	if r.stop == nil {
-		r.stop = err
-	}
-	return err
 }
 
 // waiters returns how many later bodies wait for an earlier one.
@@ -225,13 +223,6 @@ func (r *bodyRef) waiters() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.waiting
-}
-
-// stopped returns why the call must stop, nil if nothing says so.
-func (r *bodyRef) stopped() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.stop
 }
 
 // done records a body of n bytes whose hash is sum, read to its end (or

@@ -282,20 +282,15 @@ func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err err
 	// The lifecycle's evidence: whether this attempt can have reached the
 	// server (wire.go). An answer always did.
 	a.sawAttempt(resp != nil || !w.notSent(a.cfg.traceable))
-	if stop, changed := a.bodyRef.stopped(), a.bodyRef.differed(); stop != nil || changed {
-		// The body from GetBody was not the one sent before (changed): it
-		// was cut short (see body.go), and it must not go out under this
-		// key. Or it could not wait for an earlier body to be closed
-		// (stop): it was not sent whole, and the next would not be either.
+	if a.bodyRef.differed() {
+		// The body from GetBody was not the one sent before: it was cut
+		// short (see body.go), and it must not go out under this key.
 		if err == nil {
 			a.lastStatus = resp.StatusCode
 			a.attemptDone(resp, nil, idemtrace.ClassNone)
 		} else {
 			a.lastStatus, a.lastErr = 0, err
 			a.attemptDone(nil, err, idemtrace.ClassUnknown)
-		}
-		if stop != nil {
-			return false, a.giveUpJoin(ErrNotReplayable, stop, nil)
 		}
 		return false, a.giveUp(ErrBodyChanged, nil)
 	}
