@@ -775,3 +775,123 @@ func TestClosedBodyLetsNothingOut(t *testing.T) {
 	assert.Zero(t, k)
 	assert.ErrorIs(t, err, errBodyClosed)
 }
+
+// gateJournal holds every Finish until the test opens the gate.
+type gateJournal struct {
+	*recJournal
+	finishing chan struct{} // receives one value per Finish that waits
+	open      chan struct{}
+}
+
+func (g gateJournal) Finish(ctx context.Context, key string, o Outcome) error {
+	g.finishing <- struct{}{}
+	<-g.open
+	return g.recJournal.Finish(ctx, key, o)
+}
+
+// Issue 31 §3: a call holds its operation's slot until its outcome is
+// written. While call 1's Finish(done) is on its way, call 2 of the
+// operation waits; released early, it would find the entry still
+// pending and send it again (this server does not deduplicate: the
+// operation ran twice). Checked to fail with settle releasing the slots
+// before it writes the outcome (releaseAll first instead of deferred):
+// call 2 sent while call 1's Finish was held.
+func TestSlotHeldUntilTheOutcomeIsWritten(t *testing.T) {
+	srv := newScripted(t, reply(201, `{"id":"ch_1"}`))
+	j := gateJournal{newRecJournal(), make(chan struct{}, 2), make(chan struct{})}
+	c := &Client{Journal: j, Policy: fast()}
+	ctx := WithOperation(context.Background(), "op-gate")
+	errs := make(chan error, 2)
+	call := func() {
+		resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+		if err == nil {
+			resp.Body.Close()
+		}
+		errs <- err
+	}
+	go call()
+	<-j.finishing // call 1 got its 201, and writes done
+	go call()
+	require.Eventually(t, func() bool { return slots.waiters(j) == 1 || len(srv.Hits()) > 1 }, 5*time.Second, time.Millisecond)
+	assert.Len(t, srv.Hits(), 1, "call 2 waits for call 1's outcome")
+	close(j.open)
+	first, second := <-errs, <-errs
+	if first != nil {
+		first, second = second, first
+	}
+	assert.NoError(t, first)
+	assert.ErrorIs(t, second, ErrAlreadyDone)
+	assert.Len(t, srv.Hits(), 1, "the operation ran once")
+}
+
+// retainJournal prunes by itself (Retain): it keeps done entries for
+// longer than the client's retention, as filejournal.Options.KeepDone
+// does.
+type retainJournal struct {
+	*recJournal
+	prunes *atomic.Int32
+}
+
+func (r retainJournal) Retain(time.Duration) {}
+
+func (r retainJournal) Prune(ctx context.Context, cutoff time.Time) (int, error) {
+	r.prunes.Add(1)
+	return r.recJournal.Prune(ctx, cutoff)
+}
+
+// Issue 31 §3: Resume leaves pruning to a journal that prunes by itself,
+// which may keep done entries longer than the client's retention (a rerun
+// after the server forgot the key then still finds the operation done).
+// A journal that does not is pruned first. Checked to fail with Resume
+// pruning every journal: the done entry, 25 hours old, was gone.
+func TestResumeLeavesPruningToAJournalThatPrunes(t *testing.T) {
+	ctx := context.Background()
+	old := time.Now().Add(-25 * time.Hour)
+	for _, prunesItself := range []bool{true, false} {
+		t.Run(fmt.Sprintf("prunes itself=%v", prunesItself), func(t *testing.T) {
+			rec := newRecJournal()
+			_, err := rec.Begin(ctx, &Entry{Operation: "op-kept", Key: "k-kept", Method: "POST", Fingerprint: "fp", State: StatePending, Created: old, Updated: old})
+			require.NoError(t, err)
+			require.NoError(t, rec.Finish(ctx, "k-kept", Outcome{State: StateDone, Status: 201, At: old}))
+			var j Journal = rec
+			var prunes atomic.Int32
+			if prunesItself {
+				j = retainJournal{rec, &prunes}
+			}
+			_, err = (&Client{Journal: j}).Resume(ctx, nil)
+			require.NoError(t, err)
+			_, err = rec.Get(ctx, "k-kept")
+			if prunesItself {
+				assert.NoError(t, err, "kept: the journal prunes it when it says")
+				assert.Zero(t, prunes.Load())
+				return
+			}
+			assert.ErrorIs(t, err, ErrNotFound, "pruned by Resume")
+		})
+	}
+}
+
+// Issue 31 §1.8: since net/http refusing a request by itself during an
+// attempt is no evidence that nothing left (a registered protocol looks
+// the same), its own rules are the client's before the first attempt: a
+// header value PrepareRequest set with a newline is refused, the entry
+// withdrawn, the error ErrNotSent, and the value (maybe a secret) shown
+// nowhere. Checked to fail without the check (unsendable): net/http
+// refused each attempt, whose outcome was unknown, and the entry stayed
+// pending.
+func TestNetHTTPsRulesAreCheckedBeforeSending(t *testing.T) {
+	srv := newScripted(t, reply(201, "{}"))
+	j := newRecJournal()
+	c := &Client{Journal: j, Policy: fast(), PrepareRequest: func(r *http.Request) error {
+		r.Header.Set("X-Api-Key", "sk_live_\nsecret")
+		return nil
+	}}
+	_, err := c.Do(post(t, srv.URL, chargeBody).WithContext(WithOperation(context.Background(), "op-bad-header")))
+	require.Error(t, err)
+	assert.ErrorIs(t, err, ErrInvalidRequest)
+	assert.ErrorIs(t, err, ErrNotSent)
+	assert.NotContains(t, err.Error(), "secret")
+	assert.Empty(t, srv.Hits())
+	_, err = j.Lookup(context.Background(), "op-bad-header")
+	assert.ErrorIs(t, err, ErrNotFound, "withdrawn")
+}
