@@ -50,11 +50,12 @@ type Client struct {
 	// memory only: operations named with [WithOperation] reuse their key
 	// for [Policy.Retention] within the life of the Client.
 	//
-	// Name each operation with [WithOperation]: a keyed call without an
-	// operation id is refused ([ErrInvalidRequest], before anything is
-	// written or sent), since only Resume at start-up would protect it: a
-	// rerun of the same work after a crash would mint a new key and may
-	// run it twice. [Policy.AllowUnnamed] lets such calls through.
+	// Name each operation with [WithOperation] (or give its key with
+	// [WithKey]): a keyed call with neither is refused ([ErrInvalidRequest],
+	// before anything is written or sent), since only Resume at start-up
+	// would protect it: a rerun of the same work after a crash would mint
+	// a new key (a key in the header may be an SDK's, minted per call) and
+	// may run it twice. [Policy.AllowUnnamed] lets such calls through.
 	Journal Journal
 
 	// Logger receives one Info record per retry (method, redacted URL,
@@ -382,12 +383,14 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		} else if hasOp {
 			j = cfg.mem
 		}
-		if j != nil && !hasOp && rs == nil && !p.allowUnnamed {
+		if j != nil && !hasOp && !explicit && rs == nil && !p.allowUnnamed {
 			// Fail closed by default: a rerun of the same work would mint
-			// a new key. Resume's resends name what the journal holds.
+			// a new key (a key in the header may be an SDK's, minted per
+			// call). WithKey names the operation by a key of the caller's
+			// own; Resume's resends name what the journal holds.
 			closeBody(req)
-			return nil, unsent(fmt.Errorf("idemhttp: %w: a call journaled without an operation id: name it with WithOperation(ctx, id), "+
-				"so that a rerun of the same work reuses its key (or set Policy.AllowUnnamed)", ErrInvalidRequest))
+			return nil, unsent(fmt.Errorf("idemhttp: %w: a call journaled without an operation id: name it with WithOperation(ctx, id) "+
+				"(or give its key with WithKey), so that a rerun of the same work reuses its key; or set Policy.AllowUnnamed", ErrInvalidRequest))
 		}
 	}
 	body, getBody, err := replayableBody(req, j != nil, p.maxBody)

@@ -649,10 +649,18 @@ func TestUnnamedJournaledCallIsRefusedByDefault(t *testing.T) {
 	resp.Body.Close()
 	assert.Len(t, srv.Hits(), 2)
 
-	// Through StandardClient, as an SDK would call: the same rule.
-	_, err = c.StandardClient().Do(post(t, srv.URL, chargeBody))
+	resp, err = c.Do(post(t, srv.URL, chargeBody).WithContext(WithKey(context.Background(), "order-9-capture")))
+	require.NoError(t, err, "a key of the caller's own names the operation")
+	resp.Body.Close()
+	assert.Len(t, srv.Hits(), 3)
+
+	// Through StandardClient, as an SDK would call, with a key of its own
+	// in the header (stripe-go mints one per call): the same rule.
+	req := post(t, srv.URL, chargeBody)
+	req.Header.Set("Idempotency-Key", NewKey())
+	_, err = c.StandardClient().Do(req)
 	assert.ErrorIs(t, err, ErrInvalidRequest)
-	assert.Len(t, srv.Hits(), 2)
+	assert.Len(t, srv.Hits(), 3)
 }
 
 // Issue 22 §2.5, end to end over both protocols: an attempt that times out

@@ -112,8 +112,8 @@ type Policy struct {
 	RefetchDone bool
 
 	// AllowUnnamed lets a Client with a Journal send keyed calls without
-	// [WithOperation], which it otherwise refuses with [ErrInvalidRequest]
-	// before anything is written or sent. Such a call is protected only by
+	// [WithOperation] or [WithKey], which it otherwise refuses with
+	// [ErrInvalidRequest] before anything is written or sent. Such a call is protected only by
 	// [Client.Resume] after a crash: a rerun of the same work mints a new
 	// key (an SDK's own random key is no better) and may run it twice. Set
 	// it only for work that is never rerun, or that finds what it already

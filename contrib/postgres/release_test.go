@@ -3,9 +3,13 @@ package postgres_test
 import (
 	"context"
 	"fmt"
+	"log"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -58,4 +62,38 @@ func TestReleaseHandsBackUnchanged(t *testing.T) {
 
 	assert.NoError(t, a.Release(ctx, foreign), "no longer a's: nothing to hand back")
 	assert.ErrorIs(t, a.Release(ctx, "no-such-key"), idemhttp.ErrNotFound)
+}
+
+// A worker that sends only some of a shared journal's entries (those of
+// its own batch) hands the others back unchanged, at once, and does not
+// claim them again ahead of its own.
+func ExampleJournal_ClaimPendingExcept() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	j := postgres.NewJournal(pool, &postgres.JournalOptions{Lease: 2 * time.Minute})
+	mine := func(e *idemhttp.Entry) bool { return strings.HasPrefix(e.Operation, "invoice-2024-") }
+	var others []string
+	for {
+		entries, err := j.ClaimPendingExcept(ctx, 16, others)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if len(entries) == 0 {
+			return // none free: the rest are others', or held
+		}
+		for _, e := range entries {
+			if !mine(e) {
+				others = append(others, e.Key)
+				if err := j.Release(ctx, e.Key); err != nil { // no lease kept, nothing changed
+					log.Fatal(err)
+				}
+				continue
+			}
+			// Send e with its key and operation (see ExampleJournal_ClaimPending).
+		}
+	}
 }
