@@ -319,13 +319,19 @@ func (b *cancelBody) Close() error {
 //
 // An error matches [ErrNotSent] when the call provably sent nothing the
 // server could act on and left no journal entry behind: only then is it
-// safe to try the operation again under a new key.
+// safe to try the operation again under a new key. One that matches
+// [ErrFenced] sent nothing itself, but the journal would not let it
+// withdraw its entry: another sender (a worker of a fleet sharing the
+// journal) finished or holds it, and may have sent it; never try it again
+// under a new key.
 //
 // Redirects: a keyed request, or one whose headers came partly from
 // PrepareRequest or name a secret header, is not followed to another
 // origin (scheme and host): the 3xx response is returned instead, so the
 // key, the body and credentials never reach a host the caller did not
-// name; its journal entry stays pending, since nothing ran at the target.
+// name. Any 3xx that comes back, whoever left it unfollowed (these rules,
+// the HTTPClient's CheckRedirect, [http.ErrUseLastResponse]), leaves the
+// journal entry pending, since nothing ran at the target.
 // A redirect that changes the method (303, or 301/302 after POST) drops
 // the key header.
 func (c *Client) Do(req *http.Request) (*http.Response, error) { return c.do(req, nil, false) }
