@@ -61,6 +61,13 @@ var (
 	// should not be multiplied by retries).
 	ErrBudgetExhausted = errors.New("retry budget exhausted")
 
+	// ErrPacerRefused: the Policy's [Pacer] refused an attempt: its Wait
+	// returned an error while the call's context was live, as
+	// golang.org/x/time/rate's Limiter.Wait does when the token would come
+	// after the deadline. The attempt was not sent, and the call stopped:
+	// a Pacer is never bypassed. [GiveUpError.Err] holds Wait's error.
+	ErrPacerRefused = errors.New("pacer refused the attempt")
+
 	// ErrRetryAfterTooLong: the server asked for a wait (Retry-After) longer
 	// than [Policy.MaxRetryAfter] or past the context deadline; the client
 	// stopped at once instead of sleeping. [GiveUpError.RetryAfter] holds the
@@ -116,7 +123,8 @@ const snippetLen = 512
 // GiveUpError reports a request that the client stopped trying: the reason
 // is one of the sentinels ([ErrExhausted], [ErrInProgress],
 // [ErrBudgetExhausted], [ErrRetryAfterTooLong], [ErrKeyRequired],
-// [ErrBodyChanged], [ErrNotReplayable]) or the context's error when the
+// [ErrBodyChanged], [ErrNotReplayable], [ErrPacerRefused]) or the
+// context's error when the
 // deadline or a cancellation ended the wait. errors.Is matches both the
 // reason and the last attempt's error; an in-progress wait that the
 // deadline cut short matches [ErrInProgress] and

@@ -74,20 +74,25 @@ type operation struct {
 	unknown bool // an attempt may have reached the server without an answer reaching us
 
 	// The lifecycle (lifecycle.go).
-	phase           phase
-	badMoves        [][2]phase // moves the lifecycle refused: a bug
-	held            []string   // the senders' slots this call holds
-	created         bool       // the journal entry is this call's own
-	reached         bool       // an attempt may have reached a server (or got an answer)
-	settled         bool       // the outcome is written (or the call was answered locally)
-	redirectRefused bool       // a 3xx was returned unfollowed: nothing ran at its target
-	sdk             bool       // StandardClient's transport: a final give-up's last response goes back
-	passedThrough   bool       // sdk: the response returned is a give-up's (passErr)
-	passErr         error
-	fromJournal     bool // the response is the journal's copy of the result
+	phase         phase
+	badMoves      [][2]phase // moves the lifecycle refused: a bug
+	held          []slotID   // the senders' slots this call holds
+	scope         any        // the scope of its slots: its journal's (config.scope)
+	created       bool       // the journal entry is this call's own
+	reached       bool       // an attempt may have reached a server (or got an answer)
+	settled       bool       // the outcome is written (or the call was answered locally)
+	sdk           bool       // StandardClient's transport: a final give-up's last response goes back
+	passedThrough bool       // sdk: the response returned is a give-up's (passErr)
+	passErr       error
+	fromJournal   bool // the response is the journal's copy of the result
 
 	lastStatus int
 	lastErr    error
+	paceErr    error // the Pacer refused the current attempt (Wait's error)
+	// lastResp is the latest response the transport handed up, which a panic
+	// (a hook's, CheckRedirect's) may leave unclosed: unwind closes it.
+	lastResp   *http.Response
+	returned   bool // the call is returning its result (end ran), not panicking
 	retryAfter time.Duration
 	lastCost   int64 // budget tokens the latest retry withdrew
 	waiting    bool  // a retry was decided and its wait has not ended
@@ -149,6 +154,21 @@ func (a *operation) context(parent context.Context) context.Context {
 	a.wire.install(&a.trace, a.cfg.h2c || !strings.EqualFold(a.req.URL.Scheme, "http"), a.cfg.h2c)
 	a.cctx = callCtx{Context: httptrace.WithClientTrace(parent, &a.trace), a: a}
 	return &a.cctx
+}
+
+// handOver is called as an attempt (or a redirect hop of it) is handed to
+// the caller's RoundTripper: it refuses an attempt the Pacer refused, or
+// whose context has ended, and otherwise counts it as handed, the
+// evidence that it may have left (wire.go).
+func (a *operation) handOver(r *http.Request) error {
+	if a.paceErr != nil {
+		return a.paceErr
+	}
+	if err := r.Context().Err(); err != nil {
+		return err
+	}
+	a.wire.handed.Add(1)
+	return nil
 }
 
 // attemptFrom returns the call state riding in ctx.
@@ -232,6 +252,18 @@ func ResponseInfo(resp *http.Response) (info Info, ok bool) {
 func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
 	a.attempts++
 	a.waiting = false
+	if refused := a.paceErr; refused != nil {
+		// The Pacer refused the attempt, which was never handed to the
+		// transport (handOver): it left nothing, and is no attempt.
+		a.paceErr = nil
+		a.attempts--
+		a.wire.take()
+		a.sawAttempt(false)
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return false, a.stopped(ctxErr)
+		}
+		return false, a.giveUpJoin(ErrPacerRefused, refused, nil)
+	}
 	if pc := a.p.pacer; pc != nil {
 		status := 0
 		if resp != nil {
@@ -436,7 +468,7 @@ func (a *operation) hint(resp *http.Response) bool {
 func (a *operation) backoff() time.Duration {
 	if f := a.p.backoffFn; f != nil {
 		a.retries++
-		return max(f(a.retries), 0)
+		return min(max(f(a.retries), 0), a.p.maxDelay) // as documented on Policy.Backoff
 	}
 	if a.bo == nil {
 		a.bo = &backoff.ExponentialBackOff{

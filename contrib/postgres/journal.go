@@ -654,6 +654,39 @@ SELECT state, lease_owner, lease_token IS NOT DISTINCT FROM $2, lease_token IS N
     lease_token IS NOT NULL AND lease_token <> $2 AND coalesce(lease_expires_at > {now}, false)
 FROM idemhttp_journal WHERE key = $1`, 3)
 
+// releaseSQL ends the lease of key $1, pending and held by token $2, and
+// changes nothing else.
+const releaseSQL = `
+UPDATE idemhttp_journal SET lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+WHERE key = $1 AND state = 'pending' AND lease_token = $2`
+
+// Release hands back a pending entry this Journal leased (claimed or
+// began) and will not send: it ends the lease and changes nothing else,
+// neither the entry's state, last status, attempts nor Updated time, so
+// that any worker may claim it at once. (A Finish with an outcome of
+// pending keeps the lease and records a last status: it is for an entry
+// that was sent.) It returns nil when the entry is this Journal's no
+// longer (its lease expired and another worker claimed it, or it was
+// finished): there was nothing to hand back. It returns an error wrapping
+// [idemhttp.ErrNotFound] for an unknown key.
+func (j *Journal) Release(ctx context.Context, key string) error {
+	var n int64
+	err := retry(ctx, func() error {
+		tag, err := j.db.Exec(ctx, releaseSQL, key, j.token)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("idemhttp/postgres: journal release %s: %w", key, err)
+	}
+	if n == 0 {
+		if _, err := j.Get(ctx, key); errors.Is(err, idemhttp.ErrNotFound) {
+			return fmt.Errorf("idemhttp/postgres: journal release %s: %w", key, idemhttp.ErrNotFound)
+		}
+	}
+	return nil
+}
+
 // renewSQL extends the lease of key $1, pending and held by token $2, to
 // $3 from the journal's clock.
 var renewSQL = sqlNow(`
@@ -744,12 +777,14 @@ func (j *Journal) Pending(ctx context.Context) ([]*idemhttp.Entry, error) {
 // created_at never changes, and the row is locked from then on). Nothing
 // is claimed when the clock is more than the tolerance ($8) below the
 // high-water mark (the stored one, or $7, this Journal's own): every
-// entry's age is then in doubt.
+// entry's age is then in doubt. Keys in $9 are skipped
+// (ClaimPendingExcept).
 var claimPendingSQL = sqlNow(`
 WITH free AS MATERIALIZED (
     SELECT key, created_at < {now} - $6::interval AS abandon FROM idemhttp_journal
     WHERE state = 'pending' AND (lease_expires_at IS NULL OR lease_expires_at <= {now})
         AND coalesce(greatest((SELECT high FROM idemhttp_journal_clock WHERE id = 1), $7::timestamptz) <= {now} + $8::interval, true)
+        AND NOT key = ANY($9::text[])
     ORDER BY created_at, key
     LIMIT $1
     FOR UPDATE SKIP LOCKED)
@@ -791,6 +826,18 @@ RETURNING `+entryColumns("j.", false), 5)
 // documentation); its outcome, recorded through [Journal.Finish], ends the
 // lease. limit must be positive.
 func (j *Journal) ClaimPending(ctx context.Context, limit int) ([]*idemhttp.Entry, error) {
+	return j.ClaimPendingExcept(ctx, limit, nil)
+}
+
+// ClaimPendingExcept is [Journal.ClaimPending] skipping the entries whose
+// keys are in except: for a worker that sends only some of a shared
+// journal's entries (idemctl batch sends its input's), which hands the
+// others back with [Journal.Release] and must not claim them again ahead
+// of its own.
+func (j *Journal) ClaimPendingExcept(ctx context.Context, limit int, except []string) ([]*idemhttp.Entry, error) {
+	if except == nil {
+		except = []string{} // NOT key = ANY(NULL) would skip every key
+	}
 	if limit <= 0 {
 		return nil, fmt.Errorf("idemhttp/postgres: claim pending: %w: limit %d", idemhttp.ErrInvalidRequest, limit)
 	}
@@ -804,7 +851,7 @@ func (j *Journal) ClaimPending(ctx context.Context, limit int) ([]*idemhttp.Entr
 			// entries the server still remembers.
 			retention = 100 * 365 * 24 * time.Hour
 		}
-		rows, err := j.query(ctx, claimPendingSQL, limit-len(out), j.worker, j.lease, j.token, j.now(), retention, j.seenMark(), idemhttp.ClockTolerance)
+		rows, err := j.query(ctx, claimPendingSQL, limit-len(out), j.worker, j.lease, j.token, j.now(), retention, j.seenMark(), idemhttp.ClockTolerance, except)
 		if err != nil {
 			return nil, fmt.Errorf("idemhttp/postgres: claim pending: %w", err)
 		}
