@@ -447,7 +447,7 @@ func (a *operation) settle(ctx context.Context, resp *http.Response, err error) 
 		case phaseDone:
 			var r *Result
 			if resp != nil && a.p.keepResults > 0 {
-				r = keepResult(resp, a.p.keepResults)
+				r = keepResult(resp, a.p.keepResults, a.p.redactQuery, a.p.redactPath)
 			}
 			a.writeFinish(ctx, StateDone, r)
 		case phasePending:

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
-	"github.com/idemkit/idemhttp/internal/contract"
 	"github.com/idemkit/idemhttp/internal/wal"
 )
 
@@ -27,6 +26,14 @@ type Options struct {
 	// disk. An entry without its body cannot be resent by Resume: it can
 	// only be reported.
 	OmitBodies bool
+
+	// SecretHeaders names request headers never written to the file, in
+	// any letter case, beyond those [idemhttp.Entry.Sanitized] always
+	// withholds (Authorization, Cookie, API keys under their common
+	// names): for entries given to Begin directly, by a program that
+	// loads a batch. A Client drops its own [idemhttp.Client.SecretHeaders]
+	// before Begin.
+	SecretHeaders []string
 
 	// SkipVerify opens a damaged journal instead of refusing it, for
 	// inspection and repair: damaged batches in the middle of the file are
@@ -273,6 +280,7 @@ type Journal struct {
 	fs         FS
 	clock      func() time.Time
 	omitBodies bool
+	secrets    []string      // Options.SecretHeaders
 	retention  atomic.Int64  // the longest retention a Client told it (Retain); 0: none yet, defaultRetention applies
 	keepDone   time.Duration // Options.KeepDone
 	salvage    bool          // SkipVerify
@@ -448,6 +456,7 @@ func Open(path string, opts *Options) (*Journal, error) {
 		fs:         opts.FS,
 		clock:      opts.Clock,
 		omitBodies: opts.OmitBodies,
+		secrets:    slices.Clone(opts.SecretHeaders),
 		salvage:    opts.SkipVerify,
 		readOnly:   opts.ReadOnly,
 		pend:       make(map[*wal.Batch]*pending),
@@ -573,8 +582,8 @@ func (j *Journal) Sync(ctx context.Context) error {
 
 // Begin implements [idemhttp.Journal.Begin]. The operation id is looked up first,
 // then the key: when both exist on different entries, the operation's entry
-// is returned. The entry stored is what [idemhttp.SanitizeEntry] makes of e, without
-// its body with OmitBodies. e is not modified. Begin fails with an error
+// is returned. The entry stored is what [idemhttp.Entry.Sanitized] makes of e
+// with the journal's SecretHeaders, without its body with OmitBodies. e is not modified. Begin fails with an error
 // wrapping [idemhttp.ErrInvalidKey] or [idemhttp.ErrInvalidRequest] for a bad key or
 // operation id, before touching the file.
 //
@@ -582,7 +591,7 @@ func (j *Journal) Sync(ctx context.Context) error {
 // for the batch, since giving up then could report failure for a write
 // that reaches the disk.
 func (j *Journal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry, error) {
-	rec, err := e.Sanitized()
+	rec, err := e.Sanitized(j.secrets...)
 	if err != nil {
 		return nil, err
 	}
@@ -800,13 +809,11 @@ func (j *Journal) unindexLocked(le *entry) {
 // is written behind, within [WriteBehind] (see [Journal]).
 // Finish does not wait for the disk, so ctx is only checked on entry.
 func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) error {
-	state, ok := journalStateByte(o.State)
-	if !ok {
-		return fmt.Errorf("idemhttp: journal finish %s: %w: unknown state %q", key, idemhttp.ErrInvalidRequest, o.State)
+	o, err := o.Sanitized()
+	if err != nil {
+		return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
 	}
-	if o.Attempts < 0 {
-		return fmt.Errorf("idemhttp: journal finish %s: %w: negative attempts", key, idemhttp.ErrInvalidRequest)
-	}
+	state, _ := journalStateByte(o.State)
 	at := o.At
 	if at.IsZero() {
 		at = j.now()
@@ -901,7 +908,7 @@ func (j *Journal) finishWithResult(ctx context.Context, key string, o idemhttp.O
 	}
 	rec := *cur
 	rec.State, rec.LastStatus, rec.Attempts, rec.Updated = idemhttp.StateDone, o.Status, cur.Attempts+o.Attempts, at
-	rec.Result = &idemhttp.Result{Status: o.Result.Status, Header: contract.ResultHeader(o.Result.Header), Body: o.Result.Body}
+	rec.Result = o.Result // sanitised by Finish
 	// Append copies the record into its batch before it returns, so the
 	// buffer goes back to the pool when this call does.
 	bp := encodeBufs.Get()

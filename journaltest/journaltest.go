@@ -496,7 +496,13 @@ func testSecretsNeverStored(t *testing.T, j idemhttp.Journal) {
 		"cookie":              {"s=lowercase"},
 		"PROXY-AUTHORIZATION": {"Basic upper"},
 		"idempotency-key":     {"k1"},
-		"Content-Type":        {"application/json"},
+		// API keys under their common names, in any case.
+		"X-Api-Key":            {"sk_live_secret"},
+		"api-key":              {"secret"},
+		"X-Auth-Token":         {"secret"},
+		"X-Amz-Security-Token": {"secret"},
+		"X-Goog-Api-Key":       {"secret"},
+		"Content-Type":         {"application/json"},
 	}
 	begin(t, j, e)
 
@@ -612,17 +618,26 @@ func testFinalStatesStay(t *testing.T, j idemhttp.Journal) {
 // testResultKept: a done outcome's Result (a bounded copy of the final
 // response, Policy.KeepResults) is kept with the entry: Get returns it,
 // and so does Begin for the operation's existing entry, which is how a
-// rerun gets the result back without sending. A journal keeps only the
-// headers a caller reads: never Set-Cookie.
+// rerun gets the result back without sending. A journal keeps what
+// Outcome.Sanitized keeps, whoever calls Finish: only the headers a
+// caller reads (Content-Encoding among them, never Set-Cookie), their
+// URLs without credentials (a signed URL's signature, a user part).
+// Checked to fail with the PostgreSQL journal's Finish not calling
+// Outcome.Sanitized (it kept X-Internal-Debug and the signature).
 func testResultKept(t *testing.T, j idemhttp.Journal) {
 	ctx := context.Background()
 	begin(t, j, entry("k-res", "op-res", at(1)))
 	res := &idemhttp.Result{Status: 201, Body: []byte(`{"id":"ch_1"}`), Header: http.Header{
 		"Content-Type": {"application/json"}, "Request-Id": {"req_1"}, "Set-Cookie": {"s=secret"},
+		"Content-Encoding": {"gzip"}, "X-Internal-Debug": {"secret"},
+		"Location": {"https://b.s3.amazonaws.com/o?X-Amz-Credential=AKIA%2Fsecret&X-Amz-Signature=secret&X-Amz-Expires=60"},
+		"Link":     {`<https://u:secret@h/p?page=2>; rel="next"`},
 	}}
 	require.NoError(t, j.Finish(ctx, "k-res", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1, At: at(2), Result: res}))
 	want := &idemhttp.Result{Status: 201, Body: []byte(`{"id":"ch_1"}`), Header: http.Header{
-		"Content-Type": {"application/json"}, "Request-Id": {"req_1"},
+		"Content-Type": {"application/json"}, "Request-Id": {"req_1"}, "Content-Encoding": {"gzip"},
+		"Location": {"https://b.s3.amazonaws.com/o?X-Amz-Credential=REDACTED&X-Amz-Signature=REDACTED&X-Amz-Expires=60"},
+		"Link":     {`<https://REDACTED@h/p?page=2>; rel="next"`},
 	}}
 	got, err := j.Get(ctx, "k-res")
 	require.NoError(t, err)

@@ -199,13 +199,16 @@
 // seconds.
 //
 // A done outcome's [idemhttp.Result] (a bounded copy of the final
-// response, Set-Cookie left out) is kept with the entry, in the result
-// column, and returned by [Journal.Get] and by a Begin that finds the
-// entry.
+// response: the headers a caller reads, never Set-Cookie, with the URLs
+// they hold redacted, as [idemhttp.Outcome.Sanitized] keeps them for
+// every journal) is kept with the entry, in the result column, and
+// returned by [Journal.Get] and by a Begin that finds the entry.
 //
 // Credentials never reach the table: Authorization, Cookie,
-// Proxy-Authorization and the names in [idemhttp.Client.SecretHeaders]
-// are stripped, and an entry whose URL carries a user part or a secret
+// Proxy-Authorization, API keys under their common names (X-Api-Key and
+// the others [idemhttp.Entry.Sanitized] lists), the names in
+// [JournalOptions.SecretHeaders] and those in
+// [idemhttp.Client.SecretHeaders] are stripped, and an entry whose URL carries a user part or a secret
 // query value is refused when it is written, whatever way it comes in
 // ([idemhttp.Entry.Sanitized]), rather than stored as an entry every
 // resend of which would fail. Add credentials in

@@ -49,6 +49,14 @@ type JournalOptions struct {
 	// still stored. An entry without its body cannot be resent.
 	OmitBodies bool
 
+	// SecretHeaders names request headers never written to the table, in
+	// any letter case, beyond those [idemhttp.Entry.Sanitized] always
+	// withholds (Authorization, Cookie, API keys under their common
+	// names): for entries a producer enqueues ([Journal.Enqueue]) or begins
+	// directly. A Client drops its own [idemhttp.Client.SecretHeaders]
+	// before Begin.
+	SecretHeaders []string
+
 	// Clock, when set, is the journal's clock instead of the database's
 	// now(): the time it stamps on entries and outcomes given without one,
 	// the time leases are reckoned by, and what [Journal.Now] returns.
@@ -113,10 +121,13 @@ var _ idemhttp.Journal = (*Journal)(nil)
 // Now, ages entries by it and leaves their times for the journal to stamp.
 //
 // Entries never hold what [idemhttp.Entry.Sanitized] removes (the
-// Authorization, Cookie and Proxy-Authorization headers, a URL's
-// fragment), and an entry whose URL carries credentials (a user part, a
-// secret query value) is refused, whatever way it comes in; the headers a
-// Client's SecretHeaders names never reach the journal.
+// Authorization, Cookie and Proxy-Authorization headers, API keys under
+// their common names, the headers [JournalOptions.SecretHeaders] names, a
+// URL's fragment), and an entry whose URL carries credentials (a user
+// part, a secret query value) is refused, whatever way it comes in; the
+// headers a Client's SecretHeaders names never reach the journal. A kept
+// result holds what [idemhttp.Outcome.Sanitized] keeps, the rule every
+// journal applies.
 //
 // A Journal is safe for concurrent use. Create it with [NewJournal] after
 // [Migrate] has created the tables.
@@ -127,6 +138,7 @@ type Journal struct {
 	lease      time.Duration
 	retention  atomic.Int64 // the longest Policy.Retention a Client told it (Retain); 0: none yet
 	omitBodies bool
+	secrets    []string         // JournalOptions.SecretHeaders
 	clock      func() time.Time // nil: the database's now()
 
 	mu     sync.Mutex
@@ -146,6 +158,7 @@ func NewJournal(db DB, opts *JournalOptions) *Journal {
 		worker:     opts.Worker,
 		lease:      opts.Lease,
 		omitBodies: opts.OmitBodies,
+		secrets:    slices.Clone(opts.SecretHeaders),
 		clock:      opts.Clock,
 		token:      newLeaseToken(),
 	}
@@ -398,7 +411,7 @@ func (j *Journal) readBegin(br pgx.BatchResults, taken bool) (existing *idemhttp
 // for an entry the table cannot hold faithfully. What may be stored at all
 // is [idemhttp.Entry.Sanitized]'s rule, shared with every journal.
 func (j *Journal) sanitize(e *idemhttp.Entry) (*idemhttp.Entry, []byte, error) {
-	rec, err := e.Sanitized()
+	rec, err := e.Sanitized(j.secrets...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -501,9 +514,10 @@ RETURNING updated_at`, 8)
 // Finish implements [idemhttp.Journal.Finish]: it adds o.Attempts to the
 // entry's attempts and sets its state, last status, Updated time (o.At,
 // or the journal's clock when zero, and never later than the clock) and,
-// for done, its Result (Set-Cookie left out). A definite outcome (done or
-// abandoned) ends the entry's lease; a pending one keeps it, so the entry
-// waits for the lease to expire before another worker retries it.
+// for done, its Result, as [idemhttp.Outcome.Sanitized] returns them. A
+// definite outcome (done or abandoned) ends the entry's lease; a pending
+// one keeps it, so the entry waits for the lease to expire before another
+// worker retries it.
 //
 // Finish is fenced. While another worker (another Journal) holds a live
 // lease on a pending entry, it changes nothing and returns a
@@ -520,13 +534,9 @@ RETURNING updated_at`, 8)
 // Finish returns an error wrapping [idemhttp.ErrNotFound] for an unknown
 // key and [idemhttp.ErrInvalidRequest] for an unknown state.
 func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) error {
-	switch o.State {
-	case idemhttp.StatePending, idemhttp.StateDone, idemhttp.StateAbandoned:
-	default:
-		return fmt.Errorf("idemhttp/postgres: journal finish %s: %w: unknown state %q", key, idemhttp.ErrInvalidRequest, o.State)
-	}
-	if o.Attempts < 0 {
-		return fmt.Errorf("idemhttp/postgres: journal finish %s: %w: negative attempts", key, idemhttp.ErrInvalidRequest)
+	o, err := o.Sanitized()
+	if err != nil {
+		return fmt.Errorf("idemhttp/postgres: journal finish %s: %w", key, err)
 	}
 	var at *time.Time // NULL: the journal's clock
 	if !o.At.IsZero() {
