@@ -22,6 +22,12 @@ const (
 	// change) was received. Kept for [Policy.Retention] so that rerunning
 	// the operation sends nothing, then pruned. Final: no later Finish
 	// changes it.
+	//
+	// A done entry whose LastStatus is a server error (5xx) got a failure
+	// the server stored and replays to every retry with the key (Stripe
+	// stores a 500 that way): no resend can finish the operation, and it
+	// may have run in part. It needs reconciling with the server's own
+	// records; `idemctl pending` lists it as "reconcile" and says how.
 	StateDone State = "done"
 	// StateAbandoned: the entry outlived the server's key retention while
 	// pending, so it was not resent ([ErrKeyExpired]), or its call could

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -37,7 +39,7 @@ func TestJournalCommands(t *testing.T) {
 		out := runIn("pending", "-journal", journal)
 
 		require.Equal(t, exitFailed, out.code, "entries are pending")
-		assert.Contains(t, out.stderr, "5 entries pending or abandoned")
+		assert.Contains(t, out.stderr, "5 entries pending, abandoned or to reconcile")
 		lines := strings.Split(strings.TrimSpace(out.stdout), "\n")
 		require.Len(t, lines, 6)
 		assert.Equal(t, []string{"OPERATION", "KEY", "METHOD", "URL", "AGE", "ATTEMPTS", "STATUS", "STATE"}, strings.Fields(lines[0]))
@@ -255,4 +257,55 @@ func TestPendingUnknownAttempts(t *testing.T) {
 
 	insp := runIn("inspect", "-journal", journal, "op-killed")
 	assert.Regexp(t, `(?m)^attempts +unknown: none recorded yet`, insp.stdout)
+}
+
+// TestPendingReconcile: issue 31 §2.17. A done entry whose final answer
+// was a server error the server stored and replays (a replayed 500) is
+// marked for reconciliation: pending lists it (state "reconcile", with a
+// note; "reconcile": true in JSON) and exits 1, inspect says what to do;
+// a done entry with a 2xx or 4xx is not listed. Checked to fail with
+// toReconcile always false (the stored 500 was left out and pending
+// exited 0).
+func TestPendingReconcile(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/fail" {
+			w.Header().Set("Idempotent-Replayed", "true") // a stored failure, replayed
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	journal := filepath.Join(t.TempDir(), "journal")
+	fj, err := filejournal.Open(journal, nil)
+	require.NoError(t, err)
+	c := &idemhttp.Client{Journal: fj}
+	for op, path := range map[string]string{"op-500": "/v1/fail", "op-201": "/v1/ok"} {
+		req, err := http.NewRequestWithContext(idemhttp.WithOperation(context.Background(), op), http.MethodPost, srv.URL+path, strings.NewReader("{}"))
+		require.NoError(t, err)
+		resp, err := c.Do(req)
+		require.NoError(t, err, "a replayed failure is final: returned as the response")
+		require.NoError(t, resp.Body.Close())
+	}
+	require.NoError(t, fj.Close())
+
+	out := runIn("pending", "-journal", journal)
+	assert.Equal(t, exitFailed, out.code)
+	assert.Contains(t, out.stderr, "1 entries pending, abandoned or to reconcile")
+	lines := strings.Split(strings.TrimSpace(out.stdout), "\n")
+	require.Len(t, lines, 3, out.stdout)
+	row := strings.Fields(lines[1])
+	assert.Equal(t, "op-500", row[0])
+	assert.Equal(t, []string{"1", "500", "reconcile"}, row[5:])
+	assert.Equal(t, reconcileNote, lines[2])
+
+	js := runIn("pending", "-json", "-journal", journal)
+	var v entryView
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(js.stdout)), &v))
+	assert.Equal(t, idemhttp.StateDone, v.State)
+	assert.True(t, v.Reconcile)
+
+	insp := runIn("inspect", "-journal", journal, "op-500")
+	assert.Regexp(t, `(?m)^reconcile +its final answer was a server error`, insp.stdout)
+	assert.NotContains(t, runIn("inspect", "-journal", journal, "op-201").stdout, "reconcile")
 }
