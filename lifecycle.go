@@ -376,7 +376,42 @@ func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, rs *
 		resp, err := a.answer(nil, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", e.Operation, e.Key, e.Created.Format(time.RFC3339), ErrKeyExpired))
 		return resp, err, true
 	}
+	if a.parked(e, now) {
+		resp, err := a.answer(nil, &ParkedError{Operation: e.Operation, Key: e.Key, NotBefore: e.NotBefore, Expires: e.Created.Add(p.retention)})
+		return resp, err, true
+	}
 	return nil, nil, false
+}
+
+// parked reports whether e waits for its NotBefore (the server's
+// Retry-After, which settle wrote when a call parked it) at now, by the
+// journal's clock: judge then sends nothing and writes nothing. It comes
+// after the retention rule, so an entry parked past the retention is
+// abandoned once it outlives it, never sent.
+func (a *operation) parked(e *Entry, now time.Time) bool {
+	return !e.NotBefore.IsZero() && now.Before(e.NotBefore)
+}
+
+// parkUntil returns the time until which a call that ends pending parks
+// its entry: when it stopped because the server asked it to come back
+// later than it would wait (ErrRetryAfterTooLong), the journal's clock
+// plus the server's delay, rounded up to the second; else the zero Time.
+// A journal whose clock cannot be read parks nothing: the entry is then
+// pending as any other.
+func (a *operation) parkUntil(ctx context.Context, err error) time.Time {
+	var g *GiveUpError
+	if !errors.Is(err, ErrRetryAfterTooLong) || !errors.As(err, &g) || g.RetryAfter <= 0 {
+		return time.Time{}
+	}
+	now, jerr := a.c.journalNow(context.WithoutCancel(ctx), a.j)
+	if jerr != nil {
+		return time.Time{}
+	}
+	t := now.Round(0).Add(g.RetryAfter)
+	if r := t.Truncate(time.Second); r.Before(t) {
+		t = r.Add(time.Second)
+	}
+	return t
 }
 
 // answer ends a call that sends nothing: slots released, nothing written
@@ -451,7 +486,13 @@ func (a *operation) settle(ctx context.Context, resp *http.Response, err error) 
 			}
 			a.writeFinish(ctx, StateDone, r)
 		case phasePending:
-			a.writeFinish(ctx, StatePending, nil)
+			// A call the server asked to come back later parks the entry
+			// until then: judge sends it from then on only.
+			a.notBefore = a.parkUntil(ctx, err)
+			if werr := a.writeFinish(ctx, StatePending, nil); werr == nil && !a.notBefore.IsZero() {
+				e := a.entry
+				err = &ParkedError{Operation: e.Operation, Key: e.Key, NotBefore: a.notBefore, Expires: e.Created.Add(a.p.retention), Err: err}
+			}
 		case phaseWithdrawn:
 			gone = a.withdraw(ctx)
 		}
@@ -492,12 +533,13 @@ func (a *operation) outcome(resp *http.Response, err error) phase {
 // writeFinish records the call's outcome. A failure cannot change the
 // call's result (the request already went out), and leaves the entry
 // pending, which Resume resolves by resending with the same key; so it is
-// logged, not returned. ErrFenced means another sender finished or holds
-// the entry: its outcome is the one that counts.
-func (a *operation) writeFinish(ctx context.Context, s State, r *Result) {
+// logged, and returned only for settle to know whether a park was
+// recorded. ErrFenced means another sender finished or holds the entry:
+// its outcome is the one that counts.
+func (a *operation) writeFinish(ctx context.Context, s State, r *Result) error {
 	c, e := a.c, a.entry
 	t0 := c.journalClock()
-	err := a.j.Finish(context.WithoutCancel(ctx), e.Key, Outcome{State: s, Status: a.lastStatus, Attempts: a.attempts, At: c.stamp(a.j), Result: r})
+	err := a.j.Finish(context.WithoutCancel(ctx), e.Key, Outcome{State: s, Status: a.lastStatus, Attempts: a.attempts, At: c.stamp(a.j), Result: r, NotBefore: a.notBefore})
 	c.journalEvent(ctx, idemtrace.JournalEvent{Op: idemtrace.JournalFinish, Key: e.Key, Operation: e.Operation, State: string(s), Err: err}, t0)
 	if err != nil && c.cfg.logger != nil {
 		level, msg := slog.LevelWarn, "idemhttp: journal finish failed; entry stays pending"
@@ -506,6 +548,7 @@ func (a *operation) writeFinish(ctx context.Context, s State, r *Result) {
 		}
 		c.cfg.logger.LogAttrs(ctx, level, msg, slog.String("key", e.Key), slog.String("state", string(s)), slog.String("error", err.Error()))
 	}
+	return err
 }
 
 // withdraw removes the entry of a call that created it and provably sent

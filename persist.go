@@ -156,11 +156,12 @@ type Journal interface {
 	// [WithOperation]), or an error wrapping [ErrNotFound]. It is meant
 	// for skipping operations already done, many at a time: an
 	// implementation may leave out the request (Method, URL, Header, Body
-	// and Fingerprint) and the Result to avoid reading them; Get(ctx,
-	// e.Key) returns them.
+	// and Fingerprint), the Result and the NotBefore to avoid reading
+	// them; Get(ctx, e.Key) returns them.
 	Lookup(ctx context.Context, operation string) (*Entry, error)
 
-	// Pending returns the entries in state pending, oldest first.
+	// Pending returns the entries in state pending, oldest first, parked
+	// ones (with a NotBefore) included.
 	Pending(ctx context.Context) ([]*Entry, error)
 
 	// Prune deletes the done entries last updated before cutoff and returns

@@ -821,12 +821,13 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if o.Result != nil && state == journalStateDone {
+	if (o.Result != nil && state == journalStateDone) || (!o.NotBefore.IsZero() && state == journalStatePending) {
 		if err := j.finishWithResult(ctx, key, o, at); !errors.Is(err, errNoResult) {
 			return err
 		}
-		// The entry is final already, or its result too large for a
-		// record: a plain outcome.
+		// The entry is final already, or its record too large: a plain
+		// outcome (a park then lost: the entry is pending, and a resend
+		// before the server's time is told to wait again).
 	}
 	for {
 		j.mu.Lock()
@@ -881,18 +882,21 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 	}
 }
 
-// errNoResult: Finish cannot keep the result (the entry is final already,
-// or the result makes its record too large): it records the outcome alone.
+// errNoResult: Finish cannot keep the result or the not-before (the entry
+// is final already, or its record would be too large): it records the
+// outcome alone.
 var errNoResult = errors.New("no result kept")
 
-// finishWithResult records a done outcome with its result: a result
-// record, the entry's begin record written again with the result after
-// it, which replaces the begin record (docs/journal-format.md). Unlike a
-// plain Finish it waits for the disk: the index points at the new record
-// only once it is durable and readable, and a Get meanwhile reads the old
-// one. It holds the scan lock, so no compaction or removal moves the
-// entry meanwhile, and marks the entry done at once, as Finish does, so
-// that no Delete or Prune removes it before its record lands.
+// finishWithResult records a done outcome with its result, or a pending
+// one with its not-before (a parked operation): a result or parked
+// record, the entry's begin record written again with the result or the
+// time after it, which replaces the begin record
+// (docs/journal-format.md). Unlike a plain Finish it waits for the disk:
+// the index points at the new record only once it is durable and
+// readable, and a Get meanwhile reads the old one. It holds the scan
+// lock, so no compaction or removal moves the entry meanwhile, and sets
+// the entry's outcome at once, as Finish does, so that no Delete or
+// Prune removes a done entry before its record lands.
 func (j *Journal) finishWithResult(ctx context.Context, key string, o idemhttp.Outcome, at time.Time) error {
 	j.scanMu.Lock()
 	defer j.scanMu.Unlock()
@@ -907,8 +911,9 @@ func (j *Journal) finishWithResult(ctx context.Context, key string, o idemhttp.O
 		return errNoResult
 	}
 	rec := *cur
-	rec.State, rec.LastStatus, rec.Attempts, rec.Updated = idemhttp.StateDone, o.Status, cur.Attempts+o.Attempts, at
-	rec.Result = o.Result // sanitised by Finish
+	rec.State, rec.LastStatus, rec.Attempts, rec.Updated = o.State, o.Status, cur.Attempts+o.Attempts, at
+	rec.Result, rec.NotBefore = o.Result, o.NotBefore // sanitised by Finish: one of them, with its state
+	state, _ := journalStateByte(o.State)
 	// Append copies the record into its batch before it returns, so the
 	// buffer goes back to the pool when this call does.
 	bp := encodeBufs.Get()
@@ -932,8 +937,10 @@ func (j *Journal) finishWithResult(ctx context.Context, key string, o idemhttp.O
 		if err != nil {
 			return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
 		}
-		j.pending--
-		le.setOutcome(journalStateDone, rec.LastStatus, rec.Attempts, at)
+		if state != journalStatePending {
+			j.pending--
+		}
+		le.setOutcome(state, rec.LastStatus, rec.Attempts, at)
 		j.raiseLocked(at)
 		j.mu.Unlock()
 		<-b.Done()
@@ -1020,10 +1027,15 @@ func readEntry(r wal.Reader, le *entry, buf []byte) (*idemhttp.Entry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("entry %s: %w", le.key(), err)
 	}
-	if (rec.kind != kindBegin && rec.kind != kindResult) || rec.key != le.key() {
+	if (rec.kind != kindBegin && rec.kind != kindResult && rec.kind != kindParked) || rec.key != le.key() {
 		return nil, fmt.Errorf("%w: entry %s: the record at offset %d is not its own", ErrCorrupt, le.key(), le.off)
 	}
 	e := rec.entry()
+	if rec.kind == kindParked && (le.state != rec.state || le.attempts != rec.attempts || le.lastStatus != rec.lastStatus || !le.updated().Equal(rec.updated)) {
+		// A finish record came after the parked one: a resend's outcome,
+		// which ends the park (see kindParked).
+		e.NotBefore = time.Time{}
+	}
 	e.State, e.Updated, e.Attempts, e.LastStatus = journalStateOf(le.state), le.updated(), le.attempts, le.lastStatus
 	return e, nil
 }

@@ -273,6 +273,9 @@ func (w *memWorker) ClaimPending(_ context.Context, limit int) ([]*idemhttp.Entr
 			s.raiseLocked(now)
 			continue
 		}
+		if now.Before(r.e.NotBefore) {
+			continue // parked
+		}
 		r.token, r.until = w.token, now.Add(w.lease)
 		out = append(out, clone(r.e))
 	}

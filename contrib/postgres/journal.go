@@ -217,7 +217,8 @@ func sqlNow(sql string, n int) string {
 // kept response too.
 func entryColumns(table string, result bool) string {
 	cols := fmt.Sprintf(`%[1]skey, coalesce(%[1]soperation, ''), %[1]smethod, %[1]surl, %[1]sheader,
-    %[1]sbody, %[1]sfingerprint, %[1]screated_at, %[1]supdated_at, %[1]sattempts, %[1]slast_status, %[1]sstate`, table)
+    %[1]sbody, %[1]sfingerprint, %[1]screated_at, %[1]supdated_at, %[1]sattempts, %[1]slast_status, %[1]sstate,
+    %[1]snot_before`, table)
 	if result {
 		cols += ", " + table + "result"
 	}
@@ -231,10 +232,10 @@ func entryColumns(table string, result bool) string {
 // the latest time it recorded, for the high-water mark.
 var beginSQL = sqlNow(`
 INSERT INTO idemhttp_journal (key, operation, method, url, header, body, fingerprint, state,
-    created_at, updated_at, attempts, last_status, lease_owner, lease_token, lease_expires_at)
+    created_at, updated_at, attempts, last_status, lease_owner, lease_token, lease_expires_at, not_before)
 VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', least($8::timestamptz, {now}), least($9::timestamptz, {now}), $10, $11, $12,
     CASE WHEN $12::text IS NULL THEN NULL ELSE $14 END,
-    CASE WHEN $12::text IS NULL THEN NULL ELSE {now} + $13::interval END)
+    CASE WHEN $12::text IS NULL THEN NULL ELSE {now} + $13::interval END, $16)
 ON CONFLICT DO NOTHING
 RETURNING greatest(created_at, updated_at)`, 15)
 
@@ -332,6 +333,7 @@ func (j *Journal) begin(ctx context.Context, e *idemhttp.Entry, leased bool) (*i
 	if !rec.Created.IsZero() {
 		created, updated = &rec.Created, &rec.Updated
 	}
+	notBefore := timeOrNull(rec.NotBefore) // a producer's: send after then
 	for range beginAttempts {
 		var (
 			existing *idemhttp.Entry
@@ -352,7 +354,7 @@ func (j *Journal) begin(ctx context.Context, e *idemhttp.Entry, leased bool) (*i
 			b := &pgx.Batch{}
 			now := j.now()
 			b.Queue(beginSQL, rec.Key, op, rec.Method, rec.URL, header, rec.Body, rec.Fingerprint,
-				created, updated, rec.Attempts, rec.LastStatus, leaseOwner, lease, j.token, now)
+				created, updated, rec.Attempts, rec.LastStatus, leaseOwner, lease, j.token, now, notBefore)
 			if leased {
 				b.Queue(takeSQL, rec.Key, op, j.worker, j.token, j.lease, rec.Fingerprint, now)
 			} else {
@@ -457,13 +459,14 @@ func textSafe(s string) bool {
 // columns extra points to.
 func scanEntry(row pgx.Row, result bool, extra ...any) (*idemhttp.Entry, error) {
 	var (
-		e      idemhttp.Entry
-		header []byte
-		state  string
-		res    []byte
+		e         idemhttp.Entry
+		header    []byte
+		state     string
+		res       []byte
+		notBefore *time.Time
 	)
 	dest := []any{&e.Key, &e.Operation, &e.Method, &e.URL, &header, &e.Body, &e.Fingerprint,
-		&e.Created, &e.Updated, &e.Attempts, &e.LastStatus, &state}
+		&e.Created, &e.Updated, &e.Attempts, &e.LastStatus, &state, &notBefore}
 	if result {
 		dest = append(dest, &res)
 	}
@@ -472,6 +475,9 @@ func scanEntry(row pgx.Row, result bool, extra ...any) (*idemhttp.Entry, error) 
 		return nil, err
 	}
 	e.State = idemhttp.State(state)
+	if notBefore != nil && e.State == idemhttp.StatePending {
+		e.NotBefore = *notBefore
+	}
 	if err := json.Unmarshal(header, &e.Header); err != nil {
 		return nil, fmt.Errorf("entry %s: header: %w", e.Key, err)
 	}
@@ -502,6 +508,7 @@ UPDATE idemhttp_journal SET
     last_status = CASE WHEN state = 'pending' THEN $4 ELSE last_status END,
     updated_at = CASE WHEN state = 'pending' THEN least($5::timestamptz, {now}) ELSE updated_at END,
     result = CASE WHEN state = 'pending' AND $3 = 'done' THEN $7 ELSE result END,
+    not_before = CASE WHEN state = 'pending' THEN $9::timestamptz ELSE not_before END,
     lease_owner = CASE WHEN $3 = 'pending' THEN lease_owner END,
     lease_token = CASE WHEN $3 = 'pending' THEN lease_token END,
     lease_expires_at = CASE WHEN $3 = 'pending' THEN lease_expires_at END,
@@ -510,6 +517,14 @@ WHERE key = $1 AND (
     (state = 'pending' AND NOT (lease_token IS DISTINCT FROM $6 AND coalesce(lease_expires_at > {now}, false)))
     OR (state <> 'pending' AND state = $3 AND $2 > 0))
 RETURNING updated_at`, 8)
+
+// timeOrNull is t for a statement, NULL for the zero Time.
+func timeOrNull(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
 
 // Finish implements [idemhttp.Journal.Finish]: it adds o.Attempts to the
 // entry's attempts and sets its state, last status, Updated time (o.At,
@@ -552,7 +567,7 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 		// changes.
 		var updated time.Time
 		err := retry(ctx, func() error {
-			return j.db.QueryRow(ctx, finishSQL, key, o.Attempts, string(o.State), o.Status, at, j.token, result, j.now()).Scan(&updated)
+			return j.db.QueryRow(ctx, finishSQL, key, o.Attempts, string(o.State), o.Status, at, j.token, result, j.now(), timeOrNull(o.NotBefore)).Scan(&updated)
 		})
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false, nil
@@ -749,8 +764,9 @@ func (j *Journal) Pending(ctx context.Context) ([]*idemhttp.Entry, error) {
 // lease holds. MATERIALIZED keeps the locking subquery from being inlined
 // and run more than once. The UPDATE rechecks the lease after locking: a
 // row another worker leased between the snapshot and the lock is skipped.
-// A row older than the retention ($6) by the journal's clock is marked
-// abandoned instead of leased (abandon, worked out once per row in free:
+// A parked row (not_before) is skipped until its time, unless it is past
+// the retention. A row older than the retention ($6) by the journal's
+// clock is marked abandoned instead of leased (abandon, worked out once per row in free:
 // created_at never changes, and the row is locked from then on). Nothing
 // is claimed when the clock is more than the tolerance ($8) below the
 // high-water mark (the stored one, or $7, this Journal's own): every
@@ -759,6 +775,7 @@ var claimPendingSQL = sqlNow(`
 WITH free AS MATERIALIZED (
     SELECT key, created_at < {now} - $6::interval AS abandon FROM idemhttp_journal
     WHERE state = 'pending' AND (lease_expires_at IS NULL OR lease_expires_at <= {now})
+        AND (not_before IS NULL OR not_before <= {now} OR created_at < {now} - $6::interval)
         AND coalesce(greatest((SELECT high FROM idemhttp_journal_clock WHERE id = 1), $7::timestamptz) <= {now} + $8::interval, true)
     ORDER BY created_at, key
     LIMIT $1
@@ -796,6 +813,11 @@ RETURNING `+entryColumns("j.", false), 5)
 // the journal ever recorded ([Journal.HighWater]), it was set back and no
 // entry's age is known: ClaimPending claims nothing and returns an error
 // wrapping [idemhttp.ErrClockJump].
+//
+// Nor does it hand out a parked entry (one whose [idemhttp.Entry.NotBefore]
+// the server's Retry-After set, when a call parked the operation) before
+// that time by the journal's clock: the server asked to be left alone
+// until then. Past the retention it is abandoned as any other.
 //
 // Send each entry with its own key, operation and body (see the package
 // documentation); its outcome, recorded through [Journal.Finish], ends the

@@ -167,6 +167,7 @@ func TestJournalBaselineGolden(t *testing.T) {
 			byOp[e.Operation] = e
 		}
 		assert.Nil(t, e.Result, "the previous release kept no results")
+		assert.True(t, e.NotBefore.IsZero(), "nor parked any entry")
 		assert.NotContains(t, e.Header, "X-Api-Key", "its SecretHeaders withheld it")
 		fresh, err := (&idemhttp.Entry{Key: e.Key, Method: e.Method, URL: e.URL, Body: e.Body}).Sanitized()
 		require.NoError(t, err)
