@@ -487,11 +487,22 @@ func (a *operation) settle(ctx context.Context, resp *http.Response, err error) 
 			a.writeFinish(ctx, StateDone, r)
 		case phasePending:
 			// A call the server asked to come back later parks the entry
-			// until then: judge sends it from then on only.
-			a.notBefore = a.parkUntil(ctx, err)
+			// until then: judge sends it from then on only. Through
+			// StandardClient the give-up went back to the SDK as its
+			// response, and ResponseInfo reports the park.
+			giveUp := err
+			if giveUp == nil && a.passedThrough {
+				giveUp = a.passErr
+			}
+			a.notBefore = a.parkUntil(ctx, giveUp)
 			if werr := a.writeFinish(ctx, StatePending, nil); werr == nil && !a.notBefore.IsZero() {
 				e := a.entry
-				err = &ParkedError{Operation: e.Operation, Key: e.Key, NotBefore: a.notBefore, Expires: e.Created.Add(a.p.retention), Err: err}
+				parked := &ParkedError{Operation: e.Operation, Key: e.Key, NotBefore: a.notBefore, Expires: e.Created.Add(a.p.retention), Err: giveUp}
+				if err != nil {
+					err = parked
+				} else {
+					a.passErr = parked
+				}
 			}
 		case phaseWithdrawn:
 			gone = a.withdraw(ctx)

@@ -175,3 +175,37 @@ func TestNotParkedWithoutAJournal(t *testing.T) {
 	var parked *ParkedError
 	assert.False(t, errors.As(err, &parked))
 }
+
+// Through StandardClient the SDK gets the 429 itself (to parse its own
+// error body), and the operation is parked all the same: the entry keeps
+// the server's time, ResponseInfo reports ErrParked, and the SDK's retry
+// before then sends nothing. Checked to fail with settle parking only
+// on the call's error (the SDK's retry was sent at once).
+func TestParkedThroughStandardClient(t *testing.T) {
+	srv := newScripted(t, reply(http.StatusTooManyRequests, `{"error":{"type":"rate_limit_error"}}`, "Retry-After", "3600"), reply(http.StatusCreated, "{}"))
+	clock := newTestClock(parkBase)
+	c := &Client{Policy: fast(), clock: clock.now}
+	hc := c.StandardClient()
+	send := func() (*http.Response, error) {
+		return hc.Do(post(t, srv.URL, chargeBody).WithContext(WithOperation(context.Background(), "op-sdk")))
+	}
+	resp, err := send()
+	require.NoError(t, err, "the SDK reads the 429")
+	readAll(t, resp)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	info, ok := ResponseInfo(resp)
+	require.True(t, ok)
+	var parked *ParkedError
+	require.ErrorAs(t, info.Err, &parked)
+	assert.Equal(t, parkBase.Add(time.Hour), parked.NotBefore)
+
+	_, err = send()
+	assert.ErrorIs(t, err, ErrParked, "the SDK's retry, before the time")
+	assert.Len(t, srv.Hits(), 1)
+	clock.advance(time.Hour)
+	resp, err = send()
+	require.NoError(t, err)
+	readAll(t, resp)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Len(t, srv.Hits(), 2)
+}
