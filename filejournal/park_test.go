@@ -72,12 +72,13 @@ func TestParkedOperationSurvivesARestart(t *testing.T) {
 	assert.Equal(t, hits[0].Key, hits[1].Key, "under its key")
 }
 
-// A parked entry's not-before is in the file: it survives a reopen, a
-// crash copy (replayed), a compaction and the open of a compacted file,
+// A parked entry's not-before is in the file: it survives a crash copy
+// (replayed), a compaction, and a reopen from the index file,
 // and Verify finds nothing wrong; a later outcome ends it, on disk too.
 // Checked to fail with readEntry keeping a parked record's time after a
 // finish record (the resend's pending outcome still showed the park).
 func TestFileJournalKeepsParked(t *testing.T) {
+	ijIndexAlways(t) // the reopen reads the index file a clean close writes
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "journal")
 	opts := &Options{PruneInterval: -1}
@@ -132,6 +133,7 @@ func TestFileJournalKeepsParked(t *testing.T) {
 	require.NoError(t, j.Close())
 	r, err := Open(path, opts)
 	require.NoError(t, err)
+	assert.True(t, r.Stats().IndexLoaded, "opened from the index file")
 	check(t, r, "reopened")
 
 	// Done ends the park for good.

@@ -248,7 +248,9 @@ LIMIT 1`
 
 // takeSQL is existingSQL for Begin: besides reading the entry, it leases
 // it to this Journal when it is pending with the same fingerprint and
-// another (or no) Journal's token: the caller is about to send it, and a
+// another (or no) Journal's token, and not parked past the journal's
+// clock (a Client refuses to send that one: no lease for it): the caller
+// is about to send it, and a
 // worker that created it or claimed it earlier must no longer withdraw it
 // (Delete) nor, while this lease lasts, record its outcome. The row
 // returned is the one read before the lease changed, which only the lease
@@ -261,7 +263,8 @@ WITH e AS (`+existingSQL+`),
 took AS (
     UPDATE idemhttp_journal j SET lease_owner = $3, lease_token = $4, lease_expires_at = {now} + $5::interval
     FROM e
-    WHERE j.key = e.key AND j.state = 'pending' AND j.fingerprint = $6 AND j.lease_token IS DISTINCT FROM $4)
+    WHERE j.key = e.key AND j.state = 'pending' AND j.fingerprint = $6 AND j.lease_token IS DISTINCT FROM $4
+        AND (j.not_before IS NULL OR j.not_before <= {now}))
 SELECT e.*, {now}, (SELECT high FROM idemhttp_journal_clock WHERE id = 1) FROM e`, 7)
 
 // beginAttempts bounds Begin's retries when the entry it conflicted with

@@ -29,10 +29,12 @@ func (c *parkClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 // that the server asks to come back in an hour parks the operation: the
 // row keeps the server's time (not_before), no worker claims it before
 // then, even with its lease long expired, and a worker claims and sends
-// it once from then on, under its key; done clears the time. Checked to
-// fail with claimPendingSQL's not_before condition removed (worker b
-// claimed the parked entry at once), and with finishSQL leaving
-// not_before unset (the entry was not parked).
+// it once from then on, under its key; a rerun refused before the time
+// takes no lease; done clears the time. Checked to fail with
+// claimPendingSQL's not_before condition removed (worker b claimed the
+// parked entry at once), with finishSQL leaving not_before unset (the
+// entry was not parked), and with takeSQL's not_before condition removed
+// (b's refused rerun leased the entry).
 func TestJournalParked(t *testing.T) {
 	ctx := context.Background()
 	s := newSchema(t)
@@ -82,6 +84,18 @@ func TestJournalParked(t *testing.T) {
 	got, err := b.ClaimPending(ctx, 10)
 	require.NoError(t, err)
 	assert.Empty(t, got, "no worker claims a parked entry before its time")
+
+	// A rerun of the operation on worker b before the time is refused,
+	// and takes no lease: at the time, any worker claims it at once.
+	req, err = http.NewRequestWithContext(idemhttp.WithOperation(ctx, "export-1"), http.MethodPost, srv.URL+"/v1/exports", strings.NewReader(`{"n":1}`))
+	require.NoError(t, err)
+	_, err = (&idemhttp.Client{Journal: b, Policy: policy}).Do(req)
+	require.ErrorIs(t, err, idemhttp.ErrParked)
+	var owner *string
+	require.NoError(t, s.admin(t).QueryRow(ctx, "SELECT lease_owner FROM "+s.name+".idemhttp_journal WHERE key = $1", e.Key).Scan(&owner))
+	if assert.NotNil(t, owner) {
+		assert.Equal(t, "a", *owner, "still a's expired lease, not b's")
+	}
 
 	clock.set(t0.Add(time.Hour))
 	got, err = b.ClaimPending(ctx, 10)
