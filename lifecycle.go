@@ -414,6 +414,31 @@ func (a *operation) parkUntil(ctx context.Context, err error) time.Time {
 	return t
 }
 
+// finishPending writes the pending outcome of a call that ended with err,
+// and returns the error the call reports. A call the server asked to come
+// back later than it waits parks the entry until then (its NotBefore),
+// and reports a *ParkedError once that is written: judge sends it from
+// then on only. Through StandardClient the give-up went back to the SDK
+// as its response (passErr): the entry is parked all the same, and
+// ResponseInfo reports the park.
+func (a *operation) finishPending(ctx context.Context, err error) error {
+	giveUp := err
+	if giveUp == nil && a.passedThrough {
+		giveUp = a.passErr
+	}
+	a.notBefore = a.parkUntil(ctx, giveUp)
+	if werr := a.writeFinish(ctx, StatePending, nil); werr != nil || a.notBefore.IsZero() {
+		return err
+	}
+	e := a.entry
+	parked := &ParkedError{Operation: e.Operation, Key: e.Key, NotBefore: a.notBefore, Expires: e.Created.Add(a.p.retention), Err: giveUp}
+	if err == nil {
+		a.passErr = parked
+		return nil
+	}
+	return parked
+}
+
 // answer ends a call that sends nothing: slots released, nothing written
 // (but the abandonment judge may have written). Like every call refused
 // before its preparation, it reports no hooks.
@@ -486,24 +511,7 @@ func (a *operation) settle(ctx context.Context, resp *http.Response, err error) 
 			}
 			a.writeFinish(ctx, StateDone, r)
 		case phasePending:
-			// A call the server asked to come back later parks the entry
-			// until then: judge sends it from then on only. Through
-			// StandardClient the give-up went back to the SDK as its
-			// response, and ResponseInfo reports the park.
-			giveUp := err
-			if giveUp == nil && a.passedThrough {
-				giveUp = a.passErr
-			}
-			a.notBefore = a.parkUntil(ctx, giveUp)
-			if werr := a.writeFinish(ctx, StatePending, nil); werr == nil && !a.notBefore.IsZero() {
-				e := a.entry
-				parked := &ParkedError{Operation: e.Operation, Key: e.Key, NotBefore: a.notBefore, Expires: e.Created.Add(a.p.retention), Err: giveUp}
-				if err != nil {
-					err = parked
-				} else {
-					a.passErr = parked
-				}
-			}
+			err = a.finishPending(ctx, err)
 		case phaseWithdrawn:
 			gone = a.withdraw(ctx)
 		}
