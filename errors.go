@@ -74,6 +74,16 @@ var (
 	// server's delay.
 	ErrRetryAfterTooLong = errors.New("server asked to wait too long")
 
+	// ErrParked: the server asked the client to come back later
+	// (Retry-After) than the client would wait ([Policy.MaxRetryAfter], or
+	// the context's deadline), and the operation is journaled: it is kept
+	// pending with the server's time as its not-before ([Entry.NotBefore]),
+	// durably, and sent again, under its key, only from then on, by
+	// [Client.Resume], `idemctl resume` or a rerun. Before then those
+	// refuse it with this error and send nothing. A [*ParkedError] carries
+	// the time. Its give-up also matches [ErrRetryAfterTooLong].
+	ErrParked = errors.New("operation parked until the time the server asked for")
+
 	// ErrKeyExpired: a journaled operation is older than the server's key
 	// retention ([Policy.Retention]); resending it could run it twice, so it
 	// was not resent. Decide by reconciling with the server.
@@ -243,4 +253,45 @@ func oneLine(b []byte) string {
 		return "(empty body)"
 	}
 	return s
+}
+
+// ParkedError reports an operation parked until the server's time: the
+// call that got the server's Retry-After (Err is its [*GiveUpError],
+// reason [ErrRetryAfterTooLong]), or a later call or resend refused
+// before that time (Err nil). It matches [ErrParked], and what Err
+// matches.
+//
+// The entry stays pending until then and is sent after it, within the
+// server's key retention ([Policy.Retention], counted from the entry's
+// creation: Expires). A NotBefore after Expires cannot be honoured: the
+// server may have forgotten the key by then, so the entry is never sent
+// again; the first Resume after Expires marks it abandoned
+// ([ErrKeyExpired]), for a person to reconcile.
+type ParkedError struct {
+	Operation string    // the operation id, "" if none
+	Key       string    // the key it was sent with, and will be again
+	NotBefore time.Time // the earliest time it may be sent again, by the journal's clock
+	Expires   time.Time // when the entry outlives the retention, by the same clock
+	Err       error     // the give-up that parked it; nil for a call refused before NotBefore
+}
+
+// Error says until when the operation is parked.
+func (e *ParkedError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "idemhttp: operation %q (key %s): %v: not before %s", e.Operation, e.Key, ErrParked, e.NotBefore.UTC().Format(time.RFC3339))
+	if e.NotBefore.After(e.Expires) {
+		fmt.Fprintf(&b, ", after the key's retention ends at %s: it will be abandoned, not sent", e.Expires.UTC().Format(time.RFC3339))
+	}
+	if e.Err != nil {
+		fmt.Fprintf(&b, ": %v", e.Err)
+	}
+	return b.String()
+}
+
+// Unwrap returns [ErrParked] and the give-up, if any.
+func (e *ParkedError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrParked}
+	}
+	return []error{ErrParked, e.Err}
 }

@@ -250,7 +250,7 @@ func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, rs *
 		// Within the server's retention it still holds the key: a resend
 		// under it gets the stored response, and runs nothing. Past it, or
 		// when its age is in doubt, done is done.
-		switch expired, err := a.age(ctx, e, rs); {
+		switch _, expired, err := a.age(ctx, e, rs); {
 		case err != nil && !errors.Is(err, ErrClockJump):
 			resp, err := a.answer(nil, err) // the journal failed: say so
 			return resp, err, true
@@ -260,7 +260,7 @@ func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, rs *
 		}
 		return nil, nil, false
 	}
-	expired, err := a.age(ctx, e, rs)
+	now, expired, err := a.age(ctx, e, rs)
 	if err != nil {
 		resp, err := a.answer(nil, err)
 		return resp, err, true
@@ -274,6 +274,10 @@ func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, rs *
 		resp, err := a.answer(nil, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", e.Operation, e.Key, e.Created.Format(time.RFC3339), ErrKeyExpired))
 		return resp, err, true
 	}
+	if a.parked(e, now) {
+		resp, err := a.answer(nil, &ParkedError{Operation: e.Operation, Key: e.Key, NotBefore: e.NotBefore, Expires: e.Created.Add(a.p.retention)})
+		return resp, err, true
+	}
 	return nil, nil, false
 }
 
@@ -281,12 +285,13 @@ func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, rs *
 // holds the key, by the journal's clock: an error wrapping ErrClockJump
 // when e's times, or the journal's high-water mark, are ahead of the
 // clock (it was set back, and no entry's age is known), or the journal's
-// error; expired when e is older than the retention. rs is Resume's
-// resend, whose mark it read once for all its entries.
-func (a *operation) age(ctx context.Context, e *Entry, rs *resend) (expired bool, err error) {
-	now, err := a.c.journalNow(ctx, a.j)
+// error; expired when e is older than the retention. now is the
+// journal's clock it judged by. rs is Resume's resend, whose mark it read
+// once for all its entries.
+func (a *operation) age(ctx context.Context, e *Entry, rs *resend) (now time.Time, expired bool, err error) {
+	now, err = a.c.journalNow(ctx, a.j)
 	if err != nil {
-		return false, fmt.Errorf("idemhttp: journal: %w", err)
+		return now, false, fmt.Errorf("idemhttp: journal: %w", err)
 	}
 	var mark time.Time
 	if rs != nil {
@@ -294,14 +299,70 @@ func (a *operation) age(ctx context.Context, e *Entry, rs *resend) (expired bool
 	}
 	if mark.IsZero() {
 		if mark, err = journalHighWater(ctx, a.j); err != nil {
-			return false, fmt.Errorf("idemhttp: journal: %w", err)
+			return now, false, fmt.Errorf("idemhttp: journal: %w", err)
 		}
 	}
 	if t := contract.Latest(e.Created, e.Updated, mark); t.After(now.Add(ClockTolerance)) {
-		return false, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w: the journal holds times up to %s, the clock says %s",
+		return now, false, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w: the journal holds times up to %s, the clock says %s",
 			e.Operation, e.Key, e.Created.Format(time.RFC3339), ErrClockJump, t.Format(time.RFC3339), now.Format(time.RFC3339))
 	}
-	return now.Sub(e.Created) > a.p.retention, nil
+	return now, now.Sub(e.Created) > a.p.retention, nil
+}
+
+// parked reports whether e waits for its NotBefore (the server's
+// Retry-After, which settle wrote when a call parked it) at now, by the
+// journal's clock: judge then sends nothing and writes nothing. It comes
+// after the retention rule, so an entry parked past the retention is
+// abandoned once it outlives it, never sent.
+func (a *operation) parked(e *Entry, now time.Time) bool {
+	return !e.NotBefore.IsZero() && now.Before(e.NotBefore)
+}
+
+// parkUntil returns the time until which a call that ends pending parks
+// its entry: when it stopped because the server asked it to come back
+// later than it would wait (ErrRetryAfterTooLong), the journal's clock
+// plus the server's delay, rounded up to the second; else the zero Time.
+// A journal whose clock cannot be read parks nothing: the entry is then
+// pending as any other.
+func (a *operation) parkUntil(ctx context.Context, err error) time.Time {
+	var g *GiveUpError
+	if !errors.Is(err, ErrRetryAfterTooLong) || !errors.As(err, &g) || g.RetryAfter <= 0 {
+		return time.Time{}
+	}
+	now, jerr := a.c.journalNow(context.WithoutCancel(ctx), a.j)
+	if jerr != nil {
+		return time.Time{}
+	}
+	t := now.Round(0).Add(g.RetryAfter)
+	if r := t.Truncate(time.Second); r.Before(t) {
+		t = r.Add(time.Second)
+	}
+	return t
+}
+
+// finishPending writes the pending outcome of a call that ended with err,
+// and returns the error the call reports. A call the server asked to come
+// back later than it waits parks the entry until then (its NotBefore),
+// and reports a *ParkedError once that is written: judge sends it from
+// then on only. Through StandardClient the give-up went back to the SDK
+// as its response (passErr): the entry is parked all the same, and
+// ResponseInfo reports the park.
+func (a *operation) finishPending(ctx context.Context, err error) error {
+	giveUp := err
+	if giveUp == nil && a.passedThrough {
+		giveUp = a.passErr
+	}
+	a.notBefore = a.parkUntil(ctx, giveUp)
+	if werr := a.writeFinish(ctx, StatePending, nil); werr != nil || a.notBefore.IsZero() {
+		return err
+	}
+	e := a.entry
+	parked := &ParkedError{Operation: e.Operation, Key: e.Key, NotBefore: a.notBefore, Expires: e.Created.Add(a.p.retention), Err: giveUp}
+	if err == nil {
+		a.passErr = parked
+		return nil
+	}
+	return parked
 }
 
 // answer ends a call that sends nothing: slots released, nothing written
@@ -379,11 +440,11 @@ func (a *operation) settle(ctx context.Context, resp *http.Response, err error) 
 		case phaseDone:
 			var r *Result
 			if ansResp != nil && a.p.keepResults > 0 {
-				r = keepResult(ansResp, a.p.keepResults)
+				r = keepResult(ansResp, a.p.keepResults, a.p.redactQuery, a.p.redactPath)
 			}
 			a.writeFinish(ctx, StateDone, r)
 		case phasePending:
-			a.writeFinish(ctx, StatePending, nil)
+			err = a.finishPending(ctx, err)
 		case phaseWithdrawn:
 			var held *heldElsewhereError
 			if gone, held = a.withdraw(ctx); held != nil && err != nil {
@@ -462,12 +523,13 @@ func (a *operation) outcome(resp *http.Response, err error) phase {
 // writeFinish records the call's outcome. A failure cannot change the
 // call's result (the request already went out), and leaves the entry
 // pending, which Resume resolves by resending with the same key; so it is
-// logged, not returned. ErrFenced means another sender finished or holds
-// the entry: its outcome is the one that counts.
-func (a *operation) writeFinish(ctx context.Context, s State, r *Result) {
+// logged, and returned only for settle to know whether a park was
+// recorded. ErrFenced means another sender finished or holds the entry:
+// its outcome is the one that counts.
+func (a *operation) writeFinish(ctx context.Context, s State, r *Result) error {
 	c, e := a.c, a.entry
 	t0 := c.journalClock()
-	err := a.j.Finish(context.WithoutCancel(ctx), e.Key, Outcome{State: s, Status: a.lastStatus, Attempts: a.attempts, At: c.stamp(a.j), Result: r})
+	err := a.j.Finish(context.WithoutCancel(ctx), e.Key, Outcome{State: s, Status: a.lastStatus, Attempts: a.attempts, At: c.stamp(a.j), Result: r, NotBefore: a.notBefore})
 	c.journalEvent(ctx, idemtrace.JournalEvent{Op: idemtrace.JournalFinish, Key: e.Key, Operation: e.Operation, State: string(s), Err: err}, t0)
 	if err != nil && c.cfg.logger != nil {
 		level, msg := slog.LevelWarn, "idemhttp: journal finish failed; entry stays pending"
@@ -476,6 +538,7 @@ func (a *operation) writeFinish(ctx context.Context, s State, r *Result) {
 		}
 		c.cfg.logger.LogAttrs(ctx, level, msg, slog.String("key", e.Key), slog.String("state", string(s)), slog.String("error", err.Error()))
 	}
+	return err
 }
 
 // withdraw removes the entry of a call that created it and provably sent

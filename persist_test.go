@@ -272,15 +272,18 @@ func TestMemJournalPrunesOnlyOldDoneEntries(t *testing.T) {
 		{Key: "abandoned-old", State: StateAbandoned, Updated: old},
 		{Key: "done-new", State: StateDone, Updated: time.Now()},
 	} {
-		_, err := m.Begin(ctx, e)
+		// Begin stores it pending (Entry.Sanitized); Finish gives it its
+		// state.
+		_, err := m.Begin(ctx, &Entry{Key: e.Key, Operation: e.Operation, Created: e.Updated})
 		require.NoError(t, err)
+		require.NoError(t, m.Finish(ctx, e.Key, Outcome{State: e.State, At: e.Updated}))
 	}
 	n, err := m.Prune(ctx, time.Now().Add(-time.Hour))
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
 	_, err = m.Get(ctx, "done-old")
 	assert.ErrorIs(t, err, ErrNotFound)
-	assert.ErrorIs(t, m.Finish(ctx, "done-old", Outcome{}), ErrNotFound)
+	assert.ErrorIs(t, m.Finish(ctx, "done-old", Outcome{State: StateDone}), ErrNotFound)
 	existing, err := m.Begin(ctx, &Entry{Key: "fresh", Operation: "a"})
 	require.NoError(t, err)
 	assert.Nil(t, existing, "the pruned operation is free again")

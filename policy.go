@@ -95,13 +95,24 @@ type Policy struct {
 	// KeepResults, with a journal (or WithOperation without one), keeps a
 	// copy of a done operation's final response with its entry, when its
 	// body is at most this many bytes: status, the headers a caller reads
-	// (Content-Type, Location, request ids and the like; never
-	// Set-Cookie), and the body. A rerun of the done operation then gets
-	// that response back, marked a replay ([Replayed] is true,
+	// (Content-Type, Content-Encoding, Location, request ids and the like;
+	// never Set-Cookie), and the body as the caller read it (decoded when
+	// net/http decoded it; as it came, with its Content-Encoding, when the
+	// request set Accept-Encoding itself). A rerun of the done operation
+	// then gets that response back, marked a replay ([Replayed] is true,
 	// Info.FromJournal too), and sends nothing, instead of a [*DoneError]:
 	// a charge's id survives a crash between the server's answer and the
 	// caller saving it. The body is read before Do returns. 0 keeps none;
 	// a journal file holds the copies, so size them with it.
+	//
+	// No credential rests in a kept copy: the URLs its headers hold
+	// (Location, Content-Location, Link, Refresh) lose their user part,
+	// fragment and the values of secret query parameters (RedactQuery's
+	// names and defaults, which include signed URLs' X-Amz-Signature,
+	// X-Amz-Credential and sig) and paths (RedactPathAfter), as in logs. The
+	// call that got the response reads it whole; a rerun that replays it
+	// reads REDACTED there: a presigned upload URL in a Location must be
+	// saved by the first caller, or asked for again.
 	KeepResults int64
 
 	// RefetchDone makes a rerun of a done operation whose result was not

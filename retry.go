@@ -84,7 +84,8 @@ type operation struct {
 	sdk           bool       // StandardClient's transport: a final give-up's last response goes back
 	passedThrough bool       // sdk: the response returned is a give-up's (passErr)
 	passErr       error
-	fromJournal   bool // the response is the journal's copy of the result
+	fromJournal   bool      // the response is the journal's copy of the result
+	notBefore     time.Time // settle: the entry is parked until then (the server's Retry-After)
 
 	lastStatus int
 	lastErr    error

@@ -83,6 +83,15 @@ func retentionFlag(fs *flag.FlagSet) *time.Duration {
 	return fs.Duration("retention", defaultRetention, "how long the server keeps idempotency keys (Stripe: 24h): a pending entry older than this\nis not resent but marked abandoned, done entries are kept this long, and prune's -older defaults to it")
 }
 
+// maxRetryAfterFlag adds -max-retry-after to fs, for batch and resume:
+// Policy.MaxRetryAfter, the longest wait the server may ask for with
+// Retry-After before the operation is parked instead (pending until the
+// server's time, which pending shows; resume and reruns send it from then
+// on).
+func maxRetryAfterFlag(fs *flag.FlagSet) *time.Duration {
+	return fs.Duration("max-retry-after", 0, "the longest Retry-After to wait for within a run; a longer one parks the operation until the\nserver's time (idemctl pending shows it; resume and reruns send it from then on). 0: 60s")
+}
+
 // checkRetention validates a -retention value.
 func checkRetention(d time.Duration) error {
 	if d <= 0 {

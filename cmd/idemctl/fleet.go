@@ -151,7 +151,7 @@ func runFleetBatch(ctx context.Context, o *batchOptions, e env, ops []operation,
 	r := newRunner(runnerConfig{
 		name: "batch", path: name, fj: fj, concurrency: o.concurrency, timeout: o.timeout,
 		attempts: o.attempts, creds: &o.creds, progress: o.progress, total: len(ops), env: e,
-		contentType: o.spec.contentType(), rate: o.rate, retention: o.retention, benign: leaseLost,
+		contentType: o.spec.contentType(), rate: o.rate, retention: o.retention, maxRetryAfter: o.maxRetryAfter, benign: leaseLost,
 	})
 	defer r.close()
 	for _, op := range ops {
