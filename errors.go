@@ -3,6 +3,7 @@ package idemhttp
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 
@@ -110,8 +111,14 @@ var (
 	ErrFenced = errors.New("journal entry finished or held by another sender")
 )
 
-// snippetLen bounds how much of a response body an error keeps.
+// snippetLen bounds how much of a response body a [*KeyMismatchError]
+// keeps (its message shows it).
 const snippetLen = 512
+
+// errorBodyLen bounds how much of the last response's body a
+// [*GiveUpError] keeps: enough for any API's error document, and no more
+// than the client reads anyway to reuse the connection (drainLimit).
+const errorBodyLen = 64 << 10
 
 // GiveUpError reports a request that the client stopped trying: the reason
 // is one of the sentinels ([ErrExhausted], [ErrInProgress],
@@ -122,16 +129,42 @@ const snippetLen = 512
 // deadline cut short matches [ErrInProgress] and
 // [context.DeadlineExceeded].
 //
-// No response accompanies a GiveUpError: the last response body, if any,
-// was drained and closed; its first bytes are in Body.
+// No response accompanies a GiveUpError from [Client.Do]: the last
+// response was read and closed, and the error carries what a caller needs
+// of it to parse the API's own error (its JSON error document, its request
+// id, its rate-limit headers): LastStatus, Header and Body, already read
+// when Do returns, so they stay valid with the connection gone and the
+// error kept, logged or passed on. They are set whenever the last attempt
+// got a response, whether the client stopped at that response or during
+// the wait after it (a deadline, a cancellation). [Client.StandardClient]
+// hands an SDK the last response itself instead.
 type GiveUpError struct {
 	Method string // request method
 	URL    string // request URL, with its password and secret query values redacted
 	Key    string // idempotency key sent, "" if the request had none
 
-	Attempts   int           // attempts made, including the first
-	LastStatus int           // status of the last response, 0 if the last attempt got none
-	Body       []byte        // first bytes (at most 512) of the last response body
+	Attempts   int // attempts made, including the first
+	LastStatus int // status of the last response, 0 if the last attempt got none
+
+	// Header holds the last response's headers, nil if the last attempt
+	// got none. It is a copy without what can carry a credential: no
+	// Set-Cookie or Set-Cookie2, no Authentication-Info, no header named
+	// in [Client.SecretHeaders] (nor Authorization, Cookie,
+	// Proxy-Authorization or the key header), and every URL in it
+	// (Location, Content-Location, Link, Refresh, a URL anywhere in
+	// another value) redacted as the error's URL is: a signed URL's
+	// signature, a user part and secret query values never reach the
+	// error, nor the logs it is written to.
+	Header http.Header
+
+	// Body holds the last response's body, at most its first 64 KiB, nil
+	// if the last attempt got none or it was empty. BodyTruncated is set
+	// when Body is not the whole body: it was longer, or it did not arrive
+	// in time (a body still unread 100 ms into its reading is abandoned
+	// with its connection, and never holds up the call).
+	Body          []byte
+	BodyTruncated bool
+
 	RetryAfter time.Duration // the server's last Retry-After hint, 0 if none
 
 	Reason error // why the client stopped: a sentinel or a context error

@@ -95,6 +95,14 @@ type operation struct {
 	retries    int // the backoffs Policy.Backoff gave
 	origStatus int // the server's status when the policy rewrote it
 
+	// The last response that a retry's wait drained, for a give-up
+	// during that wait (GiveUpError.Header, Body): kept at attempt
+	// keptAt, raw (filtered when an error takes it).
+	keptAt      int
+	keptHeader  http.Header
+	keptBody    []byte
+	keptBodyCut bool
+
 	// What the connection saw during the current attempt (wire.go).
 	trace httptrace.ClientTrace
 	wire  wireTally
@@ -253,14 +261,15 @@ func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err err
 	if a.bodyRef.differed() {
 		// The body from GetBody was not the one sent before: it was cut
 		// short (see body.go), and it must not go out under this key.
+		var last *http.Response // the answer, for the error to carry
 		if err == nil {
-			a.lastStatus = resp.StatusCode
+			a.lastStatus, last = resp.StatusCode, resp
 			a.attemptDone(resp, nil, idemtrace.ClassNone)
 		} else {
 			a.lastStatus, a.lastErr = 0, err
 			a.attemptDone(nil, err, idemtrace.ClassUnknown)
 		}
-		return false, a.giveUp(ErrBodyChanged, nil)
+		return false, a.giveUp(ErrBodyChanged, last)
 	}
 	if err != nil {
 		a.lastStatus, a.lastErr = 0, err
@@ -456,6 +465,10 @@ func (a *operation) backoff() time.Duration {
 // hook and the logger.
 func (a *operation) wait(ctx context.Context, reason idemtrace.RetryReason, resp *http.Response, delay time.Duration) (bool, error) {
 	if resp != nil {
+		// Kept for a give-up during the wait, which has only the call's
+		// state to build its error from (GiveUpError.Header and Body).
+		a.keptAt, a.keptHeader = a.attempts, resp.Header
+		a.keptBody, a.keptBodyCut = readErrorBody(a.keptBody[:0], resp.Body)
 		// The engine drains only 4 KiB, with no time bound; a load
 		// balancer's error page is often larger, and the connection is
 		// worth keeping, but never worth waiting for.
@@ -498,8 +511,15 @@ func (a *operation) giveUpJoin(reason, also error, resp *http.Response) *GiveUpE
 	if also != nil {
 		e.Err = errors.Join(a.lastErr, also)
 	}
-	if resp != nil {
-		e.Body = a.snippet(resp)
+	switch {
+	case resp != nil:
+		e.Header = a.errorHeader(resp.Header)
+		e.Body, e.BodyTruncated = a.errorBody(resp)
+	case a.lastStatus != 0 && a.attempts > 0 && a.keptAt == a.attempts:
+		// Stopped in the wait after this response (a deadline, a
+		// cancellation): the wait kept it.
+		e.Header = a.errorHeader(a.keptHeader)
+		e.Body, e.BodyTruncated = bytes.Clone(a.keptBody), a.keptBodyCut
 	}
 	if f := a.cfg.hooks.OnGiveUp; f != nil {
 		f(a.hookCtx(), idemtrace.GiveUpEvent{CallEvent: a.call(), Err: e})
@@ -664,6 +684,60 @@ func (e *errReader) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	return e.r.Read(p)
+}
+
+// errorHeader returns the headers of the last response that a
+// GiveUpError carries: no credential, every URL redacted
+// (contract.ErrorHeader).
+func (a *operation) errorHeader(h http.Header) http.Header {
+	return contract.ErrorHeader(h, a.cfg.secrets, a.p.redactQuery, a.p.redactPath)
+}
+
+// errorBody reads the last response's body, at most errorBodyLen bytes,
+// for a GiveUpError, and reports whether it holds less than the whole
+// body. Through StandardClient the response may go back to the SDK: its
+// body is peeked and stays whole.
+func (a *operation) errorBody(resp *http.Response) ([]byte, bool) {
+	if resp.Body == nil || resp.Body == http.NoBody {
+		return nil, false
+	}
+	if a.sdk {
+		buf, err := io.ReadAll(io.LimitReader(resp.Body, errorBodyLen+1))
+		putBack(resp, buf, err)
+		return errorBodyOf(bytes.Clone(buf), err)
+	}
+	return readErrorBody(nil, resp.Body)
+}
+
+// readErrorBody appends to dst the first errorBodyLen bytes of a body
+// about to be discarded, within drainTimeout (see readWithin), and
+// reports whether they are not the whole body. The body is left to be
+// drained and closed.
+func readErrorBody(dst []byte, body io.ReadCloser) ([]byte, bool) {
+	if body == nil || body == http.NoBody {
+		return dst[:0], false
+	}
+	var err error
+	readWithin(body, func(r io.Reader) {
+		w := bytes.NewBuffer(dst[:0])
+		_, err = w.ReadFrom(io.LimitReader(r, errorBodyLen+1))
+		dst = w.Bytes()
+	})
+	return errorBodyOf(dst, err)
+}
+
+// errorBodyOf bounds a body read for an error to errorBodyLen bytes; the
+// body was cut when it was longer or its reading failed. An empty body
+// is nil.
+func errorBodyOf(b []byte, err error) ([]byte, bool) {
+	cut := err != nil
+	if len(b) > errorBodyLen {
+		b, cut = b[:errorBodyLen], true
+	}
+	if len(b) == 0 {
+		b = nil
+	}
+	return b, cut
 }
 
 // snippet reads the first bytes of resp's body for an error message.
