@@ -1,9 +1,11 @@
 package idemhttp
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net/http"
+	neturl "net/url"
 	"strings"
 	"time"
 
@@ -243,19 +245,116 @@ func (e *DoneError) Is(target error) bool { return target == ErrAlreadyDone }
 // first used with a different request (IETF: 422; Stripe: 400 with
 // error.type "idempotency_error"), or that a journaled operation was started
 // again with a different body. It matches [ErrKeyMismatch]. Never retried.
+//
+// Found locally, it says what differs between the request the journal
+// holds for the operation and this one, and its message shows both sides
+// (URLs redacted as in every message: no user part, no secret query
+// value), so that a rerun after a change of base URL, API version or
+// payload is understood at once: the operation may have run, against
+// the journaled request, and sending the new one needs a new operation
+// id, decided by someone who checked.
 type KeyMismatchError struct {
 	Key        string // the key sent
 	Operation  string // operation id, when the mismatch was found locally
 	StatusCode int    // the server's status; 0 when found locally
 	Body       []byte // first bytes (at most 512) of the server's body
+
+	// Differs names what differs, when the mismatch was found locally:
+	// some of "method", "origin" (scheme, host and port), "path",
+	// "query", "url" (the URLs differ in another way, such as the case
+	// of the scheme) and "body", in that order; empty when the journal's
+	// fingerprint differs though none of them does (an entry written by
+	// another fingerprint rule). Nil for a server's refusal, which does
+	// not say.
+	Differs []string
+
+	// Journaled and Request are the journaled request and this one,
+	// method and redacted URL ("POST https://api.example.com/v1/charges"),
+	// when the mismatch was found locally; "" otherwise.
+	Journaled, Request string
+
+	detail string // Differs told in words, both sides shown
 }
 
 // Error describes the mismatch.
 func (e *KeyMismatchError) Error() string {
 	if e.StatusCode == 0 {
-		return fmt.Sprintf("idemhttp: %v: operation %q (key %s) was started with a different request", ErrKeyMismatch, e.Operation, e.Key)
+		msg := fmt.Sprintf("idemhttp: %v: operation %q (key %s) was started with a different request", ErrKeyMismatch, e.Operation, e.Key)
+		if e.detail != "" {
+			msg += ": " + e.detail
+		}
+		return msg
 	}
 	return fmt.Sprintf("idemhttp: %v: key %s: server answered %d: %s", ErrKeyMismatch, e.Key, e.StatusCode, oneLine(e.Body))
+}
+
+// localMismatch returns the error for an operation whose journaled entry
+// j does not match the request now (method, journal URL and body),
+// saying what differs; names and pathAfter redact the URLs it shows.
+func localMismatch(j *Entry, method, url string, body []byte, names, pathAfter []string) *KeyMismatchError {
+	e := &KeyMismatchError{
+		Key:       j.Key,
+		Operation: j.Operation,
+		Journaled: j.Method + " " + contract.RedactURLString(j.URL, names, pathAfter),
+		Request:   method + " " + contract.RedactURLString(url, names, pathAfter),
+	}
+	var parts []string
+	differ := func(what, format string, args ...any) {
+		e.Differs = append(e.Differs, what)
+		parts = append(parts, fmt.Sprintf(format, args...))
+	}
+	if j.Method != method {
+		differ("method", "method %s in the journal, %s now", j.Method, method)
+	}
+	if j.URL != url {
+		was, errWas := neturl.Parse(j.URL)
+		now, errNow := neturl.Parse(url)
+		if errWas != nil || errNow != nil {
+			differ("url", "URL %s in the journal, %s now", contract.RedactURLString(j.URL, names, pathAfter), contract.RedactURLString(url, names, pathAfter))
+		} else {
+			told := len(e.Differs)
+			if !strings.EqualFold(was.Scheme, now.Scheme) || !strings.EqualFold(was.Host, now.Host) {
+				differ("origin", "origin %s://%s in the journal, %s://%s now", was.Scheme, was.Host, now.Scheme, now.Host)
+			}
+			if was.EscapedPath() != now.EscapedPath() {
+				differ("path", "path %q in the journal, %q now", redactedPath(was, names, pathAfter), redactedPath(now, names, pathAfter))
+			}
+			if was.RawQuery != now.RawQuery {
+				differ("query", "query %q in the journal, %q now", redactedQuery(was, names, pathAfter), redactedQuery(now, names, pathAfter))
+			}
+			if len(e.Differs) == told {
+				differ("url", "URL %s in the journal, %s now", contract.RedactURL(was, names, pathAfter), contract.RedactURL(now, names, pathAfter))
+			}
+		}
+	}
+	switch {
+	case j.Body != nil:
+		if !bytes.Equal(j.Body, body) {
+			if len(j.Body) == len(body) {
+				differ("body", "body of %d bytes in both, other bytes", len(body))
+			} else {
+				differ("body", "body of %d bytes in the journal, %d now", len(j.Body), len(body))
+			}
+		}
+	case contract.Fingerprint(j.Method, j.URL, body) != j.Fingerprint:
+		// The journal keeps no body: its fingerprint of the journaled
+		// method and URL with this body tells whether the bodies differ.
+		differ("body", "body differs (the journal keeps no body: %d bytes now)", len(body))
+	}
+	e.detail = strings.Join(parts, "; ")
+	return e
+}
+
+// redactedPath is u's path as RedactURL shows it.
+func redactedPath(u *neturl.URL, names, pathAfter []string) string {
+	c := neturl.URL{Path: u.Path, RawPath: u.RawPath}
+	return contract.RedactURL(&c, names, pathAfter)
+}
+
+// redactedQuery is u's query as RedactURL shows it.
+func redactedQuery(u *neturl.URL, names, pathAfter []string) string {
+	c := neturl.URL{RawQuery: u.RawQuery}
+	return strings.TrimPrefix(contract.RedactURL(&c, names, pathAfter), "?")
 }
 
 // Is reports whether target is [ErrKeyMismatch].

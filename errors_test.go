@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idemhttp/idemtrace"
+	"github.com/idemkit/idemhttp/internal/contract"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -174,4 +176,82 @@ func TestInvalidOperationID(t *testing.T) {
 		assert.NotContains(t, err.Error(), "idempotency key", "%q", op)
 	}
 	assert.Empty(t, srv.Hits())
+}
+
+// TestKeyMismatchSaysWhatDiffered (issue 31 §16): an operation rerun with
+// another request is refused locally, and the error names what differs
+// (method, origin, path, query, body) and shows both sides, with the
+// URLs redacted: a rerun after a change of base URL is understood at
+// once. Checked to fail with begin returning a KeyMismatchError without
+// Differs (as it did), and with redactedPath showing the raw path.
+func TestKeyMismatchSaysWhatDiffered(t *testing.T) {
+	srv := newScripted(t, reply(200, `{"id":"ch_1"}`))
+	other := "http://127.0.0.1:1" // never reached: the refusal is local
+	tests := []struct {
+		name        string
+		giveMethod  string
+		giveURL     string
+		giveBody    string
+		wantDiffers []string
+		wantMsg     []string
+	}{
+		{"base URL", "POST", other + "/hooks/T0/first?v=1", `{"amount":1000}`, []string{"origin"},
+			[]string{"origin " + srv.URL + " in the journal, " + other + " now"}},
+		{"path", "POST", srv.URL + "/hooks/T0/second?v=1", `{"amount":1000}`, []string{"path"},
+			[]string{`path "/hooks/REDACTED" in the journal, "/hooks/REDACTED" now`}},
+		{"query", "POST", srv.URL + "/hooks/T0/first?v=2", `{"amount":1000}`, []string{"query"},
+			[]string{`query "v=1" in the journal, "v=2" now`}},
+		{"method", "PATCH", srv.URL + "/hooks/T0/first?v=1", `{"amount":1000}`, []string{"method"},
+			[]string{"method POST in the journal, PATCH now"}},
+		{"body", "POST", srv.URL + "/hooks/T0/first?v=1", `{"amount":10000}`, []string{"body"},
+			[]string{"body of 15 bytes in the journal, 16 now"}},
+		{"body, same length", "POST", srv.URL + "/hooks/T0/first?v=1", `{"amount":2000}`, []string{"body"},
+			[]string{"body of 15 bytes in both, other bytes"}},
+		{"everything", "PUT", other + "/v2?v=3", `{}`, []string{"method", "origin", "path", "query", "body"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &Client{Journal: newMemJournal(time.Hour), Policy: &Policy{RedactPathAfter: []string{"/hooks/"}}}
+			ctx := WithOperation(context.Background(), "charge-1")
+			first, err := http.NewRequestWithContext(ctx, "POST", srv.URL+"/hooks/T0/first?v=1", strings.NewReader(`{"amount":1000}`))
+			require.NoError(t, err)
+			resp, err := c.Do(first)
+			require.NoError(t, err)
+			resp.Body.Close()
+			rerun, err := http.NewRequestWithContext(ctx, tt.giveMethod, tt.giveURL, strings.NewReader(tt.giveBody))
+			require.NoError(t, err)
+
+			_, err = c.Do(rerun)
+
+			var m *KeyMismatchError
+			require.ErrorAs(t, err, &m)
+			assert.Equal(t, tt.wantDiffers, m.Differs)
+			assert.Equal(t, "POST "+srv.URL+"/hooks/REDACTED?v=1", m.Journaled)
+			assert.Contains(t, m.Request, tt.giveMethod+" ")
+			for _, want := range tt.wantMsg {
+				assert.Contains(t, err.Error(), want)
+			}
+			assert.NotContains(t, err.Error(), "T0", "the path's secret")
+			assert.Contains(t, err.Error(), `operation "charge-1"`)
+		})
+	}
+}
+
+// TestKeyMismatchWithoutJournaledBody: a journal that keeps no body still
+// tells a changed body from the fingerprint, and an unchanged one is not
+// named.
+func TestKeyMismatchWithoutJournaledBody(t *testing.T) {
+	const url = "https://api.example.com/v1/charges"
+	j := &Entry{Operation: "op", Key: "k", Method: "POST", URL: url, Fingerprint: contract.Fingerprint("POST", url, []byte(`{"a":1}`))}
+
+	m := localMismatch(j, "POST", url, []byte(`{"a":2}`), nil, nil)
+	assert.Equal(t, []string{"body"}, m.Differs)
+	assert.Contains(t, m.Error(), "body differs (the journal keeps no body: 7 bytes now)")
+
+	m = localMismatch(j, "POST", "https://api.example.com/v2/charges", []byte(`{"a":1}`), nil, nil)
+	assert.Equal(t, []string{"path"}, m.Differs, "the body is the same")
+
+	m = localMismatch(j, "POST", url, []byte(`{"a":1}`), nil, nil)
+	assert.Empty(t, m.Differs, "a fingerprint of another rule: nothing to name")
+	assert.Equal(t, `idemhttp: idempotency key reused with a different request: operation "op" (key k) was started with a different request`, m.Error())
 }

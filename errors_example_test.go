@@ -51,3 +51,37 @@ func ExampleGiveUpError_lastResponse() {
 	// cookie kept: false
 	// <https://status.example.com/incidents/42?sig=REDACTED>; rel="help"
 }
+
+// An operation rerun after its base URL changed: the journal (here the
+// client's memory, which WithOperation uses without a Journal) holds the
+// operation's first request, sent to the old host, so the rerun is
+// refused before anything is sent, and the error says what differs.
+func ExampleKeyMismatchError_rerun() {
+	var c idemhttp.Client
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{"id":"ch_1"}`)
+	}))
+	defer srv.Close()
+	ctx := idemhttp.WithOperation(context.Background(), "order-42")
+	send := func(base string) error {
+		req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/charges", strings.NewReader(`{"amount":1000}`))
+		resp, err := c.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	_ = send(srv.URL) // the first run
+
+	err := send("https://payments.example.com") // the rerun, configured anew
+	var m *idemhttp.KeyMismatchError
+	if errors.As(err, &m) {
+		fmt.Println(m.Differs)
+		fmt.Println(strings.Replace(m.Journaled, srv.URL, "http://127.0.0.1:PORT", 1))
+		fmt.Println(m.Request)
+	}
+	// Output:
+	// [origin]
+	// POST http://127.0.0.1:PORT/v1/charges
+	// POST https://payments.example.com/v1/charges
+}
