@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -467,12 +468,11 @@ func (a *operation) wait(ctx context.Context, reason idemtrace.RetryReason, resp
 	if resp != nil {
 		// Kept for a give-up during the wait, which has only the call's
 		// state to build its error from (GiveUpError.Header and Body).
+		// And drained: the engine drains only 4 KiB, with no time bound;
+		// a load balancer's error page is often larger, and the
+		// connection is worth keeping, but never worth waiting for.
 		a.keptAt, a.keptHeader = a.attempts, resp.Header
-		a.keptBody, a.keptBodyCut = readErrorBody(a.keptBody[:0], resp.Body)
-		// The engine drains only 4 KiB, with no time bound; a load
-		// balancer's error page is often larger, and the connection is
-		// worth keeping, but never worth waiting for.
-		drainWithin(resp.Body)
+		a.keptBody, a.keptBodyCut = readErrorBody(a.keptBody, resp.Body, resp.ContentLength, true)
 	}
 	a.engine.RetryWaitMin = delay
 	a.waiting = true
@@ -706,23 +706,48 @@ func (a *operation) errorBody(resp *http.Response) ([]byte, bool) {
 		putBack(resp, buf, err)
 		return errorBodyOf(bytes.Clone(buf), err)
 	}
-	return readErrorBody(nil, resp.Body)
+	return readErrorBody(nil, resp.Body, resp.ContentLength, false)
 }
 
-// readErrorBody appends to dst the first errorBodyLen bytes of a body
-// about to be discarded, within drainTimeout (see readWithin), and
-// reports whether they are not the whole body. The body is left to be
-// drained and closed.
-func readErrorBody(dst []byte, body io.ReadCloser) ([]byte, bool) {
+// readErrorBody reads into dst (its capacity reused) the first
+// errorBodyLen bytes of a body about to be discarded, and with drain
+// what follows them as drainWithin would, all within one drainTimeout
+// (see readWithin), and reports whether they are not the whole body.
+// size is the body's declared length, -1 if unknown: with it, one
+// allocation of the right size holds the body. The body is left to be
+// closed (and, without drain, drained).
+func readErrorBody(dst []byte, body io.ReadCloser, size int64, drain bool) ([]byte, bool) {
+	dst = dst[:0]
 	if body == nil || body == http.NoBody {
-		return dst[:0], false
+		return dst, false
+	}
+	want := errorBodyLen + 1 // one more byte tells a longer body
+	if size >= 0 && size < errorBodyLen {
+		want = int(size) + 1 // and, here, the end
+	}
+	if cap(dst) < want && size >= 0 {
+		dst = make([]byte, 0, want)
 	}
 	var err error
 	readWithin(body, func(r io.Reader) {
-		w := bytes.NewBuffer(dst[:0])
-		_, err = w.ReadFrom(io.LimitReader(r, errorBodyLen+1))
-		dst = w.Bytes()
+		for len(dst) <= errorBodyLen {
+			if len(dst) == cap(dst) {
+				dst = slices.Grow(dst, min(max(2*cap(dst), 512), errorBodyLen+1)-len(dst))
+			}
+			var n int
+			n, err = r.Read(dst[len(dst):min(cap(dst), errorBodyLen+1)])
+			dst = dst[:len(dst)+n]
+			if err != nil {
+				return
+			}
+		}
+		if drain {
+			_, _ = io.Copy(io.Discard, io.LimitReader(r, drainLimit))
+		}
 	})
+	if err == io.EOF {
+		err = nil
+	}
 	return errorBodyOf(dst, err)
 }
 
