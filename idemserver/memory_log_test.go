@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -65,4 +66,26 @@ func TestMemoryStoreLogsCapacityOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The memory store (the default Store) says at start, once, what it
+// holds and for how long, through the Middleware's logger.
+func ExampleMemoryStore_capacity() {
+	noTime := func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey {
+			return slog.Attr{}
+		}
+		return a
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{ReplaceAttr: noTime}))
+	mw := &idemserver.Middleware{
+		SingleTenant: true,
+		Store:        &idemserver.MemoryStore{MaxEntries: 100_000},
+		TTL:          time.Hour,
+		Logger:       logger,
+	}
+	mw.Wrap(http.NotFoundHandler())
+	mw.Wrap(http.NotFoundHandler()) // the same store: said once
+	// Output:
+	// level=INFO msg="idemserver: idempotency keys are kept in this process's memory (MemoryStore), up to 100000 records and 1 GiB, each kept 1h0m0s: about 28 new keys a second; past that, new keys get 503 until records expire, and a restart forgets them all. For more, or for several server instances, use a shared store: contrib/postgres or contrib/redis" max_entries=100000 max_bytes=1073741824 ttl=1h0m0s max_scope_entries=25000 max_scope_bytes=268435456 keys_per_second=28
 }
