@@ -203,7 +203,7 @@ func (a *operation) begin(ctx context.Context, req *http.Request, key string, ex
 		return nil, fmt.Errorf("idemhttp: %w: operation %q has key %s in the journal, request has %s", ErrKeyConflict, a.operation, existing.Key, key)
 	}
 	if existing.Fingerprint != fp {
-		return nil, &KeyMismatchError{Key: existing.Key, Operation: existing.Operation}
+		return nil, localMismatch(existing, req.Method, url, body, p.redactQuery, p.redactPath)
 	}
 	return existing, nil
 }

@@ -75,9 +75,9 @@ type Options struct {
 	// FS is the file system the journal's files live on: the journal
 	// itself, its index file, a torn tail kept aside and a compaction's
 	// new file. Every file access of the journal goes through it. nil
-	// means the operating system's. The simulated disk of
-	// internal/wal/simdisk goes here, for crash and fault tests and for
-	// the simulator of the whole system (internal/sim).
+	// means the operating system's. A test that injects faults (a failed
+	// sync, a full disk, a torn write) implements [FS] and [File], whose
+	// docs list the methods and what each must do.
 	FS FS
 
 	// Clock replaces time.Now as the journal's clock ([Journal.Now]):
@@ -101,13 +101,59 @@ type Options struct {
 	writeBehind time.Duration
 }
 
-// FS is the file system under a [Journal] (see [Options.FS]): the
-// internal/wal log's seam, to open files with flags, read and write them
-// at offsets, sync them and their directory, rename and remove them, and
-// take the writer's lock. Errors are those of package os, or wrap them.
+// FS is the file system under a [Journal] (see [Options.FS]). It is
+// declared by the journal's internal log package, hence the alias; these
+// are its methods, each doing what the function of package os it names
+// does, with errors of package os or wrapping them:
+//
+//	OpenFile(name string, flag int, perm os.FileMode, dsync bool) (File, error)
+//	    // os.OpenFile, flag made of os.O_RDONLY, O_WRONLY, O_RDWR,
+//	    // O_CREATE, O_EXCL and O_TRUNC; with dsync, every write through
+//	    // the file is asked to be durable when it returns (O_DSYNC), and
+//	    // File.WriteSyncs says whether it is
+//	Stat(name string) (os.FileInfo, error)     // os.Stat, following symlinks
+//	SameFile(a, b os.FileInfo) bool             // os.SameFile, for this FS's Stat and File.Stat
+//	Rename(oldpath, newpath string) error      // os.Rename: atomic, durable once the directory is synced
+//	Remove(name string) error                  // os.Remove
+//	SyncDir(dir string) error                  // makes dir's entries (created, renamed, removed) durable
+//	EvalSymlinks(name string) (string, error)  // filepath.EvalSymlinks
 type FS = wal.FS
 
-// File is an open file of an [FS].
+// File is an open file of an [FS]. The journal reads and writes it at
+// offsets only; reads may run concurrently with each other and with one
+// writer. Its methods:
+//
+//	ReadAt(p []byte, off int64) (int, error)   // as os.File's
+//	WriteAt(p []byte, off int64) (int, error)  // as os.File's
+//	Close() error                              // closes the file, releasing its locks
+//	Stat() (os.FileInfo, error)                // its size and mode, and for FS.SameFile
+//	Truncate(size int64) error                 // as os.File's
+//	Chmod(mode os.FileMode) error              // as os.File's
+//	SyncData() error
+//	    // makes the data, and the size needed to read it back, durable
+//	    // (fdatasync); after a failed SyncData nothing written since the
+//	    // last successful one may be taken as durable, even if a later
+//	    // SyncData succeeds
+//	WriteSyncs() bool
+//	    // whether each WriteAt is durable when it returns (opened with
+//	    // dsync, and the FS offers it), so that no SyncData follows it
+//	WriteBack(off, n int64) error
+//	    // a hint: writes the n bytes at off out to the disk without making
+//	    // anything durable, so that a later SyncData has little left to do;
+//	    // it may do nothing
+//	Lock() error
+//	    // takes the writer's exclusive lock without waiting: ErrLocked
+//	    // if another open file holds it; it lasts until Close, or until
+//	    // the process dies
+//	LockViewer() error
+//	    // takes a read-only open's shared lock, which makes a writer that
+//	    // replaced the file leave it whole; ErrLocked means a writer is
+//	    // freeing the file (it was replaced); an FS without such locks
+//	    // returns nil
+//	CloseReplaced()
+//	    // closes a file a rename replaced, first freeing its blocks a
+//	    // step at a time when no read-only open still reads it (best
+//	    // effort, no error)
 type File = wal.File
 
 // WriteBehind bounds how long a [Journal] keeps an outcome
