@@ -51,26 +51,51 @@ func isResponseCredential(name string) bool {
 // RedactHeaderURLs returns the value v of the header name with every URL
 // in it redacted as [RedactURLString] redacts one (user part, secret query
 // values, the path after pathAfter, fragment): the whole value of
-// Location and Content-Location, which may be relative; the target of
-// Refresh ("5; url=..."); every URI reference between angle brackets
-// (Link: <...>; rel=next); and then every absolute URL (scheme://...)
-// still anywhere in the value, up to the next space, quote or angle
-// bracket, whatever the header (a malformed value may hold one where the
-// header's syntax has none). A URL that does not parse is replaced whole
-// by REDACTED, and so is the rest of a value after an angle bracket that
-// never closes. Text that is no URL is kept as it is.
+// Location and Content-Location, which may be relative; Link's targets
+// and its anchor parameter; the target of Refresh ("5; url=..."); every
+// URI reference between angle brackets (Link: <...>; rel=next); and then
+// every absolute URL (scheme://...) still anywhere in the value, up to
+// the next space, quote or angle bracket, whatever the header (a
+// malformed value may hold one where the header's syntax has none). A URL
+// with nothing to redact is kept as the server wrote it; one that does
+// not parse is replaced whole by REDACTED, and so is the rest of a value
+// after an angle bracket that never closes. Text that is no URL is kept
+// as it is. Applying it twice gives the same value.
+//
+// It is the one rule for URLs in response headers, whatever keeps them:
+// an error given to the caller ([ErrorHeader]) and a result kept in a
+// journal ([ResultHeader]).
 func RedactHeaderURLs(name, v string, names, pathAfter []string) string {
+	// Each pass parses the value as its header's syntax and then as
+	// running text; a value malformed for both (an unclosed quote around
+	// an unclosed bracket) can read differently once redacted. Passes
+	// until nothing changes make the result a fixed point, which is what
+	// "applying it twice gives the same value" needs; a value that does
+	// not settle within a few passes is hidden whole.
+	for range maxRedactPasses {
+		w := redactHeaderURLsOnce(name, v, names, pathAfter)
+		if w == v {
+			return v
+		}
+		v = w
+	}
+	return "REDACTED"
+}
+
+// maxRedactPasses bounds RedactHeaderURLs's passes; values seen settle in
+// two.
+const maxRedactPasses = 4
+
+func redactHeaderURLsOnce(name, v string, names, pathAfter []string) string {
 	switch {
 	case strings.EqualFold(name, "Location"), strings.EqualFold(name, "Content-Location"):
 		if t := strings.TrimSpace(v); t != "" {
-			v = RedactURLString(t, names, pathAfter)
+			v = redactRef(t, names, pathAfter)
 		}
+	case strings.EqualFold(name, "Link"):
+		v = redactLink(v, names, pathAfter)
 	case strings.EqualFold(name, "Refresh"):
-		if i := indexFold(v, "url="); i >= 0 {
-			if target := strings.Trim(strings.TrimSpace(v[i+len("url="):]), `"'`); target != "" {
-				v = v[:i+len("url=")] + RedactURLString(target, names, pathAfter)
-			}
-		}
+		v = redactRefresh(v, names, pathAfter)
 	}
 	return redactAbsolute(redactBracketed(v, names, pathAfter), names, pathAfter)
 }
@@ -87,16 +112,19 @@ func redactBracketed(v string, names, pathAfter []string) string {
 			b.WriteString(v)
 			return b.String()
 		}
-		b.WriteString(v[:lt+1])
 		gt := strings.IndexByte(v[lt+1:], '>')
 		if gt < 0 {
 			// An angle bracket never closed: what follows may be a URL,
-			// and cannot be told from one.
+			// and cannot be told from one. The bracket goes too, so that
+			// a second pass (every journal sanitises what it is given)
+			// finds nothing more to change.
+			b.WriteString(v[:lt])
 			b.WriteString("REDACTED")
 			return b.String()
 		}
+		b.WriteString(v[:lt+1])
 		if ref := v[lt+1 : lt+1+gt]; ref != "" {
-			b.WriteString(RedactURLString(ref, names, pathAfter))
+			b.WriteString(redactRef(ref, names, pathAfter))
 		}
 		b.WriteByte('>')
 		v = v[lt+1+gt+1:]
@@ -147,7 +175,7 @@ func redactNestedDepth(u string, names, pathAfter []string, depth int) string {
 		}
 		u = u[:own+i] + redactNestedDepth(u[own+i:], names, pathAfter, depth+1)
 	}
-	return RedactURLString(u, names, pathAfter)
+	return redactRef(u, names, pathAfter)
 }
 
 // absoluteURLStart returns the index in s where the first absolute URL
