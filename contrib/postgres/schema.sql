@@ -1,7 +1,8 @@
--- Schema of github.com/idemkit/idemhttp/contrib/postgres, version 3: version 1
+-- Schema of github.com/idemkit/idemhttp/contrib/postgres, version 4: version 1
 -- plus idemhttp_journal.lease_token and the idemhttp_recovery table (version
 -- 2), plus idemhttp_journal.result and the idemhttp_journal_clock table
--- (version 3). Applying it to an older database upgrades it in place.
+-- (version 3), plus idemhttp_journal.not_before (version 4). Applying it to
+-- an older database upgrades it in place.
 --
 -- Migrate applies this file in one transaction under an advisory lock. Every
 -- statement is idempotent, so it may also be applied by hand (psql -f
@@ -54,6 +55,13 @@ ALTER TABLE idemhttp_journal ADD COLUMN IF NOT EXISTS lease_token text;
 -- headers, body) in the journal's own binary encoding; NULL for none.
 -- Added in version 3.
 ALTER TABLE idemhttp_journal ADD COLUMN IF NOT EXISTS result bytea;
+
+-- not_before holds a pending entry's earliest next send, by the journal's
+-- clock (idemhttp.Entry.NotBefore: the time the server asked for with
+-- Retry-After, when a call parked the operation); NULL for none, as every
+-- row of an older table reads. ClaimPending skips a row until then. Added in
+-- version 4.
+ALTER TABLE idemhttp_journal ADD COLUMN IF NOT EXISTS not_before timestamptz;
 
 -- idemhttp_journal_clock holds the journal's high-water mark: the latest time
 -- the journal recorded, kept when the entries holding it are pruned, so that
