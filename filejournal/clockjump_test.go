@@ -145,9 +145,10 @@ func TestClockSetBackIsMeasured(t *testing.T) {
 // (RefetchDone), also after a reopen. The control hides ClockDoubt from
 // the client, which then resends the pending entry and refetches the
 // done one: both reach a server that may have forgotten their keys.
-// Checked to fail with judge ignoring the doubt (pending entry resent),
-// with judge's refetch ignoring the clock (done entry refetched), and
-// with Now not writing the jump (the reopened journal has forgotten it).
+// Checked to fail with the client's age rule (lifecycle.go's
+// operation.age) ignoring the doubt (the pending entry resent, the done
+// one refetched), and with Now not writing the jump (the reopened
+// journal has forgotten it).
 func TestClockDoubtOutlivesTheJump(t *testing.T) {
 	ctx := context.Background()
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
