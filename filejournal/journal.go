@@ -87,13 +87,25 @@ type Options struct {
 	// back.
 	Clock func() time.Time
 
+	// Uptime replaces the machine's uptime clock, the evidence by which
+	// the journal measures a clock set back (see [Journal.Now]): it
+	// returns a name of the current boot and the time since it, and ""
+	// when it has none (a test that wants no evidence returns that). nil
+	// means, on Linux, the kernel's boot id and CLOCK_BOOTTIME (which
+	// counts suspended time and cannot be set), evidence that outlives
+	// the process until the machine restarts; elsewhere, and when Clock
+	// is set, the process's own monotonic clock (a synctest bubble's
+	// time, in a bubble), evidence for as long as the process runs.
+	Uptime func() (boot string, since time.Duration)
+
 	// Rand is the source of the random salt of the journal file and of
 	// every compaction's new file, and of the nonce of every close
 	// marker (see docs/journal-format.md); nil means crypto/rand. Set it
 	// only where a file's bytes must be the same on every run (the
-	// simulator): anyone who can predict a file's salt can craft a
-	// request body that passes for a batch of the file when an open
-	// searches past damage.
+	// simulator; with Clock, and Uptime or a synctest bubble, since the
+	// clock's witness records hold readings of both): anyone who can
+	// predict a file's salt can craft a request body that passes for a
+	// batch of the file when an open searches past damage.
 	Rand io.Reader
 
 	// writeBehind, for tests, is how long a Finish's record may wait for
@@ -248,7 +260,11 @@ type Stats struct {
 //
 // After a failed write or sync, or once the file was deleted or replaced
 // underneath it, the journal takes no more writes until it is closed and
-// opened again: the file's tail is unknown. A Begin reported failed that
+// opened again: the file's tail is unknown. An open of a file that was
+// not closed cleanly writes its last batch again and syncs it before
+// anything is appended: after a failed sync, Linux keeps the pages in
+// its cache, readable, without ever writing them (the fsync-gate
+// problem), and nothing may be built on bytes that only the cache holds. A Begin reported failed that
 // way may still reappear after the reopen (its bytes may have reached the
 // disk); it is then pending, and Resume sends it under its key. The
 // journal relies on the local file system's locks and syncs: use local
@@ -272,7 +288,10 @@ type Stats struct {
 //
 // # Space
 //
-// Records are never rewritten in place. When pruned and deleted entries
+// Records are never rewritten in place. The file's tail is preallocated
+// with zeros, a quarter of the file at a time (at most 4 MiB), so that a
+// commit's sync writes only its data: the file's size on disk runs
+// ahead of [Stats.FileBytes] by up to that much. When pruned and deleted entries
 // make up more than half of the file, and at least 1 MiB of it, Prune and
 // Open rewrite it with only the live entries (see
 // [Journal.Compact]). Memory holds the index: about 120 to 150
@@ -314,6 +333,31 @@ type Stats struct {
 // often, or keep a journal per batch. bench/README.md has the
 // measurements.
 //
+// # The clock
+//
+// The journal stamps entries and outcomes with its own clock, by which a
+// [idemhttp.Client] ages them ([Journal.Now]): the machine's clock, plus
+// the set-backs the journal has measured against the machine's uptime
+// clock (on Linux CLOCK_BOOTTIME, which nobody can set, within one boot;
+// elsewhere the process's monotonic clock, within the process). What it
+// guarantees:
+//
+//   - Within one boot (Linux; elsewhere within one process), a clock set
+//     back by more than [idemhttp.ClockTolerance], whether or not anything
+//     was running to see it, never makes an entry look younger than the
+//     time since it was created, by more than that: Resume and RefetchDone
+//     judge the server's retention by the time that really passed.
+//   - A clock found more than that below the latest time the journal holds,
+//     with no such evidence of how far it went back (after a reboot),
+//     makes every entry created before, for good, of unknown age
+//     ([Journal.ClockDoubt]): never resent or refetched automatically.
+//   - Not detected: a clock set back across a reboot by some amount, then
+//     carried past the latest time the journal holds by more downtime than
+//     that before the journal is next opened. Nothing on the machine can
+//     tell that clock from a right one: keep the clock right at boot.
+//
+// docs/journal-format.md has the details, and what is kept in the file.
+//
 // Entries never hold what [idemhttp.Entry.Sanitized] removes (credentials,
 // the key header, a URL's user part or fragment) nor a URL with a
 // credential in its query, whatever the caller passes: the journal is the
@@ -345,6 +389,15 @@ type Journal struct {
 	pending int                     // indexed entries in state pending, for PendingCount
 	durable int64                   // the end of the file's part the index reflects
 	high    time.Time               // the high-water mark: see HighWater
+
+	// The journal's clock (see Now). clockMu guards the fields below it;
+	// it is taken last, after mu and inside the log's append.
+	uptime     func() (bootID, time.Duration) // called with clockMu held
+	clockMu    sync.Mutex
+	clk        clockState
+	clkGen     uint64 // counts the jumps found (clk.read's changes)
+	clkWritten uint64 // the generation of the last witness record appended
+	witnessDue bool   // this process has written no witness record yet
 
 	// While a compaction runs, the entries published after its snapshot
 	// (their offsets move with the batches it copies), and those deleted
@@ -511,6 +564,7 @@ func Open(path string, opts *Options) (*Journal, error) {
 	if j.clock == nil {
 		j.clock = time.Now
 	}
+	j.uptime = uptimeFunc(opts)
 	if j.fs == nil {
 		j.fs = wal.OS{}
 	}
@@ -568,6 +622,16 @@ func Open(path string, opts *Options) (*Journal, error) {
 		j.indexFrom = xf.cp
 	}
 	j.byKey, j.byOp, j.live, j.all, j.high = idx.byKey, idx.byOp, idx.live, idx.all, idx.high
+	j.clk = idx.clk
+	j.clk.mark = j.high
+	j.witnessDue = true
+	// A clock set back while no process had the journal open is found
+	// now, and kept before anything is written under it.
+	j.now()
+	if err := j.persistClock(context.Background()); err != nil {
+		_ = log.Close()
+		return nil, fmt.Errorf("idemhttp: open journal %s: keep the clock's jump: %w", path, err)
+	}
 	for le := range j.byKey.all() {
 		if le.state == journalStatePending {
 			j.pending++
@@ -671,12 +735,18 @@ func (j *Journal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry
 		}
 		found := j.lookupLocked(rec.Operation, rec.Key)
 		if found == nil {
-			b, off, retry, err := j.appendLocked(false, len(encoded), 1, func(buf []byte) []byte { return append(buf, encoded...) })
+			// The clock's witness goes with it, when due: after it,
+			// so that off is the begin record's.
+			w, gen := j.clockRecord(false)
+			b, off, retry, err := j.appendLocked(false, len(encoded)+len(w), 1, func(buf []byte) []byte { return append(append(buf, encoded...), w...) })
 			if retry {
 				continue
 			}
 			if err != nil {
 				return nil, fmt.Errorf("idemhttp: journal begin %s: %w", e.Key, err)
+			}
+			if w != nil {
+				j.clockWritten(gen)
 			}
 			j.indexBeginLocked(rec, b, off, len(encoded))
 			j.mu.Unlock()
@@ -905,14 +975,18 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 		attempts := le.attempts + o.Attempts
 		// Lazy: the record waits for the next Begin's commit (or the
 		// bound) instead of starting one nobody waits for.
-		_, _, retry, err := j.appendLocked(true, finishMax(key), 1, func(buf []byte) []byte {
-			return appendFinish(buf, key, state, status, attempts, when)
+		w, gen := j.clockRecord(false)
+		_, _, retry, err := j.appendLocked(true, finishMax(key)+len(w), 1, func(buf []byte) []byte {
+			return append(appendFinish(buf, key, state, status, attempts, when), w...)
 		})
 		if retry {
 			continue
 		}
 		if err != nil {
 			return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
+		}
+		if w != nil {
+			j.clockWritten(gen)
 		}
 		if was, now := le.state == journalStatePending, state == journalStatePending; was != now {
 			if now {
@@ -1294,18 +1368,22 @@ func (j *Journal) removeChunk(les []*entry, doomed func(*entry) bool) (int, erro
 		// with them. (Without it, a clock set forward, then back while
 		// only pruning ran, went unnoticed.) Not counted in Writes.
 		now := j.now().Round(0)
-		b, _, retry, err := j.appendLocked(false, clockMax+need, len(keep), func(buf []byte) []byte {
+		w, gen := j.clockRecord(false)
+		b, _, retry, err := j.appendLocked(false, clockMax+need+len(w), len(keep), func(buf []byte) []byte {
 			buf = appendClock(buf, now)
 			for _, le := range keep {
 				buf = appendDelete(buf, le.key())
 			}
-			return buf
+			return append(buf, w...)
 		})
 		if retry {
 			continue
 		}
 		if err != nil {
 			return 0, err
+		}
+		if w != nil {
+			j.clockWritten(gen)
 		}
 		for _, le := range keep {
 			le.deleting = true
