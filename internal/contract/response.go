@@ -219,13 +219,3 @@ func urlEnd(r rune) bool {
 	}
 	return false
 }
-
-// indexFold is strings.Index, ignoring ASCII letter case.
-func indexFold(s, sub string) int {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if strings.EqualFold(s[i:i+len(sub)], sub) {
-			return i
-		}
-	}
-	return -1
-}
