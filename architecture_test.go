@@ -32,7 +32,8 @@ func TestArchitecture(t *testing.T) {
 		{pkg: "internal/wal/simdisk", mayOnly: []string{"internal/wal"}, mustNots: []string{"net/http", "net/url"}},
 		{pkg: "filejournal", mayOnly: []string{".", "internal/contract", "internal/wal"}},
 		{pkg: "journaltest", mayOnly: []string{"."}},
-		{pkg: "idemserver", mayOnly: []string{".", "internal/contract"}},
+		{pkg: "internal/fingerprint"},
+		{pkg: "idemserver", mayOnly: []string{".", "internal/contract", "internal/fingerprint"}},
 		{pkg: "idemtest", mayOnly: []string{".", "idemserver", "internal/contract"}},
 		{pkg: "inbox", mayOnly: []string{"."}},
 	}

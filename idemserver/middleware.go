@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/fingerprint"
 )
 
 // ReplayedHeader is the response header, set to "true", that marks a
@@ -497,7 +498,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // this request: then the record is this request's, stored before an
 // upgrade. Computed only when the fingerprints differ.
 func (h *handler) olderFingerprint(r *http.Request, body []byte, stored string) bool {
-	return stored == previousFingerprint(r, body) || stored == legacyFingerprint(r, body)
+	return fingerprint.Older(r, body, stored)
 }
 
 // storeFailed answers 503 when the store cannot say what became of a key:
