@@ -33,7 +33,8 @@ func TestArchitecture(t *testing.T) {
 		{pkg: "filejournal", mayOnly: []string{".", "internal/contract", "internal/wal"}},
 		{pkg: "journaltest", mayOnly: []string{"."}},
 		{pkg: "internal/fingerprint"},
-		{pkg: "idemserver", mayOnly: []string{".", "internal/contract", "internal/fingerprint"}},
+		{pkg: "internal/servercore", mayOnly: []string{"internal/fingerprint"}, mustNots: []string{"github.com/jackc", "github.com/redis", "database/sql"}},
+		{pkg: "idemserver", mayOnly: []string{".", "internal/contract", "internal/fingerprint", "internal/servercore"}},
 		{pkg: "idemtest", mayOnly: []string{".", "idemserver", "internal/contract"}},
 		{pkg: "inbox", mayOnly: []string{"."}},
 	}
