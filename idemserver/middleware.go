@@ -383,13 +383,13 @@ type handler struct {
 	fingerprint func(*http.Request, []byte) string
 	// core decides every keyed request: its claim, its end, its store
 	// calls after the handler.
-	core servercore.Config
-	writeError         func(http.ResponseWriter, *http.Request, *Problem)
-	logger             *slog.Logger
-	hooks              *Hooks // nil: none
-	tokenPrefix        string
-	tokens             atomic.Uint64
-	renewer            *renewer
+	core        servercore.Config
+	writeError  func(http.ResponseWriter, *http.Request, *Problem)
+	logger      *slog.Logger
+	hooks       *Hooks // nil: none
+	tokenPrefix string
+	tokens      atomic.Uint64
+	renewer     *renewer
 }
 
 // keepHeader reports whether a response header field the handler set,
