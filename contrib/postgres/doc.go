@@ -58,7 +58,11 @@
 //
 // With the non-transactional middleware:
 //
-//	mw := &idemserver.Middleware{Store: postgres.NewStore(pool), Principal: accountOf}
+//	store, err := postgres.NewStore(ctx, pool)
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	mw := &idemserver.Middleware{Store: store, Principal: accountOf}
 //
 // The tables (idemhttp_keys and idemhttp_journal) go into the first schema
 // on the connection's search_path: to keep two applications apart in one

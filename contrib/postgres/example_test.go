@@ -36,7 +36,10 @@ func ExampleNewStore() {
 	}
 	// Expired records are invisible at once; call store.Prune now and
 	// then (from a timer or a cron job) to reclaim their space.
-	store := postgres.NewStore(pool)
+	store, err := postgres.NewStore(ctx, pool)
+	if err != nil {
+		log.Fatal(err) // no idemhttp_keys table on the search_path, or no database
+	}
 
 	mw := &idemserver.Middleware{
 		Store:     store,

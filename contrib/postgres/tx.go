@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/idemserver"
+	"github.com/idemkit/idemhttp/internal/servercore"
 )
 
 // Problem types of [TxMiddleware]'s own answers, besides idemserver's.
@@ -152,6 +153,20 @@ type TxOptions struct {
 	// (a slow call to another service) is rolled back. Zero leaves the
 	// server's setting.
 	IdleTimeout time.Duration
+
+	// DBTimeout bounds how long the middleware's own steps wait for the
+	// database: the BEGIN that claims the key (bounded by the request's
+	// context too: a request nobody waits for any more gives its
+	// connection up), and the statement that stores the response with
+	// COMMIT, the rollback and the looks at the key after it. A database
+	// that does not answer in time (a partition) gets the request 503
+	// with Retry-After; the connection is closed, so requests whose
+	// database hangs do not fill the pool. A commit that timed out has an
+	// unknown outcome: the key's lock (or its row) holds it until the
+	// server ends the transaction, so a retry gets 409 or the replay,
+	// never a second run. Zero means [idemserver.DefaultLockTimeout] (a
+	// minute). The handler's own statements take the request's context.
+	DBTimeout time.Duration
 
 	// RetryAfter is the delay sent in Retry-After with 409 and 503; zero
 	// means [idemserver.DefaultRetryAfter].
@@ -313,7 +328,11 @@ type TxOptions struct {
 // Create one with [NewTxMiddleware]; it is safe for concurrent use.
 type TxMiddleware struct {
 	db          DB
-	table       string // the key table's schema-qualified name, which scopes the claims' advisory locks
+	table       string   // the key table's schema-qualified name, which scopes the claims' advisory locks
+	sql         *keysSQL // the statements, on that table
+	recovery    string   // the recovery table's schema-qualified name
+	core        servercore.Config
+	dbTimeout   time.Duration
 	principal   func(*http.Request) string
 	methods     []string
 	required    bool
@@ -322,12 +341,10 @@ type TxMiddleware struct {
 	ttl         time.Duration
 	isoLevel    pgx.TxIsoLevel
 	lookupApart bool   // the transactions are SERIALIZABLE: look the key up before (see beginOnce)
-	retries     int    // SerializationRetries
 	idleTimeout string // idle_in_transaction_session_timeout value, "" to leave it
 	retryAfter  string
 	maxBody     int64
 	maxStored   int
-	shouldStore func(int) bool
 	fingerprint func(*http.Request, []byte) string
 	hooks       *idemserver.Hooks // a copy of TxOptions.Hooks, nil if none
 	writeError  func(http.ResponseWriter, *http.Request, *idemserver.Problem)
@@ -365,6 +382,10 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 	if err != nil {
 		return nil, err
 	}
+	recovery, err := recoveryTable(ctx, db)
+	if err != nil {
+		return nil, err
+	}
 	iso := string(opts.IsoLevel)
 	if iso == "" {
 		err := retry(ctx, func() error {
@@ -377,6 +398,9 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 	m := &TxMiddleware{
 		db:          db,
 		table:       table,
+		sql:         newKeysSQL(table),
+		recovery:    recovery,
+		dbTimeout:   opts.DBTimeout,
 		principal:   opts.Principal,
 		methods:     slices.Clone(opts.Methods),
 		required:    opts.Required,
@@ -385,10 +409,8 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 		ttl:         opts.TTL,
 		isoLevel:    opts.IsoLevel,
 		lookupApart: strings.EqualFold(iso, string(pgx.Serializable)),
-		retries:     max(opts.SerializationRetries, 0),
 		maxBody:     opts.MaxBodyBytes,
 		maxStored:   opts.MaxStoredBody,
-		shouldStore: opts.ShouldStore,
 		fingerprint: opts.Fingerprint,
 		hooks:       copyHooks(opts.Hooks),
 		writeError:  opts.WriteError,
@@ -423,11 +445,17 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 	if m.maxStored <= 0 {
 		m.maxStored = idemserver.DefaultMaxStoredBody
 	}
+	m.core = servercore.Config{
+		Mode:                 servercore.Transactional,
+		ShouldStore:          opts.ShouldStore,
+		SerializationRetries: max(opts.SerializationRetries, 0),
+	}
 	if m.fingerprint == nil {
 		m.fingerprint = idemserver.DefaultFingerprint
+		m.core.DefaultFingerprint = true
 	}
-	if m.shouldStore == nil {
-		m.shouldStore = idemserver.DefaultShouldStore
+	if m.dbTimeout <= 0 {
+		m.dbTimeout = idemserver.DefaultLockTimeout
 	}
 	if m.writeError == nil {
 		m.writeError = func(w http.ResponseWriter, _ *http.Request, p *idemserver.Problem) { idemserver.WriteProblem(w, p) }
@@ -450,21 +478,32 @@ func newTokenPrefix() string {
 }
 
 // keysTable returns the schema-qualified name of the idemhttp_keys table
-// that db's search_path finds, the table the middleware's statements
-// use, or an error if there is none (Migrate has not run).
+// that db's search_path finds, the table the middleware's and the store's
+// statements name, or an error if there is none (Migrate has not run).
 func keysTable(ctx context.Context, db DB) (string, error) {
+	return findTable(ctx, db, "idemhttp_keys")
+}
+
+// recoveryTable is keysTable for idemhttp_recovery.
+func recoveryTable(ctx context.Context, db DB) (string, error) {
+	return findTable(ctx, db, "idemhttp_recovery")
+}
+
+// findTable returns the schema-qualified name of the table name that
+// db's search_path finds.
+func findTable(ctx context.Context, db DB, name string) (string, error) {
 	var table *string
 	err := retry(ctx, func() error {
 		return db.QueryRow(ctx, `
 SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.oid = to_regclass('idemhttp_keys')`).Scan(&table)
+WHERE c.oid = to_regclass($1)`, name).Scan(&table)
 	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows) || (err == nil && table == nil):
-		return "", errors.New("idemhttp/postgres: tx middleware: no idemhttp_keys table on the search_path; run Migrate first")
+		return "", fmt.Errorf("idemhttp/postgres: no %s table on the search_path; run Migrate first", name)
 	case err != nil:
-		return "", fmt.Errorf("idemhttp/postgres: tx middleware: find idemhttp_keys: %w", err)
+		return "", fmt.Errorf("idemhttp/postgres: find %s: %w", name, err)
 	}
 	return *table, nil
 }
@@ -502,6 +541,11 @@ type TxKey struct {
 	Key   string // the key as the client sent it
 	Scope string // the principal's scope; "" with SingleTenant
 	Token string // unique to this run of the request
+
+	// recovery is the recovery table's schema-qualified name, as the
+	// middleware resolved it; empty for a TxKey made by hand, whose
+	// recovery points go to the table the search_path finds.
+	recovery string
 }
 
 type txKeyContext struct{}
@@ -537,7 +581,7 @@ type txHandler struct {
 func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m := h.m
 	if !slices.Contains(m.methods, r.Method) {
-		h.serve(w, r, nil)
+		h.serveKeyless(w, r)
 		return
 	}
 	values := r.Header[m.header]
@@ -546,7 +590,7 @@ func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.writeError(w, r, idemserver.ProblemKeyMissing(m.header))
 		return
 	case len(values) == 0:
-		h.serve(w, r, nil)
+		h.serveKeyless(w, r)
 		return
 	case len(values) > 1:
 		m.writeError(w, r, idemserver.ProblemKeyInvalid(m.header, "The request carries more than one "+m.header+" header."))
@@ -581,7 +625,7 @@ func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	c := &txClaim{
-		TxKey:       TxKey{Key: key, Scope: scope, Token: m.newToken()},
+		TxKey:       TxKey{Key: key, Scope: scope, Token: m.newToken(), recovery: m.recovery},
 		fingerprint: m.fingerprint(r, body),
 		body:        body,
 	}

@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"errors"
 	"io"
 	"net/http"
 	"slices"
@@ -12,33 +11,6 @@ import (
 
 // The response side of TxMiddleware: the buffered writer, replays, and the
 // middleware's own problems.
-
-// replay sends a stored response, marked as a replay, and returns the
-// claim's outcome and the status sent. The record of a request whose
-// response was not kept gets 410; a corrupt record gets 503 and nothing
-// else.
-func (h *txHandler) replay(w http.ResponseWriter, r *http.Request, key string, record []byte) (idemserver.ClaimOutcome, int) {
-	var resp idemserver.Response
-	switch err := resp.UnmarshalBinary(record); {
-	case errors.Is(err, idemserver.ErrResponseNotKept):
-		h.m.writeError(w, r, idemserver.ProblemNotReplayable(h.m.header, key, resp.Status))
-		return idemserver.ClaimNotReplayable, http.StatusGone
-	case err != nil:
-		h.m.logger.ErrorContext(r.Context(), "idemhttp/postgres: corrupt stored response; answered 503", "key", key, "error", err)
-		w.Header().Set("Retry-After", h.m.retryAfter)
-		h.m.writeError(w, r, idemserver.ProblemStoreUnavailable(key))
-		return idemserver.ClaimReplay, 0
-	}
-	hdr := w.Header()
-	for k, vs := range resp.Header {
-		hdr[k] = vs
-	}
-	hdr.Set(idemserver.ReplayedHeader, "true")
-	hdr.Set("Content-Length", strconv.Itoa(len(resp.Body)))
-	w.WriteHeader(resp.Status)
-	_, _ = w.Write(resp.Body) // a failed write means the client left
-	return idemserver.ClaimReplay, resp.Status
-}
 
 // unstoredHeaders are never replayed: hop-by-hop fields describe one
 // connection (RFC 9110, section 7.6.1), Set-Cookie one session, and the

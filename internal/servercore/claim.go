@@ -169,6 +169,19 @@ func TxFound(locked, claimed bool, row Row) (Found, error) {
 	return Found{}, errors.New("the key is free but its claim row was not written")
 }
 
+// RowFound makes a look at the key's row, taken without its lock (after a
+// rollback, or before the transaction begins under SERIALIZABLE), into
+// what a new claim of the key would find, short of taking it.
+func RowFound(row Row) Found {
+	switch {
+	case !row.Exists:
+		return Found{State: Free}
+	case row.Completed:
+		return Found{State: Completed, Fingerprint: row.Fingerprint, Record: row.Record}
+	}
+	return Found{State: Held, Fingerprint: row.Fingerprint}
+}
+
 // Claim is the evidence of a claim.
 type Claim struct {
 	// Err is the store's error: nothing is known of the key. An error

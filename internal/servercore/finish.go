@@ -225,11 +225,14 @@ type Step struct {
 	Answer Answer
 	// Reason is why the key was released (Done in Released).
 	Reason Reason
+	// Status is the handler's status, as the plan has it (0 after a
+	// panic): the marker's (KeepUnreplayable) and the hooks'.
+	Status int
 }
 
 func (q *Request) done(to Phase, a Answer) Step {
 	q.advance(to)
-	return Step{Do: Done, Phase: to, Answer: a, Reason: q.plan.Reason}
+	return Step{Do: Done, Phase: to, Answer: a, Reason: q.plan.Reason, Status: q.plan.Status}
 }
 
 // Completed reports a Streamed Complete (of the record of Keep or
@@ -343,7 +346,7 @@ func (q *Request) Committed(c Commit) Step {
 	case CommitEnded:
 		q.plan = Plan{Do: KeepUnreplayable, Status: q.plan.Status, Answer: AnswerTxEnded}
 		q.advance(Marking)
-		return Step{Do: KeepUnreplayable}
+		return Step{Do: KeepUnreplayable, Status: q.plan.Status}
 	case CommitUnknown:
 		// The record rides the same commit as the writes: a retry finds
 		// both or neither, and meanwhile the lock (or the row) holds the
@@ -372,7 +375,7 @@ func (q *Request) RolledBack(ended bool) Step {
 		}
 		q.plan = Plan{Do: KeepUnreplayable, Status: status, Answer: AnswerTxEnded}
 		q.advance(Marking)
-		return Step{Do: KeepUnreplayable}
+		return Step{Do: KeepUnreplayable, Status: status}
 	}
 	if q.plan.recheck {
 		q.advance(Releasing)
@@ -394,7 +397,7 @@ func (q *Request) Rechecked(c Claim, into http.Header) (Step, Verdict) {
 	if c.Err == nil && (c.Found.State == Held || c.Found.State == Completed) {
 		v := q.cfg.judge(c, into)
 		q.advance(Answered)
-		return Step{Do: Done, Phase: Answered, Answer: v.Answer, Reason: q.plan.Reason}, v
+		return Step{Do: Done, Phase: Answered, Answer: v.Answer, Reason: q.plan.Reason, Status: q.plan.Status}, v
 	}
 	if q.plan.serialization {
 		if q.runs <= q.cfg.SerializationRetries {

@@ -96,7 +96,7 @@ const (
 var moves = [...][Again + 1]uint8{
 	Claiming:   {Running: s | t, Answered: s | t},
 	Running:    {Completing: s | t, Releasing: s | t, Marking: t},
-	Completing: {Completing: s, Stored: s | t, Pinned: s, Unsettled: s | t, Lost: s | t, Marking: t, Releasing: t},
+	Completing: {Completing: s, Stored: s | t, Pinned: s, Unsettled: s | t, Lost: s, Marking: t, Releasing: t},
 	Releasing:  {Releasing: s | t, Released: s | t, Unsettled: s, Lost: s, Marking: t, Answered: t, Again: t},
 	Marking:    {Stored: t, Unsettled: t},
 	Again:      {Claiming: t},
