@@ -27,7 +27,7 @@ type txRun struct {
 	pg     *pgconn.PgConn
 	lent   *handlerTx // the handler's view of tx
 	closed bool
-	began  int64 // the transaction's start (txStartSQL), for a keyed run; 0 without a key
+	began  int64      // the transaction's start (txStartSQL), for a keyed run; 0 without a key
 	row    pgtype.TID // the claim row, for a keyed run
 }
 
