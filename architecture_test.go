@@ -34,6 +34,8 @@ func TestArchitecture(t *testing.T) {
 		{pkg: "journaltest", mayOnly: []string{"."}},
 		{pkg: "internal/fingerprint"},
 		{pkg: "internal/servercore", mayOnly: []string{"internal/fingerprint"}, mustNots: []string{"github.com/jackc", "github.com/redis", "database/sql"}},
+		{pkg: "internal/servermodel", mayOnly: []string{"idemserver", "internal/servercore"}},
+		{pkg: "internal/servertest", mayOnly: []string{"idemserver", "internal/servercore"}},
 		{pkg: "idemserver", mayOnly: []string{".", "internal/contract", "internal/fingerprint", "internal/servercore"}},
 		{pkg: "idemtest", mayOnly: []string{".", "idemserver", "internal/contract"}},
 		{pkg: "inbox", mayOnly: []string{"."}},
