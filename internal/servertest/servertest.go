@@ -317,7 +317,7 @@ func (f *fixture) transactional() bool { return f.tg.Mode == servercore.Transact
 
 type scenario struct {
 	name  string
-	mode  servercore.Mode     // 0: both
+	mode  servercore.Mode    // 0: both
 	needs func(*Target) bool // nil: every target
 	run   func(t *testing.T, f *fixture)
 }
