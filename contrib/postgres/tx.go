@@ -489,21 +489,55 @@ func recoveryTable(ctx context.Context, db DB) (string, error) {
 	return findTable(ctx, db, "idemhttp_recovery")
 }
 
+// keysVersion is the version of the key table's format this release
+// reads and writes (see schema.sql's idemhttp_schema).
+const keysVersion = 1
+
+// ErrNewerSchema is returned by [NewStore] and [NewTxMiddleware] when the
+// key table was laid out by a newer release (its idemhttp_schema row has a
+// version this release does not know): this release might misread its
+// rows and run a key twice, so it refuses to start.
+var ErrNewerSchema = errors.New("idemhttp/postgres: the tables are of a newer release")
+
 // findTable returns the schema-qualified name of the table name that
-// db's search_path finds.
+// db's search_path finds, after checking, for idemhttp_keys, that its
+// format is one this release reads.
 func findTable(ctx context.Context, db DB, name string) (string, error) {
-	var table *string
+	var table, nsp *string
 	err := retry(ctx, func() error {
 		return db.QueryRow(ctx, `
-SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
+SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname), quote_ident(n.nspname)
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.oid = to_regclass($1)`, name).Scan(&table)
+WHERE c.oid = to_regclass($1)`, name).Scan(&table, &nsp)
 	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows) || (err == nil && table == nil):
 		return "", fmt.Errorf("idemhttp/postgres: no %s table on the search_path; run Migrate first", name)
 	case err != nil:
 		return "", fmt.Errorf("idemhttp/postgres: find %s: %w", name, err)
+	}
+	if name != "idemhttp_keys" {
+		return *table, nil
+	}
+	// The version row, if the table of versions is there (a database
+	// Migrate made before it existed is at version 1). nsp is quoted.
+	var version int
+	err = retry(ctx, func() error {
+		var exists bool
+		if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, *nsp+".idemhttp_schema").Scan(&exists); err != nil || !exists {
+			return err
+		}
+		err := db.QueryRow(ctx, `SELECT version FROM `+*nsp+`.idemhttp_schema WHERE component = 'keys'`).Scan(&version)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("idemhttp/postgres: read the version of %s: %w", *table, err)
+	case version > keysVersion:
+		return "", fmt.Errorf("%w: %s is at version %d, this release reads %d", ErrNewerSchema, *table, version, keysVersion)
 	}
 	return *table, nil
 }
