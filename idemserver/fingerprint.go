@@ -55,3 +55,17 @@ import (
 func DefaultFingerprint(r *http.Request, body []byte) string {
 	return fingerprint.Current(r, body)
 }
+
+// PreviousFingerprint is the DefaultFingerprint of the release before
+// this one (fingerprint version 1, commit 2d053bb): JSON members sorted by
+// their bytes, any body that parses as a form split into fields, and the
+// Content-Type not compared. It is for rolling deploys: set it as
+// [Middleware].Fingerprint (and TxMiddleware's) while instances of that
+// release serve the same keys, so that every instance stores and compares
+// the fingerprints that release does, and a retry that moves between
+// instances of the two releases is replayed rather than refused with 422;
+// remove it once none does. (Records stored meanwhile are accepted by the
+// default afterwards, as every earlier version's are.)
+func PreviousFingerprint(r *http.Request, body []byte) string {
+	return fingerprint.V1(r, body)
+}

@@ -149,6 +149,18 @@ func TestBaseline(t *testing.T) {
 		}
 	}
 	assert.Zero(t, runs, "no key ran again")
+
+	// With idemserver.PreviousFingerprint, this release computes the
+	// fingerprints that release stored, which it compares byte for byte:
+	// instances of both, side by side, agree on every key.
+	for _, q := range readBaselineRequests(t) {
+		r := httptest.NewRequest(http.MethodPost, "/v1/charges?expand=customer", strings.NewReader(q.body))
+		r.Header.Set("Content-Type", q.ct)
+		var stored []byte
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT fingerprint FROM idemhttp_keys WHERE key = $1`,
+			postgres.RowKey(idemserver.ScopedKey(q.account, q.key))).Scan(&stored), q.name)
+		assert.Equal(t, string(stored), idemserver.PreviousFingerprint(r, []byte(q.body)), q.name)
+	}
 }
 
 // TestBaselineAdvisoryLocks: the previous release's TxMiddleware locked a
