@@ -663,7 +663,8 @@ func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fingerprint: m.fingerprint(r, body),
 		body:        body,
 	}
-	c.row = rowKey(idemserver.ScopedKey(scope, key))
+	c.fp = []byte(c.fingerprint)
+	c.row = scopedRowKey(scope, key)
 	c.lock = advisoryKey(m.table, c.row)
 	h.serve(w, r, c)
 }
@@ -672,9 +673,20 @@ func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type txClaim struct {
 	TxKey
 	fingerprint string
+	fp          []byte // fingerprint, as the statements send it
+	tokenBytes  []byte // Token, as the statements send it (see token)
 	row         []byte // the key's primary key in idemhttp_keys
 	lock        int64  // the key's advisory lock
 	body        []byte // the request body, for a run again
+}
+
+// token returns the claim's token as the statements send it, converted
+// once per run.
+func (c *txClaim) token() []byte {
+	if string(c.tokenBytes) != c.Token {
+		c.tokenBytes = []byte(c.Token)
+	}
+	return c.tokenBytes
 }
 
 // step calls the test hook, if any.

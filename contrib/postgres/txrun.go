@@ -112,6 +112,10 @@ func (h *txHandler) claim(ctx context.Context, c *txClaim) (*txRun, servercore.F
 	})
 	if run != nil {
 		run.lent = &handlerTx{tx: run.tx}
+	} else if err == nil && c != nil && found.State == servercore.Free {
+		// A look at the key (after a serialization failure) found it
+		// free, but nothing claimed it: nothing is known.
+		err = errors.New("the key is free, but the claim did not take it")
 	}
 	return run, found, err
 }
@@ -138,10 +142,7 @@ func (h *txHandler) claimOnce(ctx context.Context, c *txClaim) (*txRun, serverco
 		b.Queue(setIdleTimeoutSQL, m.idleTimeout)
 	}
 	if c != nil {
-		b.Queue(m.sql.claim, c.lock, c.row, []byte(c.Token), []byte(c.fingerprint), m.ttl)
-		if !m.lookupApart {
-			b.Queue(m.sql.lookup, c.row)
-		}
+		b.Queue(m.sql.claim, c.lock, c.row, c.token(), c.fp, m.ttl)
 	}
 	// On a pool, hold the connection itself, so that commit can pipeline
 	// the response and COMMIT and then release it.
@@ -160,15 +161,23 @@ func (h *txHandler) claimOnce(ctx context.Context, c *txClaim) (*txRun, serverco
 	}
 	tx := br.Tx()
 	var (
-		began int64
-		row   pgtype.TID
+		began  int64
+		row    pgtype.TID
+		locked bool
 	)
-	found, err := h.readClaim(br, c, &began, &row)
+	found, err := h.readClaim(br, c, &began, &row, &locked)
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
 	if err == nil && tx == nil {
 		err = errors.New("the DB's SendBatch does not begin transactions (pgx.Batch.BeginTx)")
+	}
+	if err == nil && c != nil && found.State == 0 && !m.lookupApart {
+		// Not claimed: read the key's row in the same transaction, and
+		// roll back in the same round trip. (Only then: a claim that took
+		// the key reads nothing more.)
+		found, err = h.lookupAndEnd(ctx, tx, conn, c, locked)
+		tx, conn = nil, nil
 	}
 	if err != nil || (c != nil && found.State != servercore.Free) {
 		if tx != nil {
@@ -186,19 +195,24 @@ func (h *txHandler) claimOnce(ctx context.Context, c *txClaim) (*txRun, serverco
 			// The row is there to be found afresh.
 			found, err = h.recheck(ctx, c)
 		case err == nil && m.lookupApart && found.State == 0:
-			// The key is free by the lock, but a live row was in the way
-			// of the claim: committed since the lookup before.
-			found, err = h.recheck(ctx, c)
+			// Not claimed: the lock was busy, or a live row was in the
+			// way of the claim, committed since the lookup before. Read
+			// it, at READ COMMITTED.
+			var row servercore.Row
+			if row, err = h.lookupRow(ctx, c); err == nil {
+				found, err = servercore.TxFound(locked, false, row)
+			}
 		}
 		return nil, found, err
 	}
 	return &txRun{tx: tx, conn: conn, pg: tx.Conn().PgConn(), began: began, row: row}, servercore.Found{State: servercore.Free}, nil
 }
 
-// readClaim reads the results of claimOnce's batch: what the claim found,
-// the transaction's start into began and the claim row's ctid into ctid.
-// A zero State (lookupApart only) means: locked, not claimed, no row read.
-func (h *txHandler) readClaim(br pgx.BatchResults, c *txClaim, began *int64, ctid *pgtype.TID) (servercore.Found, error) {
+// readClaim reads the results of claimOnce's batch: whether the claim
+// took the key's lock (into locked) and wrote the claim row (Free), the
+// transaction's start into began and the claim row's ctid into ctid. A
+// zero State means: not claimed, and the key's row is yet to be read.
+func (h *txHandler) readClaim(br pgx.BatchResults, c *txClaim, began *int64, ctid *pgtype.TID, locked *bool) (servercore.Found, error) {
 	if _, err := br.Exec(); err != nil { // BEGIN
 		return servercore.Found{}, err
 	}
@@ -210,21 +224,45 @@ func (h *txHandler) readClaim(br pgx.BatchResults, c *txClaim, began *int64, cti
 	if c == nil {
 		return servercore.Found{State: servercore.Free}, nil
 	}
-	var locked bool
-	if err := br.QueryRow().Scan(&locked, began, ctid); err != nil {
+	if err := br.QueryRow().Scan(locked, began, ctid); err != nil {
 		return servercore.Found{}, err
 	}
-	claimed := ctid.Valid
-	var row servercore.Row
-	if !h.m.lookupApart {
-		var err error
-		if row, err = readRow(br.QueryRow()); err != nil {
-			return servercore.Found{}, err
-		}
-	} else if locked && !claimed {
-		return servercore.Found{}, nil
+	if ctid.Valid {
+		return servercore.TxFound(*locked, true, servercore.Row{})
 	}
-	return servercore.TxFound(locked, claimed, row)
+	return servercore.Found{}, nil
+}
+
+// lookupAndEnd reads the key's live row in tx, a claim's transaction that
+// did not take the key, and rolls it back, in one round trip on a pool's
+// connection (two otherwise); then it says what the claim found. Under
+// READ COMMITTED the read's snapshot follows the lock's try, so a run
+// that committed before the lock was free is seen.
+func (h *txHandler) lookupAndEnd(ctx context.Context, tx pgx.Tx, conn *pgxpool.Conn, c *txClaim, locked bool) (servercore.Found, error) {
+	var (
+		row servercore.Row
+		err error
+	)
+	if conn == nil {
+		row, err = readRow(tx.QueryRow(ctx, h.m.sql.lookup, c.row))
+		_ = tx.Rollback(ctx)
+	} else {
+		b := &pgx.Batch{}
+		b.Queue(h.m.sql.lookup, c.row)
+		b.Queue("ROLLBACK")
+		br := conn.SendBatch(ctx, b)
+		row, err = readRow(br.QueryRow())
+		_, _ = br.Exec()
+		_ = br.Close()
+		if conn.Conn().PgConn().TxStatus() != 'I' {
+			_, _ = conn.Exec(ctx, "ROLLBACK") // or the connection is destroyed on release, which ends it too
+		}
+		conn.Release()
+	}
+	if err != nil {
+		return servercore.Found{}, err
+	}
+	return servercore.TxFound(locked, false, row)
 }
 
 // readRow reads the lookup statement's row.
@@ -244,6 +282,15 @@ func readRow(row pgx.Row) (servercore.Row, error) {
 // committed by the time it runs: what a new claim of it would find,
 // short of taking it.
 func (h *txHandler) recheck(ctx context.Context, c *txClaim) (servercore.Found, error) {
+	row, err := h.lookupRow(ctx, c)
+	if err != nil {
+		return servercore.Found{}, err
+	}
+	return servercore.RowFound(row), nil
+}
+
+// lookupRow reads the key's live row at READ COMMITTED.
+func (h *txHandler) lookupRow(ctx context.Context, c *txClaim) (servercore.Row, error) {
 	var row servercore.Row
 	err := retry(ctx, func() error {
 		b := &pgx.Batch{}
@@ -260,10 +307,7 @@ func (h *txHandler) recheck(ctx context.Context, c *txClaim) (servercore.Found, 
 		}
 		return err
 	})
-	if err != nil {
-		return servercore.Found{}, err
-	}
-	return servercore.RowFound(row), nil
+	return row, err
 }
 
 // rollback ends the run without committing; it does nothing once the run
@@ -307,7 +351,7 @@ func (run *txRun) commit(ctx context.Context, sql *keysSQL, c *txClaim, record [
 			}
 			return commitOutcome(err)
 		}
-		tag, err := run.tx.Exec(ctx, sql.store, c.row, []byte(c.Token), record, run.row)
+		tag, err := run.tx.Exec(ctx, sql.store, c.row, c.token(), record, run.row)
 		switch {
 		case err != nil:
 			run.rollback(ctx)
@@ -324,7 +368,7 @@ func (run *txRun) commit(ctx context.Context, sql *keysSQL, c *txClaim, record [
 	// behind unclosed; the handler's view of it is closed, and the
 	// connection goes back to the pool only if the session is idle.
 	b := &pgx.Batch{}
-	b.Queue(sql.storeGuard, c.row, []byte(c.Token), record, run.row, run.began)
+	b.Queue(sql.storeGuard, c.row, c.token(), record, run.row, run.began)
 	b.Queue("COMMIT")
 	br := run.conn.SendBatch(ctx, b)
 	_, err := br.Exec()
@@ -350,10 +394,11 @@ func (run *txRun) commit(ctx context.Context, sql *keysSQL, c *txClaim, record [
 
 // commitOutcome says what a commit's error shows.
 func commitOutcome(err error) (servercore.Commit, error) {
+	if err == nil {
+		return servercore.CommitOK, nil
+	}
 	var pgErr *pgconn.PgError
 	switch {
-	case err == nil:
-		return servercore.CommitOK, nil
 	case errors.As(err, &pgErr) && pgErr.Code == divisionByZero:
 		return servercore.CommitClaimLost, errClaimLost
 	case errors.As(err, &pgErr) && pgErr.Code == numericOutOfRange:
@@ -372,6 +417,9 @@ func commitOutcome(err error) (servercore.Commit, error) {
 // transaction rolled back because of others running at the same time, and
 // running it again may succeed.
 func serializationFailure(err error) bool {
+	if err == nil {
+		return false
+	}
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 }

@@ -123,7 +123,7 @@ func (h *txHandler) settle(ctx context.Context, w http.ResponseWriter, r *http.R
 	)
 	switch plan.Do {
 	case servercore.Keep:
-		record := servercore.EncodeHead(plan.Status, storedHeader(buf.header), len(buf.body), nil)
+		record := servercore.EncodeHead(plan.Status, buf.header, len(buf.body), storedField)
 		record = append(record, buf.body...)
 		h.step("before-commit")
 		var outcome servercore.Commit
@@ -278,7 +278,7 @@ func (h *txHandler) answer(w http.ResponseWriter, r *http.Request, c *txClaim, v
 func (h *txHandler) mark(ctx context.Context, c *txClaim, status int) error {
 	m := h.m
 	return retry(ctx, func() error {
-		_, err := m.db.Exec(ctx, m.sql.mark, c.row, []byte(c.Token), []byte(c.fingerprint), servercore.Unreplayable(status), m.ttl)
+		_, err := m.db.Exec(ctx, m.sql.mark, c.row, c.token(), c.fp, servercore.Unreplayable(status), m.ttl)
 		return err
 	})
 }

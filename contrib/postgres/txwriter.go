@@ -20,20 +20,14 @@ var unstoredHeaders = []string{
 	"Set-Cookie", "Content-Length",
 }
 
-// storedHeader returns the part of the handler's header that a replay
-// sends. Only the handler's own fields are there to begin with: the
-// buffered writer starts from an empty header, not from the header that
-// outer middleware filled.
-func storedHeader(h http.Header) http.Header {
-	out := make(http.Header, len(h))
-	for k, vs := range h {
-		// Compared in canonical form: a field set as h["set-cookie"] is
-		// sent as it is spelt, and read by the client as Set-Cookie.
-		if !slices.Contains(unstoredHeaders, http.CanonicalHeaderKey(k)) {
-			out[k] = vs
-		}
-	}
-	return out
+// storedField reports whether a field of the handler's header, with
+// values vs, is sent by a replay. Only the handler's own fields are there
+// to begin with: the buffered writer starts from an empty header, not
+// from the header that outer middleware filled.
+func storedField(name string, _ []string) bool {
+	// Compared in canonical form: a field set as h["set-cookie"] is sent
+	// as it is spelt, and read by the client as Set-Cookie.
+	return !slices.Contains(unstoredHeaders, http.CanonicalHeaderKey(name))
 }
 
 func problemRolledBack(key string) *idemserver.Problem {
