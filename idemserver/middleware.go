@@ -40,7 +40,8 @@ const (
 )
 
 // Middleware enforces the idempotency-key contract for a [net/http]
-// handler. For each request whose method is configured and that carries a
+// handler, as a shell of the server core that contrib/postgres's
+// TxMiddleware shares (docs/server.md). For each request whose method is configured and that carries a
 // valid key, it claims (principal, key) in the [Store] with one atomic step,
 // then:
 //
@@ -74,12 +75,18 @@ const (
 //     run. So does a handler that hijacks the connection or answers 101
 //     Switching Protocols: it ran, and what it sent cannot be replayed.
 //   - A full store (see [ErrStoreFull]) and a failing store get 503 with
-//     Retry-After, and the handler does not run.
-//   - A store that hangs cannot hold a finished response for ever: the
-//     Complete (or Release) after the handler is given until the claim's
-//     lock would time out. Past that, the response is sent unstored and the
-//     key is not released: it stays claimed until its lock times out, as
-//     after a crash, so retries meanwhile get 409.
+//     Retry-After, and the handler does not run. So does a store that does
+//     not answer the claim within the request's context or the lock
+//     timeout.
+//   - A store that refuses the Complete after the handler (a blip, a Redis
+//     past its memory) does not make a retry run it again: the Complete is
+//     tried again, with the renewals' backoff, for as long as the claim's
+//     lock is live, and after its first failure the claim is pinned for
+//     the TTL ([Store.Renew]), so that should no Complete get through, the
+//     key answers 409 for the TTL rather than run again. A store that
+//     hangs holds a finished response no longer than the claim's lock;
+//     past that, the response is sent unstored and the key stays claimed
+//     (pinned, or until its lock times out, as after a crash).
 //
 // The lock timeout is how long a crashed server's claim blocks its key
 // (retries get 409 until it passes). A live handler keeps its claim however

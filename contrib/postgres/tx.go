@@ -220,58 +220,65 @@ type TxOptions struct {
 
 // TxMiddleware makes a [TxHandler] idempotent with the record of its
 // response in the handler's own transaction: the recommended way to serve
-// idempotent requests on PostgreSQL. For each request with a valid key it
+// idempotent requests on PostgreSQL. It is a shell of the server core that
+// idemserver.Middleware shares (docs/server.md at the repository's root):
+// the two answer every case alike. For each request with a valid key it
 //
-//  1. begins a transaction and claims the key in it: it takes a
-//     transaction-level advisory lock on a 64-bit hash of the key and of
-//     the key table's schema-qualified name, without waiting (a concurrent
-//     request with the same key answers 409 with Retry-After at once), and
-//     reads the key's live row, to replay a stored response (or answer 422
-//     for another request's key). Advisory locks belong to the database,
-//     so the table's name in the hash keeps applications in separate
-//     schemas of one database (the layout the package recommends) from
-//     ever blocking each other on a key;
+//  1. begins a transaction and claims the key in it, in one statement:
+//     it tries a transaction-level advisory lock on a 64-bit hash of the
+//     key and of the key table's schema-qualified name, without waiting
+//     (a concurrent request with the same key answers 409 with
+//     Retry-After at once), and, with the lock, writes the key's claim
+//     row, unless a live row holds the key (then the request replays the
+//     stored response, or answers 409, 410 or 422). Advisory locks belong
+//     to the database, so the table's name in the hash keeps applications
+//     in separate schemas of one database (the layout the package
+//     recommends) from ever blocking each other on a key;
 //  2. runs the handler with the transaction, on a buffered writer;
-//  3. writes the key's row with the response in that same transaction,
-//     unless a live row now holds the key (a [Store] sharing the table
-//     claimed it meanwhile): then the claim is lost and the transaction
-//     aborts, so that exactly one of the two runs commits;
+//  3. writes the response into the claim row, in that same transaction;
 //  4. commits, and only then sends the response.
 //
 // On a [*pgxpool.Pool] that is three round trips, as many as a handler
 // that begins and commits a transaction of its own: BEGIN with the claim,
-// the handler's statements, the stored response with COMMIT.
+// the handler's statements, the stored response with COMMIT. Every
+// statement names the key table resolved when the middleware was made, so
+// that a handler's SET LOCAL search_path (a schema per tenant) cannot move
+// a record elsewhere.
 //
 // The business write and the record of its response therefore commit
 // together or not at all: a server killed at any point leaves either both
 // (a retry gets the stored response, marked Idempotent-Replayed: true) or
 // neither (the transaction aborts with the connection, the key is free at
 // once, and a retry runs the request). A handler error, a response that is
-// not to be stored (5xx by default) or a panic rolls back the
-// transaction, which also frees the key; a panic continues to net/http
-// after the rollback.
+// not to be stored (5xx by default), a handler that gave up on a client
+// that left without answering, or a panic rolls back the transaction,
+// which also frees the key; a panic continues to net/http after the
+// rollback.
 //
 // Whatever the isolation level, the key's primary key is the last word:
-// should two runs ever hold the key at once, only one of their rows can
-// commit, and the other's business write rolls back with it.
+// should two runs ever hold the key at once (instances of the previous
+// release beside this one, whose lock differs: see docs/server.md), only
+// one of their rows can commit, and the other's business write rolls back
+// with it. A [Store] sharing the table waits for a running request's claim
+// row, then finds its response.
 //
 // # Isolation levels
 //
 // The transactions run at [TxOptions].IsoLevel, or the server's default.
 // Under REPEATABLE READ and SERIALIZABLE the snapshot is taken before the
-// key's lock (by the statement that takes it), so a duplicate that takes
-// the lock just as the first run commits cannot see that run's row; its
-// handler runs, and its writes or its record then fail (a unique
-// violation, a serialization failure). After any rollback the middleware
-// looks the key up afresh, at READ COMMITTED, and answers as a duplicate
-// would: the stored response, 409 or 422, never a 500. Under
-// SERIALIZABLE the key is looked up at READ COMMITTED before the
-// transaction begins (a round trip more), since a read of the key table
-// inside it takes predicate locks that made requests with different keys
-// fail each other. A transaction that fails with a serialization failure
-// or a deadlock (SQLSTATE 40001, 40P01) of its own is answered 503 with
-// Retry-After ([TypeSerializationFailure]): nothing committed, the key is
-// free, and a retry with the same key runs it again. With
+// key's lock (by the statement that takes it), so a claim that meets a row
+// committed just before its lock was free fails with a serialization
+// failure: the key is then looked up afresh, at READ COMMITTED, and the
+// request answered as a duplicate would be: the stored response, 409 or
+// 422, never a 500. Under SERIALIZABLE the key is looked up at READ
+// COMMITTED before the transaction begins (a round trip more), and the
+// response is written into its row by the row's ctid, since a read of
+// the key table through its index inside the transaction takes predicate
+// locks that made requests with different keys fail each other. A
+// transaction that fails with a serialization failure or a deadlock
+// (SQLSTATE 40001, 40P01) of its own is answered 503 with Retry-After
+// ([TypeSerializationFailure]): nothing committed, the key is free, and a
+// retry with the same key runs it again. With
 // [TxOptions].SerializationRetries the middleware runs it again itself.
 //
 // # A handler that ends the transaction
@@ -280,37 +287,41 @@ type TxOptions struct {
 // ROLLBACK sent as a statement (tx.Exec, or through tx.Conn(), which is
 // kept for pgx's helpers that need the connection) ends the transaction
 // all the same, and a record written after it would commit apart from the
-// handler's writes: a ROLLBACK would leave a stored 201 for a charge that
-// does not exist, a COMMIT the charge without its record. The middleware
-// reads the transaction's start time when it claims the key, and once the
-// handler has returned it checks, on the connection itself, that a
-// transaction is open and that it is the one begun then: the statement
-// that stores the record compares the start time first (in the same round
-// trip), and so does the one that goes with a rollback.
-// A handler found to have ended the transaction gets 500 ([TypeTxEnded]),
+// handler's writes. Its COMMIT (or COMMIT AND CHAIN) commits the key's
+// claim row too, and releases the lock: a duplicate that arrives while the
+// handler goes on finds the key in progress (409), never runs. The
+// middleware reads the transaction's start time when it claims the key,
+// and once the handler has returned it checks, on the connection itself,
+// that a transaction is open and that it is the one begun then: the
+// statement that stores the record compares the start time first (in the
+// same round trip), and so does the one that goes with a rollback. A
+// handler found to have ended the transaction gets 500 ([TypeTxEnded]),
 // and since some of its writes may have committed, its key is kept as
 // completed but not replayable: a retry gets 410
-// ([idemserver.TypeNotReplayable]) and never runs it again. One case is
-// not told apart: a handler that commits, begins a new transaction and
-// leaves that one aborted by a failed statement is taken for one whose
-// statement failed (500, [TypeRolledBack], the key free), since
-// PostgreSQL answers no statement in an aborted transaction.
+// ([idemserver.TypeNotReplayable]) and never runs it again. A server that
+// dies before it kept the key leaves the committed claim row, which holds
+// the key (409) for the TTL. One case is not told apart: a handler that
+// commits, begins a new transaction and leaves that one aborted by a
+// failed statement is taken for one whose statement failed (500,
+// [TypeRolledBack]); its committed claim row still holds the key.
 //
 // # Why the claim is not committed first
 //
 // A claim committed in a transaction of its own (as [Store] makes) outlives
 // a crashed server: its key answers 409 until the lock timeout passes (a
 // minute by default), and a handler slower than that timeout loses its
-// claim unless a heartbeat renews it. The claim here (the advisory lock)
-// is released by PostgreSQL the moment the server's connection closes
-// (measured: the retry after a SIGKILL succeeded 6 ms to 85 ms later,
-// against 1 s for a committed claim with a 1 s lock timeout), and no run,
-// however slow, can lose it, so there is no heartbeat. Duplicates do not
-// wait either: the advisory lock is tried, not waited for, whereas a
-// committed claim's ON CONFLICT makes them queue on its row lock (see the
-// package README for the numbers). The cost: a server that vanishes
-// without closing its connections keeps its keys until PostgreSQL ends
-// its sessions; set IdleTimeout to bound that.
+// claim unless a heartbeat renews it. The claim here (the advisory lock,
+// and the claim row, both in the request's transaction) is released by
+// PostgreSQL the moment the server's connection closes (measured: the
+// retry after a SIGKILL succeeded 6 ms to 85 ms later, against 1 s for a
+// committed claim with a 1 s lock timeout), and no run, however slow, can
+// lose it, so there is no heartbeat. Duplicates do not wait either: the
+// advisory lock is tried, not waited for, whereas a committed claim's ON
+// CONFLICT makes them queue on its row lock (see the package README for
+// the numbers). The cost: a server that vanishes without closing its
+// connections keeps its keys until PostgreSQL ends its sessions; set
+// IdleTimeout to bound that. A database that does not answer holds no
+// request past [TxOptions].DBTimeout.
 //
 // The handler's [pgx.Tx] refuses Commit and Rollback (return an error to
 // roll back) and is closed once the handler returns. Begin makes a
@@ -324,6 +335,13 @@ type TxOptions struct {
 // Requests that take no key (other methods, or keyless requests when the
 // key is optional) also run in a transaction, committed unless the handler
 // fails or answers 5xx (or ended the transaction itself: 500).
+//
+// # Shutdown and upgrades
+//
+// A server that stops rolls its open transactions back (PostgreSQL does,
+// when their connections close): their keys are free at once. The key
+// table is a versioned format (idemhttp_schema); rows written by the
+// previous release replay after the upgrade (TestBaseline).
 //
 // Create one with [NewTxMiddleware]; it is safe for concurrent use.
 type TxMiddleware struct {
@@ -358,8 +376,9 @@ type TxMiddleware struct {
 
 // NewTxMiddleware returns a TxMiddleware on db, which must be the primary:
 // it fails with [ErrStandby] on a standby. The idemhttp_keys table must
-// exist ([Migrate]): the middleware scopes its claims to the table its
-// search_path finds. A nil opts means the defaults, which need
+// exist ([Migrate]): the middleware's statements name the table (and its
+// claims' locks are scoped to it) that db's search_path finds now; one of
+// a newer release is refused ([ErrNewerSchema]). A nil opts means the defaults, which need
 // opts.Principal or opts.SingleTenant, so nil is refused.
 //
 // Route every statement of these transactions to the primary: never put
