@@ -158,9 +158,10 @@ func ExampleNewTxMiddleware() {
 	mw, err := postgres.NewTxMiddleware(ctx, pool, &postgres.TxOptions{
 		Principal: func(r *http.Request) string { return r.Header.Get("X-Account") },
 		Required:  true,
+		DBTimeout: 5 * time.Second, // a database that does not answer: 503, the connection given up
 	})
 	if err != nil {
-		log.Fatal(err) // postgres.ErrStandby: pointed at a replica
+		log.Fatal(err) // postgres.ErrStandby: pointed at a replica; ErrNewerSchema: a newer release's tables
 	}
 	secret := []byte(os.Getenv("KEY_SECRET")) // at least 32 bytes
 	payments := &idemhttp.Client{}
