@@ -193,8 +193,8 @@ func TestTxPanic(t *testing.T) {
 // takes no advisory lock) while a TxMiddleware request with the same key
 // runs: the request's claim row, uncommitted, makes the Store's claim wait
 // for its transaction, which then finds the stored response. Exactly one
-// runs. (Checked to fail with the claim row written only with the
-// response: the Store's claim took the key, both ran.)
+// runs. (Checked to fail with the claim row written already expired: the
+// Store's claim took the key over once the request committed.)
 func TestTxStoreClaimWaits(t *testing.T) {
 	ctx := context.Background()
 	s := newTxSchema(t)
