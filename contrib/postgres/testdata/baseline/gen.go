@@ -11,9 +11,9 @@
 // Run it in a git worktree of that commit, from its contrib/postgres
 // directory, with the test server of .ci/services.sh:
 //
-//	git worktree add /tmp/baseline 2d053bb
-//	cp gen.go /tmp/baseline/contrib/postgres/gen_golden.go
-//	cd /tmp/baseline/contrib/postgres
+//	git worktree add ../baseline 2d053bb
+//	cp gen.go ../baseline/contrib/postgres/gen_golden.go
+//	cd ../baseline/contrib/postgres
 //	IDEMHTTP_POSTGRES_URL=... go run gen_golden.go -out <this directory>
 //
 // It uses only what that release exported, and pg_dump (15).

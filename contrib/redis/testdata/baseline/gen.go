@@ -9,9 +9,9 @@
 // Run it in a git worktree of that commit, from its contrib/redis
 // directory, with the test server of .ci/services.sh:
 //
-//	git worktree add /tmp/baseline 2d053bb
-//	cp gen.go /tmp/baseline/contrib/redis/gen_golden.go
-//	cd /tmp/baseline/contrib/redis
+//	git worktree add ../baseline 2d053bb
+//	cp gen.go ../baseline/contrib/redis/gen_golden.go
+//	cd ../baseline/contrib/redis
 //	IDEMHTTP_REDIS_ADDR=... go run gen_golden.go -out <this directory>
 //
 // It uses only what that release exported.
