@@ -2,11 +2,14 @@ package idemhttp
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"io"
 	"net/http"
 	"sync"
+	"time"
 )
 
 // This file makes "byte-identical on every attempt" hold for every body.
@@ -24,8 +27,9 @@ import (
 //
 // A larger body, or one of unknown length, with GetBody is streamed: the
 // first attempt sends req.Body and sets the reference (its length n and a
-// seeded maphash of its bytes), and every later body, from GetBody, is
-// checked against it as it goes out. It holds back byte n of the
+// seeded maphash of its bytes; when, and which body is it, is bodyRef's
+// rule), and every later body, from GetBody, is checked against it as it
+// goes out. It holds back byte n of the
 // reference until the whole body is known to match, and fails as soon as
 // more than n bytes arrive, so a changed body (longer, shorter or the same
 // length) is never completely delivered, with a Content-Length, chunked
@@ -91,23 +95,145 @@ func closeBody(req *http.Request) {
 }
 
 // bodyRef is the reference a call's streamed bodies are compared with.
-// Bodies are read by net/http's write loop, which may still run after
+// Bodies are read by net/http's write loops, which may still run after
 // RoundTrip returned, so it is guarded by a mutex.
+//
+// Which body is the reference, and when it is known, is decided so that
+// no two different bodies can both reach the server whole, whatever
+// order the server's answer and the reading of the bodies take (issue 31
+// §1.13):
+//   - A body of declared length n is whole for the server once its n
+//     bytes are out, before net/http reads on to see its end (HTTP/1.1
+//     writes them straight to the connection, then reads once more): so
+//     the reference is recorded when n bytes were read, not at EOF. A body
+//     of unknown length is whole only once its end is written (the last
+//     chunk, END_STREAM), which comes after EOF.
+//   - A later body (from GetBody) decides at its first Read, not when it
+//     is made: it waits until the reference is known, or until every
+//     earlier body is closed without making one (then none of them can be
+//     whole, and it becomes the reference itself). A server may answer
+//     before reading a body, and net/http may still be writing one after
+//     the attempt ended, so an earlier body is in doubt until it is closed.
+//     The wait is short (bodyWaitLimit): net/http closes a body it is done
+//     with soon after, but HTTP/2's Transport calls GetBody for a retry of
+//     its own before it closes the body it gives up. A later body that
+//     waited that long fails, unsent: its attempt fails (its outcome is
+//     then unknown, as for any body cut short), and the next attempt asks
+//     again. Failing costs an attempt; sending it unchecked could run two
+//     bodies under one key.
 type bodyRef struct {
 	mu      sync.Mutex
 	set     bool
 	n       int64
 	sum     uint64
 	changed bool // a body differed from the reference
+
+	made    int           // bodies handed out, the next one's number
+	open    []int         // the numbers of those not yet closed
+	wake    chan struct{} // closed when the reference is set or a body closes
+	waiting int           // later bodies waiting (await), for tests
 }
 
-// done records a body read to its end and reports whether it matches the
-// reference (the first such body is the reference).
+// bodyWaitLimit bounds how long a later body waits for an earlier one to
+// be closed or to make the reference. net/http's HTTP/1.1 Transport waits
+// 50 ms for a request still being written before it closes the
+// connection (and the body) under a response that came first.
+const bodyWaitLimit = 250 * time.Millisecond
+
+// handOut numbers a new body and counts it open.
+func (r *bodyRef) handOut() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := r.made
+	r.made++
+	r.open = append(r.open, k)
+	return k
+}
+
+// closed records that body k is closed.
+func (r *bodyRef) closed(k int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, o := range r.open {
+		if o == k {
+			r.open = append(r.open[:i], r.open[i+1:]...)
+			r.wakeLocked()
+			return
+		}
+	}
+}
+
+func (r *bodyRef) wakeLocked() {
+	if r.wake != nil {
+		close(r.wake)
+		r.wake = nil
+	}
+}
+
+// await waits, for body k, until the reference is known (it returns its
+// length and true) or no body before k is open (false: k is to be the
+// reference), or ctx ends.
+func (r *bodyRef) await(ctx context.Context, k int) (int64, bool, error) {
+	var limit <-chan time.Time
+	for {
+		r.mu.Lock()
+		if r.set {
+			n := r.n
+			r.mu.Unlock()
+			return n, true, nil
+		}
+		earlier := false
+		for _, o := range r.open {
+			earlier = earlier || o < k
+		}
+		if !earlier {
+			r.mu.Unlock()
+			return 0, false, nil
+		}
+		if r.wake == nil {
+			r.wake = make(chan struct{})
+		}
+		wake := r.wake
+		r.waiting++
+		r.mu.Unlock()
+		if limit == nil {
+			t := time.NewTimer(bodyWaitLimit)
+			defer t.Stop()
+			limit = t.C
+		}
+		var err error
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-limit:
+			err = fmt.Errorf("idemhttp: a body an earlier attempt was sending was not closed within %s: this one cannot be checked against it, and is not sent", bodyWaitLimit)
+		}
+		r.mu.Lock()
+		r.waiting--
+		r.mu.Unlock()
+		if err != nil {
+			return 0, false, err
+		}
+	}
+}
+
+// waiters returns how many later bodies wait for an earlier one.
+func (r *bodyRef) waiters() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.waiting
+}
+
+// done records a body of n bytes whose hash is sum, read to its end (or
+// to its declared length), and reports whether it matches the reference
+// (the first such body is the reference).
 func (r *bodyRef) done(n int64, sum uint64) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.set {
 		r.set, r.n, r.sum = true, n, sum
+		r.wakeLocked()
 		return true
 	}
 	if r.n == n && r.sum == sum {
@@ -115,13 +241,6 @@ func (r *bodyRef) done(n int64, sum uint64) bool {
 	}
 	r.changed = true
 	return false
-}
-
-// length returns the reference's length, and whether it is set.
-func (r *bodyRef) length() (int64, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.n, r.set
 }
 
 func (r *bodyRef) differed() bool {
@@ -137,27 +256,48 @@ func (r *bodyRef) mismatch() {
 	r.mu.Unlock()
 }
 
-// verifyingBody hashes a streamed body as it is read. With check set it
-// holds back byte number n of the reference (n its length), and fails at
-// once when more than n bytes arrive: the body's last byte goes out only
-// once the whole body is known to be the reference.
+// verifyingBody hashes a streamed body as it is read. A reference body
+// (the first, or a later one that found no reference and no earlier body
+// open) records the reference; a checked body holds back byte number n of
+// the reference (n its length), and fails at once when more than n bytes
+// arrive: its last byte goes out only once the whole body is known to be
+// the reference.
 type verifyingBody struct {
-	src   io.ReadCloser
-	ref   *bodyRef
-	check bool
-	n     int64 // the reference's length, with check
+	src      io.ReadCloser
+	ref      *bodyRef
+	ctx      context.Context // a later body's: bounds its wait for earlier ones
+	k        int             // its number (bodyRef.handOut)
+	later    bool            // from GetBody: its mode is decided at its first Read
+	declared int64           // the request's declared length, 0 if unknown
+	check    bool
+	n        int64 // the reference's length, with check
 
-	h       maphash.Hash
-	read    int64 // bytes read from src
-	held    byte  // byte n, held back
-	hasHeld bool
-	eof     bool
-	err     error
+	h        maphash.Hash
+	read     int64 // bytes read from src
+	recorded bool  // a reference body recorded the reference
+	held     byte  // byte n, held back
+	hasHeld  bool
+	eof      bool
+	err      error
+
+	// Close may come from another goroutine than Read's (net/http's
+	// Client closes a request's body as it follows a redirect, while its
+	// Transport may still be writing it): once closed, no byte goes out,
+	// and a reference body records the reference, or not, before it is
+	// counted closed, never after.
+	mu       sync.Mutex
+	isClosed bool
 }
 
-func (v *verifyingBody) reset(src io.ReadCloser, ref *bodyRef) {
-	*v = verifyingBody{src: src, ref: ref}
-	v.n, v.check = ref.length()
+// errBodyClosed is what a body read after its Close returns.
+var errBodyClosed = errors.New("idemhttp: request body read after it was closed")
+
+// reset makes v the next body of ref, reading src. declared is the
+// request's Content-Length (0 or less if unknown); later is set for every
+// body but the caller's own, and ctx bounds its wait.
+func (v *verifyingBody) reset(ctx context.Context, src io.ReadCloser, ref *bodyRef, declared int64, later bool) {
+	*v = verifyingBody{src: src, ref: ref, ctx: ctx, later: later, declared: max(declared, 0)}
+	v.k = ref.handOut()
 	v.h.SetSeed(bodySeed)
 }
 
@@ -165,14 +305,20 @@ func (v *verifyingBody) Read(p []byte) (int, error) {
 	if v.err != nil {
 		return 0, v.err
 	}
-	if !v.check {
-		n, err := v.src.Read(p)
-		v.h.Write(p[:n])
-		v.read += int64(n)
-		if err == io.EOF {
-			v.ref.done(v.read, v.h.Sum64())
+	if v.closedNow() {
+		return 0, errBodyClosed
+	}
+	if v.later {
+		v.later = false
+		n, ok, err := v.ref.await(v.ctx, v.k)
+		if err != nil {
+			v.err = err
+			return 0, err
 		}
-		return n, err
+		v.n, v.check = n, ok
+	}
+	if !v.check {
+		return v.readReference(p)
 	}
 	if len(p) == 0 {
 		return 0, nil
@@ -220,6 +366,36 @@ func (v *verifyingBody) Read(p []byte) (int, error) {
 	}
 }
 
+// readReference reads a reference body: it records the reference once
+// the declared length is read (the server has the body whole then), or
+// at its end when no length was declared. Bytes past the declared length
+// are no part of it: net/http refuses to send them, and says so.
+func (v *verifyingBody) readReference(p []byte) (int, error) {
+	n, err := v.src.Read(p)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.isClosed {
+		return 0, errBodyClosed // closed while reading: these bytes stay here
+	}
+	take := int64(n)
+	if v.declared > 0 {
+		take = min(take, max(v.declared-v.read, 0))
+	}
+	v.h.Write(p[:take])
+	v.read += int64(n)
+	if !v.recorded {
+		switch {
+		case v.declared > 0 && v.read >= v.declared:
+			v.recorded = true
+			v.ref.done(v.declared, v.h.Sum64())
+		case v.declared == 0 && err == io.EOF:
+			v.recorded = true
+			v.ref.done(v.read, v.h.Sum64())
+		}
+	}
+	return n, err
+}
+
 // fail stops the body: it differs from the reference.
 func (v *verifyingBody) fail() (int, error) {
 	v.ref.mismatch()
@@ -227,7 +403,24 @@ func (v *verifyingBody) fail() (int, error) {
 	return 0, v.err
 }
 
-func (v *verifyingBody) Close() error { return v.src.Close() }
+// Close closes the source, and tells the reference that this body can
+// no longer reach the server whole, if it has not already.
+func (v *verifyingBody) Close() error {
+	v.mu.Lock()
+	first := !v.isClosed
+	v.isClosed = true
+	v.mu.Unlock()
+	if first {
+		v.ref.closed(v.k)
+	}
+	return v.src.Close()
+}
+
+func (v *verifyingBody) closedNow() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.isClosed
+}
 
 // memBody is the engine's ReaderFunc for a body in memory: every attempt
 // reads the same bytes. The first attempt's reader lives in the call
@@ -268,6 +461,6 @@ func (a *operation) body() (io.Reader, error) {
 		rc = http.NoBody
 	}
 	v := &verifyingBody{}
-	v.reset(rc, &a.bodyRef)
+	v.reset(a.req.Context(), rc, &a.bodyRef, a.rreq.ContentLength, true)
 	return v, nil
 }

@@ -2,13 +2,13 @@ package idemhttp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"net"
 	"net/http"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,11 +50,12 @@ type Client struct {
 	// memory only: operations named with [WithOperation] reuse their key
 	// for [Policy.Retention] within the life of the Client.
 	//
-	// Name each operation with [WithOperation]: a call without an
-	// operation id is protected only by Resume at start-up, and a rerun of
-	// the same work after a crash mints a new key and may run it twice.
-	// The client logs that once (Logger); [Policy.RequireOperation]
-	// refuses such calls instead.
+	// Name each operation with [WithOperation] (or give its key with
+	// [WithKey]): a keyed call with neither is refused ([ErrInvalidRequest],
+	// before anything is written or sent), since only Resume at start-up
+	// would protect it: a rerun of the same work after a crash would mint
+	// a new key (a key in the header may be an SDK's, minted per call) and
+	// may run it twice. [Policy.AllowUnnamed] lets such calls through.
 	Journal Journal
 
 	// Logger receives one Info record per retry (method, redacted URL,
@@ -118,10 +119,11 @@ type config struct {
 	// before anything could be sent (see wire.go); h2c: it may speak
 	// HTTP/2 over a connection without TLS.
 	traceable, h2c bool
-	// senders gives each operation one sender at a time (lifecycle.go).
-	senders senders
-	// unnamed logs, once, a journaled call without an operation id.
-	unnamed sync.Once
+	// scope is the scope of the senders' slots of calls with c.Journal
+	// (lifecycle.go): the journal itself, so that Clients sharing it share
+	// its slots, or the config, a scope of this Client's own, for a
+	// journal whose value cannot be a map key.
+	scope any
 	// onPhase, for tests, sees every move of every call's lifecycle.
 	onPhase func(from, to phase)
 }
@@ -161,6 +163,10 @@ func (c *Client) init() {
 		}
 		cfg.mem = newMemJournal(cfg.pol.retention)
 		cfg.journal = c.Journal
+		cfg.scope = cfg
+		if c.Journal != nil && reflect.ValueOf(c.Journal).Comparable() {
+			cfg.scope = c.Journal
+		}
 		if r, ok := c.Journal.(retainer); ok {
 			// Policy.Retention is the one retention setting: a journal that
 			// prunes by itself must not drop a done entry the client would
@@ -219,6 +225,12 @@ type attemptTransport struct {
 }
 
 func (t attemptTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if a := attemptFrom(r.Context()); a != nil {
+		if err := a.handOver(r); err != nil {
+			closeBody(r) // a RoundTripper closes the body, even on errors
+			return nil, err
+		}
+	}
 	if t.jar != nil {
 		// As http.Client does for each request it sends, redirect hops
 		// included, but on a copy: the engine reuses r's header for
@@ -233,6 +245,9 @@ func (t attemptTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 	}
 	resp, err := t.roundTrip(r)
+	if a := attemptFrom(r.Context()); a != nil && err == nil {
+		a.lastResp = resp // for unwind: a panic before the call returns it leaves it open
+	}
 	if err == nil && t.jar != nil {
 		if rc := resp.Cookies(); len(rc) > 0 {
 			t.jar.SetCookies(r.URL, rc)
@@ -294,7 +309,8 @@ func (b *cancelBody) Close() error {
 //   - from the server: [*KeyMismatchError], or a [*GiveUpError] whose
 //     reason is [ErrExhausted], [ErrInProgress], [ErrBudgetExhausted],
 //     [ErrRetryAfterTooLong], [ErrKeyRequired], [ErrBodyChanged],
-//     [ErrNotReplayable] (GetBody failed on a retry) or the context's error;
+//     [ErrNotReplayable] (GetBody failed on a retry), [ErrPacerRefused]
+//     or the context's error;
 //   - a transport error that must not be retried, as net/http returned it
 //     but with the URL's secrets redacted: an outcome-unknown failure of a
 //     request without a key and with a non-idempotent method, a
@@ -303,13 +319,19 @@ func (b *cancelBody) Close() error {
 //
 // An error matches [ErrNotSent] when the call provably sent nothing the
 // server could act on and left no journal entry behind: only then is it
-// safe to try the operation again under a new key.
+// safe to try the operation again under a new key. One that matches
+// [ErrFenced] sent nothing itself, but the journal would not let it
+// withdraw its entry: another sender (a worker of a fleet sharing the
+// journal) finished or holds it, and may have sent it; never try it again
+// under a new key.
 //
 // Redirects: a keyed request, or one whose headers came partly from
 // PrepareRequest or name a secret header, is not followed to another
 // origin (scheme and host): the 3xx response is returned instead, so the
 // key, the body and credentials never reach a host the caller did not
-// name; its journal entry stays pending, since nothing ran at the target.
+// name. Any 3xx that comes back, whoever left it unfollowed (these rules,
+// the HTTPClient's CheckRedirect, [http.ErrUseLastResponse]), leaves the
+// journal entry pending, since nothing ran at the target.
 // A redirect that changes the method (303, or 301/302 after POST) drops
 // the key header.
 func (c *Client) Do(req *http.Request) (*http.Response, error) { return c.do(req, nil, false) }
@@ -359,21 +381,22 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 	keyed := key != "" || hasOp || p.needsKey(req.Method)
 
 	var j Journal
+	var scope any = cfg // the slots of a call without c.Journal are this Client's
 	if keyed {
 		j = cfg.journal
-		if j == nil && hasOp {
+		if j != nil {
+			scope = cfg.scope
+		} else if hasOp {
 			j = cfg.mem
 		}
-		if j != nil && !hasOp && rs == nil {
-			if p.requireOperation {
-				closeBody(req)
-				return nil, unsent(fmt.Errorf("idemhttp: %w: a journaled call needs an operation id (WithOperation): Policy.RequireOperation", ErrInvalidRequest))
-			}
-			if cfg.logger != nil {
-				cfg.unnamed.Do(func() {
-					cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemhttp: a journaled call without WithOperation: after a crash only Resume protects it, and a rerun of the same work mints a new key (Policy.RequireOperation refuses such calls); logged once")
-				})
-			}
+		if j != nil && !hasOp && !explicit && rs == nil && !p.allowUnnamed {
+			// Fail closed by default: a rerun of the same work would mint
+			// a new key (a key in the header may be an SDK's, minted per
+			// call). WithKey names the operation by a key of the caller's
+			// own; Resume's resends name what the journal holds.
+			closeBody(req)
+			return nil, unsent(fmt.Errorf("idemhttp: %w: a call journaled without an operation id: name it with WithOperation(ctx, id) "+
+				"(or give its key with WithKey), so that a rerun of the same work reuses its key; or set Policy.AllowUnnamed", ErrInvalidRequest))
 		}
 	}
 	body, getBody, err := replayableBody(req, j != nil, p.maxBody)
@@ -381,7 +404,7 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		return nil, unsent(err)
 	}
 
-	a := &operation{c: c, cfg: cfg, p: p.apply(ctx), operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method), j: j, sdk: sdk}
+	a := &operation{c: c, cfg: cfg, p: p.apply(ctx), operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method), j: j, scope: scope, sdk: sdk}
 	a.req = req // for the call's events until out replaces it
 	// closeStreamed closes a body left open to stream (an in-memory one
 	// is closed already) when the call stops before sending it.
@@ -391,6 +414,10 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		}
 	}
 	a.cctx = callCtx{Context: ctx, a: a}
+	// A panic anywhere in the call (a hook's, a caller's callback's, a
+	// journal's) ends it as any call ends: the slots freed, an entry it
+	// created and never sent withdrawn. The panic goes on.
+	defer a.unwind(ctx)
 	if keyed {
 		var resp *http.Response
 		var ok bool
@@ -398,13 +425,6 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 			closeStreamed()
 			return resp, err
 		}
-		// A panic in PrepareRequest or a hook still withdraws the entry
-		// and frees the slots; the panic goes on.
-		defer func() {
-			if !a.settled {
-				_, _ = a.settle(ctx, nil, errors.New("idemhttp: panic"))
-			}
-		}()
 	} else {
 		a.advance(phaseAttempting)
 	}
@@ -433,6 +453,10 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 			out.Header = make(http.Header)
 		}
 	}
+	if why := unsendable(out); why != "" {
+		closeStreamed()
+		return a.settle(ctx, nil, fmt.Errorf("idemhttp: %w: net/http would not send it: %s", ErrInvalidRequest, why))
+	}
 
 	// The engine's request lives in the call state: FromRequest would only
 	// allocate it, since the body is set below.
@@ -446,7 +470,7 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		a.mem = body
 		rf, n = a.memBody, int64(len(body))
 	case getBody != nil:
-		a.first.reset(req.Body, &a.bodyRef)
+		a.first.reset(ctx, req.Body, &a.bodyRef, req.ContentLength, false)
 		a.firstBody = &a.first
 		a.getBody = getBody
 		rf, n = a.body, req.ContentLength

@@ -228,7 +228,7 @@ func TestGiveUpErrorCarriesFacts(t *testing.T) {
 	assert.Equal(t, 3, g.Attempts)
 	assert.Equal(t, 503, g.LastStatus)
 	assert.Equal(t, srv.Hits()[0].Key, g.Key)
-	assert.Len(t, g.Body, snippetLen, "snippet is bounded")
+	assert.Equal(t, body, string(g.Body), "the whole body: it is within errorBodyLen")
 	assert.Equal(t, "POST", g.Method)
 	assert.Contains(t, err.Error(), "gave up after 3 attempts")
 }
@@ -493,20 +493,25 @@ func TestWireDecidesNotSent(t *testing.T) {
 		traceable bool
 		want      errClass
 	}{
-		{"dial failed", dial, attemptWire{getConns: 1}, true, errNotSent},
-		{"dns", &url.Error{Op: "Post", Err: &net.DNSError{Err: "no such host", Name: "x.invalid"}}, attemptWire{getConns: 1}, true, errNotSent},
-		{"handshake failed", record, attemptWire{getConns: 1}, true, errNotSent},
-		{"HTTP/1.1: connected, no head written", record, attemptWire{getConns: 1, gotConns: 1}, true, errNotSent},
-		{"record error after the request was written", record, attemptWire{getConns: 1, gotConns: 1, writes: 1}, true, errUnknown},
-		{"dial error type, but written", dial, attemptWire{getConns: 2, gotConns: 1, writes: 1}, true, errUnknown},
-		{"reset after writing", &url.Error{Op: "Post", Err: &net.OpError{Op: "read", Err: syscall.ECONNRESET}}, attemptWire{getConns: 1, gotConns: 1, writes: 1}, true, errUnknown},
-		{"HTTP/2: timed out while HEADERS may be on its way", timeout, attemptWire{getConns: 1, gotConns: 1, h2Conns: 1}, true, errUnknown},
-		{"HTTP/2: no connection obtained", dial, attemptWire{getConns: 1}, true, errNotSent},
-		{"HTTP/2: reset, nothing reported written", record, attemptWire{getConns: 1, gotConns: 1, h2Conns: 1}, true, errUnknown},
-		{"refused before connecting (net/http)", errors.New("net/http: invalid header field value"), attemptWire{}, true, errPermanent},
-		{"timeout before connecting", timeout, attemptWire{}, true, errNotSent},
-		{"a transport without traces", dial, attemptWire{}, false, errUnknown},
-		{"bad certificate", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}, attemptWire{getConns: 1}, true, errPermanent},
+		{"dial failed", dial, attemptWire{getConns: 1, handed: 1}, true, errNotSent},
+		{"dns", &url.Error{Op: "Post", Err: &net.DNSError{Err: "no such host", Name: "x.invalid"}}, attemptWire{getConns: 1, handed: 1}, true, errNotSent},
+		{"handshake failed", record, attemptWire{getConns: 1, handed: 1}, true, errNotSent},
+		{"HTTP/1.1: connected, no head written", record, attemptWire{getConns: 1, gotConns: 1, handed: 1}, true, errNotSent},
+		{"record error after the request was written", record, attemptWire{getConns: 1, gotConns: 1, writes: 1, handed: 1}, true, errUnknown},
+		{"dial error type, but written", dial, attemptWire{getConns: 2, gotConns: 1, writes: 1, handed: 1}, true, errUnknown},
+		{"reset after writing", &url.Error{Op: "Post", Err: &net.OpError{Op: "read", Err: syscall.ECONNRESET}}, attemptWire{getConns: 1, gotConns: 1, writes: 1, handed: 1}, true, errUnknown},
+		{"HTTP/2: timed out while HEADERS may be on its way", timeout, attemptWire{getConns: 1, gotConns: 1, h2Conns: 1, handed: 1}, true, errUnknown},
+		{"HTTP/2: no connection obtained", dial, attemptWire{getConns: 1, handed: 1}, true, errNotSent},
+		{"HTTP/2: reset, nothing reported written", record, attemptWire{getConns: 1, gotConns: 1, h2Conns: 1, handed: 1}, true, errUnknown},
+		// Issue 31 §1.8: net/http asking for no connection is no evidence:
+		// it refused the request itself (a proxy setting), or a protocol
+		// registered with RegisterProtocol sent it, unseen.
+		{"no connection asked for (refused, or a registered protocol)", errors.New("proxy configuration refused"), attemptWire{handed: 1}, true, errUnknown},
+		{"timeout before connecting", timeout, attemptWire{handed: 1}, true, errUnknown},
+		{"never handed to the transport", timeout, attemptWire{}, true, errNotSent},
+		{"never handed, a transport without traces", timeout, attemptWire{}, false, errNotSent},
+		{"a transport without traces", dial, attemptWire{handed: 1}, false, errUnknown},
+		{"bad certificate", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}, attemptWire{getConns: 1, handed: 1}, true, errPermanent},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -953,7 +958,7 @@ func TestDoneContextSendsNothing(t *testing.T) {
 	j := newRecJournal()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	c := &Client{Journal: j}
+	c := &Client{Policy: unnamed(nil), Journal: j}
 	resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
 	assert.Nil(t, resp)
 	assert.ErrorIs(t, err, context.Canceled)

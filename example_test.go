@@ -294,11 +294,13 @@ func ExampleEntry_Sanitized() {
 		Method: http.MethodPost,
 		URL:    "https://api.example.com/v1/charges#details",
 		Header: http.Header{
-			"Content-Type":  {"application/json"},
-			"authorization": {"Bearer sk_live_123"}, // any letter case
+			"Content-Type":     {"application/json"},
+			"authorization":    {"Bearer sk_live_123"}, // any letter case
+			"X-Api-Key":        {"k_live_123"},         // a common API key header
+			"X-Partner-Secret": {"p_123"},              // the journal's own secret names
 		},
 	}
-	rec, err := e.Sanitized()
+	rec, err := e.Sanitized("X-Partner-Secret")
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -315,4 +317,63 @@ func ExampleEntry_Sanitized() {
 	// [Content-Type]
 	// pending
 	// true
+}
+
+// A journal keeps of an outcome what Sanitized leaves: the headers a
+// caller reads, never Set-Cookie, and the URLs they hold without
+// credentials, such as a presigned URL's signature.
+func ExampleOutcome_Sanitized() {
+	o := idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Result: &idemhttp.Result{
+		Status: 201,
+		Header: http.Header{
+			"Content-Type": {"application/json"},
+			"Set-Cookie":   {"session=abc"},
+			"Location":     {"https://bucket.s3.amazonaws.com/up?X-Amz-Credential=AKIA%2F20260301&X-Amz-Signature=9f2c&X-Amz-Expires=300"},
+		},
+		Body: []byte(`{"id":"up_1"}`),
+	}}
+	kept, err := o.Sanitized()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(slices.Sorted(maps.Keys(kept.Result.Header)))
+	fmt.Println(kept.Result.Header.Get("Location"))
+	// Output:
+	// [Content-Type Location]
+	// https://bucket.s3.amazonaws.com/up?X-Amz-Credential=REDACTED&X-Amz-Signature=REDACTED&X-Amz-Expires=300
+}
+
+// A batch job parks what the server asks it to wait for: a Retry-After
+// beyond MaxRetryAfter keeps the operation pending until the server's
+// time, and nothing sends it before then.
+func ExampleParkedError() {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Retry-After", "3600") // come back in an hour
+		w.WriteHeader(http.StatusTooManyRequests)
+	}))
+	defer srv.Close()
+
+	c := &idemhttp.Client{} // with a Journal, the park outlives the process
+	send := func() error {
+		ctx := idemhttp.WithOperation(context.Background(), "export-2026-03")
+		req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL, strings.NewReader(`{"report":"march"}`))
+		resp, err := c.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	err := send()
+	var parked *idemhttp.ParkedError
+	if errors.As(err, &parked) {
+		fmt.Println("parked for", time.Until(parked.NotBefore).Round(time.Hour), errors.Is(err, idemhttp.ErrRetryAfterTooLong))
+	}
+	err = send() // a rerun before then sends nothing
+	fmt.Println(errors.Is(err, idemhttp.ErrParked), "requests:", calls.Load())
+	// Output:
+	// parked for 1h0m0s true
+	// true requests: 1
 }

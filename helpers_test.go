@@ -95,3 +95,14 @@ func post(t *testing.T, url, body string) *http.Request {
 	req.Header.Set("Content-Type", "application/json")
 	return req
 }
+
+// unnamed returns p (a new Policy when nil) with AllowUnnamed set: for
+// the tests of journaled calls that are about something else than
+// naming them (issue 31 §2.15).
+func unnamed(p *Policy) *Policy {
+	if p == nil {
+		p = &Policy{}
+	}
+	p.AllowUnnamed = true
+	return p
+}

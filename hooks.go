@@ -36,10 +36,16 @@ func engineRequestHook(_ retryablehttp.Logger, r *http.Request, _ int) {
 	if a == nil {
 		return
 	}
+	a.paceErr = nil
 	if pc := a.p.pacer; pc != nil {
-		// A Wait cut short by the context ends the attempt as the
-		// context's end would: net/http sees it done, before connecting.
-		_ = pc.Wait(r.Context())
+		// A refusal (Wait's error: the context ended, or the Pacer would
+		// not let the attempt go before the deadline) stops the attempt
+		// before it is handed to the transport (handOver), and checkRetry
+		// stops the call with it: a Pacer is never bypassed.
+		if err := pc.Wait(r.Context()); err != nil {
+			a.paceErr = err
+			return
+		}
 	}
 	a.attemptStart = time.Now()
 	if h := &a.cfg.hooks; h.OnAttempt != nil {
@@ -82,6 +88,7 @@ func (a *operation) callStart(ctx context.Context) context.Context {
 func (a *operation) end(resp *http.Response, err error) (*http.Response, error) {
 	h := &a.cfg.hooks
 	if h.OnCallDone == nil {
+		a.returned = true
 		return resp, err
 	}
 	ev := idemtrace.CallDoneEvent{CallEvent: a.call(), Attempts: a.attempts, Status: a.lastStatus, Err: err, Duration: time.Since(a.callStarted)}
@@ -89,6 +96,7 @@ func (a *operation) end(resp *http.Response, err error) (*http.Response, error) 
 		ev.Status, ev.Replayed = resp.StatusCode, Replayed(resp)
 	}
 	h.OnCallDone(a.hookCtx(), ev)
+	a.returned = true
 	return resp, err
 }
 

@@ -6,12 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/idemkit/idemhttp/internal/contract"
-	"github.com/idemkit/idemhttp/internal/plant"
 )
 
 // This file is an operation's lifecycle: the one home of every decision
@@ -77,95 +75,6 @@ func (a *operation) advance(to phase) bool {
 		lifecycleBug(a.phase, to)
 	}
 	return false
-}
-
-// senders makes one operation have one sender at a time within a
-// process: a call (or a resend) holds its operation id's and its key's
-// slots from before it reads the journal until its outcome is written, so
-// that no other call of the operation sends under the key meanwhile, nor
-// withdraws or finishes the entry it sends under. A second call waits for
-// the first rather than being answered locally: once the first is done,
-// the second sees its outcome (a done operation's result, or a pending
-// entry it may now send, or a withdrawn one it begins anew), which is what
-// the caller asked for; answering it at once could only say "busy".
-type senders struct {
-	mu      sync.Mutex
-	busy    map[string]chan struct{}
-	waiting int // goroutines waiting for a slot, for tests
-}
-
-// acquire takes id's slot, waiting for its holder to release it, until ctx
-// ends. It reports whether it waited.
-func (s *senders) acquire(ctx context.Context, id string) (waited bool, err error) {
-	for {
-		s.mu.Lock()
-		if s.busy == nil {
-			s.busy = make(map[string]chan struct{})
-		}
-		ch, ok := s.busy[id]
-		if !ok {
-			s.busy[id] = make(chan struct{})
-			s.mu.Unlock()
-			return waited, nil
-		}
-		s.waiting++
-		s.mu.Unlock()
-		waited = true
-		select {
-		case <-ch:
-		case <-ctx.Done():
-		}
-		s.mu.Lock()
-		s.waiting--
-		s.mu.Unlock()
-		if err := ctx.Err(); err != nil {
-			return waited, err
-		}
-	}
-}
-
-// waiters returns how many goroutines wait for a slot.
-func (s *senders) waiters() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.waiting
-}
-
-// release frees id's slot.
-func (s *senders) release(id string) {
-	s.mu.Lock()
-	ch := s.busy[id]
-	delete(s.busy, id)
-	s.mu.Unlock()
-	if ch != nil {
-		close(ch)
-	}
-}
-
-// hold takes id's slot for a, remembering it for releaseAll. Slots are
-// taken in one order, an operation id's before a key's, and a call holds
-// at most one of each, so two calls never wait for each other.
-func (a *operation) hold(ctx context.Context, id string) (waited bool, err error) {
-	if plant.NoSenderSlots { // a planted bug (internal/plant), false but in a test build
-		return false, nil
-	}
-	for _, h := range a.held {
-		if h == id {
-			return false, nil
-		}
-	}
-	waited, err = a.cfg.senders.acquire(ctx, id)
-	if err == nil {
-		a.held = append(a.held, id)
-	}
-	return waited, err
-}
-
-func (a *operation) releaseAll() {
-	for _, id := range a.held {
-		a.cfg.senders.release(id)
-	}
-	a.held = a.held[:0]
 }
 
 // open chooses the key and the journal entry of a keyed call, as its one
@@ -241,18 +150,6 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 	}
 }
 
-// releaseKey frees the slot of a key the call no longer uses.
-func (a *operation) releaseKey(key string) {
-	id := "k\x00" + key
-	for i, h := range a.held {
-		if h == id {
-			a.cfg.senders.release(id)
-			a.held = append(a.held[:i], a.held[i+1:]...)
-			return
-		}
-	}
-}
-
 // begin records the pending entry for a keyed call before anything is
 // sent, or finds the entry a previous call or run left for the same
 // operation (created is then false).
@@ -290,19 +187,23 @@ func (a *operation) begin(ctx context.Context, req *http.Request, key string, ex
 	if existing != nil {
 		ev.Key, ev.State, ev.Existing = existing.Key, string(existing.State), true
 	}
+	if err == nil && existing == nil {
+		// The entry is this call's before the hook hears of it: should
+		// the hook panic, unwind withdraws it.
+		a.entry, a.created = e, true
+	}
 	c.journalEvent(ctx, ev, t0)
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: journal: %w", err) // not ErrNotSent: a failed Begin may yet be on disk
 	}
 	if existing == nil {
-		a.created = true
 		return e, nil
 	}
 	if explicit && existing.Key != key {
 		return nil, fmt.Errorf("idemhttp: %w: operation %q has key %s in the journal, request has %s", ErrKeyConflict, a.operation, existing.Key, key)
 	}
 	if existing.Fingerprint != fp {
-		return nil, &KeyMismatchError{Key: existing.Key, Operation: existing.Operation}
+		return nil, localMismatch(existing, req.Method, url, body, p.redactQuery, p.redactPath)
 	}
 	return existing, nil
 }
@@ -326,48 +227,45 @@ func (a *operation) reread(ctx context.Context, e *Entry) (*Entry, error) {
 // judge decides whether an existing entry may be sent again under its
 // key, for a rerun of its operation (Do) and for a resend (Resume): the
 // one home of those rules. answered is true when it may not, with what
-// the call returns. rs is Resume's resend, nil for Do: its mark is the
-// journal's high-water mark, read once for all its entries.
+// the call returns. rs is Resume's resend, nil for Do.
+//
+// Whatever the entry's state, a send under its key is judged by one rule
+// of age (age): a done entry refetched (Policy.RefetchDone) as much as a
+// pending one resent, since both reach the server under the key.
 func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, rs *resend) (resp *http.Response, err error, answered bool) {
-	resending, mark := rs != nil, time.Time{}
-	if resending {
-		mark = rs.mark
-	}
-	c, p, j := a.c, a.p, a.j
-	now, err := c.journalNow(ctx, j)
-	if err != nil {
-		resp, err := a.answer(nil, fmt.Errorf("idemhttp: journal: %w", err))
-		return resp, err, true
-	}
 	switch e.State {
-	case StateDone:
-		if r := e.Result; r != nil && !resending {
-			resp, err := a.answer(a.replayResult(req, r), nil)
-			return resp, err, true
-		}
-		if !p.refetchDone || now.Sub(e.Created) > p.retention || resending {
-			resp, err := a.answer(nil, &DoneError{Operation: e.Operation, Key: e.Key, Status: e.LastStatus, Attempts: e.Attempts, Finished: e.Updated, Result: e.Result})
-			return resp, err, true
-		}
-		// Within the server's retention it still holds the key: a resend
-		// under it gets the stored response, and runs nothing.
-		return nil, nil, false
 	case StateAbandoned:
 		resp, err := a.answer(nil, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", e.Operation, e.Key, e.Created.Format(time.RFC3339), ErrKeyExpired))
 		return resp, err, true
-	}
-	if mark.IsZero() {
-		if mark, err = journalHighWater(ctx, j); err != nil {
-			resp, err := a.answer(nil, fmt.Errorf("idemhttp: journal: %w", err))
+	case StateDone:
+		if r := e.Result; r != nil && rs == nil {
+			resp, err := a.answer(a.replayResult(req, r), nil)
 			return resp, err, true
 		}
+		done := &DoneError{Operation: e.Operation, Key: e.Key, Status: e.LastStatus, Attempts: e.Attempts, Finished: e.Updated, Result: e.Result}
+		if rs != nil || !a.p.refetchDone {
+			resp, err := a.answer(nil, done)
+			return resp, err, true
+		}
+		// Within the server's retention it still holds the key: a resend
+		// under it gets the stored response, and runs nothing. Past it, or
+		// when its age is in doubt, done is done.
+		switch _, expired, err := a.age(ctx, e, rs); {
+		case err != nil && !errors.Is(err, ErrClockJump):
+			resp, err := a.answer(nil, err) // the journal failed: say so
+			return resp, err, true
+		case err != nil || expired:
+			resp, err := a.answer(nil, done)
+			return resp, err, true
+		}
+		return nil, nil, false
 	}
-	if t := contract.Latest(e.Created, e.Updated, mark); t.After(now.Add(ClockTolerance)) {
-		resp, err := a.answer(nil, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w: the journal holds times up to %s, the clock says %s",
-			e.Operation, e.Key, e.Created.Format(time.RFC3339), ErrClockJump, t.Format(time.RFC3339), now.Format(time.RFC3339)))
+	now, expired, err := a.age(ctx, e, rs)
+	if err != nil {
+		resp, err := a.answer(nil, err)
 		return resp, err, true
 	}
-	if now.Sub(e.Created) > p.retention {
+	if expired {
 		// The server may have forgotten the key: a resend could run the
 		// operation twice. Nobody resends it from now on.
 		a.advance(phaseJournaled)
@@ -376,7 +274,95 @@ func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, rs *
 		resp, err := a.answer(nil, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w", e.Operation, e.Key, e.Created.Format(time.RFC3339), ErrKeyExpired))
 		return resp, err, true
 	}
+	if a.parked(e, now) {
+		resp, err := a.answer(nil, &ParkedError{Operation: e.Operation, Key: e.Key, NotBefore: e.NotBefore, Expires: e.Created.Add(a.p.retention)})
+		return resp, err, true
+	}
 	return nil, nil, false
+}
+
+// age judges whether a send under e's key may still reach a server that
+// holds the key, by the journal's clock: an error wrapping ErrClockJump
+// when e's times, or the journal's high-water mark, are ahead of the
+// clock (it was set back, and no entry's age is known), or the journal's
+// error; expired when e is older than the retention. now is the
+// journal's clock it judged by. rs is Resume's resend, whose mark it read
+// once for all its entries.
+func (a *operation) age(ctx context.Context, e *Entry, rs *resend) (now time.Time, expired bool, err error) {
+	now, err = a.c.journalNow(ctx, a.j)
+	if err != nil {
+		return now, false, fmt.Errorf("idemhttp: journal: %w", err)
+	}
+	var mark time.Time
+	if rs != nil {
+		mark = rs.mark
+	}
+	if mark.IsZero() {
+		if mark, err = journalHighWater(ctx, a.j); err != nil {
+			return now, false, fmt.Errorf("idemhttp: journal: %w", err)
+		}
+	}
+	if t := contract.Latest(e.Created, e.Updated, mark); t.After(now.Add(ClockTolerance)) {
+		return now, false, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w: the journal holds times up to %s, the clock says %s",
+			e.Operation, e.Key, e.Created.Format(time.RFC3339), ErrClockJump, t.Format(time.RFC3339), now.Format(time.RFC3339))
+	}
+	return now, now.Sub(e.Created) > a.p.retention, nil
+}
+
+// parked reports whether e waits for its NotBefore (the server's
+// Retry-After, which settle wrote when a call parked it) at now, by the
+// journal's clock: judge then sends nothing and writes nothing. It comes
+// after the retention rule, so an entry parked past the retention is
+// abandoned once it outlives it, never sent.
+func (a *operation) parked(e *Entry, now time.Time) bool {
+	return !e.NotBefore.IsZero() && now.Before(e.NotBefore)
+}
+
+// parkUntil returns the time until which a call that ends pending parks
+// its entry: when it stopped because the server asked it to come back
+// later than it would wait (ErrRetryAfterTooLong), the journal's clock
+// plus the server's delay, rounded up to the second; else the zero Time.
+// A journal whose clock cannot be read parks nothing: the entry is then
+// pending as any other.
+func (a *operation) parkUntil(ctx context.Context, err error) time.Time {
+	var g *GiveUpError
+	if !errors.Is(err, ErrRetryAfterTooLong) || !errors.As(err, &g) || g.RetryAfter <= 0 {
+		return time.Time{}
+	}
+	now, jerr := a.c.journalNow(context.WithoutCancel(ctx), a.j)
+	if jerr != nil {
+		return time.Time{}
+	}
+	t := now.Round(0).Add(g.RetryAfter)
+	if r := t.Truncate(time.Second); r.Before(t) {
+		t = r.Add(time.Second)
+	}
+	return t
+}
+
+// finishPending writes the pending outcome of a call that ended with err,
+// and returns the error the call reports. A call the server asked to come
+// back later than it waits parks the entry until then (its NotBefore),
+// and reports a *ParkedError once that is written: judge sends it from
+// then on only. Through StandardClient the give-up went back to the SDK
+// as its response (passErr): the entry is parked all the same, and
+// ResponseInfo reports the park.
+func (a *operation) finishPending(ctx context.Context, err error) error {
+	giveUp := err
+	if giveUp == nil && a.passedThrough {
+		giveUp = a.passErr
+	}
+	a.notBefore = a.parkUntil(ctx, giveUp)
+	if werr := a.writeFinish(ctx, StatePending, nil); werr != nil || a.notBefore.IsZero() {
+		return err
+	}
+	e := a.entry
+	parked := &ParkedError{Operation: e.Operation, Key: e.Key, NotBefore: a.notBefore, Expires: e.Created.Add(a.p.retention), Err: giveUp}
+	if err == nil {
+		a.passErr = parked
+		return nil
+	}
+	return parked
 }
 
 // answer ends a call that sends nothing: slots released, nothing written
@@ -439,21 +425,31 @@ func (a *operation) settle(ctx context.Context, resp *http.Response, err error) 
 	if a.phase == phaseJournaled || a.phase == phaseAttempting {
 		a.advance(phaseNotSent) // it ended before any attempt could leave
 	}
-	to := a.outcome(resp, err)
+	// The answer the outcome is decided on: through StandardClient, a
+	// give-up handed to the SDK as its last response is still that
+	// give-up, and settles the entry as Do's error would.
+	ansResp, ansErr := resp, err
+	if a.passedThrough {
+		ansResp, ansErr = nil, a.passErr
+	}
+	to := a.outcome(ansResp, ansErr)
 	a.advance(to)
-	gone := true // nothing of the call is left in a journal
+	gone := true // nothing of the call is left in a journal that Resume would send
 	if a.entry != nil {
 		switch to {
 		case phaseDone:
 			var r *Result
-			if resp != nil && a.p.keepResults > 0 {
-				r = keepResult(resp, a.p.keepResults)
+			if ansResp != nil && a.p.keepResults > 0 {
+				r = keepResult(ansResp, a.p.keepResults, a.p.redactQuery, a.p.redactPath)
 			}
 			a.writeFinish(ctx, StateDone, r)
 		case phasePending:
-			a.writeFinish(ctx, StatePending, nil)
+			err = a.finishPending(ctx, err)
 		case phaseWithdrawn:
-			gone = a.withdraw(ctx)
+			var held *heldElsewhereError
+			if gone, held = a.withdraw(ctx); held != nil && err != nil {
+				held.err, err = err, held
+			}
 		}
 	}
 	if err != nil && !a.reached && gone && (!a.keyed || a.fresh) {
@@ -461,12 +457,46 @@ func (a *operation) settle(ctx context.Context, resp *http.Response, err error) 
 		// for this call (no other call can have used it) or none: trying
 		// again under a new key is safe. A caller's key, or a journal's,
 		// may have been used by an earlier call; an entry the journal
-		// failed to withdraw may yet be resent: then the call cannot say
-		// so.
+		// failed to withdraw, or that another sender holds, may yet be
+		// sent: then the call cannot say so.
 		err = a.notSent(err)
 	}
 	return a.end(resp, err)
 }
+
+// unwind ends a call that a panic is leaving (deferred by Client.do): a
+// panic in a hook, a caller's callback or a journal frees the call's
+// slots and settles its entry as any end of the call would, with what it
+// saw so far, so that nothing wedges the operation for the life of the
+// process. An entry the call created and never sent is withdrawn; one
+// that may have been sent stays pending, for Resume.
+func (a *operation) unwind(ctx context.Context) {
+	if r := a.lastResp; r != nil && r.Body != nil && !a.returned {
+		_ = r.Body.Close() // nobody else will: its connection would leak
+	}
+	if a.settled {
+		return
+	}
+	switch a.phase {
+	case phaseMinted:
+		if a.entry == nil || !a.created {
+			a.settled = true
+			a.releaseAll()
+			return
+		}
+		a.advance(phaseJournaled) // Begin wrote the entry; its hook panicked
+	case phaseJournaled, phaseAttempting, phaseNotSent, phaseMaybeSent:
+	default: // a final phase: its outcome is written
+		a.settled = true
+		a.releaseAll()
+		return
+	}
+	_, _ = a.settle(ctx, nil, errPanicked)
+}
+
+// errPanicked is the error a call that a panic left settles with; nobody
+// sees it but the hooks, since the panic goes on.
+var errPanicked = errors.New("idemhttp: the call panicked")
 
 // outcome decides where a call that ran ends: the wire evidence first (a
 // call whose every attempt provably sent nothing withdraws the entry it
@@ -479,9 +509,10 @@ func (a *operation) outcome(resp *http.Response, err error) phase {
 		return phasePending // an earlier call or run may have sent it
 	}
 	switch {
-	case err == nil && (a.redirectRefused || a.passedThrough):
-		// A 3xx not followed ran nothing at its target; a give-up handed
-		// to an SDK as its last response is still a give-up.
+	case err == nil && resp != nil && resp.StatusCode >= 300 && resp.StatusCode < 400:
+		// A 3xx returned, whoever left it unfollowed (the client's rules,
+		// the caller's CheckRedirect, http.ErrUseLastResponse, a Location
+		// net/http cannot follow): nothing ran at its target.
 		return phasePending
 	case err == nil, errors.Is(err, ErrKeyMismatch), errors.Is(err, ErrKeyRequired):
 		return phaseDone
@@ -492,12 +523,13 @@ func (a *operation) outcome(resp *http.Response, err error) phase {
 // writeFinish records the call's outcome. A failure cannot change the
 // call's result (the request already went out), and leaves the entry
 // pending, which Resume resolves by resending with the same key; so it is
-// logged, not returned. ErrFenced means another sender finished or holds
-// the entry: its outcome is the one that counts.
-func (a *operation) writeFinish(ctx context.Context, s State, r *Result) {
+// logged, and returned only for settle to know whether a park was
+// recorded. ErrFenced means another sender finished or holds the entry:
+// its outcome is the one that counts.
+func (a *operation) writeFinish(ctx context.Context, s State, r *Result) error {
 	c, e := a.c, a.entry
 	t0 := c.journalClock()
-	err := a.j.Finish(context.WithoutCancel(ctx), e.Key, Outcome{State: s, Status: a.lastStatus, Attempts: a.attempts, At: c.stamp(a.j), Result: r})
+	err := a.j.Finish(context.WithoutCancel(ctx), e.Key, Outcome{State: s, Status: a.lastStatus, Attempts: a.attempts, At: c.stamp(a.j), Result: r, NotBefore: a.notBefore})
 	c.journalEvent(ctx, idemtrace.JournalEvent{Op: idemtrace.JournalFinish, Key: e.Key, Operation: e.Operation, State: string(s), Err: err}, t0)
 	if err != nil && c.cfg.logger != nil {
 		level, msg := slog.LevelWarn, "idemhttp: journal finish failed; entry stays pending"
@@ -506,23 +538,33 @@ func (a *operation) writeFinish(ctx context.Context, s State, r *Result) {
 		}
 		c.cfg.logger.LogAttrs(ctx, level, msg, slog.String("key", e.Key), slog.String("state", string(s)), slog.String("error", err.Error()))
 	}
+	return err
 }
 
 // withdraw removes the entry of a call that created it and provably sent
 // nothing, so that Resume never sends a request its caller was told did
 // not go out. Should the removal fail, the entry is marked abandoned
-// instead: Resume never sends either. An entry another sender finished or
-// holds (ErrFenced) is left to it. It reports whether nothing of the call
-// is left that Resume would send: false when both writes failed, and the
-// entry stays pending.
-func (a *operation) withdraw(ctx context.Context) bool {
+// instead: Resume never sends either. It reports whether nothing of the
+// call is left that Resume would send: false when both writes failed, and
+// the entry stays pending, and false when the journal refused the
+// withdrawal by fencing (ErrFenced: another sender finished the entry, or
+// holds it, and may have sent it); held then says what is known.
+func (a *operation) withdraw(ctx context.Context) (gone bool, held *heldElsewhereError) {
 	c, e := a.c, a.entry
 	ctx = context.WithoutCancel(ctx)
 	t0 := c.journalClock()
 	err := a.j.Delete(ctx, e.Key)
-	if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, ErrFenced) {
+	switch {
+	case err == nil, errors.Is(err, ErrNotFound):
 		c.journalEvent(ctx, idemtrace.JournalEvent{Op: idemtrace.JournalDiscard, Key: e.Key, Operation: e.Operation}, t0)
-		return true
+		return true, nil
+	case errors.Is(err, ErrFenced):
+		c.journalEvent(ctx, idemtrace.JournalEvent{Op: idemtrace.JournalDiscard, Key: e.Key, Operation: e.Operation, Err: err}, t0)
+		h := &heldElsewhereError{key: e.Key, operation: e.Operation, fence: err}
+		if cur, gerr := a.j.Get(ctx, e.Key); gerr == nil {
+			h.state = cur.State
+		}
+		return false, h
 	}
 	err2 := a.j.Finish(ctx, e.Key, Outcome{State: StateAbandoned, At: c.stamp(a.j)})
 	if errors.Is(err2, ErrFenced) {
@@ -536,8 +578,32 @@ func (a *operation) withdraw(ctx context.Context) bool {
 		}
 		c.cfg.logger.LogAttrs(ctx, slog.LevelError, msg, slog.String("key", e.Key), slog.String("error", errors.Join(err, err2).Error()))
 	}
-	return err2 == nil
+	return err2 == nil, nil
 }
+
+// heldElsewhereError is the error of a call that sent nothing but whose
+// entry the journal would not let it withdraw (ErrFenced): another
+// sender (a worker of a fleet sharing the journal) finished the entry or
+// holds it, and may have sent the operation. The call's own error stays
+// reachable; the error matches ErrFenced, and never ErrNotSent.
+type heldElsewhereError struct {
+	err       error
+	key       string
+	operation string
+	state     State // the entry's state as read after the refusal; "" if unread
+	fence     error // the journal's refusal
+}
+
+func (h *heldElsewhereError) Error() string {
+	state := "unknown"
+	if h.state != "" {
+		state = string(h.state)
+	}
+	return fmt.Sprintf("%v; nothing was sent by this call, but the journal refused to withdraw its entry (operation %q, key %s, now %s): %v: another sender may have sent it; do not retry under a new key",
+		h.err, h.operation, h.key, state, h.fence)
+}
+
+func (h *heldElsewhereError) Unwrap() []error { return []error{h.err, h.fence} }
 
 // writeAbandoned marks an entry past the retention abandoned.
 func (a *operation) writeAbandoned(ctx context.Context, e *Entry) {

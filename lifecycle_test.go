@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -93,7 +94,7 @@ func TestLifecycleTransitions(t *testing.T) {
 			if pol == nil {
 				pol = fast()
 			}
-			c := &Client{Journal: j, Policy: pol, onPhase: ph.on}
+			c := &Client{Journal: j, Policy: unnamed(pol), onPhase: ph.on}
 			req := post(t, u, chargeBody)
 			if tt.op != "" {
 				req = req.WithContext(WithOperation(ctx, tt.op))
@@ -136,38 +137,38 @@ func TestLifecycleRefusesWhatMustNeverHappen(t *testing.T) {
 // leaves no entry a later Resume would send, however many attempts it
 // made and however the last one failed, and says so (ErrNotSent), so the
 // caller's own retry and Resume cannot both run it. Attempt 1 is refused
-// (dial), attempt 2 is refused by net/http itself (a proxy setting that
-// fails): before, the entry was withdrawn only when the call stopped
-// before its first attempt, and this one stayed pending. Checked to fail
-// with outcome() returning pending for not-sent calls: the entry stayed,
-// and Resume sent it after the caller's own rerun had.
+// (dial), attempt 2 fails its DNS lookup: before, the entry was withdrawn
+// only when the call stopped before its first attempt, and this one
+// stayed pending. Checked to fail with outcome() returning pending for
+// not-sent calls: the entry stayed, and Resume sent it after the caller's
+// own rerun had.
 func TestCallThatSentNothingLeavesNothing(t *testing.T) {
 	srv := newScripted(t, reply(201, "{}"))
 	dead := deadAddr(t)
-	var proxyCalls atomic.Int32
-	tr := &http.Transport{Proxy: func(*http.Request) (*url.URL, error) {
-		if proxyCalls.Add(1) >= 2 {
-			return nil, errors.New("proxy configuration refused")
+	var dials atomic.Int32
+	tr := &http.Transport{DialContext: func(_ context.Context, network, addr string) (net.Conn, error) {
+		if dials.Add(1) >= 2 {
+			return nil, &net.OpError{Op: "dial", Net: network, Err: &net.DNSError{Err: "no such host", Name: "api.invalid", IsNotFound: true}}
 		}
-		return nil, nil
+		return nil, &net.OpError{Op: "dial", Net: network, Err: syscall.ECONNREFUSED}
 	}}
 	defer tr.CloseIdleConnections()
 	j := newRecJournal()
-	c := &Client{Journal: j, Policy: &Policy{BaseDelay: time.Millisecond}, HTTPClient: &http.Client{Transport: tr}}
+	c := &Client{Journal: j, Policy: unnamed(&Policy{MaxAttempts: 2, BaseDelay: time.Millisecond}), HTTPClient: &http.Client{Transport: tr}}
 	_, err := c.Do(post(t, "http://"+dead+"/v1/charges", chargeBody))
 	require.Error(t, err)
 	assert.ErrorIs(t, err, ErrNotSent)
-	assert.EqualValues(t, 2, proxyCalls.Load(), "two attempts, the second refused locally")
+	assert.EqualValues(t, 2, dials.Load(), "two attempts, the second failing its lookup")
 	pending, err := j.Pending(context.Background())
 	require.NoError(t, err)
 	assert.Empty(t, pending, "withdrawn")
 
 	// The caller fixes things and runs the operation again (a new key):
 	// Resume has nothing to send behind its back.
-	resp, err := (&Client{Journal: j}).Do(post(t, srv.URL, chargeBody))
+	resp, err := (&Client{Policy: unnamed(nil), Journal: j}).Do(post(t, srv.URL, chargeBody))
 	require.NoError(t, err)
 	resp.Body.Close()
-	results, err := (&Client{Journal: j}).Resume(context.Background(), nil)
+	results, err := (&Client{Policy: unnamed(nil), Journal: j}).Resume(context.Background(), nil)
 	require.NoError(t, err)
 	assert.Empty(t, results)
 	assert.Len(t, srv.Hits(), 1, "the operation ran once")
@@ -180,7 +181,7 @@ func TestRerunThatSentNothingKeepsThePendingEntry(t *testing.T) {
 	ctx := WithOperation(context.Background(), "op-1")
 	srv := newScripted(t, drop)
 	j := newRecJournal()
-	c := &Client{Journal: j, Policy: &Policy{MaxAttempts: 1}}
+	c := &Client{Journal: j, Policy: unnamed(&Policy{MaxAttempts: 1})}
 	_, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
 	require.Error(t, err, "the response was lost")
 	srv.Close()
@@ -217,7 +218,7 @@ func TestOneSenderPerOperation(t *testing.T) {
 	}))
 	defer srv.Close()
 	j := newRecJournal()
-	c := &Client{Journal: j, Policy: fast()}
+	c := &Client{Journal: j, Policy: unnamed(fast())}
 	ctx := WithOperation(context.Background(), "order-7")
 	type result struct {
 		status int
@@ -238,7 +239,7 @@ func TestOneSenderPerOperation(t *testing.T) {
 	require.Eventually(t, func() bool { return runs.Load() == 1 }, 5*time.Second, time.Millisecond)
 	go call()
 	// The second call is waiting for the first: it has not sent.
-	require.Eventually(t, func() bool { return c.cfg.senders.waiters() == 1 || runs.Load() > 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return slots.waiters(j) == 1 || runs.Load() > 1 }, 5*time.Second, time.Millisecond)
 	assert.EqualValues(t, 1, runs.Load())
 	close(release)
 	first, second := <-results, <-results
@@ -296,7 +297,7 @@ func TestResumeWaitsForALiveSender(t *testing.T) {
 	}))
 	defer srv.Close()
 	j := newRecJournal()
-	c := &Client{Journal: j, Policy: fast()}
+	c := &Client{Journal: j, Policy: unnamed(fast())}
 	done := make(chan error, 1)
 	go func() {
 		resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(WithOperation(context.Background(), "op-live")))
@@ -312,7 +313,7 @@ func TestResumeWaitsForALiveSender(t *testing.T) {
 		assert.NoError(t, err)
 		resumed <- rs
 	}()
-	require.Eventually(t, func() bool { return c.cfg.senders.waiters() == 1 || runs.Load() > 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return slots.waiters(j) == 1 || runs.Load() > 1 }, 5*time.Second, time.Millisecond)
 	assert.EqualValues(t, 1, runs.Load(), "Resume waits, it does not send")
 	close(release)
 	require.NoError(t, <-done)
@@ -379,7 +380,7 @@ func TestUnfollowedRedirectIsNotDone(t *testing.T) {
 	defer other.Close()
 	origin := newScripted(t, reply(307, "", "Location", other.URL))
 	j := newRecJournal()
-	c := &Client{Journal: j, Policy: fast()}
+	c := &Client{Journal: j, Policy: unnamed(fast())}
 	ctx := WithOperation(context.Background(), "op-redirected")
 	for range 2 {
 		resp, err := c.Do(post(t, origin.URL, chargeBody).WithContext(ctx))
@@ -506,7 +507,7 @@ func TestEveryDefaultSecretQueryNameIsRedactedAndRefused(t *testing.T) {
 			assert.NotContains(t, err.Error(), "s3cr3t")
 
 			j := newRecJournal()
-			_, err = (&Client{Journal: j}).Do(post(t, raw, chargeBody))
+			_, err = (&Client{Policy: unnamed(nil), Journal: j}).Do(post(t, raw, chargeBody))
 			assert.ErrorIs(t, err, ErrInvalidRequest, "a journal would write it to disk")
 			assert.Empty(t, j.Events(), "refused before the journal")
 		})
@@ -621,19 +622,45 @@ func TestDoneOperationReturnsItsResult(t *testing.T) {
 	})
 }
 
-// RequireOperation refuses a journaled call without an operation id
-// before anything is sent.
-func TestRequireOperation(t *testing.T) {
+// Issue 31 §2.15: a journaled call without an operation id is refused
+// by default, before anything is written or sent, with an error naming
+// the fix; Policy.AllowUnnamed lets it through. A rerun of the same work
+// would otherwise mint a new key and charge again. Checked to fail with
+// the refusal behind the old opt-in (RequireOperation): the call was
+// journaled and sent.
+func TestUnnamedJournaledCallIsRefusedByDefault(t *testing.T) {
 	srv := newScripted(t, reply(201, "{}"))
 	j := newRecJournal()
-	c := &Client{Journal: j, Policy: &Policy{RequireOperation: true}}
+	c := &Client{Journal: j}
 	_, err := c.Do(post(t, srv.URL, chargeBody))
 	assert.ErrorIs(t, err, ErrInvalidRequest)
 	assert.ErrorIs(t, err, ErrNotSent)
+	assert.ErrorContains(t, err, "WithOperation")
+	assert.ErrorContains(t, err, "Policy.AllowUnnamed")
 	assert.Empty(t, srv.Hits())
+	assert.Empty(t, j.Events(), "nothing journaled")
+
 	resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(WithOperation(context.Background(), "op")))
 	require.NoError(t, err)
 	resp.Body.Close()
+
+	resp, err = (&Client{Journal: j, Policy: &Policy{AllowUnnamed: true}}).Do(post(t, srv.URL, chargeBody))
+	require.NoError(t, err, "the explicit opt-out")
+	resp.Body.Close()
+	assert.Len(t, srv.Hits(), 2)
+
+	resp, err = c.Do(post(t, srv.URL, chargeBody).WithContext(WithKey(context.Background(), "order-9-capture")))
+	require.NoError(t, err, "a key of the caller's own names the operation")
+	resp.Body.Close()
+	assert.Len(t, srv.Hits(), 3)
+
+	// Through StandardClient, as an SDK would call, with a key of its own
+	// in the header (stripe-go mints one per call): the same rule.
+	req := post(t, srv.URL, chargeBody)
+	req.Header.Set("Idempotency-Key", NewKey())
+	_, err = c.StandardClient().Do(req)
+	assert.ErrorIs(t, err, ErrInvalidRequest)
+	assert.Len(t, srv.Hits(), 3)
 }
 
 // Issue 22 §2.5, end to end over both protocols: an attempt that times out
@@ -647,6 +674,9 @@ func TestTimeoutAfterConnectingIsUnknownOnBothProtocols(t *testing.T) {
 		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
 			hang := make(chan struct{})
 			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method == http.MethodGet {
+					return // the warm-up
+				}
 				select {
 				case <-hang:
 				case <-r.Context().Done():
@@ -661,10 +691,19 @@ func TestTimeoutAfterConnectingIsUnknownOnBothProtocols(t *testing.T) {
 			defer srv.Close()
 			defer close(hang)
 			hc := srv.Client()
+			// The connection (and, for h2, its TLS handshake) is made
+			// before the timed call, so that the timeout falls after
+			// connecting whatever the machine's load: a handshake that
+			// outlived the timeout would rightly be "not sent", and the
+			// test would then fail for the wrong reason.
+			warm, err := hc.Get(srv.URL)
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, warm.Body)
+			require.NoError(t, warm.Body.Close())
 			hc.Timeout = 50 * time.Millisecond
 			j := newRecJournal()
-			c := &Client{Journal: j, HTTPClient: hc, Policy: &Policy{MaxAttempts: 1}}
-			_, err := c.Do(post(t, srv.URL, chargeBody))
+			c := &Client{Journal: j, HTTPClient: hc, Policy: unnamed(&Policy{MaxAttempts: 1})}
+			_, err = c.Do(post(t, srv.URL, chargeBody))
 			require.Error(t, err)
 			assert.NotErrorIs(t, err, ErrNotSent)
 			pending, err := j.Pending(context.Background())
@@ -685,20 +724,6 @@ func TestTimeoutAfterConnectingIsUnknownOnBothProtocols(t *testing.T) {
 	}
 }
 
-// Issue 26 §3: a journaled call without an operation id is logged, once,
-// with what it risks. Checked to fail with the log line removed.
-func TestJournalWithoutOperationIsLoggedOnce(t *testing.T) {
-	srv := newScripted(t, reply(201, "{}"))
-	var logs bytes.Buffer
-	c := &Client{Journal: newRecJournal(), Logger: slog.New(slog.NewTextHandler(&logs, nil))}
-	for range 3 {
-		resp, err := c.Do(post(t, srv.URL, chargeBody))
-		require.NoError(t, err)
-		resp.Body.Close()
-	}
-	assert.Equal(t, 1, strings.Count(logs.String(), "without WithOperation"), logs.String())
-}
-
 // failingJournal fails Delete and Finish: a disk that broke after the
 // call's Begin.
 type failingJournal struct{ *recJournal }
@@ -715,7 +740,7 @@ func (f failingJournal) Finish(context.Context, string, Outcome) error {
 // ErrNotSent before the withdrawal.
 func TestFailedWithdrawalIsNotNotSent(t *testing.T) {
 	j := failingJournal{newRecJournal()}
-	c := &Client{Journal: j, Policy: &Policy{MaxAttempts: 1}}
+	c := &Client{Journal: j, Policy: unnamed(&Policy{MaxAttempts: 1})}
 	_, err := c.Do(post(t, "http://"+deadAddr(t), chargeBody))
 	require.Error(t, err)
 	assert.NotErrorIs(t, err, ErrNotSent)

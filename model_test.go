@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/idemkit/idemhttp/internal/contract"
 )
 
@@ -31,16 +32,25 @@ import (
 // evidence, bare and structured 422, 3xx to the same or another origin,
 // 5xx, a replayed 5xx, 429 and 503 with every Retry-After form) and a
 // sequence of entry points (Do, StandardClient, concurrent calls of one
-// operation, Resume, a rerun), and runs them against a reference server
-// that keeps the server half of the contract (one execution per key; a
-// replay after; 409 while it runs; 422 for another body) and records
-// every execution. The oracle, per case:
+// operation, Resume, a rerun), and, from a generator of their own (so
+// that a seed drew the same case before them), the caller's options of
+// issue 31 §1 (modelOptions: a second Client on the journal, RefetchDone,
+// a CheckRedirect returning http.ErrUseLastResponse, a hook or callback
+// that panics, a transport without httptrace events or a registered
+// protocol, a Pacer that refuses, a Backoff asking for an hour), and runs
+// them against a reference server that keeps the server half of the
+// contract (one execution per key; a replay after; 409 while it runs; 422
+// for another body) and records every execution. The oracle, per case:
 //
 //   - at most one execution per operation;
 //   - a call reported successful (a 2xx) executed exactly once;
 //   - a call reported not sent (ErrNotSent) left the executions as they
 //     were;
 //   - every body that reached the server whole under one key is the same;
+//   - journaled, no request under a key after the server's final answer
+//     to it reached the client, and no entry done on an unfollowed 3xx;
+//   - no call runs until its deadline (a wedged slot, an unbounded wait),
+//     and every refusal of the Pacer is said by its call;
 //   - no secret (the Authorization header PrepareRequest adds, a secret
 //     query value) in any error string.
 //
@@ -48,7 +58,13 @@ import (
 // mints a new key, a reset after the request was written taken for "not
 // sent", a withdrawal regardless of the wire evidence, a changed body let
 // through past the reference's length (over HTTP/2), a cross-origin
-// redirect followed, and errors left unredacted. Two calls of one
+// redirect followed, errors left unredacted, and, with the options of
+// issue 31: a 3xx settled done, an SDK's key mismatch left pending, a
+// registered protocol's send taken for "not sent", a panic wedging a slot,
+// an unbounded Backoff, a Pacer's refusal ignored, and slots per Client
+// rather than per journal. It found a wedge in the first fix of §1.13
+// (HTTP/2's Transport calls GetBody for a retry of its own before closing
+// the body it gives up: seed 1963). Two calls of one
 // operation at once make the dangerous interleavings too rarely in real
 // time for it to catch a missing one-sender rule: TestOneSenderPerOperation
 // and the simulator (virtual time) do.
@@ -109,6 +125,18 @@ type modelCase struct {
 	bodies     map[string]string // the first whole body per key and call
 	mismatch   []string          // whole bodies that differed under a key
 	log        []string
+
+	// checkFinal: no request may come under a key after the server's
+	// final answer to it reached the client (a journaled case without
+	// RefetchDone or panics): the journal settles that answer done, by
+	// every entry point, and Resume never resends it (issue 31 §1.9).
+	checkFinal bool
+	final      map[string]fault // keys answered for good, and how
+	afterFinal []string         // requests that came under such a key
+
+	// The Pacer's refusals, and the calls that said so (ErrPacerRefused):
+	// a refusal stops its call, never bypassed (issue 31 §1.11).
+	refusals, refusedCalls int
 }
 
 type modelStored struct {
@@ -164,6 +192,13 @@ func (w *modelWorld) serve(rw http.ResponseWriter, r *http.Request) {
 		// server resets, or answers 400; never a success).
 		panic(http.ErrAbortHandler)
 	}
+	if key != "" {
+		mc.mu.Lock()
+		if how, ok := mc.final[key]; ok && mc.checkFinal {
+			mc.afterFinal = append(mc.afterFinal, fmt.Sprintf("%s %s after its final answer (%s)", key, f, how))
+		}
+		mc.mu.Unlock()
+	}
 	sum := sha256.Sum256(append([]byte(r.Method+" "+r.URL.Path+"\x00"), body...))
 	fp := hex.EncodeToString(sum[:])
 	mc.mu.Lock()
@@ -193,13 +228,16 @@ func (w *modelWorld) serve(rw http.ResponseWriter, r *http.Request) {
 		rw.WriteHeader(409)
 		return
 	case fBusiness409:
+		mc.answered(key, f)
 		rw.WriteHeader(409)
 		_, _ = io.WriteString(rw, `{"error":{"type":"invalid_request_error","message":"email already registered"}}`)
 		return
 	case fBare422:
+		mc.answered(key, f)
 		rw.WriteHeader(422)
 		return
 	case fValidation422:
+		mc.answered(key, f)
 		rw.WriteHeader(422)
 		_, _ = io.WriteString(rw, `{"errors":[{"field":"amount"}]}`)
 		return
@@ -223,6 +261,7 @@ func (w *modelWorld) serve(rw http.ResponseWriter, r *http.Request) {
 		rw.WriteHeader(429)
 		return
 	case fReplayed500:
+		mc.answered(key, f)
 		rw.Header().Set("Idempotent-Replayed", "true")
 		rw.WriteHeader(500)
 		return
@@ -254,6 +293,7 @@ func (w *modelWorld) serve(rw http.ResponseWriter, r *http.Request) {
 		hijackClose(rw)
 		return
 	}
+	mc.answered(key, f)
 	if status == 422 {
 		rw.WriteHeader(422)
 		_, _ = io.WriteString(rw, `{"type":"https://example.com/idempotency","title":"Idempotency-Key is already used"}`)
@@ -261,6 +301,29 @@ func (w *modelWorld) serve(rw http.ResponseWriter, r *http.Request) {
 	}
 	rw.WriteHeader(status)
 	_, _ = io.WriteString(rw, `{"id":"ch_1"}`)
+}
+
+// pacerSaid counts a call that stopped on the Pacer's refusal.
+func (mc *modelCase) pacerSaid(err error) {
+	if errors.Is(err, ErrPacerRefused) {
+		mc.mu.Lock()
+		mc.refusedCalls++
+		mc.mu.Unlock()
+	}
+}
+
+// answered records that key got a final answer: every client entry point
+// settles it done (a 201, a replay, a key mismatch, an application's 4xx,
+// a replayed failure).
+func (mc *modelCase) answered(key string, f fault) {
+	if key == "" {
+		return
+	}
+	mc.mu.Lock()
+	if _, ok := mc.final[key]; !ok {
+		mc.final[key] = f
+	}
+	mc.mu.Unlock()
 }
 
 func hijackClose(rw http.ResponseWriter) {
@@ -347,7 +410,7 @@ func TestModel(t *testing.T) {
 // nothing.
 func (w *modelWorld) runCase(seed uint64) string {
 	rng := rand.New(rand.NewPCG(seed, 0x1de))
-	mc := &modelCase{seed: seed, rng: rand.New(rand.NewPCG(seed, 0xfa)), byKey: map[string]*modelStored{}, bodies: map[string]string{}, executions: map[string]int{}, idempotent: map[string]bool{}}
+	mc := &modelCase{seed: seed, rng: rand.New(rand.NewPCG(seed, 0xfa)), byKey: map[string]*modelStored{}, bodies: map[string]string{}, executions: map[string]int{}, idempotent: map[string]bool{}, final: map[string]fault{}}
 	for range 1 + rng.IntN(6) {
 		f := fault(rng.IntN(int(nFaults)))
 		switch rng.IntN(6) {
@@ -404,6 +467,27 @@ func (w *modelWorld) runCase(seed uint64) string {
 		c.Journal = j
 		pol.MaxBodyBytes = 1 << 20
 	}
+	// The options of issue 31 §1, drawn from a generator of their own, so
+	// that every seed still draws the case it drew before they came.
+	o := drawModelOptions(rand.New(rand.NewPCG(seed, 0x31)), h2)
+	inner := o.apply(w, mc, c, tr, hc, pol)
+	if inner != nil {
+		defer inner.CloseIdleConnections()
+	}
+	var c2 *Client // a second Client on the same journal
+	if o.twoClients && journaled {
+		c2 = &Client{HTTPClient: hc, Policy: pol, PrepareRequest: c.PrepareRequest, Journal: c.Journal, Hooks: c.Hooks}
+	}
+	pick := func(second bool) *Client {
+		if second && c2 != nil {
+			return c2
+		}
+		return c
+	}
+	mc.mu.Lock()
+	mc.checkFinal = journaled && !o.refetch && o.panicIn < 0
+	mc.mu.Unlock()
+
 	op := fmt.Sprintf("op-%d", seed)
 	var calls, callIDs atomic.Int32
 	method := []string{http.MethodPost, http.MethodPost, http.MethodPatch, http.MethodPut}[rng.IntN(4)]
@@ -470,18 +554,37 @@ func (w *modelWorld) runCase(seed uint64) string {
 		pmu.Unlock()
 	}
 	successes := map[string]int{}
-	call := func(how string) {
+	// limited bounds every call and Resume: one still waiting at its
+	// deadline waited for a slot nobody freed (a wedge), or for a wait no
+	// bound capped.
+	limited := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 5*time.Second)
+	}
+	// survive recovers the panics the case's callbacks were drawn to make,
+	// and only those.
+	survive := func(how string) {
+		if v := recover(); v != nil {
+			if v != errModelPanic {
+				panic(v)
+			}
+			mc.logf("%s: panicked", how)
+		}
+	}
+	call := func(how string, cl *Client) {
+		defer survive(how)
 		thisOp := opOf()
 		mc.mu.Lock()
 		before := mc.executions[thisOp]
 		mc.mu.Unlock()
+		ctx, cancel := limited()
+		defer cancel()
 		var resp *http.Response
 		var err error
 		switch how {
 		case "sdk":
-			resp, err = c.StandardClient().Do(newReq(context.Background(), thisOp))
+			resp, err = cl.StandardClient().Do(newReq(ctx, thisOp))
 		default:
-			resp, err = c.Do(newReq(context.Background(), thisOp))
+			resp, err = cl.Do(newReq(ctx, thisOp))
 		}
 		if err != nil {
 			shown := err
@@ -501,6 +604,10 @@ func (w *modelWorld) runCase(seed uint64) string {
 			if errors.Is(err, ErrNotSent) && after != before {
 				report("%s: reported not sent (%v) but executed (%d -> %d)", how, err, before, after)
 			}
+			if errors.Is(err, context.DeadlineExceeded) {
+				report("%s: ran until its deadline (a wedged slot, or an unbounded wait): %v", how, err)
+			}
+			mc.pacerSaid(err)
 			mc.logf("%s: error %v", how, err)
 			return
 		}
@@ -513,49 +620,57 @@ func (w *modelWorld) runCase(seed uint64) string {
 			pmu.Unlock()
 		}
 	}
+	resume := func(cl *Client) []ResumeResult {
+		defer survive("resume")
+		ctx, cancel := limited()
+		defer cancel()
+		rs, err := cl.Resume(ctx, nil)
+		if err != nil {
+			report("resume: %v", err)
+		}
+		for _, r := range rs {
+			if r.Err != nil && strings.Contains(r.Err.Error(), modelSecret) {
+				report("resume: a secret in the error: %v", r.Err)
+			}
+			if errors.Is(r.Err, context.DeadlineExceeded) {
+				report("resume: ran until its deadline: %v", r.Err)
+			}
+			mc.pacerSaid(r.Err)
+		}
+		return rs
+	}
 	for range 1 + rng.IntN(3) {
 		switch rng.IntN(7) {
 		case 5: // two concurrent calls, then a rerun
 			var wg sync.WaitGroup
-			for range 2 {
-				wg.Go(func() { call("concurrent") })
+			for i := range 2 {
+				wg.Go(func() { call("concurrent", pick(i == 1)) })
 			}
 			wg.Wait()
-			call("rerun")
+			call("rerun", pick(true))
 		case 6: // a call and Resume at once
 			var wg sync.WaitGroup
-			wg.Go(func() { call("beside-resume") })
-			wg.Go(func() {
-				if _, err := c.Resume(context.Background(), nil); err != nil {
-					report("resume: %v", err)
-				}
-			})
+			wg.Go(func() { call("beside-resume", pick(true)) })
+			wg.Go(func() { resume(c) })
 			wg.Wait()
 		case 0:
-			call("sdk")
+			call("sdk", c)
 		case 1: // two concurrent calls of the operation
 			var wg sync.WaitGroup
-			for range 2 {
-				wg.Go(func() { call("concurrent") })
+			for i := range 2 {
+				wg.Go(func() { call("concurrent", pick(i == 1)) })
 			}
 			wg.Wait()
 		case 2:
-			rs, err := c.Resume(context.Background(), nil)
-			if err != nil {
-				report("resume: %v", err)
-			}
-			for _, r := range rs {
+			for _, r := range resume(c) {
 				if r.Err == nil && r.StatusCode < 300 {
 					pmu.Lock()
 					successes[op]++
 					pmu.Unlock()
 				}
-				if r.Err != nil && strings.Contains(r.Err.Error(), modelSecret) {
-					report("resume: a secret in the error: %v", r.Err)
-				}
 			}
 		default:
-			call("do")
+			call("do", c)
 		}
 	}
 	mc.mu.Lock()
@@ -573,18 +688,131 @@ func (w *modelWorld) runCase(seed uint64) string {
 	if len(mc.mismatch) > 0 {
 		report("bodies that differed arrived whole under one key: %v", mc.mismatch)
 	}
+	if mc.refusals != mc.refusedCalls && o.panicIn < 0 { // a call that panicked says nothing
+		report("the Pacer refused %d attempts, and %d calls said so", mc.refusals, mc.refusedCalls)
+	}
+	if len(mc.afterFinal) > 0 {
+		report("requests sent under a key after the server's final answer to it: %v", mc.afterFinal)
+	}
 	if j != nil {
 		for _, e := range j.snapshot() {
 			if strings.Contains(e, modelSecret) {
 				report("a secret in the journal")
 			}
 		}
+		for _, e := range j.entries() {
+			if e.State == StateDone && e.LastStatus >= 300 && e.LastStatus < 400 {
+				report("entry %s settled done on a %d left unfollowed: nothing ran at its target", e.Key, e.LastStatus)
+			}
+		}
 	}
 	if len(problems) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("%s\nfaults: %v\nh2 %v, journaled %v, method %s, body kind %d, caller key %q (%s)\ntrace:\n  %s",
-		strings.Join(problems, "; "), mc.faults, h2, journaled, method, bodyKind, callerKey, keyHeader, strings.Join(mc.log, "\n  "))
+	return fmt.Sprintf("%s\nfaults: %v\nh2 %v, journaled %v, method %s, body kind %d, caller key %q (%s)\noptions: %+v\ntrace:\n  %s",
+		strings.Join(problems, "; "), mc.faults, h2, journaled, method, bodyKind, callerKey, keyHeader, o, strings.Join(mc.log, "\n  "))
+}
+
+// errModelPanic is what the callbacks the model draws to panic panic with.
+var errModelPanic = errors.New("model: a callback panicked")
+
+// modelOptions are the caller's options and callbacks a case draws
+// (issue 31 §3): each feature of §1 meets the generator, not a list.
+type modelOptions struct {
+	twoClients bool // a second Client on the same journal (§1.1)
+	refetch    bool // Policy.RefetchDone (§1.2)
+	useLast    bool // the caller's CheckRedirect returns http.ErrUseLastResponse (§1.4)
+	panicIn    int  // the callback that panics (§1.5): -1 none, else an index of panicSites
+	panicAt    int  // at its panicAt-th call
+	unseen     int  // §1.8: 0 net/http's Transport; 1 a RoundTripper wrapping it (no traces); 2 a registered protocol
+	refuseAt   int  // §1.11: the Pacer refuses its refuseAt-th Wait, 0 never
+	backoff    bool // §1.12: Policy.Backoff asks for an hour
+}
+
+// panicSites are the callbacks a case may make panic.
+var panicSites = [...]string{"OnJournal", "OnAttemptDone", "PrepareRequest", "Classify", "CheckRedirect", "OnCallDone", "Pacer.Wait"}
+
+func drawModelOptions(r *rand.Rand, h2 bool) modelOptions {
+	o := modelOptions{twoClients: r.IntN(2) == 0, refetch: r.IntN(4) == 0, useLast: r.IntN(5) == 0, panicIn: -1, backoff: r.IntN(5) == 0}
+	if r.IntN(5) == 0 {
+		o.panicIn, o.panicAt = r.IntN(len(panicSites)), 1+r.IntN(4)
+	}
+	switch r.IntN(6) {
+	case 0:
+		o.unseen = 1
+	case 1:
+		if !h2 { // https is HTTP/2's registered protocol already
+			o.unseen = 2
+		}
+	}
+	if r.IntN(6) == 0 {
+		o.refuseAt = 1 + r.IntN(4)
+	}
+	return o
+}
+
+// apply sets the options on c (whose Policy is pol, HTTP client hc over
+// tr). It returns the Transport a registered protocol sends with, nil
+// when none.
+func (o modelOptions) apply(w *modelWorld, mc *modelCase, c *Client, tr *http.Transport, hc *http.Client, pol *Policy) *http.Transport {
+	var calls [len(panicSites)]atomic.Int32
+	boom := func(site int) {
+		if site == o.panicIn && int(calls[site].Add(1)) == o.panicAt {
+			panic(errModelPanic)
+		}
+	}
+	pol.RefetchDone = o.refetch
+	if o.backoff {
+		pol.Backoff = func(int) time.Duration { return time.Hour } // MaxDelay bounds it
+	}
+	// Each callback is set only when the case draws it: the model must
+	// also run the paths without them.
+	switch o.panicIn {
+	case 0, 1, 5:
+		c.Hooks = &idemtrace.Hooks{
+			OnJournal:     func(context.Context, idemtrace.JournalEvent) { boom(0) },
+			OnAttemptDone: func(context.Context, idemtrace.AttemptDoneEvent) { boom(1) },
+			OnCallDone:    func(context.Context, idemtrace.CallDoneEvent) { boom(5) },
+		}
+	case 2:
+		prepare := c.PrepareRequest
+		c.PrepareRequest = func(r *http.Request) error { boom(2); return prepare(r) }
+	case 3:
+		pol.Classify = func(*http.Response, error) Verdict { boom(3); return VerdictDefault }
+	}
+	if o.panicIn == 4 || o.useLast {
+		hc.CheckRedirect = func(*http.Request, []*http.Request) error {
+			boom(4)
+			if o.useLast {
+				return http.ErrUseLastResponse
+			}
+			return nil
+		}
+	}
+	if o.panicIn == 6 || o.refuseAt > 0 {
+		var waits atomic.Int32
+		pol.Pacer = pacerFunc{wait: func(context.Context) error {
+			boom(6)
+			if int(waits.Add(1)) == o.refuseAt {
+				mc.mu.Lock()
+				mc.refusals++
+				mc.mu.Unlock()
+				return errors.New("model: the pacer's token comes after the deadline")
+			}
+			return nil
+		}}
+	}
+	switch o.unseen {
+	case 1:
+		hc.Transport = roundTripFunc(tr.RoundTrip)
+	case 2:
+		inner := &http.Transport{DialContext: w.dialer(mc), DisableKeepAlives: true}
+		tr.RegisterProtocol("http", roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			return inner.RoundTrip(r.WithContext(noValues{r.Context()}))
+		}))
+		return inner
+	}
+	return nil
 }
 
 // modelJar is a cookie jar that hands back every cookie it was given.
@@ -603,6 +831,17 @@ func (m *modelJar) Cookies(*url.URL) []*http.Cookie {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return append([]*http.Cookie(nil), m.cookies...)
+}
+
+// entries returns a copy of every entry of the journal.
+func (r *recJournal) entries() []*Entry {
+	r.memJournal.mu.Lock()
+	defer r.memJournal.mu.Unlock()
+	var out []*Entry
+	for _, e := range r.memJournal.byKey {
+		out = append(out, cloneEntry(e))
+	}
+	return out
 }
 
 // snapshot renders every entry of the journal, for the secret check.

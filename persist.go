@@ -8,8 +8,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/idemkit/idemhttp/internal/contract"
 )
 
 // State is where a journaled operation stands.
@@ -24,6 +22,12 @@ const (
 	// change) was received. Kept for [Policy.Retention] so that rerunning
 	// the operation sends nothing, then pruned. Final: no later Finish
 	// changes it.
+	//
+	// A done entry whose LastStatus is a server error (5xx) got a failure
+	// the server stored and replays to every retry with the key (Stripe
+	// stores a 500 that way): no resend can finish the operation, and it
+	// may have run in part. It needs reconciling with the server's own
+	// records; `idemctl pending` lists it as "reconcile" and says how.
 	StateDone State = "done"
 	// StateAbandoned: the entry outlived the server's key retention while
 	// pending, so it was not resent ([ErrKeyExpired]), or its call could
@@ -48,6 +52,12 @@ type Entry struct {
 	LastStatus  int         // status of the last response, 0 if none
 	State       State       // pending, done or abandoned
 	Result      *Result     // with State done: the final response's copy, if kept (Policy.KeepResults); nil otherwise
+
+	// NotBefore, with State pending, is the earliest time the entry may be
+	// sent again, by the journal's clock: the time the server asked the
+	// client to come back at (Retry-After) when a call parked the
+	// operation ([ErrParked]). Zero for none.
+	NotBefore time.Time
 }
 
 // Result is a bounded copy of an operation's final response, which a
@@ -55,10 +65,17 @@ type Entry struct {
 // that a rerun of the operation gets its result back (as a replay, sending
 // nothing) instead of a [*DoneError]: a charge's id survives a crash
 // between the server's answer and the caller saving it.
+//
+// The body is kept as the caller read it: decoded when net/http decoded
+// it (the caller set no Accept-Encoding), encoded and with its
+// Content-Encoding when the caller asked for an encoding itself. The
+// headers are those a caller reads, never Set-Cookie, with the URLs
+// they hold redacted ([Outcome.Sanitized]): a rerun of an operation
+// whose response held a signed URL gets it back as REDACTED.
 type Result struct {
 	Status int         // the response's status code
-	Header http.Header // the headers a caller reads (Content-Type, Location, request ids...), never Set-Cookie
-	Body   []byte      // the whole body (a body larger than the limit is not kept at all)
+	Header http.Header // the headers a caller reads (Content-Type, Content-Encoding, Location, request ids...), never Set-Cookie
+	Body   []byte      // the whole body, as the caller read it (a body larger than the limit is not kept at all)
 }
 
 // Outcome is what [Journal.Finish] records at the end of a call.
@@ -68,6 +85,11 @@ type Outcome struct {
 	Attempts int       // attempts this call made; added to Entry.Attempts
 	At       time.Time // when the call ended; zero for a journal with its own clock, which stamps it
 	Result   *Result   // with State done: the response to keep with the entry, nil for none
+
+	// NotBefore, with State pending, is the entry's new Entry.NotBefore:
+	// the earliest time it may be sent again, by the journal's clock (the
+	// server's Retry-After, when the call parked it); zero clears it.
+	NotBefore time.Time
 }
 
 // Journal records pending idempotency keys durably, so that a process that
@@ -86,7 +108,8 @@ type Outcome struct {
 // finished. docs/lifecycle.md has the whole state machine.
 //
 // Implementations must be safe for concurrent use, and apply
-// [Entry.Sanitized] to every entry they store. Beyond the interface, a
+// [Entry.Sanitized] to every entry they store and [Outcome.Sanitized] to
+// every outcome they record. Beyond the interface, a
 // Client uses the optional methods a journal has (see package journaltest,
 // which asserts them): HighWater (the latest time ever recorded, to see a
 // clock set back), Now (a clock of its own, which ages its entries: a
@@ -101,13 +124,15 @@ type Journal interface {
 	// empty) or, failing that, with e.Key. Then Begin writes nothing and
 	// returns that entry (the operation's, when both exist). The check and
 	// the write are one atomic step, so concurrent calls for one operation
-	// agree on a single key. It stores what e.Sanitized returns, and fails
-	// with its error.
+	// agree on a single key. It stores what e.Sanitized returns (with the
+	// journal's own secret header names, if it has any), and fails with
+	// its error.
 	Begin(ctx context.Context, e *Entry) (existing *Entry, err error)
 
-	// Finish records the outcome of the call that sent key's operation:
-	// it adds o.Attempts to the entry's, and sets its state, last status,
-	// Updated time and, for done, its Result. It returns an error
+	// Finish records the outcome of the call that sent key's operation,
+	// as o.Sanitized returns it (and fails with its error): it adds
+	// o.Attempts to the entry's, and sets its state, last status, Updated
+	// time, NotBefore and, for done, its Result. It returns an error
 	// wrapping [ErrNotFound] for an unknown key. An entry already done or
 	// abandoned keeps its state: a Finish with the same state only adds
 	// its attempts; one with another state changes nothing and returns an
@@ -131,11 +156,12 @@ type Journal interface {
 	// [WithOperation]), or an error wrapping [ErrNotFound]. It is meant
 	// for skipping operations already done, many at a time: an
 	// implementation may leave out the request (Method, URL, Header, Body
-	// and Fingerprint) and the Result to avoid reading them; Get(ctx,
-	// e.Key) returns them.
+	// and Fingerprint), the Result and the NotBefore to avoid reading
+	// them; Get(ctx, e.Key) returns them.
 	Lookup(ctx context.Context, operation string) (*Entry, error)
 
-	// Pending returns the entries in state pending, oldest first.
+	// Pending returns the entries in state pending, oldest first, parked
+	// ones (with a NotBefore) included.
 	Pending(ctx context.Context) ([]*Entry, error)
 
 	// Prune deletes the done entries last updated before cutoff and returns
@@ -198,6 +224,10 @@ var _ Journal = (*memJournal)(nil)
 const memPruneEvery = 1024
 
 func (m *memJournal) Begin(_ context.Context, e *Entry) (*Entry, error) {
+	e, err := e.Sanitized()
+	if err != nil {
+		return nil, err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if e.Operation != "" {
@@ -220,6 +250,10 @@ func (m *memJournal) Begin(_ context.Context, e *Entry) (*Entry, error) {
 }
 
 func (m *memJournal) Finish(_ context.Context, key string, o Outcome) error {
+	o, err := o.Sanitized()
+	if err != nil {
+		return fmt.Errorf("finish %s: %w", key, err)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e, ok := m.byKey[key]
@@ -233,11 +267,9 @@ func (m *memJournal) Finish(_ context.Context, key string, o Outcome) error {
 		e.Attempts += o.Attempts
 		return nil
 	}
-	e.State, e.LastStatus, e.Updated = o.State, o.Status, o.At
+	e.State, e.LastStatus, e.Updated, e.NotBefore = o.State, o.Status, o.At, o.NotBefore
 	e.Attempts += o.Attempts
-	if o.State == StateDone && o.Result != nil {
-		e.Result = &Result{Status: o.Result.Status, Header: contract.ResultHeader(o.Result.Header), Body: bytes.Clone(o.Result.Body)}
-	}
+	e.Result = cloneResult(o.Result) // Sanitized: nil but for done
 	return nil
 }
 

@@ -64,7 +64,7 @@ func TestJournalEntryIsWrittenBeforeTheFirstAttempt(t *testing.T) {
 		j.log("request")
 		w.WriteHeader(200)
 	})
-	c := &Client{Journal: j}
+	c := &Client{Policy: unnamed(nil), Journal: j}
 	resp, err := c.Do(post(t, srv.URL, chargeBody))
 	require.NoError(t, err)
 	resp.Body.Close()
@@ -98,7 +98,7 @@ func TestJournalStates(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			j := newRecJournal()
 			srv := newScripted(t, tt.giveSteps...)
-			c := &Client{Journal: j, Policy: &Policy{MaxAttempts: 2, BaseDelay: time.Millisecond, InProgressPatience: 20 * time.Millisecond}}
+			c := &Client{Journal: j, Policy: unnamed(&Policy{MaxAttempts: 2, BaseDelay: time.Millisecond, InProgressPatience: 20 * time.Millisecond})}
 			resp, err := c.Do(post(t, srv.URL, chargeBody))
 			if tt.wantErr != nil {
 				assert.ErrorIs(t, err, tt.wantErr)
@@ -117,7 +117,7 @@ func TestJournalStates(t *testing.T) {
 func TestJournalNeverHoldsSecrets(t *testing.T) {
 	j := newRecJournal()
 	srv := newScripted(t, reply(200, ""))
-	c := &Client{Journal: j, SecretHeaders: []string{"X-Api-Key"}, PrepareRequest: func(r *http.Request) error {
+	c := &Client{Policy: unnamed(nil), Journal: j, SecretHeaders: []string{"X-Api-Key"}, PrepareRequest: func(r *http.Request) error {
 		r.Header.Set("X-Signature", "sig-from-hook")
 		return nil
 	}}
@@ -150,7 +150,7 @@ func TestJournalBeginFailureSendsNothing(t *testing.T) {
 	j := newRecJournal()
 	j.failBegin = errors.New("disk full")
 	srv := newScripted(t, reply(200, ""))
-	c := &Client{Journal: j}
+	c := &Client{Policy: unnamed(nil), Journal: j}
 	resp, err := c.Do(post(t, srv.URL, chargeBody))
 	assert.Nil(t, resp)
 	assert.ErrorContains(t, err, "disk full")
@@ -162,7 +162,7 @@ func TestJournalFinishFailureIsLoggedNotReturned(t *testing.T) {
 	j.failFin = errors.New("disk full")
 	srv := newScripted(t, reply(200, ""))
 	var buf bytes.Buffer
-	c := &Client{Journal: j, Logger: slog.New(slog.NewTextHandler(&buf, nil))}
+	c := &Client{Policy: unnamed(nil), Journal: j, Logger: slog.New(slog.NewTextHandler(&buf, nil))}
 	resp, err := c.Do(post(t, srv.URL, chargeBody))
 	require.NoError(t, err, "the charge went through; the caller must know")
 	resp.Body.Close()
@@ -176,11 +176,11 @@ func TestOperationRerunReusesJournaledKey(t *testing.T) {
 	j := newRecJournal()
 	srv := newScripted(t, reply(503, ""), reply(200, "{}", "Idempotent-Replayed", "true"))
 	ctx := WithOperation(context.Background(), "batch-line-17")
-	first := &Client{Journal: j, Policy: &Policy{MaxAttempts: 1}}
+	first := &Client{Journal: j, Policy: unnamed(&Policy{MaxAttempts: 1})}
 	_, err := first.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
 	require.ErrorIs(t, err, ErrExhausted)
 
-	second := &Client{Journal: j} // a new process, same journal
+	second := &Client{Policy: unnamed(nil), Journal: j} // a new process, same journal
 	resp, err := second.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
 	require.NoError(t, err)
 	resp.Body.Close()
@@ -207,7 +207,7 @@ func TestExpiredEntriesAreNotResent(t *testing.T) {
 		Fingerprint: contract.Fingerprint("POST", srv.URL, []byte(chargeBody)), Created: old, Updated: old, State: StatePending,
 	})
 	require.NoError(t, err)
-	c := &Client{Journal: j}
+	c := &Client{Policy: unnamed(nil), Journal: j}
 
 	results, err := c.Resume(context.Background(), nil)
 	require.NoError(t, err)
@@ -232,7 +232,7 @@ func TestResumeWithoutStoredBodyRefuses(t *testing.T) {
 		Fingerprint: contract.Fingerprint("POST", srv.URL, []byte(chargeBody)), Created: now, Updated: now, State: StatePending,
 	})
 	require.NoError(t, err)
-	results, err := (&Client{Journal: j}).Resume(context.Background(), nil)
+	results, err := (&Client{Policy: unnamed(nil), Journal: j}).Resume(context.Background(), nil)
 	require.NoError(t, err)
 	require.Len(t, results, 1)
 	assert.ErrorIs(t, results[0].Err, ErrNotReplayable)
@@ -244,10 +244,10 @@ func TestResumeTakesCredentialsFromTheLiveClient(t *testing.T) {
 	srv := newScripted(t, reply(503, ""), reply(200, "{}"))
 	req := post(t, srv.URL, chargeBody)
 	req.Header.Set("Authorization", "Bearer sk_old")
-	_, err := (&Client{Journal: j, Policy: &Policy{MaxAttempts: 1}}).Do(req)
+	_, err := (&Client{Journal: j, Policy: unnamed(&Policy{MaxAttempts: 1})}).Do(req)
 	require.ErrorIs(t, err, ErrExhausted)
 
-	live := &Client{Journal: j, PrepareRequest: func(r *http.Request) error {
+	live := &Client{Policy: unnamed(nil), Journal: j, PrepareRequest: func(r *http.Request) error {
 		r.Header.Set("Authorization", "Bearer sk_rotated")
 		return nil
 	}}
@@ -272,15 +272,18 @@ func TestMemJournalPrunesOnlyOldDoneEntries(t *testing.T) {
 		{Key: "abandoned-old", State: StateAbandoned, Updated: old},
 		{Key: "done-new", State: StateDone, Updated: time.Now()},
 	} {
-		_, err := m.Begin(ctx, e)
+		// Begin stores it pending (Entry.Sanitized); Finish gives it its
+		// state.
+		_, err := m.Begin(ctx, &Entry{Key: e.Key, Operation: e.Operation, Created: e.Updated})
 		require.NoError(t, err)
+		require.NoError(t, m.Finish(ctx, e.Key, Outcome{State: e.State, At: e.Updated}))
 	}
 	n, err := m.Prune(ctx, time.Now().Add(-time.Hour))
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
 	_, err = m.Get(ctx, "done-old")
 	assert.ErrorIs(t, err, ErrNotFound)
-	assert.ErrorIs(t, m.Finish(ctx, "done-old", Outcome{}), ErrNotFound)
+	assert.ErrorIs(t, m.Finish(ctx, "done-old", Outcome{State: StateDone}), ErrNotFound)
 	existing, err := m.Begin(ctx, &Entry{Key: "fresh", Operation: "a"})
 	require.NoError(t, err)
 	assert.Nil(t, existing, "the pruned operation is free again")
@@ -298,7 +301,7 @@ func TestResumeGivenEntriesConcurrently(t *testing.T) {
 		})
 		require.NoError(t, err)
 	}
-	c := &Client{Journal: j}
+	c := &Client{Policy: unnamed(nil), Journal: j}
 	pending, err := j.Pending(context.Background())
 	require.NoError(t, err)
 	var wg sync.WaitGroup
@@ -343,7 +346,7 @@ func TestResumeRefusesWhenTheClockJumpedBack(t *testing.T) {
 		_, err := j.Begin(ctx, e)
 		require.NoError(t, err)
 	}
-	c := &Client{Journal: j}
+	c := &Client{Policy: unnamed(nil), Journal: j}
 
 	results, err := c.Resume(ctx, nil)
 	require.NoError(t, err)

@@ -95,13 +95,24 @@ type Policy struct {
 	// KeepResults, with a journal (or WithOperation without one), keeps a
 	// copy of a done operation's final response with its entry, when its
 	// body is at most this many bytes: status, the headers a caller reads
-	// (Content-Type, Location, request ids and the like; never
-	// Set-Cookie), and the body. A rerun of the done operation then gets
-	// that response back, marked a replay ([Replayed] is true,
+	// (Content-Type, Content-Encoding, Location, request ids and the like;
+	// never Set-Cookie), and the body as the caller read it (decoded when
+	// net/http decoded it; as it came, with its Content-Encoding, when the
+	// request set Accept-Encoding itself). A rerun of the done operation
+	// then gets that response back, marked a replay ([Replayed] is true,
 	// Info.FromJournal too), and sends nothing, instead of a [*DoneError]:
 	// a charge's id survives a crash between the server's answer and the
 	// caller saving it. The body is read before Do returns. 0 keeps none;
 	// a journal file holds the copies, so size them with it.
+	//
+	// No credential rests in a kept copy: the URLs its headers hold
+	// (Location, Content-Location, Link, Refresh) lose their user part,
+	// fragment and the values of secret query parameters (RedactQuery's
+	// names and defaults, which include signed URLs' X-Amz-Signature,
+	// X-Amz-Credential and sig) and paths (RedactPathAfter), as in logs. The
+	// call that got the response reads it whole; a rerun that replays it
+	// reads REDACTED there: a presigned upload URL in a Location must be
+	// saved by the first caller, or asked for again.
 	KeepResults int64
 
 	// RefetchDone makes a rerun of a done operation whose result was not
@@ -111,12 +122,14 @@ type Policy struct {
 	// forgotten the key, and the rerun gets a [*DoneError] instead.
 	RefetchDone bool
 
-	// RequireOperation refuses, with [ErrInvalidRequest] and before
-	// anything is sent, a keyed call without [WithOperation] by a Client
-	// with a Journal. Without an operation id, only [Client.Resume]
-	// protects such a call after a crash: a rerun of the same work mints a
-	// new key.
-	RequireOperation bool
+	// AllowUnnamed lets a Client with a Journal send keyed calls without
+	// [WithOperation] or [WithKey], which it otherwise refuses with
+	// [ErrInvalidRequest] before anything is written or sent. Such a call is protected only by
+	// [Client.Resume] after a crash: a rerun of the same work mints a new
+	// key (an SDK's own random key is no better) and may run it twice. Set
+	// it only for work that is never rerun, or that finds what it already
+	// did by other means.
+	AllowUnnamed bool
 
 	// RetriedDeleteNotFoundOK reports a 404 to a DELETE as 204 No Content
 	// when an earlier attempt of the same call may have run without its
@@ -131,16 +144,22 @@ type Policy struct {
 	// Backoff, when set, returns the wait before a call's retry n (1 for
 	// the first), instead of the jittered exponential backoff from
 	// BaseDelay to MaxDelay: a constant, a linear or a decorrelated
-	// jitter, as go-retryablehttp, failsafe-go and the AWS SDKs offer. A
-	// longer Retry-After still wins, and MaxRetryAfter, the in-progress
-	// patience and the deadline still bound the wait. It must be safe for
+	// jitter, as go-retryablehttp, failsafe-go and the AWS SDKs offer. Its
+	// result is bounded as the built-in backoff's is: a negative one
+	// means no wait, and one longer than MaxDelay (default 20 s) waits
+	// MaxDelay; raise MaxDelay for longer waits. A longer Retry-After
+	// still wins (up to MaxRetryAfter), the in-progress patience bounds
+	// the waits after a 409, and a wait that would cross the context's
+	// deadline stops the call at once instead. It must be safe for
 	// concurrent use.
 	Backoff func(retry int) time.Duration
 
 	// Pacer, when set, paces every attempt of every call through the
-	// Client, the first ones included: Wait before it (it returns when the
-	// attempt may go, or when the context ends, which ends the attempt),
-	// Observe after it, with its status
+	// Client, the first ones included: Wait before it (it returns nil when
+	// the attempt may go; an error stops the call before the attempt is
+	// sent, with the context's error when the context ended and
+	// [ErrPacerRefused] otherwise, so a Pacer is never bypassed),
+	// Observe after each attempt that was sent, with its status
 	// (0 for a transport error) and whether the server throttled it (a
 	// 429, or a 503 with Retry-After). The adaptive package's Rate slows
 	// a batch to the rate a throttling server accepts, as the AWS SDKs'
@@ -229,7 +248,7 @@ type policy struct {
 	redactPath         []string
 	keepResults        int64
 	refetchDone        bool
-	requireOperation   bool
+	allowUnnamed       bool
 	deleteGoneOK       bool
 	classify           func(*http.Response, error) Verdict
 	backoffFn          func(int) time.Duration
@@ -257,7 +276,7 @@ func (p *Policy) resolve() policy {
 		redactPath:         slices.Clone(p.RedactPathAfter),
 		keepResults:        max(p.KeepResults, 0),
 		refetchDone:        p.RefetchDone,
-		requireOperation:   p.RequireOperation,
+		allowUnnamed:       p.AllowUnnamed,
 		classify:           p.Classify,
 		backoffFn:          p.Backoff,
 		pacer:              p.Pacer,

@@ -28,8 +28,8 @@ func checkRedirect(next func(*http.Request, []*http.Request) error) func(*http.R
 				deleteFold(req.Header, a.p.keyHeader)
 			}
 			if !sameOrigin(first.URL, req.URL) && (a.keyed || a.cfg.prepare != nil || carriesSecret(first.Header, a.cfg.secrets)) {
-				// Nothing ran at the target: the operation is not done.
-				a.redirectRefused = true
+				// Nothing ran at the target: the 3xx leaves the
+				// operation pending (operation.outcome).
 				return http.ErrUseLastResponse
 			}
 		}

@@ -13,8 +13,12 @@ import (
 // keepResult reads resp's body, up to limit bytes, into a Result to keep
 // with the done entry, and gives resp the same body back. A larger body is
 // not kept at all (a partial copy is no result), and resp still reads
-// whole.
-func keepResult(resp *http.Response, limit int64) *Result {
+// whole. The body is kept as the caller reads it (decoded if net/http
+// decoded it, else as it came, with its Content-Encoding), and the
+// headers as contract.ResultHeader keeps them, with the policy's own
+// secret query names and paths (names, pathAfter) redacted too; the
+// journal applies the defaults again (Outcome.Sanitized).
+func keepResult(resp *http.Response, limit int64, names, pathAfter []string) *Result {
 	if resp.Body == nil {
 		resp.Body = http.NoBody
 	}
@@ -25,7 +29,7 @@ func keepResult(resp *http.Response, limit int64) *Result {
 	}
 	_ = resp.Body.Close()
 	resp.Body = io.NopCloser(bytes.NewReader(buf))
-	return &Result{Status: resp.StatusCode, Header: contract.ResultHeader(resp.Header), Body: buf}
+	return &Result{Status: resp.StatusCode, Header: contract.ResultHeader(resp.Header, names, pathAfter), Body: buf}
 }
 
 // replayResult is the response a rerun of a done operation gets from the

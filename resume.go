@@ -139,17 +139,34 @@ func (c *Client) Resume(ctx context.Context, opts *ResumeOptions) ([]ResumeResul
 		reached = make([]bool, len(pending))
 	}
 	next := make(chan int)
+	// A panic in a resend (a hook's, PrepareRequest's) or in OnResult
+	// stops the dispatch and goes on in the caller's goroutine, where it
+	// can be recovered, once every worker is done: a worker's goroutine
+	// would end the process. The resend that panicked has freed its
+	// slots (Client.do unwinds it).
+	var (
+		panicked  any
+		panicOnce sync.Once
+		halt      = make(chan struct{})
+	)
 	var wg sync.WaitGroup
 	for range min(o.Concurrency, len(pending)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() {
+				if v := recover(); v != nil {
+					panicOnce.Do(func() { panicked = v; close(halt) })
+				}
+			}()
 			for i := range next {
 				r := c.resumeOne(ctx, pending[i], newest)
 				if o.OnResult != nil {
-					mu.Lock()
-					o.OnResult(r)
-					mu.Unlock()
+					func() {
+						mu.Lock()
+						defer mu.Unlock()
+						o.OnResult(r)
+					}()
 					continue
 				}
 				results[i], reached[i] = r, true // each index has one writer
@@ -161,6 +178,8 @@ dispatch:
 	for i := range pending {
 		select {
 		case next <- i:
+		case <-halt:
+			break dispatch
 		case <-ctx.Done():
 			stopped = ctx.Err()
 			break dispatch
@@ -168,6 +187,9 @@ dispatch:
 	}
 	close(next)
 	wg.Wait()
+	if panicked != nil {
+		panic(panicked)
+	}
 	if o.OnResult != nil {
 		return nil, stopped
 	}

@@ -72,7 +72,7 @@ func newSlowServer(t testing.TB, delay time.Duration) *slowServer {
 func TestResumeIsConcurrentAndOrdered(t *testing.T) {
 	srv := newSlowServer(t, 5*time.Millisecond)
 	j := pendingJournal(t, srv.URL, 64)
-	c := &Client{Journal: j}
+	c := &Client{Policy: unnamed(nil), Journal: j}
 	results, err := c.Resume(context.Background(), &ResumeOptions{Concurrency: 8})
 	require.NoError(t, err)
 	require.Len(t, results, 64)
@@ -93,7 +93,7 @@ func TestResumeIsConcurrentAndOrdered(t *testing.T) {
 func TestResumeFilterAndStream(t *testing.T) {
 	srv := newSlowServer(t, time.Millisecond)
 	j := pendingJournal(t, srv.URL, 20)
-	c := &Client{Journal: j}
+	c := &Client{Policy: unnamed(nil), Journal: j}
 	var (
 		mu      sync.Mutex
 		calls   int
@@ -126,7 +126,7 @@ func TestResumeFilterAndStream(t *testing.T) {
 func TestResumeCancelLeavesTheRestPending(t *testing.T) {
 	srv := newSlowServer(t, 20*time.Millisecond)
 	j := pendingJournal(t, srv.URL, 100)
-	c := &Client{Journal: j}
+	c := &Client{Policy: unnamed(nil), Journal: j}
 	ctx, cancel := context.WithCancel(context.Background())
 	var done atomic.Int32
 	results, err := c.Resume(ctx, &ResumeOptions{Concurrency: 2, OnResult: func(ResumeResult) {
@@ -157,7 +157,7 @@ func BenchmarkResume(b *testing.B) {
 			for b.Loop() {
 				b.StopTimer()
 				j := pendingJournal(b, srv.URL, n)
-				c := &Client{Journal: j, HTTPClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 32}}}
+				c := &Client{Policy: unnamed(nil), Journal: j, HTTPClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 32}}}
 				b.StartTimer()
 				results, err := c.Resume(context.Background(), &ResumeOptions{Concurrency: conc})
 				if err != nil || len(results) != n {

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -74,26 +75,40 @@ type operation struct {
 	unknown bool // an attempt may have reached the server without an answer reaching us
 
 	// The lifecycle (lifecycle.go).
-	phase           phase
-	badMoves        [][2]phase // moves the lifecycle refused: a bug
-	held            []string   // the senders' slots this call holds
-	created         bool       // the journal entry is this call's own
-	reached         bool       // an attempt may have reached a server (or got an answer)
-	settled         bool       // the outcome is written (or the call was answered locally)
-	redirectRefused bool       // a 3xx was returned unfollowed: nothing ran at its target
-	sdk             bool       // StandardClient's transport: a final give-up's last response goes back
-	passedThrough   bool       // sdk: the response returned is a give-up's (passErr)
-	passErr         error
-	fromJournal     bool // the response is the journal's copy of the result
+	phase         phase
+	badMoves      [][2]phase // moves the lifecycle refused: a bug
+	held          []slotID   // the senders' slots this call holds
+	scope         any        // the scope of its slots: its journal's (config.scope)
+	created       bool       // the journal entry is this call's own
+	reached       bool       // an attempt may have reached a server (or got an answer)
+	settled       bool       // the outcome is written (or the call was answered locally)
+	sdk           bool       // StandardClient's transport: a final give-up's last response goes back
+	passedThrough bool       // sdk: the response returned is a give-up's (passErr)
+	passErr       error
+	fromJournal   bool      // the response is the journal's copy of the result
+	notBefore     time.Time // settle: the entry is parked until then (the server's Retry-After)
 
 	lastStatus int
 	lastErr    error
+	paceErr    error // the Pacer refused the current attempt (Wait's error)
+	// lastResp is the latest response the transport handed up, which a panic
+	// (a hook's, CheckRedirect's) may leave unclosed: unwind closes it.
+	lastResp   *http.Response
+	returned   bool // the call is returning its result (end ran), not panicking
 	retryAfter time.Duration
 	lastCost   int64 // budget tokens the latest retry withdrew
 	waiting    bool  // a retry was decided and its wait has not ended
 	bo         *backoff.ExponentialBackOff
 	retries    int // the backoffs Policy.Backoff gave
 	origStatus int // the server's status when the policy rewrote it
+
+	// The last response that a retry's wait drained, for a give-up
+	// during that wait (GiveUpError.Header, Body): kept at attempt
+	// keptAt, raw (filtered when an error takes it).
+	keptAt      int
+	keptHeader  http.Header
+	keptBody    []byte
+	keptBodyCut bool
 
 	// What the connection saw during the current attempt (wire.go).
 	trace httptrace.ClientTrace
@@ -149,6 +164,21 @@ func (a *operation) context(parent context.Context) context.Context {
 	a.wire.install(&a.trace, a.cfg.h2c || !strings.EqualFold(a.req.URL.Scheme, "http"), a.cfg.h2c)
 	a.cctx = callCtx{Context: httptrace.WithClientTrace(parent, &a.trace), a: a}
 	return &a.cctx
+}
+
+// handOver is called as an attempt (or a redirect hop of it) is handed to
+// the caller's RoundTripper: it refuses an attempt the Pacer refused, or
+// whose context has ended, and otherwise counts it as handed, the
+// evidence that it may have left (wire.go).
+func (a *operation) handOver(r *http.Request) error {
+	if a.paceErr != nil {
+		return a.paceErr
+	}
+	if err := r.Context().Err(); err != nil {
+		return err
+	}
+	a.wire.handed.Add(1)
+	return nil
 }
 
 // attemptFrom returns the call state riding in ctx.
@@ -232,6 +262,18 @@ func ResponseInfo(resp *http.Response) (info Info, ok bool) {
 func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
 	a.attempts++
 	a.waiting = false
+	if refused := a.paceErr; refused != nil {
+		// The Pacer refused the attempt, which was never handed to the
+		// transport (handOver): it left nothing, and is no attempt.
+		a.paceErr = nil
+		a.attempts--
+		a.wire.take()
+		a.sawAttempt(false)
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return false, a.stopped(ctxErr)
+		}
+		return false, a.giveUpJoin(ErrPacerRefused, refused, nil)
+	}
 	if pc := a.p.pacer; pc != nil {
 		status := 0
 		if resp != nil {
@@ -253,14 +295,15 @@ func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err err
 	if a.bodyRef.differed() {
 		// The body from GetBody was not the one sent before: it was cut
 		// short (see body.go), and it must not go out under this key.
+		var last *http.Response // the answer, for the error to carry
 		if err == nil {
-			a.lastStatus = resp.StatusCode
+			a.lastStatus, last = resp.StatusCode, resp
 			a.attemptDone(resp, nil, idemtrace.ClassNone)
 		} else {
 			a.lastStatus, a.lastErr = 0, err
 			a.attemptDone(nil, err, idemtrace.ClassUnknown)
 		}
-		return false, a.giveUp(ErrBodyChanged, nil)
+		return false, a.giveUp(ErrBodyChanged, last)
 	}
 	if err != nil {
 		a.lastStatus, a.lastErr = 0, err
@@ -436,7 +479,7 @@ func (a *operation) hint(resp *http.Response) bool {
 func (a *operation) backoff() time.Duration {
 	if f := a.p.backoffFn; f != nil {
 		a.retries++
-		return max(f(a.retries), 0)
+		return min(max(f(a.retries), 0), a.p.maxDelay) // as documented on Policy.Backoff
 	}
 	if a.bo == nil {
 		a.bo = &backoff.ExponentialBackOff{
@@ -456,10 +499,13 @@ func (a *operation) backoff() time.Duration {
 // hook and the logger.
 func (a *operation) wait(ctx context.Context, reason idemtrace.RetryReason, resp *http.Response, delay time.Duration) (bool, error) {
 	if resp != nil {
-		// The engine drains only 4 KiB, with no time bound; a load
-		// balancer's error page is often larger, and the connection is
-		// worth keeping, but never worth waiting for.
-		drainWithin(resp.Body)
+		// Kept for a give-up during the wait, which has only the call's
+		// state to build its error from (GiveUpError.Header and Body).
+		// And drained: the engine drains only 4 KiB, with no time bound;
+		// a load balancer's error page is often larger, and the
+		// connection is worth keeping, but never worth waiting for.
+		a.keptAt, a.keptHeader = a.attempts, resp.Header
+		a.keptBody, a.keptBodyCut = readErrorBody(a.keptBody, resp.Body, resp.ContentLength, true)
 	}
 	a.engine.RetryWaitMin = delay
 	a.waiting = true
@@ -498,8 +544,15 @@ func (a *operation) giveUpJoin(reason, also error, resp *http.Response) *GiveUpE
 	if also != nil {
 		e.Err = errors.Join(a.lastErr, also)
 	}
-	if resp != nil {
-		e.Body = a.snippet(resp)
+	switch {
+	case resp != nil:
+		e.Header = a.errorHeader(resp.Header)
+		e.Body, e.BodyTruncated = a.errorBody(resp)
+	case a.lastStatus != 0 && a.attempts > 0 && a.keptAt == a.attempts:
+		// Stopped in the wait after this response (a deadline, a
+		// cancellation): the wait kept it.
+		e.Header = a.errorHeader(a.keptHeader)
+		e.Body, e.BodyTruncated = bytes.Clone(a.keptBody), a.keptBodyCut
 	}
 	if f := a.cfg.hooks.OnGiveUp; f != nil {
 		f(a.hookCtx(), idemtrace.GiveUpEvent{CallEvent: a.call(), Err: e})
@@ -664,6 +717,85 @@ func (e *errReader) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	return e.r.Read(p)
+}
+
+// errorHeader returns the headers of the last response that a
+// GiveUpError carries: no credential, every URL redacted
+// (contract.ErrorHeader).
+func (a *operation) errorHeader(h http.Header) http.Header {
+	return contract.ErrorHeader(h, a.cfg.secrets, a.p.redactQuery, a.p.redactPath)
+}
+
+// errorBody reads the last response's body, at most errorBodyLen bytes,
+// for a GiveUpError, and reports whether it holds less than the whole
+// body. Through StandardClient the response may go back to the SDK: its
+// body is peeked and stays whole.
+func (a *operation) errorBody(resp *http.Response) ([]byte, bool) {
+	if resp.Body == nil || resp.Body == http.NoBody {
+		return nil, false
+	}
+	if a.sdk {
+		buf, err := io.ReadAll(io.LimitReader(resp.Body, errorBodyLen+1))
+		putBack(resp, buf, err)
+		return errorBodyOf(bytes.Clone(buf), err)
+	}
+	return readErrorBody(nil, resp.Body, resp.ContentLength, false)
+}
+
+// readErrorBody reads into dst (its capacity reused) the first
+// errorBodyLen bytes of a body about to be discarded, and with drain
+// what follows them as drainWithin would, all within one drainTimeout
+// (see readWithin), and reports whether they are not the whole body.
+// size is the body's declared length, -1 if unknown: with it, one
+// allocation of the right size holds the body. The body is left to be
+// closed (and, without drain, drained).
+func readErrorBody(dst []byte, body io.ReadCloser, size int64, drain bool) ([]byte, bool) {
+	dst = dst[:0]
+	if body == nil || body == http.NoBody {
+		return dst, false
+	}
+	want := errorBodyLen + 1 // one more byte tells a longer body
+	if size >= 0 && size < errorBodyLen {
+		want = int(size) + 1 // and, here, the end
+	}
+	if cap(dst) < want && size >= 0 {
+		dst = make([]byte, 0, want)
+	}
+	var err error
+	readWithin(body, func(r io.Reader) {
+		for len(dst) <= errorBodyLen {
+			if len(dst) == cap(dst) {
+				dst = slices.Grow(dst, min(max(2*cap(dst), 512), errorBodyLen+1)-len(dst))
+			}
+			var n int
+			n, err = r.Read(dst[len(dst):min(cap(dst), errorBodyLen+1)])
+			dst = dst[:len(dst)+n]
+			if err != nil {
+				return
+			}
+		}
+		if drain {
+			_, _ = io.Copy(io.Discard, io.LimitReader(r, drainLimit))
+		}
+	})
+	if err == io.EOF {
+		err = nil
+	}
+	return errorBodyOf(dst, err)
+}
+
+// errorBodyOf bounds a body read for an error to errorBodyLen bytes; the
+// body was cut when it was longer or its reading failed. An empty body
+// is nil.
+func errorBodyOf(b []byte, err error) ([]byte, bool) {
+	cut := err != nil
+	if len(b) > errorBodyLen {
+		b, cut = b[:errorBodyLen], true
+	}
+	if len(b) == 0 {
+		b = nil
+	}
+	return b, cut
 }
 
 // snippet reads the first bytes of resp's body for an error message.

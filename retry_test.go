@@ -127,7 +127,7 @@ func TestTwoKeyValuesAreRefused(t *testing.T) {
 func TestJournalHeadersStrippedInAnyCase(t *testing.T) {
 	srv := newScripted(t, reply(200, "{}"))
 	j := newRecJournal()
-	c := &Client{Journal: j, SecretHeaders: []string{"X-Api-Key"}}
+	c := &Client{Policy: unnamed(nil), Journal: j, SecretHeaders: []string{"X-Api-Key"}}
 	req := post(t, srv.URL, chargeBody)
 	setRaw(req.Header, "authorization", []string{"Bearer sk_live_1"})
 	setRaw(req.Header, "cookie", []string{"session=1"})
@@ -244,7 +244,7 @@ func TestFailureBeforeFirstByteLeavesNothingToResume(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := newScripted(t, reply(200, "{}"))
 			j := newRecJournal()
-			c := &Client{Journal: j, PrepareRequest: tt.prepare}
+			c := &Client{Policy: unnamed(nil), Journal: j, PrepareRequest: tt.prepare}
 			func() {
 				defer func() { _ = recover() }()
 				_, err := c.Do(post(t, srv.URL, chargeBody).WithContext(WithOperation(context.Background(), "op-1")))
@@ -254,7 +254,7 @@ func TestFailureBeforeFirstByteLeavesNothingToResume(t *testing.T) {
 			require.NoError(t, err)
 			assert.Empty(t, pending)
 
-			c2 := &Client{Journal: j}
+			c2 := &Client{Policy: unnamed(nil), Journal: j}
 			results, err := c2.Resume(context.Background(), nil)
 			require.NoError(t, err)
 			assert.Empty(t, results)
@@ -510,6 +510,7 @@ func TestChangedBodyIsNeverSentUnderTheKey(t *testing.T) {
 					require.ErrorAs(t, err, &g)
 					assert.ErrorIs(t, err, ErrBodyChanged)
 					assert.NotEmpty(t, g.Key)
+					assert.Equal(t, g.LastStatus != 0, g.Header != nil, "the last response's headers with its status, none without")
 					assert.Equal(t, []string{chargeBody}, srv.wholeBodies(), "only the first body arrived whole")
 				})
 			}
@@ -555,8 +556,10 @@ func TestGetBodyErrorOnRetryIsAGiveUp(t *testing.T) {
 }
 
 // Issue 11, item 10: errors that an identical retry would repeat are not
-// retried: an invalid header value, an unsupported scheme, a CheckRedirect
-// refusal.
+// retried: an invalid header value (refused before sending), a
+// CheckRedirect refusal. (An unsupported scheme is no longer among them:
+// net/http's refusal of it looks like a registered protocol's send, whose
+// outcome is unknown; issue 31 §1.8, TestUnobservedSendIsNeverNotSent.)
 func TestPermanentLocalErrorsAreNotRetried(t *testing.T) {
 	srv := newScripted(t, reply(302, "", "Location", "/elsewhere"), reply(200, "{}"))
 	refuse := errors.New("no redirects")
@@ -570,7 +573,6 @@ func TestPermanentLocalErrorsAreNotRetried(t *testing.T) {
 			r.Header.Set("X-Bad", "a\nb")
 			return r
 		}, nil},
-		{"unsupported scheme", func() *http.Request { return post(t, "ftp://127.0.0.1/x", chargeBody) }, nil},
 		{"CheckRedirect refusal", func() *http.Request { return post(t, srv.URL, chargeBody) },
 			&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return refuse }}},
 	}
@@ -655,7 +657,7 @@ func TestSecretQueryValuesAreRedacted(t *testing.T) {
 		assert.Contains(t, s, "page=2")
 	}
 
-	journaled := &Client{Journal: newRecJournal()}
+	journaled := &Client{Policy: unnamed(nil), Journal: newRecJournal()}
 	_, err = journaled.Do(post(t, srv.URL+"/v1?access_token=t0k", chargeBody))
 	assert.ErrorIs(t, err, ErrInvalidRequest)
 	assert.Len(t, srv.Hits(), 2, "the journaled request was refused before sending")
@@ -758,7 +760,7 @@ func TestRetriedDeleteNotFound(t *testing.T) {
 func TestJournalKeyWinsOverHeaderKey(t *testing.T) {
 	srv := newScripted(t, drop, reply(200, "{}"))
 	j := newRecJournal()
-	c := &Client{Journal: j, Policy: &Policy{MaxAttempts: 1}}
+	c := &Client{Journal: j, Policy: unnamed(&Policy{MaxAttempts: 1})}
 	ctx := WithOperation(context.Background(), "row-1")
 	req := post(t, srv.URL, chargeBody).WithContext(ctx)
 	req.Header.Set("Idempotency-Key", "sdk-minted-1")
@@ -799,12 +801,16 @@ func FuzzVerifyingBody(f *testing.F) {
 	f.Fuzz(func(t *testing.T, ref, body []byte, chunk uint8) {
 		var r bodyRef
 		var first verifyingBody
-		first.reset(io.NopCloser(bytes.NewReader(ref)), &r)
+		declared := int64(len(ref)) // a Content-Length, or none (chunked) when even
+		if chunk%2 == 0 {
+			declared = 0
+		}
+		first.reset(context.Background(), io.NopCloser(bytes.NewReader(ref)), &r, declared, false)
 		if got, err := io.ReadAll(&first); err != nil || !bytes.Equal(got, ref) {
 			t.Fatalf("the reference reads back as %q, %v", got, err)
 		}
 		var v verifyingBody
-		v.reset(io.NopCloser(iotest.OneByteReader(bytes.NewReader(body))), &r)
+		v.reset(context.Background(), io.NopCloser(iotest.OneByteReader(bytes.NewReader(body))), &r, declared, true)
 		var out []byte
 		buf := make([]byte, int(chunk%16)+1)
 		var err error

@@ -24,7 +24,7 @@ func TestStatsBudgetAndPending(t *testing.T) {
 	require.Error(t, err)
 	assert.Equal(t, 1, c.Stats().JournalPending)
 
-	d := &Client{Policy: &Policy{Budget: Budget{Disabled: true}}, Journal: opaqueJournal{newMemJournal(DefaultPolicy().resolve().retention)}}
+	d := &Client{Policy: unnamed(&Policy{Budget: Budget{Disabled: true}}), Journal: opaqueJournal{newMemJournal(DefaultPolicy().resolve().retention)}}
 	assert.Equal(t, Stats{JournalPending: -1}, d.Stats(), "a disabled budget reads 0/0; a journal that cannot count reads -1")
 }
 

@@ -2,7 +2,10 @@ package idemhttp
 
 import (
 	"crypto/tls"
+	"fmt"
+	"net/http"
 	"net/http/httptrace"
+	"strings"
 	"sync/atomic"
 )
 
@@ -26,12 +29,18 @@ import (
 //     is read from its TLS state (ALPN "h2"); a Transport that may speak
 //     HTTP/2 without TLS (Protocols.UnencryptedHTTP2) makes every
 //     connection without TLS one that may.
-//   - net/http's own Transport never tried to connect: it refused the
-//     request itself (an invalid header, an unsupported scheme, a proxy
-//     setting). Nothing left, and an identical retry fails identically.
-//   - Anything else, including a Transport that reports no httptrace
-//     events at all (not net/http's: a wrapper's), may have reached the
-//     server.
+//   - The client never handed the attempt to the caller's RoundTripper
+//     (attemptTransport): the context had ended, or the Pacer refused it.
+//     Nothing left.
+//   - Anything else may have reached the server: a Transport that reports
+//     no httptrace events at all (not net/http's: a wrapper's), and
+//     net/http's own when it asked for no connection (no GetConn), since
+//     then either it refused the request itself (a proxy setting, an
+//     unsupported scheme) or a protocol registered with
+//     Transport.RegisterProtocol took it, and sent it unseen. The refusals
+//     that are net/http's rule alone (invalid header fields, a method that
+//     is no token, no host) are the client's too, before the first attempt
+//     (unsendable), so they never need that evidence.
 
 // wireTally counts what the connection saw during the current attempt.
 // The trace callbacks run on net/http's goroutines.
@@ -40,6 +49,7 @@ type wireTally struct {
 	gotConns atomic.Int32 // GotConn: it got one
 	h2Conns  atomic.Int32 // of those, connections that may speak HTTP/2
 	writes   atomic.Int32 // WroteHeaders: a whole request head was written; more than one means net/http resent it
+	handed   atomic.Int32 // the attempt (or a redirect hop of it) was handed to the caller's RoundTripper
 
 	connsKnown bool // GotConn is traced: the request may go over HTTP/2
 }
@@ -74,14 +84,14 @@ func maySpeakH2(info httptrace.GotConnInfo, h2c bool) bool {
 
 // attemptWire is what one attempt's connection saw.
 type attemptWire struct {
-	getConns, gotConns, h2Conns, writes int32
+	getConns, gotConns, h2Conns, writes, handed int32
 }
 
 // take returns the current attempt's counts and starts the next one's.
 // Without GotConn traced (HTTP/1.1 only), every connection counts as
 // obtained and as HTTP/1.1, which the HTTP/1.1 rule needs no more of.
 func (w *wireTally) take() attemptWire {
-	a := attemptWire{w.getConns.Swap(0), w.gotConns.Swap(0), w.h2Conns.Swap(0), w.writes.Swap(0)}
+	a := attemptWire{w.getConns.Swap(0), w.gotConns.Swap(0), w.h2Conns.Swap(0), w.writes.Swap(0), w.handed.Swap(0)}
 	if !w.connsKnown {
 		a.gotConns = a.getConns
 	}
@@ -93,10 +103,12 @@ func (w *wireTally) take() attemptWire {
 // Transport is net/http's and reports the events.
 func (w attemptWire) notSent(traceable bool) bool {
 	switch {
+	case w.handed == 0:
+		return true // never handed to the transport
 	case !traceable:
 		return false
 	case w.getConns == 0:
-		return true // refused by net/http itself, before connecting
+		return false // refused by net/http itself, or sent by a registered protocol: no telling
 	case w.gotConns == 0:
 		return true // no connection obtained
 	}
@@ -107,14 +119,62 @@ func (w attemptWire) notSent(traceable bool) bool {
 // exception to "the connection, not the error" is a certificate the
 // client refused, which no retry can fix.
 func (a *operation) classify(err error, w attemptWire) errClass {
-	if isCertError(err) {
-		return errPermanent
-	}
 	switch {
+	case isCertError(err):
+		return errPermanent
 	case !w.notSent(a.cfg.traceable):
 		return errUnknown
-	case w.getConns == 0 && !isTimeout(err):
-		return errPermanent // net/http refused it locally: an identical retry fails identically
 	}
 	return errNotSent
+}
+
+// unsendable says why net/http's Transport would refuse r by its own
+// rules, before connecting, or "" when it would not: a header or trailer
+// field name that is no token or a value with a control character (which
+// it checks first, for http and https), a method that is no token, no
+// host. The client refuses such a request before its first attempt: a
+// refusal by net/http during an attempt is no evidence that nothing left
+// (see notSent). The message never quotes a value, which may be secret.
+func unsendable(r *http.Request) string {
+	if !strings.EqualFold(r.URL.Scheme, "http") && !strings.EqualFold(r.URL.Scheme, "https") {
+		return "" // another scheme is a registered protocol's, or refused as unknown
+	}
+	for _, h := range [...]http.Header{r.Header, r.Trailer} {
+		for k, vv := range h {
+			if !isToken(k) {
+				return fmt.Sprintf("header field name %q", k)
+			}
+			for _, v := range vv {
+				for i := 0; i < len(v); i++ {
+					if b := v[i]; b < ' ' && b != '\t' || b == 0x7f {
+						return fmt.Sprintf("a control character in the value of header field %q", k)
+					}
+				}
+			}
+		}
+	}
+	if r.Method != "" && !isToken(r.Method) {
+		return fmt.Sprintf("method %q", r.Method)
+	}
+	if r.URL.Host == "" {
+		return "no host in the URL"
+	}
+	return ""
+}
+
+// isToken reports whether s is an RFC 9110 token: one or more tchar.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }

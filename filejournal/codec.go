@@ -28,6 +28,15 @@ const (
 	// replaces the entry's earlier begin record when one is in the file,
 	// and stands for it in a compacted one.
 	kindResult = 'R'
+	// kindParked is a begin record of a pending entry with a not-before
+	// time (idemhttp.Entry.NotBefore: the server's Retry-After, when a
+	// call parked the operation), followed by that time. Like a result
+	// record it replaces the entry's earlier record when one is in the
+	// file, and stands for it in a compacted one. An entry's not-before
+	// is its parked record's while the entry's state, last status,
+	// attempts and updated time are the record's own: a later finish
+	// record (a resend's outcome) ends it.
+	kindParked = 'P'
 
 	recHdrLen = wal.RecordHeaderLen
 	maxRecord = wal.MaxRecord
@@ -59,6 +68,7 @@ type record struct {
 	hasBody     bool
 	body        []byte
 	result      *idemhttp.Result // of a result record
+	notBefore   time.Time        // of a parked record
 }
 
 // entry returns the Entry a begin record describes, with its own copy of
@@ -68,6 +78,7 @@ func (r *record) entry() *idemhttp.Entry {
 		Operation: r.operation, Key: r.key, Method: r.method, URL: r.url,
 		Header: r.header, Fingerprint: r.fingerprint, Created: r.created, Updated: r.updated,
 		Attempts: r.attempts, LastStatus: r.lastStatus, State: journalStateOf(r.state),
+		NotBefore: r.notBefore,
 	}
 	if r.hasBody {
 		e.Body = append(make([]byte, 0, len(r.body)), r.body...)
@@ -89,6 +100,7 @@ func beginSize(e *idemhttp.Entry) (int, []string) {
 	// flag and length (varints take at most 10 bytes).
 	n := 1 + 5*10 + 10 + 2*20 + 1 + 2*10 + 1 + 10
 	n += len(e.Key) + len(e.Operation) + len(e.Method) + len(e.URL) + len(e.Fingerprint) + len(e.Body)
+	n += 20 // a parked record's not-before
 	for name, vals := range e.Header {
 		if len(vals) > 0 {
 			names = append(names, name)
@@ -137,8 +149,9 @@ func appendHeader(dst []byte, h http.Header, names []string) []byte {
 
 // appendBegin appends the framed begin record of e (sanitised, with a
 // known state) to dst: a result record when e is done and keeps its
-// Result. Header names without values carry no information and are
-// dropped.
+// Result, a parked record when e is pending with a NotBefore (which
+// other states do not keep). Header names without values carry no
+// information and are dropped.
 func appendBegin(dst []byte, e *idemhttp.Entry) ([]byte, error) {
 	size, names := beginSize(e)
 	return appendBeginSized(dst, e, size, names)
@@ -157,6 +170,10 @@ func appendBeginSized(dst []byte, e *idemhttp.Entry, size int, names []string) (
 			return dst, fmt.Errorf("entry %q: a result with state %q", e.Key, e.State)
 		}
 		kind = kindResult
+	}
+	parked := st == journalStatePending && !e.NotBefore.IsZero()
+	if parked {
+		kind = kindParked
 	}
 	if size > maxRecord+beginSlack {
 		// Certainly too large: refuse before copying the body.
@@ -189,6 +206,9 @@ func appendBeginSized(dst []byte, e *idemhttp.Entry, size int, names []string) (
 		dst = appendHeader(dst, r.Header, nil)
 		dst = binary.AppendUvarint(dst, uint64(len(r.Body)))
 		dst = append(dst, r.Body...)
+	}
+	if parked {
+		dst = journalAppendTime(dst, e.NotBefore)
 	}
 	if n := len(dst) - start - recHdrLen; n > maxRecord {
 		return dst[:start], tooLarge(e, n)
@@ -256,7 +276,7 @@ func decodeRecord(p []byte) (*record, error) {
 	r := journalReader{b: p}
 	rec := &record{kind: r.byte()}
 	switch rec.kind {
-	case kindBegin, kindResult:
+	case kindBegin, kindResult, kindParked:
 		rec.key = r.str()
 		rec.operation = r.str()
 		rec.method = r.str()
@@ -282,6 +302,12 @@ func decodeRecord(p []byte) (*record, error) {
 				r.fail("a result of an entry that is not done")
 			}
 			rec.result = res
+		}
+		if rec.kind == kindParked {
+			rec.notBefore = r.time()
+			if r.err == nil && (rec.state != journalStatePending || rec.notBefore.IsZero()) {
+				r.fail("a parked record of an entry that is not pending, or without a time")
+			}
 		}
 	case kindFinish:
 		rec.key = r.str()

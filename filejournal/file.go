@@ -269,10 +269,10 @@ func (idx *index) apply(rec *record, off int64, n int) error {
 	le := idx.byKey.get(rec.key)
 	exists := le != nil
 	switch rec.kind {
-	case kindResult:
+	case kindResult, kindParked:
 		if exists {
-			// A done entry's result: the record replaces the entry's
-			// earlier one, request and all.
+			// A done entry's result, or a pending entry's not-before: the
+			// record replaces the entry's earlier one, request and all.
 			idx.live += int64(n) - int64(le.size)
 			le.off, le.size = off, int32(n)
 			le.setOutcome(rec.state, rec.lastStatus, rec.attempts, rec.updated)

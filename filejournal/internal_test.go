@@ -630,8 +630,18 @@ func ijSeedPayloads(t testing.TB) [][]byte {
 		ijCat([]byte{kindClock}, ijEpoch, []byte{0}),
 		ijBeginPayload("k", ijHeader("A", "B"), journalStateDone, 2, ijCat([]byte{1}, ijStr("abc"))),
 		ijBeginPayload("k", ijHeader("B", "A"), journalStatePending, 0, ijNoBody),
+		ijBegin(t, ijParkedOf(ijEntry("k", "op-k")))[recHdrLen:],
+		ijCat(ijBeginPayload("k", ijHeader("A", "B"), journalStateDone, 2, ijNoBody), ijEpoch), // parked, but done
 		[]byte{'X'},
 	)
+}
+
+// ijParkedOf returns e pending with a not-before, for a parked record.
+func ijParkedOf(e *idemhttp.Entry) *idemhttp.Entry {
+	r := *e
+	r.State, r.LastStatus, r.Attempts = idemhttp.StatePending, 429, 1
+	r.NotBefore = ijT0.Add(time.Hour)
+	return &r
 }
 
 // FuzzDecodeRecord checks that no payload makes the decoder panic or
@@ -650,7 +660,7 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 		var again []byte
 		switch rec.kind {
-		case kindBegin, kindResult:
+		case kindBegin, kindResult, kindParked:
 			again, err = appendBegin(nil, rec.entry())
 			require.NoError(t, err)
 		case kindFinish:
@@ -686,6 +696,7 @@ func ijSeedFiles(t testing.TB) [][]byte {
 		ijFile(b1, b2, b3),
 		ijFile(b1, ijBatch(2, finishA, finishA, ijBegin(t, ijSampleEntries()[1].give))),
 		ijFile(b1, ijBatch(2, ijBegin(t, ijResultOf(ijEntry("a", "op-a"))))), // a result replacing a's begin record
+		ijFile(b1, ijBatch(2, ijBegin(t, ijParkedOf(ijEntry("a", "op-a"))))), // a park replacing a's begin record
 		ijFile(b1, ijFlip(b2, 25), b3),
 		ijFile(b1, b2[:len(b2)-3]),
 		ijFile(ijBatch(1, a), ijBatch(3, c)),
@@ -795,7 +806,7 @@ func ijCheckReplay(t *testing.T, file []byte, salvage bool) {
 		require.Equal(t, int(le.size), n)
 		rec, err := decodeRecord(payload)
 		require.NoError(t, err)
-		require.Contains(t, []byte{kindBegin, kindResult}, rec.kind)
+		require.Contains(t, []byte{kindBegin, kindResult, kindParked}, rec.kind)
 		require.Equal(t, key, rec.key)
 		require.Equal(t, rec.operation, le.operation())
 		require.Contains(t, []byte{journalStatePending, journalStateDone, journalStateAbandoned}, le.state)

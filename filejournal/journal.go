@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
-	"github.com/idemkit/idemhttp/internal/contract"
 	"github.com/idemkit/idemhttp/internal/wal"
 )
 
@@ -27,6 +26,14 @@ type Options struct {
 	// disk. An entry without its body cannot be resent by Resume: it can
 	// only be reported.
 	OmitBodies bool
+
+	// SecretHeaders names request headers never written to the file, in
+	// any letter case, beyond those [idemhttp.Entry.Sanitized] always
+	// withholds (Authorization, Cookie, API keys under their common
+	// names): for entries given to Begin directly, by a program that
+	// loads a batch. A Client drops its own [idemhttp.Client.SecretHeaders]
+	// before Begin.
+	SecretHeaders []string
 
 	// SkipVerify opens a damaged journal instead of refusing it, for
 	// inspection and repair: damaged batches in the middle of the file are
@@ -68,9 +75,9 @@ type Options struct {
 	// FS is the file system the journal's files live on: the journal
 	// itself, its index file, a torn tail kept aside and a compaction's
 	// new file. Every file access of the journal goes through it. nil
-	// means the operating system's. The simulated disk of
-	// internal/wal/simdisk goes here, for crash and fault tests and for
-	// the simulator of the whole system (internal/sim).
+	// means the operating system's. A test that injects faults (a failed
+	// sync, a full disk, a torn write) implements [FS] and [File], whose
+	// docs list the methods and what each must do.
 	FS FS
 
 	// Clock replaces time.Now as the journal's clock ([Journal.Now]):
@@ -94,13 +101,59 @@ type Options struct {
 	writeBehind time.Duration
 }
 
-// FS is the file system under a [Journal] (see [Options.FS]): the
-// internal/wal log's seam, to open files with flags, read and write them
-// at offsets, sync them and their directory, rename and remove them, and
-// take the writer's lock. Errors are those of package os, or wrap them.
+// FS is the file system under a [Journal] (see [Options.FS]). It is
+// declared by the journal's internal log package, hence the alias; these
+// are its methods, each doing what the function of package os it names
+// does, with errors of package os or wrapping them:
+//
+//	OpenFile(name string, flag int, perm os.FileMode, dsync bool) (File, error)
+//	    // os.OpenFile, flag made of os.O_RDONLY, O_WRONLY, O_RDWR,
+//	    // O_CREATE, O_EXCL and O_TRUNC; with dsync, every write through
+//	    // the file is asked to be durable when it returns (O_DSYNC), and
+//	    // File.WriteSyncs says whether it is
+//	Stat(name string) (os.FileInfo, error)     // os.Stat, following symlinks
+//	SameFile(a, b os.FileInfo) bool             // os.SameFile, for this FS's Stat and File.Stat
+//	Rename(oldpath, newpath string) error      // os.Rename: atomic, durable once the directory is synced
+//	Remove(name string) error                  // os.Remove
+//	SyncDir(dir string) error                  // makes dir's entries (created, renamed, removed) durable
+//	EvalSymlinks(name string) (string, error)  // filepath.EvalSymlinks
 type FS = wal.FS
 
-// File is an open file of an [FS].
+// File is an open file of an [FS]. The journal reads and writes it at
+// offsets only; reads may run concurrently with each other and with one
+// writer. Its methods:
+//
+//	ReadAt(p []byte, off int64) (int, error)   // as os.File's
+//	WriteAt(p []byte, off int64) (int, error)  // as os.File's
+//	Close() error                              // closes the file, releasing its locks
+//	Stat() (os.FileInfo, error)                // its size and mode, and for FS.SameFile
+//	Truncate(size int64) error                 // as os.File's
+//	Chmod(mode os.FileMode) error              // as os.File's
+//	SyncData() error
+//	    // makes the data, and the size needed to read it back, durable
+//	    // (fdatasync); after a failed SyncData nothing written since the
+//	    // last successful one may be taken as durable, even if a later
+//	    // SyncData succeeds
+//	WriteSyncs() bool
+//	    // whether each WriteAt is durable when it returns (opened with
+//	    // dsync, and the FS offers it), so that no SyncData follows it
+//	WriteBack(off, n int64) error
+//	    // a hint: writes the n bytes at off out to the disk without making
+//	    // anything durable, so that a later SyncData has little left to do;
+//	    // it may do nothing
+//	Lock() error
+//	    // takes the writer's exclusive lock without waiting: ErrLocked
+//	    // if another open file holds it; it lasts until Close, or until
+//	    // the process dies
+//	LockViewer() error
+//	    // takes a read-only open's shared lock, which makes a writer that
+//	    // replaced the file leave it whole; ErrLocked means a writer is
+//	    // freeing the file (it was replaced); an FS without such locks
+//	    // returns nil
+//	CloseReplaced()
+//	    // closes a file a rename replaced, first freeing its blocks a
+//	    // step at a time when no read-only open still reads it (best
+//	    // effort, no error)
 type File = wal.File
 
 // WriteBehind bounds how long a [Journal] keeps an outcome
@@ -273,6 +326,7 @@ type Journal struct {
 	fs         FS
 	clock      func() time.Time
 	omitBodies bool
+	secrets    []string      // Options.SecretHeaders
 	retention  atomic.Int64  // the longest retention a Client told it (Retain); 0: none yet, defaultRetention applies
 	keepDone   time.Duration // Options.KeepDone
 	salvage    bool          // SkipVerify
@@ -448,6 +502,7 @@ func Open(path string, opts *Options) (*Journal, error) {
 		fs:         opts.FS,
 		clock:      opts.Clock,
 		omitBodies: opts.OmitBodies,
+		secrets:    slices.Clone(opts.SecretHeaders),
 		salvage:    opts.SkipVerify,
 		readOnly:   opts.ReadOnly,
 		pend:       make(map[*wal.Batch]*pending),
@@ -573,8 +628,8 @@ func (j *Journal) Sync(ctx context.Context) error {
 
 // Begin implements [idemhttp.Journal.Begin]. The operation id is looked up first,
 // then the key: when both exist on different entries, the operation's entry
-// is returned. The entry stored is what [idemhttp.SanitizeEntry] makes of e, without
-// its body with OmitBodies. e is not modified. Begin fails with an error
+// is returned. The entry stored is what [idemhttp.Entry.Sanitized] makes of e
+// with the journal's SecretHeaders, without its body with OmitBodies. e is not modified. Begin fails with an error
 // wrapping [idemhttp.ErrInvalidKey] or [idemhttp.ErrInvalidRequest] for a bad key or
 // operation id, before touching the file.
 //
@@ -582,7 +637,7 @@ func (j *Journal) Sync(ctx context.Context) error {
 // for the batch, since giving up then could report failure for a write
 // that reaches the disk.
 func (j *Journal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry, error) {
-	rec, err := e.Sanitized()
+	rec, err := e.Sanitized(j.secrets...)
 	if err != nil {
 		return nil, err
 	}
@@ -800,13 +855,11 @@ func (j *Journal) unindexLocked(le *entry) {
 // is written behind, within [WriteBehind] (see [Journal]).
 // Finish does not wait for the disk, so ctx is only checked on entry.
 func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) error {
-	state, ok := journalStateByte(o.State)
-	if !ok {
-		return fmt.Errorf("idemhttp: journal finish %s: %w: unknown state %q", key, idemhttp.ErrInvalidRequest, o.State)
+	o, err := o.Sanitized()
+	if err != nil {
+		return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
 	}
-	if o.Attempts < 0 {
-		return fmt.Errorf("idemhttp: journal finish %s: %w: negative attempts", key, idemhttp.ErrInvalidRequest)
-	}
+	state, _ := journalStateByte(o.State)
 	at := o.At
 	if at.IsZero() {
 		at = j.now()
@@ -814,12 +867,13 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if o.Result != nil && state == journalStateDone {
+	if (o.Result != nil && state == journalStateDone) || (!o.NotBefore.IsZero() && state == journalStatePending) {
 		if err := j.finishWithResult(ctx, key, o, at); !errors.Is(err, errNoResult) {
 			return err
 		}
-		// The entry is final already, or its result too large for a
-		// record: a plain outcome.
+		// The entry is final already, or its record too large: a plain
+		// outcome (a park then lost: the entry is pending, and a resend
+		// before the server's time is told to wait again).
 	}
 	for {
 		j.mu.Lock()
@@ -874,18 +928,21 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 	}
 }
 
-// errNoResult: Finish cannot keep the result (the entry is final already,
-// or the result makes its record too large): it records the outcome alone.
+// errNoResult: Finish cannot keep the result or the not-before (the entry
+// is final already, or its record would be too large): it records the
+// outcome alone.
 var errNoResult = errors.New("no result kept")
 
-// finishWithResult records a done outcome with its result: a result
-// record, the entry's begin record written again with the result after
-// it, which replaces the begin record (docs/journal-format.md). Unlike a
-// plain Finish it waits for the disk: the index points at the new record
-// only once it is durable and readable, and a Get meanwhile reads the old
-// one. It holds the scan lock, so no compaction or removal moves the
-// entry meanwhile, and marks the entry done at once, as Finish does, so
-// that no Delete or Prune removes it before its record lands.
+// finishWithResult records a done outcome with its result, or a pending
+// one with its not-before (a parked operation): a result or parked
+// record, the entry's begin record written again with the result or the
+// time after it, which replaces the begin record
+// (docs/journal-format.md). Unlike a plain Finish it waits for the disk:
+// the index points at the new record only once it is durable and
+// readable, and a Get meanwhile reads the old one. It holds the scan
+// lock, so no compaction or removal moves the entry meanwhile, and sets
+// the entry's outcome at once, as Finish does, so that no Delete or
+// Prune removes a done entry before its record lands.
 func (j *Journal) finishWithResult(ctx context.Context, key string, o idemhttp.Outcome, at time.Time) error {
 	j.scanMu.Lock()
 	defer j.scanMu.Unlock()
@@ -900,8 +957,9 @@ func (j *Journal) finishWithResult(ctx context.Context, key string, o idemhttp.O
 		return errNoResult
 	}
 	rec := *cur
-	rec.State, rec.LastStatus, rec.Attempts, rec.Updated = idemhttp.StateDone, o.Status, cur.Attempts+o.Attempts, at
-	rec.Result = &idemhttp.Result{Status: o.Result.Status, Header: contract.ResultHeader(o.Result.Header), Body: o.Result.Body}
+	rec.State, rec.LastStatus, rec.Attempts, rec.Updated = o.State, o.Status, cur.Attempts+o.Attempts, at
+	rec.Result, rec.NotBefore = o.Result, o.NotBefore // sanitised by Finish: one of them, with its state
+	state, _ := journalStateByte(o.State)
 	// Append copies the record into its batch before it returns, so the
 	// buffer goes back to the pool when this call does.
 	bp := encodeBufs.Get()
@@ -925,8 +983,10 @@ func (j *Journal) finishWithResult(ctx context.Context, key string, o idemhttp.O
 		if err != nil {
 			return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
 		}
-		j.pending--
-		le.setOutcome(journalStateDone, rec.LastStatus, rec.Attempts, at)
+		if state != journalStatePending {
+			j.pending--
+		}
+		le.setOutcome(state, rec.LastStatus, rec.Attempts, at)
 		j.raiseLocked(at)
 		j.mu.Unlock()
 		<-b.Done()
@@ -1013,10 +1073,15 @@ func readEntry(r wal.Reader, le *entry, buf []byte) (*idemhttp.Entry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("entry %s: %w", le.key(), err)
 	}
-	if (rec.kind != kindBegin && rec.kind != kindResult) || rec.key != le.key() {
+	if (rec.kind != kindBegin && rec.kind != kindResult && rec.kind != kindParked) || rec.key != le.key() {
 		return nil, fmt.Errorf("%w: entry %s: the record at offset %d is not its own", ErrCorrupt, le.key(), le.off)
 	}
 	e := rec.entry()
+	if rec.kind == kindParked && (le.state != rec.state || le.attempts != rec.attempts || le.lastStatus != rec.lastStatus || !le.updated().Equal(rec.updated)) {
+		// A finish record came after the parked one: a resend's outcome,
+		// which ends the park (see kindParked).
+		e.NotBefore = time.Time{}
+	}
 	e.State, e.Updated, e.Attempts, e.LastStatus = journalStateOf(le.state), le.updated(), le.attempts, le.lastStatus
 	return e, nil
 }

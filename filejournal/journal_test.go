@@ -68,9 +68,16 @@ func TestFileJournalConformance(t *testing.T) {
 	})
 }
 
+// TestFileJournalSecretsNeverReachTheFile: whatever way an entry comes
+// in (a direct Begin by a producer included), no credential reaches the
+// file's bytes: not the standard headers, API keys under their common
+// names, the headers Options.SecretHeaders names, credentials in the URL,
+// nor a kept result's Set-Cookie or signed Location. Issue 31 §1.14:
+// checked to fail with Begin calling Sanitized without the journal's
+// SecretHeaders (X-Partner-Secret reached the file).
 func TestFileJournalSecretsNeverReachTheFile(t *testing.T) {
 	path := fjPath(t)
-	j, err := filejournal.Open(path, nil)
+	j, err := filejournal.Open(path, &filejournal.Options{SecretHeaders: []string{"x-partner-secret"}})
 	require.NoError(t, err)
 
 	ctx := context.Background()
@@ -92,13 +99,20 @@ func TestFileJournalSecretsNeverReachTheFile(t *testing.T) {
 		"Authorization":       {"Bearer sk_live_secret"},
 		"cookie":              {"s=secret"},
 		"Proxy-Authorization": {"Basic proxy_secret"},
+		"X-Api-Key":           {"api_key_header_secret"},
+		"X-Partner-Secret":    {"partner_header_secret"},
 		"Content-Type":        {"application/json"},
 	}
 	_, err = j.Begin(ctx, e)
 	require.NoError(t, err)
 	// Finish appends a record about the entry, and Compact writes the entry
 	// again from what it reads back: neither may bring anything back.
-	require.NoError(t, j.Finish(ctx, "k1", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1}))
+	require.NoError(t, j.Finish(ctx, "k1", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1, Result: &idemhttp.Result{
+		Status: 201, Body: []byte(`{"id":"ch_1"}`), Header: http.Header{
+			"Set-Cookie": {"result_cookie_secret"},
+			"Location":   {"https://b.s3.amazonaws.com/o?X-Amz-Signature=result_signature_secret"},
+		},
+	}}))
 	if fjCanCompact() {
 		require.NoError(t, j.Compact(ctx))
 	}
@@ -112,7 +126,9 @@ func TestFileJournalSecretsNeverReachTheFile(t *testing.T) {
 	raw, err := os.ReadFile(path)
 	require.NoError(t, err)
 	require.True(t, bytes.Contains(raw, []byte("fp-k1")), "the entry is in the file")
-	for _, secret := range []string{"sk_live_secret", "s=secret", "proxy_secret", "url_password_secret", "url_user_secret", "url_query_secret", "url_fragment_secret"} {
+	require.True(t, bytes.Contains(raw, []byte(`{"id":"ch_1"}`)), "the result is in the file")
+	for _, secret := range []string{"sk_live_secret", "s=secret", "proxy_secret", "url_password_secret", "url_user_secret", "url_query_secret", "url_fragment_secret",
+		"api_key_header_secret", "partner_header_secret", "result_cookie_secret", "result_signature_secret"} {
 		assert.False(t, bytes.Contains(raw, []byte(secret)), "%q found in the journal file", secret)
 	}
 }

@@ -43,6 +43,8 @@ import (
 //     than [idemhttp.ClockTolerance] below the latest time the journal
 //     recorded (it was set back), it claims nothing and returns an error
 //     wrapping [idemhttp.ErrClockJump];
+//   - ClaimPending never hands out a parked entry (one with an
+//     [idemhttp.Entry.NotBefore]) before that time by the fleet's clock;
 //   - Renew extends the worker's own lease, and is refused once another
 //     worker holds the entry or it is final;
 //   - Delete is refused for an entry another worker has claimed or begun
@@ -97,6 +99,7 @@ func RunFleet(t *testing.T, open func(t *testing.T) *Fleet) {
 		{"ClockAheadOfWorkers", testClockAhead},
 		{"WorkerAheadOfClock", testWorkerAhead},
 		{"ClockSetBack", testClockSetBack},
+		{"ClaimSkipsParked", testClaimSkipsParked},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -618,4 +621,29 @@ func testClockSetBack(t *testing.T, f *Fleet) {
 	assert.ErrorIs(t, res[0].Err, idemhttp.ErrClockJump)
 	assert.Zero(t, api.count(stale.Body), "an entry of unknown age was resent")
 	assert.Equal(t, idemhttp.StatePending, state(t, f.B, "stale"), "left for a person")
+}
+
+// testClaimSkipsParked: no worker claims a parked entry (NotBefore, the
+// server's Retry-After, or a producer's start time) before its time by the
+// fleet's clock, lease or no lease; from then on it is claimed as any
+// other. Checked to fail with the PostgreSQL journal's claim ignoring
+// not_before.
+func testClaimSkipsParked(t *testing.T, f *Fleet) {
+	ctx := context.Background()
+	now, err := f.A.Now(ctx)
+	require.NoError(t, err)
+	later := fleetEntry("later")
+	later.NotBefore = now.Add(2 * f.Lease)
+	enqueue(t, f.A, later, fleetEntry("free"))
+	assert.Equal(t, []string{"free"}, claim(t, f.B, 10), "not the parked one")
+	require.NoError(t, f.B.Finish(ctx, "free", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1}))
+
+	// Parked by an outcome: the lease it keeps expires first.
+	enqueue(t, f.A, fleetEntry("parked"))
+	require.Equal(t, []string{"parked"}, claim(t, f.A, 10))
+	require.NoError(t, f.A.Finish(ctx, "parked", idemhttp.Outcome{State: idemhttp.StatePending, Status: 429, Attempts: 1, NotBefore: now.Add(2 * f.Lease)}))
+	f.Shift(past(f))
+	assert.Empty(t, claim(t, f.B, 10), "the lease expired, the park has not")
+	f.Shift(f.Lease)
+	assert.ElementsMatch(t, []string{"later", "parked"}, claim(t, f.B, 10), "claimed at their time")
 }

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
-	"github.com/idemkit/idemhttp/internal/contract"
 	"github.com/idemkit/idemhttp/journaltest"
 )
 
@@ -158,6 +157,10 @@ func (w *memWorker) begin(ctx context.Context, e *idemhttp.Entry, leased bool) (
 }
 
 func (w *memWorker) Finish(_ context.Context, key string, o idemhttp.Outcome) error {
+	o, err := o.Sanitized()
+	if err != nil {
+		return fmt.Errorf("finish %s: %w", key, err)
+	}
 	s := w.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -175,11 +178,10 @@ func (w *memWorker) Finish(_ context.Context, key string, o idemhttp.Outcome) er
 	case r.token != "" && r.token != w.token && r.until.After(now):
 		return fmt.Errorf("finish %s: %w: leased", key, idemhttp.ErrFenced)
 	}
-	r.e.State, r.e.LastStatus, r.e.Updated = o.State, o.Status, earliest(o.At, now)
+	r.e.State, r.e.LastStatus, r.e.Updated, r.e.NotBefore = o.State, o.Status, earliest(o.At, now), o.NotBefore
 	r.e.Attempts += o.Attempts
-	if o.State == idemhttp.StateDone && o.Result != nil {
+	if o.Result != nil {
 		r.e.Result = clone(&idemhttp.Entry{Result: o.Result}).Result
-		r.e.Result.Header = contract.ResultHeader(o.Result.Header) // what of a response may rest
 	}
 	if o.State != idemhttp.StatePending {
 		r.token, r.until = "", time.Time{}
@@ -270,6 +272,9 @@ func (w *memWorker) ClaimPending(_ context.Context, limit int) ([]*idemhttp.Entr
 			r.e.State, r.e.Updated, r.token = idemhttp.StateAbandoned, now, ""
 			s.raiseLocked(now)
 			continue
+		}
+		if now.Before(r.e.NotBefore) {
+			continue // parked
 		}
 		r.token, r.until = w.token, now.Add(w.lease)
 		out = append(out, clone(r.e))

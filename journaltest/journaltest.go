@@ -121,6 +121,7 @@ func Run(t *testing.T, open func(t *testing.T) idemhttp.Journal) {
 		{"URLSanitized", testURLSanitized},
 		{"EmptyBodyIsNotNoBody", testEmptyBodyIsNotNoBody},
 		{"HighWater", testHighWater},
+		{"ParkedKept", testParkedKept},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -496,7 +497,13 @@ func testSecretsNeverStored(t *testing.T, j idemhttp.Journal) {
 		"cookie":              {"s=lowercase"},
 		"PROXY-AUTHORIZATION": {"Basic upper"},
 		"idempotency-key":     {"k1"},
-		"Content-Type":        {"application/json"},
+		// API keys under their common names, in any case.
+		"X-Api-Key":            {"sk_live_secret"},
+		"api-key":              {"secret"},
+		"X-Auth-Token":         {"secret"},
+		"X-Amz-Security-Token": {"secret"},
+		"X-Goog-Api-Key":       {"secret"},
+		"Content-Type":         {"application/json"},
 	}
 	begin(t, j, e)
 
@@ -612,17 +619,26 @@ func testFinalStatesStay(t *testing.T, j idemhttp.Journal) {
 // testResultKept: a done outcome's Result (a bounded copy of the final
 // response, Policy.KeepResults) is kept with the entry: Get returns it,
 // and so does Begin for the operation's existing entry, which is how a
-// rerun gets the result back without sending. A journal keeps only the
-// headers a caller reads: never Set-Cookie.
+// rerun gets the result back without sending. A journal keeps what
+// Outcome.Sanitized keeps, whoever calls Finish: only the headers a
+// caller reads (Content-Encoding among them, never Set-Cookie), their
+// URLs without credentials (a signed URL's signature, a user part).
+// Checked to fail with the PostgreSQL journal's Finish not calling
+// Outcome.Sanitized (it kept X-Internal-Debug and the signature).
 func testResultKept(t *testing.T, j idemhttp.Journal) {
 	ctx := context.Background()
 	begin(t, j, entry("k-res", "op-res", at(1)))
 	res := &idemhttp.Result{Status: 201, Body: []byte(`{"id":"ch_1"}`), Header: http.Header{
 		"Content-Type": {"application/json"}, "Request-Id": {"req_1"}, "Set-Cookie": {"s=secret"},
+		"Content-Encoding": {"gzip"}, "X-Internal-Debug": {"secret"},
+		"Location": {"https://b.s3.amazonaws.com/o?X-Amz-Credential=AKIA%2Fsecret&X-Amz-Signature=secret&X-Amz-Expires=60"},
+		"Link":     {`<https://u:secret@h/p?page=2>; rel="next"`},
 	}}
 	require.NoError(t, j.Finish(ctx, "k-res", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1, At: at(2), Result: res}))
 	want := &idemhttp.Result{Status: 201, Body: []byte(`{"id":"ch_1"}`), Header: http.Header{
-		"Content-Type": {"application/json"}, "Request-Id": {"req_1"},
+		"Content-Type": {"application/json"}, "Request-Id": {"req_1"}, "Content-Encoding": {"gzip"},
+		"Location": {"https://b.s3.amazonaws.com/o?X-Amz-Credential=REDACTED&X-Amz-Signature=REDACTED&X-Amz-Expires=60"},
+		"Link":     {`<https://REDACTED@h/p?page=2>; rel="next"`},
 	}}
 	got, err := j.Get(ctx, "k-res")
 	require.NoError(t, err)
@@ -677,4 +693,54 @@ func testURLSanitized(t *testing.T, j idemhttp.Journal) {
 		require.NoError(t, err)
 		assert.Equal(t, tt.want, got.URL)
 	}
+}
+
+// testParkedKept: a pending outcome's NotBefore (the server's
+// Retry-After, when a call parked the operation) is kept with the entry:
+// Get, Pending and a Begin that finds the entry return it, so that a
+// Client never sends it before then. A later outcome sets it again or
+// ends it: pending without one (a resend that got no answer) and done
+// both clear it. A producer may begin an entry with one. Old entries,
+// written before the field existed, read with none. Checked to fail with
+// the file journal's Finish writing a plain finish record for a park.
+func testParkedKept(t *testing.T, j idemhttp.Journal) {
+	ctx := context.Background()
+	nb := at(3600)
+	notBefore := func(key string) time.Time {
+		t.Helper()
+		e, err := j.Get(ctx, key)
+		require.NoError(t, err)
+		return e.NotBefore
+	}
+	begin(t, j, entry("k-park", "op-park", at(1)))
+	require.NoError(t, j.Finish(ctx, "k-park", idemhttp.Outcome{State: idemhttp.StatePending, Status: 429, Attempts: 1, At: at(2), NotBefore: nb}))
+	got, err := j.Get(ctx, "k-park")
+	require.NoError(t, err)
+	assert.True(t, nb.Equal(got.NotBefore), "Get: %v", got.NotBefore)
+	assert.Equal(t, idemhttp.StatePending, got.State)
+	assert.Equal(t, 429, got.LastStatus)
+	assert.Equal(t, 1, got.Attempts)
+	assert.Equal(t, []byte(`{"amount":100,"key":"k-park"}`), got.Body, "the request stays")
+	pending, err := j.Pending(ctx)
+	require.NoError(t, err)
+	require.Len(t, pending, 1)
+	assert.True(t, nb.Equal(pending[0].NotBefore), "Pending: %v", pending[0].NotBefore)
+	existing, err := j.Begin(ctx, entry("k-other", "op-park", at(3)))
+	require.NoError(t, err)
+	require.NotNil(t, existing)
+	assert.True(t, nb.Equal(existing.NotBefore), "Begin's existing entry: %v", existing.NotBefore)
+
+	require.NoError(t, j.Finish(ctx, "k-park", idemhttp.Outcome{State: idemhttp.StatePending, Status: 503, Attempts: 1, At: at(3601)}))
+	assert.True(t, notBefore("k-park").IsZero(), "a later pending outcome without one ends it")
+	require.NoError(t, j.Finish(ctx, "k-park", idemhttp.Outcome{State: idemhttp.StatePending, Status: 429, Attempts: 1, At: at(3602), NotBefore: at(7200)}))
+	assert.True(t, at(7200).Equal(notBefore("k-park")), "parked again")
+	require.NoError(t, j.Finish(ctx, "k-park", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1, At: at(7201), NotBefore: at(9000)}))
+	assert.True(t, notBefore("k-park").IsZero(), "done is not parked")
+
+	e := entry("k-later", "op-later", at(4))
+	e.NotBefore = at(600)
+	begin(t, j, e)
+	assert.True(t, at(600).Equal(notBefore("k-later")), "a producer's entry, to send after then")
+	begin(t, j, entry("k-plain", "op-plain", at(5)))
+	assert.True(t, notBefore("k-plain").IsZero())
 }

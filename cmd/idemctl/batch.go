@@ -69,24 +69,25 @@ still run; if none is valid, nothing is sent); 5 server never reached;
 
 // batchOptions are the batch command's settings.
 type batchOptions struct {
-	base        *url.URL
-	in          string
-	journal     string
-	concurrency int
-	keys        keyFlags
-	keySecret   []byte // nil: keys minted and journaled (-random-keys)
-	creds       credentialFlags
-	timeout     time.Duration
-	attempts    int
-	grace       time.Duration
-	progress    string
-	pruned      string  // refuse, skip or send: input operations that prune deleted
-	inFormat    string  // auto, jsonl or csv
-	rate        float64 // requests per second, 0: no limit
-	checkDone   bool    // read done rows' requests back to warn about changed lines
-	retention   time.Duration
-	fleet       fleetFlags // with a postgres:// journal
-	spec        inputSpec
+	base          *url.URL
+	in            string
+	journal       string
+	concurrency   int
+	keys          keyFlags
+	keySecret     []byte // nil: keys minted and journaled (-random-keys)
+	creds         credentialFlags
+	timeout       time.Duration
+	attempts      int
+	grace         time.Duration
+	progress      string
+	pruned        string  // refuse, skip or send: input operations that prune deleted
+	inFormat      string  // auto, jsonl or csv
+	rate          float64 // requests per second, 0: no limit
+	checkDone     bool    // read done rows' requests back to warn about changed lines
+	retention     time.Duration
+	maxRetryAfter time.Duration
+	fleet         fleetFlags // with a postgres:// journal
+	spec          inputSpec
 }
 
 func batchCommand(ctx context.Context, args []string, e env) error {
@@ -109,13 +110,14 @@ func batchCommand(ctx context.Context, args []string, e env) error {
 	fs.StringVar(&o.progress, "progress", "auto", "progress on stderr: auto (a bar on a terminal, else lines), bar, lines or none")
 	fs.BoolVar(&o.checkDone, "check-done", false, "read back the journaled request of every input operation already done, and warn (exit 4)\nwhen the line changed since; off, done rows are skipped from the journal's index alone")
 	retention := retentionFlag(fs)
+	maxRetryAfter := maxRetryAfterFlag(fs)
 	o.fleet.register(fs)
 	fs.StringVar(&o.pruned, "pruned", "refuse", "input operations that idemctl prune deleted from the journal (listed in JOURNAL.pruned):\nrefuse (exit 6 before sending anything), skip (report the recorded outcome, send nothing)\nor send (send them again: with derived keys the server replays them if it still keeps the key)")
 	rest, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
-	o.retention = *retention
+	o.retention, o.maxRetryAfter = *retention, *maxRetryAfter
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) {
 		set[f.Name] = true
@@ -160,6 +162,8 @@ func (o *batchOptions) validate(rest []string, rawURL string, getenv func(string
 		return fail(exitUsage, "-attempts must not be negative")
 	case o.grace < 0:
 		return fail(exitUsage, "-grace must not be negative")
+	case o.maxRetryAfter < 0:
+		return fail(exitUsage, "-max-retry-after must not be negative")
 	case o.progress != "auto" && o.progress != "bar" && o.progress != "lines" && o.progress != "none":
 		return fail(exitUsage, "-progress must be auto, bar, lines or none")
 	case o.inFormat != "auto" && o.inFormat != formatJSONL && o.inFormat != formatCSV:
@@ -318,7 +322,7 @@ func runBatch(ctx context.Context, o *batchOptions, e env) (err error) {
 	r := newRunner(runnerConfig{
 		name: "batch", path: o.journal, fj: fj, concurrency: o.concurrency, timeout: o.timeout,
 		attempts: o.attempts, creds: &o.creds, progress: o.progress, total: total, env: e,
-		contentType: o.spec.contentType(), rate: o.rate, retention: o.retention,
+		contentType: o.spec.contentType(), rate: o.rate, retention: o.retention, maxRetryAfter: o.maxRetryAfter,
 	})
 	defer r.close()
 	for _, op := range ops {

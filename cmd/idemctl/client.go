@@ -155,7 +155,11 @@ type clientConfig struct {
 	// client tells the journal, which keeps done entries as long. 0 means
 	// the policy's default (24 h).
 	retention time.Duration
-	creds     *credentialFlags
+	// maxRetryAfter is Policy.MaxRetryAfter: the longest Retry-After a
+	// call waits for; a longer one parks the operation. 0 means the
+	// policy's default (60 s).
+	maxRetryAfter time.Duration
+	creds         *credentialFlags
 
 	// stopping, when set and true, makes every call that has not sent
 	// its first attempt fail with errStopping, sending nothing.
@@ -172,7 +176,7 @@ func newClient(cfg clientConfig) *idemhttp.Client {
 	c := &idemhttp.Client{
 		HTTPClient: &http.Client{Transport: cfg.rt, Timeout: cfg.timeout},
 		Journal:    cfg.journal,
-		Policy:     &idemhttp.Policy{MaxAttempts: cfg.attempts, Retention: cfg.retention},
+		Policy:     &idemhttp.Policy{MaxAttempts: cfg.attempts, Retention: cfg.retention, MaxRetryAfter: cfg.maxRetryAfter},
 	}
 	if cfg.onJournal != nil {
 		c.Hooks = &idemtrace.Hooks{OnJournal: cfg.onJournal}

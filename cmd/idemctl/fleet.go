@@ -151,7 +151,7 @@ func runFleetBatch(ctx context.Context, o *batchOptions, e env, ops []operation,
 	r := newRunner(runnerConfig{
 		name: "batch", path: name, fj: fj, concurrency: o.concurrency, timeout: o.timeout,
 		attempts: o.attempts, creds: &o.creds, progress: o.progress, total: len(ops), env: e,
-		contentType: o.spec.contentType(), rate: o.rate, retention: o.retention, benign: leaseLost,
+		contentType: o.spec.contentType(), rate: o.rate, retention: o.retention, maxRetryAfter: o.maxRetryAfter, benign: leaseLost,
 	})
 	defer r.close()
 	for _, op := range ops {
@@ -216,13 +216,15 @@ func (o *batchOptions) fleetEntry(op operation, fp string) *idemhttp.Entry {
 // pending: entries other workers hold are waited for, since a worker that
 // died leaves them to this one when their leases end. An entry accept
 // refuses (another input's, or one whose line changed) is handed back at
-// once, unsent, and reported.
+// once, unsent and unchanged (Release: no lease kept, its last status
+// left as it was), so that its own batch's workers can claim it at once;
+// it is reported, and not claimed again by this worker.
 func (r *runner) claimAll(ctx, opCtx context.Context, fj *fleetJournal, accept func(*idemhttp.Entry) (operation, bool)) {
 	poll := time.NewTicker(250 * time.Millisecond)
 	defer poll.Stop()
-	refused := map[string]bool{}
+	var refused []string // keys handed back, in the order met
 	for ctx.Err() == nil && !r.stopping.Load() {
-		claimed, err := fj.ClaimPending(context.WithoutCancel(ctx), r.concurrency)
+		claimed, err := fj.ClaimPendingExcept(context.WithoutCancel(ctx), r.concurrency, refused)
 		if err != nil {
 			r.failed(err)
 			return
@@ -231,14 +233,10 @@ func (r *runner) claimAll(ctx, opCtx context.Context, fj *fleetJournal, accept f
 		for _, en := range claimed {
 			op, ok := accept(en)
 			if !ok {
-				// Not this worker's to send: released with an outcome of
-				// "still pending", which ends the lease and sends nothing.
-				if !refused[en.Key] {
-					refused[en.Key] = true
-					r.prog.printf("idemctl %s: journal entry %s (operation %q, %s %s) is not this input's, or its line changed: left pending for its own batch\n",
-						r.name, en.Key, en.Operation, en.Method, en.URL)
-				}
-				if err := fj.Finish(context.WithoutCancel(ctx), en.Key, idemhttp.Outcome{State: idemhttp.StatePending}); err != nil && !leaseLost(err) {
+				refused = append(refused, en.Key)
+				r.prog.printf("idemctl %s: journal entry %s (operation %q, %s %s) is not this input's, or its line changed: left pending for its own batch\n",
+					r.name, en.Key, en.Operation, en.Method, en.URL)
+				if err := fj.Release(context.WithoutCancel(ctx), en.Key); err != nil && !errors.Is(err, idemhttp.ErrNotFound) {
 					r.failed(err)
 				}
 				continue

@@ -7,6 +7,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -17,18 +20,20 @@ import (
 
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/contrib/postgres"
+	"github.com/idemkit/idemhttp/internal/needs"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // fleetDSN returns the URL of a schema of its own on the test database
-// (IDEMHTTP_POSTGRES_URL), dropped when the test ends, or skips.
+// (IDEMHTTP_POSTGRES_URL), dropped when the test ends, or skips (fails
+// on CI; see internal/needs).
 func fleetDSN(t *testing.T) string {
 	t.Helper()
 	base := os.Getenv("IDEMHTTP_POSTGRES_URL")
 	if base == "" {
-		t.Skip("IDEMHTTP_POSTGRES_URL is not set (eval \"$(bash .ci/services.sh)\" starts PostgreSQL)")
+		needs.Missing(t, "PostgreSQL: IDEMHTTP_POSTGRES_URL is not set", needs.Services)
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
@@ -263,5 +268,53 @@ func TestFleetUsage(t *testing.T) {
 			assert.Contains(t, out.stderr, tt.want)
 			assert.NotContains(t, out.stderr+out.stdout, "hunter2")
 		})
+	}
+}
+
+// TestFleetHandsBackOtherBatches (issue 31 §1.10): a batch on a shared
+// journal that claims entries of another batch hands them back unsent
+// and unchanged: no lease kept (another batch's worker claims them at
+// once) and their last status and attempts as they were; and it still
+// reaches its own operations, behind twenty foreign ones. Checked to fail
+// with claimAll handing them back with Finish(pending) (as before): the
+// foreign entries stayed leased to the batch for its -lease, and their
+// last status 503 became 0.
+func TestFleetHandsBackOtherBatches(t *testing.T) {
+	dsn := fleetDSN(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dsn)
+	require.NoError(t, err)
+	defer pool.Close()
+	require.NoError(t, postgres.Migrate(ctx, pool))
+	other := postgres.NewJournal(pool, &postgres.JournalOptions{Worker: "other-batch"})
+	const foreign = 20
+	for i := range foreign {
+		key := fmt.Sprintf("other-key-%02d", i)
+		_, err := other.Enqueue(ctx, &idemhttp.Entry{Operation: fmt.Sprintf("other-%02d", i), Key: key, Method: "POST",
+			URL: "http://127.0.0.1:1/v1/other", Fingerprint: "fp-other", State: idemhttp.StatePending})
+		require.NoError(t, err)
+		require.NoError(t, other.Finish(ctx, key, idemhttp.Outcome{State: idemhttp.StatePending, Status: 503, Attempts: 1}))
+	}
+
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(201)
+		_, _ = io.WriteString(w, `{"id":"ch_1"}`)
+	}))
+	defer srv.Close()
+	in := writeInput(t, t.TempDir(), 3)
+	out := runInProcess(ctx, map[string]string{"IDEMCTL_KEY_SECRET": "fleet-test-secret-0123456789"},
+		"batch", "-url", srv.URL, "-in", in, "-journal", dsn, "-concurrency", "2", "-lease", "1h", "-progress", "none")
+	require.Equal(t, exitOK, out.code, out.stderr)
+	assert.Contains(t, out.stderr, "3 operations of the input: 3 ok")
+
+	claimer := postgres.NewJournal(pool, &postgres.JournalOptions{Worker: "other-batch-2"})
+	claimed, err := claimer.ClaimPending(ctx, 100)
+	require.NoError(t, err)
+	assert.Len(t, claimed, foreign, "another batch's worker claims every one at once")
+	for _, en := range claimed {
+		e, err := claimer.Get(ctx, en.Key)
+		require.NoError(t, err)
+		assert.Equal(t, 503, e.LastStatus, "%s: its last status kept", e.Key)
+		assert.Equal(t, 1, e.Attempts, e.Key)
 	}
 }

@@ -23,17 +23,35 @@ import (
 
 const pendingSynopsis = `Usage: idemctl pending -journal FILE [-json] [-all]
 
-Lists the journal's entries that need attention: pending (the outcome is
-unknown; idemctl resume or rerunning the batch resends them with their keys)
-and abandoned (pending longer than the server keeps keys: check by hand).
+Lists the journal's entries that need attention:
+  pending    the outcome is unknown; idemctl resume or rerunning the batch
+             resends them with their keys
+  abandoned  pending longer than the server keeps keys: check by hand
+  parked     pending, and the server asked to come back at a time (its
+             Retry-After, longer than the client waits): resume and reruns
+             send it only from then on (the NOT BEFORE column); one parked
+             past the server's key retention is abandoned, never sent
+  reconcile  done, but the final answer was a server error (5xx) that the
+             server stored and replays to every retry with the key (Stripe
+             does so for a 500): resending can never finish it, and the
+             operation may have run in full, in part or not at all
 A table by default; -json prints one JSON object per line (bodies left out:
-see idemctl inspect). Attempts are recorded with an outcome, so a pending
-entry a killed run left behind shows ? attempts (0 in JSON): its request
-may have been sent.
+see idemctl inspect), "reconcile": true on the entries to reconcile,
+"not_before" on the parked ones.
+Attempts are recorded with an outcome, so a pending entry a killed run left
+behind shows ? attempts (0 in JSON): its request may have been sent.
 
-Exit codes: 0 nothing pending or abandoned; 1 some entries are pending or
-abandoned (listed); 2 usage; 3 journal error. So a script can wait for
-a journal to settle: idemctl pending -journal FILE >/dev/null && echo settled
+To reconcile an entry (and an abandoned one): look up the operation in the
+server's own records (its dashboard, or a list call filtered by your own
+reference, such as the metadata you sent), by its key or operation id. If
+it ran, record its result; if it did not, run it again under a new
+operation id (rerunning the same id does nothing: done is done, and the
+server would replay the same error). The entry itself needs nothing: prune
+forgets it after the retention.
+
+Exit codes: 0 nothing pending, abandoned or to reconcile; 1 some entries
+are (listed); 2 usage; 3 journal error. So a script can wait for a journal
+to settle: idemctl pending -journal FILE >/dev/null && echo settled
 `
 
 func pendingCommand(_ context.Context, args []string, e env) error {
@@ -58,11 +76,11 @@ func pendingCommand(_ context.Context, args []string, e env) error {
 		return describeJournalErr(*path, err)
 	}
 	if !*all {
-		entries = slices.DeleteFunc(entries, func(en *idemhttp.Entry) bool { return en.State == idemhttp.StateDone })
+		entries = slices.DeleteFunc(entries, func(en *idemhttp.Entry) bool { return !needsAttention(en) })
 	}
 	unsettled := 0
 	for _, en := range entries {
-		if en.State != idemhttp.StateDone {
+		if needsAttention(en) {
 			unsettled++
 		}
 	}
@@ -73,10 +91,48 @@ func pendingCommand(_ context.Context, args []string, e env) error {
 		return err
 	}
 	if unsettled > 0 {
-		return fail(exitFailed, "%d entries pending or abandoned in %s", unsettled, *path)
+		return fail(exitFailed, "%d entries pending, abandoned or to reconcile in %s", unsettled, *path)
 	}
 	return nil
 }
+
+// needsAttention reports whether pending lists en without -all: pending,
+// abandoned, or to reconcile.
+func needsAttention(en *idemhttp.Entry) bool {
+	return en.State != idemhttp.StateDone || toReconcile(en)
+}
+
+// toReconcile reports whether en is done with a server error (5xx) as
+// its final answer: a failure the server stored and replays to every
+// retry with the key (the client returns a replayed failure as final),
+// so no resend can finish the operation, and whether it ran, in part or
+// at all, only the server's own records can say.
+func toReconcile(en *idemhttp.Entry) bool {
+	return en.State == idemhttp.StateDone && en.LastStatus >= 500 && en.LastStatus <= 599
+}
+
+// stateText is an entry's STATE in tables: its state, "reconcile" for a
+// done entry to reconcile, "parked" for a pending one with a not-before.
+func stateText(en *idemhttp.Entry) string {
+	switch {
+	case toReconcile(en):
+		return "reconcile"
+	case parked(en):
+		return "parked"
+	}
+	return string(en.State)
+}
+
+// parked reports whether en is pending with a not-before time: the
+// server asked to come back then, and nothing sends it before. (Shown
+// until the entry is resent, the time passed or not: the journal's clock
+// decides, at the resend.)
+func parked(en *idemhttp.Entry) bool {
+	return en.State == idemhttp.StatePending && !en.NotBefore.IsZero()
+}
+
+// reconcileNote explains the "reconcile" of stateText.
+const reconcileNote = "STATE reconcile: done with a server error the server stored and replays; it may have run in part: check the server's own records (see idemctl pending -h)"
 
 // attemptsText renders an entry's attempts. The journal counts them when
 // an outcome is recorded (Finish), so a pending entry with none recorded
@@ -92,11 +148,17 @@ func attemptsText(en *idemhttp.Entry) string {
 // unknownAttemptsNote explains the "?" of attemptsText.
 const unknownAttemptsNote = "ATTEMPTS ?: none recorded yet; attempts are recorded with an outcome, so its requests may have been sent by a run that died before learning it"
 
-// writeTable prints entries as an aligned table.
+// writeTable prints entries as an aligned table, with a NOT BEFORE
+// column when one of them is parked.
 func writeTable(w io.Writer, entries []*idemhttp.Entry, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "OPERATION\tKEY\tMETHOD\tURL\tAGE\tATTEMPTS\tSTATUS\tSTATE")
-	unknown := false
+	withNotBefore := slices.ContainsFunc(entries, parked)
+	header := "OPERATION\tKEY\tMETHOD\tURL\tAGE\tATTEMPTS\tSTATUS\tSTATE"
+	if withNotBefore {
+		header += "\tNOT BEFORE"
+	}
+	fmt.Fprintln(tw, header)
+	unknown, reconcile := false, false
 	for _, en := range entries {
 		status := "-"
 		if en.LastStatus != 0 {
@@ -108,18 +170,42 @@ func writeTable(w io.Writer, entries []*idemhttp.Entry, now time.Time) error {
 		}
 		attempts := attemptsText(en)
 		unknown = unknown || attempts == "?"
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			op, en.Key, en.Method, en.URL, age(now, en.Created), attempts, status, en.State)
+		reconcile = reconcile || toReconcile(en)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s",
+			op, en.Key, en.Method, en.URL, age(now, en.Created), attempts, status, stateText(en))
+		if withNotBefore {
+			nb := "-"
+			if parked(en) {
+				nb = notBeforeText(now, en.NotBefore)
+			}
+			fmt.Fprintf(tw, "\t%s", nb)
+		}
+		fmt.Fprintln(tw)
 	}
 	if err := tw.Flush(); err != nil {
 		return fail(exitFailed, "write: %v", err)
 	}
-	if unknown {
-		if _, err := fmt.Fprintln(w, unknownAttemptsNote); err != nil {
+	for _, note := range []struct {
+		show bool
+		text string
+	}{{unknown, unknownAttemptsNote}, {reconcile, reconcileNote}} {
+		if !note.show {
+			continue
+		}
+		if _, err := fmt.Fprintln(w, note.text); err != nil {
 			return fail(exitFailed, "write: %v", err)
 		}
 	}
 	return nil
+}
+
+// notBeforeText renders a parked entry's time: UTC, and how far ahead
+// of now it is ("passed" once it has).
+func notBeforeText(now, t time.Time) string {
+	if d := t.Sub(now).Round(time.Second); d > 0 {
+		return t.UTC().Format(time.RFC3339) + " (in " + d.String() + ")"
+	}
+	return t.UTC().Format(time.RFC3339) + " (passed)"
 }
 
 // age renders how long ago t was, to the second.
@@ -153,6 +239,7 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 	perSecond := fs.Float64("rate", 0, "requests per second at most, retries included; 0: no limit")
 	concurrency := fs.Int("concurrency", 16, "entries resent at once")
 	retention := retentionFlag(fs)
+	maxRetryAfter := maxRetryAfterFlag(fs)
 	var fleet fleetFlags
 	fleet.register(fs)
 	rest, err := parseFlags(fs, args)
@@ -175,6 +262,8 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 		return fail(exitUsage, "-attempts must not be negative")
 	case *grace < 0:
 		return fail(exitUsage, "-grace must not be negative")
+	case *maxRetryAfter < 0:
+		return fail(exitUsage, "-max-retry-after must not be negative")
 	case *prog != "auto" && *prog != "bar" && *prog != "lines" && *prog != "none":
 		return fail(exitUsage, "-progress must be auto, bar, lines or none")
 	case *perSecond < 0 || math.IsNaN(*perSecond) || math.IsInf(*perSecond, 0):
@@ -190,6 +279,7 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 		return runFleetResume(ctx, e, runnerConfig{
 			name: "resume", path: redactDSN(*path), concurrency: *concurrency, timeout: *timeout,
 			attempts: *attempts, creds: &creds, progress: *prog, env: e, rate: *perSecond, retention: *retention,
+			maxRetryAfter: *maxRetryAfter,
 		}, fleet, *path, *grace)
 	}
 	fj, err := openJournal(*path, true)
@@ -204,7 +294,7 @@ func resumeCommand(ctx context.Context, args []string, e env) error {
 	r := newRunner(runnerConfig{
 		name: "resume", path: *path, fj: fj, concurrency: *concurrency, timeout: *timeout,
 		attempts: *attempts, creds: &creds, progress: *prog, total: len(pending), env: e, rate: *perSecond,
-		retention: *retention,
+		retention: *retention, maxRetryAfter: *maxRetryAfter,
 	})
 	defer r.close()
 	opCtx, stop := r.watch(ctx, *grace)
@@ -288,6 +378,12 @@ func writeEntry(w io.Writer, en *idemhttp.Entry, now time.Time) error {
 		row("operation", en.Operation)
 	}
 	row("state", string(en.State))
+	if parked(en) {
+		row("not before", notBeforeText(now, en.NotBefore)+": the server asked to come back then; nothing sends it before")
+	}
+	if toReconcile(en) {
+		row("reconcile", "its final answer was a server error the server stored and replays; it may have run in part: check the server's own records (see idemctl pending -h)")
+	}
 	row("method", en.Method)
 	row("url", en.URL)
 	row("created", fmt.Sprintf("%s (%s ago)", en.Created.Format(time.RFC3339), age(now, en.Created)))
@@ -348,6 +444,8 @@ type entryView struct {
 	Updated     time.Time       `json:"updated"`
 	Attempts    int             `json:"attempts"`
 	LastStatus  int             `json:"status,omitempty"`
+	Reconcile   bool            `json:"reconcile,omitempty"`  // done with a stored server error: see toReconcile
+	NotBefore   *time.Time      `json:"not_before,omitempty"` // parked: sent again only from then on
 	Fingerprint string          `json:"fingerprint"`
 	Header      http.Header     `json:"header,omitempty"`
 	Body        json.RawMessage `json:"body,omitempty"`        // a JSON body, as is
@@ -359,7 +457,11 @@ func viewEntry(en *idemhttp.Entry, withBody bool) entryView {
 	v := entryView{
 		Operation: en.Operation, Key: en.Key, State: en.State, Method: en.Method, URL: en.URL,
 		Created: en.Created, Updated: en.Updated, Attempts: en.Attempts, LastStatus: en.LastStatus,
-		Fingerprint: en.Fingerprint, Header: en.Header,
+		Fingerprint: en.Fingerprint, Header: en.Header, Reconcile: toReconcile(en),
+	}
+	if parked(en) {
+		nb := en.NotBefore
+		v.NotBefore = &nb
 	}
 	switch {
 	case !withBody || len(en.Body) == 0:

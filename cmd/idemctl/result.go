@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/idemkit/idemhttp"
 )
@@ -29,18 +30,22 @@ const (
 
 // result is one operation's outcome: a JSON line on stdout.
 type result struct {
-	ID       string          `json:"operation"`          // operation id ("" for a journal entry without one)
-	Line     int             `json:"line,omitempty"`     // input line, 0 for an entry not in the input
-	Key      string          `json:"key,omitempty"`      // idempotency key
-	Result   string          `json:"result"`             // ok, failed or pending
-	Source   string          `json:"source"`             // run, resume or journal
-	Status   int             `json:"status,omitempty"`   // last HTTP status, 0 if none
-	Replayed bool            `json:"replayed,omitempty"` // the server replayed a stored response
-	Skipped  bool            `json:"skipped,omitempty"`  // done in an earlier run, not sent
-	Attempts int             `json:"attempts,omitempty"` // attempts over all runs, from the journal
-	State    idemhttp.State  `json:"state,omitempty"`    // the journal entry's state after this run
-	Response json.RawMessage `json:"response,omitempty"` // the response body: JSON as is, anything else as a string
-	Error    string          `json:"error,omitempty"`    // why it failed or stays pending; for ok, a broken response body
+	ID       string         `json:"operation"`          // operation id ("" for a journal entry without one)
+	Line     int            `json:"line,omitempty"`     // input line, 0 for an entry not in the input
+	Key      string         `json:"key,omitempty"`      // idempotency key
+	Result   string         `json:"result"`             // ok, failed or pending
+	Source   string         `json:"source"`             // run, resume or journal
+	Status   int            `json:"status,omitempty"`   // last HTTP status, 0 if none
+	Replayed bool           `json:"replayed,omitempty"` // the server replayed a stored response
+	Skipped  bool           `json:"skipped,omitempty"`  // done in an earlier run, not sent
+	Attempts int            `json:"attempts,omitempty"` // attempts over all runs, from the journal
+	State    idemhttp.State `json:"state,omitempty"`    // the journal entry's state after this run
+	// NotBefore is when a parked operation (the server asked to come
+	// back later than the client waits) may be sent again: a rerun or
+	// resume before then sends nothing.
+	NotBefore *time.Time      `json:"not_before,omitempty"`
+	Response  json.RawMessage `json:"response,omitempty"` // the response body: JSON as is, anything else as a string
+	Error     string          `json:"error,omitempty"`    // why it failed or stays pending; for ok, a broken response body
 }
 
 // classify sets r.Result from the status and the journal state: an entry

@@ -78,9 +78,11 @@ type runner struct {
 	benign func(error) bool
 
 	mu             sync.Mutex
-	neverConnected int   // failures where no request reached a server
-	firstNoConnect error // the first of them, for the message
-	jerr           error // the first journal write failure
+	neverConnected int       // failures where no request reached a server
+	firstNoConnect error     // the first of them, for the message
+	jerr           error     // the first journal write failure
+	parked         int       // pending operations parked by the server's Retry-After
+	parkedUntil    time.Time // the latest of their times
 }
 
 // runnerConfig configures newRunner.
@@ -98,6 +100,8 @@ type runnerConfig struct {
 	contentType string        // of input bodies; "" means application/json
 	rate        float64       // attempts per second at most; 0: no limit
 	retention   time.Duration // the server's key retention: Policy.Retention
+	// maxRetryAfter is Policy.MaxRetryAfter (-max-retry-after).
+	maxRetryAfter time.Duration
 	// benign, when set, tells a journal error that does not stop the run
 	// (a shared journal's lease that another worker took over).
 	benign func(error) bool
@@ -122,7 +126,7 @@ func newRunner(cfg runnerConfig) *runner {
 	r.counter = &counter{rt: r.tr, limiter: newLimiter(cfg.rate)}
 	r.client = newClient(clientConfig{
 		journal: cfg.fj, rt: r.counter, timeout: cfg.timeout, attempts: cfg.attempts, creds: cfg.creds, retention: cfg.retention,
-		stopping: &r.stopping, onJournal: r.onJournal,
+		maxRetryAfter: cfg.maxRetryAfter, stopping: &r.stopping, onJournal: r.onJournal,
 	})
 	return r
 }
@@ -353,7 +357,10 @@ func sentKey(resp *http.Response, err error) string {
 	var gu *idemhttp.GiveUpError
 	var km *idemhttp.KeyMismatchError
 	var de *idemhttp.DoneError
+	var pe *idemhttp.ParkedError
 	switch {
+	case errors.As(err, &pe):
+		return pe.Key
 	case errors.As(err, &gu):
 		return gu.Key
 	case errors.As(err, &km):
@@ -372,6 +379,9 @@ func (r *runner) setErr(res *result, err error) {
 	res.Error = err.Error()
 	var gu *idemhttp.GiveUpError
 	var km *idemhttp.KeyMismatchError
+	if pe := (*idemhttp.ParkedError)(nil); errors.As(err, &pe) {
+		res.NotBefore = &pe.NotBefore
+	}
 	switch {
 	case errors.As(err, &gu) && res.Status == 0:
 		res.Status = gu.LastStatus
@@ -417,6 +427,14 @@ func (r *runner) finish(res *result) {
 func (r *runner) report(res *result) {
 	r.out.write(res)
 	r.prog.add(res)
+	if res.NotBefore != nil && res.Result == resultPending {
+		r.mu.Lock()
+		r.parked++
+		if res.NotBefore.After(r.parkedUntil) {
+			r.parkedUntil = *res.NotBefore
+		}
+		r.mu.Unlock()
+	}
 }
 
 // summary prints the run's totals on stderr and returns the exit code:
@@ -438,6 +456,13 @@ func (r *runner) summary(ctx context.Context, total, inputErrs int) error {
 		fmt.Fprintf(r.stderr, "idemctl %s: rerun the same command to resend the %d pending operations with their keys\n", r.name, t.pending)
 	case notStarted > 0:
 		fmt.Fprintf(r.stderr, "idemctl %s: rerun the same command to start the %d operations not started\n", r.name, notStarted)
+	}
+	r.mu.Lock()
+	parked, until := r.parked, r.parkedUntil
+	r.mu.Unlock()
+	if parked > 0 {
+		fmt.Fprintf(r.stderr, "idemctl %s: %d of them parked: the server asked to come back later (Retry-After); nothing sends them before their time, the latest %s (idemctl pending shows each)\n",
+			r.name, parked, until.UTC().Format(time.RFC3339))
 	}
 	if r.out.err != nil {
 		fmt.Fprintf(r.stderr, "idemctl %s: writing results: %v (the journal has every outcome: idemctl pending, idemctl inspect)\n", r.name, r.out.err)

@@ -223,17 +223,40 @@
 // seconds.
 //
 // A done outcome's [idemhttp.Result] (a bounded copy of the final
-// response, Set-Cookie left out) is kept with the entry, in the result
-// column, and returned by [Journal.Get] and by a Begin that finds the
-// entry.
+// response: the headers a caller reads, never Set-Cookie, with the URLs
+// they hold redacted, as [idemhttp.Outcome.Sanitized] keeps them for
+// every journal) is kept with the entry, in the result column, and
+// returned by [Journal.Get] and by a Begin that finds the entry.
 //
 // Credentials never reach the table: Authorization, Cookie,
-// Proxy-Authorization and the names in [idemhttp.Client.SecretHeaders]
-// are stripped, and an entry whose URL carries a user part or a secret
+// Proxy-Authorization, API keys under their common names (X-Api-Key and
+// the others [idemhttp.Entry.Sanitized] lists), the names in
+// [JournalOptions.SecretHeaders] and those in
+// [idemhttp.Client.SecretHeaders] are stripped, and an entry whose URL carries a user part or a secret
 // query value is refused when it is written, whatever way it comes in
 // ([idemhttp.Entry.Sanitized]), rather than stored as an entry every
 // resend of which would fail. Add credentials in
 // [idemhttp.Client.PrepareRequest].
+//
+// # Upgrading the journal
+//
+// The journal's format is the idemhttp_journal table of [Schema]'s version
+// (the comment at its top; version 4 adds not_before, version 3 result
+// and idemhttp_journal_clock) plus the result column's own encoding, which
+// starts with a version byte. [Migrate] upgrades an older table in place,
+// with ADD COLUMN IF NOT EXISTS: rows written before read as they were
+// (no kept result, no not-before), and resume and replay as before. A
+// table written by the previous release is in testdata, and
+// TestJournalBaselineGolden migrates it and resends its pending entries
+// under their own keys.
+//
+// Old and new workers side by side, after Migrate: an old worker ignores
+// not_before, so it may claim and resend a parked entry before the
+// server's time, under the same key (the server answers 429 again, or
+// runs it once: never twice), and it records no not-before of its own.
+// Nothing either writes stops the other from reading a row. Migrate before
+// starting new workers; a worker of a release older than the table it
+// meets sees columns it does not read, and writes rows the new one reads.
 //
 // # Durability
 //

@@ -49,6 +49,14 @@ type JournalOptions struct {
 	// still stored. An entry without its body cannot be resent.
 	OmitBodies bool
 
+	// SecretHeaders names request headers never written to the table, in
+	// any letter case, beyond those [idemhttp.Entry.Sanitized] always
+	// withholds (Authorization, Cookie, API keys under their common
+	// names): for entries a producer enqueues ([Journal.Enqueue]) or begins
+	// directly. A Client drops its own [idemhttp.Client.SecretHeaders]
+	// before Begin.
+	SecretHeaders []string
+
 	// Clock, when set, is the journal's clock instead of the database's
 	// now(): the time it stamps on entries and outcomes given without one,
 	// the time leases are reckoned by, and what [Journal.Now] returns.
@@ -113,10 +121,13 @@ var _ idemhttp.Journal = (*Journal)(nil)
 // Now, ages entries by it and leaves their times for the journal to stamp.
 //
 // Entries never hold what [idemhttp.Entry.Sanitized] removes (the
-// Authorization, Cookie and Proxy-Authorization headers, a URL's
-// fragment), and an entry whose URL carries credentials (a user part, a
-// secret query value) is refused, whatever way it comes in; the headers a
-// Client's SecretHeaders names never reach the journal.
+// Authorization, Cookie and Proxy-Authorization headers, API keys under
+// their common names, the headers [JournalOptions.SecretHeaders] names, a
+// URL's fragment), and an entry whose URL carries credentials (a user
+// part, a secret query value) is refused, whatever way it comes in; the
+// headers a Client's SecretHeaders names never reach the journal. A kept
+// result holds what [idemhttp.Outcome.Sanitized] keeps, the rule every
+// journal applies.
 //
 // A Journal is safe for concurrent use. Create it with [NewJournal] after
 // [Migrate] has created the tables.
@@ -127,6 +138,7 @@ type Journal struct {
 	lease      time.Duration
 	retention  atomic.Int64 // the longest Policy.Retention a Client told it (Retain); 0: none yet
 	omitBodies bool
+	secrets    []string         // JournalOptions.SecretHeaders
 	clock      func() time.Time // nil: the database's now()
 
 	mu     sync.Mutex
@@ -146,6 +158,7 @@ func NewJournal(db DB, opts *JournalOptions) *Journal {
 		worker:     opts.Worker,
 		lease:      opts.Lease,
 		omitBodies: opts.OmitBodies,
+		secrets:    slices.Clone(opts.SecretHeaders),
 		clock:      opts.Clock,
 		token:      newLeaseToken(),
 	}
@@ -204,7 +217,8 @@ func sqlNow(sql string, n int) string {
 // kept response too.
 func entryColumns(table string, result bool) string {
 	cols := fmt.Sprintf(`%[1]skey, coalesce(%[1]soperation, ''), %[1]smethod, %[1]surl, %[1]sheader,
-    %[1]sbody, %[1]sfingerprint, %[1]screated_at, %[1]supdated_at, %[1]sattempts, %[1]slast_status, %[1]sstate`, table)
+    %[1]sbody, %[1]sfingerprint, %[1]screated_at, %[1]supdated_at, %[1]sattempts, %[1]slast_status, %[1]sstate,
+    %[1]snot_before`, table)
 	if result {
 		cols += ", " + table + "result"
 	}
@@ -218,10 +232,10 @@ func entryColumns(table string, result bool) string {
 // the latest time it recorded, for the high-water mark.
 var beginSQL = sqlNow(`
 INSERT INTO idemhttp_journal (key, operation, method, url, header, body, fingerprint, state,
-    created_at, updated_at, attempts, last_status, lease_owner, lease_token, lease_expires_at)
+    created_at, updated_at, attempts, last_status, lease_owner, lease_token, lease_expires_at, not_before)
 VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', least($8::timestamptz, {now}), least($9::timestamptz, {now}), $10, $11, $12,
     CASE WHEN $12::text IS NULL THEN NULL ELSE $14 END,
-    CASE WHEN $12::text IS NULL THEN NULL ELSE {now} + $13::interval END)
+    CASE WHEN $12::text IS NULL THEN NULL ELSE {now} + $13::interval END, $16)
 ON CONFLICT DO NOTHING
 RETURNING greatest(created_at, updated_at)`, 15)
 
@@ -234,7 +248,9 @@ LIMIT 1`
 
 // takeSQL is existingSQL for Begin: besides reading the entry, it leases
 // it to this Journal when it is pending with the same fingerprint and
-// another (or no) Journal's token: the caller is about to send it, and a
+// another (or no) Journal's token, and not parked past the journal's
+// clock (a Client refuses to send that one: no lease for it): the caller
+// is about to send it, and a
 // worker that created it or claimed it earlier must no longer withdraw it
 // (Delete) nor, while this lease lasts, record its outcome. The row
 // returned is the one read before the lease changed, which only the lease
@@ -247,7 +263,8 @@ WITH e AS (`+existingSQL+`),
 took AS (
     UPDATE idemhttp_journal j SET lease_owner = $3, lease_token = $4, lease_expires_at = {now} + $5::interval
     FROM e
-    WHERE j.key = e.key AND j.state = 'pending' AND j.fingerprint = $6 AND j.lease_token IS DISTINCT FROM $4)
+    WHERE j.key = e.key AND j.state = 'pending' AND j.fingerprint = $6 AND j.lease_token IS DISTINCT FROM $4
+        AND (j.not_before IS NULL OR j.not_before <= {now}))
 SELECT e.*, {now}, (SELECT high FROM idemhttp_journal_clock WHERE id = 1) FROM e`, 7)
 
 // beginAttempts bounds Begin's retries when the entry it conflicted with
@@ -319,6 +336,7 @@ func (j *Journal) begin(ctx context.Context, e *idemhttp.Entry, leased bool) (*i
 	if !rec.Created.IsZero() {
 		created, updated = &rec.Created, &rec.Updated
 	}
+	notBefore := timeOrNull(rec.NotBefore) // a producer's: send after then
 	for range beginAttempts {
 		var (
 			existing *idemhttp.Entry
@@ -339,7 +357,7 @@ func (j *Journal) begin(ctx context.Context, e *idemhttp.Entry, leased bool) (*i
 			b := &pgx.Batch{}
 			now := j.now()
 			b.Queue(beginSQL, rec.Key, op, rec.Method, rec.URL, header, rec.Body, rec.Fingerprint,
-				created, updated, rec.Attempts, rec.LastStatus, leaseOwner, lease, j.token, now)
+				created, updated, rec.Attempts, rec.LastStatus, leaseOwner, lease, j.token, now, notBefore)
 			if leased {
 				b.Queue(takeSQL, rec.Key, op, j.worker, j.token, j.lease, rec.Fingerprint, now)
 			} else {
@@ -398,7 +416,7 @@ func (j *Journal) readBegin(br pgx.BatchResults, taken bool) (existing *idemhttp
 // for an entry the table cannot hold faithfully. What may be stored at all
 // is [idemhttp.Entry.Sanitized]'s rule, shared with every journal.
 func (j *Journal) sanitize(e *idemhttp.Entry) (*idemhttp.Entry, []byte, error) {
-	rec, err := e.Sanitized()
+	rec, err := e.Sanitized(j.secrets...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -444,13 +462,14 @@ func textSafe(s string) bool {
 // columns extra points to.
 func scanEntry(row pgx.Row, result bool, extra ...any) (*idemhttp.Entry, error) {
 	var (
-		e      idemhttp.Entry
-		header []byte
-		state  string
-		res    []byte
+		e         idemhttp.Entry
+		header    []byte
+		state     string
+		res       []byte
+		notBefore *time.Time
 	)
 	dest := []any{&e.Key, &e.Operation, &e.Method, &e.URL, &header, &e.Body, &e.Fingerprint,
-		&e.Created, &e.Updated, &e.Attempts, &e.LastStatus, &state}
+		&e.Created, &e.Updated, &e.Attempts, &e.LastStatus, &state, &notBefore}
 	if result {
 		dest = append(dest, &res)
 	}
@@ -459,6 +478,9 @@ func scanEntry(row pgx.Row, result bool, extra ...any) (*idemhttp.Entry, error) 
 		return nil, err
 	}
 	e.State = idemhttp.State(state)
+	if notBefore != nil && e.State == idemhttp.StatePending {
+		e.NotBefore = *notBefore
+	}
 	if err := json.Unmarshal(header, &e.Header); err != nil {
 		return nil, fmt.Errorf("entry %s: header: %w", e.Key, err)
 	}
@@ -489,6 +511,7 @@ UPDATE idemhttp_journal SET
     last_status = CASE WHEN state = 'pending' THEN $4 ELSE last_status END,
     updated_at = CASE WHEN state = 'pending' THEN least($5::timestamptz, {now}) ELSE updated_at END,
     result = CASE WHEN state = 'pending' AND $3 = 'done' THEN $7 ELSE result END,
+    not_before = CASE WHEN state = 'pending' THEN $9::timestamptz ELSE not_before END,
     lease_owner = CASE WHEN $3 = 'pending' THEN lease_owner END,
     lease_token = CASE WHEN $3 = 'pending' THEN lease_token END,
     lease_expires_at = CASE WHEN $3 = 'pending' THEN lease_expires_at END,
@@ -498,12 +521,21 @@ WHERE key = $1 AND (
     OR (state <> 'pending' AND state = $3 AND $2 > 0))
 RETURNING updated_at`, 8)
 
+// timeOrNull is t for a statement, NULL for the zero Time.
+func timeOrNull(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
 // Finish implements [idemhttp.Journal.Finish]: it adds o.Attempts to the
 // entry's attempts and sets its state, last status, Updated time (o.At,
 // or the journal's clock when zero, and never later than the clock) and,
-// for done, its Result (Set-Cookie left out). A definite outcome (done or
-// abandoned) ends the entry's lease; a pending one keeps it, so the entry
-// waits for the lease to expire before another worker retries it.
+// for done, its Result, as [idemhttp.Outcome.Sanitized] returns them. A
+// definite outcome (done or abandoned) ends the entry's lease; a pending
+// one keeps it, so the entry waits for the lease to expire before another
+// worker retries it.
 //
 // Finish is fenced. While another worker (another Journal) holds a live
 // lease on a pending entry, it changes nothing and returns a
@@ -520,13 +552,9 @@ RETURNING updated_at`, 8)
 // Finish returns an error wrapping [idemhttp.ErrNotFound] for an unknown
 // key and [idemhttp.ErrInvalidRequest] for an unknown state.
 func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) error {
-	switch o.State {
-	case idemhttp.StatePending, idemhttp.StateDone, idemhttp.StateAbandoned:
-	default:
-		return fmt.Errorf("idemhttp/postgres: journal finish %s: %w: unknown state %q", key, idemhttp.ErrInvalidRequest, o.State)
-	}
-	if o.Attempts < 0 {
-		return fmt.Errorf("idemhttp/postgres: journal finish %s: %w: negative attempts", key, idemhttp.ErrInvalidRequest)
+	o, err := o.Sanitized()
+	if err != nil {
+		return fmt.Errorf("idemhttp/postgres: journal finish %s: %w", key, err)
 	}
 	var at *time.Time // NULL: the journal's clock
 	if !o.At.IsZero() {
@@ -542,7 +570,7 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 		// changes.
 		var updated time.Time
 		err := retry(ctx, func() error {
-			return j.db.QueryRow(ctx, finishSQL, key, o.Attempts, string(o.State), o.Status, at, j.token, result, j.now()).Scan(&updated)
+			return j.db.QueryRow(ctx, finishSQL, key, o.Attempts, string(o.State), o.Status, at, j.token, result, j.now(), timeOrNull(o.NotBefore)).Scan(&updated)
 		})
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false, nil
@@ -654,6 +682,39 @@ SELECT state, lease_owner, lease_token IS NOT DISTINCT FROM $2, lease_token IS N
     lease_token IS NOT NULL AND lease_token <> $2 AND coalesce(lease_expires_at > {now}, false)
 FROM idemhttp_journal WHERE key = $1`, 3)
 
+// releaseSQL ends the lease of key $1, pending and held by token $2, and
+// changes nothing else.
+const releaseSQL = `
+UPDATE idemhttp_journal SET lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+WHERE key = $1 AND state = 'pending' AND lease_token = $2`
+
+// Release hands back a pending entry this Journal leased (claimed or
+// began) and will not send: it ends the lease and changes nothing else,
+// neither the entry's state, last status, attempts nor Updated time, so
+// that any worker may claim it at once. (A Finish with an outcome of
+// pending keeps the lease and records a last status: it is for an entry
+// that was sent.) It returns nil when the entry is this Journal's no
+// longer (its lease expired and another worker claimed it, or it was
+// finished): there was nothing to hand back. It returns an error wrapping
+// [idemhttp.ErrNotFound] for an unknown key.
+func (j *Journal) Release(ctx context.Context, key string) error {
+	var n int64
+	err := retry(ctx, func() error {
+		tag, err := j.db.Exec(ctx, releaseSQL, key, j.token)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("idemhttp/postgres: journal release %s: %w", key, err)
+	}
+	if n == 0 {
+		if _, err := j.Get(ctx, key); errors.Is(err, idemhttp.ErrNotFound) {
+			return fmt.Errorf("idemhttp/postgres: journal release %s: %w", key, idemhttp.ErrNotFound)
+		}
+	}
+	return nil
+}
+
 // renewSQL extends the lease of key $1, pending and held by token $2, to
 // $3 from the journal's clock.
 var renewSQL = sqlNow(`
@@ -739,17 +800,21 @@ func (j *Journal) Pending(ctx context.Context) ([]*idemhttp.Entry, error) {
 // lease holds. MATERIALIZED keeps the locking subquery from being inlined
 // and run more than once. The UPDATE rechecks the lease after locking: a
 // row another worker leased between the snapshot and the lock is skipped.
-// A row older than the retention ($6) by the journal's clock is marked
-// abandoned instead of leased (abandon, worked out once per row in free:
+// A parked row (not_before) is skipped until its time, unless it is past
+// the retention. A row older than the retention ($6) by the journal's
+// clock is marked abandoned instead of leased (abandon, worked out once per row in free:
 // created_at never changes, and the row is locked from then on). Nothing
 // is claimed when the clock is more than the tolerance ($8) below the
 // high-water mark (the stored one, or $7, this Journal's own): every
-// entry's age is then in doubt.
+// entry's age is then in doubt. Keys in $9 are skipped
+// (ClaimPendingExcept).
 var claimPendingSQL = sqlNow(`
 WITH free AS MATERIALIZED (
     SELECT key, created_at < {now} - $6::interval AS abandon FROM idemhttp_journal
     WHERE state = 'pending' AND (lease_expires_at IS NULL OR lease_expires_at <= {now})
+        AND (not_before IS NULL OR not_before <= {now} OR created_at < {now} - $6::interval)
         AND coalesce(greatest((SELECT high FROM idemhttp_journal_clock WHERE id = 1), $7::timestamptz) <= {now} + $8::interval, true)
+        AND NOT key = ANY($9::text[])
     ORDER BY created_at, key
     LIMIT $1
     FOR UPDATE SKIP LOCKED)
@@ -787,10 +852,27 @@ RETURNING `+entryColumns("j.", false), 5)
 // entry's age is known: ClaimPending claims nothing and returns an error
 // wrapping [idemhttp.ErrClockJump].
 //
+// Nor does it hand out a parked entry (one whose [idemhttp.Entry.NotBefore]
+// the server's Retry-After set, when a call parked the operation) before
+// that time by the journal's clock: the server asked to be left alone
+// until then. Past the retention it is abandoned as any other.
+//
 // Send each entry with its own key, operation and body (see the package
 // documentation); its outcome, recorded through [Journal.Finish], ends the
 // lease. limit must be positive.
 func (j *Journal) ClaimPending(ctx context.Context, limit int) ([]*idemhttp.Entry, error) {
+	return j.ClaimPendingExcept(ctx, limit, nil)
+}
+
+// ClaimPendingExcept is [Journal.ClaimPending] skipping the entries whose
+// keys are in except: for a worker that sends only some of a shared
+// journal's entries (idemctl batch sends its input's), which hands the
+// others back with [Journal.Release] and must not claim them again ahead
+// of its own.
+func (j *Journal) ClaimPendingExcept(ctx context.Context, limit int, except []string) ([]*idemhttp.Entry, error) {
+	if except == nil {
+		except = []string{} // NOT key = ANY(NULL) would skip every key
+	}
 	if limit <= 0 {
 		return nil, fmt.Errorf("idemhttp/postgres: claim pending: %w: limit %d", idemhttp.ErrInvalidRequest, limit)
 	}
@@ -804,7 +886,7 @@ func (j *Journal) ClaimPending(ctx context.Context, limit int) ([]*idemhttp.Entr
 			// entries the server still remembers.
 			retention = 100 * 365 * 24 * time.Hour
 		}
-		rows, err := j.query(ctx, claimPendingSQL, limit-len(out), j.worker, j.lease, j.token, j.now(), retention, j.seenMark(), idemhttp.ClockTolerance)
+		rows, err := j.query(ctx, claimPendingSQL, limit-len(out), j.worker, j.lease, j.token, j.now(), retention, j.seenMark(), idemhttp.ClockTolerance, except)
 		if err != nil {
 			return nil, fmt.Errorf("idemhttp/postgres: claim pending: %w", err)
 		}

@@ -478,7 +478,8 @@ func TestClaimPendingAbandonsExpired(t *testing.T) {
 
 // TestJournalResult: a done outcome's Result is kept with the entry and
 // returned by Get and by a Begin that finds the entry, not by Lookup;
-// Set-Cookie is never kept; a second done outcome keeps the first
+// its headers are those every journal keeps (Outcome.Sanitized: never
+// Set-Cookie, nor a header a caller does not read); a second done outcome keeps the first
 // result; a pending outcome's result is not kept. Checked to fail with
 // finishSQL's result assignment removed, and with its pending guard
 // removed (the second sender's result replaced the first).
@@ -498,7 +499,7 @@ func TestJournalResult(t *testing.T) {
 
 	want := &idemhttp.Result{
 		Status: http.StatusCreated,
-		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/charges/ch_1"}, "X-Raw": {"caf\xe9"}},
+		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/charges/ch_1"}},
 		Body:   []byte(`{"id":"ch_1"}`),
 	}
 	got, err := j.Get(ctx, "k")
@@ -650,4 +651,40 @@ func TestJournalClockSample(t *testing.T) {
 	mark, err := j.HighWater(ctx)
 	require.NoError(t, err)
 	assert.True(t, existing.Created.Equal(mark), "the mark %v is the entry's time %v", mark, existing.Created)
+}
+
+// TestJournalSecretHeaders: issue 31 §1.14. A producer's direct Begin or
+// Enqueue drops the headers JournalOptions.SecretHeaders names (in any
+// letter case) and API keys under their common names, through the one
+// sanitising step every journal uses (Entry.Sanitized): nothing of them
+// reaches the table. Checked to fail with sanitize calling Sanitized
+// without the journal's names (X-Partner-Secret was stored).
+func TestJournalSecretHeaders(t *testing.T) {
+	ctx := context.Background()
+	s := newSchema(t)
+	j := postgres.NewJournal(s.pool(t, 0), &postgres.JournalOptions{SecretHeaders: []string{"x-partner-secret"}})
+	ways := []struct {
+		key string
+		put func(e *idemhttp.Entry) (*idemhttp.Entry, error)
+	}{
+		{"begun", func(e *idemhttp.Entry) (*idemhttp.Entry, error) { return j.Begin(ctx, e) }},
+		{"enqueued", func(e *idemhttp.Entry) (*idemhttp.Entry, error) { return j.Enqueue(ctx, e) }},
+	}
+	for _, way := range ways {
+		e := entry(way.key)
+		e.Header = http.Header{
+			"Content-Type":     {"application/json"},
+			"X-Partner-Secret": {"partner_secret"},
+			"x-api-key":        {"api_key_secret"},
+		}
+		existing, err := way.put(e)
+		require.NoError(t, err, way.key)
+		require.Nil(t, existing)
+		got, err := j.Get(ctx, way.key)
+		require.NoError(t, err)
+		assert.Equal(t, http.Header{"Content-Type": {"application/json"}}, got.Header, way.key)
+	}
+	var rows string
+	require.NoError(t, s.admin(t).QueryRow(ctx, "SELECT string_agg(header::text, ' ') FROM "+s.name+".idemhttp_journal").Scan(&rows))
+	assert.NotContains(t, rows, "secret")
 }

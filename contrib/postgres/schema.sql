@@ -1,9 +1,10 @@
--- Schema of github.com/idemkit/idemhttp/contrib/postgres, version 4: version 1
+-- Schema of github.com/idemkit/idemhttp/contrib/postgres, version 5: version 1
 -- plus idemhttp_journal.lease_token and the idemhttp_recovery table (version
 -- 2), plus idemhttp_journal.result and the idemhttp_journal_clock table
--- (version 3), plus the idemhttp_schema table (version 4). Applying it to an
--- older database upgrades it in place (TestBaseline applies it to the tables
--- of the release at commit 2d053bb, in testdata/baseline).
+-- (version 3), plus idemhttp_journal.not_before (version 4), plus the
+-- idemhttp_schema table (version 5). Applying it to an older database
+-- upgrades it in place (TestBaseline applies it to the tables of the release
+-- at commit 2d053bb, in testdata/baseline).
 --
 -- Migrate applies this file in one transaction under an advisory lock. Every
 -- statement is idempotent, so it may also be applied by hand (psql -f
@@ -30,7 +31,7 @@ CREATE INDEX IF NOT EXISTS idemhttp_keys_expires_at ON idemhttp_keys (expires_at
 -- idemhttp_schema records the version of each part's persisted format, so
 -- that a release can tell a table laid out by a newer one (and refuse to
 -- start, rather than misread it) from one of its own or an older one.
--- Added in schema version 4; a table without its row is at version 1, the
+-- Added in schema version 5; a table without its row is at version 1, the
 -- first. keys: idemhttp_keys (key, token, fingerprint, record, expires_at:
 -- a claim while record IS NULL, else idemserver's record, versioned by its
 -- first byte), unchanged since version 1; TxMiddleware writes its claim row
@@ -72,6 +73,13 @@ ALTER TABLE idemhttp_journal ADD COLUMN IF NOT EXISTS lease_token text;
 -- headers, body) in the journal's own binary encoding; NULL for none.
 -- Added in version 3.
 ALTER TABLE idemhttp_journal ADD COLUMN IF NOT EXISTS result bytea;
+
+-- not_before holds a pending entry's earliest next send, by the journal's
+-- clock (idemhttp.Entry.NotBefore: the time the server asked for with
+-- Retry-After, when a call parked the operation); NULL for none, as every
+-- row of an older table reads. ClaimPending skips a row until then. Added in
+-- version 4.
+ALTER TABLE idemhttp_journal ADD COLUMN IF NOT EXISTS not_before timestamptz;
 
 -- idemhttp_journal_clock holds the journal's high-water mark: the latest time
 -- the journal recorded, kept when the entries holding it are pruned, so that

@@ -98,9 +98,8 @@ func newClient(j idemhttp.Journal, rt http.RoundTripper) *idemhttp.Client {
 			// asked again, under its key and within the retention, and
 			// the service replays it. Past the retention the job stops
 			// (errNoResult) rather than risk a second charge.
-			RefetchDone:      true,
-			RequireOperation: true, // every call of a job is a named step
-			BaseDelay:        10 * time.Millisecond,
+			RefetchDone: true,
+			BaseDelay:   10 * time.Millisecond,
 		},
 	}
 }

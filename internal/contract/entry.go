@@ -11,9 +11,15 @@ import (
 	"time"
 )
 
-// alwaysSecret are the headers no journal ever stores: credentials, and
-// the key header, which an entry's Key already holds.
-var alwaysSecret = [...]string{"Authorization", "Cookie", "Proxy-Authorization", KeyHeader}
+// alwaysSecret are the headers no journal ever stores: credentials (the
+// standard ones, and API keys and session tokens under the names common
+// APIs give them), and the key header, which an entry's Key already
+// holds. A header a caller's own API names otherwise is named by the
+// caller (Client.SecretHeaders, a journal's SecretHeaders option).
+var alwaysSecret = [...]string{
+	"Authorization", "Cookie", "Proxy-Authorization", KeyHeader,
+	"X-Api-Key", "Api-Key", "X-Auth-Token", "X-Amz-Security-Token", "X-Goog-Api-Key",
+}
 
 // IsSecretHeader reports whether name is one of the always-secret headers
 // or in secret, in any letter case: a caller may fill a header map
@@ -44,8 +50,9 @@ func DropSecrets(h http.Header, extra string, secret []string) {
 }
 
 // SafeHeader returns the headers of h that a journal may store: all but
-// Authorization, Cookie, Proxy-Authorization, the key header and the
-// names in secret, matched in any letter case, and names without values.
+// the always-secret ones (Authorization, Cookie, Proxy-Authorization,
+// the key header, X-Api-Key, Api-Key, X-Auth-Token, X-Amz-Security-Token,
+// X-Goog-Api-Key) and the names in secret, matched in any letter case, and names without values.
 // It returns h itself when nothing has to go (then the result must not be
 // modified), else a new map sharing h's value slices. A nil or empty h
 // gives nil.
@@ -135,29 +142,4 @@ func Latest(ts ...time.Time) time.Time {
 		}
 	}
 	return m
-}
-
-// resultHeaders are the response headers a kept result may hold: what a
-// caller reads to use a result (its type, where the created thing is, the
-// server's request id), nothing that acts on the client (never
-// Set-Cookie) or describes the connection.
-var resultHeaders = [...]string{
-	"Content-Type", "Content-Language", "Content-Location", "Location", "Etag", "Last-Modified", "Date",
-	"Request-Id", "X-Request-Id", "Stripe-Version", "Idempotent-Replayed", "Idempotency-Replayed", "Idempotency-Replay",
-}
-
-// ResultHeader returns the headers of a response that a kept result may
-// hold (a copy; nil for none): the rule for what of a response rests in a
-// journal, kept by the client and by every journal.
-func ResultHeader(h http.Header) http.Header {
-	var out http.Header
-	for _, name := range resultHeaders {
-		if v := h.Values(name); len(v) > 0 {
-			if out == nil {
-				out = make(http.Header)
-			}
-			out[name] = append([]string(nil), v...)
-		}
-	}
-	return out
 }

@@ -1,0 +1,154 @@
+package idemhttp
+
+import (
+	"context"
+	"sync"
+
+	"github.com/idemkit/idemhttp/internal/plant"
+)
+
+// This file is the senders' slots: one sender per operation (and per key)
+// at a time, per journal, within a process (docs/lifecycle.md, "One sender
+// at a time"). The lifecycle (lifecycle.go) takes them in open and frees
+// them in settle, answer or unwind.
+
+// senders makes one operation have one sender at a time within a
+// process, per journal: a call (or a resend) holds its operation id's and
+// its key's slots from before it reads the journal until its outcome is
+// written, so that no other call of the operation sends under the key
+// meanwhile, nor withdraws or finishes the entry it sends under. The
+// table is the process's (slots), not a Client's: two Clients sharing a
+// journal share its slots, since the entries they protect are the same.
+// A slot's scope is the journal value, or a Client of its own for the
+// in-memory journal and for calls without a journal (see config.scope).
+// A second call waits for the first rather than being answered locally:
+// once the first is done, the second sees its outcome (a done operation's
+// result, or a pending entry it may now send, or a withdrawn one it
+// begins anew), which is what the caller asked for; answering it at once
+// could only say "busy".
+type senders struct {
+	mu   sync.Mutex
+	busy map[slotID]*slot
+}
+
+// slots is the process's table of senders' slots.
+var slots senders
+
+// slotID names a slot: an operation id ("o\x00" + id) or a key ("k\x00"
+// + key) within a scope.
+type slotID struct {
+	scope any
+	id    string
+}
+
+// slot is a held slot: done is closed when its holder releases it.
+type slot struct {
+	done    chan struct{}
+	waiting int // goroutines waiting for it, for tests
+}
+
+// acquire takes id's slot, waiting for its holder to release it, until ctx
+// ends. It reports whether it waited.
+func (s *senders) acquire(ctx context.Context, id slotID) (waited bool, err error) {
+	for {
+		s.mu.Lock()
+		if s.busy == nil {
+			s.busy = make(map[slotID]*slot)
+		}
+		sl, ok := s.busy[id]
+		if !ok {
+			s.busy[id] = &slot{done: make(chan struct{})}
+			s.mu.Unlock()
+			return waited, nil
+		}
+		sl.waiting++
+		s.mu.Unlock()
+		waited = true
+		select {
+		case <-sl.done:
+		case <-ctx.Done():
+		}
+		s.mu.Lock()
+		sl.waiting--
+		s.mu.Unlock()
+		if err := ctx.Err(); err != nil {
+			return waited, err
+		}
+	}
+}
+
+// waiters returns how many goroutines wait for a slot of scope.
+func (s *senders) waiters(scope any) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for id, sl := range s.busy {
+		if id.scope == scope {
+			n += sl.waiting
+		}
+	}
+	return n
+}
+
+// held returns how many slots of scope are held, for tests.
+func (s *senders) held(scope any) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for id := range s.busy {
+		if id.scope == scope {
+			n++
+		}
+	}
+	return n
+}
+
+// release frees id's slot.
+func (s *senders) release(id slotID) {
+	s.mu.Lock()
+	sl := s.busy[id]
+	delete(s.busy, id)
+	s.mu.Unlock()
+	if sl != nil {
+		close(sl.done)
+	}
+}
+
+// hold takes id's slot for a, remembering it for releaseAll. Slots are
+// taken in one order, an operation id's before a key's, and a call holds
+// at most one of each, so two calls never wait for each other.
+func (a *operation) hold(ctx context.Context, id string) (waited bool, err error) {
+	if plant.NoSenderSlots { // a planted bug (internal/plant), false but in a test build
+		return false, nil
+	}
+	sid := slotID{a.scope, id}
+	for _, h := range a.held {
+		if h == sid {
+			return false, nil
+		}
+	}
+	waited, err = slots.acquire(ctx, sid)
+	if err == nil {
+		a.held = append(a.held, sid)
+	}
+	return waited, err
+}
+
+func (a *operation) releaseAll() {
+	for _, id := range a.held {
+		slots.release(id)
+	}
+	a.held = a.held[:0]
+}
+
+// releaseKey frees the slot of a key the call no longer uses.
+func (a *operation) releaseKey(key string) {
+	id := slotID{a.scope, "k\x00" + key}
+	for i, h := range a.held {
+		if h == id {
+			slots.release(id)
+			a.held = append(a.held[:i], a.held[i+1:]...)
+			return
+		}
+	}
+}
