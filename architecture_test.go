@@ -33,7 +33,11 @@ func TestArchitecture(t *testing.T) {
 		{pkg: "internal/wal/simdisk", mayOnly: []string{"internal/wal"}, mustNots: []string{"net/http", "net/url"}},
 		{pkg: "filejournal", mayOnly: []string{".", "internal/contract", "internal/wal"}},
 		{pkg: "journaltest", mayOnly: []string{"."}},
-		{pkg: "idemserver", mayOnly: []string{".", "internal/contract"}},
+		{pkg: "internal/fingerprint"},
+		{pkg: "internal/servercore", mayOnly: []string{"internal/fingerprint"}, mustNots: []string{"github.com/jackc", "github.com/redis", "database/sql"}},
+		{pkg: "internal/servermodel", mayOnly: []string{"idemserver", "internal/servercore"}},
+		{pkg: "internal/servertest", mayOnly: []string{"idemserver", "internal/servercore"}},
+		{pkg: "idemserver", mayOnly: []string{".", "internal/contract", "internal/fingerprint", "internal/servercore"}},
 		{pkg: "idemtest", mayOnly: []string{".", "idemserver", "internal/contract"}},
 		{pkg: "inbox", mayOnly: []string{"."}},
 	}

@@ -97,3 +97,11 @@ func randomHex(n int) string {
 	_, _ = rand.Read(b) // never fails (Go 1.24+)
 	return hex.EncodeToString(b)
 }
+
+// newStore returns a Store on db, failing the test if it cannot be made.
+func newStore(t testing.TB, db postgres.DB) *postgres.Store {
+	t.Helper()
+	s, err := postgres.NewStore(context.Background(), db)
+	require.NoError(t, err)
+	return s
+}

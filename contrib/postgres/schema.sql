@@ -1,8 +1,10 @@
--- Schema of github.com/idemkit/idemhttp/contrib/postgres, version 4: version 1
+-- Schema of github.com/idemkit/idemhttp/contrib/postgres, version 5: version 1
 -- plus idemhttp_journal.lease_token and the idemhttp_recovery table (version
 -- 2), plus idemhttp_journal.result and the idemhttp_journal_clock table
--- (version 3), plus idemhttp_journal.not_before (version 4). Applying it to
--- an older database upgrades it in place.
+-- (version 3), plus idemhttp_journal.not_before (version 4), plus the
+-- idemhttp_schema table (version 5). Applying it to an older database
+-- upgrades it in place (TestBaseline applies it to the tables of the release
+-- at commit 2d053bb, in testdata/baseline).
 --
 -- Migrate applies this file in one transaction under an advisory lock. Every
 -- statement is idempotent, so it may also be applied by hand (psql -f
@@ -25,6 +27,22 @@ CREATE TABLE IF NOT EXISTS idemhttp_keys (
 
 -- Store.Prune deletes by expiry without reading the whole table.
 CREATE INDEX IF NOT EXISTS idemhttp_keys_expires_at ON idemhttp_keys (expires_at);
+
+-- idemhttp_schema records the version of each part's persisted format, so
+-- that a release can tell a table laid out by a newer one (and refuse to
+-- start, rather than misread it) from one of its own or an older one.
+-- Added in schema version 5; a table without its row is at version 1, the
+-- first. keys: idemhttp_keys (key, token, fingerprint, record, expires_at:
+-- a claim while record IS NULL, else idemserver's record, versioned by its
+-- first byte), unchanged since version 1; TxMiddleware writes its claim row
+-- in the request's transaction since this release, which an instance of
+-- the previous release reads as a claim in progress.
+CREATE TABLE IF NOT EXISTS idemhttp_schema (
+    component text    PRIMARY KEY,
+    version   integer NOT NULL
+);
+INSERT INTO idemhttp_schema (component, version) VALUES ('keys', 1)
+ON CONFLICT (component) DO UPDATE SET version = greatest(idemhttp_schema.version, excluded.version);
 
 -- idemhttp_journal holds the entries of Journal, an idemhttp.Journal shared
 -- by a fleet of workers. Keys and operation ids are printable ASCII (the

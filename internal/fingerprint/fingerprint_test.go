@@ -1,4 +1,4 @@
-package idemserver
+package fingerprint
 
 import (
 	"bytes"
@@ -19,71 +19,33 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestLegacyFingerprintAccepted: a record stored by a release that
-// fingerprinted raw bytes still matches its retry after an upgrade.
-func TestLegacyFingerprintAccepted(t *testing.T) {
+// TestV0 writes version 0 out: method, path, raw query, body hash.
+func TestV0(t *testing.T) {
 	body := `{"b":2,"a":1}`
 	r := httptest.NewRequest("POST", "/charges?z=1&y=2", strings.NewReader(body))
 	r.Header.Set("Content-Type", "application/json")
-	old := legacyFingerprint(r, []byte(body))
-	// The old formula, written out: method, path, raw query, body hash.
 	bodySum := sha256.Sum256([]byte(body))
 	want := sha256.Sum256([]byte("POST\x00/charges\x00z=1&y=2\x00" + string(bodySum[:])))
-	require.Equal(t, hex.EncodeToString(want[:]), old)
-	require.NotEqual(t, old, DefaultFingerprint(r, []byte(body)))
-
-	store := new(MemoryStore)
-	h := (&Middleware{SingleTenant: true, Store: store}).build(nil)
-	res, err := store.Claim(t.Context(), scopedKey("", "k1"), Claim{Token: "t", Fingerprint: old, LockTimeout: h.lockTimeout})
-	require.NoError(t, err)
-	require.Equal(t, Claimed, res.State)
-	rec, err := (&Response{Status: 201, Body: []byte("stored")}).MarshalBinary()
-	require.NoError(t, err)
-	require.NoError(t, store.Complete(t.Context(), scopedKey("", "k1"), "t", rec, h.ttl))
-
-	w := httptest.NewRecorder()
-	retry := httptest.NewRequest("POST", "/charges?z=1&y=2", strings.NewReader(body))
-	retry.Header.Set("Content-Type", "application/json")
-	retry.Header.Set("Idempotency-Key", "k1")
-	h.ServeHTTP(w, retry)
-	assert.Equal(t, 201, w.Code)
-	assert.Equal(t, "stored", w.Body.String())
+	assert.Equal(t, hex.EncodeToString(want[:]), V0(r, []byte(body)))
+	assert.True(t, Older(r, []byte(body), V0(r, []byte(body))))
+	assert.NotEqual(t, V0(r, []byte(body)), Current(r, []byte(body)))
 }
 
-// TestPreviousFingerprintAccepted: a record stored by the release whose
-// fingerprint sorted names by their bytes still matches its retry after
-// an upgrade. (Checked to fail without
-// olderFingerprint's check of it: 422.)
-func TestPreviousFingerprintAccepted(t *testing.T) {
+// TestV1 writes version 1 out: method, path, sorted query, the previous
+// canonical form's hash and 'j'.
+func TestV1(t *testing.T) {
 	body := `{"b":2,"a":{"B":1,"a":0}}`
 	r := httptest.NewRequest("POST", "/charges?z=1&y=2", strings.NewReader(body))
 	r.Header.Set("Content-Type", "application/json")
-	prev := previousFingerprint(r, []byte(body))
-	// The previous formula, written out: method, path, sorted query, the
-	// previous canonical form's hash and 'j'.
 	form, ok := refCanonicalJSON(nil, []byte(body), nil)
 	require.True(t, ok)
 	formSum := sha256.Sum256(form)
 	want := sha256.Sum256([]byte("POST\x00/charges\x00y=2&z=1\x00" + string(formSum[:]) + "j"))
-	require.Equal(t, hex.EncodeToString(want[:]), prev)
-	require.NotEqual(t, prev, DefaultFingerprint(r, []byte(body)))
-
-	store := new(MemoryStore)
-	h := (&Middleware{SingleTenant: true, Store: store}).build(nil)
-	res, err := store.Claim(t.Context(), scopedKey("", "k1"), Claim{Token: "t", Fingerprint: prev, LockTimeout: h.lockTimeout})
-	require.NoError(t, err)
-	require.Equal(t, Claimed, res.State)
-	rec, err := (&Response{Status: 201, Body: []byte("stored")}).MarshalBinary()
-	require.NoError(t, err)
-	require.NoError(t, store.Complete(t.Context(), scopedKey("", "k1"), "t", rec, h.ttl))
-
-	w := httptest.NewRecorder()
-	retry := httptest.NewRequest("POST", "/charges?y=2&z=1", strings.NewReader(`{"a":{"a":0,"B":1},"b":2}`))
-	retry.Header.Set("Content-Type", "application/json")
-	retry.Header.Set("Idempotency-Key", "k1")
-	h.ServeHTTP(w, retry)
-	assert.Equal(t, 201, w.Code)
-	assert.Equal(t, "stored", w.Body.String())
+	assert.Equal(t, hex.EncodeToString(want[:]), V1(r, []byte(body)))
+	assert.True(t, Older(r, []byte(body), V1(r, []byte(body))))
+	assert.True(t, Older(r, []byte(body), V2(r, []byte(body))))
+	assert.False(t, Older(r, []byte(body), Current(r, []byte(body))), "the current version is not an older one")
+	assert.NotEqual(t, V1(r, []byte(body)), Current(r, []byte(body)))
 }
 
 func TestCanonicalJSONRefuses(t *testing.T) {

@@ -1,4 +1,4 @@
-package idemserver
+package fingerprint
 
 import (
 	"strconv"

@@ -1,4 +1,4 @@
-package idemserver
+package fingerprint
 
 // The canonicaliser of the release before canonical JSON took linear
 // time and encoding/json's name matching into account, kept as it was
