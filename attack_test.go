@@ -99,15 +99,20 @@ func TestAttackPrepareRequestCannotChangeTheKey(t *testing.T) {
 	}
 }
 
-// A status that says the server did not process the request (408
-// Request Timeout, 421 Misdirected Request, 425 Too Early: RFC 9110
-// §15.5.9 and §15.5.20, RFC 8470) is no definite answer: the operation
-// did not run, and a resend under its key may run it. It comes back as a
-// response, as any 4xx does, but the entry stays pending for Resume and a
-// rerun; settled done, a rerun got a *DoneError and the operation was
-// lost. Checked to fail with outcome settling these statuses done.
+// A status that says the server did not apply the request (401 and 407,
+// "has not been applied because it lacks valid authentication
+// credentials"; 408 Request Timeout; 421 Misdirected Request; 425 Too
+// Early: RFC 9110 §15.5.2, §15.5.8, §15.5.9, §15.5.20, RFC 8470) is no
+// definite answer: the operation did not run, and a resend under its key
+// may run it. It comes back as a response, as any 4xx does, but the entry
+// stays pending for Resume and a rerun; settled done, a rerun got a
+// *DoneError and the operation was lost. A 401 is what a Resume without
+// PrepareRequest meets when the first run set its credentials on the
+// request (the journal never keeps them): every entry it resent was
+// settled done and lost. Checked to fail with outcome settling these
+// statuses done.
 func TestAttackNotProcessedStatusLeavesTheEntryPending(t *testing.T) {
-	for _, status := range []int{http.StatusRequestTimeout, http.StatusMisdirectedRequest, http.StatusTooEarly} {
+	for _, status := range []int{http.StatusUnauthorized, http.StatusProxyAuthRequired, http.StatusRequestTimeout, http.StatusMisdirectedRequest, http.StatusTooEarly} {
 		t.Run(fmt.Sprint(status), func(t *testing.T) {
 			srv := newScripted(t, reply(status, ""), reply(http.StatusCreated, `{"id":"ch_1"}`))
 			j := newRecJournal()

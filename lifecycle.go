@@ -514,10 +514,28 @@ func (a *operation) outcome(resp *http.Response, err error) phase {
 		// the caller's CheckRedirect, http.ErrUseLastResponse, a Location
 		// net/http cannot follow): nothing ran at its target.
 		return phasePending
+	case err == nil && resp != nil && notApplied(resp):
+		return phasePending
 	case err == nil, errors.Is(err, ErrKeyMismatch), errors.Is(err, ErrKeyRequired):
 		return phaseDone
 	}
 	return phasePending
+}
+
+// notApplied reports a response whose status says the server did not
+// apply the request, so that a resend under the key may still run the
+// operation (RFC 9110 §15.5): 401 and 407 (no valid credentials: what a
+// Resume without PrepareRequest meets, since the journal keeps none), 408
+// (the request did not arrive whole), 421 (the wrong server) and 425 (too
+// early, RFC 8470). Settled done, it would lose the operation: a rerun
+// would be told it is done. A replay is the server's stored answer, and
+// final.
+func notApplied(resp *http.Response) bool {
+	switch resp.StatusCode {
+	case http.StatusUnauthorized, http.StatusProxyAuthRequired, http.StatusRequestTimeout, http.StatusMisdirectedRequest, http.StatusTooEarly:
+		return !Replayed(resp)
+	}
+	return false
 }
 
 // writeFinish records the call's outcome. A failure cannot change the
