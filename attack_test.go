@@ -7,6 +7,7 @@ package idemhttp
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -186,4 +187,27 @@ func TestAttackMemoryJournalNeverForgetsAnOperationThatMayHaveRun(t *testing.T) 
 	_, err = c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
 	assert.ErrorIs(t, err, ErrKeyExpired, "the rerun is refused, as a journal refuses it")
 	assert.Equal(t, before, len(srv.Hits()), "nothing sent again")
+}
+
+// A 3xx whose Location does not parse (a signed URL with a stray "%")
+// makes net/http's Client fail with "failed to parse Location header
+// %q", quoting the value: the signature reached the call's error, every
+// retry's log line and the hooks, since the client redacts only the URL
+// of the *url.Error, not its cause. (The call also took the 302 for an
+// unknown outcome and sent the POST four times, under its key.) Fixing
+// it means choosing what the caller gets instead: the 3xx unfollowed
+// without its Location, or the error rewritten from what the transport
+// saw.
+func TestAttackUnparsableLocationNeverReachesAnError(t *testing.T) {
+	t.Skip("bug: net/http's error for an unparsable Location quotes it, secrets and all, into the call's error and logs")
+	srv := newScripted(t, reply(http.StatusFound, "", "Location", "https://b.s3.amazonaws.com/%zz?X-Amz-Signature=sk_attack_sig"))
+	var logs strings.Builder
+	c := &Client{Policy: fast(), Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	resp, err := c.Do(post(t, srv.URL, chargeBody))
+	if err == nil {
+		resp.Body.Close()
+	} else {
+		assert.NotContains(t, err.Error(), "sk_attack_sig")
+	}
+	assert.NotContains(t, logs.String(), "sk_attack_sig")
 }
