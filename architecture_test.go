@@ -28,6 +28,7 @@ func TestArchitecture(t *testing.T) {
 		{pkg: "idemtrace"},
 		{pkg: "internal/contract"},
 		{pkg: "internal/plant", mustNots: []string{"net/http", "net/url"}},
+		{pkg: "internal/needs"},
 		{pkg: "internal/wal", mustNots: []string{"net/http", "net/url"}},
 		{pkg: "internal/wal/simdisk", mayOnly: []string{"internal/wal"}, mustNots: []string{"net/http", "net/url"}},
 		{pkg: "filejournal", mayOnly: []string{".", "internal/contract", "internal/wal"}},

@@ -203,7 +203,7 @@ func (a *operation) begin(ctx context.Context, req *http.Request, key string, ex
 		return nil, fmt.Errorf("idemhttp: %w: operation %q has key %s in the journal, request has %s", ErrKeyConflict, a.operation, existing.Key, key)
 	}
 	if existing.Fingerprint != fp {
-		return nil, &KeyMismatchError{Key: existing.Key, Operation: existing.Operation}
+		return nil, localMismatch(existing, req.Method, url, body, p.redactQuery, p.redactPath)
 	}
 	return existing, nil
 }
@@ -281,10 +281,34 @@ func (a *operation) judge(ctx context.Context, req *http.Request, e *Entry, rs *
 	return nil, nil, false
 }
 
+// clockDoubter is implemented by a [Journal] that knows of its clock
+// having been set back by an amount nobody measured
+// ([github.com/idemkit/idemhttp/filejournal.Journal.ClockDoubt]): an
+// entry created at or before ClockDoubt's time is of unknown age, for
+// good.
+type clockDoubter interface {
+	ClockDoubt(ctx context.Context) (time.Time, error)
+}
+
+// journalClockDoubt returns j's ClockDoubt if it has one, else the zero
+// Time.
+func journalClockDoubt(ctx context.Context, j Journal) (time.Time, error) {
+	cd, ok := j.(clockDoubter)
+	if !ok {
+		return time.Time{}, nil
+	}
+	t, err := cd.ClockDoubt(ctx)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("clock doubt: %w", err)
+	}
+	return t, nil
+}
+
 // age judges whether a send under e's key may still reach a server that
 // holds the key, by the journal's clock: an error wrapping ErrClockJump
 // when e's times, or the journal's high-water mark, are ahead of the
-// clock (it was set back, and no entry's age is known), or the journal's
+// clock (it was set back, and no entry's age is known), or when e
+// predates a set-back the journal could not measure, or the journal's
 // error; expired when e is older than the retention. now is the
 // journal's clock it judged by. rs is Resume's resend, whose mark it read
 // once for all its entries.
@@ -305,6 +329,17 @@ func (a *operation) age(ctx context.Context, e *Entry, rs *resend) (now time.Tim
 	if t := contract.Latest(e.Created, e.Updated, mark); t.After(now.Add(ClockTolerance)) {
 		return now, false, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w: the journal holds times up to %s, the clock says %s",
 			e.Operation, e.Key, e.Created.Format(time.RFC3339), ErrClockJump, t.Format(time.RFC3339), now.Format(time.RFC3339))
+	}
+	// An entry from before a set-back the journal found and could not
+	// measure (clockDoubter) is of unknown age for good, whatever the
+	// clock says since.
+	doubt, err := journalClockDoubt(ctx, a.j)
+	if err != nil {
+		return now, false, fmt.Errorf("idemhttp: journal: %w", err)
+	}
+	if !doubt.IsZero() && !e.Created.After(doubt) {
+		return now, false, fmt.Errorf("idemhttp: operation %q (key %s, created %s): %w: the clock was set back by an unknown amount when the journal held times up to %s",
+			e.Operation, e.Key, e.Created.Format(time.RFC3339), ErrClockJump, doubt.Format(time.RFC3339))
 	}
 	return now, now.Sub(e.Created) > a.p.retention, nil
 }

@@ -510,6 +510,7 @@ func TestChangedBodyIsNeverSentUnderTheKey(t *testing.T) {
 					require.ErrorAs(t, err, &g)
 					assert.ErrorIs(t, err, ErrBodyChanged)
 					assert.NotEmpty(t, g.Key)
+					assert.Equal(t, g.LastStatus != 0, g.Header != nil, "the last response's headers with its status, none without")
 					assert.Equal(t, []string{chargeBody}, srv.wholeBodies(), "only the first body arrived whole")
 				})
 			}

@@ -628,6 +628,8 @@ func ijSeedPayloads(t testing.TB) [][]byte {
 		appendDelete(nil, "k")[recHdrLen:],
 		appendClock(nil, ijT0)[recHdrLen:],
 		ijCat([]byte{kindClock}, ijEpoch, []byte{0}),
+		appendWitness(nil, &clockState{at: ijT0, boot: bootOf("b"), up: time.Hour, off: 2 * time.Hour, doubt: ijT0.Add(-time.Minute)})[recHdrLen:],
+		appendWitness(nil, &clockState{at: ijT0, up: -time.Hour})[recHdrLen:],
 		ijBeginPayload("k", ijHeader("A", "B"), journalStateDone, 2, ijCat([]byte{1}, ijStr("abc"))),
 		ijBeginPayload("k", ijHeader("B", "A"), journalStatePending, 0, ijNoBody),
 		ijBegin(t, ijParkedOf(ijEntry("k", "op-k")))[recHdrLen:],
@@ -669,6 +671,8 @@ func FuzzDecodeRecord(f *testing.F) {
 			again = appendDelete(nil, rec.key)
 		case kindClock:
 			again = appendClock(nil, rec.updated)
+		case kindWitness:
+			again = appendWitness(nil, rec.clk)
 		default:
 			t.Fatalf("decoded a record of unknown kind %q", rec.kind)
 		}

@@ -207,8 +207,10 @@ type Middleware struct {
 	// corrupt stored record (the request was answered 503), a failed
 	// Complete, Release or Renew (the response then goes unstored, or the
 	// key stays claimed until LockTimeout), and a Principal that returned
-	// no scope (answered 500). A full store is logged at Warn level. Nil
-	// means [slog.Default].
+	// no scope (answered 500). A full store is logged at Warn level. A
+	// [MemoryStore] (the default store) is announced at Info level, once
+	// per store, when Wrap first uses it: what it holds, for how long,
+	// and which stores to use past that. Nil means [slog.Default].
 	Logger *slog.Logger
 
 	// Hooks, when not nil, are called at each decision: claims, stored
@@ -339,6 +341,9 @@ func (m *Middleware) build(h http.Handler) *handler {
 	}
 	if mw.logger == nil {
 		mw.logger = slog.Default()
+	}
+	if ms, ok := mw.store.(*MemoryStore); ok {
+		ms.announce(mw.logger, mw.ttl)
 	}
 	return mw
 }

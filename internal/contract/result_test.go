@@ -68,7 +68,7 @@ func TestResultHeader(t *testing.T) {
 		{
 			name: "Link unterminated",
 			give: http.Header{"Link": {`<https://h/p?token=secret; rel=next`}},
-			want: http.Header{"Link": {`<REDACTED`}},
+			want: http.Header{"Link": {`REDACTED`}},
 		},
 		{
 			name: "Refresh",
