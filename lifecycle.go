@@ -202,10 +202,21 @@ func (a *operation) begin(ctx context.Context, req *http.Request, key string, ex
 	if explicit && existing.Key != key {
 		return nil, fmt.Errorf("idemhttp: %w: operation %q has key %s in the journal, request has %s", ErrKeyConflict, a.operation, existing.Key, key)
 	}
-	if existing.Fingerprint != fp {
+	if storedFingerprint(existing) != fp {
 		return nil, localMismatch(existing, req.Method, url, body, p.redactQuery, p.redactPath)
 	}
 	return existing, nil
+}
+
+// storedFingerprint returns e's Fingerprint or, for an entry stored
+// without one (begun directly through the previous release, which kept
+// what its producer gave), the fingerprint of the request it holds. An
+// entry that holds neither gives "", which matches no request.
+func storedFingerprint(e *Entry) string {
+	if e.Fingerprint != "" || e.Method == "" || e.Body == nil {
+		return e.Fingerprint
+	}
+	return contract.Fingerprint(e.Method, e.URL, e.Body)
 }
 
 // reread returns e as the journal holds it now, for a resend: nil and an
