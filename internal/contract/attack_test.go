@@ -7,12 +7,13 @@ import (
 	"github.com/stretchr/testify/assert"
 )
 
-// A Refresh header's URL is found as browsers find it (HTML's shared
-// declarative refresh steps): after the delay and a ';' or ',', with or
-// without "url" and "=", spaces allowed around them. The redaction looked
-// for "url=" alone, so "url = " and a bare URL kept their secrets in a
-// kept result. Checked to fail with redactRefresh looking for "url="
-// only (the first three rows kept the signature).
+// A Refresh header's URL is redacted however it is spelled: after the
+// delay and a ';' or ',', with or without "url" and "=", spaces allowed
+// around them (HTML's shared declarative refresh steps). The redaction
+// looked for "url=" alone, so "url = " and a bare URL kept their secrets
+// in a kept result. Checked to fail on commit c699060 (the first three
+// rows kept the signature); the rule for any URL in a header value fixes
+// it, and this pins it.
 func TestAttackRefreshURLInAnySpelling(t *testing.T) {
 	for _, tt := range []struct{ give, want string }{
 		{"5; url = https://h/x?X-Amz-Signature=secret", "5; url = https://h/x?X-Amz-Signature=REDACTED"},

@@ -107,47 +107,9 @@ func redactLink(v string, names, pathAfter []string) string {
 }
 
 // redactRefresh redacts the URL of a Refresh header value ("5;
-// url=https://..."), found as browsers find it (HTML's shared declarative
-// refresh steps): after the delay, spaces, a ';' or ',' and spaces, then
-// "url", spaces, "=" and spaces when they are there, then the URL, in
-// quotes up to the closing one, else to the end of the value.
+// url=https://...").
 func redactRefresh(v string, names, pathAfter []string) string {
-	i := skipSpace(v, strings.IndexFunc(v, func(r rune) bool { return (r < '0' || r > '9') && r != '.' }))
-	if i < 0 {
-		return v // a delay alone
-	}
-	if i < len(v) && (v[i] == ';' || v[i] == ',') {
-		i = skipSpace(v, i+1)
-	}
-	if len(v)-i >= 3 && asciiLower(v[i:i+3]) == "url" {
-		if j := skipSpace(v, i+3); j < len(v) && v[j] == '=' {
-			i = skipSpace(v, j+1)
-		}
-	}
-	rest := v[i:]
-	if rest == "" {
-		return v
-	}
-	if q := rest[0]; q == '"' || q == '\'' {
-		end := strings.IndexByte(rest[1:], q)
-		if end < 0 {
-			return v[:i+1] + "REDACTED"
-		}
-		return v[:i+1] + redactRef(rest[1:end+1], names, pathAfter) + rest[end+1:]
-	}
-	return v[:i] + redactRef(rest, names, pathAfter)
-}
-
-// skipSpace returns the index of the first byte of v at or after i that
-// is no space or tab; -1 for a negative i.
-func skipSpace(v string, i int) int {
-	if i < 0 {
-		return i
-	}
-	for i < len(v) && (v[i] == ' ' || v[i] == '\t') {
-		i++
-	}
-	return i
+	return redactParam(v, "url=", names, pathAfter)
 }
 
 // redactParam redacts the URI that follows each occurrence of param (in
