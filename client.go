@@ -74,7 +74,9 @@ type Client struct {
 	// in Resume. Add credentials here: whatever it sets never reaches the
 	// journal, and never follows a redirect to another host. It gets the
 	// client's own copies of the request's URL and Header (never nil), so
-	// it may change them freely; the caller's request is not modified. An
+	// it may change them freely, but for the key header, which the client
+	// sets: one that changes or deletes it stops the call
+	// ([ErrInvalidRequest]). The caller's request is not modified. An
 	// error (or a panic) stops the call before anything is sent, and the
 	// journal keeps no entry that Resume would send.
 	PrepareRequest func(*http.Request) error
@@ -451,6 +453,13 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		}
 		if out.Header == nil {
 			out.Header = make(http.Header)
+		}
+		if keyed && !keyHeaderIs(out.Header, p.keyHeader, a.keyVal[0]) {
+			// The key is the journal's and the call's, not the callback's:
+			// sent under another (or none), a resend under the journaled
+			// key would be a second operation to the server.
+			closeStreamed()
+			return a.settle(ctx, nil, fmt.Errorf("idemhttp: %w: PrepareRequest changed the %s header; the client sets it", ErrInvalidRequest, p.keyHeader))
 		}
 	}
 	if why := unsendable(out); why != "" {

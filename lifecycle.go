@@ -202,10 +202,21 @@ func (a *operation) begin(ctx context.Context, req *http.Request, key string, ex
 	if explicit && existing.Key != key {
 		return nil, fmt.Errorf("idemhttp: %w: operation %q has key %s in the journal, request has %s", ErrKeyConflict, a.operation, existing.Key, key)
 	}
-	if existing.Fingerprint != fp {
+	if storedFingerprint(existing) != fp {
 		return nil, localMismatch(existing, req.Method, url, body, p.redactQuery, p.redactPath)
 	}
 	return existing, nil
+}
+
+// storedFingerprint returns e's Fingerprint or, for an entry stored
+// without one (begun directly through the previous release, which kept
+// what its producer gave), the fingerprint of the request it holds. An
+// entry that holds neither gives "", which matches no request.
+func storedFingerprint(e *Entry) string {
+	if e.Fingerprint != "" || e.Method == "" || e.Body == nil {
+		return e.Fingerprint
+	}
+	return contract.Fingerprint(e.Method, e.URL, e.Body)
 }
 
 // reread returns e as the journal holds it now, for a resend: nil and an
@@ -549,10 +560,28 @@ func (a *operation) outcome(resp *http.Response, err error) phase {
 		// the caller's CheckRedirect, http.ErrUseLastResponse, a Location
 		// net/http cannot follow): nothing ran at its target.
 		return phasePending
+	case err == nil && resp != nil && notApplied(resp):
+		return phasePending
 	case err == nil, errors.Is(err, ErrKeyMismatch), errors.Is(err, ErrKeyRequired):
 		return phaseDone
 	}
 	return phasePending
+}
+
+// notApplied reports a response whose status says the server did not
+// apply the request, so that a resend under the key may still run the
+// operation (RFC 9110 §15.5): 401 and 407 (no valid credentials: what a
+// Resume without PrepareRequest meets, since the journal keeps none), 408
+// (the request did not arrive whole), 421 (the wrong server) and 425 (too
+// early, RFC 8470). Settled done, it would lose the operation: a rerun
+// would be told it is done. A replay is the server's stored answer, and
+// final.
+func notApplied(resp *http.Response) bool {
+	switch resp.StatusCode {
+	case http.StatusUnauthorized, http.StatusProxyAuthRequired, http.StatusRequestTimeout, http.StatusMisdirectedRequest, http.StatusTooEarly:
+		return !Replayed(resp)
+	}
+	return false
 }
 
 // writeFinish records the call's outcome. A failure cannot change the
