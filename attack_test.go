@@ -167,7 +167,6 @@ func TestAttackLongRetryAfterOnTheLastAttemptParks(t *testing.T) {
 // again. A journal keeps such an entry and refuses the rerun
 // (ErrKeyExpired). Checked to fail on the memory journal as it is.
 func TestAttackMemoryJournalNeverForgetsAnOperationThatMayHaveRun(t *testing.T) {
-	t.Skip("bug: memJournal.forgetLocked drops pending and abandoned entries past the retention (bounded memory), so a rerun runs the operation again; keeping them needs a decision on the memory bound")
 	srv := newScripted(t, drop, reply(http.StatusCreated, "{}"))
 	clock := newTestClock(parkBase)
 	c := &Client{Policy: &Policy{MaxAttempts: 1, Retention: time.Hour}, clock: clock.now}
