@@ -247,6 +247,9 @@ func (t attemptTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 	}
 	resp, err := t.roundTrip(r)
+	if err == nil {
+		hideUnparsableLocation(r, resp)
+	}
 	if a := attemptFrom(r.Context()); a != nil && err == nil {
 		a.lastResp = resp // for unwind: a panic before the call returns it leaves it open
 	}
@@ -256,6 +259,30 @@ func (t attemptTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 	}
 	return resp, err
+}
+
+// hideUnparsableLocation removes from a redirect a Location that
+// net/http's Client could not parse. Left in, the Client fails the call
+// with "failed to parse Location header %q", quoting the value whole (a
+// signed URL's signature with it) into the error, every retry's log line
+// and the hooks, and the attempt reads as one that got no answer. Without
+// it the Client returns the 3xx itself, as it does for any redirect
+// without a Location (net/http issues 17773, 49281): an answer that
+// nothing ran at a target, so the operation stays pending (outcome). The
+// caller loses only a header it could not have followed.
+func hideUnparsableLocation(r *http.Request, resp *http.Response) {
+	switch resp.StatusCode {
+	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
+	default:
+		return
+	}
+	loc := resp.Header.Get("Location")
+	if loc == "" {
+		return
+	}
+	if _, err := r.URL.Parse(loc); err != nil {
+		resp.Header.Del("Location")
+	}
 }
 
 func (t attemptTransport) roundTrip(r *http.Request) (*http.Response, error) {
