@@ -36,6 +36,33 @@ func TestInboxSQLConformance(t *testing.T) {
 	})
 }
 
+// TestInboxSQLUpgrade runs the database/sql inbox's upgrade suite on
+// PostgreSQL: the previous release's table and ids, each subtest in its
+// own schema.
+func TestInboxSQLUpgrade(t *testing.T) {
+	serverURL(t)
+	inboxtest.RunUpgrade(t, "postgres", func(t *testing.T) *sql.DB {
+		s := newEmptySchema(t)
+		db := stdlib.OpenDBFromPool(s.pool(t, 8))
+		t.Cleanup(func() { _ = db.Close() })
+		return db
+	})
+}
+
+// newEmptySchema is newSchema without Migrate: a schema for the previous
+// release's tables.
+func newEmptySchema(t testing.TB) *testSchema {
+	t.Helper()
+	s := &testSchema{url: serverURL(t), name: "idemtest_" + randomHex(6)}
+	_, err := s.admin(t).Exec(context.Background(), "CREATE SCHEMA "+s.name)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := s.admin(t).Exec(context.Background(), "DROP SCHEMA "+s.name+" CASCADE")
+		require.NoError(t, err)
+	})
+	return s
+}
+
 // inboxFixture is a schema with the inbox table and a business table,
 // d1_effects, with one row per execution of an effect.
 type inboxFixture struct {

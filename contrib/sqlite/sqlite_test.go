@@ -44,3 +44,14 @@ func TestOpenSettings(t *testing.T) {
 	_, err = sqlite.Open(filepath.Join(t.TempDir(), "missing-dir", "x.db"))
 	assert.Error(t, err)
 }
+
+// TestUpgrade runs the upgrade suite on the previous release's SQLite
+// inbox: inbox.SQL's own tests on a real driver.
+func TestUpgrade(t *testing.T) {
+	inboxtest.RunUpgrade(t, "sqlite", func(t *testing.T) *sql.DB {
+		db, err := sqlite.Open(filepath.Join(t.TempDir(), "inbox.db"))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		return db
+	})
+}
