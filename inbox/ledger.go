@@ -62,10 +62,14 @@ type MemoryLedger struct {
 
 var _ Ledger = (*MemoryLedger)(nil)
 
-// Apply implements [Ledger]. It never fails, except on a done ctx.
+// Apply implements [Ledger]. It fails only on a done ctx, and on a key
+// without an id ([ErrNoMessageID]).
 func (l *MemoryLedger) Apply(ctx context.Context, k Key, op Op) (Record, error) {
 	if err := ctx.Err(); err != nil {
 		return Record{}, err
+	}
+	if k.ID == "" {
+		return Record{}, ErrNoMessageID
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

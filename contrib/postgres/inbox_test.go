@@ -49,6 +49,34 @@ func TestInboxSQLUpgrade(t *testing.T) {
 	})
 }
 
+// TestInboxLedgerConformance runs the ledger suite on both PostgreSQL
+// ledgers, inbox.SQL's through database/sql and the Inbox's through pgx,
+// each in its own schema, whose processed messages are those their
+// Handle recorded.
+func TestInboxLedgerConformance(t *testing.T) {
+	serverURL(t)
+	t.Run("sql", func(t *testing.T) {
+		inboxtest.RunLedger(t, func(t *testing.T) inboxtest.LedgerFixture {
+			db := stdlib.OpenDBFromPool(newSchema(t).pool(t, 20))
+			t.Cleanup(func() { _ = db.Close() })
+			in := &inbox.SQL{DB: db}
+			h := in.Handle("billing", func(context.Context, *sql.Tx, *inbox.Message) error { return nil })
+			return inboxtest.LedgerFixture{Ledger: in.Ledger("billing"), Process: func(ctx context.Context, k inbox.Key) error {
+				return h(ctx, &inbox.Message{ID: k.ID, IDSpace: k.IDSpace})
+			}}
+		})
+	})
+	t.Run("pgx", func(t *testing.T) {
+		inboxtest.RunLedger(t, func(t *testing.T) inboxtest.LedgerFixture {
+			in := postgres.NewInbox(newSchema(t).pool(t, 20))
+			h := in.Handle("billing", func(context.Context, pgx.Tx, *inbox.Message) error { return nil })
+			return inboxtest.LedgerFixture{Ledger: in.Ledger("billing"), Process: func(ctx context.Context, k inbox.Key) error {
+				return h(ctx, &inbox.Message{ID: k.ID, IDSpace: k.IDSpace})
+			}}
+		})
+	})
+}
+
 // newEmptySchema is newSchema without Migrate: a schema for the previous
 // release's tables.
 func newEmptySchema(t testing.TB) *testSchema {
