@@ -6,9 +6,10 @@ import (
 	"time"
 )
 
-// DefaultLedgerTimeout bounds a ledger write a [Runner] makes when its
-// context is done or the handler hangs: the count of a shutdown or of a
-// processing limit is worth finishing, not worth waiting for.
+// DefaultLedgerTimeout bounds a ledger write a [Runner] makes once the
+// handler ran or hangs: the count of a failure, of a shutdown or of a
+// processing limit is worth finishing when a shutdown comes meanwhile,
+// not worth waiting for without end.
 const DefaultLedgerTimeout = 10 * time.Second
 
 // Runner is the shell around the message core that every broker adapter
@@ -35,8 +36,9 @@ type Runner struct {
 	Limit time.Duration
 	// Every is the interval of Hooks.Beat; zero or negative means none.
 	Every time.Duration
-	// LedgerTimeout bounds a ledger write made after ctx ended or at the
-	// processing limit; zero means [DefaultLedgerTimeout].
+	// LedgerTimeout bounds each ledger write made after the handler ran
+	// or at its processing limit, which a shutdown does not cancel; zero
+	// means [DefaultLedgerTimeout].
 	LedgerTimeout time.Duration
 
 	once sync.Once
@@ -92,7 +94,7 @@ func (r *Runner) Deliver(ctx context.Context, m *Message, k Key, a Arrival, hook
 // the first decision without one.
 func (r *Runner) apply(ctx context.Context, d *Delivery, k Key, dec Decision) Decision {
 	for dec.Write != OpNone {
-		wctx, cancel := r.writeContext(ctx, d)
+		wctx, cancel := r.writeContext(ctx, dec.Write)
 		rec, err := r.Ledger.Apply(wctx, k, dec.Write)
 		cancel()
 		dec = d.Recorded(rec, err)
@@ -100,11 +102,13 @@ func (r *Runner) apply(ctx context.Context, d *Delivery, k Key, dec Decision) De
 	return dec
 }
 
-// writeContext is ctx for the writes of a delivery that is still live;
-// past a shutdown or the processing limit, a context of its own, bounded
-// by LedgerTimeout, so that the count is finished.
-func (r *Runner) writeContext(ctx context.Context, d *Delivery) (context.Context, context.CancelFunc) {
-	if ctx.Err() == nil && d.State() != StateReleasing {
+// writeContext is the context of a write of op. OpBegin, before the
+// handler runs, ends with ctx: a shutdown then hands the message back
+// unrun. Every write after a run (its count, its excuse, its record
+// forgotten) is worth finishing even when a shutdown comes meanwhile: a
+// context of its own, bounded by LedgerTimeout.
+func (r *Runner) writeContext(ctx context.Context, op Op) (context.Context, context.CancelFunc) {
+	if op == OpBegin {
 		return ctx, func() {}
 	}
 	t := r.LedgerTimeout
