@@ -71,15 +71,16 @@ func (o *SQLOffsets) table() (string, error) {
 
 // The offsets table's formats, in its format column: 1, the column's
 // default, a row of the previous release (no topic_id, which the upgrade
-// adds as '': compared by offset alone); 2, this release's.
+// adds as the empty string: compared by offset alone); 2, this release's.
 const offsetsFormat = 2
 
 // Migrate creates the offsets table if it does not exist, and upgrades one
-// of the previous release in place: it adds the topic_id column (its rows
-// get '', compared by offset alone) and the format column. It is
-// idempotent. An instance of the previous release still running during a
-// rolling deploy keeps working on the upgraded table: its upsert names
-// neither column, and both releases lock the same row per partition.
+// of the previous release in place: it adds the topic_id column (empty in
+// its rows, which are then compared by offset alone) and the format
+// column. It is idempotent. An instance of the previous release still
+// running during a rolling deploy keeps working on the upgraded table: its
+// upsert names neither column, and both releases lock the same row per
+// partition.
 func (o *SQLOffsets) Migrate(ctx context.Context) error {
 	t, err := o.table()
 	if err != nil {
