@@ -25,9 +25,10 @@ var baseline embed.FS
 
 // Manifest lists what a release recorded in golden data: the ids per
 // consumer, each quoted as [strconv.Quote] does (an id need not be
-// UTF-8).
+// UTF-8), and the ids of the outbox's messages, when it has one.
 type Manifest struct {
 	Processed map[string][]string `json:"processed"`
+	Outbox    []string            `json:"outbox,omitempty"`
 }
 
 // IDs returns the ids of consumer, unquoted.
