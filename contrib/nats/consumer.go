@@ -246,6 +246,9 @@ type run struct {
 	batch     int
 	maxWait   time.Duration
 	returning []jetstream.Msg
+	// pulled is the pull in progress's channel: at the processing limit,
+	// the release drains it (the loop waits meanwhile).
+	pulled <-chan jetstream.Msg
 }
 
 // pullAndHandle pulls one batch and handles it. Once ctx is done, or a
@@ -266,6 +269,8 @@ func (r *run) pullAndHandle(ctx context.Context, cons jetstream.Consumer) error 
 		}
 		return fmt.Errorf("nats: fetch: %w", err)
 	}
+	r.pulled = msgs.Messages()
+	defer func() { r.pulled = nil }()
 	var stop error
 	got := 0
 	for msg := range msgs.Messages() {
@@ -303,6 +308,24 @@ func (r *run) pullAndHandle(ctx context.Context, cons jetstream.Consumer) error 
 	return nil
 }
 
+// releaseRest hands back, at the processing limit, the messages of the
+// pull in progress that the hung handler's message had ahead of it, so
+// that a healthy one is not held until AckWait behind it: it takes them
+// all, to the pull's end (at most MaxWait), then naks them. It runs on
+// the release's goroutine while the loop waits for the handler.
+func (r *run) releaseRest() {
+	if r.pulled == nil {
+		return
+	}
+	var rest []jetstream.Msg
+	for msg := range r.pulled {
+		rest = append(rest, msg)
+	}
+	for _, msg := range rest {
+		r.handBack(msg)
+	}
+}
+
 // handBack hands msg, pulled ahead of the handler, back unrun.
 func (r *run) handBack(msg jetstream.Msg) {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -333,7 +356,10 @@ func (r *run) handle(ctx context.Context, msg jetstream.Msg, stopping bool) erro
 		// away: nothing to do about an error here.
 		Beat: func() { _ = msg.InProgress() },
 		// A lost nak: redelivered after AckWait, the heartbeats stopped.
-		Release: func() { _ = msg.Nak() },
+		Release: func() {
+			_ = msg.Nak()
+			r.releaseRest()
+		},
 	})
 	switch dec.Verb {
 	case inbox.VerbAck:

@@ -277,9 +277,16 @@ func (c *Consumer) Run(ctx context.Context, api API, h inbox.Handler) error {
 				r.release(ctx, out.Messages[i:])
 				return ctx.Err()
 			}
-			if err := r.handle(ctx, &out.Messages[i]); err != nil {
-				r.release(ctx, out.Messages[i+1:])
+			r.rest = out.Messages[i+1:]
+			err := r.handle(ctx, &out.Messages[i])
+			rest := r.rest
+			r.rest = nil
+			if err != nil {
+				r.release(ctx, rest)
 				return err
+			}
+			if rest == nil {
+				break // released at the processing limit, with the message
 			}
 		}
 	}
@@ -293,6 +300,10 @@ type run struct {
 	visibility time.Duration
 	maxRecv    int    // the redrive policy's maxReceiveCount; 0: no policy
 	dlq        string // the redrive policy's dead-letter queue
+	// rest holds the messages of the receive behind the one being
+	// handled; the release at its processing limit makes them visible
+	// too, and sets rest to nil.
+	rest []types.Message
 }
 
 // readRedrive reads the queue's redrive policy.
@@ -387,7 +398,14 @@ func (r *run) handle(ctx context.Context, sm *types.Message) error {
 	arrival := inbox.Arrival{HasID: idErr == nil, Stopping: ctx.Err() != nil, MaybeRedelivered: n > 1}
 	dec, state := r.runner.Deliver(ctx, m, inbox.Key{IDSpace: m.IDSpace, ID: id}, arrival, inbox.Hooks{
 		Beat:    func() { r.setVisibility(ctx, sm, r.visibility) },
-		Release: func() { r.setVisibility(ctx, sm, 0) },
+		Release: func() {
+			r.setVisibility(ctx, sm, 0)
+			// Received with it, behind it: visible now, for other
+			// consumers, rather than when their visibility ends. (Each
+			// has cost its receive already.)
+			r.release(ctx, r.rest)
+			r.rest = nil
+		},
 	})
 	switch dec.Verb {
 	case inbox.VerbAck:

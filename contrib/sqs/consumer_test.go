@@ -247,6 +247,40 @@ func TestRunIDSpace(t *testing.T) {
 	}
 }
 
+// Issue 30 §3.9: a hung neighbour does not hold a healthy message
+// received with it: at the processing limit, the messages of the receive
+// behind the hung one are made visible with it, for other consumers,
+// instead of when their visibility timeout ends. (With only the hung
+// message released, the healthy one stayed hidden for 30 s: this test
+// failed.)
+func TestRunHungNeighbourReleasesTheRest(t *testing.T) {
+	f := newFake()
+	f.send("hung", nil, nil)
+	f.send("healthy", nil, nil)
+	unblock := make(chan struct{})
+	hung := make(chan struct{})
+	h := func(_ context.Context, m *inbox.Message) error {
+		if string(m.Body) == "hung" {
+			close(hung)
+			<-unblock // ignores its context
+		}
+		return nil
+	}
+	c := &sqsinbox.Consumer{QueueURL: queueURL, MaxMessages: 2, WaitTime: -1, ProcessingLimit: 100 * time.Millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(ctx, f, h) }()
+	<-hung
+	require.Eventually(t, func() bool {
+		got := f.receives()
+		return got["hung"][1] == 0 && got["healthy"][1] == 0
+	}, 10*time.Second, 5*time.Millisecond, "both visible while the handler hangs")
+	close(unblock)
+	cancel()
+	require.ErrorIs(t, <-errc, context.Canceled)
+}
+
 // A handler that hangs, ignoring its context, holds its message only
 // until the processing limit: then the extensions stop and the message is
 // made visible at once for another consumer, and the hung handler's late

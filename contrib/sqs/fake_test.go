@@ -49,6 +49,10 @@ type fakeSQS struct {
 	maxReceiveCount int
 	dead            []*fakeMsg
 
+	// realTime makes a visibility timeout end by itself, at its time,
+	// instead of at expire.
+	realTime bool
+
 	arrived chan struct{} // closed (and replaced) by every send
 	ghosts  []time.Time   // the ends of long polls whose clients gave up
 	lost    int           // messages received into such a poll
@@ -59,9 +63,10 @@ type fakeMsg struct {
 	body    string
 	attrs   map[string]types.MessageAttributeValue
 	system  map[string]string
-	handle  string // current receipt handle; "" while visible
-	deleted bool
-	recvs   int
+	handle    string // current receipt handle; "" while visible
+	visibleAt time.Time
+	deleted   bool
+	recvs     int
 }
 
 var _ sqsinbox.API = (*fakeSQS)(nil)
@@ -223,6 +228,9 @@ func (f *fakeSQS) receive(in *sqs.ReceiveMessageInput) (*sqs.ReceiveMessageOutpu
 		if int32(len(out.Messages)) == in.MaxNumberOfMessages {
 			break
 		}
+		if f.realTime && m.handle != "" && !m.visibleAt.IsZero() && !time.Now().Before(m.visibleAt) {
+			m.handle = ""
+		}
 		if m.deleted || m.handle != "" {
 			continue
 		}
@@ -236,6 +244,7 @@ func (f *fakeSQS) receive(in *sqs.ReceiveMessageInput) (*sqs.ReceiveMessageOutpu
 		f.seq++
 		m.recvs++
 		m.handle = fmt.Sprintf("rh-%s-%d", m.id, f.seq)
+		m.visibleAt = time.Now().Add(time.Duration(in.VisibilityTimeout) * time.Second)
 		msg := types.Message{MessageId: aws.String(m.id), Body: aws.String(m.body), ReceiptHandle: aws.String(m.handle)}
 		for _, name := range in.MessageAttributeNames {
 			for k, v := range m.attrs {
@@ -297,6 +306,7 @@ func (f *fakeSQS) ChangeMessageVisibility(_ context.Context, in *sqs.ChangeMessa
 	if in.VisibilityTimeout == 0 {
 		m.handle = ""
 	}
+	m.visibleAt = time.Now().Add(time.Duration(in.VisibilityTimeout) * time.Second)
 	if f.changed != nil {
 		select {
 		case f.changed <- in.VisibilityTimeout:
