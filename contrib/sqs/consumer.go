@@ -397,7 +397,7 @@ func (r *run) handle(ctx context.Context, sm *types.Message) error {
 	m := newMessage(c.QueueURL, c.idSpace(), id, sm, n)
 	arrival := inbox.Arrival{HasID: idErr == nil, Stopping: ctx.Err() != nil, MaybeRedelivered: n > 1}
 	dec, state := r.runner.Deliver(ctx, m, inbox.Key{IDSpace: m.IDSpace, ID: id}, arrival, inbox.Hooks{
-		Beat:    func() { r.setVisibility(ctx, sm, r.visibility) },
+		Beat: func() { r.setVisibility(ctx, sm, r.visibility) },
 		Release: func() {
 			r.setVisibility(ctx, sm, 0)
 			// Received with it, behind it: visible now, for other

@@ -59,10 +59,10 @@ type fakeSQS struct {
 }
 
 type fakeMsg struct {
-	id      string
-	body    string
-	attrs   map[string]types.MessageAttributeValue
-	system  map[string]string
+	id        string
+	body      string
+	attrs     map[string]types.MessageAttributeValue
+	system    map[string]string
 	handle    string // current receipt handle; "" while visible
 	visibleAt time.Time
 	deleted   bool
