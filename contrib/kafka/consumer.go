@@ -91,7 +91,20 @@
 // partitions, and blocks the group's rebalances, until it returns; the
 // group's rebalance timeout then moves its partitions to other members,
 // which redeliver from the last commit, and the inbox (or the stored
-// offset's row lock) lets only one of them commit the effect.
+// offset's row lock) lets only one of them commit the effect. Kafka has
+// no way to hand one record to another member: the records behind a hung
+// one in its partition wait for it (other partitions do not).
+//
+// # Across an upgrade
+//
+// [SQLOffsets.Migrate] upgrades the offsets table of the previous release
+// in place (it adds topic_id and a format column): the consumer starts
+// each partition where that release left it, and an instance of it
+// running beside this one during a rolling deploy advances the same rows.
+// The inbox's rows written by the previous release stay duplicates (see
+// Formats and upgrades in the inbox package). What the previous release
+// counted in a Run's memory is not carried over: a poison record's count
+// starts again in the ledger.
 package kafka
 
 import (
