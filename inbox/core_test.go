@@ -87,8 +87,8 @@ func compact(s []State) []State {
 }
 
 var (
-	boom   = errors.New("boom")
-	dbDown = errors.New("database down")
+	errBoom   = errors.New("boom")
+	errDBDown = errors.New("database down")
 )
 
 // TestCoreTransitions drives every transition of the core's table with
@@ -155,7 +155,7 @@ func TestCoreTransitions(t *testing.T) {
 		{
 			name:    "the ledger cannot be read: back after a delay, uncounted, unrun",
 			arrival: Arrival{HasID: true, MaybeRedelivered: true},
-			answers: []answer{{err: dbDown}},
+			answers: []answer{{err: errDBDown}},
 			want:    Decision{Verb: VerbRequeue, Delay: time.Second},
 			writes:  []Op{OpBegin},
 			states:  []State{StateReceived, StateChecking, StateDeferred},
@@ -164,8 +164,8 @@ func TestCoreTransitions(t *testing.T) {
 			name:    "first failure: counted, back after the first delay",
 			arrival: Arrival{HasID: true},
 			answers: []answer{{rec: Record{Failures: 1}}},
-			ending:  Ending{Err: boom},
-			want:    Decision{Verb: VerbRequeue, Delay: time.Second, Err: boom, Failures: 1},
+			ending:  Ending{Err: errBoom},
+			want:    Decision{Verb: VerbRequeue, Delay: time.Second, Err: errBoom, Failures: 1},
 			writes:  []Op{OpFail},
 			states:  []State{StateReceived, StateRunning, StateFailing, StateRetrying},
 		},
@@ -173,8 +173,8 @@ func TestCoreTransitions(t *testing.T) {
 			name:    "second failure of a redelivery: the delay grows",
 			arrival: Arrival{HasID: true, MaybeRedelivered: true},
 			answers: []answer{{rec: Record{Failures: 1}}, {rec: Record{Failures: 2}}},
-			ending:  Ending{Err: boom},
-			want:    Decision{Verb: VerbRequeue, Delay: 2 * time.Second, Err: boom, Failures: 2},
+			ending:  Ending{Err: errBoom},
+			want:    Decision{Verb: VerbRequeue, Delay: 2 * time.Second, Err: errBoom, Failures: 2},
 			writes:  []Op{OpBegin, OpFailBegun},
 			states:  []State{StateReceived, StateChecking, StateRunning, StateFailing, StateRetrying},
 		},
@@ -182,24 +182,24 @@ func TestCoreTransitions(t *testing.T) {
 			name:    "the last allowed failure: dead-lettered, forgotten",
 			arrival: Arrival{HasID: true, MaybeRedelivered: true},
 			answers: []answer{{rec: Record{Failures: 2}}, {rec: Record{Failures: 3}}, {}},
-			ending:  Ending{Err: boom},
-			want:    Decision{Verb: VerbDeadLetter, Err: boom, Failures: 3, Report: true},
+			ending:  Ending{Err: errBoom},
+			want:    Decision{Verb: VerbDeadLetter, Err: errBoom, Failures: 3, Report: true},
 			writes:  []Op{OpBegin, OpFailBegun, OpForget},
 			states:  []State{StateReceived, StateChecking, StateRunning, StateFailing, StateClosing, StateDeadLettered},
 		},
 		{
 			name:    "a failure the ledger cannot count: back after a delay, uncounted",
 			arrival: Arrival{HasID: true},
-			answers: []answer{{err: dbDown}},
-			ending:  Ending{Err: boom},
-			want:    Decision{Verb: VerbRequeue, Delay: time.Second, Err: boom},
+			answers: []answer{{err: errDBDown}},
+			ending:  Ending{Err: errBoom},
+			want:    Decision{Verb: VerbRequeue, Delay: time.Second, Err: errBoom},
 			writes:  []Op{OpFail},
 			states:  []State{StateReceived, StateRunning, StateFailing, StateDeferred},
 		},
 		{
 			name:    "shutdown while the handler runs: back at once, never counted",
 			arrival: Arrival{HasID: true},
-			ending:  Ending{Err: boom, Stopping: true},
+			ending:  Ending{Err: errBoom, Stopping: true},
 			want:    Decision{Verb: VerbRequeue},
 			states:  []State{StateReceived, StateRunning, StateHandedBack},
 		},
@@ -207,7 +207,7 @@ func TestCoreTransitions(t *testing.T) {
 			name:    "shutdown of a begun run: its marker excused",
 			arrival: Arrival{HasID: true, MaybeRedelivered: true},
 			answers: []answer{{rec: Record{Failures: 2}}, {rec: Record{Failures: 2}}},
-			ending:  Ending{Err: boom, Stopping: true},
+			ending:  Ending{Err: errBoom, Stopping: true},
 			want:    Decision{Verb: VerbRequeue},
 			writes:  []Op{OpBegin, OpExcuse},
 			states:  []State{StateReceived, StateChecking, StateRunning, StateClosing, StateHandedBack},
@@ -237,7 +237,7 @@ func TestCoreTransitions(t *testing.T) {
 		{
 			name:    "past the limit, the ledger down: released uncounted",
 			arrival: Arrival{HasID: true, MaybeRedelivered: true},
-			answers: []answer{{}, {err: dbDown}},
+			answers: []answer{{}, {err: errDBDown}},
 			limit:   true,
 			want:    Decision{Verb: VerbRelease, Err: errLimit},
 			writes:  []Op{OpBegin, OpFailBegun},
@@ -261,8 +261,8 @@ func TestCoreTransitions(t *testing.T) {
 			policy:  Policy{Retry: Retry{MaxDeliveries: -1}},
 			arrival: Arrival{HasID: true, MaybeRedelivered: true},
 			answers: []answer{{rec: Record{Failures: 40, Running: 3}}, {rec: Record{Failures: 44, Running: 2}}},
-			ending:  Ending{Err: boom},
-			want:    Decision{Verb: VerbRequeue, Delay: DefaultMaxRetryDelay, Err: boom, Failures: 46, Report: true},
+			ending:  Ending{Err: errBoom},
+			want:    Decision{Verb: VerbRequeue, Delay: DefaultMaxRetryDelay, Err: errBoom, Failures: 46, Report: true},
 			writes:  []Op{OpBegin, OpFailBegun},
 			states:  []State{StateReceived, StateChecking, StateRunning, StateFailing, StateRetrying},
 		},
@@ -311,7 +311,7 @@ func TestCoreRefusesWhatMustNeverHappen(t *testing.T) {
 		{"an answer nobody asked for", func(d *Delivery) { d.Arrive(Arrival{HasID: true}) }, func(d *Delivery) Decision { return d.Recorded(Record{Processed: true}, nil) }},
 		{"ack after a counted failure", func(d *Delivery) {
 			d.Arrive(Arrival{HasID: true})
-			d.Returned(Ending{Err: boom})
+			d.Returned(Ending{Err: errBoom})
 			d.Recorded(Record{Failures: 1}, nil)
 		}, func(d *Delivery) Decision { return d.Returned(Ending{}) }},
 		{"run after a dead letter", func(d *Delivery) { d.Arrive(Arrival{}) }, func(d *Delivery) Decision { return d.LimitPassed() }},
