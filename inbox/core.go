@@ -69,6 +69,7 @@ const (
 var stateNames = [...]string{"received", "checking", "running", "failing", "releasing", "closing",
 	"acked", "retrying", "deferred", "handed-back", "released", "dead-lettered", "stopped"}
 
+// String returns the state's name, as docs/consumer.md spells it.
 func (s State) String() string {
 	if int(s) < len(stateNames) {
 		return stateNames[s]
@@ -122,6 +123,7 @@ const (
 
 var opNames = [...]string{"none", "begin", "fail", "fail-begun", "excuse", "forget"}
 
+// String returns the write's name.
 func (o Op) String() string {
 	if int(o) < len(opNames) {
 		return opNames[o]
@@ -159,6 +161,7 @@ const (
 
 var verbNames = [...]string{"none", "run", "ack", "requeue", "release", "dead-letter", "stop"}
 
+// String returns the verb's name.
 func (v Verb) String() string {
 	if int(v) < len(verbNames) {
 		return verbNames[v]
@@ -285,7 +288,8 @@ type Delivery struct {
 	refused []Move
 }
 
-// Move is a transition the core was asked to make.
+// Move is a transition the core was asked to make: from the state it
+// was in, to the state the call would have led to.
 type Move struct{ From, To State }
 
 // NewDelivery returns the core of a delivery that has just arrived, under

@@ -19,8 +19,12 @@ import (
 // runs: each adapter maps them onto its own (Consumer.Retry, Ledger,
 // ProcessingLimit, its prefetch or batch, OnDeadLetter).
 type Settings struct {
-	Retry           inbox.Retry
-	Ledger          inbox.Ledger
+	// Retry is the consumer's Retry.
+	Retry inbox.Retry
+	// Ledger is the consumer's Ledger, shared by the scenario's Runs.
+	Ledger inbox.Ledger
+	// ProcessingLimit is the consumer's; zero means the adapter's
+	// default.
 	ProcessingLimit time.Duration
 	// Prefetch is how many deliveries the consumer takes ahead of the
 	// handler (a QoS prefetch, a pull's batch); zero means the adapter's
@@ -51,9 +55,12 @@ type Adapter interface {
 // Outcome is what a scenario saw: per message id, the handler's calls and
 // successes, and the ids given up on.
 type Outcome struct {
-	Calls     map[string]int
+	// Calls counts the handler's calls per message id.
+	Calls map[string]int
+	// Successes counts the calls that returned nil per message id.
 	Successes map[string]int
-	Dead      []string
+	// Dead lists, sorted, the ids reported to OnDeadLetter.
+	Dead []string
 }
 
 // scenarioHandler counts and behaves per id.

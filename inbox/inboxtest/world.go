@@ -30,6 +30,7 @@ const (
 
 var behaviourNames = [...]string{"healthy", "poison", "flaky", "killer", "hanger"}
 
+// String returns the behaviour's name.
 func (b Behaviour) String() string { return behaviourNames[b] }
 
 // WorldConfig shapes a [World]. The zero value is a small world without
