@@ -24,7 +24,8 @@ func TestArchitecture(t *testing.T) {
 		mayOnly  []string // the repository's packages it may import; nil: none
 		mustNots []string // prefixes it must not import
 	}{
-		{pkg: ".", mayOnly: []string{"idemtrace", "internal/contract", "internal/plant"}},
+		{pkg: ".", mayOnly: []string{"idemtrace", "internal/contract", "internal/plant", "internal/simkey"}},
+		{pkg: "internal/simkey", mustNots: []string{"net/http", "net/url"}},
 		{pkg: "idemtrace"},
 		{pkg: "internal/contract"},
 		{pkg: "internal/plant", mustNots: []string{"net/http", "net/url"}},

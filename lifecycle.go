@@ -12,6 +12,7 @@ import (
 	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/idemkit/idemhttp/internal/contract"
 	"github.com/idemkit/idemhttp/internal/plant"
+	"github.com/idemkit/idemhttp/internal/simkey"
 )
 
 // This file is an operation's lifecycle: the one home of every decision
@@ -186,7 +187,7 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 		case rs != nil:
 			key = rs.entry.Key
 		case key == "":
-			key, minted = NewKey(), true
+			key, minted = mintKey(ctx), true
 		}
 		if !minted || a.j != nil {
 			// A caller's key, the journal's, or a minted key that Resume
@@ -239,6 +240,15 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 		a.advance(phaseJournaled)
 		return nil, nil, true
 	}
+}
+
+// mintKey is NewKey, unless the simulator names the keys its calls mint
+// (internal/simkey: a world's keys must be the same on every run).
+func mintKey(ctx context.Context) string {
+	if k := simkey.Mint(ctx); k != "" {
+		return k
+	}
+	return NewKey()
 }
 
 // releaseKey frees the slot of a key the call no longer uses.
