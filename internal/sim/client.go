@@ -185,7 +185,18 @@ func (r *recJournal) Get(ctx context.Context, key string) (*idemhttp.Entry, erro
 	return r.Journal.Get(ctx, key)
 }
 
+// Finish, Delete, Prune, Lookup and Pending take their turns too: every
+// call into the journal is a step of the driver's, so that two calls
+// woken at one virtual instant (two attempts' timeouts, say) never race
+// on the disk: which of two Finishes joins a batch first, or which disk
+// call a power cut armed "at the disk's call n" lands on, is the seed's
+// to say. (The turn is taken before the call, with no lock of the
+// journal held: a goroutine blocked on a mutex is not durably blocked,
+// and the driver's synctest.Wait would never return. The log's one
+// committer, which writes behind the calls, runs only when a call given
+// its turn wakes it, or on its timer, while every call waits for a turn.)
 func (r *recJournal) Finish(ctx context.Context, key string, o idemhttp.Outcome) error {
+	r.w.turn(ctx, r.p, "finish")
 	if o.State == idemhttp.StateDone {
 		r.w.acks.finished(key)
 	}
@@ -193,13 +204,25 @@ func (r *recJournal) Finish(ctx context.Context, key string, o idemhttp.Outcome)
 }
 
 func (r *recJournal) Delete(ctx context.Context, key string) error {
+	r.w.turn(ctx, r.p, "delete")
 	r.w.acks.deleted(key)
 	return r.Journal.Delete(ctx, key)
 }
 
 func (r *recJournal) Prune(ctx context.Context, cutoff time.Time) (int, error) {
+	r.w.turn(ctx, r.p, "prune")
 	r.w.acks.pruning()
 	return r.Journal.Prune(ctx, cutoff)
+}
+
+func (r *recJournal) Lookup(ctx context.Context, operation string) (*idemhttp.Entry, error) {
+	r.w.turn(ctx, r.p, "lookup")
+	return r.Journal.Lookup(ctx, operation)
+}
+
+func (r *recJournal) Pending(ctx context.Context) ([]*idemhttp.Entry, error) {
+	r.w.turn(ctx, r.p, "pending")
+	return r.Journal.Pending(ctx)
 }
 
 var _ idemhttp.Journal = (*recJournal)(nil)
