@@ -30,4 +30,3 @@ func TestFleetModelConformance(t *testing.T) {
 		return journaltest.NewFleetModel(nil).Worker("a")
 	})
 }
-
