@@ -32,9 +32,12 @@ func TestSimSameSeedSameTrace(t *testing.T) {
 // checkWorld is a world after a run, for the end checks: one operation,
 // a ledger, a disk, calls of one process.
 func checkWorld() (*world, *clientProc) {
-	w := &world{cfg: Config{Ops: 1}, ledger: &ledger{}, disk: simdisk.New(nil), stats: map[string]int{}}
-	p := &clientProc{w: w, n: 1}
-	w.cli = p
+	w := &world{cfg: Config{Ops: 1}, ledger: &ledger{}, stats: map[string]int{}, everDone: map[string]bool{}, opKeys: map[int][]string{},
+		final: make([]bool, 1), opNamed: []bool{true}}
+	m := &machine{w: w, id: 1, disk: simdisk.New(nil)}
+	w.machines = []*machine{m}
+	p := &clientProc{w: w, m: m, n: 1}
+	m.cli = p
 	return w, p
 }
 
@@ -82,7 +85,7 @@ func TestSimChecksBite(t *testing.T) {
 			give: func(w *world, p *clientProc) {
 				w.ledger.commit(&effect{op: 0, key: "k-0-1", charge: "ch-0-1", body: body})
 				w.calls = append(w.calls, &call{id: 1, p: p, op: 0, class: outSuccess, status: 200, body: body})
-				w.disk.WriteFile(journalPath+".torn-x", []byte("Authorization: "+secretAuth), 0o600)
+				w.machines[0].disk.WriteFile(journalPath+".torn-x", []byte("Authorization: "+secretAuth), 0o600)
 			},
 			want: invSecret,
 		},

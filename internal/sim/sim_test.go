@@ -40,6 +40,7 @@ var (
 	flagLive    = flag.Bool("sim.live", false, "print each line of a trace as it is made (for a run that does not end)")
 	flagKnown   = flag.String("sim.known", "", "find, shrink and print the first seed a known bug whose name holds this explains")
 	flagPlanted = flag.Bool("sim.planted", false, "TestPlantedBugs: build the package with each planted bug's tag in turn, and show that TestSim finds it")
+	flagMaxFail = flag.Int("sim.maxfail", 3, "TestSim stops after this many failing seeds")
 	flagHashes  = flag.String("sim.hashes", "", "TestSim writes each seed's trace hash to this file, a line \"seed hash\" each (for TestSimDeterminism)")
 	flagDeterm  = flag.Int("sim.determinism", 0, "TestSimDeterminism: run this many seeds in two processes at once, and compare every seed's trace hash")
 )
@@ -172,7 +173,7 @@ func TestSim(t *testing.T) {
 					}
 					if len(Unknown(res)) > 0 {
 						failed = append(failed, res)
-						if len(planted) > 0 || len(failed) >= 3 {
+						if len(planted) > 0 || len(failed) >= *flagMaxFail {
 							stop.Store(true) // enough to report; the rest would only repeat it
 						}
 					}
