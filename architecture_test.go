@@ -32,7 +32,7 @@ func TestArchitecture(t *testing.T) {
 		{pkg: "internal/wal", mustNots: []string{"net/http", "net/url"}},
 		{pkg: "internal/wal/simdisk", mayOnly: []string{"internal/wal"}, mustNots: []string{"net/http", "net/url"}},
 		{pkg: "filejournal", mayOnly: []string{".", "internal/contract", "internal/wal"}},
-		{pkg: "journaltest", mayOnly: []string{".", "internal/contract"}},
+		{pkg: "journaltest", mayOnly: []string{".", "internal/contract", "internal/plant"}},
 		{pkg: "idemserver", mayOnly: []string{".", "internal/contract"}},
 		{pkg: "idemtest", mayOnly: []string{".", "idemserver", "internal/contract"}},
 		{pkg: "inbox", mayOnly: []string{"."}},

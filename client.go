@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/idemkit/idemhttp/internal/contract"
+	"github.com/idemkit/idemhttp/internal/plant"
 
 	"github.com/hashicorp/go-retryablehttp"
 )
@@ -401,7 +402,7 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		// A panic in PrepareRequest or a hook still withdraws the entry
 		// and frees the slots; the panic goes on.
 		defer func() {
-			if !a.settled {
+			if !a.settled && !plant.PanicSlot { // a planted bug (internal/plant), false but in a test build
 				_, _ = a.settle(ctx, nil, errors.New("idemhttp: panic"))
 			}
 		}()

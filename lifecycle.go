@@ -489,11 +489,14 @@ func (a *operation) outcome(resp *http.Response, err error) phase {
 		return phasePending // an earlier call or run may have sent it
 	}
 	switch {
-	case err == nil && (a.redirectRefused || a.passedThrough):
+	case err == nil && (a.redirectRefused && !plant.RedirectDone || a.passedThrough):
 		// A 3xx not followed ran nothing at its target; a give-up handed
-		// to an SDK as its last response is still a give-up.
+		// to an SDK as its last response is still a give-up. (The
+		// planted bugs of internal/plant are false but in a test build.)
 		return phasePending
 	case err == nil, errors.Is(err, ErrKeyMismatch), errors.Is(err, ErrKeyRequired):
+		return phaseDone
+	case plant.GiveUpDone && errors.Is(err, ErrExhausted):
 		return phaseDone
 	}
 	return phasePending

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/internal/contract"
+	"github.com/idemkit/idemhttp/internal/plant"
 )
 
 // FleetModel is the contract of [FleetJournal] as a model: a journal a
@@ -252,7 +253,8 @@ func (w *FleetModelWorker) begin(ctx context.Context, e *idemhttp.Entry, leased 
 		key = k
 	}
 	if r, ok := m.byKey[key]; ok {
-		if leased && r.e.State == idemhttp.StatePending && r.e.Fingerprint == rec.Fingerprint && r.token != w.token {
+		// (plant.NoLeaseTake is a planted bug, false but in a test build.)
+		if leased && r.e.State == idemhttp.StatePending && r.e.Fingerprint == rec.Fingerprint && r.token != w.token && !plant.NoLeaseTake {
 			r.token, r.until = w.token, now.Add(m.lease)
 		}
 		return cloneEntry(r.e), nil
@@ -293,7 +295,7 @@ func (w *FleetModelWorker) Finish(_ context.Context, key string, o idemhttp.Outc
 	case r.e.State != idemhttp.StatePending && r.e.State == o.State:
 		r.e.Attempts += o.Attempts
 		return nil
-	case r.e.State != idemhttp.StatePending:
+	case r.e.State != idemhttp.StatePending && !plant.Unfinal: // a planted bug (internal/plant), false but in a test build
 		return fmt.Errorf("journal finish %s: %w: the entry is %s", key, idemhttp.ErrFenced, r.e.State)
 	case r.token != "" && r.token != w.token && r.until.After(now):
 		return fmt.Errorf("journal finish %s: %w: another worker's lease holds it", key, idemhttp.ErrFenced)

@@ -10,7 +10,6 @@ import (
 	"hash/fnv"
 	"io"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/idemkit/idemhttp"
@@ -272,6 +271,3 @@ func mintKey(c *call) func() string {
 		return fmt.Sprintf("m-%d-%d-%d", c.op, c.id, n)
 	}
 }
-
-// isMinted reports whether key is one the client minted for a call.
-func isMinted(key string) bool { return strings.HasPrefix(key, "m-") }

@@ -125,7 +125,10 @@ func (w *world) checkSecrets(es []*idemhttp.Entry) {
 func (w *world) mintedKey(op int, key string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.opKeys[op] = append(w.opKeys[op], key)
+	if !slices.Contains(w.opKeys[op], key) {
+		w.opKeys[op] = append(w.opKeys[op], key)
+	}
+	w.keyOp[key] = op
 }
 
 // queueFor is the batch p runs: its machine's named operations, and

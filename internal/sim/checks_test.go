@@ -32,7 +32,7 @@ func TestSimSameSeedSameTrace(t *testing.T) {
 // checkWorld is a world after a run, for the end checks: one operation,
 // a ledger, a disk, calls of one process.
 func checkWorld() (*world, *clientProc) {
-	w := &world{cfg: Config{Ops: 1}, ledger: &ledger{}, stats: map[string]int{}, everDone: map[string]bool{}, opKeys: map[int][]string{},
+	w := &world{cfg: Config{Ops: 1}, ledger: &ledger{}, stats: map[string]int{}, everDone: map[string]bool{}, opKeys: map[int][]string{}, keyOp: map[string]int{},
 		final: make([]bool, 1), opNamed: []bool{true}}
 	m := &machine{w: w, id: 1, disk: simdisk.New(nil)}
 	w.machines = []*machine{m}

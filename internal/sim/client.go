@@ -203,14 +203,14 @@ type recJournal struct {
 
 func (r *recJournal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry, error) {
 	r.w.turn(ctx, r.p, "begin")
-	if c, ok := ctx.Value(callKey{}).(*call); ok {
+	if c, ok := ctx.Value(callKey{}).(*call); ok && !c.resume {
 		c.attempted(e.Key)
-	}
-	if op := r.w.opOfKey(e.Key); isMinted(e.Key) && op >= 0 {
-		// As a job that logs the keys its journal's hook reports,
-		// failed Begins' included (one may be in the journal after
-		// all: a database's answer lost after its commit).
-		r.w.mintedKey(op, e.Key)
+		if e.Key != c.key {
+			// As a job that logs the keys its journal's hook reports,
+			// failed Begins' included (one may be in the journal after
+			// all: a database's answer lost after its commit).
+			r.w.mintedKey(c.op, e.Key)
+		}
 	}
 	existing, err := r.simJournal.Begin(ctx, e)
 	if err == nil && existing == nil && !r.p.dead.Load() {
@@ -610,7 +610,10 @@ func (w *world) startCall(p *clientProc) {
 	c := w.newCall(p, op, false)
 	c.named = w.opNamed[op]
 	c.client = w.draw(len(p.cs), "client", c.id)
-	ctx := simkey.With(context.WithValue(p.ctx, callKey{}, c), mintKey(c))
+	ctx := context.WithValue(p.ctx, callKey{}, c)
+	if !bugRandKey {
+		ctx = simkey.With(ctx, mintKey(c))
+	}
 	if c.named {
 		if w.cfg.SDKKey {
 			c.key = fmt.Sprintf("k-%d-%d", op, c.id)

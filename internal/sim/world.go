@@ -74,6 +74,7 @@ type world struct {
 	cacheOnly       bool             // a truncation failed (bugCacheOnly)
 	panickedInBegin bool             // a callback panicked within a call's Begin (bugPanicSlot)
 	opKeys          map[int][]string // keys the client minted for each unnamed operation, as journaled
+	keyOp           map[string]int   // the operation of each key a call journaled
 
 	cliN, srvN      int
 	faulty          atomic.Bool
@@ -109,17 +110,18 @@ func (f Failure) String() string {
 
 // The invariants, as the issue numbers them (7 and 8 are issue 32's).
 const (
-	invOnce     = "1 at most one effect per operation"
-	invSuccess  = "2 a success has exactly its effect"
-	invNotSent  = "3 nothing reported not-sent ran"
-	invLost     = "4 every operation resolved after recovery"
-	invJournal  = "5 the journal opens, verifies and keeps every acknowledged Begin"
-	invSecret   = "6 no secret in the journal's bytes"
-	invDone     = "7 a done entry's effect exists"
-	invDoneStay = "8 done stays done across every crash and reopen"
-	invStuck    = "liveness: the recovery ends"
-	invUnwanted = "an error the batch job cannot have caused"
-	invLeak     = "every goroutine ends"
+	invOnce      = "1 at most one effect per operation"
+	invSuccess   = "2 a success has exactly its effect"
+	invNotSent   = "3 nothing reported not-sent ran"
+	invLost      = "4 every operation resolved after recovery"
+	invJournal   = "5 the journal opens, verifies and keeps every acknowledged Begin"
+	invSecret    = "6 no secret in the journal's bytes"
+	invDone      = "7 a done entry's effect exists"
+	invDoneStay  = "8 done stays done across every crash and reopen"
+	invStuck     = "liveness: the recovery ends"
+	invUnwanted  = "an error the batch job cannot have caused"
+	invLeak      = "every goroutine ends"
+	invSameTrace = "same seed, same trace"
 )
 
 // Invariants lists the invariants every seed checks.
@@ -178,6 +180,7 @@ func newWorld(seed uint64, cfg Config) *world {
 		acks:     &acks{keys: map[string]ackState{}},
 		stats:    map[string]int{},
 		opKeys:   map[int][]string{},
+		keyOp:    map[string]int{},
 		everDone: map[string]bool{},
 		final:    make([]bool, cfg.Ops),
 	}
@@ -522,6 +525,12 @@ func journalText(b bool) string {
 
 // opOfKey reads the operation back from a key the sim made ("k-<op>-...").
 func (w *world) opOfKey(key string) int {
+	w.mu.Lock()
+	op, ok := w.keyOp[key]
+	w.mu.Unlock()
+	if ok {
+		return op
+	}
 	parts := strings.SplitN(key, "-", 3)
 	if len(parts) < 2 {
 		return -1
