@@ -10,6 +10,8 @@ import (
 	"hash/fnv"
 	"io"
 	"net/http"
+	"runtime"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idemhttp"
@@ -212,8 +214,39 @@ func (pacer) Observe(int, bool) {}
 
 // backoff is the job's Policy.Backoff: linear, and the same on every run
 // (the built-in backoff's jitter comes from math/rand's global source,
-// which no seed reaches).
-func backoff(retry int) time.Duration { return time.Duration(retry) * 50 * time.Millisecond }
+// which no seed reaches). It gets no context, so no call to tell it
+// apart by: in the faulty phase, with panics on, it panics at one retry
+// number the seed draws, every call that reaches it, and with blocks on
+// it blocks at another; never on Resume's goroutines (see callback).
+func (w *world) backoff(retry int) time.Duration {
+	if w.faulty.Load() && !onResume() {
+		if w.cfg.Panic > 0 && retry == 1+w.draw(3, "backoff panics") {
+			w.count("callback panics")
+			panic(simPanic{"Backoff"})
+		}
+		if w.cfg.Block > 0 && retry == 1+w.draw(3, "backoff blocks") {
+			w.count("callback blocks")
+			time.Sleep(time.Duration(1+w.draw(5, "backoff blocks for")) * time.Second)
+		}
+	}
+	return time.Duration(retry) * 50 * time.Millisecond
+}
+
+// onResume reports whether the calling goroutine is one of
+// Client.Resume's.
+func onResume() bool {
+	pcs := make([]uintptr, 64)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
+	for {
+		f, more := frames.Next()
+		if strings.HasPrefix(f.Function, "github.com/idemkit/idemhttp.(*Client).Resume") {
+			return true
+		}
+		if !more {
+			return false
+		}
+	}
+}
 
 // note is a line of a call's own for the trace, made on the call's
 // goroutine (a callback's panic, say): the driver writes it at its next

@@ -432,7 +432,7 @@ func (w *world) startClient(m *machine) *clientProc {
 			Budget: idemhttp.Budget{Capacity: 1 << 30},
 		}
 		if w.cfg.Backoff {
-			pol.Backoff = backoff
+			pol.Backoff = w.backoff
 		}
 		if w.cfg.Pace > 0 {
 			pol.Pacer = pacer{w: w}

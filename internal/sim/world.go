@@ -972,9 +972,10 @@ func (w *world) recover() {
 
 // drain runs the world without faults until nothing is left in flight.
 func (w *world) drain() {
+	idle := 0 // steps in a row in which the driver only let time pass
 	for i := 0; ; i++ {
-		if i > 20000 {
-			w.failKnown(invStuck, -1, w.stuckKnown(), "the recovery made no progress in 20000 steps")
+		if i > 20000 || idle > 3600 {
+			w.failKnown(invStuck, -1, w.stuckKnown(), "the recovery made no progress in %d steps (the last %d only waited, a second each)", i, idle)
 			return
 		}
 		w.settle()
@@ -982,16 +983,20 @@ func (w *world) drain() {
 			return
 		}
 		now := time.Now()
+		idle++
 		if ms := w.net.readyMsgs(now); len(ms) > 0 {
+			idle = 0
 			w.tracef("%v: delivered", ms[0])
 			w.net.deliver(ms[0])
 			continue
 		}
 		if ds := w.net.readyDials(); len(ds) > 0 {
+			idle = 0
 			w.onDial(ds[0])
 			continue
 		}
 		if ts := w.readyTurns(); len(ts) > 0 {
+			idle = 0
 			w.giveTurn(ts[0])
 			continue
 		}
@@ -1018,6 +1023,7 @@ func (w *world) drain() {
 			busy = busy || p.busy > 0 || p.resume != nil || len(p.queue) > 0
 		}
 		if acted {
+			idle = 0
 			continue
 		}
 		if !busy && w.net.nextDue(now).IsZero() {
