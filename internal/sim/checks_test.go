@@ -42,7 +42,8 @@ func checkWorld() (*world, *clientProc) {
 }
 
 // Each invariant fails when its guarantee is broken by hand (the planted
-// bugs show that 1 and 5 bite in whole worlds too: see TestPlantedBugs).
+// bugs show that 1, 5, 7 and 8 bite in whole worlds too: see
+// TestPlantedBugs).
 func TestSimChecksBite(t *testing.T) {
 	body := []byte(`{"op":0,"charge":"ch-0-1"}`)
 	tests := []struct {
@@ -90,6 +91,22 @@ func TestSimChecksBite(t *testing.T) {
 			want: invSecret,
 		},
 		{
+			name: "an unnamed operation whose only call was ambiguous, nothing of it in the journal",
+			give: func(w *world, p *clientProc) {
+				w.opNamed[0] = false
+				w.calls = append(w.calls, &call{id: 1, p: p, op: 0, class: outAmbiguous})
+			},
+			want: invLost,
+		},
+		{
+			name: "the control: an unnamed operation answered in an earlier run",
+			give: func(w *world, p *clientProc) {
+				w.opNamed[0] = false
+				w.final[0] = true
+				w.ledger.commit(&effect{op: 0, key: "m-0-1", charge: "ch-0-1", body: body})
+			},
+		},
+		{
 			name: "the control: all well",
 			give: func(w *world, p *clientProc) {
 				w.ledger.commit(&effect{op: 0, key: "k-0-1", charge: "ch-0-1", body: body})
@@ -102,6 +119,49 @@ func TestSimChecksBite(t *testing.T) {
 			w, p := checkWorld()
 			tt.give(w, p)
 			w.checkEnd()
+			var got []string
+			for _, f := range w.failures {
+				got = append(got, f.Inv)
+			}
+			if tt.want == "" {
+				assert.Empty(t, got)
+				return
+			}
+			assert.Contains(t, got, tt.want)
+		})
+	}
+}
+
+// Invariants 7 and 8 read a journal's entries: a done entry without its
+// effect fails 7, and an entry found done and later pending, or gone,
+// fails 8. Checked to fail (7) with checkDone skipping the ledger, and
+// (8) with it not recording what it found done.
+func TestSimChecksDone(t *testing.T) {
+	done := func(key string) *idemhttp.Entry {
+		return &idemhttp.Entry{Key: key, State: idemhttp.StateDone, LastStatus: 200}
+	}
+	pending := func(key string) *idemhttp.Entry {
+		return &idemhttp.Entry{Key: key, State: idemhttp.StatePending}
+	}
+	tests := []struct {
+		name  string
+		first []*idemhttp.Entry // a scan before
+		give  []*idemhttp.Entry // the scan checked
+		want  string
+	}{
+		{name: "done, and the server never ran it", give: []*idemhttp.Entry{done("k-0-9")}, want: invDone},
+		{name: "done, then pending", first: []*idemhttp.Entry{done("k-0-1")}, give: []*idemhttp.Entry{pending("k-0-1")}, want: invDoneStay},
+		{name: "done, then gone", first: []*idemhttp.Entry{done("k-0-1")}, give: nil, want: invDoneStay},
+		{name: "the control: done and done", first: []*idemhttp.Entry{done("k-0-1")}, give: []*idemhttp.Entry{done("k-0-1")}},
+		{name: "the control: pending, then done", first: []*idemhttp.Entry{pending("k-0-1")}, give: []*idemhttp.Entry{done("k-0-1")}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w, _ := checkWorld()
+			w.ledger.commit(&effect{op: 0, key: "k-0-1", charge: "ch-0-1"})
+			w.checkDone("before", tt.first)
+			require.Empty(t, w.failures)
+			w.checkDone("now", tt.give)
 			var got []string
 			for _, f := range w.failures {
 				got = append(got, f.Inv)
