@@ -178,9 +178,7 @@ func (w *world) unresolved() map[int]string {
 	for _, m := range w.machines {
 		live[m.cli] = true
 	}
-	w.mu.Lock()
-	calls := slices.Clone(w.calls)
-	w.mu.Unlock()
+	calls := w.returnedCalls()
 	refused := false // a claim refused for a clock set back: every pending entry is a person's to decide
 	for _, c := range calls {
 		if !live[c.p] || c.zombie || c.compact {
@@ -238,9 +236,7 @@ func (w *world) checkEnd() {
 		}
 	}
 	w.checkSecrets(es)
-	w.mu.Lock()
-	calls := slices.Clone(w.calls)
-	w.mu.Unlock()
+	calls := w.returnedCalls()
 	for op := range w.cfg.Ops {
 		if es := w.ledger.of(op); len(es) > 1 {
 			var keys []string

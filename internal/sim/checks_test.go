@@ -55,14 +55,14 @@ func TestSimChecksBite(t *testing.T) {
 			name: "a success whose response is not the server's first",
 			give: func(w *world, p *clientProc) {
 				w.ledger.commit(&effect{op: 0, key: "k-0-1", charge: "ch-0-1", body: body})
-				w.calls = append(w.calls, &call{id: 1, p: p, op: 0, class: outSuccess, status: 200, body: []byte(`{"op":0,"charge":"ch-0-2"}`)})
+				w.calls = append(w.calls, &call{id: 1, p: p, done: true, op: 0, class: outSuccess, status: 200, body: []byte(`{"op":0,"charge":"ch-0-2"}`)})
 			},
 			want: invSuccess,
 		},
 		{
 			name: "a success without its effect",
 			give: func(w *world, p *clientProc) {
-				w.calls = append(w.calls, &call{id: 1, p: p, op: 0, class: outSuccess, status: 200, body: body})
+				w.calls = append(w.calls, &call{id: 1, p: p, done: true, op: 0, class: outSuccess, status: 200, body: body})
 			},
 			want: invSuccess,
 		},
@@ -70,14 +70,14 @@ func TestSimChecksBite(t *testing.T) {
 			name: "a call reported not sent whose key has an effect",
 			give: func(w *world, p *clientProc) {
 				w.ledger.commit(&effect{op: 0, key: "k-0-1", charge: "ch-0-1", body: body})
-				w.calls = append(w.calls, &call{id: 1, p: p, op: 0, key: "k-0-1", class: outNotSent, err: idemhttp.ErrNotSent})
+				w.calls = append(w.calls, &call{id: 1, p: p, done: true, op: 0, key: "k-0-1", class: outNotSent, err: idemhttp.ErrNotSent})
 			},
 			want: invNotSent,
 		},
 		{
 			name: "an operation never resolved",
 			give: func(w *world, p *clientProc) {
-				w.calls = append(w.calls, &call{id: 1, p: p, op: 0, class: outAmbiguous})
+				w.calls = append(w.calls, &call{id: 1, p: p, done: true, op: 0, class: outAmbiguous})
 			},
 			want: invLost,
 		},
@@ -85,7 +85,7 @@ func TestSimChecksBite(t *testing.T) {
 			name: "a secret on the disk",
 			give: func(w *world, p *clientProc) {
 				w.ledger.commit(&effect{op: 0, key: "k-0-1", charge: "ch-0-1", body: body})
-				w.calls = append(w.calls, &call{id: 1, p: p, op: 0, class: outSuccess, status: 200, body: body})
+				w.calls = append(w.calls, &call{id: 1, p: p, done: true, op: 0, class: outSuccess, status: 200, body: body})
 				w.machines[0].disk.WriteFile(journalPath+".torn-x", []byte("Authorization: "+secretAuth), 0o600)
 			},
 			want: invSecret,
@@ -94,7 +94,7 @@ func TestSimChecksBite(t *testing.T) {
 			name: "an unnamed operation whose only call was ambiguous, nothing of it in the journal",
 			give: func(w *world, p *clientProc) {
 				w.opNamed[0] = false
-				w.calls = append(w.calls, &call{id: 1, p: p, op: 0, class: outAmbiguous})
+				w.calls = append(w.calls, &call{id: 1, p: p, done: true, op: 0, class: outAmbiguous})
 			},
 			want: invLost,
 		},
@@ -110,7 +110,7 @@ func TestSimChecksBite(t *testing.T) {
 			name: "the control: all well",
 			give: func(w *world, p *clientProc) {
 				w.ledger.commit(&effect{op: 0, key: "k-0-1", charge: "ch-0-1", body: body})
-				w.calls = append(w.calls, &call{id: 1, p: p, op: 0, class: outSuccess, status: 200, body: body})
+				w.calls = append(w.calls, &call{id: 1, p: p, done: true, op: 0, class: outSuccess, status: 200, body: body})
 			},
 		},
 	}

@@ -484,6 +484,7 @@ type call struct {
 	mu       sync.Mutex
 	keys     []string // keys its attempts carried
 	zombie   bool     // it returned after its process died: nobody heard it
+	done     bool     // it returned (world.finished; guarded by the world's mu): its outcome may be read
 	turns    int      // its turns at the journal (see world.turn)
 	notes    []stamped
 	counts   map[string]int // callbacks reached, by name (world.callback)
@@ -740,7 +741,23 @@ func (w *world) finished(c *call) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	c.zombie = zombie
+	c.done = true
 	w.returned = append(w.returned, c)
+}
+
+// returnedCalls returns the calls that returned, whose outcomes may be
+// read: a call of a dead process may still be running (a callback that
+// blocks) as the run ends.
+func (w *world) returnedCalls() []*call {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []*call
+	for _, c := range w.calls {
+		if c.done {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // turn is where a call, about to begin its journal entry (or Resume,

@@ -105,8 +105,15 @@ func (w *world) onceKnown(op int) string {
 // notSentRan is the known bug that explains a call of op reported not
 // sent whose key has an effect, "" if none does.
 func (w *world) notSentRan(op int) string {
+	// Every call's evidence, returned or not (a call whose process died
+	// in a callback that blocks never returns); the class of those that
+	// returned.
 	w.mu.Lock()
 	calls := slices.Clone(w.calls)
+	notSent := map[*call]bool{}
+	for _, c := range calls {
+		notSent[c] = c.done && c.class == outNotSent
+	}
 	w.mu.Unlock()
 	ran := func(keys []string) bool {
 		for _, k := range keys {
@@ -124,12 +131,12 @@ func (w *world) notSentRan(op int) string {
 		keys, fenced, withdrew := append([]string{c.key}, c.keys...), c.fenced, slices.Clone(c.withdrew)
 		c.mu.Unlock()
 		switch {
-		case w.cfg.Transport == transportProtocol && (ran(withdrew) || c.class == outNotSent && ran(keys)):
+		case w.cfg.Transport == transportProtocol && (ran(withdrew) || notSent[c] && ran(keys)):
 			// An entry withdrawn though sent: the attempt's failure
 			// was taken for "not sent" (reported so, or, under a key
 			// of the caller's, only acted on).
 			return bugUnobservable
-		case c.class == outNotSent && ran(keys) && fenced && w.fleet != nil:
+		case notSent[c] && ran(keys) && fenced && w.fleet != nil:
 			return bugFencedNotSent
 		case w.cfg.Clients > 1 && ran(withdrew):
 			return bugClientSlots

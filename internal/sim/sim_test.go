@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 }
 
 var (
-	flagSeeds   = flag.Int("sim.seeds", 10000, "how many seeds TestSim runs")
+	flagSeeds   = flag.Int("sim.seeds", 10000, "how many seeds TestSim runs (under the race detector, unless set, raceSeeds)")
 	flagFirst   = flag.Uint64("sim.first", 1, "the first seed TestSim runs")
 	flagSeed    = flag.Uint64("sim.seed", 0, "run only this seed (with -sim.config, as a failure printed it), and print its trace")
 	flagConfig  = flag.String("sim.config", "", "the world of -sim.seed (name=value,...), as a failure printed it; without -sim.seed, what every seed's world is changed by")
@@ -61,6 +61,19 @@ var PlantedTags = []string{
 	"idemhttp_bug_giveupdone",   // what users see: an exhausted give-up recorded done
 	"idemhttp_bug_unfinal",      // what users see: a done entry revived by a stale worker
 	"idemhttp_bug_randkey",      // same seed, same trace: keys from a source no seed reaches
+}
+
+// raceSeeds is how many seeds TestSim runs under the race detector
+// unless -sim.seeds says: the test command CI runs (go test -race) stays
+// within its minute, and CI's second run, without the race detector,
+// runs the 10,000 (docs/simulation.md).
+const raceSeeds = 1000
+
+// flagSet reports whether the flag name was given.
+func flagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // TestPlantedBugs runs, with -sim.planted, "go test -tags <tag> -run
@@ -100,6 +113,9 @@ func TestSim(t *testing.T) {
 		return
 	}
 	n := *flagSeeds
+	if raceEnabled && !flagSet("sim.seeds") {
+		n = raceSeeds
+	}
 	workers := *flagWorkers
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
