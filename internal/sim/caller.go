@@ -168,6 +168,9 @@ func (w *world) hooks(p *clientProc) *idemtrace.Hooks {
 		OnAttempt: func(ctx context.Context, ev idemtrace.AttemptEvent) {
 			if c, ok := ctx.Value(callKey{}).(*call); ok {
 				c.attempted(ev.Key)
+				c.mu.Lock()
+				c.tries++
+				c.mu.Unlock()
 			}
 			w.callback(ctx, "OnAttempt")
 		},

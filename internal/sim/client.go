@@ -490,6 +490,7 @@ type call struct {
 	counts   map[string]int // callbacks reached, by name (world.callback)
 	fenced   bool           // its withdrawal (Delete) was refused: another sender took the entry
 	withdrew []string       // keys whose entries it withdrew (Delete)
+	tries    int            // attempts it made (Hooks.OnAttempt)
 
 	// Its outcome.
 	class       outcome

@@ -128,10 +128,10 @@ func (w *world) notSentRan(op int) string {
 			continue
 		}
 		c.mu.Lock()
-		keys, fenced, withdrew := append([]string{c.key}, c.keys...), c.fenced, slices.Clone(c.withdrew)
+		keys, fenced, withdrew, tried := append([]string{c.key}, c.keys...), c.fenced, slices.Clone(c.withdrew), c.tries > 0
 		c.mu.Unlock()
 		switch {
-		case w.cfg.Transport == transportProtocol && (ran(withdrew) || notSent[c] && ran(keys)):
+		case w.cfg.Transport == transportProtocol && tried && (ran(withdrew) || notSent[c] && ran(keys)):
 			// An entry withdrawn though sent: the attempt's failure
 			// was taken for "not sent" (reported so, or, under a key
 			// of the caller's, only acted on).
