@@ -28,11 +28,11 @@ func (w *world) entries(p *clientProc) ([]*idemhttp.Entry, error) {
 	return p.j.Entries(context.Background())
 }
 
-// checkJournal checks the journal j that process p just opened: every
+// checkJournal checks the journal process p just opened: every
 // Begin acknowledged is there (5), no secret is in it (6), every done
 // entry's effect exists (7), and every entry once found done is still
 // done (8). It keeps what it read for the job (queueFor).
-func (w *world) checkJournal(p *clientProc, j simJournal) {
+func (w *world) checkJournal(p *clientProc) {
 	es, err := w.entries(p)
 	if err != nil {
 		w.failKnown(invJournal, -1, w.cacheKnown(), "client %d: the journal's entries cannot be read: %v", p.n, err)

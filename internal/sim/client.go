@@ -388,7 +388,7 @@ func (w *world) startClient(m *machine) *clientProc {
 		}
 		p.j, j = fj, fj
 	}
-	w.checkJournal(p, j)
+	w.checkJournal(p)
 	w.quietDisk.Store(false)
 	p.rec = &recJournal{simJournal: j, w: w, p: p}
 	for ci := range max(1, w.cfg.Clients) {
