@@ -974,7 +974,10 @@ func (w *world) recover() {
 func (w *world) drain() {
 	idle := 0 // steps in a row in which the driver only let time pass
 	for i := 0; ; i++ {
-		if i > 20000 || idle > 3600 {
+		// Ten minutes of virtual time in which the recovery only waited
+		// is stuck: nothing in the world waits that long (a callback
+		// blocks 90 s at most, a lease lasts a minute).
+		if i > 20000 || idle > 600 {
 			w.failKnown(invStuck, -1, w.stuckKnown(), "the recovery made no progress in %d steps (the last %d only waited, a second each)", i, idle)
 			return
 		}
