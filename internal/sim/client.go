@@ -23,13 +23,16 @@ import (
 	"github.com/idemkit/idemhttp/internal/wal/simdisk"
 )
 
-// The client side: a batch job. Each run of its process opens the
-// journal (a filejournal.Journal on the simulated disk), resends what
-// the journal holds pending (Client.Resume) and runs the batch, one call
-// of Client.Do per listed operation, a few at a time, each named with
-// WithOperation so that a rerun reuses the operation's key. All of it is
-// the project's own code; the job around it is what a batch program
-// does.
+// The client side: a batch job, on one machine or on each machine of a
+// fleet. Each run of its process opens the journal (a filejournal.Journal
+// on the machine's simulated disk, or its worker on the fleet's journal),
+// resends what the journal holds pending (Client.Resume; in a fleet, what
+// it claims) and runs the batch, one call of Client.Do per listed
+// operation, a few at a time, through one of the process's Clients: a
+// named operation with WithOperation, so that a rerun reuses its key; an
+// unnamed one with neither an operation id nor a key, which the client
+// mints. All of it is the project's own code; the job around it is what a
+// batch program does.
 
 // journalPath is the journal on the simulated disk.
 const journalPath = "/var/lib/batch/payments.journal"

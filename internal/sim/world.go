@@ -38,8 +38,11 @@ import (
 // on timers (a retry's backoff, an attempt's timeout, the journal's
 // write-behind, a claim's renewal) end, for the client, at the network,
 // which waits for the driver, and so does each call at the journal (see
-// world.turn). That is what makes a seed's run the same
-// every time (TestSimSameSeedSameTrace and TestSim check it).
+// world.turn); what the client's goroutines decide for the world (a
+// callback that panics) is drawn from a hash of the seed and the
+// decision's name (world.draw), not from a stream. That is what makes a
+// seed's run the same every time (TestSimSameSeedSameTrace, TestSim and
+// TestSimDeterminism check it).
 type world struct {
 	cfg  Config
 	seed uint64
