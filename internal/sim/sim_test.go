@@ -128,6 +128,7 @@ func TestSim(t *testing.T) {
 		failed   []*Result
 		known    = map[string]int{}
 		faults   = map[string]int{}
+		outcomes = map[string]int{}
 		mismatch []string
 		sizes    [3]int  // steps, requests, client processes
 		all      [8]byte // every seed's trace hash, XORed: the run's, whatever the order seeds ended in
@@ -181,6 +182,9 @@ func TestSim(t *testing.T) {
 					for k, v := range res.Faults {
 						faults[k] += v
 					}
+					for k, v := range res.Outcomes {
+						outcomes[k] += v
+					}
 					sizes[0] += res.Steps
 					sizes[1] += res.Requests
 					sizes[2] += res.Procs
@@ -216,6 +220,7 @@ func TestSim(t *testing.T) {
 	}
 	t.Logf("trace hash of the %d seeds (each seed's, XORed): %x", ran.Load(), all)
 	t.Logf("faults injected: %s", summary(faults))
+	t.Logf("calls' outcomes, as the job read them: %s", summary(outcomes))
 	t.Logf("invariants checked: %s", strings.Join(Invariants, "; "))
 	if len(known) > 0 {
 		t.Logf("known bugs of the client met (failures they explain; see known.go): %s", summary(known))

@@ -72,6 +72,7 @@ type world struct {
 	srv             *serverProc
 	serverCrashes   int
 	stats           map[string]int
+	outcomes        map[string]int // the calls' outcomes, by class (Result.Outcomes)
 	trace           []string
 	clockBack       bool             // a clock was set back
 	cacheOnly       bool             // a truncation failed (bugCacheOnly)
@@ -138,6 +139,7 @@ type Result struct {
 	Trace    []string
 	Hash     string         // of the trace: the same for two runs of a seed
 	Faults   map[string]int // faults injected, by kind
+	Outcomes map[string]int // what the calls returned, as the job read them, by class
 	Steps    int            // the driver's steps, the recovery's included
 	Requests int            // requests delivered to the server
 	Procs    int            // client processes started
@@ -182,6 +184,7 @@ func newWorld(seed uint64, cfg Config) *world {
 		ledger:   &ledger{},
 		acks:     &acks{keys: map[string]ackState{}},
 		stats:    map[string]int{},
+		outcomes: map[string]int{},
 		opKeys:   map[int][]string{},
 		keyOp:    map[string]int{},
 		everDone: map[string]bool{},
@@ -245,7 +248,7 @@ func (w *world) result() *Result {
 		h.Write([]byte{'\n'})
 	}
 	return &Result{Seed: w.seed, Config: w.cfg, Failures: w.failures, Trace: w.trace, Hash: hex.EncodeToString(h.Sum(nil)[:8]), Faults: w.stats,
-		Steps: w.steps, Requests: w.requests, Procs: w.cliN}
+		Outcomes: w.outcomes, Steps: w.steps, Requests: w.requests, Procs: w.cliN}
 }
 
 func (w *world) run() {
@@ -468,6 +471,11 @@ func (w *world) collect(c *call) {
 		w.tracef("call %d: op %d returned in a dead process", c.id, c.op)
 	default:
 		w.tracef("call %d: op %d: %v %d %s%s%s", c.id, c.op, c.class, c.status, errText(c.err), replayText(c.replayed), journalText(c.fromJournal))
+		named := "named"
+		if !c.named {
+			named = "unnamed"
+		}
+		w.outcomes[c.class.String()+" ("+named+")"]++
 		refused := !c.named && w.cfg.RequireOp && errors.Is(c.err, idemhttp.ErrInvalidRequest)
 		switch {
 		case refused:
