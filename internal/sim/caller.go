@@ -147,9 +147,15 @@ func (w *world) callback(ctx context.Context, where string) {
 	if !c.resume && w.draw(1000, "panic", c.id, where, n) < w.cfg.Panic {
 		c.note("%s panics", where)
 		w.count("callback panics")
-		if where == "OnJournal begin" {
+		c.mu.Lock()
+		opened := c.opened
+		c.mu.Unlock()
+		if strings.HasPrefix(where, "OnJournal") && !opened {
+			// During the call's opening (its Begin, or judge's marking an
+			// entry past the retention abandoned), before its cleanup is
+			// set up: bugPanicSlot.
 			w.mu.Lock()
-			w.panickedInBegin = true
+			w.panickedOpening = true
 			w.mu.Unlock()
 		}
 		panic(simPanic{where})
@@ -165,6 +171,15 @@ func (w *world) callback(ctx context.Context, where string) {
 // hooks are the callbacks the job sets on its Clients.
 func (w *world) hooks(p *clientProc) *idemtrace.Hooks {
 	return &idemtrace.Hooks{
+		OnCallStart: func(ctx context.Context, _ idemtrace.CallEvent) context.Context {
+			if c, ok := ctx.Value(callKey{}).(*call); ok {
+				c.mu.Lock()
+				c.opened = true // the key chosen, the entry written: the call's cleanup is set up
+				c.mu.Unlock()
+			}
+			w.callback(ctx, "OnCallStart")
+			return nil
+		},
 		OnAttempt: func(ctx context.Context, ev idemtrace.AttemptEvent) {
 			if c, ok := ctx.Value(callKey{}).(*call); ok {
 				c.attempted(ev.Key)

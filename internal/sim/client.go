@@ -494,6 +494,7 @@ type call struct {
 	fenced   bool           // its withdrawal (Delete) was refused: another sender took the entry
 	withdrew []string       // keys whose entries it withdrew (Delete)
 	tries    int            // attempts it made (Hooks.OnAttempt)
+	opened   bool           // it reached Hooks.OnCallStart: its key chosen, its entry written
 
 	// Its outcome.
 	class       outcome

@@ -78,10 +78,11 @@ const (
 	bugFresh409 = "a 409 under a key minted for the call is taken for the application's, though another sender shares the key"
 
 	// bugPanicSlot (issue 31 §1.5): a callback that panics before the
-	// call's cleanup is set up (Hooks.OnJournal during Begin) leaves the
-	// operation's slots held: every later call of the operation in the
-	// process waits for ever.
-	bugPanicSlot = "a callback that panics during Begin leaves the operation's slot held"
+	// call's cleanup is set up (Hooks.OnJournal as the call opens: its
+	// Begin, or judge marking an entry past the retention abandoned)
+	// leaves the operation's slots held: every later call of the
+	// operation in the process waits for ever.
+	bugPanicSlot = "a journal hook that panics as a call opens leaves the operation's slot held"
 )
 
 // KnownBugs lists them, for the test's summary.
@@ -174,7 +175,7 @@ func (w *world) lostKnown(op int) string { return w.onceKnown(op) }
 func (w *world) stuckKnown() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.panickedInBegin {
+	if w.panickedOpening {
 		return bugPanicSlot
 	}
 	return ""

@@ -354,14 +354,21 @@ func TestSimDeterminism(t *testing.T) {
 		wg.Go(func() {
 			cmd := exec.Command(os.Args[0], "-test.run", "^TestSim$", "-test.timeout", "0",
 				fmt.Sprintf("-sim.seeds=%d", *flagDeterm), fmt.Sprintf("-sim.first=%d", *flagFirst),
-				"-sim.twice=0", "-sim.hashes="+f, "-sim.config="+*flagConfig)
+				"-sim.twice=0", "-sim.hashes="+f, "-sim.config="+*flagConfig, "-sim.maxfail=1000000000", "-sim.shrink=0")
 			outs[i], errs[i] = cmd.CombinedOutput()
 		})
 	}
 	wg.Wait()
 	for i := range files {
 		if errs[i] != nil {
-			t.Fatalf("process %d: %v\n%s", i, errs[i], outs[i])
+			// TestSim failed (a seed broke an invariant): its hashes are
+			// still every seed's; the failures are TestSim's to report.
+			t.Logf("process %d: %v (TestSim's failures follow; each seed's hash was written all the same)", i, errs[i])
+			for _, l := range strings.Split(string(outs[i]), "\n") {
+				if strings.Contains(l, "sim_test.go") && strings.Contains(l, ": seed ") {
+					t.Log(strings.TrimSpace(l))
+				}
+			}
 		}
 	}
 	read := func(name string) map[string]string {

@@ -76,7 +76,7 @@ type world struct {
 	trace           []string
 	clockBack       bool             // a clock was set back
 	cacheOnly       bool             // a truncation failed (bugCacheOnly)
-	panickedInBegin bool             // a callback panicked within a call's Begin (bugPanicSlot)
+	panickedOpening bool             // a journal hook panicked as a call opened (bugPanicSlot)
 	opKeys          map[int][]string // keys the client minted for each unnamed operation, as journaled
 	keyOp           map[string]int   // the operation of each key a call journaled
 
