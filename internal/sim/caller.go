@@ -161,7 +161,12 @@ func (w *world) callback(ctx context.Context, where string) {
 		panic(simPanic{where})
 	}
 	if w.draw(1000, "block", c.id, where, n) < w.cfg.Block {
-		d := time.Duration(1+w.draw(90, "block for", c.id, where, n)) * time.Second
+		// Whole seconds would end the block at the instant the call's
+		// own timers of whole seconds fire (its attempt's timeout:
+		// 10 s), and which of the two goroutines runs first would be the
+		// scheduler's: a block ends a few microseconds off every
+		// millisecond, where nothing else of the world fires.
+		d := time.Duration(1+w.draw(90, "block for", c.id, where, n))*time.Second + time.Duration(1+w.draw(997, "block off", c.id, where, n))*time.Microsecond
 		c.note("%s blocks %v", where, d)
 		w.count("callback blocks")
 		time.Sleep(d)
@@ -244,7 +249,7 @@ func (w *world) backoff(retry int) time.Duration {
 		}
 		if w.cfg.Block > 0 && retry == 1+w.draw(3, "backoff blocks") {
 			w.count("callback blocks")
-			time.Sleep(time.Duration(1+w.draw(5, "backoff blocks for")) * time.Second)
+			time.Sleep(time.Duration(1+w.draw(5, "backoff blocks for"))*time.Second + time.Duration(1+w.draw(997, "backoff off", retry))*time.Microsecond) // off the milliseconds, as callback's blocks
 		}
 	}
 	return time.Duration(retry) * 50 * time.Millisecond
