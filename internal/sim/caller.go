@@ -225,7 +225,7 @@ type pacer struct{ w *world }
 func (p pacer) Wait(ctx context.Context) error {
 	w := p.w
 	w.callback(ctx, "Pacer.Wait")
-	if c, ok := ctx.Value(callKey{}).(*call); ok && w.faulty.Load() && w.draw(100, "pace", c.id, c.count("pace")) < w.cfg.Pace {
+	if c, ok := ctx.Value(callKey{}).(*call); ok && w.faulty.Load() && !c.p.dead.Load() && w.draw(100, "pace", c.id, c.count("pace")) < w.cfg.Pace {
 		c.note("the pacer refuses")
 		w.count("pacer refuses")
 		return errPaceRefused
@@ -241,8 +241,8 @@ func (pacer) Observe(int, bool) {}
 // apart by: in the faulty phase, with panics on, it panics at one retry
 // number the seed draws, every call that reaches it, and with blocks on
 // it blocks at another; never on Resume's goroutines (see callback).
-func (w *world) backoff(retry int) time.Duration {
-	if w.faulty.Load() && !onResume() {
+func (w *world) backoff(p *clientProc, retry int) time.Duration {
+	if w.faulty.Load() && !p.dead.Load() && !onResume() {
 		if w.cfg.Panic > 0 && retry == 1+w.draw(3, "backoff panics") {
 			w.count("callback panics")
 			panic(simPanic{"Backoff"})

@@ -206,7 +206,7 @@ type recJournal struct {
 
 func (r *recJournal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry, error) {
 	r.w.turn(ctx, r.p, "begin")
-	if c, ok := ctx.Value(callKey{}).(*call); ok && !c.resume {
+	if c, ok := ctx.Value(callKey{}).(*call); ok && !c.resume && !r.p.dead.Load() {
 		c.attempted(e.Key)
 		if e.Key != c.key {
 			// As a job that logs the keys its journal's hook reports,
@@ -435,7 +435,7 @@ func (w *world) startClient(m *machine) *clientProc {
 			Budget: idemhttp.Budget{Capacity: 1 << 30},
 		}
 		if w.cfg.Backoff {
-			pol.Backoff = w.backoff
+			pol.Backoff = func(retry int) time.Duration { return w.backoff(p, retry) }
 		}
 		if w.cfg.Pace > 0 {
 			pol.Pacer = pacer{w: w}

@@ -444,7 +444,6 @@ func (w *world) collect(c *call) {
 	zombie := c.zombie
 	switch {
 	case c.resume && zombie:
-		w.tracef("call %d: resume returned in a dead process", c.id)
 	case c.resume:
 		claimed := ""
 		if p.fj != nil {
@@ -468,7 +467,8 @@ func (w *world) collect(c *call) {
 			p.jerr.Store(true) // a journal whose compaction failed may have stopped writing
 		}
 	case zombie:
-		w.tracef("call %d: op %d returned in a dead process", c.id, c.op)
+		// Unheard, and not traced: when a dead process's goroutine gets
+		// around to returning is no part of the world.
 	default:
 		w.tracef("call %d: op %d: %v %d %s%s%s", c.id, c.op, c.class, c.status, errText(c.err), replayText(c.replayed), journalText(c.fromJournal))
 		named := "named"
@@ -902,15 +902,19 @@ func (w *world) die(p *clientProc, disk func()) {
 	}
 	p.gone = true
 	p.dead.Store(true)
-	if p.cancel != nil {
-		defer p.cancel() // once the calls' turns and sockets failed them: they end as a dead process's do
-	}
 	m := p.m
 	if m.disk != nil {
 		m.disk.HaltAt(0)
 	}
 	m.haltArmed = false
 	disk()
+	if p.cancel != nil {
+		// Before anything wakes the process's calls (their turns, their
+		// sockets): each then finds its context ended and stops, rather
+		// than going on to a retry's backoff or not as it happens to be
+		// scheduled against the rest of this step.
+		p.cancel()
+	}
 	w.readyTurns() // its calls waiting at the journal go on, to fail
 	w.net.killProc(p.n)
 	for _, tr := range p.trs {
