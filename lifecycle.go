@@ -10,6 +10,8 @@ import (
 
 	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/idemkit/idemhttp/internal/contract"
+	"github.com/idemkit/idemhttp/internal/plant"
+	"github.com/idemkit/idemhttp/internal/simkey"
 )
 
 // This file is an operation's lifecycle: the one home of every decision
@@ -95,7 +97,7 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 		case rs != nil:
 			key = rs.entry.Key
 		case key == "":
-			key, minted = NewKey(), true
+			key, minted = mintKey(ctx), true
 		}
 		if !minted || a.j != nil {
 			// A caller's key, the journal's, or a minted key that Resume
@@ -139,7 +141,8 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 			}
 			a.key = e.Key
 		}
-		a.entry, a.fresh = e, minted && a.created
+		_, shared := a.j.(sharedJournal)
+		a.entry, a.fresh = e, minted && a.created && !shared
 		if !a.created {
 			if resp, err, answered := a.judge(ctx, req, e, rs); answered {
 				return resp, err, false
@@ -148,6 +151,15 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 		a.advance(phaseJournaled)
 		return nil, nil, true
 	}
+}
+
+// mintKey is NewKey, unless the simulator names the keys its calls mint
+// (internal/simkey: a world's keys must be the same on every run).
+func mintKey(ctx context.Context) string {
+	if k := simkey.Mint(ctx); k != "" {
+		return k
+	}
+	return NewKey()
 }
 
 // begin records the pending entry for a keyed call before anything is
@@ -520,7 +532,7 @@ func (a *operation) unwind(ctx context.Context) {
 	if r := a.lastResp; r != nil && r.Body != nil && !a.returned {
 		_ = r.Body.Close() // nobody else will: its connection would leak
 	}
-	if a.settled {
+	if a.settled || plant.PanicSlot { // a planted bug (internal/plant), false but in a test build
 		return
 	}
 	switch a.phase {
@@ -555,14 +567,17 @@ func (a *operation) outcome(resp *http.Response, err error) phase {
 		return phasePending // an earlier call or run may have sent it
 	}
 	switch {
-	case err == nil && resp != nil && resp.StatusCode >= 300 && resp.StatusCode < 400:
+	case err == nil && resp != nil && resp.StatusCode >= 300 && resp.StatusCode < 400 && !plant.RedirectDone:
 		// A 3xx returned, whoever left it unfollowed (the client's rules,
 		// the caller's CheckRedirect, http.ErrUseLastResponse, a Location
-		// net/http cannot follow): nothing ran at its target.
+		// net/http cannot follow): nothing ran at its target. (The planted
+		// bugs of internal/plant are false but in a test build.)
 		return phasePending
 	case err == nil && resp != nil && notApplied(resp):
 		return phasePending
 	case err == nil, errors.Is(err, ErrKeyMismatch), errors.Is(err, ErrKeyRequired):
+		return phaseDone
+	case plant.GiveUpDone && errors.Is(err, ErrExhausted):
 		return phaseDone
 	}
 	return phasePending

@@ -393,6 +393,16 @@ type retainer interface {
 	Retain(d time.Duration)
 }
 
+// sharedJournal is implemented by a [Journal] that a fleet of processes
+// shares (contrib/postgres's, journaltest.FleetModel's): the moment Begin
+// returns, another worker's Begin of the same operation may find the
+// entry, take its lease and send under its key. A key minted for a call
+// is then no longer the call's alone: a 409 to its first attempt may be
+// that worker's request in progress, not the application's answer.
+type sharedJournal interface {
+	ClaimPending(ctx context.Context, limit int) ([]*Entry, error)
+}
+
 // journalClock is implemented by a [Journal] that keeps its own clock: it
 // stamps the entries and outcomes it is given with zero times, and the
 // client judges their ages by Now, so that one clock ages the entries of
