@@ -1,0 +1,102 @@
+package postgres_test
+
+import (
+	"context"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idemhttp/contrib/postgres"
+	"github.com/idemkit/idemhttp/idemserver"
+)
+
+// The fresh-eyes attack on the server half (issue 30): each test is named
+// after the bug it pins.
+
+// TestTxCallbackPanicLeaksTheTransaction: a panic in one of the server
+// author's callbacks that TxMiddleware calls while the request's
+// transaction is open (OnClaim for a new key, before the handler runs;
+// ShouldStore, after it returned) went on to net/http with the
+// transaction open and its pooled connection never released: the key's
+// lock was held for as long as the process lived (every retry 409), each
+// such request took one connection out of the pool for good (the next
+// requests waited DBTimeout and got 503), and closing the pool hung.
+//
+// Checked to fail with serve's deferred rollback of a run left open
+// removed.
+func TestTxCallbackPanicLeaksTheTransaction(t *testing.T) {
+	tests := []struct {
+		name string
+		give func(*postgres.TxOptions, *atomic.Bool)
+	}{
+		{"OnClaim", func(o *postgres.TxOptions, armed *atomic.Bool) {
+			o.Hooks = &idemserver.Hooks{OnClaim: func(_ context.Context, ev idemserver.ClaimEvent) {
+				if ev.Outcome == idemserver.ClaimNew && armed.CompareAndSwap(true, false) {
+					panic("metrics exporter bug")
+				}
+			}}
+		}},
+		{"ShouldStore", func(o *postgres.TxOptions, armed *atomic.Bool) {
+			o.ShouldStore = func(status int) bool {
+				if armed.CompareAndSwap(true, false) {
+					panic("should-store bug")
+				}
+				return idemserver.DefaultShouldStore(status)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newTxSchema(t)
+			var armed atomic.Bool
+			armed.Store(true)
+			opts := &postgres.TxOptions{SingleTenant: true, DBTimeout: 2 * time.Second, Logger: discardLogger()}
+			tt.give(opts, &armed)
+			pool := leakablePool(t, s, 1)
+			m, err := postgres.NewTxMiddleware(context.Background(), pool, opts)
+			require.NoError(t, err)
+			h := m.WrapFunc(chargeTx)
+			require.Panics(t, func() { post(t, h, "k", "x") })
+			assert.Empty(t, charges(t, s, "k"), "nothing committed")
+
+			// The pool's one connection is back, and the key is free:
+			// the panicked request committed nothing.
+			assert.Equal(t, http.StatusCreated, post(t, h, "k", "x").Status)
+			assert.Equal(t, http.StatusCreated, post(t, h, "k2", "x").Status)
+			assert.Len(t, charges(t, s, "k"), 1)
+		})
+	}
+}
+
+// leakablePool is s.pool for a test of a connection leak: when the test
+// ends with a connection still acquired, the test fails rather than hang
+// in pool.Close, which waits for every connection to come back.
+func leakablePool(t *testing.T, s *testSchema, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(s.url)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = s.name
+	cfg.ConnConfig.RuntimeParams["application_name"] = s.name
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if n := pool.Stat().AcquiredConns(); n != 0 {
+			t.Errorf("%d connections never released", n)
+			// End their sessions, which hold the schema's locks, so that
+			// the schema can be dropped.
+			admin := s.admin(t)
+			_, err := admin.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", s.name)
+			assert.NoError(t, err)
+			go pool.Close() // never returns: goleak reports it too
+			return
+		}
+		pool.Close()
+	})
+	return pool
+}
