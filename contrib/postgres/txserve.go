@@ -28,9 +28,27 @@ func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
 	ctx := context.WithoutCancel(r.Context())
 	rep := h.reporter(r, c)
 	q := m.core.Start()
+	var run *txRun
+	defer func() {
+		// A panic in a callback of the server author's while the run is
+		// open (OnClaim for a new key, ShouldStore) goes on to net/http
+		// like the handler's own: roll back, or the transaction and its
+		// connection are held for as long as the process lives, the key
+		// locked (409 for ever) and the pool one connection short.
+		// Nothing ran, or nothing committed: the key is free again.
+		if run != nil && !run.closed {
+			dctx, cancel := dbDeadline(ctx, m.dbTimeout)
+			defer cancel()
+			run.rollback(dctx)
+		}
+	}()
 	for attempt := 0; ; attempt++ {
 		cctx, cancel := dbDeadline(r.Context(), m.dbTimeout)
-		run, found, err := h.claim(cctx, c)
+		var (
+			found servercore.Found
+			err   error
+		)
+		run, found, err = h.claim(cctx, c)
 		cancel()
 		if attempt == 0 {
 			rep.claimed()
