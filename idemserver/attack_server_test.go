@@ -1,0 +1,70 @@
+package idemserver_test
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idemhttp/idemserver"
+)
+
+// The fresh-eyes attack on the server half (issue 30): each test is named
+// after the bug it pins.
+
+// TestShouldStorePanicRunsTheHandlerAgain: a ShouldStore that panics
+// after the handler ran (its effect done, its response sent) left the
+// key claimed, its renewals stopped: once the lock timed out a retry ran
+// the handler a second time.
+func TestShouldStorePanicRunsTheHandlerAgain(t *testing.T) {
+	const lock = 200 * time.Millisecond
+	var (
+		runs  atomic.Int64
+		armed atomic.Bool
+	)
+	armed.Store(true)
+	h := (&idemserver.Middleware{
+		SingleTenant: true, LockTimeout: lock, RetryAfter: -1, Logger: slog.New(slog.DiscardHandler),
+		ShouldStore: func(status int) bool {
+			if armed.CompareAndSwap(true, false) {
+				panic("should-store bug")
+			}
+			return idemserver.DefaultShouldStore(status)
+		},
+	}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	require.Panics(t, func() { serve(h, req{key: "k"}) })
+	<-time.After(2 * lock) // past the claim's lock
+	got := serve(h, req{key: "k"}).Code
+	assert.Equal(t, int64(1), runs.Load(), "the handler ran again (answered %d)", got)
+}
+
+// TestOnClaimPanicHoldsTheKey: an OnClaim hook that panics for a new key
+// (before the handler runs) left the key claimed, unrenewed, until its
+// lock timed out: every retry meanwhile got 409 although nothing ran.
+func TestOnClaimPanicHoldsTheKey(t *testing.T) {
+	var armed atomic.Bool
+	armed.Store(true)
+	var runs atomic.Int64
+	h := (&idemserver.Middleware{
+		SingleTenant: true, LockTimeout: time.Hour, RetryAfter: -1, Logger: slog.New(slog.DiscardHandler),
+		Hooks: &idemserver.Hooks{OnClaim: func(_ context.Context, ev idemserver.ClaimEvent) {
+			if ev.Outcome == idemserver.ClaimNew && armed.CompareAndSwap(true, false) {
+				panic("metrics exporter bug")
+			}
+		}},
+	}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	require.Panics(t, func() { serve(h, req{key: "k"}) })
+	assert.Zero(t, runs.Load())
+	assert.Equal(t, http.StatusCreated, serve(h, req{key: "k"}).Code, "the key is free: nothing ran")
+}
