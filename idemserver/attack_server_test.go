@@ -20,7 +20,10 @@ import (
 // TestShouldStorePanicRunsTheHandlerAgain: a ShouldStore that panics
 // after the handler ran (its effect done, its response sent) left the
 // key claimed, its renewals stopped: once the lock timed out a retry ran
-// the handler a second time.
+// the handler a second time. Now the key is kept completed, not
+// replayable: a retry gets 410.
+//
+// Checked to fail with run's deferred Unjudged finish removed.
 func TestShouldStorePanicRunsTheHandlerAgain(t *testing.T) {
 	const lock = 200 * time.Millisecond
 	var (
@@ -44,11 +47,15 @@ func TestShouldStorePanicRunsTheHandlerAgain(t *testing.T) {
 	<-time.After(2 * lock) // past the claim's lock
 	got := serve(h, req{key: "k"}).Code
 	assert.Equal(t, int64(1), runs.Load(), "the handler ran again (answered %d)", got)
+	assert.Equal(t, http.StatusGone, got)
 }
 
 // TestOnClaimPanicHoldsTheKey: an OnClaim hook that panics for a new key
 // (before the handler runs) left the key claimed, unrenewed, until its
 // lock timed out: every retry meanwhile got 409 although nothing ran.
+//
+// Checked to fail with the OnClaim call moved back before run's deferred
+// release.
 func TestOnClaimPanicHoldsTheKey(t *testing.T) {
 	var armed atomic.Bool
 	armed.Store(true)

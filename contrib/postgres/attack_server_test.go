@@ -28,7 +28,8 @@ import (
 // requests waited DBTimeout and got 503), and closing the pool hung.
 //
 // Checked to fail with serve's deferred rollback of a run left open
-// removed.
+// removed (both cases; ShouldStore's now also passes through runOnce's
+// Unjudged path, so it fails only with both removed).
 func TestTxCallbackPanicLeaksTheTransaction(t *testing.T) {
 	tests := []struct {
 		name string
