@@ -2,11 +2,15 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -100,4 +104,63 @@ func leakablePool(t *testing.T, s *testSchema, maxConns int32) *pgxpool.Pool {
 		pool.Close()
 	})
 	return pool
+}
+
+// TestRecoveryPointOutlivesItsRequest: a recovery point is kept by key
+// alone, not with the request that saved it. After the first run of a key
+// paid for body "x" and rolled back (its key released, nothing of the
+// request's fingerprint kept), the same key sent with body "y" is a new
+// request to the middleware, but its handler resumes from the point "x"
+// saved: it skips the payment "y" asked for and commits "y" as paid with
+// "x"'s payment. Atomic phases as Brandur Leach's rocket-rides keeps them
+// store the request's parameters with the recovery point and refuse a
+// mismatch.
+func TestRecoveryPointOutlivesItsRequest(t *testing.T) {
+	t.Skip("bug: recovery points are not bound to the request's fingerprint; a key released after a phase committed runs another body from that phase (design decision: keep the key claimed once a point is saved, or store the fingerprint with the points and answer 422)")
+	s := newTxSchema(t)
+	pool := s.pool(t, 4)
+	m := newTx(t, s, 4, &postgres.TxOptions{Logger: discardLogger()})
+	var (
+		mu       sync.Mutex
+		payments []string // the other service's runs, by what they paid
+		failOnce = true
+	)
+	h := m.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		k, _ := postgres.KeyFromContext(r.Context())
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return err
+		}
+		paid, ok, err := postgres.LoadRecoveryPoint(r.Context(), tx, k, "paid")
+		if err != nil {
+			return err
+		}
+		if !ok {
+			mu.Lock()
+			payments = append(payments, string(body))
+			mu.Unlock()
+			paid = body
+			if err := postgres.SaveRecoveryPoint(r.Context(), pool, k, "paid", paid); err != nil {
+				return err
+			}
+		}
+		if failOnce {
+			failOnce = false
+			return errors.New("crashed after paying")
+		}
+		if err := postgres.ClearRecoveryPoints(r.Context(), tx, k); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, err = w.Write(paid)
+		return err
+	})
+	require.Equal(t, http.StatusInternalServerError, post(t, h, "k", "x").Status)
+	got := post(t, h, "k", "y")
+	if got.Status == http.StatusCreated {
+		assert.Equal(t, "y", got.Body, "the request for y was answered with x's payment")
+		assert.Equal(t, []string{"x", "y"}, payments, "y was never paid")
+	} else {
+		assert.Equal(t, http.StatusUnprocessableEntity, got.Status, "the key is bound to x's request")
+	}
 }
