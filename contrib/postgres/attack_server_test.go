@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -163,4 +165,40 @@ func TestRecoveryPointOutlivesItsRequest(t *testing.T) {
 	} else {
 		assert.Equal(t, http.StatusUnprocessableEntity, got.Status, "the key is bound to x's request")
 	}
+}
+
+// TestStoreClaimWaitsForARunningTxHandler: a Store sharing the key table
+// with TxMiddleware (TestTxSharesTheStoresTable; two services on one
+// database, or a deploy moving from one to the other) claimed a key whose
+// TxMiddleware handler was running by inserting over the handler's
+// uncommitted claim row, so its Claim waited for the handler's
+// transaction to end: a duplicate on the Store's side held a connection
+// and got no answer for as long as the handler ran (by default up to the
+// lock timeout, a minute, then 503), where TxMiddleware's own duplicates
+// get 409 at once.
+func TestStoreClaimWaitsForARunningTxHandler(t *testing.T) {
+	s := newTxSchema(t)
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	h := newTx(t, s, 2, &postgres.TxOptions{Logger: discardLogger()}).WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		close(entered)
+		<-proceed
+		return chargeTx(w, r, tx)
+	})
+	done := make(chan reply, 1)
+	go func() { done <- post(t, h, "k", "x") }()
+	<-entered
+	defer func() {
+		close(proceed)
+		assert.Equal(t, http.StatusCreated, (<-done).Status)
+	}()
+
+	store := newStore(t, s.pool(t, 1))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader("x"))
+	started := time.Now()
+	res, err := store.Claim(ctx, idemserver.ScopedKey("", "k"),
+		idemserver.Claim{Token: "other", Fingerprint: idemserver.DefaultFingerprint(req, []byte("x")), LockTimeout: time.Minute})
+	require.NoError(t, err, "the Store's claim waited %v for the running handler", time.Since(started).Round(time.Millisecond))
+	assert.Equal(t, idemserver.InProgress, res.State)
 }
