@@ -176,6 +176,8 @@ func TestRecoveryPointOutlivesItsRequest(t *testing.T) {
 // and got no answer for as long as the handler ran (by default up to the
 // lock timeout, a minute, then 503), where TxMiddleware's own duplicates
 // get 409 at once.
+//
+// Checked to fail with storeClaim's advisory lock try removed.
 func TestStoreClaimWaitsForARunningTxHandler(t *testing.T) {
 	s := newTxSchema(t)
 	entered, proceed := make(chan struct{}), make(chan struct{})

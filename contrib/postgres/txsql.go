@@ -149,8 +149,9 @@ SET token = excluded.token, fingerprint = excluded.fingerprint, record = exclude
 WHERE k.expires_at <= now() OR k.token = excluded.token`),
 
 		storeClaim: q(`
+WITH l AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($5) AS locked)
 INSERT INTO idemhttp_keys AS k (key, token, fingerprint, record, expires_at)
-VALUES ($1, $2, $3, NULL, now() + $4::interval)
+SELECT $1, $2, $3, NULL, now() + $4::interval FROM l WHERE l.locked
 ON CONFLICT (key) DO UPDATE
 SET token = excluded.token, fingerprint = excluded.fingerprint, record = NULL, expires_at = excluded.expires_at
 WHERE k.expires_at <= now()
