@@ -204,3 +204,47 @@ func TestStoreClaimWaitsForARunningTxHandler(t *testing.T) {
 	require.NoError(t, err, "the Store's claim waited %v for the running handler", time.Since(started).Round(time.Millisecond))
 	assert.Equal(t, idemserver.InProgress, res.State)
 }
+
+// TestStoreClaimReplaysAnExpiredResponse: a Store's claim that finds the
+// key's advisory lock taken (a TxMiddleware request taking over the
+// key's expired row, its update not yet committed) writes nothing and
+// reads the key's row as committed: the expired response, which it
+// returned as Completed. The Store replayed a response past its TTL
+// while the request it was a duplicate of ran the key afresh.
+//
+// Checked to fail with the lookup's liveness column ignored.
+func TestStoreClaimReplaysAnExpiredResponse(t *testing.T) {
+	ctx := context.Background()
+	s := newTxSchema(t)
+	tx, err := s.pool(t, 1).Begin(ctx)
+	require.NoError(t, err)
+	insertCompleted(t, tx, "k", `{"id":"stale"}`)
+	_, err = tx.Exec(ctx, `UPDATE idemhttp_keys SET expires_at = now() - interval '1 second'`)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	h := newTx(t, s, 2, &postgres.TxOptions{Logger: discardLogger()}).WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		close(entered)
+		<-proceed
+		return chargeTx(w, r, tx)
+	})
+	done := make(chan reply, 1)
+	go func() { done <- post(t, h, "k", "x") }()
+	<-entered
+	defer func() {
+		close(proceed)
+		got := <-done
+		assert.Equal(t, http.StatusCreated, got.Status)
+		assert.False(t, got.Replayed, "the expired key ran afresh")
+	}()
+
+	store := newStore(t, s.pool(t, 1))
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader("x"))
+	res, err := store.Claim(cctx, idemserver.ScopedKey("", "k"),
+		idemserver.Claim{Token: "other2", Fingerprint: idemserver.DefaultFingerprint(req, []byte("x")), LockTimeout: time.Minute})
+	require.NoError(t, err)
+	assert.Equal(t, idemserver.InProgress, res.State, "the key runs afresh; its expired response is not replayed")
+}
