@@ -71,8 +71,10 @@ const beginReadCommitted = "BEGIN ISOLATION LEVEL READ COMMITTED"
 // separate statement, not a CTE, because under READ COMMITTED a
 // statement's snapshot may miss a row that a concurrent transaction
 // committed while the claim waited for it; the next statement's snapshot
-// sees it. (Unlike TxMiddleware's, it reads an expired row too: the claim
-// just found it live.)
+// sees it. (Unlike TxMiddleware's, it reads an expired row too, and says
+// whether it is live: a claim that took the lock just found it live, in
+// the same transaction, whose now() has not moved; one that did not take
+// it must not take an expired row for the key's answer.)
 
 // Claim implements [idemserver.Store.Claim] in one round trip: the claim
 // and the lookup go in one pipeline, in a transaction at READ COMMITTED
@@ -125,14 +127,19 @@ func readClaim(br pgx.BatchResults, c idemserver.Claim) (idemserver.ClaimResult,
 	case !errors.Is(err, pgx.ErrNoRows):
 		return idemserver.ClaimResult{}, err
 	}
-	var held, fp, record []byte
-	switch err := br.QueryRow().Scan(&held, &fp, &record); {
-	case errors.Is(err, pgx.ErrNoRows):
-		// Not claimed, and no committed row: the key's advisory lock is
-		// held by a TxMiddleware handler whose claim row is not committed
-		// yet (or the row's holder released it just now). In progress,
-		// its request's fingerprint unknown until it commits: taken for
-		// this one's, as TxMiddleware does (409, not 422).
+	var (
+		held, fp, record []byte
+		live             bool
+	)
+	switch err := br.QueryRow().Scan(&held, &fp, &record, &live); {
+	case errors.Is(err, pgx.ErrNoRows) || (err == nil && !live):
+		// Not claimed, and no live committed row: the key's advisory lock
+		// is held by a TxMiddleware handler whose claim row (or takeover
+		// of an expired row) is not committed yet, or the row's holder
+		// released it just now. In progress, its request's fingerprint
+		// unknown until it commits: taken for this one's, as
+		// TxMiddleware does (409, not 422). An expired row is no answer:
+		// its response is past its TTL, and the key runs afresh.
 		return idemserver.ClaimResult{State: idemserver.InProgress, Fingerprint: c.Fingerprint}, nil
 	case err != nil:
 		// Nothing is known.
