@@ -24,15 +24,21 @@ func TestArchitecture(t *testing.T) {
 		mayOnly  []string // the repository's packages it may import; nil: none
 		mustNots []string // prefixes it must not import
 	}{
-		{pkg: ".", mayOnly: []string{"idemtrace", "internal/contract", "internal/plant"}},
+		{pkg: ".", mayOnly: []string{"idemtrace", "internal/contract", "internal/plant", "internal/simkey"}},
+		{pkg: "internal/simkey", mustNots: []string{"net/http", "net/url"}},
 		{pkg: "idemtrace"},
 		{pkg: "internal/contract"},
 		{pkg: "internal/plant", mustNots: []string{"net/http", "net/url"}},
+		{pkg: "internal/needs"},
 		{pkg: "internal/wal", mustNots: []string{"net/http", "net/url"}},
 		{pkg: "internal/wal/simdisk", mayOnly: []string{"internal/wal"}, mustNots: []string{"net/http", "net/url"}},
 		{pkg: "filejournal", mayOnly: []string{".", "internal/contract", "internal/wal"}},
-		{pkg: "journaltest", mayOnly: []string{"."}},
-		{pkg: "idemserver", mayOnly: []string{".", "internal/contract"}},
+		{pkg: "journaltest", mayOnly: []string{".", "internal/plant"}},
+		{pkg: "internal/fingerprint"},
+		{pkg: "internal/servercore", mayOnly: []string{"internal/fingerprint"}, mustNots: []string{"github.com/jackc", "github.com/redis", "database/sql"}},
+		{pkg: "internal/servermodel", mayOnly: []string{"idemserver", "internal/servercore"}},
+		{pkg: "internal/servertest", mayOnly: []string{"idemserver", "internal/servercore"}},
+		{pkg: "idemserver", mayOnly: []string{".", "internal/contract", "internal/fingerprint", "internal/servercore"}},
 		{pkg: "idemtest", mayOnly: []string{".", "idemserver", "internal/contract"}},
 		{pkg: "inbox", mayOnly: []string{"."}},
 	}

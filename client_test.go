@@ -228,7 +228,7 @@ func TestGiveUpErrorCarriesFacts(t *testing.T) {
 	assert.Equal(t, 3, g.Attempts)
 	assert.Equal(t, 503, g.LastStatus)
 	assert.Equal(t, srv.Hits()[0].Key, g.Key)
-	assert.Len(t, g.Body, snippetLen, "snippet is bounded")
+	assert.Equal(t, body, string(g.Body), "the whole body: it is within errorBodyLen")
 	assert.Equal(t, "POST", g.Method)
 	assert.Contains(t, err.Error(), "gave up after 3 attempts")
 }

@@ -1,8 +1,11 @@
 package idemhttp
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"net/http"
+	neturl "net/url"
 	"strings"
 	"time"
 
@@ -127,8 +130,14 @@ var (
 	ErrFenced = errors.New("journal entry finished or held by another sender")
 )
 
-// snippetLen bounds how much of a response body an error keeps.
+// snippetLen bounds how much of a response body a [*KeyMismatchError]
+// keeps (its message shows it).
 const snippetLen = 512
+
+// errorBodyLen bounds how much of the last response's body a
+// [*GiveUpError] keeps: enough for any API's error document, and no more
+// than the client reads anyway to reuse the connection (drainLimit).
+const errorBodyLen = 64 << 10
 
 // GiveUpError reports a request that the client stopped trying: the reason
 // is one of the sentinels ([ErrExhausted], [ErrInProgress],
@@ -140,16 +149,42 @@ const snippetLen = 512
 // deadline cut short matches [ErrInProgress] and
 // [context.DeadlineExceeded].
 //
-// No response accompanies a GiveUpError: the last response body, if any,
-// was drained and closed; its first bytes are in Body.
+// No response accompanies a GiveUpError from [Client.Do]: the last
+// response was read and closed, and the error carries what a caller needs
+// of it to parse the API's own error (its JSON error document, its request
+// id, its rate-limit headers): LastStatus, Header and Body, already read
+// when Do returns, so they stay valid with the connection gone and the
+// error kept, logged or passed on. They are set whenever the last attempt
+// got a response, whether the client stopped at that response or during
+// the wait after it (a deadline, a cancellation). [Client.StandardClient]
+// hands an SDK the last response itself instead.
 type GiveUpError struct {
 	Method string // request method
 	URL    string // request URL, with its password and secret query values redacted
 	Key    string // idempotency key sent, "" if the request had none
 
-	Attempts   int           // attempts made, including the first
-	LastStatus int           // status of the last response, 0 if the last attempt got none
-	Body       []byte        // first bytes (at most 512) of the last response body
+	Attempts   int // attempts made, including the first
+	LastStatus int // status of the last response, 0 if the last attempt got none
+
+	// Header holds the last response's headers, nil if the last attempt
+	// got none. It is a copy without what can carry a credential: no
+	// Set-Cookie or Set-Cookie2, no Authentication-Info, no header named
+	// in [Client.SecretHeaders] (nor Authorization, Cookie,
+	// Proxy-Authorization or the key header), and every URL in it
+	// (Location, Content-Location, Link, Refresh, a URL anywhere in
+	// another value) redacted as the error's URL is: a signed URL's
+	// signature, a user part and secret query values never reach the
+	// error, nor the logs it is written to.
+	Header http.Header
+
+	// Body holds the last response's body, at most its first 64 KiB, nil
+	// if the last attempt got none or it was empty. BodyTruncated is set
+	// when Body is not the whole body: it was longer, or it did not arrive
+	// in time (a body still unread 100 ms into its reading is abandoned
+	// with its connection, and never holds up the call).
+	Body          []byte
+	BodyTruncated bool
+
 	RetryAfter time.Duration // the server's last Retry-After hint, 0 if none
 
 	Reason error // why the client stopped: a sentinel or a context error
@@ -228,19 +263,116 @@ func (e *DoneError) Is(target error) bool { return target == ErrAlreadyDone }
 // first used with a different request (IETF: 422; Stripe: 400 with
 // error.type "idempotency_error"), or that a journaled operation was started
 // again with a different body. It matches [ErrKeyMismatch]. Never retried.
+//
+// Found locally, it says what differs between the request the journal
+// holds for the operation and this one, and its message shows both sides
+// (URLs redacted as in every message: no user part, no secret query
+// value), so that a rerun after a change of base URL, API version or
+// payload is understood at once: the operation may have run, against
+// the journaled request, and sending the new one needs a new operation
+// id, decided by someone who checked.
 type KeyMismatchError struct {
 	Key        string // the key sent
 	Operation  string // operation id, when the mismatch was found locally
 	StatusCode int    // the server's status; 0 when found locally
 	Body       []byte // first bytes (at most 512) of the server's body
+
+	// Differs names what differs, when the mismatch was found locally:
+	// some of "method", "origin" (scheme, host and port), "path",
+	// "query", "url" (the URLs differ in another way, such as the case
+	// of the scheme) and "body", in that order; empty when the journal's
+	// fingerprint differs though none of them does (an entry written by
+	// another fingerprint rule). Nil for a server's refusal, which does
+	// not say.
+	Differs []string
+
+	// Journaled and Request are the journaled request and this one,
+	// method and redacted URL ("POST https://api.example.com/v1/charges"),
+	// when the mismatch was found locally; "" otherwise.
+	Journaled, Request string
+
+	detail string // Differs told in words, both sides shown
 }
 
 // Error describes the mismatch.
 func (e *KeyMismatchError) Error() string {
 	if e.StatusCode == 0 {
-		return fmt.Sprintf("idemhttp: %v: operation %q (key %s) was started with a different request", ErrKeyMismatch, e.Operation, e.Key)
+		msg := fmt.Sprintf("idemhttp: %v: operation %q (key %s) was started with a different request", ErrKeyMismatch, e.Operation, e.Key)
+		if e.detail != "" {
+			msg += ": " + e.detail
+		}
+		return msg
 	}
 	return fmt.Sprintf("idemhttp: %v: key %s: server answered %d: %s", ErrKeyMismatch, e.Key, e.StatusCode, oneLine(e.Body))
+}
+
+// localMismatch returns the error for an operation whose journaled entry
+// j does not match the request now (method, journal URL and body),
+// saying what differs; names and pathAfter redact the URLs it shows.
+func localMismatch(j *Entry, method, url string, body []byte, names, pathAfter []string) *KeyMismatchError {
+	e := &KeyMismatchError{
+		Key:       j.Key,
+		Operation: j.Operation,
+		Journaled: j.Method + " " + contract.RedactURLString(j.URL, names, pathAfter),
+		Request:   method + " " + contract.RedactURLString(url, names, pathAfter),
+	}
+	var parts []string
+	differ := func(what, format string, args ...any) {
+		e.Differs = append(e.Differs, what)
+		parts = append(parts, fmt.Sprintf(format, args...))
+	}
+	if j.Method != method {
+		differ("method", "method %s in the journal, %s now", j.Method, method)
+	}
+	if j.URL != url {
+		was, errWas := neturl.Parse(j.URL)
+		now, errNow := neturl.Parse(url)
+		if errWas != nil || errNow != nil {
+			differ("url", "URL %s in the journal, %s now", contract.RedactURLString(j.URL, names, pathAfter), contract.RedactURLString(url, names, pathAfter))
+		} else {
+			told := len(e.Differs)
+			if !strings.EqualFold(was.Scheme, now.Scheme) || !strings.EqualFold(was.Host, now.Host) {
+				differ("origin", "origin %s://%s in the journal, %s://%s now", was.Scheme, was.Host, now.Scheme, now.Host)
+			}
+			if was.EscapedPath() != now.EscapedPath() {
+				differ("path", "path %q in the journal, %q now", redactedPath(was, names, pathAfter), redactedPath(now, names, pathAfter))
+			}
+			if was.RawQuery != now.RawQuery {
+				differ("query", "query %q in the journal, %q now", redactedQuery(was, names, pathAfter), redactedQuery(now, names, pathAfter))
+			}
+			if len(e.Differs) == told {
+				differ("url", "URL %s in the journal, %s now", contract.RedactURL(was, names, pathAfter), contract.RedactURL(now, names, pathAfter))
+			}
+		}
+	}
+	switch {
+	case j.Body != nil:
+		if !bytes.Equal(j.Body, body) {
+			if len(j.Body) == len(body) {
+				differ("body", "body of %d bytes in both, other bytes", len(body))
+			} else {
+				differ("body", "body of %d bytes in the journal, %d now", len(j.Body), len(body))
+			}
+		}
+	case contract.Fingerprint(j.Method, j.URL, body) != j.Fingerprint:
+		// The journal keeps no body: its fingerprint of the journaled
+		// method and URL with this body tells whether the bodies differ.
+		differ("body", "body differs (the journal keeps no body: %d bytes now)", len(body))
+	}
+	e.detail = strings.Join(parts, "; ")
+	return e
+}
+
+// redactedPath is u's path as RedactURL shows it.
+func redactedPath(u *neturl.URL, names, pathAfter []string) string {
+	c := neturl.URL{Path: u.Path, RawPath: u.RawPath}
+	return contract.RedactURL(&c, names, pathAfter)
+}
+
+// redactedQuery is u's query as RedactURL shows it.
+func redactedQuery(u *neturl.URL, names, pathAfter []string) string {
+	c := neturl.URL{RawQuery: u.RawQuery}
+	return strings.TrimPrefix(contract.RedactURL(&c, names, pathAfter), "?")
 }
 
 // Is reports whether target is [ErrKeyMismatch].

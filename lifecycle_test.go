@@ -674,6 +674,9 @@ func TestTimeoutAfterConnectingIsUnknownOnBothProtocols(t *testing.T) {
 		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
 			hang := make(chan struct{})
 			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method == http.MethodGet {
+					return // the warm-up
+				}
 				select {
 				case <-hang:
 				case <-r.Context().Done():
@@ -688,10 +691,19 @@ func TestTimeoutAfterConnectingIsUnknownOnBothProtocols(t *testing.T) {
 			defer srv.Close()
 			defer close(hang)
 			hc := srv.Client()
+			// The connection (and, for h2, its TLS handshake) is made
+			// before the timed call, so that the timeout falls after
+			// connecting whatever the machine's load: a handshake that
+			// outlived the timeout would rightly be "not sent", and the
+			// test would then fail for the wrong reason.
+			warm, err := hc.Get(srv.URL)
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, warm.Body)
+			require.NoError(t, warm.Body.Close())
 			hc.Timeout = 50 * time.Millisecond
 			j := newRecJournal()
 			c := &Client{Journal: j, HTTPClient: hc, Policy: unnamed(&Policy{MaxAttempts: 1})}
-			_, err := c.Do(post(t, srv.URL, chargeBody))
+			_, err = c.Do(post(t, srv.URL, chargeBody))
 			require.Error(t, err)
 			assert.NotErrorIs(t, err, ErrNotSent)
 			pending, err := j.Pending(context.Background())

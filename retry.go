@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -101,6 +102,14 @@ type operation struct {
 	bo         *backoff.ExponentialBackOff
 	retries    int // the backoffs Policy.Backoff gave
 	origStatus int // the server's status when the policy rewrote it
+
+	// The last response that a retry's wait drained, for a give-up
+	// during that wait (GiveUpError.Header, Body): kept at attempt
+	// keptAt, raw (filtered when an error takes it).
+	keptAt      int
+	keptHeader  http.Header
+	keptBody    []byte
+	keptBodyCut bool
 
 	// What the connection saw during the current attempt (wire.go).
 	trace httptrace.ClientTrace
@@ -290,14 +299,15 @@ func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err err
 	if a.stream != nil && a.stream.ref.differed() {
 		// The body from GetBody was not the one sent before: it was cut
 		// short (see body.go), and it must not go out under this key.
+		var last *http.Response // the answer, for the error to carry
 		if err == nil {
-			a.lastStatus = resp.StatusCode
+			a.lastStatus, last = resp.StatusCode, resp
 			a.attemptDone(resp, nil, idemtrace.ClassNone)
 		} else {
 			a.lastStatus, a.lastErr = 0, err
 			a.attemptDone(nil, err, idemtrace.ClassUnknown)
 		}
-		return false, a.giveUp(ErrBodyChanged, nil)
+		return false, a.giveUp(ErrBodyChanged, last)
 	}
 	if err != nil {
 		a.lastStatus, a.lastErr = 0, err
@@ -394,11 +404,13 @@ func (a *operation) rewriteGone(resp *http.Response) {
 // and budget to pay for it.
 func (a *operation) retry(ctx context.Context, reason idemtrace.RetryReason, resp *http.Response, timeout bool) (bool, error) {
 	hinted := a.hint(resp)
+	if hinted && a.retryAfter > a.p.maxRetryAfter {
+		// Before the attempts: on the last attempt too, the server's time
+		// is what a journaled operation is parked until (settle).
+		return false, a.giveUp(ErrRetryAfterTooLong, resp)
+	}
 	if a.attempts-a.conflicts >= a.p.maxAttempts {
 		return false, a.giveUp(ErrExhausted, resp)
-	}
-	if hinted && a.retryAfter > a.p.maxRetryAfter {
-		return false, a.giveUp(ErrRetryAfterTooLong, resp)
 	}
 	delay := a.backoff()
 	if hinted {
@@ -493,10 +505,13 @@ func (a *operation) backoff() time.Duration {
 // hook and the logger.
 func (a *operation) wait(ctx context.Context, reason idemtrace.RetryReason, resp *http.Response, delay time.Duration) (bool, error) {
 	if resp != nil {
-		// The engine drains only 4 KiB, with no time bound; a load
-		// balancer's error page is often larger, and the connection is
-		// worth keeping, but never worth waiting for.
-		drainWithin(resp.Body)
+		// Kept for a give-up during the wait, which has only the call's
+		// state to build its error from (GiveUpError.Header and Body).
+		// And drained: the engine drains only 4 KiB, with no time bound;
+		// a load balancer's error page is often larger, and the
+		// connection is worth keeping, but never worth waiting for.
+		a.keptAt, a.keptHeader = a.attempts, resp.Header
+		a.keptBody, a.keptBodyCut = readErrorBody(a.keptBody, resp.Body, resp.ContentLength, true)
 	}
 	a.delay = delay
 	if a.eng != nil {
@@ -538,8 +553,15 @@ func (a *operation) giveUpJoin(reason, also error, resp *http.Response) *GiveUpE
 	if also != nil {
 		e.Err = errors.Join(a.lastErr, also)
 	}
-	if resp != nil {
-		e.Body = a.snippet(resp)
+	switch {
+	case resp != nil:
+		e.Header = a.errorHeader(resp.Header)
+		e.Body, e.BodyTruncated = a.errorBody(resp)
+	case a.lastStatus != 0 && a.attempts > 0 && a.keptAt == a.attempts:
+		// Stopped in the wait after this response (a deadline, a
+		// cancellation): the wait kept it.
+		e.Header = a.errorHeader(a.keptHeader)
+		e.Body, e.BodyTruncated = bytes.Clone(a.keptBody), a.keptBodyCut
 	}
 	if f := a.cfg.hooks.OnGiveUp; f != nil {
 		f(a.hookCtx(), idemtrace.GiveUpEvent{CallEvent: a.call(), Err: e})
@@ -704,6 +726,85 @@ func (e *errReader) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	return e.r.Read(p)
+}
+
+// errorHeader returns the headers of the last response that a
+// GiveUpError carries: no credential, every URL redacted
+// (contract.ErrorHeader).
+func (a *operation) errorHeader(h http.Header) http.Header {
+	return contract.ErrorHeader(h, a.cfg.secrets, a.p.redactQuery, a.p.redactPath)
+}
+
+// errorBody reads the last response's body, at most errorBodyLen bytes,
+// for a GiveUpError, and reports whether it holds less than the whole
+// body. Through StandardClient the response may go back to the SDK: its
+// body is peeked and stays whole.
+func (a *operation) errorBody(resp *http.Response) ([]byte, bool) {
+	if resp.Body == nil || resp.Body == http.NoBody {
+		return nil, false
+	}
+	if a.sdk {
+		buf, err := io.ReadAll(io.LimitReader(resp.Body, errorBodyLen+1))
+		putBack(resp, buf, err)
+		return errorBodyOf(bytes.Clone(buf), err)
+	}
+	return readErrorBody(nil, resp.Body, resp.ContentLength, false)
+}
+
+// readErrorBody reads into dst (its capacity reused) the first
+// errorBodyLen bytes of a body about to be discarded, and with drain
+// what follows them as drainWithin would, all within one drainTimeout
+// (see readWithin), and reports whether they are not the whole body.
+// size is the body's declared length, -1 if unknown: with it, one
+// allocation of the right size holds the body. The body is left to be
+// closed (and, without drain, drained).
+func readErrorBody(dst []byte, body io.ReadCloser, size int64, drain bool) ([]byte, bool) {
+	dst = dst[:0]
+	if body == nil || body == http.NoBody {
+		return dst, false
+	}
+	want := errorBodyLen + 1 // one more byte tells a longer body
+	if size >= 0 && size < errorBodyLen {
+		want = int(size) + 1 // and, here, the end
+	}
+	if cap(dst) < want && size >= 0 {
+		dst = make([]byte, 0, want)
+	}
+	var err error
+	readWithin(body, func(r io.Reader) {
+		for len(dst) <= errorBodyLen {
+			if len(dst) == cap(dst) {
+				dst = slices.Grow(dst, min(max(2*cap(dst), 512), errorBodyLen+1)-len(dst))
+			}
+			var n int
+			n, err = r.Read(dst[len(dst):min(cap(dst), errorBodyLen+1)])
+			dst = dst[:len(dst)+n]
+			if err != nil {
+				return
+			}
+		}
+		if drain {
+			_, _ = io.Copy(io.Discard, io.LimitReader(r, drainLimit))
+		}
+	})
+	if err == io.EOF {
+		err = nil
+	}
+	return errorBodyOf(dst, err)
+}
+
+// errorBodyOf bounds a body read for an error to errorBodyLen bytes; the
+// body was cut when it was longer or its reading failed. An empty body
+// is nil.
+func errorBodyOf(b []byte, err error) ([]byte, bool) {
+	cut := err != nil
+	if len(b) > errorBodyLen {
+		b, cut = b[:errorBodyLen], true
+	}
+	if len(b) == 0 {
+		b = nil
+	}
+	return b, cut
 }
 
 // snippet reads the first bytes of resp's body for an error message.

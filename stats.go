@@ -16,7 +16,8 @@ type Stats struct {
 
 	// JournalPending counts the journal's pending entries (operations
 	// whose outcome is unknown), or is -1 when the journal cannot count
-	// them cheaply (it does not implement pendingCount). With no
+	// them cheaply: it has no PendingCount() int method, as
+	// filejournal.Journal has (see journaltest.PendingCounter). With no
 	// Journal it counts the client's in-memory operations.
 	JournalPending int
 }
@@ -48,7 +49,7 @@ func (c *Client) Stats() Stats {
 	return s
 }
 
-// PendingCount implements pendingCount.
+// PendingCount counts the pending entries, for Client.Stats.
 func (m *memJournal) PendingCount() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -214,7 +214,9 @@ func TestResumeRefusesBelowTheHighWaterMark(t *testing.T) {
 	// (24 h retention). Its first request's response is lost.
 	srv := newScripted(t, drop, reply(200, "{}"))
 	path := filepath.Join(t.TempDir(), "journal")
-	j, err := Open(path, &Options{PruneInterval: -1, Clock: clock.now})
+	// No uptime clock: nothing measures the jump (see
+	// TestClockSetBackIsMeasured for what one does).
+	j, err := Open(path, &Options{PruneInterval: -1, Clock: clock.now, Uptime: noUptime})
 	require.NoError(t, err)
 	pol := fast()
 	pol.MaxAttempts = 1
@@ -235,7 +237,7 @@ func TestResumeRefusesBelowTheHighWaterMark(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.NoError(t, j.Compact(ctx))
 	require.NoError(t, j.Close())
-	j, err = Open(path, &Options{PruneInterval: -1, Clock: clock.now})
+	j, err = Open(path, &Options{PruneInterval: -1, Clock: clock.now, Uptime: noUptime})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, j.Close()) })
 	pending, err := j.Pending(ctx)
@@ -279,6 +281,10 @@ type ijNoMark struct {
 }
 
 func (n ijNoMark) Now(context.Context) (time.Time, error) { return n.clock(), nil }
+
+// noUptime is an Options.Uptime without an uptime clock: no evidence of
+// how far the clock moved.
+func noUptime() (string, time.Duration) { return "", 0 }
 
 // ijClock is a clock a test sets.
 type ijClock struct {

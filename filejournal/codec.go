@@ -28,6 +28,11 @@ const (
 	// replaces the entry's earlier begin record when one is in the file,
 	// and stands for it in a compacted one.
 	kindResult = 'R'
+	// kindWitness holds the journal's clock state (see Journal.Now): the
+	// last reading of its clock with the machine's boot and uptime then,
+	// the set-backs measured and the time up to which entries are of
+	// unknown age. The last one in the file is the state.
+	kindWitness = 'W'
 	// kindParked is a begin record of a pending entry with a not-before
 	// time (idemhttp.Entry.NotBefore: the server's Retry-After, when a
 	// call parked the operation), followed by that time. Like a result
@@ -68,6 +73,7 @@ type record struct {
 	hasBody     bool
 	body        []byte
 	result      *idemhttp.Result // of a result record
+	clk         *clockState      // of a witness record
 	notBefore   time.Time        // of a parked record
 }
 
@@ -319,6 +325,8 @@ func decodeRecord(p []byte) (*record, error) {
 		rec.key = r.str()
 	case kindClock:
 		rec.updated = r.time()
+	case kindWitness:
+		rec.clk = r.witness()
 	default:
 		r.fail("unknown record kind %d", rec.kind)
 	}
@@ -331,8 +339,8 @@ func decodeRecord(p []byte) (*record, error) {
 	if rec.attempts < 0 {
 		return nil, fmt.Errorf("%w: negative attempts %d", ErrCorrupt, rec.attempts)
 	}
-	if rec.kind == kindClock {
-		return rec, nil // the one kind without a key
+	if rec.kind == kindClock || rec.kind == kindWitness {
+		return rec, nil // the kinds without a key
 	}
 	if err := contract.ValidateKey(rec.key); err != nil {
 		return nil, fmt.Errorf("%w: record with a bad key", ErrCorrupt)

@@ -22,7 +22,8 @@ type index struct {
 	byOp  *table
 	all   []*entry // in the order begun; deleted ones marked gone
 	live  int64
-	high  time.Time // the latest time in any record: see Journal.high
+	high  time.Time  // the latest time in any record: see Journal.high
+	clk   clockState // from the witness records (and the index file): see Journal.Now
 
 	scratch  []byte // indexBegin's, for the key and operation id
 	fileSize int64  // of the file replayed, 0 if not known
@@ -260,10 +261,14 @@ func (idx *index) indexBegin(off int64, n int, b *begin) error {
 
 // apply applies one record, stored at off with length n, to the index.
 func (idx *index) apply(rec *record, off int64, n int) error {
-	if rec.kind == kindClock {
+	switch rec.kind {
+	case kindClock:
 		// The mark when the file was compacted: deleted entries' times
 		// count too (see Journal.HighWater).
 		idx.high = contract.Latest(idx.high, rec.updated)
+		return nil
+	case kindWitness:
+		idx.clk.merge(rec.clk)
 		return nil
 	}
 	le := idx.byKey.get(rec.key)
@@ -466,6 +471,7 @@ func (j *Journal) compact(ctx context.Context) error {
 	var xw *indexWriter
 	var xcp wal.Checkpoint
 	var xhigh time.Time
+	var xclk clockState
 	defer func() {
 		if xw != nil {
 			xw.abort()
@@ -512,6 +518,15 @@ func (j *Journal) compact(ctx context.Context) error {
 		// The mark first: the records it was taken from may not be
 		// copied (see HighWater); later batches can only raise it.
 		if _, err := w.Append(clockMax, func(buf []byte) []byte { return appendClock(buf, high) }); err != nil {
+			return 0, err
+		}
+		// And the clock's state, which the records it was kept in,
+		// left behind, no longer hold.
+		j.clockMu.Lock()
+		witness := appendWitness(nil, &j.clk)
+		xclk = j.clk
+		j.clockMu.Unlock()
+		if _, err := w.Append(len(witness), func(buf []byte) []byte { return append(buf, witness...) }); err != nil {
 			return 0, err
 		}
 		// Key, operation and created time never change: sorting and new
@@ -655,7 +670,7 @@ func (j *Journal) compact(ctx context.Context) error {
 	if err == nil && switched && xw != nil {
 		// The new file is in place (the old index file names the old
 		// salt: no open uses it any more).
-		if xw.finish(xcp, xhigh) != nil {
+		if xw.finish(xcp, xhigh, &xclk) != nil {
 			_ = j.fs.Remove(j.indexPath)
 		}
 		xw = nil

@@ -1,6 +1,7 @@
 package filejournal
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/wal"
 )
 
 // The client-side helpers of the tests that run the journal under an
@@ -116,4 +118,17 @@ func (j *Journal) forceDelete(ctx context.Context, key string) error {
 		err = idemhttp.ErrNotFound
 	}
 	return err
+}
+
+// usedBytes is a journal file's bytes without the zeros the log
+// preallocates after its last batch (see docs/journal-format.md): what
+// tests that cut or compare files work on. It replays the file to find
+// where its batches end.
+func usedBytes(t testing.TB, raw []byte) []byte {
+	t.Helper()
+	res, err := wal.Replay(bytes.NewReader(raw), int64(len(raw)), false, func(int64, int, []byte) error { return nil })
+	if err != nil || res.Truncated > 0 {
+		return raw
+	}
+	return raw[:res.End]
 }

@@ -65,6 +65,9 @@ var indexMin int64 = 8 << 20
 //	  checkpoint: salt u64, offset i64, length u32, CRC u32, sequence u64,
 //	  nonce u64,
 //	  entries u64, high-water mark: seconds i64, nanoseconds u32,
+//	  the clock's state (see clockState): set-backs measured i64 (ns),
+//	  doubt: seconds i64, nanoseconds u32, the anchor: seconds i64,
+//	  nanoseconds u32, boot id (16 bytes), uptime i64 (ns),
 //	  CRC u32 of the bytes before it
 //	chunks, each: payload length u32, entries u32, CRC u32 of the
 //	  payload, then the entries, each:
@@ -74,8 +77,8 @@ var indexMin int64 = 8 << 20
 //	  then the key and the operation id.
 const (
 	indexMagic      = "idemidx\n"
-	indexVersion    = 2 // 1 named no nonce
-	indexHeaderLen  = 80
+	indexVersion    = 3 // 1 named no nonce; 2 held no clock state
+	indexHeaderLen  = 136
 	indexChunkHdr   = 12
 	indexEntryFixed = 49
 	indexChunkMax   = 8192    // entries per chunk
@@ -97,12 +100,14 @@ func indexPath(fs FS, path string) string {
 // indexFile is an index file opened for a replay: its header read and
 // checked.
 type indexFile struct {
-	f       File
-	cp      wal.Checkpoint
-	entries uint64
-	chunks  uint32
-	high    [2]int64 // seconds, nanoseconds
-	loaded  bool     // into an index, by resume's load
+	f        File
+	cp       wal.Checkpoint
+	entries  uint64
+	chunks   uint32
+	high     [2]int64 // seconds, nanoseconds
+	clk      clockState
+	badNanos bool // the clock state's nanoseconds are out of range
+	loaded   bool // into an index, by resume's load
 }
 
 // openFjIndex opens the index file at path and checks its header; nil if
@@ -129,6 +134,14 @@ func openFjIndex(fs FS, path string) *indexFile {
 		},
 		entries: le.Uint64(h[56:]),
 		high:    [2]int64{int64(le.Uint64(h[64:])), int64(le.Uint32(h[72:]))},
+		clk: clockState{
+			off:   time.Duration(le.Uint64(h[76:])),
+			doubt: unixTime(int64(le.Uint64(h[84:])), le.Uint32(h[92:])),
+			at:    unixTime(int64(le.Uint64(h[96:])), le.Uint32(h[104:])),
+			boot:  bootID(h[108:124]),
+			up:    time.Duration(le.Uint64(h[124:])),
+		},
+		badNanos: le.Uint32(h[92:]) >= 1e9 || le.Uint32(h[104:]) >= 1e9,
 	}
 }
 
@@ -164,7 +177,7 @@ func (x *indexFile) load(idx *index) error {
 	if err != nil {
 		return err
 	}
-	if x.entries > uint64(fi.Size())/indexEntryFixed || x.high[1] >= 1e9 {
+	if x.entries > uint64(fi.Size())/indexEntryFixed || x.high[1] >= 1e9 || x.clk.off < 0 || x.badNanos {
 		return errFjIndex
 	}
 	all := make([]*entry, x.entries)
@@ -271,6 +284,7 @@ func (x *indexFile) load(idx *index) error {
 	}
 	idx.byKey, idx.byOp, idx.all, idx.live = byKey, byOp, all, live
 	idx.high = unixTime(x.high[0], uint32(x.high[1]))
+	idx.clk = x.clk
 	return nil
 }
 
@@ -352,7 +366,10 @@ func (j *Journal) writeIndexFile(cp wal.Checkpoint) error {
 		off, size := j.placeLocked(le)
 		x.add(le, off, size)
 	}
-	return x.finish(cp, j.high)
+	j.clockMu.Lock()
+	clk := j.clk
+	j.clockMu.Unlock()
+	return x.finish(cp, j.high, &clk)
 }
 
 // indexWriter writes an index file a chunk at a time, to a temporary
@@ -468,7 +485,7 @@ func (x *indexWriter) flush() {
 // finish writes the header, for the checkpoint cp and the high-water
 // mark high, and renames the file into place; on an error, it removes
 // it.
-func (x *indexWriter) finish(cp wal.Checkpoint, high time.Time) error {
+func (x *indexWriter) finish(cp wal.Checkpoint, high time.Time, clk *clockState) error {
 	x.flush()
 	if x.err == nil {
 		x.err = x.w.Flush()
@@ -489,6 +506,15 @@ func (x *indexWriter) finish(cp wal.Checkpoint, high time.Time) error {
 		sec, ns := splitTime(high)
 		h = bo.AppendUint64(h, uint64(sec))
 		h = bo.AppendUint32(h, ns)
+		h = bo.AppendUint64(h, uint64(clk.off))
+		sec, ns = splitTime(clk.doubt)
+		h = bo.AppendUint64(h, uint64(sec))
+		h = bo.AppendUint32(h, ns)
+		sec, ns = splitTime(clk.at)
+		h = bo.AppendUint64(h, uint64(sec))
+		h = bo.AppendUint32(h, ns)
+		h = append(h, clk.boot[:]...)
+		h = bo.AppendUint64(h, uint64(clk.up))
 		h = bo.AppendUint32(h, wal.Checksum(h))
 		_, x.err = x.f.WriteAt(h, 0)
 	}

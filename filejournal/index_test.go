@@ -222,7 +222,7 @@ func TestJournalIndexFileRefusedWhenItDoesNotMatch(t *testing.T) {
 	edit := func(t *testing.T, path string, fn func([]byte) []byte) {
 		b, err := os.ReadFile(path)
 		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(path, fn(b), 0o600))
+		require.NoError(t, os.WriteFile(path, fn(usedBytes(t, b)), 0o600))
 	}
 	t.Run("another journal's", func(t *testing.T) {
 		a, b := build(t, "a"), build(t, "b")
@@ -507,7 +507,7 @@ func ijWriteIndexFile(t *testing.T, from, to string, cp wal.Checkpoint, edit fun
 		high = r.high
 	}
 	r.mu.Unlock()
-	require.NoError(t, w.finish(cp, high))
+	require.NoError(t, w.finish(cp, high, &clockState{}))
 	return added
 }
 

@@ -75,9 +75,9 @@ type Options struct {
 	// FS is the file system the journal's files live on: the journal
 	// itself, its index file, a torn tail kept aside and a compaction's
 	// new file. Every file access of the journal goes through it. nil
-	// means the operating system's. The simulated disk of
-	// internal/wal/simdisk goes here, for crash and fault tests and for
-	// the simulator of the whole system (internal/sim).
+	// means the operating system's. A test that injects faults (a failed
+	// sync, a full disk, a torn write) implements [FS] and [File], whose
+	// docs list the methods and what each must do.
 	FS FS
 
 	// Clock replaces time.Now as the journal's clock ([Journal.Now]):
@@ -87,13 +87,25 @@ type Options struct {
 	// back.
 	Clock func() time.Time
 
+	// Uptime replaces the machine's uptime clock, the evidence by which
+	// the journal measures a clock set back (see [Journal.Now]): it
+	// returns a name of the current boot and the time since it, and ""
+	// when it has none (a test that wants no evidence returns that). nil
+	// means, on Linux, the kernel's boot id and CLOCK_BOOTTIME (which
+	// counts suspended time and cannot be set), evidence that outlives
+	// the process until the machine restarts; elsewhere, and when Clock
+	// is set, the process's own monotonic clock (a synctest bubble's
+	// time, in a bubble), evidence for as long as the process runs.
+	Uptime func() (boot string, since time.Duration)
+
 	// Rand is the source of the random salt of the journal file and of
 	// every compaction's new file, and of the nonce of every close
 	// marker (see docs/journal-format.md); nil means crypto/rand. Set it
 	// only where a file's bytes must be the same on every run (the
-	// simulator): anyone who can predict a file's salt can craft a
-	// request body that passes for a batch of the file when an open
-	// searches past damage.
+	// simulator; with Clock, and Uptime or a synctest bubble, since the
+	// clock's witness records hold readings of both): anyone who can
+	// predict a file's salt can craft a request body that passes for a
+	// batch of the file when an open searches past damage.
 	Rand io.Reader
 
 	// writeBehind, for tests, is how long a Finish's record may wait for
@@ -101,13 +113,59 @@ type Options struct {
 	writeBehind time.Duration
 }
 
-// FS is the file system under a [Journal] (see [Options.FS]): the
-// internal/wal log's seam, to open files with flags, read and write them
-// at offsets, sync them and their directory, rename and remove them, and
-// take the writer's lock. Errors are those of package os, or wrap them.
+// FS is the file system under a [Journal] (see [Options.FS]). It is
+// declared by the journal's internal log package, hence the alias; these
+// are its methods, each doing what the function of package os it names
+// does, with errors of package os or wrapping them:
+//
+//	OpenFile(name string, flag int, perm os.FileMode, dsync bool) (File, error)
+//	    // os.OpenFile, flag made of os.O_RDONLY, O_WRONLY, O_RDWR,
+//	    // O_CREATE, O_EXCL and O_TRUNC; with dsync, every write through
+//	    // the file is asked to be durable when it returns (O_DSYNC), and
+//	    // File.WriteSyncs says whether it is
+//	Stat(name string) (os.FileInfo, error)     // os.Stat, following symlinks
+//	SameFile(a, b os.FileInfo) bool             // os.SameFile, for this FS's Stat and File.Stat
+//	Rename(oldpath, newpath string) error      // os.Rename: atomic, durable once the directory is synced
+//	Remove(name string) error                  // os.Remove
+//	SyncDir(dir string) error                  // makes dir's entries (created, renamed, removed) durable
+//	EvalSymlinks(name string) (string, error)  // filepath.EvalSymlinks
 type FS = wal.FS
 
-// File is an open file of an [FS].
+// File is an open file of an [FS]. The journal reads and writes it at
+// offsets only; reads may run concurrently with each other and with one
+// writer. Its methods:
+//
+//	ReadAt(p []byte, off int64) (int, error)   // as os.File's
+//	WriteAt(p []byte, off int64) (int, error)  // as os.File's
+//	Close() error                              // closes the file, releasing its locks
+//	Stat() (os.FileInfo, error)                // its size and mode, and for FS.SameFile
+//	Truncate(size int64) error                 // as os.File's
+//	Chmod(mode os.FileMode) error              // as os.File's
+//	SyncData() error
+//	    // makes the data, and the size needed to read it back, durable
+//	    // (fdatasync); after a failed SyncData nothing written since the
+//	    // last successful one may be taken as durable, even if a later
+//	    // SyncData succeeds
+//	WriteSyncs() bool
+//	    // whether each WriteAt is durable when it returns (opened with
+//	    // dsync, and the FS offers it), so that no SyncData follows it
+//	WriteBack(off, n int64) error
+//	    // a hint: writes the n bytes at off out to the disk without making
+//	    // anything durable, so that a later SyncData has little left to do;
+//	    // it may do nothing
+//	Lock() error
+//	    // takes the writer's exclusive lock without waiting: ErrLocked
+//	    // if another open file holds it; it lasts until Close, or until
+//	    // the process dies
+//	LockViewer() error
+//	    // takes a read-only open's shared lock, which makes a writer that
+//	    // replaced the file leave it whole; ErrLocked means a writer is
+//	    // freeing the file (it was replaced); an FS without such locks
+//	    // returns nil
+//	CloseReplaced()
+//	    // closes a file a rename replaced, first freeing its blocks a
+//	    // step at a time when no read-only open still reads it (best
+//	    // effort, no error)
 type File = wal.File
 
 // WriteBehind bounds how long a [Journal] keeps an outcome
@@ -202,7 +260,11 @@ type Stats struct {
 //
 // After a failed write or sync, or once the file was deleted or replaced
 // underneath it, the journal takes no more writes until it is closed and
-// opened again: the file's tail is unknown. A Begin reported failed that
+// opened again: the file's tail is unknown. An open of a file that was
+// not closed cleanly writes its last batch again and syncs it before
+// anything is appended: after a failed sync, Linux keeps the pages in
+// its cache, readable, without ever writing them (the fsync-gate
+// problem), and nothing may be built on bytes that only the cache holds. A Begin reported failed that
 // way may still reappear after the reopen (its bytes may have reached the
 // disk); it is then pending, and Resume sends it under its key. The
 // journal relies on the local file system's locks and syncs: use local
@@ -226,7 +288,10 @@ type Stats struct {
 //
 // # Space
 //
-// Records are never rewritten in place. When pruned and deleted entries
+// Records are never rewritten in place. The file's tail is preallocated
+// with zeros, a quarter of the file at a time (at most 4 MiB), so that a
+// commit's sync writes only its data: the file's size on disk runs
+// ahead of [Stats.FileBytes] by up to that much. When pruned and deleted entries
 // make up more than half of the file, and at least 1 MiB of it, Prune and
 // Open rewrite it with only the live entries (see
 // [Journal.Compact]). Memory holds the index: about 120 to 150
@@ -268,6 +333,31 @@ type Stats struct {
 // often, or keep a journal per batch. bench/README.md has the
 // measurements.
 //
+// # The clock
+//
+// The journal stamps entries and outcomes with its own clock, by which a
+// [idemhttp.Client] ages them ([Journal.Now]): the machine's clock, plus
+// the set-backs the journal has measured against the machine's uptime
+// clock (on Linux CLOCK_BOOTTIME, which nobody can set, within one boot;
+// elsewhere the process's monotonic clock, within the process). What it
+// guarantees:
+//
+//   - Within one boot (Linux; elsewhere within one process), a clock set
+//     back by more than [idemhttp.ClockTolerance], whether or not anything
+//     was running to see it, never makes an entry look younger than the
+//     time since it was created, by more than that: Resume and RefetchDone
+//     judge the server's retention by the time that really passed.
+//   - A clock found more than that below the latest time the journal holds,
+//     with no such evidence of how far it went back (after a reboot),
+//     makes every entry created before, for good, of unknown age
+//     ([Journal.ClockDoubt]): never resent or refetched automatically.
+//   - Not detected: a clock set back across a reboot by some amount, then
+//     carried past the latest time the journal holds by more downtime than
+//     that before the journal is next opened. Nothing on the machine can
+//     tell that clock from a right one: keep the clock right at boot.
+//
+// docs/journal-format.md has the details, and what is kept in the file.
+//
 // Entries never hold what [idemhttp.Entry.Sanitized] removes (credentials,
 // the key header, a URL's user part or fragment) nor a URL with a
 // credential in its query, whatever the caller passes: the journal is the
@@ -299,6 +389,15 @@ type Journal struct {
 	pending int                     // indexed entries in state pending, for PendingCount
 	durable int64                   // the end of the file's part the index reflects
 	high    time.Time               // the high-water mark: see HighWater
+
+	// The journal's clock (see Now). clockMu guards the fields below it;
+	// it is taken last, after mu and inside the log's append.
+	uptime     func() (bootID, time.Duration) // called with clockMu held
+	clockMu    sync.Mutex
+	clk        clockState
+	clkGen     uint64 // counts the jumps found (clk.read's changes)
+	clkWritten uint64 // the generation of the last witness record appended
+	witnessDue bool   // this process has written no witness record yet
 
 	// While a compaction runs, the entries published after its snapshot
 	// (their offsets move with the batches it copies), and those deleted
@@ -465,6 +564,7 @@ func Open(path string, opts *Options) (*Journal, error) {
 	if j.clock == nil {
 		j.clock = time.Now
 	}
+	j.uptime = uptimeFunc(opts)
 	if j.fs == nil {
 		j.fs = wal.OS{}
 	}
@@ -522,6 +622,16 @@ func Open(path string, opts *Options) (*Journal, error) {
 		j.indexFrom = xf.cp
 	}
 	j.byKey, j.byOp, j.live, j.all, j.high = idx.byKey, idx.byOp, idx.live, idx.all, idx.high
+	j.clk = idx.clk
+	j.clk.mark = j.high
+	j.witnessDue = true
+	// A clock set back while no process had the journal open is found
+	// now, and kept before anything is written under it.
+	j.now()
+	if err := j.persistClock(context.Background()); err != nil {
+		_ = log.Close()
+		return nil, fmt.Errorf("idemhttp: open journal %s: keep the clock's jump: %w", path, err)
+	}
 	for le := range j.byKey.all() {
 		if le.state == journalStatePending {
 			j.pending++
@@ -625,12 +735,18 @@ func (j *Journal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry
 		}
 		found := j.lookupLocked(rec.Operation, rec.Key)
 		if found == nil {
-			b, off, retry, err := j.appendLocked(false, len(encoded), 1, func(buf []byte) []byte { return append(buf, encoded...) })
+			// The clock's witness goes with it, when due: after it,
+			// so that off is the begin record's.
+			w, gen := j.clockRecord(false)
+			b, off, retry, err := j.appendLocked(false, len(encoded)+len(w), 1, func(buf []byte) []byte { return append(append(buf, encoded...), w...) })
 			if retry {
 				continue
 			}
 			if err != nil {
 				return nil, fmt.Errorf("idemhttp: journal begin %s: %w", e.Key, err)
+			}
+			if w != nil {
+				j.clockWritten(gen)
 			}
 			j.indexBeginLocked(rec, b, off, len(encoded))
 			j.mu.Unlock()
@@ -859,14 +975,18 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 		attempts := le.attempts + o.Attempts
 		// Lazy: the record waits for the next Begin's commit (or the
 		// bound) instead of starting one nobody waits for.
-		_, _, retry, err := j.appendLocked(true, finishMax(key), 1, func(buf []byte) []byte {
-			return appendFinish(buf, key, state, status, attempts, when)
+		w, gen := j.clockRecord(false)
+		_, _, retry, err := j.appendLocked(true, finishMax(key)+len(w), 1, func(buf []byte) []byte {
+			return append(appendFinish(buf, key, state, status, attempts, when), w...)
 		})
 		if retry {
 			continue
 		}
 		if err != nil {
 			return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
+		}
+		if w != nil {
+			j.clockWritten(gen)
 		}
 		if was, now := le.state == journalStatePending, state == journalStatePending; was != now {
 			if now {
@@ -1248,18 +1368,22 @@ func (j *Journal) removeChunk(les []*entry, doomed func(*entry) bool) (int, erro
 		// with them. (Without it, a clock set forward, then back while
 		// only pruning ran, went unnoticed.) Not counted in Writes.
 		now := j.now().Round(0)
-		b, _, retry, err := j.appendLocked(false, clockMax+need, len(keep), func(buf []byte) []byte {
+		w, gen := j.clockRecord(false)
+		b, _, retry, err := j.appendLocked(false, clockMax+need+len(w), len(keep), func(buf []byte) []byte {
 			buf = appendClock(buf, now)
 			for _, le := range keep {
 				buf = appendDelete(buf, le.key())
 			}
-			return buf
+			return append(buf, w...)
 		})
 		if retry {
 			continue
 		}
 		if err != nil {
 			return 0, err
+		}
+		if w != nil {
+			j.clockWritten(gen)
 		}
 		for _, le := range keep {
 			le.deleting = true

@@ -28,6 +28,7 @@ import (
 
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/filejournal"
+	"github.com/idemkit/idemhttp/internal/needs"
 )
 
 // The power-cut test runs the Journal on a small ext4 filesystem in a
@@ -284,17 +285,17 @@ func TestPowerCut(t *testing.T) {
 	})
 }
 
+// powerCutRun is the command that runs TestPowerCut, as root.
+const powerCutRun = `sudo env "PATH=$PATH" go test -race -count=1 -run 'TestPowerCut$' ` + needs.PkgPlaceholder
+
 // powerCutPrereqs skips the test, or fails it in CI (CI=true), when this
-// machine cannot run it: a lost capability must be noticed there.
+// machine cannot run it: a lost capability must be noticed there (see
+// internal/needs).
 func powerCutPrereqs(t *testing.T) {
 	t.Helper()
 	missing := func(format string, args ...any) {
 		t.Helper()
-		msg := "power-cut test needs root on Linux with loop devices, ext4, mkfs.ext4, e2fsck and losetup: " + fmt.Sprintf(format, args...)
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		needs.Missing(t, "root on Linux with loop devices, ext4, mkfs.ext4, e2fsck and losetup: "+fmt.Sprintf(format, args...), powerCutRun)
 	}
 	if os.Geteuid() != 0 {
 		missing("not root")

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+
+	"github.com/idemkit/idemhttp/internal/servercore"
 )
 
 // recorder passes a handler's response through to the client while writing
@@ -74,7 +76,7 @@ func (c *recorder) snapshot(code int) {
 	}
 	// The declared length sizes the buffer, within the limit and never
 	// past maxHint: a handler may declare more than it sends.
-	c.record = encodeHead(code, h, min(hint, c.limit, maxHint), c.recorded)
+	c.record = servercore.EncodeHead(code, h, min(hint, c.limit, maxHint), c.recorded)
 	c.bodyStart = len(c.record)
 }
 
@@ -87,7 +89,7 @@ func (c *recorder) snapshot(code int) {
 // spelt, which a client reads as the same field.
 func (c *recorder) recorded(name string, vs []string) bool {
 	canon := http.CanonicalHeaderKey(name) // no allocation when name is canonical
-	if slices.Contains(hopHeaders, canon) || !c.keep.keepHeader(canon) {
+	if slices.Contains(servercore.HopHeaders, canon) || !c.keep.keepHeader(canon) {
 		return false
 	}
 	if c.outer != nil {

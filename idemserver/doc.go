@@ -48,4 +48,26 @@
 // [Hooks] report each decision (claims and their outcomes, stored
 // responses, released keys, renewal failures, store errors, refusals) for
 // metrics and traces; idemhttp's contrib/otel module builds on them.
+//
+// Every decision is taken by the server core that contrib/postgres's
+// TxMiddleware shares, so the two answer alike: docs/server.md, at the
+// repository's root, draws a keyed request's phases and the evidence of
+// each move.
+//
+// # Shutdown, hung handlers, upgrades
+//
+// A server that stops leaves its claims in the store, where they expire
+// with their lock timeout (retries get 409 until then), and its responses
+// for their TTL; http.Server.Shutdown lets running handlers finish and
+// their responses be stored. A handler that hangs keeps its claim for as
+// long as it runs (the renewals). A store that does not answer holds no
+// request past its client's context or the lock timeout: 503.
+//
+// Records are a versioned format (their first byte), and so are
+// fingerprints: records stored by earlier releases keep replaying after an
+// upgrade, their fingerprints accepted by the default one. During a
+// rolling deploy from the release before this one, set Fingerprint to
+// [PreviousFingerprint] so that instances of both releases agree on every
+// key; docs/server.md, "Formats and upgrades", says why and when to remove
+// it.
 package idemserver

@@ -65,7 +65,9 @@ func ExampleMiddleware_replayHeaders() {
 }
 
 // Requests are compared by meaning: the same JSON with its members in
-// another order and other whitespace has the same fingerprint.
+// another order and other whitespace has the same fingerprint; the same
+// bytes under another multipart boundary or charset, which a handler
+// reads differently, do not.
 func ExampleDefaultFingerprint() {
 	fp := func(contentType, target, body string) string {
 		r := httptest.NewRequest(http.MethodPost, target, nil)
@@ -78,10 +80,47 @@ func ExampleDefaultFingerprint() {
 		fp("application/json", "/v1/charges", `{"amount":100.0}`))
 	fmt.Println(fp("application/x-www-form-urlencoded", "/v1/charges", "amount=100&currency=usd") ==
 		fp("application/x-www-form-urlencoded", "/v1/charges", "currency=usd&amount=100"))
+	body := "--a\r\n\r\n--b\r\n\r\n1\r\n--b--\r\n--a--\r\n"
+	fmt.Println(fp("multipart/form-data; boundary=a", "/v1/files", body) ==
+		fp("multipart/form-data; boundary=b", "/v1/files", body))
+	fmt.Println(fp("text/plain; charset=UTF-8", "/v1/notes", "caf\xc3\xa9") ==
+		fp("text/plain;charset=utf-8", "/v1/notes", "caf\xc3\xa9"))
 	// Output:
 	// true
 	// false
 	// true
+	// false
+	// true
+}
+
+// During a rolling deploy from the release before this one, the new
+// instances store and compare the fingerprints the old ones do, so that a
+// retry that moves between them is replayed; the default accepts those
+// records once the option is gone.
+func ExamplePreviousFingerprint() {
+	store := new(idemserver.MemoryStore)
+	runs := 0
+	charge := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		w.WriteHeader(http.StatusCreated)
+	})
+	during := (&idemserver.Middleware{Store: store, SingleTenant: true, Fingerprint: idemserver.PreviousFingerprint}).Wrap(charge)
+	after := (&idemserver.Middleware{Store: store, SingleTenant: true}).Wrap(charge)
+	send := func(h http.Handler) string {
+		r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{"amount":100}`))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Idempotency-Key", "k1")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return fmt.Sprintf("%d replayed=%q", w.Code, w.Header().Get(idemserver.ReplayedHeader))
+	}
+	fmt.Println(send(during))
+	fmt.Println(send(after))
+	fmt.Println("runs:", runs)
+	// Output:
+	// 201 replayed=""
+	// 201 replayed="true"
+	// runs: 1
 }
 
 // A response too large to store reaches its client, and its key stays

@@ -1,6 +1,10 @@
 package idemserver
 
-import "net/http"
+import (
+	"net/http"
+
+	"github.com/idemkit/idemhttp/internal/servercore"
+)
 
 // The functions in this file expose the middleware's own request rules to
 // other middleware that must apply them exactly as [Middleware] does, such
@@ -65,7 +69,7 @@ func ProblemNoPrincipal() *Problem { return problemNoPrincipal() }
 // for the record of a request that ran but whose response was not kept
 // (see [NotReplayableRecord]): a retry must be answered 410
 // ([ProblemNotReplayable]), never run.
-var ErrResponseNotKept = errNotReplayable
+var ErrResponseNotKept = servercore.ErrNotReplayable
 
 // NotReplayableRecord returns the record that marks a key as completed by
 // a request that ran but whose response cannot be replayed: too large to
@@ -73,7 +77,7 @@ var ErrResponseNotKept = errNotReplayable
 // middleware) committed by the handler outside the middleware's
 // transaction. status is the handler's, or 0 if unknown. A retry of the
 // key gets 410 ([TypeNotReplayable]) for as long as the record is kept.
-func NotReplayableRecord(status int) []byte { return encodeUnreplayable(status) }
+func NotReplayableRecord(status int) []byte { return servercore.Unreplayable(status) }
 
 // ProblemNotReplayable returns the problem answered for a key whose
 // record is a [NotReplayableRecord] ([TypeNotReplayable], 410); status is

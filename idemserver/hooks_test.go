@@ -293,12 +293,14 @@ func TestHooksEvents(t *testing.T) {
 			name:  "store error, complete",
 			give:  req{key: "k1"},
 			store: &faultStore{MemoryStore: new(idemserver.MemoryStore), completeErr: errDown},
+			mw:    idemserver.Middleware{LockTimeout: 100 * time.Millisecond}, // tried again until the lock runs out
 			want:  []any{claimed, storeErr{charges, idemserver.StoreOpComplete, http.StatusCreated, "store down"}},
 		},
 		{
 			name:  "store error, release",
 			give:  req{target: "/fail", key: "k1"},
 			store: &faultStore{MemoryStore: new(idemserver.MemoryStore), relErr: errDown},
+			mw:    idemserver.Middleware{LockTimeout: 100 * time.Millisecond},
 			want: []any{
 				idemserver.ClaimEvent{RequestEvent: ev("/fail"), Outcome: idemserver.ClaimNew},
 				storeErr{ev("/fail"), idemserver.StoreOpRelease, http.StatusInternalServerError, "store down"},

@@ -102,6 +102,7 @@ type MemoryStore struct {
 	entries   atomic.Int64
 	bytes     atomic.Int64
 	nextPrune atomic.Int64 // Unix nanoseconds: when a full store may sweep every shard again
+	announced atomic.Bool  // its capacity was logged (memory_log.go)
 	shards    [memShards]memShard
 	scopes    [memShards]scopeShard
 }

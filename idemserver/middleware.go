@@ -2,7 +2,6 @@ package idemserver
 
 import (
 	"bytes"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/servercore"
 )
 
 // ReplayedHeader is the response header, set to "true", that marks a
@@ -40,7 +40,8 @@ const (
 )
 
 // Middleware enforces the idempotency-key contract for a [net/http]
-// handler. For each request whose method is configured and that carries a
+// handler, as a shell of the server core that contrib/postgres's
+// TxMiddleware shares (docs/server.md). For each request whose method is configured and that carries a
 // valid key, it claims (principal, key) in the [Store] with one atomic step,
 // then:
 //
@@ -74,12 +75,18 @@ const (
 //     run. So does a handler that hijacks the connection or answers 101
 //     Switching Protocols: it ran, and what it sent cannot be replayed.
 //   - A full store (see [ErrStoreFull]) and a failing store get 503 with
-//     Retry-After, and the handler does not run.
-//   - A store that hangs cannot hold a finished response for ever: the
-//     Complete (or Release) after the handler is given until the claim's
-//     lock would time out. Past that, the response is sent unstored and the
-//     key is not released: it stays claimed until its lock times out, as
-//     after a crash, so retries meanwhile get 409.
+//     Retry-After, and the handler does not run. So does a store that does
+//     not answer the claim within the request's context or the lock
+//     timeout.
+//   - A store that refuses the Complete after the handler (a blip, a Redis
+//     past its memory) does not make a retry run it again: the Complete is
+//     tried again, with the renewals' backoff, for as long as the claim's
+//     lock is live, and after its first failure the claim is pinned for
+//     the TTL ([Store.Renew]), so that should no Complete get through, the
+//     key answers 409 for the TTL rather than run again. A store that
+//     hangs holds a finished response no longer than the claim's lock;
+//     past that, the response is sent unstored and the key stays claimed
+//     (pinned, or until its lock times out, as after a crash).
 //
 // The lock timeout is how long a crashed server's claim blocks its key
 // (retries get 409 until it passes). A live handler keeps its claim however
@@ -207,8 +214,10 @@ type Middleware struct {
 	// corrupt stored record (the request was answered 503), a failed
 	// Complete, Release or Renew (the response then goes unstored, or the
 	// key stays claimed until LockTimeout), and a Principal that returned
-	// no scope (answered 500). A full store is logged at Warn level. Nil
-	// means [slog.Default].
+	// no scope (answered 500). A full store is logged at Warn level. A
+	// [MemoryStore] (the default store) is announced at Info level, once
+	// per store, when Wrap first uses it: what it holds, for how long,
+	// and which stores to use past that. Nil means [slog.Default].
 	Logger *slog.Logger
 
 	// Hooks, when not nil, are called at each decision: claims, stored
@@ -232,14 +241,7 @@ var errNoPrincipal = errors.New("idemserver: Principal returned an empty scope")
 // next attempt may not repeat, and 401, 403, 408, 409, 423, 425 and 429,
 // which depend on credentials, permissions, load or other requests rather
 // than on the request itself.
-func DefaultShouldStore(status int) bool {
-	switch status {
-	case http.StatusUnauthorized, http.StatusForbidden, http.StatusRequestTimeout,
-		http.StatusConflict, http.StatusLocked, http.StatusTooEarly, http.StatusTooManyRequests:
-		return false
-	}
-	return status >= 200 && status < 500
-}
+func DefaultShouldStore(status int) bool { return servercore.DefaultShouldStore(status) }
 
 // Wrap returns a handler that enforces the idempotency contract around h.
 // It has the shape every router and middleware chain takes
@@ -295,7 +297,6 @@ func (m *Middleware) build(h http.Handler) *handler {
 		retryAfter:  retryAfterValue(m.RetryAfter),
 		maxBody:     m.MaxBodyBytes,
 		maxStored:   m.MaxStoredBody,
-		shouldStore: m.ShouldStore,
 		replayOnly:  canonicalNames(m.ReplayHeaders),
 		omit:        canonicalNames(m.OmitHeaders),
 		fingerprint: m.Fingerprint,
@@ -304,9 +305,10 @@ func (m *Middleware) build(h http.Handler) *handler {
 		hooks:       m.copyHooks(),
 		tokenPrefix: newTokenPrefix(),
 	}
+	mw.core = servercore.Config{Mode: servercore.Streamed, ShouldStore: m.ShouldStore}
 	if mw.fingerprint == nil {
 		mw.fingerprint = DefaultFingerprint
-		mw.legacyFingerprints = true
+		mw.core.DefaultFingerprint = true
 	}
 	if mw.store == nil {
 		mw.store = new(MemoryStore)
@@ -331,14 +333,14 @@ func (m *Middleware) build(h http.Handler) *handler {
 	if mw.maxStored <= 0 {
 		mw.maxStored = DefaultMaxStoredBody
 	}
-	if mw.shouldStore == nil {
-		mw.shouldStore = DefaultShouldStore
-	}
 	if mw.writeError == nil {
 		mw.writeError = func(w http.ResponseWriter, _ *http.Request, p *Problem) { WriteProblem(w, p) }
 	}
 	if mw.logger == nil {
 		mw.logger = slog.Default()
+	}
+	if ms, ok := mw.store.(*MemoryStore); ok {
+		ms.announce(mw.logger, mw.ttl)
 	}
 	return mw
 }
@@ -388,250 +390,18 @@ type handler struct {
 	retryAfter  string
 	maxBody     int64
 	maxStored   int
-	shouldStore func(int) bool
 	replayOnly  []string // nil: all but Set-Cookie and omit
 	omit        []string
 	fingerprint func(*http.Request, []byte) string
-	// legacyFingerprints accepts the fingerprints of earlier releases
-	// DefaultFingerprint (see olderFingerprint).
-	legacyFingerprints bool
-	writeError         func(http.ResponseWriter, *http.Request, *Problem)
-	logger             *slog.Logger
-	hooks              *Hooks // nil: none
-	tokenPrefix        string
-	tokens             atomic.Uint64
-	renewer            *renewer
-}
-
-func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !slices.Contains(h.methods, r.Method) {
-		h.next.ServeHTTP(w, r)
-		return
-	}
-	values := r.Header[h.header]
-	switch {
-	case len(values) == 0 && h.required:
-		h.writeError(w, r, problemKeyMissing(h.header))
-		return
-	case len(values) == 0:
-		h.next.ServeHTTP(w, r)
-		return
-	case len(values) > 1:
-		h.writeError(w, r, problemKeyInvalid(h.header, "The request carries more than one "+h.header+" header."))
-		return
-	}
-	key, err := parseKey(values[0], h.form)
-	if err != nil {
-		h.writeError(w, r, problemKeyInvalid(h.header, keyProblemDetail(err)))
-		return
-	}
-	body, err := readBody(r, h.maxBody)
-	if err != nil {
-		if errors.Is(err, errTooLarge) {
-			h.writeError(w, r, problemBodyTooLarge(h.maxBody))
-		} else {
-			h.writeError(w, r, problemBodyUnreadable())
-		}
-		return
-	}
-	r.Body = newBodyReader(body)
-
-	scope := ""
-	if h.principal != nil {
-		if scope = h.principal(r); scope == "" {
-			// One key space for every caller the Principal cannot name
-			// would let one of them replay another's response.
-			h.logger.ErrorContext(r.Context(), "idemserver: Principal returned an empty scope; answered 500 and ran nothing", "key", key)
-			h.writeError(w, r, problemNoPrincipal())
-			h.hooks.refused(r.Context(), r, "", key, RefusedNoPrincipal, http.StatusInternalServerError, errNoPrincipal)
-			return
-		}
-	}
-	fp := h.fingerprint(r, body)
-	storeKey := scopedKey(scope, key)
-	token := string(strconv.AppendUint([]byte(h.tokenPrefix), h.tokens.Add(1), 36))
-
-	start := h.hooks.clock()
-	claimed := h.renewer.clock.now() // the claim's lock runs from no earlier than this
-	res, err := h.store.Claim(r.Context(), storeKey, Claim{Token: token, Fingerprint: fp, LockTimeout: h.lockTimeout, Scope: scope})
-	claimLatency := since(start)
-	if err == nil && (res.State < Claimed || res.State > Completed) {
-		// Running the handler on a result we cannot trust could run it twice.
-		err = fmt.Errorf("idemserver: store returned an invalid claim state %d", res.State)
-	}
-	ctx := r.Context()
-	switch {
-	case errors.Is(err, ErrStoreFull):
-		h.logger.WarnContext(ctx, "idemserver: store full; answered 503", "key", key, "error", err)
-		w.Header().Set("Retry-After", h.retryAfter)
-		h.writeError(w, r, problemStoreFull(key))
-		h.hooks.refused(ctx, r, scope, key, RefusedStoreFull, http.StatusServiceUnavailable, err)
-	case err != nil:
-		h.storeFailed(w, r, scope, key, StoreOpClaim, err)
-	case res.State == Claimed:
-		h.hooks.claim(ctx, r, scope, key, ClaimNew, 0, claimLatency)
-		h.run(w, r, scope, key, storeKey, token, claimed, start)
-	case res.Fingerprint != fp && !(h.legacyFingerprints && h.olderFingerprint(r, body, res.Fingerprint)):
-		h.writeError(w, r, problemKeyMismatch(h.header, key))
-		h.hooks.claim(ctx, r, scope, key, ClaimMismatch, http.StatusUnprocessableEntity, claimLatency)
-	case res.State == InProgress:
-		w.Header().Set("Retry-After", h.retryAfter)
-		h.writeError(w, r, problemInProgress(h.header, key))
-		h.hooks.claim(ctx, r, scope, key, ClaimInProgress, http.StatusConflict, claimLatency)
-	default:
-		status, err := replay(w, res.Record)
-		switch {
-		case errors.Is(err, errNotReplayable):
-			h.writeError(w, r, problemNotReplayable(h.header, key, status))
-			h.hooks.claim(ctx, r, scope, key, ClaimNotReplayable, http.StatusGone, claimLatency)
-		case err != nil:
-			h.storeFailed(w, r, scope, key, StoreOpReplay, err)
-		default:
-			h.hooks.claim(ctx, r, scope, key, ClaimReplay, status, claimLatency)
-		}
-	}
-}
-
-// olderFingerprint reports whether stored, the fingerprint a record was
-// stored with, is the one an earlier release's DefaultFingerprint gave
-// this request: then the record is this request's, stored before an
-// upgrade. Computed only when the fingerprints differ.
-func (h *handler) olderFingerprint(r *http.Request, body []byte, stored string) bool {
-	return stored == previousFingerprint(r, body) || stored == legacyFingerprint(r, body)
-}
-
-// storeFailed answers 503 when the store cannot say what became of a key:
-// without that, running the handler could run it twice.
-func (h *handler) storeFailed(w http.ResponseWriter, r *http.Request, scope, key string, op StoreOp, err error) {
-	h.logger.ErrorContext(r.Context(), "idemserver: store failed; answered 503", "key", key, "error", err)
-	w.Header().Set("Retry-After", h.retryAfter)
-	h.writeError(w, r, problemStoreUnavailable(key))
-	h.hooks.storeError(r.Context(), r, scope, key, op, http.StatusServiceUnavailable, err)
-}
-
-// run serves a request whose key this process has just claimed (the
-// Claim sent at claimed), then stores the response or releases the key.
-// scope, key and start (the claim's time, zero without hooks) are for the
-// hooks.
-func (h *handler) run(w http.ResponseWriter, r *http.Request, scope, key, storeKey, token string, claimed, start time.Time) {
-	// The request's context ends when the client leaves, but the work is
-	// done by then and its outcome must still be recorded.
-	ctx := context.WithoutCancel(r.Context())
-	rec := &recorder{rw: w, limit: h.maxStored, keep: h}
-	if hdr := w.Header(); len(hdr) > 0 {
-		// Outer middleware set these before the handler ran; it will set
-		// them again, afresh, around a replay.
-		rec.outer = hdr.Clone()
-	}
-	if h.hooks != nil && h.hooks.OnRenewFailed != nil {
-		// For OnRenewFailed, built here so that the renewal's goroutine
-		// never reads the request. In the context rather than in the
-		// renewal, so that a request without hooks does not pay for it.
-		ctx = withRenewEvent(ctx, h.hooks.event(r, scope, key))
-	}
-	rec.renewal.start(ctx, h, storeKey, token, claimed)
-	returned := false
-	defer func() {
-		if returned {
-			return
-		}
-		// The handler panicked (or called runtime.Goexit): release the
-		// key so a retry can run, and let the panic continue unrecovered,
-		// with its original stack, to net/http.
-		sctx, cancel := h.finishing(ctx, rec.renewal.stop())
-		defer cancel()
-		if err := h.store.Release(sctx, storeKey, token); err != nil {
-			h.logger.ErrorContext(ctx, "idemserver: release after panic failed", "error", err)
-			h.hooks.storeError(ctx, r, scope, key, StoreOpRelease, rec.status, err)
-			return
-		}
-		h.hooks.released(ctx, r, scope, key, ReleasePanic, rec.status, start)
-	}()
-	h.next.ServeHTTP(rec, r)
-	returned = true
-	sctx, cancel := h.finishing(ctx, rec.renewal.stop())
-	defer cancel()
-
-	if !rec.wroteHeader && !rec.hijacked && r.Context().Err() != nil {
-		// The handler gave up on a cancelled request without answering:
-		// storing net/http's implicit empty 200 would replay a success
-		// that never happened, for a whole TTL.
-		if err := h.store.Release(sctx, storeKey, token); err != nil {
-			h.logger.ErrorContext(ctx, "idemserver: release after cancellation failed", "error", err)
-			h.hooks.storeError(ctx, r, scope, key, StoreOpRelease, 0, err)
-			return
-		}
-		h.hooks.released(ctx, r, scope, key, ReleaseCanceled, 0, start)
-		return
-	}
-	if !rec.hijacked {
-		rec.finish()
-	}
-	var record []byte
-	reason := ReleaseNotStorable
-	switch {
-	case rec.hijacked:
-		// The handler took the connection (or switched protocols): it
-		// ran, with whatever effects, and what it sent is nothing a replay
-		// could send. Keep the key completed, so a retry is told so
-		// instead of running again. The status is 101, that of a
-		// response written before the hijack, or 0: unknown.
-		record = encodeUnreplayable(rec.status)
-	case rec.status < 100 || rec.status > 999:
-		// Nothing a replay could send: the key is free. (net/http panics
-		// on such a status, so only another ResponseWriter gets here.)
-	case !h.shouldStore(rec.status):
-		// Not stored: the key is free.
-		reason = ReleaseNotStored
-		if rec.status >= 500 {
-			reason = ReleaseServerError
-		}
-	case rec.overflow:
-		// The handler ran; its response is too large to keep. Keep the
-		// key completed, so a retry is told so instead of running again.
-		record = encodeUnreplayable(rec.status)
-	default:
-		record = rec.takeRecord()
-	}
-	if record != nil {
-		if err := h.store.Complete(sctx, storeKey, token, record, h.ttl); err != nil {
-			// Past the deadline, the response is sent unstored and the key
-			// is not released: it stays claimed until its lock times out,
-			// as after a crash, or completed if the write landed after all.
-			h.logger.ErrorContext(ctx, "idemserver: response not stored", "status", rec.status, "error", err)
-			h.hooks.storeError(ctx, r, scope, key, StoreOpComplete, rec.status, err)
-			return
-		}
-		h.hooks.stored(ctx, r, scope, key, rec.status, !rec.overflow && !rec.hijacked, start)
-		return
-	}
-	if err := h.store.Release(sctx, storeKey, token); err != nil {
-		h.logger.ErrorContext(ctx, "idemserver: release failed", "status", rec.status, "error", err)
-		h.hooks.storeError(ctx, r, scope, key, StoreOpRelease, rec.status, err)
-		return
-	}
-	h.hooks.released(ctx, r, scope, key, reason, rec.status, start)
-}
-
-// finishing returns the context of the Complete or Release after the
-// handler: ctx with a deadline when the claim's lock would time out
-// (expires, as the renewals know it), and no sooner than a tenth of the
-// lock timeout from now. Past that deadline no Complete can succeed
-// anyway, and a store that hangs must not hold a finished response (whose
-// last bytes net/http sends when the handler returns) for ever.
-//
-// The memory store's methods never wait but for its mutexes, so its calls
-// get no deadline: a context with one arms a runtime timer per request,
-// which the renewer's design measured at 7% of a loopback round trip.
-func (h *handler) finishing(ctx context.Context, expires time.Time) (context.Context, context.CancelFunc) {
-	if _, ok := h.store.(*MemoryStore); ok {
-		return ctx, func() {}
-	}
-	deadline := expires
-	if floor := time.Now().Add(h.lockTimeout / 10); deadline.Before(floor) {
-		deadline = floor
-	}
-	return context.WithDeadline(ctx, deadline)
+	// core decides every keyed request: its claim, its end, its store
+	// calls after the handler.
+	core        servercore.Config
+	writeError  func(http.ResponseWriter, *http.Request, *Problem)
+	logger      *slog.Logger
+	hooks       *Hooks // nil: none
+	tokenPrefix string
+	tokens      atomic.Uint64
+	renewer     *renewer
 }
 
 // keepHeader reports whether a response header field the handler set,
@@ -644,22 +414,6 @@ func (h *handler) keepHeader(name string) bool {
 		return slices.Contains(h.replayOnly, name)
 	}
 	return name != "Set-Cookie"
-}
-
-// replay sends a stored response record, marked as a replay. A corrupt
-// record is refused before anything is written; so is a record of a
-// response that was not kept (errNotReplayable, with the status the
-// handler answered).
-func replay(w http.ResponseWriter, record []byte) (int, error) {
-	hdr := w.Header()
-	status, body, err := parseRecord(record, hdr)
-	if err != nil {
-		return status, err
-	}
-	hdr.Set(ReplayedHeader, "true")
-	w.WriteHeader(status)
-	_, _ = w.Write(body) // a failed write means the client left
-	return status, nil
 }
 
 var errTooLarge = errors.New("request body too large")

@@ -55,6 +55,10 @@ type renewer struct {
 	every   time.Duration // between renewals while the store answers
 	retry   time.Duration // from a failed attempt's start to the next
 	timeout time.Duration // of one attempt
+	// attempt bounds one Complete or Release after the handler, which
+	// may carry a large record: a quarter of the lock timeout, so that a
+	// call stuck on a dead connection leaves time for more.
+	attempt time.Duration
 	clock   clock
 
 	// spawn, when set (by tests), runs each attempt's goroutine instead
@@ -74,6 +78,7 @@ func newRenewer(h *handler, lockTimeout time.Duration) *renewer {
 		every:   max(lockTimeout/10, time.Millisecond),
 		retry:   max(lockTimeout/100, time.Millisecond),
 		timeout: max(lockTimeout/20, time.Millisecond),
+		attempt: max(lockTimeout/4, time.Millisecond),
 		clock:   realClock{},
 	}
 }

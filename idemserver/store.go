@@ -2,8 +2,9 @@ package idemserver
 
 import (
 	"context"
-	"errors"
 	"time"
+
+	"github.com/idemkit/idemhttp/internal/servercore"
 )
 
 // ErrClaimLost is returned by [Store.Complete] and [Store.Release] when the
@@ -11,7 +12,7 @@ import (
 // timed out (and perhaps a newer request claimed the key), or the claim was
 // already completed or released. A stale request can therefore never
 // overwrite or free a newer request's claim.
-var ErrClaimLost = errors.New("idemserver: claim lost")
+var ErrClaimLost = servercore.ErrClaimLost
 
 // ErrStoreFull is returned by [Store.Claim] when the store is at its bound
 // and refuses to record a new claim rather than evict a live record (which
@@ -19,7 +20,7 @@ var ErrClaimLost = errors.New("idemserver: claim lost")
 // ([TypeStoreFull]) with Retry-After; nothing ran. [MemoryStore] returns it
 // when it holds MaxEntries records or MaxBytes bytes; a shared store may
 // return it (wrapped) when its server refuses writes for lack of memory.
-var ErrStoreFull = errors.New("idemserver: store full")
+var ErrStoreFull = servercore.ErrStoreFull
 
 // ClaimState says what [Store.Claim] found under a key.
 type ClaimState int

@@ -172,6 +172,7 @@ func newServer(opts *Options, slowHook func()) *Server {
 			return idemserver.DefaultShouldStore(status) || status == http.StatusInternalServerError
 		},
 		WriteError: s.writeError,
+		Logger:     warnLogger,
 	}
 	if f := opts.Faults; f.RateLimit > 0 {
 		s.limiter = newBucket(f.RateLimit, f.RateBurst, s.start)

@@ -12,20 +12,22 @@ import (
 
 // newFlagSet returns a flag set that reports errors instead of exiting.
 // Its usage (the command's synopsis, then its flags) goes to stdout when
-// asked for with -h, as the answer to a question, and to stderr after a
-// bad flag, beside the error.
+// asked for with -h, as the answer to a question. After a bad flag, stderr
+// gets the error and one line pointing at -h, not the whole usage: a
+// hundred lines of flags would scroll the error out of sight.
 func newFlagSet(name, synopsis string, e env) *flag.FlagSet {
-	fs := flag.NewFlagSet("idemctl "+name, flag.ContinueOnError)
-	errOut := &flagErrors{w: e.stderr}
+	cmd := "idemctl " + name
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	errOut := &flagErrors{w: e.stderr, prefix: cmd + ": "}
 	fs.SetOutput(errOut)
 	fs.Usage = func() {
-		w := e.stdout
 		if errOut.wrote {
-			w = e.stderr
+			fmt.Fprintf(e.stderr, "Run '%s -h' for its flags.\n", cmd)
+			return
 		}
-		fmt.Fprint(w, synopsis)
-		fmt.Fprintln(w, "\nFlags:")
-		fs.SetOutput(w)
+		fmt.Fprint(e.stdout, synopsis)
+		fmt.Fprintln(e.stdout, "\nFlags:")
+		fs.SetOutput(e.stdout)
 		fs.PrintDefaults()
 		fs.SetOutput(errOut)
 	}
@@ -33,15 +35,19 @@ func newFlagSet(name, synopsis string, e env) *flag.FlagSet {
 }
 
 // flagErrors is a flag set's output: the flag package writes to it only to
-// report a bad flag, just before it prints the usage.
+// report a bad flag, one line per write, just before it calls Usage.
 type flagErrors struct {
-	w     io.Writer
-	wrote bool
+	w      io.Writer
+	prefix string // the command, as every other error of idemctl starts
+	wrote  bool
 }
 
-// Write notes that an error was reported and passes it on.
+// Write notes that an error was reported and passes it on, prefixed.
 func (f *flagErrors) Write(p []byte) (int, error) {
 	f.wrote = true
+	if _, err := io.WriteString(f.w, f.prefix); err != nil {
+		return 0, err
+	}
 	return f.w.Write(p)
 }
 

@@ -20,18 +20,20 @@ import (
 
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/contrib/postgres"
+	"github.com/idemkit/idemhttp/internal/needs"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // fleetDSN returns the URL of a schema of its own on the test database
-// (IDEMHTTP_POSTGRES_URL), dropped when the test ends, or skips.
+// (IDEMHTTP_POSTGRES_URL), dropped when the test ends, or skips (fails
+// on CI; see internal/needs).
 func fleetDSN(t *testing.T) string {
 	t.Helper()
 	base := os.Getenv("IDEMHTTP_POSTGRES_URL")
 	if base == "" {
-		t.Skip("IDEMHTTP_POSTGRES_URL is not set (eval \"$(bash .ci/services.sh)\" starts PostgreSQL)")
+		needs.Missing(t, "PostgreSQL: IDEMHTTP_POSTGRES_URL is not set", needs.Services)
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])

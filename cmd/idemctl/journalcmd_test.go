@@ -210,7 +210,10 @@ func TestUsageErrors(t *testing.T) {
 }
 
 // -h answers on stdout, for every command, so 'idemctl batch -h | less'
-// works; a bad flag prints the usage on stderr, beside the error.
+// works; a bad flag prints the error and one line pointing at -h on
+// stderr, never the whole usage after it (issue 34 §6: batch's was 123
+// lines, which scrolled the error away). Checked to fail with Usage
+// printing the synopsis and the flags after an error, as it did.
 func TestHelpOnStdout(t *testing.T) {
 	for name := range commands {
 		t.Run(name, func(t *testing.T) {
@@ -225,8 +228,14 @@ func TestHelpOnStdout(t *testing.T) {
 
 			assert.Equal(t, exitUsage, bad.code)
 			assert.Empty(t, bad.stdout)
-			assert.Contains(t, bad.stderr, "flag provided but not defined")
-			assert.Contains(t, bad.stderr, "Usage: idemctl "+name)
+			assert.Equal(t, "idemctl "+name+": flag provided but not defined: -no-such-flag\n"+
+				"Run 'idemctl "+name+" -h' for its flags.\n", bad.stderr)
+
+			badValue := runIn(name, "-journal")
+
+			assert.Equal(t, exitUsage, badValue.code)
+			assert.Equal(t, 2, strings.Count(badValue.stderr, "\n"), badValue.stderr)
+			assert.True(t, strings.HasPrefix(badValue.stderr, "idemctl "+name+": "), badValue.stderr)
 		})
 	}
 }

@@ -83,7 +83,7 @@ func TestWalkthroughParked(t *testing.T) {
 	}
 	assert.Positive(t, parked, "the rate limit parked some exports")
 	assert.Contains(t, stderr.String(), "of them parked: the server asked to come back later")
-	assert.Regexp(t, `(?m)^export-\d\d +\S+ +POST +\S+ +\S+ +1 +429 +parked +\S+ \(in [1-5]s\)$`, stdout.String(), "pending shows the times")
+	assert.Regexp(t, `(?m)^export-\d\d +\S+ +POST +\S+ +\S+ +1 +429 +parked +\S+ \(in [1-6]s\)$`, stdout.String(), "pending shows the times (Retry-After: 5, parked until the next whole second after it)")
 	for id, r := range results(t, read("park2.jsonl")) {
 		assert.Equal(t, resultPending, r.Result, "%s: not sent before its time", id)
 	}

@@ -16,6 +16,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idemhttp/internal/needs"
 )
 
 // walkthroughScript returns the sh blocks of the README's walkthrough,
@@ -56,10 +58,10 @@ func freePort(t *testing.T) int {
 // lost its journal), the server counts 200 duplicates and this fails.
 func TestWalkthrough(t *testing.T) {
 	if runtime.GOOS == "windows" {
-		t.Skip("the walkthrough is a POSIX shell script")
+		needs.Missing(t, "a POSIX shell: the walkthrough is a shell script", "go test -race -count=1 -run 'TestWalkthrough$' {pkg} on Linux or macOS")
 	}
 	if _, err := exec.LookPath("bash"); err != nil {
-		t.Skip("bash not found")
+		needs.Missing(t, "bash: not found", "go test -race -count=1 -run 'TestWalkthrough$' {pkg} with bash installed")
 	}
 	dir := t.TempDir()
 	require.NoError(t, os.Symlink(binary(t), filepath.Join(dir, "idemctl")))

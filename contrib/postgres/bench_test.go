@@ -1,12 +1,11 @@
 package postgres_test
 
 import (
-	"github.com/idemkit/idemhttp/internal/storeharness"
 	"strconv"
 	"testing"
 
-	"github.com/idemkit/idemhttp/contrib/postgres"
 	"github.com/idemkit/idemhttp/idemserver"
+	"github.com/idemkit/idemhttp/internal/storeharness"
 )
 
 // BenchmarkClaimComplete measures a request's store round trips (Claim of
@@ -19,7 +18,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 	}{
 		{"memory", func(*testing.B, int32) idemserver.Store { return &idemserver.MemoryStore{} }},
 		{"postgres", func(b *testing.B, conns int32) idemserver.Store {
-			return postgres.NewStore(newSchema(b).pool(b, conns))
+			return newStore(b, newSchema(b).pool(b, conns))
 		}},
 	}
 	for _, st := range stores {

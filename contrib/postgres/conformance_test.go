@@ -20,7 +20,7 @@ var (
 func TestStoreConformance(t *testing.T) {
 	serverURL(t)
 	storetest.Run(t, func(t *testing.T) idemserver.Store {
-		return postgres.NewStore(newSchema(t).pool(t, 0))
+		return newStore(t, newSchema(t).pool(t, 0))
 	})
 }
 

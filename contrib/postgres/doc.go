@@ -58,7 +58,11 @@
 //
 // With the non-transactional middleware:
 //
-//	mw := &idemserver.Middleware{Store: postgres.NewStore(pool), Principal: accountOf}
+//	store, err := postgres.NewStore(ctx, pool)
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	mw := &idemserver.Middleware{Store: store, Principal: accountOf}
 //
 // The tables (idemhttp_keys and idemhttp_journal) go into the first schema
 // on the connection's search_path: to keep two applications apart in one
@@ -109,8 +113,28 @@
 // failover), so a restart costs the requests in flight a few milliseconds
 // rather than a 503 or an unstored response. While the server is
 // unreachable, Claim fails and the middleware answers 503 with
-// Retry-After; a response whose Complete fails is still sent to its caller
-// but not stored, and its key is free again after the lock timeout.
+// Retry-After, within the lock timeout. A response whose Complete fails is
+// still sent to its caller; the middleware tries the Complete again while
+// the claim's lock is live, and pins the claim for the TTL should the
+// database answer that, so that the key answers 409 rather than run again;
+// only an outage that outlasts the lock leaves the key to expire (then a
+// retry runs it again). Every statement names the key table [NewStore]
+// found, so a session SET search_path left on a pooled connection never
+// moves a record.
+//
+// # Formats and upgrades
+//
+// The key table is a persisted format, version 1 (idemhttp_schema, which
+// [Migrate] keeps; a table of a newer release is refused with
+// [ErrNewerSchema]), and so are the records in it (idemserver's, versioned
+// by their first byte) and the fingerprints (see idemserver). [Migrate]
+// upgrades the tables of every earlier release in place; testdata/baseline
+// holds those the release before this one left, and TestBaseline replays
+// every key they stored, in both modes. Instances of that release and of
+// this one side by side: see docs/server.md, "Formats and upgrades", at the
+// repository's root (the fingerprints to set during the rollout, and why
+// the key table's primary key keeps it safe although their advisory locks
+// differ).
 //
 // # The journal and the worker loop
 //

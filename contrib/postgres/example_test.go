@@ -36,7 +36,10 @@ func ExampleNewStore() {
 	}
 	// Expired records are invisible at once; call store.Prune now and
 	// then (from a timer or a cron job) to reclaim their space.
-	store := postgres.NewStore(pool)
+	store, err := postgres.NewStore(ctx, pool)
+	if err != nil {
+		log.Fatal(err) // no idemhttp_keys table on the search_path, or no database
+	}
 
 	mw := &idemserver.Middleware{
 		Store:     store,
@@ -155,9 +158,10 @@ func ExampleNewTxMiddleware() {
 	mw, err := postgres.NewTxMiddleware(ctx, pool, &postgres.TxOptions{
 		Principal: func(r *http.Request) string { return r.Header.Get("X-Account") },
 		Required:  true,
+		DBTimeout: 5 * time.Second, // a database that does not answer: 503, the connection given up
 	})
 	if err != nil {
-		log.Fatal(err) // postgres.ErrStandby: pointed at a replica
+		log.Fatal(err) // postgres.ErrStandby: pointed at a replica; ErrNewerSchema: a newer release's tables
 	}
 	secret := []byte(os.Getenv("KEY_SECRET")) // at least 32 bytes
 	payments := &idemhttp.Client{}

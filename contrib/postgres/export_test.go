@@ -6,3 +6,6 @@ func SetTxStepHook(m *TxMiddleware, at func(step string)) { m.at = at }
 
 // RowKey exposes rowKey to the tests.
 func RowKey(key string) []byte { return rowKey(key) }
+
+// ScopedRowKey exposes scopedRowKey to the tests.
+func ScopedRowKey(scope, key string) []byte { return scopedRowKey(scope, key) }

@@ -4,7 +4,7 @@ go 1.25.0
 
 require (
 	github.com/idemkit/idemhttp v0.1.0
-	github.com/jackc/pgx/v5 v5.12.0
+	github.com/jackc/pgx/v5 v5.13.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
 )

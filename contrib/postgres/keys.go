@@ -3,7 +3,10 @@ package postgres
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strconv"
 	"strings"
+
+	"github.com/idemkit/idemhttp/idemserver"
 )
 
 // maxRowKey is the longest key stored as it is in idemhttp_keys. A btree
@@ -29,4 +32,24 @@ func rowKey(key string) []byte {
 	b := make([]byte, 0, len(hashedPrefix)+hex.EncodedLen(len(sum)))
 	b = append(b, hashedPrefix...)
 	return hex.AppendEncode(b, sum[:])
+}
+
+// scopedRowKey is rowKey(idemserver.ScopedKey(scope, key)) in one
+// allocation, for the middleware's every request. (A scoped key starts
+// with a digit, never with the hashed prefix.)
+func scopedRowKey(scope, key string) []byte {
+	n := len(scope) + len(key) + 22
+	if n > maxRowKey+22 {
+		return rowKey(idemserver.ScopedKey(scope, key))
+	}
+	b := make([]byte, 0, n)
+	b = strconv.AppendInt(b, int64(len(scope)), 10)
+	b = append(b, ':')
+	b = append(b, scope...)
+	b = append(b, ':')
+	b = append(b, key...)
+	if len(b) > maxRowKey {
+		return rowKey(string(b))
+	}
+	return b
 }

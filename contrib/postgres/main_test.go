@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idemhttp/contrib/postgres"
+	"github.com/idemkit/idemhttp/internal/needs"
 )
 
 func TestMain(m *testing.M) {
@@ -25,19 +26,16 @@ func TestMain(m *testing.M) {
 const urlEnv = "IDEMHTTP_POSTGRES_URL"
 
 // serverURL returns the test server's connection string, or skips the
-// test when none is set; on CI (CI=true) a missing server fails instead,
-// so that a broken setup cannot pass as a skip.
+// test when none is set, for the test command's report; on CI (CI=true) a
+// missing server fails instead, so that a broken setup cannot pass as a
+// skip (see internal/needs).
 func serverURL(t testing.TB) string {
 	t.Helper()
 	u := os.Getenv(urlEnv)
-	if u != "" {
-		return u
+	if u == "" {
+		needs.Missing(t, "PostgreSQL: "+urlEnv+" is not set", needs.Services)
 	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s is not set: on CI, run `eval \"$(bash .ci/services.sh)\"` before the tests", urlEnv)
-	}
-	t.Skipf("%s is not set: start a server with `eval \"$(bash .ci/services.sh)\"` to run this test", urlEnv)
-	return ""
+	return u
 }
 
 // testSchema is one test's private schema on the test server: its tables
@@ -98,4 +96,12 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b) // never fails (Go 1.24+)
 	return hex.EncodeToString(b)
+}
+
+// newStore returns a Store on db, failing the test if it cannot be made.
+func newStore(t testing.TB, db postgres.DB) *postgres.Store {
+	t.Helper()
+	s, err := postgres.NewStore(context.Background(), db)
+	require.NoError(t, err)
+	return s
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,6 +34,16 @@ import (
 // A request whose effects all live in this database needs none of this:
 // its one transaction is the single-transaction form.
 
+// sql returns the statement s on the recovery table k's middleware
+// resolved when it was made, so that a handler's search_path cannot move
+// a point to another tenant's table; as it is for a TxKey made by hand.
+func (k TxKey) sql(s string) string {
+	if k.recovery == "" {
+		return s
+	}
+	return strings.ReplaceAll(s, "idemhttp_recovery", k.recovery)
+}
+
 // SaveRecoveryPoint records data as the recovery point named step of the
 // request's key k, replacing an earlier one of that name, and commits it
 // at once on db (the pool, not the request's transaction, which may yet
@@ -43,9 +54,9 @@ func SaveRecoveryPoint(ctx context.Context, db DB, k TxKey, step string, data []
 		data = []byte{}
 	}
 	err := retry(ctx, func() error {
-		_, err := db.Exec(ctx, `
+		_, err := db.Exec(ctx, k.sql(`
 INSERT INTO idemhttp_recovery (key, step, data) VALUES ($1, $2, $3)
-ON CONFLICT (key, step) DO UPDATE SET data = excluded.data, created_at = now()`,
+ON CONFLICT (key, step) DO UPDATE SET data = excluded.data, created_at = now()`),
 			rowKey(idemserver.ScopedKey(k.Scope, k.Key)), step, data)
 		return err
 	})
@@ -61,7 +72,7 @@ ON CONFLICT (key, step) DO UPDATE SET data = excluded.data, created_at = now()`,
 func LoadRecoveryPoint(ctx context.Context, db DB, k TxKey, step string) ([]byte, bool, error) {
 	var data []byte
 	err := retry(ctx, func() error {
-		return db.QueryRow(ctx, `SELECT data FROM idemhttp_recovery WHERE key = $1 AND step = $2`,
+		return db.QueryRow(ctx, k.sql(`SELECT data FROM idemhttp_recovery WHERE key = $1 AND step = $2`),
 			rowKey(idemserver.ScopedKey(k.Scope, k.Key)), step).Scan(&data)
 	})
 	switch {
@@ -77,7 +88,7 @@ func LoadRecoveryPoint(ctx context.Context, db DB, k TxKey, step string) ([]byte
 // request's transaction, so that they go when its response is stored and
 // stay if it rolls back.
 func ClearRecoveryPoints(ctx context.Context, tx pgx.Tx, k TxKey) error {
-	_, err := tx.Exec(ctx, `DELETE FROM idemhttp_recovery WHERE key = $1`, rowKey(idemserver.ScopedKey(k.Scope, k.Key)))
+	_, err := tx.Exec(ctx, k.sql(`DELETE FROM idemhttp_recovery WHERE key = $1`), rowKey(idemserver.ScopedKey(k.Scope, k.Key)))
 	if err != nil {
 		return fmt.Errorf("idemhttp/postgres: clear recovery points: %w", err)
 	}

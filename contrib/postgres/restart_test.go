@@ -16,7 +16,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idemhttp/contrib/postgres"
 	"github.com/idemkit/idemhttp/idemserver"
 )
 
@@ -39,7 +38,7 @@ WHERE application_name = $1 AND pid <> pg_backend_pid()`, s.name).Scan(&n)
 // stored once and replayed to its own caller.
 func TestServerSessionsTerminated(t *testing.T) {
 	s := newSchema(t)
-	store := postgres.NewStore(s.pool(t, 4))
+	store := newStore(t, s.pool(t, 4))
 	e := storeharness.NewEffects()
 	var log storeharness.SyncBuffer
 	srv := storeharness.Serve(t, store, e, time.Minute, &log)
@@ -82,7 +81,7 @@ func TestServerDown(t *testing.T) {
 	const lockTimeout = 2 * time.Second
 	s := newSchema(t)
 	p := newProxy(t, s.url)
-	store := postgres.NewStore(p.pool(t, s))
+	store := newStore(t, p.pool(t, s))
 	e := storeharness.NewEffects()
 	var log storeharness.SyncBuffer
 	srv := storeharness.Serve(t, store, e, lockTimeout, &log)

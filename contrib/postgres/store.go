@@ -23,43 +23,50 @@ var _ idemserver.Store = (*Store)(nil)
 // the server, so the instances' clocks need not agree. Expired rows are
 // invisible at once (a Claim takes them over) and deleted by [Store.Prune].
 //
+// Every statement names the table by the schema-qualified name NewStore
+// found on db's search_path, so that a session SET search_path left on a
+// pooled connection (or a handler's, on a connection it shares) never
+// moves a record to another table, where its key would run again.
+//
 // A Store is safe for concurrent use. Create it with [NewStore] after
 // [Migrate] has created the table.
 type Store struct {
-	db DB
+	db  DB
+	sql *keysSQL
 }
 
 // NewStore returns a Store on db, which must reach the primary (see the
-// package documentation).
-func NewStore(db DB) *Store {
-	return &Store{db: db}
+// package documentation), on the idemhttp_keys table that db's
+// search_path finds now. It fails if there is none ([Migrate] has not
+// run) or the database cannot be reached.
+func NewStore(ctx context.Context, db DB) (*Store, error) {
+	table, err := keysTable(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{db: db, sql: newKeysSQL(table)}, nil
 }
 
-// claimSQL records a claim unless a live row holds the key. ON CONFLICT DO
-// UPDATE ... WHERE takes over a row whose lock or TTL has expired, and locks
-// the conflicting row even when its WHERE is false, so the row cannot change
-// before lookupSQL reads it in the same transaction.
-const claimSQL = `
-INSERT INTO idemhttp_keys AS k (key, token, fingerprint, record, expires_at)
-VALUES ($1, $2, $3, NULL, now() + $4::interval)
-ON CONFLICT (key) DO UPDATE
-SET token = excluded.token, fingerprint = excluded.fingerprint, record = NULL, expires_at = excluded.expires_at
-WHERE k.expires_at <= now()
-RETURNING true`
+// The claim (keysSQL.storeClaim) records a claim unless a live row holds
+// the key. ON CONFLICT DO UPDATE ... WHERE takes over a row whose lock or
+// TTL has expired, and locks the conflicting row even when its WHERE is
+// false, so the row cannot change before the lookup reads it in the same
+// transaction.
 
 // beginReadCommitted begins the Store's transactions: their statements
 // are written for READ COMMITTED, where each sees the rows committed
 // before it began, and a row it waited for as it is now.
 const beginReadCommitted = "BEGIN ISOLATION LEVEL READ COMMITTED"
 
-// lookupSQL reads the row claimSQL left alone. It is a separate statement,
-// not a CTE, because under READ COMMITTED a statement's snapshot may miss
-// a row that a concurrent transaction committed while claimSQL waited for
-// it; the next statement's snapshot sees it.
-const lookupSQL = `SELECT token, fingerprint, record FROM idemhttp_keys WHERE key = $1`
+// The lookup after the claim reads the row the claim left alone. It is a
+// separate statement, not a CTE, because under READ COMMITTED a
+// statement's snapshot may miss a row that a concurrent transaction
+// committed while the claim waited for it; the next statement's snapshot
+// sees it. (Unlike TxMiddleware's, it reads an expired row too: the claim
+// just found it live.)
 
-// Claim implements [idemserver.Store.Claim] in one round trip: claimSQL
-// and lookupSQL go in one pipeline, in a transaction at READ COMMITTED
+// Claim implements [idemserver.Store.Claim] in one round trip: the claim
+// and the lookup go in one pipeline, in a transaction at READ COMMITTED
 // whatever the server's default: lookupSQL must see the row claimSQL
 // waited for, and under REPEATABLE READ or SERIALIZABLE a claim that
 // waited for a row another transaction updated (a Complete, a Renew)
@@ -78,8 +85,8 @@ func (s *Store) Claim(ctx context.Context, key string, c idemserver.Claim) (idem
 	err := retry(ctx, func() error {
 		b := &pgx.Batch{}
 		b.Queue(beginReadCommitted)
-		b.Queue(claimSQL, rowKey(key), []byte(c.Token), []byte(c.Fingerprint), c.LockTimeout)
-		b.Queue(lookupSQL, rowKey(key))
+		b.Queue(s.sql.storeClaim, rowKey(key), []byte(c.Token), []byte(c.Fingerprint), c.LockTimeout)
+		b.Queue(s.sql.storeLookup, rowKey(key))
 		b.Queue("COMMIT")
 		br := s.db.SendBatch(ctx, b)
 		_, err := br.Exec()
@@ -110,7 +117,7 @@ func readClaim(br pgx.BatchResults, token string) (idemserver.ClaimResult, error
 	}
 	var held, fp, record []byte
 	if err := br.QueryRow().Scan(&held, &fp, &record); err != nil {
-		// ErrNoRows cannot happen: claimSQL locked the row it conflicted
+		// ErrNoRows cannot happen: the claim locked the row it conflicted
 		// with. Any error means nothing is known.
 		return idemserver.ClaimResult{}, err
 	}
@@ -137,10 +144,7 @@ func (s *Store) Complete(ctx context.Context, key, token string, record []byte, 
 	var done bool
 	err := retry(ctx, func() error {
 		tries++
-		tag, err := s.db.Exec(ctx, `
-UPDATE idemhttp_keys SET record = $3, expires_at = now() + $4::interval
-WHERE key = $1 AND token = $2 AND record IS NULL AND expires_at > now()`,
-			rowKey(key), []byte(token), record, ttl)
+		tag, err := s.db.Exec(ctx, s.sql.storeComplete, rowKey(key), []byte(token), record, ttl)
 		if err != nil {
 			return err
 		}
@@ -148,9 +152,7 @@ WHERE key = $1 AND token = $2 AND record IS NULL AND expires_at > now()`,
 		if done || tries == 1 {
 			return nil
 		}
-		err = s.db.QueryRow(ctx, `
-SELECT true FROM idemhttp_keys WHERE key = $1 AND token = $2 AND record IS NOT NULL`,
-			rowKey(key), []byte(token)).Scan(&done)
+		err = s.db.QueryRow(ctx, s.sql.storeCompleted, rowKey(key), []byte(token)).Scan(&done)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -175,10 +177,7 @@ func (s *Store) Renew(ctx context.Context, key, token string, lockTimeout time.D
 	}
 	var n int64
 	err := retry(ctx, func() error {
-		tag, err := s.db.Exec(ctx, `
-UPDATE idemhttp_keys SET expires_at = now() + $3::interval
-WHERE key = $1 AND token = $2 AND record IS NULL AND expires_at > now()`,
-			rowKey(key), []byte(token), lockTimeout)
+		tag, err := s.db.Exec(ctx, s.sql.storeRenew, rowKey(key), []byte(token), lockTimeout)
 		n = tag.RowsAffected()
 		return err
 	})
@@ -197,10 +196,7 @@ WHERE key = $1 AND token = $2 AND record IS NULL AND expires_at > now()`,
 func (s *Store) Release(ctx context.Context, key, token string) error {
 	var n int64
 	err := retry(ctx, func() error {
-		tag, err := s.db.Exec(ctx, `
-DELETE FROM idemhttp_keys
-WHERE key = $1 AND token = $2 AND record IS NULL AND expires_at > now()`,
-			rowKey(key), []byte(token))
+		tag, err := s.db.Exec(ctx, s.sql.storeRelease, rowKey(key), []byte(token))
 		n = tag.RowsAffected()
 		return err
 	})
@@ -228,12 +224,7 @@ func (s *Store) Prune(ctx context.Context) (int64, error) {
 	for {
 		var tag pgconn.CommandTag
 		err := retry(ctx, func() (err error) {
-			tag, err = s.db.Exec(ctx, `
-WITH doomed AS MATERIALIZED (
-    SELECT key FROM idemhttp_keys WHERE expires_at <= now()
-    LIMIT $1 FOR UPDATE SKIP LOCKED)
-DELETE FROM idemhttp_keys k USING doomed d
-WHERE k.key = d.key AND k.expires_at <= now()`, pruneChunk)
+			tag, err = s.db.Exec(ctx, s.sql.storePrune, pruneChunk)
 			return err
 		})
 		if err != nil {

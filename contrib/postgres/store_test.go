@@ -22,7 +22,7 @@ func TestMiddlewareInstancesShareStore(t *testing.T) {
 	e := storeharness.NewEffects()
 	servers := make([]*httptest.Server, 4)
 	for i := range servers {
-		servers[i] = storeharness.Serve(t, postgres.NewStore(s.pool(t, 8)), e, time.Minute, nil)
+		servers[i] = storeharness.Serve(t, newStore(t, s.pool(t, 8)), e, time.Minute, nil)
 	}
 	storeharness.SharedKeyRace(t, servers, e, 200)
 }
@@ -33,7 +33,7 @@ func TestPrune(t *testing.T) {
 	ctx := context.Background()
 	s := newSchema(t)
 	pool := s.pool(t, 0)
-	store := postgres.NewStore(pool)
+	store := newStore(t, pool)
 	claim := func(key string, lock time.Duration) {
 		t.Helper()
 		res, err := store.Claim(ctx, key, idemserver.Claim{Token: "t-" + key, Fingerprint: "fp", LockTimeout: lock})
@@ -80,7 +80,7 @@ INSERT INTO idemhttp_keys (key, token, fingerprint, record, expires_at)
 SELECT convert_to('k' || i, 'UTF8'), 't', 'fp', 'r', now() - interval '1 second'
 FROM generate_series(1, 12001) i`)
 	require.NoError(t, err)
-	n, err := postgres.NewStore(pool).Prune(ctx)
+	n, err := newStore(t, pool).Prune(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, int64(12001), n)
 }
@@ -90,7 +90,7 @@ FROM generate_series(1, 12001) i`)
 // rather than leaving its own request waiting for 409s.
 func TestClaimRecognisesOwnToken(t *testing.T) {
 	ctx := context.Background()
-	store := postgres.NewStore(newSchema(t).pool(t, 0))
+	store := newStore(t, newSchema(t).pool(t, 0))
 	claim := idemserver.Claim{Token: "t1", Fingerprint: "fp", LockTimeout: time.Minute}
 	for range 2 {
 		res, err := store.Claim(ctx, "k", claim)

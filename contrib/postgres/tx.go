@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/idemserver"
+	"github.com/idemkit/idemhttp/internal/servercore"
 )
 
 // Problem types of [TxMiddleware]'s own answers, besides idemserver's.
@@ -153,6 +154,20 @@ type TxOptions struct {
 	// server's setting.
 	IdleTimeout time.Duration
 
+	// DBTimeout bounds how long the middleware's own steps wait for the
+	// database: the BEGIN that claims the key (bounded by the request's
+	// context too: a request nobody waits for any more gives its
+	// connection up), and the statement that stores the response with
+	// COMMIT, the rollback and the looks at the key after it. A database
+	// that does not answer in time (a partition) gets the request 503
+	// with Retry-After; the connection is closed, so requests whose
+	// database hangs do not fill the pool. A commit that timed out has an
+	// unknown outcome: the key's lock (or its row) holds it until the
+	// server ends the transaction, so a retry gets 409 or the replay,
+	// never a second run. Zero means [idemserver.DefaultLockTimeout] (a
+	// minute). The handler's own statements take the request's context.
+	DBTimeout time.Duration
+
 	// RetryAfter is the delay sent in Retry-After with 409 and 503; zero
 	// means [idemserver.DefaultRetryAfter].
 	RetryAfter time.Duration
@@ -205,58 +220,65 @@ type TxOptions struct {
 
 // TxMiddleware makes a [TxHandler] idempotent with the record of its
 // response in the handler's own transaction: the recommended way to serve
-// idempotent requests on PostgreSQL. For each request with a valid key it
+// idempotent requests on PostgreSQL. It is a shell of the server core that
+// idemserver.Middleware shares (docs/server.md at the repository's root):
+// the two answer every case alike. For each request with a valid key it
 //
-//  1. begins a transaction and claims the key in it: it takes a
-//     transaction-level advisory lock on a 64-bit hash of the key and of
-//     the key table's schema-qualified name, without waiting (a concurrent
-//     request with the same key answers 409 with Retry-After at once), and
-//     reads the key's live row, to replay a stored response (or answer 422
-//     for another request's key). Advisory locks belong to the database,
-//     so the table's name in the hash keeps applications in separate
-//     schemas of one database (the layout the package recommends) from
-//     ever blocking each other on a key;
+//  1. begins a transaction and claims the key in it, in one statement:
+//     it tries a transaction-level advisory lock on a 64-bit hash of the
+//     key and of the key table's schema-qualified name, without waiting
+//     (a concurrent request with the same key answers 409 with
+//     Retry-After at once), and, with the lock, writes the key's claim
+//     row, unless a live row holds the key (then the request replays the
+//     stored response, or answers 409, 410 or 422). Advisory locks belong
+//     to the database, so the table's name in the hash keeps applications
+//     in separate schemas of one database (the layout the package
+//     recommends) from ever blocking each other on a key;
 //  2. runs the handler with the transaction, on a buffered writer;
-//  3. writes the key's row with the response in that same transaction,
-//     unless a live row now holds the key (a [Store] sharing the table
-//     claimed it meanwhile): then the claim is lost and the transaction
-//     aborts, so that exactly one of the two runs commits;
+//  3. writes the response into the claim row, in that same transaction;
 //  4. commits, and only then sends the response.
 //
 // On a [*pgxpool.Pool] that is three round trips, as many as a handler
 // that begins and commits a transaction of its own: BEGIN with the claim,
-// the handler's statements, the stored response with COMMIT.
+// the handler's statements, the stored response with COMMIT. Every
+// statement names the key table resolved when the middleware was made, so
+// that a handler's SET LOCAL search_path (a schema per tenant) cannot move
+// a record elsewhere.
 //
 // The business write and the record of its response therefore commit
 // together or not at all: a server killed at any point leaves either both
 // (a retry gets the stored response, marked Idempotent-Replayed: true) or
 // neither (the transaction aborts with the connection, the key is free at
 // once, and a retry runs the request). A handler error, a response that is
-// not to be stored (5xx by default) or a panic rolls back the
-// transaction, which also frees the key; a panic continues to net/http
-// after the rollback.
+// not to be stored (5xx by default), a handler that gave up on a client
+// that left without answering, or a panic rolls back the transaction,
+// which also frees the key; a panic continues to net/http after the
+// rollback.
 //
 // Whatever the isolation level, the key's primary key is the last word:
-// should two runs ever hold the key at once, only one of their rows can
-// commit, and the other's business write rolls back with it.
+// should two runs ever hold the key at once (instances of the previous
+// release beside this one, whose lock differs: see docs/server.md), only
+// one of their rows can commit, and the other's business write rolls back
+// with it. A [Store] sharing the table waits for a running request's claim
+// row, then finds its response.
 //
 // # Isolation levels
 //
 // The transactions run at [TxOptions].IsoLevel, or the server's default.
 // Under REPEATABLE READ and SERIALIZABLE the snapshot is taken before the
-// key's lock (by the statement that takes it), so a duplicate that takes
-// the lock just as the first run commits cannot see that run's row; its
-// handler runs, and its writes or its record then fail (a unique
-// violation, a serialization failure). After any rollback the middleware
-// looks the key up afresh, at READ COMMITTED, and answers as a duplicate
-// would: the stored response, 409 or 422, never a 500. Under
-// SERIALIZABLE the key is looked up at READ COMMITTED before the
-// transaction begins (a round trip more), since a read of the key table
-// inside it takes predicate locks that made requests with different keys
-// fail each other. A transaction that fails with a serialization failure
-// or a deadlock (SQLSTATE 40001, 40P01) of its own is answered 503 with
-// Retry-After ([TypeSerializationFailure]): nothing committed, the key is
-// free, and a retry with the same key runs it again. With
+// key's lock (by the statement that takes it), so a claim that meets a row
+// committed just before its lock was free fails with a serialization
+// failure: the key is then looked up afresh, at READ COMMITTED, and the
+// request answered as a duplicate would be: the stored response, 409 or
+// 422, never a 500. Under SERIALIZABLE the key is looked up at READ
+// COMMITTED before the transaction begins (a round trip more), and the
+// response is written into its row by the row's ctid, since a read of
+// the key table through its index inside the transaction takes predicate
+// locks that made requests with different keys fail each other. A
+// transaction that fails with a serialization failure or a deadlock
+// (SQLSTATE 40001, 40P01) of its own is answered 503 with Retry-After
+// ([TypeSerializationFailure]): nothing committed, the key is free, and a
+// retry with the same key runs it again. With
 // [TxOptions].SerializationRetries the middleware runs it again itself.
 //
 // # A handler that ends the transaction
@@ -265,37 +287,41 @@ type TxOptions struct {
 // ROLLBACK sent as a statement (tx.Exec, or through tx.Conn(), which is
 // kept for pgx's helpers that need the connection) ends the transaction
 // all the same, and a record written after it would commit apart from the
-// handler's writes: a ROLLBACK would leave a stored 201 for a charge that
-// does not exist, a COMMIT the charge without its record. The middleware
-// reads the transaction's start time when it claims the key, and once the
-// handler has returned it checks, on the connection itself, that a
-// transaction is open and that it is the one begun then: the statement
-// that stores the record compares the start time first (in the same round
-// trip), and so does the one that goes with a rollback.
-// A handler found to have ended the transaction gets 500 ([TypeTxEnded]),
+// handler's writes. Its COMMIT (or COMMIT AND CHAIN) commits the key's
+// claim row too, and releases the lock: a duplicate that arrives while the
+// handler goes on finds the key in progress (409), never runs. The
+// middleware reads the transaction's start time when it claims the key,
+// and once the handler has returned it checks, on the connection itself,
+// that a transaction is open and that it is the one begun then: the
+// statement that stores the record compares the start time first (in the
+// same round trip), and so does the one that goes with a rollback. A
+// handler found to have ended the transaction gets 500 ([TypeTxEnded]),
 // and since some of its writes may have committed, its key is kept as
 // completed but not replayable: a retry gets 410
-// ([idemserver.TypeNotReplayable]) and never runs it again. One case is
-// not told apart: a handler that commits, begins a new transaction and
-// leaves that one aborted by a failed statement is taken for one whose
-// statement failed (500, [TypeRolledBack], the key free), since
-// PostgreSQL answers no statement in an aborted transaction.
+// ([idemserver.TypeNotReplayable]) and never runs it again. A server that
+// dies before it kept the key leaves the committed claim row, which holds
+// the key (409) for the TTL. One case is not told apart: a handler that
+// commits, begins a new transaction and leaves that one aborted by a
+// failed statement is taken for one whose statement failed (500,
+// [TypeRolledBack]); its committed claim row still holds the key.
 //
 // # Why the claim is not committed first
 //
 // A claim committed in a transaction of its own (as [Store] makes) outlives
 // a crashed server: its key answers 409 until the lock timeout passes (a
 // minute by default), and a handler slower than that timeout loses its
-// claim unless a heartbeat renews it. The claim here (the advisory lock)
-// is released by PostgreSQL the moment the server's connection closes
-// (measured: the retry after a SIGKILL succeeded 6 ms to 85 ms later,
-// against 1 s for a committed claim with a 1 s lock timeout), and no run,
-// however slow, can lose it, so there is no heartbeat. Duplicates do not
-// wait either: the advisory lock is tried, not waited for, whereas a
-// committed claim's ON CONFLICT makes them queue on its row lock (see the
-// package README for the numbers). The cost: a server that vanishes
-// without closing its connections keeps its keys until PostgreSQL ends
-// its sessions; set IdleTimeout to bound that.
+// claim unless a heartbeat renews it. The claim here (the advisory lock,
+// and the claim row, both in the request's transaction) is released by
+// PostgreSQL the moment the server's connection closes (measured: the
+// retry after a SIGKILL succeeded 6 ms to 85 ms later, against 1 s for a
+// committed claim with a 1 s lock timeout), and no run, however slow, can
+// lose it, so there is no heartbeat. Duplicates do not wait either: the
+// advisory lock is tried, not waited for, whereas a committed claim's ON
+// CONFLICT makes them queue on its row lock (see the package README for
+// the numbers). The cost: a server that vanishes without closing its
+// connections keeps its keys until PostgreSQL ends its sessions; set
+// IdleTimeout to bound that. A database that does not answer holds no
+// request past [TxOptions].DBTimeout.
 //
 // The handler's [pgx.Tx] refuses Commit and Rollback (return an error to
 // roll back) and is closed once the handler returns. Begin makes a
@@ -310,10 +336,21 @@ type TxOptions struct {
 // key is optional) also run in a transaction, committed unless the handler
 // fails or answers 5xx (or ended the transaction itself: 500).
 //
+// # Shutdown and upgrades
+//
+// A server that stops rolls its open transactions back (PostgreSQL does,
+// when their connections close): their keys are free at once. The key
+// table is a versioned format (idemhttp_schema); rows written by the
+// previous release replay after the upgrade (TestBaseline).
+//
 // Create one with [NewTxMiddleware]; it is safe for concurrent use.
 type TxMiddleware struct {
 	db          DB
-	table       string // the key table's schema-qualified name, which scopes the claims' advisory locks
+	table       string   // the key table's schema-qualified name, which scopes the claims' advisory locks
+	sql         *keysSQL // the statements, on that table
+	recovery    string   // the recovery table's schema-qualified name
+	core        servercore.Config
+	dbTimeout   time.Duration
 	principal   func(*http.Request) string
 	methods     []string
 	required    bool
@@ -322,12 +359,10 @@ type TxMiddleware struct {
 	ttl         time.Duration
 	isoLevel    pgx.TxIsoLevel
 	lookupApart bool   // the transactions are SERIALIZABLE: look the key up before (see beginOnce)
-	retries     int    // SerializationRetries
 	idleTimeout string // idle_in_transaction_session_timeout value, "" to leave it
 	retryAfter  string
 	maxBody     int64
 	maxStored   int
-	shouldStore func(int) bool
 	fingerprint func(*http.Request, []byte) string
 	hooks       *idemserver.Hooks // a copy of TxOptions.Hooks, nil if none
 	writeError  func(http.ResponseWriter, *http.Request, *idemserver.Problem)
@@ -341,8 +376,9 @@ type TxMiddleware struct {
 
 // NewTxMiddleware returns a TxMiddleware on db, which must be the primary:
 // it fails with [ErrStandby] on a standby. The idemhttp_keys table must
-// exist ([Migrate]): the middleware scopes its claims to the table its
-// search_path finds. A nil opts means the defaults, which need
+// exist ([Migrate]): the middleware's statements name the table (and its
+// claims' locks are scoped to it) that db's search_path finds now; one of
+// a newer release is refused ([ErrNewerSchema]). A nil opts means the defaults, which need
 // opts.Principal or opts.SingleTenant, so nil is refused.
 //
 // Route every statement of these transactions to the primary: never put
@@ -365,6 +401,10 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 	if err != nil {
 		return nil, err
 	}
+	recovery, err := recoveryTable(ctx, db)
+	if err != nil {
+		return nil, err
+	}
 	iso := string(opts.IsoLevel)
 	if iso == "" {
 		err := retry(ctx, func() error {
@@ -377,6 +417,9 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 	m := &TxMiddleware{
 		db:          db,
 		table:       table,
+		sql:         newKeysSQL(table),
+		recovery:    recovery,
+		dbTimeout:   opts.DBTimeout,
 		principal:   opts.Principal,
 		methods:     slices.Clone(opts.Methods),
 		required:    opts.Required,
@@ -385,10 +428,8 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 		ttl:         opts.TTL,
 		isoLevel:    opts.IsoLevel,
 		lookupApart: strings.EqualFold(iso, string(pgx.Serializable)),
-		retries:     max(opts.SerializationRetries, 0),
 		maxBody:     opts.MaxBodyBytes,
 		maxStored:   opts.MaxStoredBody,
-		shouldStore: opts.ShouldStore,
 		fingerprint: opts.Fingerprint,
 		hooks:       copyHooks(opts.Hooks),
 		writeError:  opts.WriteError,
@@ -423,11 +464,17 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 	if m.maxStored <= 0 {
 		m.maxStored = idemserver.DefaultMaxStoredBody
 	}
+	m.core = servercore.Config{
+		Mode:                 servercore.Transactional,
+		ShouldStore:          opts.ShouldStore,
+		SerializationRetries: max(opts.SerializationRetries, 0),
+	}
 	if m.fingerprint == nil {
 		m.fingerprint = idemserver.DefaultFingerprint
+		m.core.DefaultFingerprint = true
 	}
-	if m.shouldStore == nil {
-		m.shouldStore = idemserver.DefaultShouldStore
+	if m.dbTimeout <= 0 {
+		m.dbTimeout = idemserver.DefaultLockTimeout
 	}
 	if m.writeError == nil {
 		m.writeError = func(w http.ResponseWriter, _ *http.Request, p *idemserver.Problem) { idemserver.WriteProblem(w, p) }
@@ -450,21 +497,66 @@ func newTokenPrefix() string {
 }
 
 // keysTable returns the schema-qualified name of the idemhttp_keys table
-// that db's search_path finds, the table the middleware's statements
-// use, or an error if there is none (Migrate has not run).
+// that db's search_path finds, the table the middleware's and the store's
+// statements name, or an error if there is none (Migrate has not run).
 func keysTable(ctx context.Context, db DB) (string, error) {
-	var table *string
+	return findTable(ctx, db, "idemhttp_keys")
+}
+
+// recoveryTable is keysTable for idemhttp_recovery.
+func recoveryTable(ctx context.Context, db DB) (string, error) {
+	return findTable(ctx, db, "idemhttp_recovery")
+}
+
+// keysVersion is the version of the key table's format this release
+// reads and writes (see schema.sql's idemhttp_schema).
+const keysVersion = 1
+
+// ErrNewerSchema is returned by [NewStore] and [NewTxMiddleware] when the
+// key table was laid out by a newer release (its idemhttp_schema row has a
+// version this release does not know): this release might misread its
+// rows and run a key twice, so it refuses to start.
+var ErrNewerSchema = errors.New("idemhttp/postgres: the tables are of a newer release")
+
+// findTable returns the schema-qualified name of the table name that
+// db's search_path finds, after checking, for idemhttp_keys, that its
+// format is one this release reads.
+func findTable(ctx context.Context, db DB, name string) (string, error) {
+	var table, nsp *string
 	err := retry(ctx, func() error {
 		return db.QueryRow(ctx, `
-SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
+SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname), quote_ident(n.nspname)
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.oid = to_regclass('idemhttp_keys')`).Scan(&table)
+WHERE c.oid = to_regclass($1)`, name).Scan(&table, &nsp)
 	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows) || (err == nil && table == nil):
-		return "", errors.New("idemhttp/postgres: tx middleware: no idemhttp_keys table on the search_path; run Migrate first")
+		return "", fmt.Errorf("idemhttp/postgres: no %s table on the search_path; run Migrate first", name)
 	case err != nil:
-		return "", fmt.Errorf("idemhttp/postgres: tx middleware: find idemhttp_keys: %w", err)
+		return "", fmt.Errorf("idemhttp/postgres: find %s: %w", name, err)
+	}
+	if name != "idemhttp_keys" {
+		return *table, nil
+	}
+	// The version row, if the table of versions is there (a database
+	// Migrate made before it existed is at version 1). nsp is quoted.
+	var version int
+	err = retry(ctx, func() error {
+		var exists bool
+		if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, *nsp+".idemhttp_schema").Scan(&exists); err != nil || !exists {
+			return err
+		}
+		err := db.QueryRow(ctx, `SELECT version FROM `+*nsp+`.idemhttp_schema WHERE component = 'keys'`).Scan(&version)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("idemhttp/postgres: read the version of %s: %w", *table, err)
+	case version > keysVersion:
+		return "", fmt.Errorf("%w: %s is at version %d, this release reads %d", ErrNewerSchema, *table, version, keysVersion)
 	}
 	return *table, nil
 }
@@ -502,6 +594,11 @@ type TxKey struct {
 	Key   string // the key as the client sent it
 	Scope string // the principal's scope; "" with SingleTenant
 	Token string // unique to this run of the request
+
+	// recovery is the recovery table's schema-qualified name, as the
+	// middleware resolved it; empty for a TxKey made by hand, whose
+	// recovery points go to the table the search_path finds.
+	recovery string
 }
 
 type txKeyContext struct{}
@@ -537,7 +634,7 @@ type txHandler struct {
 func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m := h.m
 	if !slices.Contains(m.methods, r.Method) {
-		h.serve(w, r, nil)
+		h.serveKeyless(w, r)
 		return
 	}
 	values := r.Header[m.header]
@@ -546,7 +643,7 @@ func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.writeError(w, r, idemserver.ProblemKeyMissing(m.header))
 		return
 	case len(values) == 0:
-		h.serve(w, r, nil)
+		h.serveKeyless(w, r)
 		return
 	case len(values) > 1:
 		m.writeError(w, r, idemserver.ProblemKeyInvalid(m.header, "The request carries more than one "+m.header+" header."))
@@ -581,11 +678,12 @@ func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	c := &txClaim{
-		TxKey:       TxKey{Key: key, Scope: scope, Token: m.newToken()},
+		TxKey:       TxKey{Key: key, Scope: scope, Token: m.newToken(), recovery: m.recovery},
 		fingerprint: m.fingerprint(r, body),
 		body:        body,
 	}
-	c.row = rowKey(idemserver.ScopedKey(scope, key))
+	c.fp = []byte(c.fingerprint)
+	c.row = scopedRowKey(scope, key)
 	c.lock = advisoryKey(m.table, c.row)
 	h.serve(w, r, c)
 }
@@ -594,9 +692,20 @@ func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type txClaim struct {
 	TxKey
 	fingerprint string
+	fp          []byte // fingerprint, as the statements send it
+	tokenBytes  []byte // Token, as the statements send it (see token)
 	row         []byte // the key's primary key in idemhttp_keys
 	lock        int64  // the key's advisory lock
 	body        []byte // the request body, for a run again
+}
+
+// token returns the claim's token as the statements send it, converted
+// once per run.
+func (c *txClaim) token() []byte {
+	if string(c.tokenBytes) != c.Token {
+		c.tokenBytes = []byte(c.Token)
+	}
+	return c.tokenBytes
 }
 
 // step calls the test hook, if any.

@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idemhttp/contrib/postgres"
 	"github.com/idemkit/idemhttp/idemserver"
 )
 
@@ -39,7 +38,7 @@ func BenchmarkTxMiddleware(b *testing.B) {
 		}
 	})
 	tx := newTx(b, s, conc, nil)
-	store := &idemserver.Middleware{Store: postgres.NewStore(pool), SingleTenant: true}
+	store := &idemserver.Middleware{Store: newStore(b, pool), SingleTenant: true}
 	handlers := []struct {
 		name string
 		h    http.Handler

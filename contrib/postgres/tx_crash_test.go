@@ -169,7 +169,7 @@ func crashServer(t testing.TB, s *testSchema, mode string, die func(string)) htt
 	if mode == "split" {
 		// The record after, and outside, the business transaction.
 		pool := s.pool(t, 4)
-		mw := &idemserver.Middleware{Store: postgres.NewStore(pool), LockTimeout: splitLockTimeout, Logger: discardLogger(), SingleTenant: true}
+		mw := &idemserver.Middleware{Store: newStore(t, pool), LockTimeout: splitLockTimeout, Logger: discardLogger(), SingleTenant: true}
 		return mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			err := pgx.BeginFunc(r.Context(), pool, func(tx pgx.Tx) error {
 				return chargeTx(w, r, tx)

@@ -189,13 +189,13 @@ func TestTxPanic(t *testing.T) {
 	assert.Equal(t, http.StatusCreated, post(t, m.WrapFunc(chargeTx), "k", "x").Status)
 }
 
-// TestTxClaimLost has a Store sharing the table claim the key (it takes no
-// advisory lock) while a TxMiddleware request with the same key runs: the
-// guarded store must then refuse to commit the business write, so that
-// exactly one of the two runs. Checked to fail with the guard's
-// "1 / count(*)" replaced by "1": the charge then committed without its
-// record.
-func TestTxClaimLost(t *testing.T) {
+// TestTxStoreClaimWaits has a Store sharing the table claim the key (it
+// takes no advisory lock) while a TxMiddleware request with the same key
+// runs: the request's claim row, uncommitted, makes the Store's claim wait
+// for its transaction, which then finds the stored response. Exactly one
+// runs. (Checked to fail with the claim row written already expired: the
+// Store's claim took the key over once the request committed.)
+func TestTxStoreClaimWaits(t *testing.T) {
 	ctx := context.Background()
 	s := newTxSchema(t)
 	m := newTx(t, s, 2, &postgres.TxOptions{Logger: discardLogger()})
@@ -210,13 +210,39 @@ func TestTxClaimLost(t *testing.T) {
 	go func() { replies <- post(t, h, "k", "x") }()
 	<-entered
 	req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader("x"))
-	res, err := postgres.NewStore(s.pool(t, 1)).Claim(ctx, idemserver.ScopedKey("", "k"),
-		idemserver.Claim{Token: "other", Fingerprint: idemserver.DefaultFingerprint(req, []byte("x")), LockTimeout: time.Minute})
-	require.NoError(t, err)
-	require.Equal(t, idemserver.Claimed, res.State)
+	store := newStore(t, s.pool(t, 1))
+	claims := make(chan idemserver.ClaimResult, 1)
+	go func() {
+		res, err := store.Claim(ctx, idemserver.ScopedKey("", "k"),
+			idemserver.Claim{Token: "other", Fingerprint: idemserver.DefaultFingerprint(req, []byte("x")), LockTimeout: time.Minute})
+		assert.NoError(t, err)
+		claims <- res
+	}()
+	waitForLockWait(t, s)
 	close(release)
 	got := <-replies
-	assert.Equal(t, http.StatusConflict, got.Status, "the same request, running elsewhere")
+	assert.Equal(t, http.StatusCreated, got.Status)
+	res := <-claims
+	assert.Equal(t, idemserver.Completed, res.State, "the Store finds the response")
+	assert.Len(t, charges(t, s, "k"), 1)
+}
+
+// TestTxClaimLost: a handler that deletes its own claim row (so that the
+// response has no row to go into) commits nothing: the guarded store
+// refuses, and the business write rolls back with it. Checked to fail
+// with the guard's "1 / count(*)" replaced by "1": the charge then
+// committed without its record.
+func TestTxClaimLost(t *testing.T) {
+	s := newTxSchema(t)
+	m := newTx(t, s, 2, &postgres.TxOptions{Logger: discardLogger()})
+	h := m.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		if _, err := tx.Exec(r.Context(), `DELETE FROM idemhttp_keys`); err != nil {
+			return err
+		}
+		return chargeTx(w, r, tx)
+	})
+	got := post(t, h, "k", "x")
+	assert.Equal(t, http.StatusConflict, got.Status)
 	assert.Contains(t, got.Body, idemserver.TypeInProgress)
 	assert.Empty(t, charges(t, s, "k"), "the business write must roll back with the lost claim")
 }
@@ -282,7 +308,7 @@ func TestTxLongScope(t *testing.T) {
 // version 4 maximum 2704", a permanent 503 for that client.
 func TestStoreLongKey(t *testing.T) {
 	ctx := context.Background()
-	store := postgres.NewStore(newSchema(t).pool(t, 0))
+	store := newStore(t, newSchema(t).pool(t, 0))
 	long := randomHex(3000) // incompressible, as in TestTxLongScope
 	c := idemserver.Claim{Token: "t1", Fingerprint: "fp", LockTimeout: time.Minute}
 	res, err := store.Claim(ctx, long, c)
@@ -369,7 +395,7 @@ func TestCommittedClaimDuplicates(t *testing.T) {
 	const n = 200
 	ctx := context.Background()
 	s := newSchema(t)
-	store := postgres.NewStore(s.pool(t, 16))
+	store := newStore(t, s.pool(t, 16))
 	res, err := store.Claim(ctx, "dup", idemserver.Claim{Token: "first", Fingerprint: "fp", LockTimeout: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, idemserver.Claimed, res.State)
@@ -488,11 +514,10 @@ func TestTxWithoutAcquire(t *testing.T) {
 	assert.Equal(t, reply{Status: http.StatusCreated, Replayed: true, Body: first.Body}, post(t, h, "k1", "x"))
 	assert.Len(t, charges(t, s, "k1"), 1)
 
-	// A live claim row appears under the running handler (here through
-	// its own transaction; in production, a Store's claim).
+	// The claim row goes from under the running handler (here through
+	// its own transaction): nothing commits.
 	lost := m.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
-		_, err := tx.Exec(r.Context(), `INSERT INTO idemhttp_keys (key, token, fingerprint, expires_at)
-VALUES ($1, 'other', 'fp', now() + interval '1 minute')`, postgres.RowKey(idemserver.ScopedKey("", "k2")))
+		_, err := tx.Exec(r.Context(), `DELETE FROM idemhttp_keys WHERE key = $1`, postgres.RowKey(idemserver.ScopedKey("", "k2")))
 		if err != nil {
 			return err
 		}
@@ -566,7 +591,7 @@ func TestTxSharesTheStoresTable(t *testing.T) {
 	s := newTxSchema(t)
 	h := newTx(t, s, 2, nil).WrapFunc(chargeTx)
 	req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader("x"))
-	_, err := postgres.NewStore(s.pool(t, 1)).Claim(ctx, idemserver.ScopedKey("", "k"),
+	_, err := newStore(t, s.pool(t, 1)).Claim(ctx, idemserver.ScopedKey("", "k"),
 		idemserver.Claim{Token: "other", Fingerprint: idemserver.DefaultFingerprint(req, []byte("x")), LockTimeout: time.Minute})
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusConflict, post(t, h, "k", "x").Status)

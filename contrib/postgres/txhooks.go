@@ -102,11 +102,3 @@ func (rp *txReport) storeError(op idemserver.StoreOp, status int, err error) {
 		rp.hk.OnStoreError(rp.ctx, idemserver.StoreErrorEvent{RequestEvent: rp.ev, Op: op, Status: status, Err: err})
 	}
 }
-
-// panicked runs deferred: a request that reached no reported end is one
-// whose handler panicked (the panic goes on to net/http).
-func (rp *txReport) panicked() {
-	if !rp.done {
-		rp.released(idemserver.ReleasePanic, 0)
-	}
-}

@@ -2,125 +2,23 @@ package postgres
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idemhttp/idemserver"
+	"github.com/idemkit/idemhttp/internal/servercore"
 )
-
-// A request's transaction takes three round trips on a *pgxpool.Pool, as
-// many as a handler that begins and commits its own: BEGIN with the claim
-// (pgx's Batch.BeginTx), the handler's statements, and the stored
-// response with COMMIT (a pipeline on the connection, which goes back to
-// the pool once the session is idle). On another DB the response and
-// COMMIT take a round trip each.
-
-// The claim is the key's transaction-level advisory lock (a 64-bit hash
-// of the key and its table), tried, never waited for: a duplicate of a
-// running request answers 409 at once, and neither waits on the runner's
-// rows nor holds a connection doing so. The key's row is written once, at
-// the end, with the response (storeTxSQL). A first version inserted a
-// claim row at the start under a short lock_timeout, then updated it with
-// the response: twice the row work, and under load the timeout also fired
-// on unrelated waits (relation extension), answering 409 for a free key.
-//
-// The same statement reads the transaction's start time
-// (transaction_timestamp()), which names the transaction on its
-// connection: a handler may end it (COMMIT or ROLLBACK through tx.Exec or
-// its Conn) and even begin another, and a record written then would commit
-// apart from the handler's writes. The statement that writes the record
-// (storeGuardSQL) compares it first, and so does the one that goes with a
-// rollback (sameTxSQL), to tell a handler that ended the transaction from
-// one that failed. A transaction the handler began later starts later: at
-// least a round trip after this statement answered. The check costs
-// nothing more than this column and a parameter: a first version marked
-// the transaction with two settings (one of them reported by the server
-// when it changes, the end of the transaction included), which cost a
-// dozen allocations and two protocol messages per request.
-const txClaimSQL = `SELECT pg_try_advisory_xact_lock($1), ` + txStartSQL
-
-// txStartSQL is the transaction's start in microseconds since 1970, a
-// bigint: cheaper to read and send back than a timestamptz (no scan or
-// encode plan per request), and computed the same way each time.
-const txStartSQL = `(extract(epoch FROM transaction_timestamp()) * 1000000)::bigint`
-
-// sameTxSQL reads whether the connection's transaction is the claim's,
-// begun at $1 (txStartSQL).
-const sameTxSQL = `SELECT ` + txStartSQL + ` = $1`
-
-// divisionByZero is SQLSTATE 22012, storeGuardSQL's "claim lost".
-const divisionByZero = "22012"
-
-// numericOutOfRange is SQLSTATE 22003, storeGuardSQL's "not the claim's
-// transaction".
-const numericOutOfRange = "22003"
-
-// lookupTxSQL reads the key's live row, if any: a completed response to
-// replay, or a claim committed by a [Store] sharing the table. An expired
-// row is the claimer's to take over.
-const lookupTxSQL = `SELECT token, fingerprint, record FROM idemhttp_keys WHERE key = $1 AND expires_at > now()`
-
-const setIdleTimeoutSQL = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
-
-// advisoryKey is the advisory lock of a row key in table (its
-// schema-qualified name): the first 8 bytes of the SHA-256 of both.
-// Advisory locks are the database's, shared by every schema in it, so a
-// hash of the key alone made two applications in separate schemas block
-// each other (409) on the same key. Two keys share a lock with odds of
-// 2^-64 (then one of them answers 409 while the other runs); an
-// application's own advisory locks on small integers never meet it.
-func advisoryKey(table string, row []byte) int64 {
-	var buf [512]byte // most names and keys fit; longer ones spill to the heap
-	b := append(buf[:0], table...)
-	b = append(b, 0) // a quoted identifier holds no NUL
-	sum := sha256.Sum256(append(b, row...))
-	return int64(binary.BigEndian.Uint64(sum[:8]))
-}
-
-// storeTxSQL writes the key's row with the response, in the request's
-// transaction, unless a live row holds the key: one that another claimer
-// (a Store sharing the table, which takes no advisory lock) committed
-// while the handler ran. Then the claim is lost, and the business write
-// must not commit: exactly one of the two runs may.
-const storeTxSQL = `
-INSERT INTO idemhttp_keys AS k (key, token, fingerprint, record, expires_at)
-VALUES ($1, $2, $3, $4, now() + $5::interval)
-ON CONFLICT (key) DO UPDATE
-SET token = excluded.token, fingerprint = excluded.fingerprint, record = excluded.record, expires_at = excluded.expires_at
-WHERE k.expires_at <= now()`
-
-// storeGuardSQL is storeTxSQL for a pipeline with COMMIT: it fails unless
-// the transaction is the claim's, the one begun at $6 (the largest integer
-// plus one: numeric_value_out_of_range), and unless it wrote the row
-// (division_by_zero: the claim is lost). Either failure aborts the
-// transaction, so the COMMIT queued after it can commit neither the
-// business write without its record nor the record in a transaction the
-// handler began.
-const storeGuardSQL = `
-WITH stored AS (` + storeTxSQL + ` RETURNING 1)
-SELECT 2147483647 + (` + txStartSQL + ` <> $6)::int, 1 / count(*) FROM stored`
-
-// outcome of begin: what to do with the request.
-type claimOutcome int
-
-const (
-	claimRun claimOutcome = iota
-	claimBusy
-	claimCompleted
-)
-
-// errClaimLost: the claim's row was not there to store the response in.
-var errClaimLost = errors.New("claim lost")
 
 // errTxEnded: the transaction is not the claim's any more.
 var errTxEnded = errors.New("the handler ended the transaction")
+
+// errClaimLost: the claim's row was not there to store the response in.
+var errClaimLost = errors.New("claim lost")
 
 // txRun is one request's open transaction.
 type txRun struct {
@@ -129,17 +27,23 @@ type txRun struct {
 	pg     *pgconn.PgConn
 	lent   *handlerTx // the handler's view of tx
 	closed bool
-	began  int64 // the transaction's start (txStartSQL), for a keyed run; 0 without a key
+	began  int64      // the transaction's start (txStartSQL), for a keyed run; 0 without a key
+	row    pgtype.TID // the claim row, for a keyed run
 }
 
-// escaped reports whether the connection is outside any transaction, so
-// that the handler ended the claim's itself. (One it began anew after is
-// found by the statements that compare began.) A connection that died is
-// not counted: the server rolled back, and the commit will say that the
-// outcome is unknown.
-func (run *txRun) escaped() bool {
+// state is the transaction as the handler left it, read from the
+// connection without a round trip.
+func (run *txRun) state() servercore.TxState {
 	pg := run.pg
-	return pg != nil && !pg.IsClosed() && pg.TxStatus() == 'I'
+	switch {
+	case pg == nil || pg.IsClosed():
+		return servercore.TxBroken
+	case pg.TxStatus() == 'I':
+		return servercore.TxIdle
+	case pg.TxStatus() == 'E':
+		return servercore.TxAborted
+	}
+	return servercore.TxOpen
 }
 
 // end rolls the run back and reports whether the handler had ended the
@@ -147,8 +51,9 @@ func (run *txRun) escaped() bool {
 // in one begun later. A transaction found aborted is taken for the
 // claim's: PostgreSQL answers no statement in it, so a handler that
 // committed, began again and left the new transaction aborted is not told
-// from one whose statement failed. On a pool the check rides with the
-// ROLLBACK, in its round trip.
+// from one whose statement failed (its claim row, committed with its
+// COMMIT, still holds the key for the TTL). On a pool the check rides
+// with the ROLLBACK, in its round trip.
 func (run *txRun) end(ctx context.Context) (ended bool) {
 	if run.closed {
 		return false
@@ -187,39 +92,37 @@ func (run *txRun) end(ctx context.Context) (ended bool) {
 	return err == nil && !same
 }
 
-// aborted reports whether a statement failed in the transaction, which
-// can then only roll back.
-func (run *txRun) aborted() bool {
-	return run.pg != nil && !run.pg.IsClosed() && run.pg.TxStatus() == 'E'
-}
-
 type acquirer interface {
 	Acquire(ctx context.Context) (*pgxpool.Conn, error)
 }
 
-// begin opens the request's transaction and, for a keyed request, claims
-// the key in it, in one round trip. A connection found dead before
-// anything ran is replaced and the whole step retried: nothing is
-// committed before the end. The run is nil unless the outcome is
-// claimRun.
-func (h *txHandler) begin(ctx context.Context, c *txClaim) (*txRun, claimOutcome, idemserver.ClaimResult, error) {
+// claim opens the request's transaction and, for a keyed request, claims
+// the key in it, in one round trip, and returns the open run when it took
+// the key (nil otherwise) and what the claim found, for the core to
+// decide on. A connection found dead before anything ran is replaced and
+// the whole step retried: nothing is committed before the end.
+func (h *txHandler) claim(ctx context.Context, c *txClaim) (*txRun, servercore.Found, error) {
 	var (
-		run     *txRun
-		outcome claimOutcome
-		res     idemserver.ClaimResult
+		run   *txRun
+		found servercore.Found
 	)
 	err := retry(ctx, func() (err error) {
-		run, outcome, res, err = h.beginOnce(ctx, c)
+		run, found, err = h.claimOnce(ctx, c)
 		return err
 	})
 	if run != nil {
 		run.lent = &handlerTx{tx: run.tx}
+	} else if err == nil && c != nil && found.State == servercore.Free {
+		// A look at the key (after a serialization failure) found it
+		// free, but nothing claimed it: nothing is known.
+		err = errors.New("the key is free, but the claim did not take it")
 	}
-	return run, outcome, res, err
+	return run, found, err
 }
 
-func (h *txHandler) beginOnce(ctx context.Context, c *txClaim) (*txRun, claimOutcome, idemserver.ClaimResult, error) {
-	if c != nil && h.m.lookupApart {
+func (h *txHandler) claimOnce(ctx context.Context, c *txClaim) (*txRun, servercore.Found, error) {
+	m := h.m
+	if c != nil && m.lookupApart {
 		// Under SERIALIZABLE, a read of the key table in the request's
 		// transaction takes predicate locks on its index pages, which the
 		// other requests' records then write into: two requests with
@@ -227,22 +130,19 @@ func (h *txHandler) beginOnce(ctx context.Context, c *txClaim) (*txRun, claimOut
 		// server's requests failed with serialization errors (83% of 1600,
 		// 16 at a time). So the key is looked up first, at READ
 		// COMMITTED, in a round trip of its own. A run that commits
-		// between that lookup and the lock makes this one's store fail,
-		// and the lookup after its rollback finds the response.
-		if outcome, res, err := h.recheck(ctx, c); err != nil || outcome != claimRun {
-			return nil, outcome, res, err
+		// between that lookup and the claim makes the claim find its row:
+		// then the key is looked up again, after the rollback.
+		if found, err := h.recheck(ctx, c); err != nil || found.State != servercore.Free {
+			return nil, found, err
 		}
 	}
 	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{IsoLevel: h.m.isoLevel})
-	if h.m.idleTimeout != "" {
-		b.Queue(setIdleTimeoutSQL, h.m.idleTimeout)
+	b.BeginTx(pgx.TxOptions{IsoLevel: m.isoLevel})
+	if m.idleTimeout != "" {
+		b.Queue(setIdleTimeoutSQL, m.idleTimeout)
 	}
 	if c != nil {
-		b.Queue(txClaimSQL, c.lock)
-		if !h.m.lookupApart {
-			b.Queue(lookupTxSQL, c.row)
-		}
+		b.Queue(m.sql.claim, c.lock, c.row, c.token(), c.fp, m.ttl)
 	}
 	// On a pool, hold the connection itself, so that commit can pipeline
 	// the response and COMMIT and then release it.
@@ -250,115 +150,164 @@ func (h *txHandler) beginOnce(ctx context.Context, c *txClaim) (*txRun, claimOut
 		conn *pgxpool.Conn
 		br   pgx.BatchResults
 	)
-	if p, ok := h.m.db.(acquirer); ok {
+	if p, ok := m.db.(acquirer); ok {
 		var err error
 		if conn, err = p.Acquire(ctx); err != nil {
-			return nil, 0, idemserver.ClaimResult{}, err
+			return nil, servercore.Found{}, err
 		}
 		br = conn.SendBatch(ctx, b)
 	} else {
-		br = h.m.db.SendBatch(ctx, b)
+		br = m.db.SendBatch(ctx, b)
 	}
 	tx := br.Tx()
-	var began int64
-	res, outcome, err := h.readBegin(br, c, &began)
+	var (
+		began  int64
+		row    pgtype.TID
+		locked bool
+	)
+	found, err := h.readClaim(br, c, &began, &row, &locked)
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
 	if err == nil && tx == nil {
 		err = errors.New("the DB's SendBatch does not begin transactions (pgx.Batch.BeginTx)")
 	}
-	if err != nil || outcome != claimRun {
+	if err == nil && c != nil && found.State == 0 && !m.lookupApart {
+		// Not claimed: read the key's row in the same transaction, and
+		// roll back in the same round trip. (Only then: a claim that took
+		// the key reads nothing more.)
+		found, err = h.lookupAndEnd(ctx, tx, conn, c, locked)
+		tx, conn = nil, nil
+	}
+	if err != nil || (c != nil && found.State != servercore.Free) {
 		if tx != nil {
 			_ = tx.Rollback(ctx) // ErrTxClosed if the begin failed
 		}
 		if conn != nil {
 			conn.Release() // destroyed unless idle
 		}
-		return nil, outcome, res, err
+		switch {
+		case c != nil && serializationFailure(err):
+			// Under REPEATABLE READ and SERIALIZABLE the statement's
+			// snapshot is taken before the key's lock, so a row another
+			// writer (a Store sharing the table) committed while the claim
+			// waited for it is not in the snapshot, and the claim fails.
+			// The row is there to be found afresh.
+			found, err = h.recheck(ctx, c)
+		case err == nil && m.lookupApart && found.State == 0:
+			// Not claimed: the lock was busy, or a live row was in the
+			// way of the claim, committed since the lookup before. Read
+			// it, at READ COMMITTED.
+			var row servercore.Row
+			if row, err = h.lookupRow(ctx, c); err == nil {
+				found, err = servercore.TxFound(locked, false, row)
+			}
+		}
+		return nil, found, err
 	}
-	return &txRun{tx: tx, conn: conn, pg: tx.Conn().PgConn(), began: began}, claimRun, idemserver.ClaimResult{State: idemserver.Claimed}, nil
+	return &txRun{tx: tx, conn: conn, pg: tx.Conn().PgConn(), began: began, row: row}, servercore.Found{State: servercore.Free}, nil
 }
 
-// readBegin reads the results of beginOnce's batch: what the claim found,
-// and the transaction's start into began.
-func (h *txHandler) readBegin(br pgx.BatchResults, c *txClaim, began *int64) (idemserver.ClaimResult, claimOutcome, error) {
+// readClaim reads the results of claimOnce's batch: whether the claim
+// took the key's lock (into locked) and wrote the claim row (Free), the
+// transaction's start into began and the claim row's ctid into ctid. A
+// zero State means: not claimed, and the key's row is yet to be read.
+func (h *txHandler) readClaim(br pgx.BatchResults, c *txClaim, began *int64, ctid *pgtype.TID, locked *bool) (servercore.Found, error) {
 	if _, err := br.Exec(); err != nil { // BEGIN
-		return idemserver.ClaimResult{}, 0, err
+		return servercore.Found{}, err
 	}
 	if h.m.idleTimeout != "" {
 		if _, err := br.Exec(); err != nil {
-			return idemserver.ClaimResult{}, 0, err
+			return servercore.Found{}, err
 		}
 	}
 	if c == nil {
-		return idemserver.ClaimResult{}, claimRun, nil
+		return servercore.Found{State: servercore.Free}, nil
 	}
-	var locked bool
-	if err := br.QueryRow().Scan(&locked, began); err != nil {
-		return idemserver.ClaimResult{}, 0, err
+	if err := br.QueryRow().Scan(locked, began, ctid); err != nil {
+		return servercore.Found{}, err
 	}
-	if h.m.lookupApart {
-		if !locked {
-			return idemserver.ClaimResult{State: idemserver.InProgress}, claimBusy, nil
-		}
-		return idemserver.ClaimResult{State: idemserver.Claimed}, claimRun, nil
+	if ctid.Valid {
+		return servercore.TxFound(*locked, true, servercore.Row{})
 	}
-	res, outcome, err := readLookup(br.QueryRow(), c.Token)
-	if err == nil && !locked {
-		// A running request holds the key; whatever row is visible is
-		// about to change.
-		return idemserver.ClaimResult{State: idemserver.InProgress}, claimBusy, nil
-	}
-	return res, outcome, err
+	return servercore.Found{}, nil
 }
 
-// recheckBatch is lookupTxSQL in a transaction of its own, READ COMMITTED
-// whatever the server's default, so that it sees every row committed by
-// the time it runs.
-var recheckBatch = []string{"BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY", lookupTxSQL, "COMMIT"}
-
-// recheck looks the key up afresh, after the request's transaction has
-// rolled back: what a new claim of it would find, short of taking it.
-func (h *txHandler) recheck(ctx context.Context, c *txClaim) (claimOutcome, idemserver.ClaimResult, error) {
+// lookupAndEnd reads the key's live row in tx, a claim's transaction that
+// did not take the key, and rolls it back, in one round trip on a pool's
+// connection (two otherwise); then it says what the claim found. Under
+// READ COMMITTED the read's snapshot follows the lock's try, so a run
+// that committed before the lock was free is seen.
+func (h *txHandler) lookupAndEnd(ctx context.Context, tx pgx.Tx, conn *pgxpool.Conn, c *txClaim, locked bool) (servercore.Found, error) {
 	var (
-		outcome claimOutcome
-		res     idemserver.ClaimResult
+		row servercore.Row
+		err error
 	)
+	if conn == nil {
+		row, err = readRow(tx.QueryRow(ctx, h.m.sql.lookup, c.row))
+		_ = tx.Rollback(ctx)
+	} else {
+		b := &pgx.Batch{}
+		b.Queue(h.m.sql.lookup, c.row)
+		b.Queue("ROLLBACK")
+		br := conn.SendBatch(ctx, b)
+		row, err = readRow(br.QueryRow())
+		_, _ = br.Exec()
+		_ = br.Close()
+		if conn.Conn().PgConn().TxStatus() != 'I' {
+			_, _ = conn.Exec(ctx, "ROLLBACK") // or the connection is destroyed on release, which ends it too
+		}
+		conn.Release()
+	}
+	if err != nil {
+		return servercore.Found{}, err
+	}
+	return servercore.TxFound(locked, false, row)
+}
+
+// readRow reads the lookup statement's row.
+func readRow(row pgx.Row) (servercore.Row, error) {
+	var held, fp, record []byte
+	switch err := row.Scan(&held, &fp, &record); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return servercore.Row{}, nil
+	case err != nil:
+		return servercore.Row{}, err
+	}
+	return servercore.Row{Exists: true, Completed: record != nil, Fingerprint: string(fp), Record: record}, nil
+}
+
+// recheck looks the key up afresh, in a transaction of its own at READ
+// COMMITTED whatever the server's default, so that it sees every row
+// committed by the time it runs: what a new claim of it would find,
+// short of taking it.
+func (h *txHandler) recheck(ctx context.Context, c *txClaim) (servercore.Found, error) {
+	row, err := h.lookupRow(ctx, c)
+	if err != nil {
+		return servercore.Found{}, err
+	}
+	return servercore.RowFound(row), nil
+}
+
+// lookupRow reads the key's live row at READ COMMITTED.
+func (h *txHandler) lookupRow(ctx context.Context, c *txClaim) (servercore.Row, error) {
+	var row servercore.Row
 	err := retry(ctx, func() error {
 		b := &pgx.Batch{}
-		b.Queue(recheckBatch[0])
-		b.Queue(recheckBatch[1], c.row)
-		b.Queue(recheckBatch[2])
+		b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY")
+		b.Queue(h.m.sql.lookup, c.row)
+		b.Queue("COMMIT")
 		br := h.m.db.SendBatch(ctx, b)
 		_, err := br.Exec()
 		if err == nil {
-			res, outcome, err = readLookup(br.QueryRow(), c.Token)
+			row, err = readRow(br.QueryRow())
 		}
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
 		return err
 	})
-	return outcome, res, err
-}
-
-// readLookup reads lookupTxSQL's row.
-func readLookup(row pgx.Row, token string) (idemserver.ClaimResult, claimOutcome, error) {
-	var held, fp, record []byte
-	switch err := row.Scan(&held, &fp, &record); {
-	case errors.Is(err, pgx.ErrNoRows):
-		return idemserver.ClaimResult{State: idemserver.Claimed}, claimRun, nil
-	case err != nil:
-		return idemserver.ClaimResult{}, 0, err
-	case record != nil:
-		return idemserver.ClaimResult{State: idemserver.Completed, Fingerprint: string(fp), Record: record}, claimCompleted, nil
-	case string(held) == token:
-		// A claim row with our token: impossible, the token is new and
-		// TxMiddleware writes no claim rows. Refuse rather than run.
-		return idemserver.ClaimResult{}, 0, errors.New("claim row with this request's token")
-	}
-	return idemserver.ClaimResult{State: idemserver.InProgress, Fingerprint: string(fp)}, claimBusy, nil
+	return row, err
 }
 
 // rollback ends the run without committing; it does nothing once the run
@@ -375,15 +324,14 @@ func (run *txRun) rollback(ctx context.Context) {
 	}
 }
 
-// commit stores record (unless c is nil) and commits. It returns
-// errClaimLost, a *pgconn.PgError (the transaction was rolled back), or
-// another error, after which the outcome is unknown.
+// commit stores record in the claim row (unless c is nil) and commits,
+// and says how that went, with the error for the log.
 //
 // step is the test hook, called between the store and COMMIT where they
 // are separate round trips.
-func (run *txRun) commit(ctx context.Context, c *txClaim, record []byte, ttl time.Duration, step func(string)) error {
+func (run *txRun) commit(ctx context.Context, sql *keysSQL, c *txClaim, record []byte, step func(string)) (servercore.Commit, error) {
 	if run.closed {
-		return pgx.ErrTxClosed
+		return servercore.CommitUnknown, pgx.ErrTxClosed
 	}
 	run.lent.close()
 	if c == nil {
@@ -392,35 +340,35 @@ func (run *txRun) commit(ctx context.Context, c *txClaim, record []byte, ttl tim
 		if run.conn != nil {
 			run.conn.Release()
 		}
-		return err
+		return commitOutcome(err)
 	}
 	if run.conn == nil {
 		var same bool
 		if err := run.tx.QueryRow(ctx, sameTxSQL, run.began).Scan(&same); err != nil || !same {
 			run.rollback(ctx)
 			if err == nil {
-				err = errTxEnded
+				return servercore.CommitEnded, errTxEnded
 			}
-			return err
+			return commitOutcome(err)
 		}
-		tag, err := run.tx.Exec(ctx, storeTxSQL, c.row, []byte(c.Token), []byte(c.fingerprint), record, ttl)
+		tag, err := run.tx.Exec(ctx, sql.store, c.row, c.token(), record, run.row)
 		switch {
 		case err != nil:
 			run.rollback(ctx)
-			return err
+			return commitOutcome(err)
 		case tag.RowsAffected() != 1:
 			run.rollback(ctx)
-			return errClaimLost
+			return servercore.CommitClaimLost, errClaimLost
 		}
 		step("store-sent")
 		run.closed = true
-		return run.tx.Commit(ctx)
+		return commitOutcome(run.tx.Commit(ctx))
 	}
 	// One round trip: the guarded store, then COMMIT. The pgx Tx is left
 	// behind unclosed; the handler's view of it is closed, and the
 	// connection goes back to the pool only if the session is idle.
 	b := &pgx.Batch{}
-	b.Queue(storeGuardSQL, c.row, []byte(c.Token), []byte(c.fingerprint), record, ttl, run.began)
+	b.Queue(sql.storeGuard, c.row, c.token(), record, run.row, run.began)
 	b.Queue("COMMIT")
 	br := run.conn.SendBatch(ctx, b)
 	_, err := br.Exec()
@@ -431,14 +379,8 @@ func (run *txRun) commit(ctx context.Context, c *txClaim, record []byte, ttl tim
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
-	var pgErr *pgconn.PgError
-	switch {
-	case err == nil && tag.String() != "COMMIT":
+	if err == nil && tag.String() != "COMMIT" {
 		err = &pgconn.PgError{Severity: "ERROR", Code: "40000", Message: "COMMIT answered " + tag.String()}
-	case errors.As(err, &pgErr) && pgErr.Code == divisionByZero:
-		err = errClaimLost
-	case errors.As(err, &pgErr) && pgErr.Code == numericOutOfRange:
-		err = errTxEnded
 	}
 	if err != nil && run.conn.Conn().PgConn().TxStatus() != 'I' {
 		// Still in the (aborted) transaction: end it, or the connection
@@ -447,7 +389,39 @@ func (run *txRun) commit(ctx context.Context, c *txClaim, record []byte, ttl tim
 	}
 	run.closed = true
 	run.conn.Release()
-	return err
+	return commitOutcome(err)
+}
+
+// commitOutcome says what a commit's error shows.
+func commitOutcome(err error) (servercore.Commit, error) {
+	if err == nil {
+		return servercore.CommitOK, nil
+	}
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == divisionByZero:
+		return servercore.CommitClaimLost, errClaimLost
+	case errors.As(err, &pgErr) && pgErr.Code == numericOutOfRange:
+		return servercore.CommitEnded, errTxEnded
+	case serializationFailure(err):
+		return servercore.CommitSerialization, err
+	case errors.As(err, &pgErr):
+		// The server answered, and refused: the transaction rolled back.
+		return servercore.CommitRefused, err
+	}
+	return servercore.CommitUnknown, err
+}
+
+// serializationFailure reports whether err is PostgreSQL's
+// serialization_failure (40001) or deadlock_detected (40P01): the
+// transaction rolled back because of others running at the same time, and
+// running it again may succeed.
+func serializationFailure(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 }
 
 // handlerTx is the transaction as the handler sees it: the request's, but
@@ -536,3 +510,11 @@ func (t *handlerTx) Conn() *pgx.Conn { return t.tx.Conn() }
 type errRow struct{}
 
 func (errRow) Scan(...any) error { return pgx.ErrTxClosed }
+
+// dbDeadline bounds one of the middleware's own steps: a database that
+// does not answer (a partition) gets the request 503 within timeout,
+// and the connection is closed (pgx closes a connection whose context
+// ends mid-statement), so requests nobody waits for do not fill the pool.
+func dbDeadline(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, timeout)
+}

@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"errors"
 	"io"
 	"net/http"
 	"slices"
@@ -13,33 +12,6 @@ import (
 // The response side of TxMiddleware: the buffered writer, replays, and the
 // middleware's own problems.
 
-// replay sends a stored response, marked as a replay, and returns the
-// claim's outcome and the status sent. The record of a request whose
-// response was not kept gets 410; a corrupt record gets 503 and nothing
-// else.
-func (h *txHandler) replay(w http.ResponseWriter, r *http.Request, key string, record []byte) (idemserver.ClaimOutcome, int) {
-	var resp idemserver.Response
-	switch err := resp.UnmarshalBinary(record); {
-	case errors.Is(err, idemserver.ErrResponseNotKept):
-		h.m.writeError(w, r, idemserver.ProblemNotReplayable(h.m.header, key, resp.Status))
-		return idemserver.ClaimNotReplayable, http.StatusGone
-	case err != nil:
-		h.m.logger.ErrorContext(r.Context(), "idemhttp/postgres: corrupt stored response; answered 503", "key", key, "error", err)
-		w.Header().Set("Retry-After", h.m.retryAfter)
-		h.m.writeError(w, r, idemserver.ProblemStoreUnavailable(key))
-		return idemserver.ClaimReplay, 0
-	}
-	hdr := w.Header()
-	for k, vs := range resp.Header {
-		hdr[k] = vs
-	}
-	hdr.Set(idemserver.ReplayedHeader, "true")
-	hdr.Set("Content-Length", strconv.Itoa(len(resp.Body)))
-	w.WriteHeader(resp.Status)
-	_, _ = w.Write(resp.Body) // a failed write means the client left
-	return idemserver.ClaimReplay, resp.Status
-}
-
 // unstoredHeaders are never replayed: hop-by-hop fields describe one
 // connection (RFC 9110, section 7.6.1), Set-Cookie one session, and the
 // framing fields are set again for the replay.
@@ -48,20 +20,14 @@ var unstoredHeaders = []string{
 	"Set-Cookie", "Content-Length",
 }
 
-// storedHeader returns the part of the handler's header that a replay
-// sends. Only the handler's own fields are there to begin with: the
-// buffered writer starts from an empty header, not from the header that
-// outer middleware filled.
-func storedHeader(h http.Header) http.Header {
-	out := make(http.Header, len(h))
-	for k, vs := range h {
-		// Compared in canonical form: a field set as h["set-cookie"] is
-		// sent as it is spelt, and read by the client as Set-Cookie.
-		if !slices.Contains(unstoredHeaders, http.CanonicalHeaderKey(k)) {
-			out[k] = vs
-		}
-	}
-	return out
+// storedField reports whether a field of the handler's header, with
+// values vs, is sent by a replay. Only the handler's own fields are there
+// to begin with: the buffered writer starts from an empty header, not
+// from the header that outer middleware filled.
+func storedField(name string, _ []string) bool {
+	// Compared in canonical form: a field set as h["set-cookie"] is sent
+	// as it is spelt, and read by the client as Set-Cookie.
+	return !slices.Contains(unstoredHeaders, http.CanonicalHeaderKey(name))
 }
 
 func problemRolledBack(key string) *idemserver.Problem {

@@ -49,8 +49,18 @@
 // may evict one: the allkeys-* policies any key, the volatile-* policies any
 // key with a TTL (volatile-ttl the soonest to expire, in-progress claims
 // first). An evicted claim or response lets its key run a second time.
-// Under noeviction a full Redis refuses writes instead: claims fail, the
-// middleware answers 503, and nothing runs twice.
+// Under noeviction a full Redis refuses writes instead, and nothing runs
+// twice: a claim of a free key fails with [idemserver.ErrStoreFull] (the
+// middleware answers 503), while a retry of a claimed or completed key
+// still gets 409 or its replay (the Store reads the key when Redis
+// refuses the claim's SET). A claim that fitted may be followed by a
+// Complete Redis refuses, the memory having filled while the handler ran:
+// the middleware tries it again while the claim's lock is live, and
+// first pins the claim for the TTL (Renew, a PEXPIRE, which Redis runs
+// even past maxmemory), so that a Complete that never gets through leaves
+// the key claimed, answering 409 for the TTL, never free to run again
+// (TestNoEvictionNearMaxMemory). Its response reached its caller, but is
+// not replayed.
 //
 // The Store asks for the policy (CONFIG GET maxmemory-policy, on every
 // primary of a Cluster or shard of a Ring) before its first claim, and
@@ -71,8 +81,13 @@
 // it had not yet received.
 //
 // While Redis is unreachable, Claim fails and the middleware answers 503
-// with Retry-After; a response whose Complete fails is still sent to its
-// caller but not stored, and its key is free again after the lock timeout.
+// with Retry-After. A response whose Complete fails is still sent to its
+// caller; the Complete is tried again while the claim's lock is live, and
+// the claim is pinned for the TTL should Redis answer the pin: if no
+// Complete gets through, the key answers 409 for the TTL (pinned) or
+// until its lock times out (Redis unreachable throughout), after which a
+// retry runs again: an outage longer than the lock timeout, right after
+// a handler, is the one case in which a key of this store runs twice.
 // A claim whose handler is running survives an outage, a restart
 // included, shorter than 0.85 of the lock timeout: the middleware renews
 // it every tenth of the lock timeout and promptly after a failed renewal
@@ -80,5 +95,22 @@
 // go-redis resends a command whose connection failed (its MaxRetries): a
 // resent Claim recognises its own earlier claim; a resent Complete whose
 // first run succeeded reports [idemserver.ErrClaimLost], though the
-// response is stored.
+// response is stored (the middleware then leaves the key as it is).
+//
+// # Shutdown, hung handlers, upgrades
+//
+// The Store holds no state of its own: a server that shuts down (or
+// crashes) leaves its claims in Redis, where they expire with their lock
+// timeout, and its records, kept for their TTL. A handler that hangs
+// keeps its claim for as long as it runs, renewed by the middleware.
+//
+// The values are a persisted format, version 1: a claim is "C", the
+// token's length in decimal, ":", the token and the fingerprint; a
+// completed record is "R", the fingerprint's length, ":", the fingerprint
+// and the record (idemserver's record format, itself versioned by its
+// first byte). A value of another form is refused as corrupt (503), never
+// taken for a free key. A new format takes a new leading letter, read by
+// one release before another writes it, so that instances of two releases
+// side by side agree on every key; records written by the release before
+// this one are read as they are (testdata/baseline, TestBaselineRecords).
 package redis

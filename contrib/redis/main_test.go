@@ -10,6 +10,8 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/idemkit/idemhttp/internal/needs"
 )
 
 func TestMain(m *testing.M) {
@@ -29,19 +31,16 @@ func (quiet) Printf(context.Context, string, ...any) {}
 const addrEnv = "IDEMHTTP_REDIS_ADDR"
 
 // serverAddr returns the test server's address, or skips the test when
-// none is set; on CI (CI=true) a missing server fails instead, so that a
-// broken setup cannot pass as a skip.
+// none is set, for the test command's report; on CI (CI=true) a missing
+// server fails instead, so that a broken setup cannot pass as a skip (see
+// internal/needs).
 func serverAddr(t testing.TB) string {
 	t.Helper()
 	a := os.Getenv(addrEnv)
-	if a != "" {
-		return a
+	if a == "" {
+		needs.Missing(t, "Redis: "+addrEnv+" is not set", needs.Services)
 	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s is not set: on CI, run `eval \"$(bash .ci/services.sh)\"` before the tests", addrEnv)
-	}
-	t.Skipf("%s is not set: start a server with `eval \"$(bash .ci/services.sh)\"` to run this test", addrEnv)
-	return ""
+	return a
 }
 
 // newClient returns a client of the test server, closed when the test

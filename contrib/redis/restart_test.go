@@ -18,6 +18,7 @@ import (
 
 	idemredis "github.com/idemkit/idemhttp/contrib/redis"
 	"github.com/idemkit/idemhttp/idemserver"
+	"github.com/idemkit/idemhttp/internal/needs"
 )
 
 // privateRedis is a redis-server of the test's own, on a unix socket in
@@ -37,10 +38,7 @@ type privateRedis struct {
 func startPrivateRedis(t *testing.T, args ...string) *privateRedis {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("redis-server is not installed: on CI, run .ci/services.sh first")
-		}
-		t.Skip("redis-server is not installed (bash .ci/services.sh installs it)")
+		needs.Missing(t, "redis-server is not installed", needs.Services)
 	}
 	// A short directory: unix socket paths are limited to 107 bytes.
 	dir, err := os.MkdirTemp("", "idemredis")

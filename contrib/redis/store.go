@@ -264,6 +264,16 @@ func (s *Store) Claim(ctx context.Context, key string, c idemserver.Claim) (idem
 	}
 	old, err := s.c.SetArgs(ctx, s.prefix+key, claimPrefix(c.Token)+c.Fingerprint,
 		goredis.SetArgs{Mode: "NX", TTL: millis(c.LockTimeout), Get: true}).Result()
+	if goredis.IsOOMError(err) {
+		// Under noeviction past maxmemory Redis refuses every SET, even
+		// one that would only read what the key holds. Read it, so that
+		// a retry of a claimed or completed key still gets 409 or its
+		// replay; a free key cannot be claimed: the store is full.
+		old, err = lookupScript.Run(ctx, s.c, []string{s.prefix + key}).Text()
+		if errors.Is(err, goredis.Nil) {
+			return idemserver.ClaimResult{}, fmt.Errorf("idemhttp/redis: claim: %w: Redis is past maxmemory", idemserver.ErrStoreFull)
+		}
+	}
 	if errors.Is(err, goredis.Nil) {
 		return idemserver.ClaimResult{State: idemserver.Claimed}, nil
 	}
@@ -282,6 +292,12 @@ func (s *Store) Claim(ctx context.Context, key string, c idemserver.Claim) (idem
 	}
 	return idemserver.ClaimResult{State: idemserver.InProgress, Fingerprint: rest}, nil
 }
+
+// lookupScript reads a key, as a script so that it goes to the primary
+// (a GET may be sent to a replica), which runs it even past maxmemory.
+//
+//	KEYS[1]  the key
+var lookupScript = goredis.NewScript(`return redis.call('GET', KEYS[1])`)
 
 // completeScript replaces the claim held by a token with the completed
 // response, keeping the claim's fingerprint.

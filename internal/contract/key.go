@@ -20,35 +20,47 @@ const MaxKeyLen = 255
 // key held as a string or as bytes (a journal's replay, which would
 // otherwise copy every key to check it). The error wraps [ErrInvalidKey].
 func ValidateKey[T string | []byte](key T) error {
-	if len(key) == 0 {
-		return fmt.Errorf("idemhttp: %w: empty key", ErrInvalidKey)
-	}
-	if len(key) > MaxKeyLen {
-		return fmt.Errorf("idemhttp: %w: key is %d bytes, at most %d allowed", ErrInvalidKey, len(key), MaxKeyLen)
-	}
-	for i := 0; i < len(key); i++ {
-		c := key[i]
-		if c < 0x20 || c > 0x7e {
-			return fmt.Errorf("idemhttp: %w: byte %#02x at offset %d is not printable ASCII", ErrInvalidKey, c, i)
-		}
-		if c == '"' {
-			return fmt.Errorf("idemhttp: %w: double quote at offset %d", ErrInvalidKey, i)
-		}
-	}
-	if key[0] == ' ' || key[len(key)-1] == ' ' {
-		return fmt.Errorf("idemhttp: %w: leading or trailing space", ErrInvalidKey)
+	if p := idProblem(key, "key"); p != "" {
+		return fmt.Errorf("idemhttp: %w: %s", ErrInvalidKey, p)
 	}
 	return nil
 }
 
 // ValidateOperation applies the key rules to an operation id: it is
 // stored and printed by tools, so it gets the same hygiene. The error
-// wraps [ErrInvalidRequest] and [ErrInvalidKey].
+// wraps [ErrInvalidRequest] and names the operation id, not a key: the
+// caller's mistake is in WithOperation (or Entry.Operation), and a
+// message about an invalid idempotency key sends them looking at keys
+// they never set.
 func ValidateOperation(op string) error {
-	if err := ValidateKey(op); err != nil {
-		return fmt.Errorf("idemhttp: %w: operation id: %w", ErrInvalidRequest, err)
+	if p := idProblem(op, "operation id"); p != "" {
+		return fmt.Errorf("idemhttp: %w: invalid operation id: %s", ErrInvalidRequest, p)
 	}
 	return nil
+}
+
+// idProblem returns what breaks the key rules in id (a key, or an
+// operation id, as noun names it), "" for nothing.
+func idProblem[T string | []byte](id T, noun string) string {
+	if len(id) == 0 {
+		return "empty " + noun
+	}
+	if len(id) > MaxKeyLen {
+		return fmt.Sprintf("%s is %d bytes, at most %d allowed", noun, len(id), MaxKeyLen)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if c < 0x20 || c > 0x7e {
+			return fmt.Sprintf("byte %#02x at offset %d is not printable ASCII", c, i)
+		}
+		if c == '"' {
+			return fmt.Sprintf("double quote at offset %d", i)
+		}
+	}
+	if id[0] == ' ' || id[len(id)-1] == ' ' {
+		return "leading or trailing space"
+	}
+	return ""
 }
 
 // FormatKeyHeader returns the header value that carries key: the key

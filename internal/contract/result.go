@@ -23,9 +23,10 @@ var resultHeaders = [...]string{
 // ResultHeader returns the headers of a response that a kept result may
 // hold (a copy; nil for none): the rule for what of a response rests in a
 // journal, kept by the client and by every journal. Of the headers it
-// keeps, those holding URLs (Location, Content-Location, Link's targets,
-// Refresh's url) are redacted as request URLs are shown (see
-// [RedactURL]): a user part, the values of query parameters named in
+// keeps, every URL (Location, Content-Location, Link's targets, Refresh's
+// url, and any absolute URL in any value) is redacted by
+// [RedactHeaderURLs], the rule an error's headers follow too, as request
+// URLs are shown (see [RedactURL]): a user part, the values of query parameters named in
 // names (nil: [DefaultSecretQuery], which holds signed URLs' parameters
 // such as X-Amz-Signature and sig), the path after any of pathAfter, and
 // the fragment. A URL with none of those is kept as the server wrote it;
@@ -46,15 +47,7 @@ func ResultHeader(h http.Header, names, pathAfter []string) http.Header {
 		}
 		vals := make([]string, len(v))
 		for i, s := range v {
-			switch name {
-			case "Location", "Content-Location":
-				s = redactRef(s, names, pathAfter)
-			case "Link":
-				s = redactLink(s, names, pathAfter)
-			case "Refresh":
-				s = redactRefresh(s, names, pathAfter)
-			}
-			vals[i] = s
+			vals[i] = RedactHeaderURLs(name, s, names, pathAfter)
 		}
 		out[name] = vals
 	}
@@ -100,7 +93,7 @@ func redactLink(v string, names, pathAfter []string) string {
 			// An unterminated target: nothing after it can be told apart
 			// from a URL.
 			b.WriteString(v[:i])
-			b.WriteString("<REDACTED")
+			b.WriteString("REDACTED")
 			v = ""
 			break
 		}

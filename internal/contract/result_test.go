@@ -68,7 +68,7 @@ func TestResultHeader(t *testing.T) {
 		{
 			name: "Link unterminated",
 			give: http.Header{"Link": {`<https://h/p?token=secret; rel=next`}},
-			want: http.Header{"Link": {`<REDACTED`}},
+			want: http.Header{"Link": {`REDACTED`}},
 		},
 		{
 			name: "Refresh",
@@ -111,6 +111,7 @@ func FuzzResultHeader(f *testing.F) {
 		"https://u:p@h/",
 		"<https://h/?token=1>; rel=next, <bad",
 		"5; url=https://h/?code=1",
+		"0, URL = 'https://h/?sig=1'",
 		"%zz",
 		"",
 	} {

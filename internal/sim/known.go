@@ -2,58 +2,40 @@
 
 package sim
 
-import "time"
-
 // Bugs of the client that the simulator found and that are not fixed
 // yet. A failure one of them explains is reported as known (TestSim
 // counts it and passes); each has a test that replays its seed, skipped
 // until the fix, which then must make it pass (remove the bug from here
 // then, and unskip the test).
-const (
-	// bugClockBack: the client's clock set back, and then, before the
-	// journal sees it below its high-water mark, moved on past the
-	// mark (a day of downtime): every entry then looks younger than it
-	// is by the jump, and Resume resends an entry older than the
-	// server's retention under a key the server has forgotten
-	// (TestKnownBugClockBack).
-	bugClockBack = "a clock set back and then past the high-water mark makes entries look younger than the retention"
-
-	// bugCacheOnly: a batch whose sync failed (EIO) and whose
-	// truncation failed too stays in the page cache, not on disk; the
-	// next run of the process, on the same machine, reads it as valid
-	// and appends after it; a power cut then leaves a hole before
-	// acknowledged batches, and the journal no longer opens
-	// (ErrCorrupt): the fsync-gate problem, one fault deeper than the
-	// log's truncation handles (TestKnownBugCacheOnly).
-	bugCacheOnly = "a batch left only in the cache by a failed sync and truncation is built on, and a power cut corrupts the journal"
-)
+//
+// None is open: both the simulator found so far are fixed (their tests,
+// TestKnownBugClockBack and TestKnownBugCacheOnly, run unskipped). A bug
+// found next goes here as a constant, with its test, until its fix.
 
 // KnownBugs lists them, for the test's summary.
-var KnownBugs = []string{bugClockBack, bugCacheOnly}
+var KnownBugs []string
 
 // onceKnown is the known bug that explains an operation with more than
-// one effect, "" if none does.
-func (w *world) onceKnown(op int) string {
-	es := w.ledger.of(op)
-	w.mu.Lock()
-	back := w.clockBack
-	w.mu.Unlock()
-	for i := 1; i < len(es); i++ {
-		if es[i].key == es[0].key && es[i].at.Sub(es[0].at) > 24*time.Hour && back {
-			return bugClockBack
-		}
-	}
-	return ""
-}
+// one effect, "" if none does. None does since the journal measures a
+// clock set back, or keeps that it cannot (bugClockBack, fixed:
+// TestKnownBugClockBack).
+func (w *world) onceKnown(int) string { return "" }
 
 // cacheKnown is the known bug that explains a journal that does not
-// open, verify or keep an acknowledged Begin: bugCacheOnly if a
-// truncation failed in the world.
-func (w *world) cacheKnown() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.cacheOnly {
-		return bugCacheOnly
-	}
-	return ""
-}
+// open, verify or keep an acknowledged Begin, "" if none does. None
+// does since the log settles a file left unclosed before it appends to
+// it (bugCacheOnly, fixed: TestKnownBugCacheOnly).
+func (w *world) cacheKnown() string { return "" }
+
+// The seven bugs of the client that the widened world of issue 32 met
+// (a 3xx left unfollowed recorded done, an unobservable transport's
+// attempt taken for not sent, a fenced withdrawal reported not sent, two
+// Clients' own sender's slots, a fresh key's 409 taken for the
+// application's, a hook's panic leaving a slot held) were fixed by the
+// lifecycle work of issue 31 before the world reached main: their seeds
+// run clean (known_test.go, TestFoundRedirectDone and the six after it).
+func (w *world) notSentKnown(*call) string   { return "" }
+func (w *world) doneKnown(int, int) string   { return "" }
+func (w *world) statusKnown(int, int) string { return "" }
+func (w *world) lostKnown(int) string        { return "" }
+func (w *world) stuckKnown() string          { return "" }

@@ -37,6 +37,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idemhttp/inbox"
+	"github.com/idemkit/idemhttp/internal/needs"
 )
 
 // The variables naming the test servers; `bash .ci/services.sh` prints
@@ -60,20 +61,21 @@ func Main(m *testing.M, childEnv string, child func() int) {
 }
 
 // Server returns the value of the variable name (one of [PostgresEnv],
-// [AMQPEnv], [NATSEnv]), or skips the test when it is not set. On CI
-// (CI=true) a missing server fails the test instead, so that a broken
-// setup cannot pass as a skip.
+// [AMQPEnv], [NATSEnv]), or skips the test when it is not set, for the
+// test command's report. On CI (CI=true) a missing server fails the test
+// instead, so that a broken setup cannot pass as a skip (see
+// internal/needs).
 func Server(t testing.TB, name string) string {
 	t.Helper()
-	if v := os.Getenv(name); v != "" {
-		return v
+	v := os.Getenv(name)
+	if v == "" {
+		needs.Missing(t, serverNames[name]+": "+name+" is not set", needs.Services)
 	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s is not set: on CI, run `eval \"$(bash .ci/services.sh)\"` before the tests", name)
-	}
-	t.Skipf("%s is not set: start the servers with `eval \"$(bash .ci/services.sh)\"` to run this test", name)
-	return ""
+	return v
 }
+
+// serverNames names the server each variable points at.
+var serverNames = map[string]string{PostgresEnv: "PostgreSQL", AMQPEnv: "RabbitMQ", NATSEnv: "NATS"}
 
 // RandomHex returns 2n random lowercase hex digits, for names private to
 // one test (schemas, queues, streams, topics) on servers other tests

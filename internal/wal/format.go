@@ -12,10 +12,17 @@ import (
 // Format constants. The layout they describe is in the package
 // documentation.
 const (
-	// Version is the format version this package writes and reads.
-	// Versions 1 and 2 were bbolt files; 3 was this log without close
-	// markers; 4, with close markers that carried no nonce.
-	Version = 5
+	// Version is the format version this package writes. Versions 1
+	// and 2 were bbolt files; 3 was this log without close markers; 4
+	// (the previous release), with close markers that carried no nonce;
+	// 5, before a file's tail was preallocated with zeros. It reads
+	// every version from MinVersion on, and an Open for writing moves an
+	// older file's header to Version before it appends anything (see
+	// docs/journal-format.md).
+	Version = 6
+
+	// MinVersion is the oldest format version this package reads.
+	MinVersion = 4
 
 	FileHeaderLen   = 24 // "IDEMJRNL", version, salt, CRC
 	BatchHeaderLen  = 20 // magic, length, sequence number, CRC
@@ -73,14 +80,7 @@ var crcTable = crc32.MakeTable(crc32.Castagnoli)
 func Checksum(b []byte) uint32 { return crc32.Checksum(b, crcTable) }
 
 // FileHeader returns the header of a new journal file with salt.
-func FileHeader(salt uint64) []byte {
-	h := make([]byte, FileHeaderLen)
-	copy(h, fileMagic[:])
-	binary.LittleEndian.PutUint32(h[8:], Version)
-	binary.LittleEndian.PutUint64(h[12:], salt)
-	binary.LittleEndian.PutUint32(h[20:], Checksum(h[:20]))
-	return h
-}
+func FileHeader(salt uint64) []byte { return fileHeaderWith(Version, salt) }
 
 // NewSalt returns a random salt for a new file, from crypto/rand.
 func NewSalt() (uint64, error) { return random64(nil) }
@@ -97,20 +97,38 @@ func random64(r io.Reader) (uint64, error) {
 	return binary.LittleEndian.Uint64(b[:]), nil
 }
 
+// fileHeaderWith returns the header of a journal file of version v
+// with salt.
+func fileHeaderWith(v uint32, salt uint64) []byte {
+	h := make([]byte, FileHeaderLen)
+	copy(h, fileMagic[:])
+	binary.LittleEndian.PutUint32(h[8:], v)
+	binary.LittleEndian.PutUint64(h[12:], salt)
+	binary.LittleEndian.PutUint32(h[20:], Checksum(h[:20]))
+	return h
+}
+
 // CheckFileHeader reports whether b starts with a journal file header
 // this build can read, and returns the file's salt. The errors wrap
 // [ErrNotJournal], [ErrCorrupt] or [ErrVersion].
 func CheckFileHeader(b []byte) (salt uint64, err error) {
+	salt, _, err = ReadFileHeader(b)
+	return salt, err
+}
+
+// ReadFileHeader is [CheckFileHeader], returning the file's format
+// version too: one from [MinVersion] to [Version].
+func ReadFileHeader(b []byte) (salt uint64, version uint32, err error) {
 	if len(b) < FileHeaderLen || [8]byte(b[:8]) != fileMagic {
-		return 0, fmt.Errorf("%w (journals written before format 3, by the bbolt engine, cannot be read: finish or delete them with the build that wrote them)", ErrNotJournal)
+		return 0, 0, fmt.Errorf("%w (journals written before format 3, by the bbolt engine, cannot be read: finish or delete them with the build that wrote them)", ErrNotJournal)
 	}
 	if Checksum(b[:20]) != binary.LittleEndian.Uint32(b[20:24]) {
-		return 0, fmt.Errorf("%w: damaged file header", ErrCorrupt)
+		return 0, 0, fmt.Errorf("%w: damaged file header", ErrCorrupt)
 	}
-	if v := binary.LittleEndian.Uint32(b[8:12]); v != Version {
-		return 0, fmt.Errorf("%w: journal format version %d, this build reads version %d", ErrVersion, v, Version)
+	if v := binary.LittleEndian.Uint32(b[8:12]); v < MinVersion || v > Version {
+		return 0, 0, fmt.Errorf("%w: journal format version %d, this build reads versions %d to %d", ErrVersion, v, MinVersion, Version)
 	}
-	return binary.LittleEndian.Uint64(b[12:20]), nil
+	return binary.LittleEndian.Uint64(b[12:20]), binary.LittleEndian.Uint32(b[8:12]), nil
 }
 
 // Magic is the batch magic of a file with salt.
@@ -189,7 +207,8 @@ func ReadRecord(b []byte) (payload []byte, n int, ok bool) {
 	return payload, RecordHeaderLen + int(size), true
 }
 
-// closeMarkerLen is the length of a close marker's payload.
+// closeMarkerLen is the length of a close marker's payload; a close
+// marker of format 4 is only its first byte.
 const closeMarkerLen = 9
 
 // closeMarker returns the payload of the record a clean close appends,
@@ -203,13 +222,21 @@ func closeMarker(nonce uint64) []byte {
 }
 
 // markerNonce reports whether a batch's records are a close marker, and
-// returns its nonce.
+// returns its nonce: 0 for a marker of format 4, which had none (a file
+// of that version upgraded in place keeps them; no payload of the layer
+// above is a lone zero byte, or starts with one).
 func markerNonce(records []byte) (nonce uint64, ok bool) {
 	p, n, ok := ReadRecord(records)
-	if !ok || n != len(records) || len(p) != closeMarkerLen || p[0] != 0 {
+	if !ok || n != len(records) || len(p) == 0 || p[0] != 0 {
 		return 0, false
 	}
-	return binary.LittleEndian.Uint64(p[1:]), true
+	switch len(p) {
+	case 1:
+		return 0, true
+	case closeMarkerLen:
+		return binary.LittleEndian.Uint64(p[1:]), true
+	}
+	return 0, false
 }
 
 // isCloseMarker reports whether a batch's records are a close marker.

@@ -177,6 +177,11 @@ type Log struct {
 	// waited for. Guarded by mu.
 	grouped bool
 
+	// alloc is the file's size: its durable part, then the zeros the
+	// log wrote ahead of its next batches (see tailFor). The committer's,
+	// and Rewrite's with the file held exclusively.
+	alloc int64
+
 	writes, commits, rewrites atomic.Uint64
 	size                      atomic.Int64
 	truncated, skipped        int64
@@ -357,7 +362,8 @@ func (l *Log) open(apply ApplyFunc) error {
 		return fail(err)
 	}
 	size := fi.Size()
-	if size < FileHeaderLen {
+	fresh := size < FileHeaderLen // a new file: its header is written and synced here
+	if fresh {
 		if size, err = initFile(l.fs, l.opts.Rand, f, l.path, size); err != nil {
 			return fail(err)
 		}
@@ -385,12 +391,27 @@ func (l *Log) open(apply ApplyFunc) error {
 			return fail(fmt.Errorf("keep the torn tail: %w", err))
 		}
 		l.tornPath = torn
-		if err := f.Truncate(res.End); err != nil {
-			return fail(err)
+	}
+	if !res.Clean && !fresh {
+		if err := settle(l.fs, f, l.path, res, size); err != nil {
+			return fail(fmt.Errorf("make the journal's last batch durable: %w", err))
+		}
+	}
+	if res.Version != Version {
+		// Before anything of this version is appended: a build of the
+		// file's version then refuses it as a whole (ErrVersion), rather
+		// than as corrupt at the first record it does not know. The
+		// header is 24 bytes at the start of the first sector, which a
+		// disk writes whole or not at all (PostgreSQL keeps its control
+		// file within 512 bytes for the same reason); the salt stays,
+		// so every batch stays valid.
+		if _, err := f.WriteAt(fileHeaderWith(Version, res.Salt), 0); err != nil {
+			return fail(fmt.Errorf("upgrade the journal's format: %w", err))
 		}
 		if err := datasync(f); err != nil {
-			return fail(err)
+			return fail(fmt.Errorf("upgrade the journal's format: %w", err))
 		}
+		res.Version = Version
 	}
 	// A rewrite that a crash interrupted before its rename leaves its
 	// temporary file; the journal itself is the old file, intact. Only
@@ -403,7 +424,57 @@ func (l *Log) open(apply ApplyFunc) error {
 	}
 	l.f, l.fi = f, fi
 	l.setReplayed(res)
+	l.alloc = fi.Size() // settled: the end of the last batch; clean: and its preallocated zeros
 	return nil
+}
+
+// settle makes the file f, which a process that did not close it left
+// behind, durable as replay found it (res; size bytes long), before
+// anything is appended after it: the fsync-gate problem. The last batch
+// of such a file may be in the page cache only: a process whose sync of
+// it failed (EIO: Linux then marks the pages clean, and no later sync
+// writes them again, though reads still see them) and whose truncation
+// of it failed too (see [Log.write]) left it there, valid to every read
+// until the machine loses power. A batch appended after it and synced
+// would then survive a power cut that the batch before it does not: a
+// hole before acknowledged batches, and a journal that no longer opens.
+//
+// Every batch before the last one was made durable by a sync that
+// succeeded (the log writes a batch only once the one before it is on
+// disk, and stops at the first failure), so the doubt is about the last
+// one alone (or the header, in a file without a batch). settle cuts off
+// what follows the valid batches (a torn tail, already kept aside, and
+// any preallocated space, whose zeros may be as doubtful), writes the
+// last batch again, with the very bytes the reads show, so that its
+// pages are dirty again, and syncs the file and its directory (whose
+// entry a failed directory sync after a rewrite may have left unsynced).
+// If that sync succeeds, the file is on disk as the cache shows it;
+// if not, the open fails, and nothing was built on it.
+//
+// A clean close leaves nothing to settle: the close marker is written
+// only by a log that never saw a write or sync fail, after the last
+// batch's sync succeeded.
+func settle(fs FS, f File, path string, res *Replayed, size int64) error {
+	if size > res.End {
+		if err := f.Truncate(res.End); err != nil {
+			return err
+		}
+	}
+	from := int64(0)
+	if res.Seq != 0 {
+		from = res.Last.Off
+	}
+	last := make([]byte, res.End-from)
+	if _, err := f.ReadAt(last, from); err != nil {
+		return err
+	}
+	if _, err := f.WriteAt(last, from); err != nil {
+		return err
+	}
+	if err := datasync(f); err != nil {
+		return err
+	}
+	return syncDir(fs, path)
 }
 
 // TornSuffix starts the name of the file a torn tail is kept in, beside
@@ -779,9 +850,32 @@ func (l *Log) commitOne(force bool) bool {
 	return true
 }
 
-// write seals, writes and syncs b.
+// tailFor is how many zeros a commit whose batch ends the file at end
+// writes after the batch, in the same write: a quarter of the file, at
+// most 4 MiB, to a 4 KiB boundary (so the tail grows with the file, and
+// a small journal stays small). The batches
+// after it then land on blocks already allocated and written, and the
+// sync that makes each durable writes its data and nothing else: no new
+// size, no new blocks, no journal commit of the file system (ext4 took
+// about twice as long to sync a write that grew the file; fallocate's
+// unwritten extents are converted at the first write, a journal commit
+// again). Replay takes zeros after the last batch for free space.
+func tailFor(end int64) int64 {
+	n := min(end/4, 4<<20)
+	return (end+n+4095)&^4095 - end
+}
+
+// write seals, writes and syncs b, and with it the zeros of a new
+// preallocated tail when b ends past the one the file has.
 func (l *Log) write(b *Batch, seq, salt uint64) error {
 	SealBatch(b.buf, seq, b.off, salt)
+	buf := b.buf
+	if end := b.off + int64(len(buf)); end > l.alloc {
+		// Rare (the tail grows with the file): a buffer of its own,
+		// not kept, so that a log does not hold megabytes of zeros.
+		buf = make([]byte, len(b.buf)+int(tailFor(end)))
+		copy(buf, b.buf)
+	}
 	err := l.step("write")
 	if err == nil {
 		// The path must still name the file: a journal deleted or
@@ -791,12 +885,15 @@ func (l *Log) write(b *Batch, seq, salt uint64) error {
 		}
 	}
 	if err == nil {
-		_, err = l.f.WriteAt(b.buf, b.off)
+		_, err = l.f.WriteAt(buf, b.off)
 	}
 	if err == nil {
 		if err = l.step("sync"); err == nil && !l.f.WriteSyncs() {
 			err = datasync(l.f)
 		}
+	}
+	if len(buf) > len(b.buf) && err == nil {
+		l.alloc = b.off + int64(len(buf))
 	}
 	if err == nil {
 		l.commits.Add(1)
@@ -805,11 +902,17 @@ func (l *Log) write(b *Batch, seq, salt uint64) error {
 	if !errors.Is(err, ErrReplaced) {
 		// The callers are told this batch failed, so it must not come
 		// back when the file is next opened, as it would if the write
-		// reached the page cache: cut it off. If even that fails, the
-		// next open may find it whole: a Begin reported failed may
-		// reappear.
+		// reached the page cache: cut it off. If that fails too, spoil
+		// its header in the cache, which is all the next process on
+		// this machine reads (the page cache lies after a failed sync:
+		// see settle); after a power cut the batch is gone or torn
+		// anyway. If even that fails, the next open may find it whole: a
+		// Begin reported failed may reappear, and settle makes it
+		// durable before anything is built on it.
 		if terr := l.f.Truncate(b.off); terr == nil {
 			_ = datasync(l.f)
+		} else {
+			_, _ = l.f.WriteAt(make([]byte, BatchHeaderLen), b.off)
 		}
 	}
 	return fmt.Errorf("journal writes stopped: %w", err)
@@ -1136,6 +1239,12 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) (from 
 	if _, err = l.copyBatches(w, copied, l.size.Load()); err != nil {
 		return fail(err)
 	}
+	// The new file's preallocated tail, synced with it: the commits
+	// after the switch write into it, as before.
+	tail := tailFor(w.off)
+	if _, err := bulk.WriteAt(make([]byte, tail), w.off); err != nil {
+		return fail(err)
+	}
 	if err := datasync(nf); err != nil {
 		return fail(err)
 	}
@@ -1165,6 +1274,7 @@ func (l *Log) Rewrite(ctx context.Context, fill func(r Reader, w *Writer) (from 
 		l.cur.off += delta
 		l.seq, l.salt = w.seq, salt
 		l.size.Store(w.off)
+		l.alloc = w.off + tail
 		l.skipped = 0 // the damage Salvage skipped is not in the new file
 		l.marked = false
 		l.rewrites.Add(1)

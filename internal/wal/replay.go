@@ -15,14 +15,21 @@ type ApplyFunc func(off int64, n int, payload []byte) error
 
 // Replayed describes what a replay found.
 type Replayed struct {
-	Salt uint64 // the file's, from its header
-	Seq  uint64 // the last valid batch's sequence number, 0 if none
-	End  int64  // where the valid batches end
+	Salt    uint64 // the file's, from its header
+	Version uint32 // the file's format version, from its header
+	Seq     uint64 // the last valid batch's sequence number, 0 if none
+	End     int64  // where the valid batches end
 
 	// Truncated is the size of the incomplete or damaged tail after End,
 	// with nothing valid after it: a group commit that a crash cut short,
 	// or damage to the last batches that nothing after them can expose.
+	// Zeros after it, to the end of the file, are not counted: see Free.
 	Truncated int64
+
+	// Free is the size of the zeros that end the file, after End and
+	// any torn tail: space the log preallocated for its next batches
+	// (see docs/journal-format.md), not damage.
+	Free int64
 
 	// Skipped is the size of the damaged batches skipped (salvage only).
 	Skipped int64
@@ -100,13 +107,13 @@ func replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest Dig
 		// A new file, its header not (or not all) written yet, as a
 		// writer would create it: an empty log. (A writer's Open writes
 		// the header first; a read-only open, or Verify, sees it so.)
-		return &Replayed{End: size}, nil
+		return &Replayed{End: size, Version: Version}, nil
 	}
-	salt, err := CheckFileHeader(hdr)
+	salt, version, err := ReadFileHeader(hdr)
 	if err != nil {
 		return nil, err
 	}
-	res := &Replayed{Salt: salt}
+	res := &Replayed{Salt: salt, Version: version}
 	rd := &batchReader{r: r, size: size, salt: salt}
 	off := int64(FileHeaderLen)
 	marker := false
@@ -190,8 +197,14 @@ func replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest Dig
 			}
 			if next < 0 {
 				// Nothing valid follows: a group commit the crash cut
-				// short, or damage nothing after it can expose.
-				res.Truncated = size - off
+				// short, or damage nothing after it can expose, and
+				// the zeros of the preallocated tail after it (only
+				// zeros: free space, not a torn write).
+				used, err := lastNonZero(r, off, size)
+				if err != nil {
+					return nil, err
+				}
+				res.Truncated, res.Free = used-off, size-used
 				break
 			}
 			if !salvage {
@@ -215,8 +228,8 @@ func replay(r io.ReaderAt, size int64, salvage bool, apply ApplyFunc, digest Dig
 		off += int64(n)
 	}
 	res.End = off
-	if res.Truncated > 0 {
-		res.End = size - res.Truncated
+	if res.Truncated > 0 || res.Free > 0 {
+		res.End = size - res.Truncated - res.Free
 	}
 	res.Clean = marker && res.Truncated == 0
 	return res, nil
@@ -513,4 +526,26 @@ func (rd *batchReader) find(from int64, after uint64) (int64, error) {
 		from += int64(max(len(w)-len(magic)+1, 1))
 	}
 	return -1, nil
+}
+
+// lastNonZero returns the end of the last byte of r from off to size
+// that is not zero: off if there is none. It reads the file backwards a
+// window at a time, so that a preallocated tail of zeros costs one read
+// of its size, and a torn write at its start is found by the first
+// window that holds it.
+func lastNonZero(r io.ReaderAt, off, size int64) (int64, error) {
+	buf := make([]byte, 2*min(size-off, FindWindow))
+	buf, zeros := buf[:len(buf)/2], buf[len(buf)/2:]
+	for end := size; end > off; {
+		start := max(off, end-int64(len(buf)))
+		w := buf[:end-start]
+		if _, err := r.ReadAt(w, start); err != nil {
+			return 0, err
+		}
+		if !bytes.Equal(w, zeros[:len(w)]) { // memcmp's speed, not a byte loop's
+			return start + int64(len(bytes.TrimRight(w, "\x00"))), nil
+		}
+		end = start
+	}
+	return off, nil
 }

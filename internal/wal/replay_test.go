@@ -32,7 +32,7 @@ func TestReplay(t *testing.T) {
 
 	res, got, err := replayBytes(f, false)
 	require.NoError(t, err)
-	assert.Equal(t, &Replayed{Salt: testSalt, Seq: 3, End: int64(len(f))}, withoutLast(t, res))
+	assert.Equal(t, &Replayed{Salt: testSalt, Version: Version, Seq: 3, End: int64(len(f))}, withoutLast(t, res))
 	assert.Equal(t, []string{"Ba", "Bbb", "Fa", "Bc"}, got.payloads, "every record, in order")
 	o1 := int64(FileHeaderLen + BatchHeaderLen)
 	o2 := int64(FileHeaderLen + len(b1) + BatchHeaderLen)
@@ -51,12 +51,12 @@ func TestReplay(t *testing.T) {
 	var part collect
 	res, err = Replay(bytes.NewReader(f), size, false, part.apply)
 	require.NoError(t, err)
-	assert.Equal(t, &Replayed{Salt: testSalt, Seq: 1, End: size}, withoutLast(t, res))
+	assert.Equal(t, &Replayed{Salt: testSalt, Version: Version, Seq: 1, End: size}, withoutLast(t, res))
 	assert.Equal(t, []string{"Ba", "Bbb"}, part.payloads)
 
 	res, got, err = replayBytes(FileHeader(testSalt), false)
 	require.NoError(t, err)
-	assert.Equal(t, &Replayed{Salt: testSalt, End: FileHeaderLen}, withoutLast(t, res))
+	assert.Equal(t, &Replayed{Salt: testSalt, Version: Version, End: FileHeaderLen}, withoutLast(t, res))
 	assert.Empty(t, got.payloads)
 }
 
@@ -197,7 +197,8 @@ func TestReplayCutsTornTail(t *testing.T) {
 				res, got, err := replayBytes(f, salvage)
 				require.NoError(t, err, "salvage %v", salvage)
 				assert.Equal(t, []string{"Ba"}, got.payloads, "nothing of the torn batch is applied")
-				assert.Equal(t, &Replayed{Salt: testSalt, Seq: 1, End: int64(len(head)), Truncated: int64(len(tt.give))}, withoutLast(t, res))
+				torn := tornLen(tt.give)
+				assert.Equal(t, &Replayed{Salt: testSalt, Version: Version, Seq: 1, End: int64(len(head)), Truncated: torn, Free: int64(len(tt.give)) - torn}, withoutLast(t, res))
 			}
 		})
 	}
@@ -365,7 +366,8 @@ func TestReplayBounds(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"Ba"}, c.payloads)
 	assert.Equal(t, end, res.End)
-	assert.Equal(t, r.size-end, res.Truncated, "the oversized batch is a torn tail")
+	assert.Positive(t, res.Truncated, "the oversized batch is a torn tail")
+	assert.Equal(t, r.size-end, res.Truncated+res.Free, "and the zeros after it, free space")
 	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(16<<20), "bytes allocated")
 }
 
@@ -383,6 +385,11 @@ func seedFiles() [][]byte {
 		file(b1, batch(3, c)),
 		file(b1, []byte("garbage"), b3),
 		file(batch(1, a, rec("\x00"), c)),
+		// A preallocated tail: zeros after the last batch, after a
+		// marker, after a torn batch.
+		cat(file(b1, b2), make([]byte, 64)),
+		cat(file(b1, marker(2)), make([]byte, 64)),
+		cat(file(b1, b2[:len(b2)-3]), make([]byte, 64)),
 	}
 }
 
@@ -445,7 +452,13 @@ func checkReplay(t *testing.T, f []byte, salvage bool) {
 	require.Equal(t, uint64(testSalt), res.Salt)
 	require.GreaterOrEqual(t, res.End, int64(FileHeaderLen))
 	require.LessOrEqual(t, res.End, int64(len(f)))
-	require.Equal(t, int64(len(f))-res.End, res.Truncated, "everything after End is cut off")
+	require.Equal(t, int64(len(f))-res.End, res.Truncated+res.Free, "everything after End is cut off, or free")
+	// The free space is zeros, and a torn tail ends with a byte that is
+	// not: zeros after the last batch are never damage.
+	require.Empty(t, bytes.TrimLeft(f[int64(len(f))-res.Free:], "\x00"), "free space is zeros")
+	if res.Truncated > 0 {
+		require.NotZero(t, f[res.End+res.Truncated-1], "a torn tail ends with what is not a zero")
+	}
 	require.LessOrEqual(t, res.Skipped, res.End-FileHeaderLen)
 	if !salvage {
 		require.Zero(t, res.Skipped)
@@ -455,7 +468,7 @@ func checkReplay(t *testing.T, f []byte, salvage bool) {
 		// Also with salvage: a batch after the marker that salvage
 		// skips makes the file not end with it (seed
 		// marker-then-stale-batch; Clean stayed set before the fix).
-		require.True(t, isCloseMarker(f[res.End-RecordHeaderLen-closeMarkerLen:]), "Clean, and the file ends with a marker")
+		require.True(t, isCloseMarker(f[res.End-RecordHeaderLen-closeMarkerLen:res.End]), "Clean, and the file ends with a marker")
 	}
 	prev := int64(FileHeaderLen + BatchHeaderLen)
 	for i, off := range got.offs {
@@ -474,7 +487,7 @@ func checkReplay(t *testing.T, f []byte, salvage bool) {
 	require.NoError(t, err)
 	require.Equal(t, got, again)
 	want := *res
-	want.Truncated = 0
+	want.Truncated, want.Free = 0, 0
 	want.Clean = cut.Clean // a cut file may now end with a marker
 	require.Equal(t, &want, cut)
 
@@ -546,7 +559,9 @@ func TestReplayTornTailSearchIsLinear(t *testing.T) {
 			select {
 			case r := <-done:
 				require.NoError(t, r.err)
-				assert.Equal(t, int64(len(f)-FileHeaderLen-len(batch(1, rec("Ba")))), r.res.Truncated)
+				tail := f[FileHeaderLen+len(batch(1, rec("Ba"))):]
+				assert.Equal(t, tornLen(tail), r.res.Truncated)
+				assert.Equal(t, int64(len(tail)), r.res.Truncated+r.res.Free)
 				t.Logf("torn tail of %d bytes replayed in %v", r.res.Truncated, time.Since(start))
 			case <-time.After(limit):
 				t.Fatalf("a torn tail of %d bytes still replaying after %v", len(f), limit)
@@ -590,4 +605,11 @@ func TestReplaySalvageReusesItsWindow(t *testing.T) {
 	assert.Len(t, c.payloads, 64)
 	assert.Positive(t, res.Skipped)
 	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(8<<20), "allocated for 64 damaged regions")
+}
+
+// tornLen is how much of a tail replay takes for a torn write: up to its
+// last byte that is not zero; the zeros after it are free space (a
+// preallocated tail).
+func tornLen(tail []byte) int64 {
+	return int64(len(bytes.TrimRight(tail, "\x00")))
 }
