@@ -262,7 +262,7 @@ func (t attemptTransport) roundTripFor(a *operation, r *http.Request) (*http.Res
 		}
 	}
 	resp, err := t.roundTrip(r)
-	if err == nil {
+	if err == nil && resp != nil { // nil: send and http.Client say what is wrong
 		hideUnparsableLocation(r, resp)
 	}
 	if a != nil && err == nil {
