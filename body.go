@@ -588,6 +588,9 @@ type streamed struct {
 	first   verifyingBody
 	ref     bodyRef
 	getBody func() (io.ReadCloser, error)
+	// handFirst: the engine sends the first attempt too (config.engineFirst,
+	// for tests): its first rewind hands over first.
+	handFirst bool
 }
 
 // body is the engine's ReaderFunc for a streamed request: a body from
@@ -595,6 +598,10 @@ type streamed struct {
 func (a *operation) body() (io.Reader, error) {
 	if a.probing {
 		return http.NoBody, nil // retryEngine sets ContentLength from the request
+	}
+	if st := a.stream; st.handFirst {
+		st.handFirst = false
+		return &st.first, nil
 	}
 	rc, err := a.stream.getBody()
 	if err != nil {

@@ -117,6 +117,10 @@ type config struct {
 	inflight atomic.Int64
 	// keyToken: the key header's name is a token (net/http sends it).
 	keyToken bool
+	// engineFirst: the first attempt goes through go-retryablehttp's
+	// engine too, as every attempt did before send.go; set only by
+	// TestFirstAttemptMatchesEngine, which compares the two.
+	engineFirst bool
 	// traceable: the Transport is net/http's, which reports httptrace
 	// events, so an attempt that never obtained a connection failed
 	// before anything could be sent (see wire.go); h2c: it may speak

@@ -15,11 +15,46 @@ import (
 // This file sends a call's first attempt itself and hands the call over to
 // go-retryablehttp's engine only for a retry: most calls succeed at once,
 // and the engine costs a Client, a body closure and its own bookkeeping per
-// call. run does for the first attempt what the engine's loop does (the
-// request hook, the attempt, CheckRetry, the ErrorHandler; for a retry the
-// drain, the wait and PrepareRetry) in the same order and with the same
-// functions, so an outcome is decided the same whichever sent the
-// attempt; TestFirstAttemptMatchesEngine pins it.
+// call.
+//
+// Why the outcome cannot differ from the engine's. Every decision of the
+// lifecycle is taken in functions both paths call, in the order the
+// engine's loop (retryablehttp.Client.Do, v0.7.8) calls them, with the
+// same arguments:
+//
+//   - hooks and the Pacer: engineRequestHook before the attempt (the
+//     engine's RequestLogHook, installed under the same condition, hooked);
+//     a Pacer's refusal is taken by handOver, in attemptTransport, which
+//     both paths send through;
+//   - evidence of sending: the httptrace of the call's context (wire.go)
+//     and handOver, both in the request and its transport, which are the
+//     same objects; checkRetry reads them after the attempt, as the
+//     engine's CheckRetry (engineCheckRetry) does;
+//   - redirects: a response net/http's Client would follow goes to that
+//     Client (hc, the engine's own), which follows it by the same
+//     CheckRedirect; send only spares it the first hop's resend
+//     (operation.replay). Everything else http.Client.Do does for one hop
+//     send does the same way (TestSendMatchesHTTPClient compares the two
+//     answer by answer), or leaves to http.Client whole;
+//   - PrepareRequest and the header checks run before run, on out, for
+//     both;
+//   - the outcome, parking included: checkRetry (which decides a retry, a
+//     give-up and a park) and engineErrorHandler, then finish and settle,
+//     the same functions;
+//   - between attempts: the 4 KiB drain, the wait on a.delay (which
+//     engineBackoff would return), the cancellation's bare context error
+//     (which finish joins), PrepareRetry on a shallow copy: the engine's
+//     steps, in its order. From the second attempt on, the engine runs
+//     the call (retryEngine);
+//   - a panic anywhere unwinds through the same frames' defers: proceed's
+//     unwind, with lastResp set by roundTripFor on either path.
+//
+// TestFirstAttemptMatchesEngine runs calls of every kind (answers, errors
+// before and after the wire, redirects followed and refused, PrepareRequest,
+// hooks, a Pacer's refusal, a Retry-After that parks, panics, streamed
+// bodies) both ways (config.engineFirst sends the first attempt through the
+// engine, as before) and compares what the caller, the hooks, the server
+// and the journal see.
 //
 // send sends one attempt as http.Client.Do would, without the redirect
 // bookkeeping it pays for on every request (a copy of the header, a
@@ -41,6 +76,12 @@ type retryEngine struct {
 // run sends the call's attempts, out being the first, and returns what the
 // engine's Client.Do would have returned for them.
 func (a *operation) run(out *http.Request) (*http.Response, error) {
+	if a.cfg.engineFirst {
+		if a.stream != nil {
+			a.stream.handFirst = true // the engine's first rewind sends the caller's Body
+		}
+		return a.retryEngine(out)
+	}
 	if a.hooked() {
 		engineRequestHook(nil, out, 0)
 	}
@@ -85,7 +126,8 @@ func (a *operation) hooked() bool {
 }
 
 // retryEngine makes the call's engine and runs the attempts after the
-// first on it, next being the second.
+// first on it, next being the second (or all of them, next the first,
+// under config.engineFirst).
 func (a *operation) retryEngine(next *http.Request) (*http.Response, error) {
 	e := &retryEngine{}
 	a.eng = e
@@ -148,7 +190,9 @@ func (a *operation) send(req *http.Request) (*http.Response, error) {
 	switch resp.StatusCode {
 	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
 		a.replay = resp
-		return hc.Do(req)
+		resp, err := hc.Do(req)
+		a.replay = nil // taken by its first RoundTrip; never left for another attempt
+		return resp, err
 	}
 	return resp, nil
 }
