@@ -527,7 +527,11 @@ func child(mode string) int {
 		if err != nil {
 			return childFail(err)
 		}
-		mw := &idemserver.Middleware{Store: postgres.NewStore(pool), SingleTenant: true}
+		store, err := postgres.NewStore(ctx, pool)
+		if err != nil {
+			return childFail(err)
+		}
+		mw := &idemserver.Middleware{Store: store, SingleTenant: true}
 		srv := &http.Server{Handler: mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body)
 			w.Header().Set("Content-Type", "application/json")
