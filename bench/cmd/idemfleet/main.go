@@ -50,7 +50,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -596,10 +595,7 @@ func (instant) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 func report(r childReport) int {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
-		r.CPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	}
+	r.CPU = selfCPU()
 	b, _ := json.Marshal(r)
 	fmt.Println(string(b))
 	return 0
