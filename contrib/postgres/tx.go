@@ -346,9 +346,10 @@ type TxOptions struct {
 // Create one with [NewTxMiddleware]; it is safe for concurrent use.
 type TxMiddleware struct {
 	db          DB
-	table       string   // the key table's schema-qualified name, which scopes the claims' advisory locks
-	sql         *keysSQL // the statements, on that table
-	recovery    string   // the recovery table's schema-qualified name
+	table       string     // the key table's schema-qualified name, which scopes the claims' advisory locks
+	sql         *keysSQL   // the statements, on that table
+	wire        *wireStmts // the statements TxMiddleware sends on the wire
+	recovery    string     // the recovery table's schema-qualified name
 	core        servercore.Config
 	dbTimeout   time.Duration
 	principal   func(*http.Request) string
@@ -464,6 +465,7 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 	if m.maxStored <= 0 {
 		m.maxStored = idemserver.DefaultMaxStoredBody
 	}
+	m.wire = newWireStmts(m.sql, txBeginSQL(m.isoLevel))
 	m.core = servercore.Config{
 		Mode:                 servercore.Transactional,
 		ShouldStore:          opts.ShouldStore,
@@ -682,7 +684,6 @@ func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fingerprint: m.fingerprint(r, body),
 		body:        body,
 	}
-	c.fp = []byte(c.fingerprint)
 	c.row = scopedRowKey(scope, key)
 	c.lock = advisoryKey(m.table, c.row)
 	h.serve(w, r, c)
@@ -692,8 +693,8 @@ func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type txClaim struct {
 	TxKey
 	fingerprint string
-	fp          []byte // fingerprint, as the statements send it
-	tokenBytes  []byte // Token, as the statements send it (see token)
+	fp          []byte // fingerprint, as pgx sends it (see fpBytes)
+	tokenBytes  []byte // Token, as pgx sends it (see token)
 	row         []byte // the key's primary key in idemhttp_keys
 	lock        int64  // the key's advisory lock
 	body        []byte // the request body, for a run again
@@ -706,6 +707,15 @@ func (c *txClaim) token() []byte {
 		c.tokenBytes = []byte(c.Token)
 	}
 	return c.tokenBytes
+}
+
+// fpBytes returns the claim's fingerprint as pgx sends it, converted
+// once.
+func (c *txClaim) fpBytes() []byte {
+	if c.fp == nil {
+		c.fp = []byte(c.fingerprint)
+	}
+	return c.fp
 }
 
 // step calls the test hook, if any.
