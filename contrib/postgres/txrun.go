@@ -219,7 +219,7 @@ func (h *txHandler) claimOnce(d *dbStep, c *txClaim) (*txRun, servercore.Found, 
 		if aerr != nil {
 			return nil, servercore.Found{}, aerr
 		}
-		if w := wireFor(conn.Conn()); w != nil {
+		if w := wireFor(conn.Conn()); w != nil && m.wire != nil {
 			run, found, locked, err = h.beginWire(d, c, conn, w)
 		} else {
 			run, found, locked, err = h.beginBatch(ctx, c, conn)

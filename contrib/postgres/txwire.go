@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"time"
 
@@ -80,7 +81,17 @@ type wireStmts struct {
 	begin, setIdle, claim, lookup, storeGuard, sameTx, commit, rollback *wireStmt
 }
 
+// newWireStmts returns the statements of a middleware on sql's table, or
+// nil (every statement through pgx) should one hold a NUL byte, which
+// would end it early in the Parse message and put the rest of the message
+// out of step with the server. The table's name, quoted by the server
+// (findTable), holds none; this keeps it so whatever the name.
 func newWireStmts(sql *keysSQL, begin string) *wireStmts {
+	for _, q := range [...]string{begin, sql.claim, sql.lookup, sql.storeGuard} {
+		if strings.IndexByte(q, 0) >= 0 {
+			return nil
+		}
+	}
 	return &wireStmts{
 		begin:      newWireStmt(begin),
 		setIdle:    newWireStmt(setIdleTimeoutSQL, oidText),
@@ -111,6 +122,7 @@ type wireConn struct {
 
 	buf     []byte
 	parsing []string // the names whose Parse is in the flight
+	stale   error    // a statement of the flight found prepared statements out of step (see staleStatement)
 	res     []wireResult
 	vals    []byte // the first rows' values, copied (res refers into it)
 }
@@ -147,6 +159,7 @@ func wireFor(conn *pgx.Conn) *wireConn {
 
 // start begins a flight.
 func (w *wireConn) start() {
+	w.stale = nil
 	w.buf = w.buf[:0]
 	w.parsing = w.parsing[:0]
 	w.res = w.res[:0]
@@ -285,10 +298,21 @@ func (w *wireConn) run(cancel context.Context, deadline time.Time) error {
 	}
 	err := w.exchange()
 	if stop != nil && !stop() {
+		// The deadline was set to now: wait for that, so that the reset
+		// below comes after it. An exchange that completed all the same
+		// keeps its outcome (a COMMIT answered is known to have run).
 		stopped.Wait()
-		if err == nil {
-			err = &wireError{err: cancel.Err()}
+		if err != nil {
+			err = &wireError{err: errors.Join(err, cancel.Err())}
 		}
+	}
+	if err == nil && w.stale != nil {
+		// The connection's prepared statements are not what w.prepared
+		// says (see staleStatement): the connection is dropped, with the
+		// transaction, and the next one prepares afresh. The server
+		// refused the statement, so what the flight ran rolls back: the
+		// claim may be tried again on another connection.
+		err = &wireError{err: w.stale, safeToRetry: true}
 	}
 	if err != nil {
 		w.close()
@@ -299,6 +323,25 @@ func (w *wireConn) run(cancel context.Context, deadline time.Time) error {
 		return &wireError{err: err}
 	}
 	return nil
+}
+
+// staleStatement reports whether code, the SQLSTATE of an error one of
+// the wire's named statements met, shows that the connection's prepared
+// statements are not what the wire took them for: one deallocated
+// (invalid_sql_statement_name: DEALLOCATE or DISCARD ALL through the
+// handler's connection, or a pooler that reset the server session), one
+// prepared already (duplicate_prepared_statement, once some of them were
+// deallocated), or one whose result type a schema change moved
+// (feature_not_supported: "cached plan must not change result type",
+// which the statement then answers until it is prepared again). The wire
+// cannot tell which of its statements the server still holds, so the
+// connection goes.
+func staleStatement(code string) bool {
+	switch code {
+	case "26000", "42P05", "0A000":
+		return true
+	}
+	return false
 }
 
 // exchange writes the flight and reads the answers.
@@ -339,8 +382,8 @@ func (w *wireConn) exchange() error {
 			i++
 		case *pgproto3.ErrorResponse:
 			pgErr := pgconn.ErrorResponseToPgError(msg)
-			if pgErr.Code == "26000" { // invalid_sql_statement_name: our statements were deallocated
-				clear(w.prepared)
+			if w.named && staleStatement(pgErr.Code) {
+				w.stale = pgErr
 			}
 			if i < len(w.res) {
 				w.res[i].err = pgErr

@@ -1,0 +1,197 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idemhttp/contrib/postgres"
+)
+
+// The tests of TxMiddleware's own statements on a pool's connection (the
+// wire, txwire.go): what the connection is left in, and prepared
+// statements the server no longer holds as the wire took them.
+
+// wireTx returns a TxMiddleware on a pool of one connection, so that
+// every request meets what the one before left on it, and the pool.
+func wireTx(t *testing.T, s *testSchema) (*postgres.TxMiddleware, *pgxpool.Pool) {
+	t.Helper()
+	pool := s.pool(t, 1)
+	m, err := postgres.NewTxMiddleware(context.Background(), pool, &postgres.TxOptions{SingleTenant: true, Logger: discardLogger()})
+	require.NoError(t, err)
+	return m, pool
+}
+
+// requireClean checks that the pool's connection is outside any
+// transaction, holds no lock and answers in step: a connection given back
+// mid-transaction or mid-flight would fail one of them.
+func requireClean(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	require.Equal(t, byte('I'), conn.Conn().PgConn().TxStatus(), "the connection came back in a transaction")
+	var locks int
+	var marker string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory'), 'in step'`).Scan(&locks, &marker))
+	assert.Zero(t, locks, "advisory locks held")
+	assert.Equal(t, "in step", marker)
+	var status string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT state FROM pg_stat_activity WHERE pid = pg_backend_pid()`).Scan(&status))
+	assert.Equal(t, "active", status)
+}
+
+// TestTxWireLeavesTheConnectionClean: whatever the handler did (failed,
+// panicked, committed itself, committed and began again, left the
+// transaction aborted, saw its client leave), the pool's one connection
+// is given back outside any transaction and in step (or replaced), and
+// the next request is served on it. Checked to fail with the wire's run
+// keeping the connection after a failed exchange (w.close() dropped):
+// the client that left mid-claim handed the next request a connection
+// whose answers were the claim's.
+func TestTxWireLeavesTheConnectionClean(t *testing.T) {
+	s := newTxSchema(t)
+	m, pool := wireTx(t, s)
+	tests := []struct {
+		name string
+		give func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error
+	}{
+		{"error", func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+			_ = chargeTx(w, r, tx)
+			return errors.New("declined")
+		}},
+		{"panic", func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+			_ = chargeTx(w, r, tx)
+			panic("handler bug")
+		}},
+		{"commit", func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+			_ = chargeTx(w, r, tx)
+			_, err := tx.Exec(r.Context(), "COMMIT")
+			return err
+		}},
+		{"commit-begin", func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+			_ = chargeTx(w, r, tx)
+			_, _ = tx.Exec(r.Context(), "COMMIT")
+			_, err := tx.Exec(r.Context(), "BEGIN")
+			return err
+		}},
+		{"aborted", func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+			_ = chargeTx(httptest.NewRecorder(), r, tx)
+			_, _ = tx.Exec(r.Context(), "SELECT 1/0")
+			w.WriteHeader(http.StatusCreated)
+			return nil
+		}},
+		{"cancelled", func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+			_ = chargeTx(httptest.NewRecorder(), r, tx)
+			cancel := r.Context().Value(cancelKey{}).(context.CancelFunc)
+			cancel()
+			_, err := tx.Exec(r.Context(), "SELECT pg_sleep(0.01)")
+			return err
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := m.WrapFunc(tt.give)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader("x")).
+				WithContext(context.WithValue(ctx, cancelKey{}, cancel))
+			req.Header.Set("Idempotency-Key", "clean-"+tt.name)
+			func() {
+				defer func() { _ = recover() }()
+				h.ServeHTTP(httptest.NewRecorder(), req)
+			}()
+			requireClean(t, pool)
+			assert.Equal(t, http.StatusCreated, post(t, m.WrapFunc(chargeTx), "clean-next-"+tt.name, "x").Status)
+			requireClean(t, pool)
+		})
+	}
+
+	t.Run("client-left-mid-claim", func(t *testing.T) {
+		// The claim's insert waits for the key's row, locked by another
+		// transaction, until the client leaves.
+		admin := s.admin(t)
+		ctx := context.Background()
+		_, err := admin.Exec(ctx, `INSERT INTO `+s.name+`.idemhttp_keys (key, token, fingerprint, expires_at) VALUES ($1, 'x', 'x', now() - interval '1 hour')`, postgres.ScopedRowKey("", "clean-waits"))
+		require.NoError(t, err)
+		lock, err := admin.Begin(ctx)
+		require.NoError(t, err)
+		_, err = lock.Exec(ctx, `SELECT 1 FROM `+s.name+`.idemhttp_keys WHERE key = $1 FOR UPDATE`, postgres.ScopedRowKey("", "clean-waits"))
+		require.NoError(t, err)
+		code, _ := postWithin(m.WrapFunc(chargeTx), "clean-waits", 300*time.Millisecond)
+		assert.Equal(t, http.StatusServiceUnavailable, code)
+		require.NoError(t, lock.Rollback(ctx))
+		requireClean(t, pool)
+		assert.Equal(t, http.StatusCreated, post(t, m.WrapFunc(chargeTx), "clean-after-wait", "x").Status)
+		requireClean(t, pool)
+	})
+}
+
+type cancelKey struct{}
+
+// TestTxWireStatementsDeallocated: the wire's prepared statements gone
+// from the server session (DISCARD ALL, as a pooler resets a session;
+// DEALLOCATE ALL through the handler's connection) or answering a result
+// type a schema change moved: the request in the way fails closed (no
+// effect committed) or, for a claim, is served on a fresh connection, and
+// the requests after it are served. Checked to fail with staleStatement
+// answering false: the connection kept failing every claim with
+// "prepared statement does not exist" (26000), and the replay after the
+// schema change with "cached plan must not change result type" (0A000).
+func TestTxWireStatementsDeallocated(t *testing.T) {
+	s := newTxSchema(t)
+	m, pool := wireTx(t, s)
+	h := m.WrapFunc(chargeTx)
+	ctx := context.Background()
+	require.Equal(t, http.StatusCreated, post(t, h, "prep-1", "x").Status)
+	require.True(t, post(t, h, "prep-1", "x").Replayed) // the lookup prepared too
+
+	t.Run("discard-all", func(t *testing.T) {
+		_, err := pool.Exec(ctx, "DISCARD ALL")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusCreated, post(t, h, "prep-2", "x").Status)
+		assert.Len(t, charges(t, s, "prep-2"), 1)
+		assert.True(t, post(t, h, "prep-1", "x").Replayed)
+		requireClean(t, pool)
+	})
+
+	t.Run("deallocate-in-handler", func(t *testing.T) {
+		dealloc := m.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+			if err := chargeTx(w, r, tx); err != nil {
+				return err
+			}
+			_, err := tx.Exec(r.Context(), "DEALLOCATE ALL")
+			return err
+		})
+		got := post(t, dealloc, "prep-3", "x")
+		assert.GreaterOrEqual(t, got.Status, 500, "the store could not be written: nothing committed")
+		assert.Empty(t, charges(t, s, "prep-3"))
+		requireClean(t, pool)
+		assert.Equal(t, http.StatusCreated, post(t, h, "prep-3", "x").Status)
+		assert.Len(t, charges(t, s, "prep-3"), 1)
+	})
+
+	t.Run("result-type-changed", func(t *testing.T) {
+		require.Equal(t, http.StatusCreated, post(t, h, "prep-4", "x").Status)
+		require.True(t, post(t, h, "prep-4", "x").Replayed)
+		admin := s.admin(t)
+		_, err := admin.Exec(ctx, `CREATE DOMAIN `+s.name+`.token_d AS bytea`)
+		require.NoError(t, err)
+		_, err = admin.Exec(ctx, `ALTER TABLE `+s.name+`.idemhttp_keys ALTER COLUMN token TYPE `+s.name+`.token_d`)
+		require.NoError(t, err)
+		assert.True(t, post(t, h, "prep-4", "x").Replayed)
+		assert.Equal(t, http.StatusCreated, post(t, h, "prep-5", "x").Status)
+		requireClean(t, pool)
+	})
+}
