@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idemhttp/contrib/postgres"
+	"github.com/idemkit/idemhttp/internal/servercore"
+	"github.com/idemkit/idemhttp/internal/servertest"
 )
 
 // The tests of TxMiddleware's own statements on a pool's connection (the
@@ -59,7 +61,9 @@ func requireClean(t *testing.T, pool *pgxpool.Pool) {
 // the next request is served on it. Checked to fail with the wire's run
 // keeping the connection after a failed exchange (w.close() dropped):
 // the client that left mid-claim handed the next request a connection
-// whose answers were the claim's.
+// whose answers were the claim's; and with the wire's watch of the
+// client's context dropped (no context.AfterFunc in run): the claim
+// waited out the minute of DBTimeout.
 func TestTxWireLeavesTheConnectionClean(t *testing.T) {
 	s := newTxSchema(t)
 	m, pool := wireTx(t, s)
@@ -129,8 +133,9 @@ func TestTxWireLeavesTheConnectionClean(t *testing.T) {
 		require.NoError(t, err)
 		_, err = lock.Exec(ctx, `SELECT 1 FROM `+s.name+`.idemhttp_keys WHERE key = $1 FOR UPDATE`, postgres.ScopedRowKey("", "clean-waits"))
 		require.NoError(t, err)
-		code, _ := postWithin(m.WrapFunc(chargeTx), "clean-waits", 300*time.Millisecond)
+		code, took := postWithin(m.WrapFunc(chargeTx), "clean-waits", 300*time.Millisecond)
 		assert.Equal(t, http.StatusServiceUnavailable, code)
+		assert.Less(t, took, 300*time.Millisecond+3*time.Second, "the claim outlived its client") // the slack: a busy machine's scheduling
 		require.NoError(t, lock.Rollback(ctx))
 		requireClean(t, pool)
 		assert.Equal(t, http.StatusCreated, post(t, m.WrapFunc(chargeTx), "clean-after-wait", "x").Status)
@@ -193,5 +198,84 @@ func TestTxWireStatementsDeallocated(t *testing.T) {
 		assert.True(t, post(t, h, "prep-4", "x").Replayed)
 		assert.Equal(t, http.StatusCreated, post(t, h, "prep-5", "x").Status)
 		requireClean(t, pool)
+	})
+}
+
+// tracedPool is s.pool with a tracer: TxMiddleware's statements then go
+// through pgx.Batch (the wire would hide them from the tracer).
+func tracedPool(t *testing.T, s *testSchema, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(s.url)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = s.name
+	cfg.ConnConfig.RuntimeParams["application_name"] = s.name
+	cfg.ConnConfig.Tracer = nopTracer{}
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+type nopTracer struct{}
+
+func (nopTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (nopTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestTxLargeObjectsEndWithTheRequest: the handler's large objects work in
+// the request's transaction (committed with it, on the wire and on the
+// pgx path), and fail with pgx.ErrTxClosed once the handler has returned,
+// so that a goroutine it left cannot write through a connection back in
+// the pool. Checked to fail with release not calling endLargeObjects: the
+// object made after the request was made, on both paths.
+func TestTxLargeObjectsEndWithTheRequest(t *testing.T) {
+	s := newTxSchema(t)
+	for name, pool := range map[string]*pgxpool.Pool{"wire": s.pool(t, 1), "pgx": tracedPool(t, s, 1)} {
+		t.Run(name, func(t *testing.T) {
+			m, err := postgres.NewTxMiddleware(context.Background(), pool, &postgres.TxOptions{SingleTenant: true, Logger: discardLogger()})
+			require.NoError(t, err)
+			var (
+				kept pgx.LargeObjects
+				oid  uint32
+			)
+			h := m.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+				kept = tx.LargeObjects()
+				var err error
+				if oid, err = kept.Create(r.Context(), 0); err != nil {
+					return err
+				}
+				w.WriteHeader(http.StatusCreated)
+				return nil
+			})
+			require.Equal(t, http.StatusCreated, post(t, h, "lo-"+name, "x").Status)
+			ctx := context.Background()
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_largeobject_metadata WHERE oid = $1`, oid).Scan(&n))
+			assert.Equal(t, 1, n, "the large object committed with the request")
+			_, err = kept.Create(ctx, 0)
+			assert.ErrorIs(t, err, pgx.ErrTxClosed)
+			requireClean(t, pool)
+		})
+	}
+}
+
+// TestTxConformancePgxPath: TxMiddleware on a pool whose statements go
+// through pgx.Batch (a tracer, here; the simple protocol likewise) answers
+// the shell suite's scenarios as the modelled transactional shell does,
+// as it does on the wire (TestTxConformance).
+func TestTxConformancePgxPath(t *testing.T) {
+	serverURL(t)
+	servertest.Run(t, func(t *testing.T, app *servertest.App) *servertest.Target {
+		s := newTxSchema(t)
+		m, err := postgres.NewTxMiddleware(context.Background(), tracedPool(t, s, 20),
+			&postgres.TxOptions{SingleTenant: true, MaxStoredBody: app.MaxStoredBody, Logger: discardLogger()})
+		require.NoError(t, err)
+		return &servertest.Target{
+			Mode:    servercore.Transactional,
+			Handler: m.WrapFunc(txApp(app)),
+			Effects: func(key string) int { return len(charges(t, s, key)) },
+		}
 	})
 }

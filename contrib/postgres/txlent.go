@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,8 +41,11 @@ type handlerTx struct {
 	target txTarget
 	conn   *pgx.Conn // the transaction's connection, for Conn
 	// tx is the pgx transaction, on the pgx path; nil on the wire, where
-	// lo is the one LargeObjects works through, made on first use.
-	tx, lo     pgx.Tx
+	// lo is the one LargeObjects works through, made on first use (under
+	// mu: a goroutine the handler left may call it as the run ends).
+	tx         pgx.Tx
+	mu         sync.Mutex
+	lo         pgx.Tx
 	timeout    time.Duration // bounds the making of lo
 	savepoints int64
 	closed     atomic.Bool
@@ -103,11 +107,13 @@ func (t *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResult
 // bounded by the middleware's DBTimeout; should that fail, or the handler
 // have returned, every call on them fails.
 func (t *handlerTx) LargeObjects() pgx.LargeObjects {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	switch {
 	case t.closed.Load():
 		return closedTx(pgx.ErrTxClosed).LargeObjects()
 	case t.tx != nil:
-		return t.tx.LargeObjects()
+		t.lo = t.tx // see endLargeObjects
 	case t.lo == nil:
 		ctx, cancel := context.WithTimeout(context.Background(), t.timeout)
 		defer cancel()
@@ -118,6 +124,22 @@ func (t *handlerTx) LargeObjects() pgx.LargeObjects {
 		t.lo = lo
 	}
 	return t.lo.LargeObjects()
+}
+
+// endLargeObjects closes the pgx transaction the handler's LargeObjects
+// work through, if it asked for them, so that they fail with
+// pgx.ErrTxClosed from a goroutine the handler left once the connection
+// is back in the pool: the wire's (made in LargeObjects), or pgx's own,
+// which a pool's pipelined commit leaves open. pgx closes one only by
+// sending ROLLBACK (none if it is closed already): the caller does this
+// once the request's transaction has ended, where that ROLLBACK ends
+// nothing (the server answers it with a warning).
+func (t *handlerTx) endLargeObjects(ctx context.Context) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.lo != nil {
+		_ = t.lo.Rollback(ctx)
+	}
 }
 
 // closedTx returns a pgx transaction that is closed: every call on it,

@@ -298,13 +298,12 @@ func (w *wireConn) run(cancel context.Context, deadline time.Time) error {
 	}
 	err := w.exchange()
 	if stop != nil && !stop() {
-		// The deadline was set to now: wait for that, so that the reset
-		// below comes after it. An exchange that completed all the same
-		// keeps its outcome (a COMMIT answered is known to have run).
+		// The deadline was set to now: wait for that. The step fails even
+		// if the exchange completed as the context ended: only the claim's
+		// steps take a context that ends (the client's), and they roll
+		// back when the connection closes.
 		stopped.Wait()
-		if err != nil {
-			err = &wireError{err: errors.Join(err, cancel.Err())}
-		}
+		err = &wireError{err: errors.Join(err, cancel.Err())}
 	}
 	if err == nil && w.stale != nil {
 		// The connection's prepared statements are not what w.prepared
