@@ -470,8 +470,11 @@ func (w *wireConn) value(r *wireResult, j, want int) (v []byte, ok bool) {
 	if r.nvals != want {
 		return nil, false
 	}
-	if r.n[j] < 0 {
+	switch {
+	case r.n[j] < 0:
 		return nil, true
+	case r.n[j] == 0:
+		return []byte{}, true // not NULL (w.vals may be nil)
 	}
 	return w.vals[r.off[j] : r.off[j]+r.n[j]], true
 }
