@@ -205,11 +205,24 @@ func TestTxWireStatementsDeallocated(t *testing.T) {
 // through pgx.Batch (the wire would hide them from the tracer).
 func tracedPool(t *testing.T, s *testSchema, maxConns int32) *pgxpool.Pool {
 	t.Helper()
+	return configuredPool(t, s, maxConns, func(cfg *pgx.ConnConfig) { cfg.Tracer = nopTracer{} })
+}
+
+// unnamedPool is s.pool whose statements are not kept prepared
+// (pgx.QueryExecModeExec, as for a pooler that does not keep them): the
+// wire parses its statements unnamed in every flight.
+func unnamedPool(t *testing.T, s *testSchema, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	return configuredPool(t, s, maxConns, func(cfg *pgx.ConnConfig) { cfg.DefaultQueryExecMode = pgx.QueryExecModeExec })
+}
+
+func configuredPool(t *testing.T, s *testSchema, maxConns int32, configure func(*pgx.ConnConfig)) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(s.url)
 	require.NoError(t, err)
 	cfg.ConnConfig.RuntimeParams["search_path"] = s.name
 	cfg.ConnConfig.RuntimeParams["application_name"] = s.name
-	cfg.ConnConfig.Tracer = nopTracer{}
+	configure(cfg.ConnConfig)
 	cfg.MaxConns = maxConns
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
@@ -261,21 +274,29 @@ func TestTxLargeObjectsEndWithTheRequest(t *testing.T) {
 	}
 }
 
-// TestTxConformancePgxPath: TxMiddleware on a pool whose statements go
-// through pgx.Batch (a tracer, here; the simple protocol likewise) answers
-// the shell suite's scenarios as the modelled transactional shell does,
-// as it does on the wire (TestTxConformance).
-func TestTxConformancePgxPath(t *testing.T) {
+// TestTxConformanceOtherPools: TxMiddleware answers the shell suite's
+// scenarios as the modelled transactional shell does, as it does on the
+// wire with prepared statements (TestTxConformance), on a pool whose
+// statements go through pgx.Batch (a tracer, here; the simple protocol
+// likewise) and on one that keeps no statement prepared (the wire parses
+// them in each flight). Checked to fail with the wire naming its
+// statements on a pool that keeps none (the second flight on a connection
+// met "prepared statement already exists").
+func TestTxConformanceOtherPools(t *testing.T) {
 	serverURL(t)
-	servertest.Run(t, func(t *testing.T, app *servertest.App) *servertest.Target {
-		s := newTxSchema(t)
-		m, err := postgres.NewTxMiddleware(context.Background(), tracedPool(t, s, 20),
-			&postgres.TxOptions{SingleTenant: true, MaxStoredBody: app.MaxStoredBody, Logger: discardLogger()})
-		require.NoError(t, err)
-		return &servertest.Target{
-			Mode:    servercore.Transactional,
-			Handler: m.WrapFunc(txApp(app)),
-			Effects: func(key string) int { return len(charges(t, s, key)) },
-		}
-	})
+	for name, pool := range map[string]func(*testing.T, *testSchema, int32) *pgxpool.Pool{"pgx": tracedPool, "unnamed": unnamedPool} {
+		t.Run(name, func(t *testing.T) {
+			servertest.Run(t, func(t *testing.T, app *servertest.App) *servertest.Target {
+				s := newTxSchema(t)
+				m, err := postgres.NewTxMiddleware(context.Background(), pool(t, s, 20),
+					&postgres.TxOptions{SingleTenant: true, MaxStoredBody: app.MaxStoredBody, Logger: discardLogger()})
+				require.NoError(t, err)
+				return &servertest.Target{
+					Mode:    servercore.Transactional,
+					Handler: m.WrapFunc(txApp(app)),
+					Effects: func(key string) int { return len(charges(t, s, key)) },
+				}
+			})
+		})
+	}
 }
