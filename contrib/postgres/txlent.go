@@ -134,11 +134,11 @@ func (t *handlerTx) LargeObjects() pgx.LargeObjects {
 // sending ROLLBACK (none if it is closed already): the caller does this
 // once the request's transaction has ended, where that ROLLBACK ends
 // nothing (the server answers it with a warning).
-func (t *handlerTx) endLargeObjects(ctx context.Context) {
+func (t *handlerTx) endLargeObjects(d *dbStep) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.lo != nil {
-		_ = t.lo.Rollback(ctx)
+		_ = t.lo.Rollback(d.context())
 	}
 }
 

@@ -158,7 +158,7 @@ func (run *txRun) release(d *dbStep, st *wireStmts) {
 			_, _ = run.conn.Exec(d.context(), "ROLLBACK")
 		}
 	}
-	run.lent.endLargeObjects(d.context())
+	run.lent.endLargeObjects(d)
 	run.conn.Release()
 	run.conn = nil
 }

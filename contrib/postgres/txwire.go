@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"math"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -287,12 +286,12 @@ func (w *wireConn) run(cancel context.Context, deadline time.Time) error {
 	}
 	var (
 		stop    func() bool
-		stopped sync.WaitGroup
+		stopped chan struct{} // made only for a context that can end: a flight otherwise allocates nothing here
 	)
 	if cancel.Done() != nil {
-		stopped.Add(1)
+		stopped = make(chan struct{})
 		stop = context.AfterFunc(cancel, func() {
-			defer stopped.Done()
+			defer close(stopped)
 			_ = nc.SetDeadline(time.Now())
 		})
 	}
@@ -302,7 +301,7 @@ func (w *wireConn) run(cancel context.Context, deadline time.Time) error {
 		// if the exchange completed as the context ended: only the claim's
 		// steps take a context that ends (the client's), and they roll
 		// back when the connection closes.
-		stopped.Wait()
+		<-stopped
 		err = &wireError{err: errors.Join(err, cancel.Err())}
 	}
 	if err == nil && w.stale != nil {
