@@ -6,6 +6,11 @@
 #   bash contrib/postgres/tx_bench.sh                 # 5 runs of 2000 iterations
 #   RUNS=7 BENCHTIME=4000x bash contrib/postgres/tx_bench.sh
 #   TEST_BINARY=/path/to/postgres.test bash contrib/postgres/tx_bench.sh
+#   TEST_BINARY="before.test after.test" bash contrib/postgres/tx_bench.sh
+#
+# With several test binaries (built by go test -c from two commits, say),
+# the runs alternate between them, one run each in turn, each line of the
+# output after the binary's name, so that both meet the same load.
 #
 # The server is initdb'ed afresh in a temporary directory, listens on
 # 127.0.0.1:$PORT (default 5499) only, runs with the same settings as the
@@ -70,15 +75,24 @@ cpu_ns() {
 
 export IDEMHTTP_POSTGRES_URL="postgres://postgres@127.0.0.1:$PORT/idemtest?sslmode=disable"
 if [ -n "${TEST_BINARY:-}" ]; then
-  test_cmd=("$TEST_BINARY")
+  read -r -a binaries <<<"$TEST_BINARY"
 else
   (cd "$HERE" && go test -c -o "$dir/postgres.test" .)
-  test_cmd=("$dir/postgres.test")
+  binaries=("$dir/postgres.test")
 fi
 "${psql[@]}" -d idemtest -qAtc "SELECT pg_stat_statements_reset()" >/dev/null
 before=$(cpu_ns)
-(cd "$HERE" && "${test_cmd[@]}" -test.run '^$' -test.bench "$BENCH" -test.benchmem \
-  -test.count "$RUNS" -test.benchtime "$BENCHTIME") | tee "$dir/bench.txt"
+if [ "${#binaries[@]}" = 1 ]; then
+  (cd "$HERE" && "${binaries[0]}" -test.run '^$' -test.bench "$BENCH" -test.benchmem \
+    -test.count "$RUNS" -test.benchtime "$BENCHTIME") | tee "$dir/bench.txt"
+else
+  for ((run = 1; run <= RUNS; run++)); do
+    for b in "${binaries[@]}"; do
+      (cd "$HERE" && "$b" -test.run '^$' -test.bench "$BENCH" -test.benchmem \
+        -test.count 1 -test.benchtime "$BENCHTIME") | grep '^Benchmark' | sed "s|^|$(basename "$b") |"
+    done
+  done | tee "$dir/bench.txt"
+fi
 after=$(cpu_ns)
 
 echo

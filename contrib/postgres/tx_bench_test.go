@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idemhttp/contrib/postgres"
@@ -96,7 +97,73 @@ func BenchmarkTxMiddlewareInterleaved(b *testing.B) {
 	txPool := backendPool(b, s, conc, &bk[1])
 	mw, err := postgres.NewTxMiddleware(context.Background(), txPool, &postgres.TxOptions{SingleTenant: true})
 	require.NoError(b, err)
-	handlers := [2]http.Handler{plain, mw.WrapFunc(chargeTx)}
+	interleave(b, s, [2]*pgxpool.Pool{pool, txPool}, &bk, [2]http.Handler{plain, mw.WrapFunc(chargeTx)})
+}
+
+// BenchmarkTxFloorInterleaved is BenchmarkTxMiddlewareInterleaved with,
+// in place of TxMiddleware, the least the database must do to keep a
+// response with the handler's write, by hand, in the handler's own
+// transaction on the key table, so that its pg-cpu-ratio bounds what
+// TxMiddleware's can reach:
+//
+//   - insert: one insert of the key's row, response included, after the
+//     charge (no claim: nothing keeps a duplicate from running meanwhile);
+//   - claim-store: the key's row inserted before the charge, its response
+//     stored after it (an update), as TxMiddleware does, without its
+//     advisory lock and its checks that the transaction is the claim's.
+//
+// The "tx" metrics are the floor's.
+func BenchmarkTxFloorInterleaved(b *testing.B) {
+	const record = 120 // bytes: about what TxMiddleware stores for chargeTx's 201
+	for _, name := range []string{"insert", "claim-store"} {
+		b.Run(name, func(b *testing.B) {
+			const conc = 64
+			s := newTxSchema(b)
+			var bk [2]backends
+			pool := backendPool(b, s, conc, &bk[0])
+			plain := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				err := pgx.BeginFunc(r.Context(), pool, func(tx pgx.Tx) error { return chargeTx(w, r, tx) })
+				if err != nil {
+					w.WriteHeader(http.StatusInternalServerError)
+				}
+			})
+			floorPool := backendPool(b, s, conc, &bk[1])
+			rec := make([]byte, record)
+			floor := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				key := postgres.ScopedRowKey("", r.Header.Get("Idempotency-Key"))
+				err := pgx.BeginFunc(r.Context(), floorPool, func(tx pgx.Tx) error {
+					ctx := r.Context()
+					if name == "claim-store" {
+						if _, err := tx.Exec(ctx, `INSERT INTO idemhttp_keys (key, token, fingerprint, record, expires_at)
+VALUES ($1, 'token', 'fingerprint', NULL, now() + interval '1 day')`, key); err != nil {
+							return err
+						}
+					}
+					if err := chargeTx(w, r, tx); err != nil {
+						return err
+					}
+					if name == "claim-store" {
+						_, err := tx.Exec(ctx, `UPDATE idemhttp_keys SET record = $2 WHERE key = $1`, key, rec)
+						return err
+					}
+					_, err := tx.Exec(ctx, `INSERT INTO idemhttp_keys (key, token, fingerprint, record, expires_at)
+VALUES ($1, 'token', 'fingerprint', $2, now() + interval '1 day')`, key, rec)
+					return err
+				})
+				if err != nil {
+					b.Error(err)
+				}
+			})
+			interleave(b, s, [2]*pgxpool.Pool{pool, floorPool}, &bk, [2]http.Handler{plain, floor})
+		})
+	}
+}
+
+// interleave runs the interleaved benchmark of handlers[0] (plain, on
+// pools[0]) against handlers[1] (tx, on pools[1]), the backends of each
+// pool recorded in bk.
+func interleave(b *testing.B, s *testSchema, pools [2]*pgxpool.Pool, bk *[2]backends, handlers [2]http.Handler) {
+	const conc = 64
 	var (
 		keys  atomic.Uint64
 		nanos [2]atomic.Int64
@@ -159,8 +226,8 @@ func BenchmarkTxMiddlewareInterleaved(b *testing.B) {
 	b.ReportMetric(cpu[0], "pg-cpu-plain-us")
 	b.ReportMetric(cpu[1], "pg-cpu-tx-us")
 	b.ReportMetric(cpu[1]/cpu[0], "pg-cpu-ratio")
-	pool.Close()
-	txPool.Close()
+	pools[0].Close()
+	pools[1].Close()
 	// Every tx request (and warm-up request) updated its claim row once.
 	if upd, hot := hotUpdates(b, s); upd > 0 {
 		b.ReportMetric(100*float64(hot)/float64(upd), "hot-update-%")
