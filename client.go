@@ -74,7 +74,9 @@ type Client struct {
 	// in Resume. Add credentials here: whatever it sets never reaches the
 	// journal, and never follows a redirect to another host. It gets the
 	// client's own copies of the request's URL and Header (never nil), so
-	// it may change them freely; the caller's request is not modified. An
+	// it may change them freely, but for the key header, which the client
+	// sets: one that changes or deletes it stops the call
+	// ([ErrInvalidRequest]). The caller's request is not modified. An
 	// error (or a panic) stops the call before anything is sent, and the
 	// journal keeps no entry that Resume would send.
 	PrepareRequest func(*http.Request) error
@@ -245,6 +247,9 @@ func (t attemptTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 	}
 	resp, err := t.roundTrip(r)
+	if err == nil {
+		hideUnparsableLocation(r, resp)
+	}
 	if a := attemptFrom(r.Context()); a != nil && err == nil {
 		a.lastResp = resp // for unwind: a panic before the call returns it leaves it open
 	}
@@ -254,6 +259,30 @@ func (t attemptTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 	}
 	return resp, err
+}
+
+// hideUnparsableLocation removes from a redirect a Location that
+// net/http's Client could not parse. Left in, the Client fails the call
+// with "failed to parse Location header %q", quoting the value whole (a
+// signed URL's signature with it) into the error, every retry's log line
+// and the hooks, and the attempt reads as one that got no answer. Without
+// it the Client returns the 3xx itself, as it does for any redirect
+// without a Location (net/http issues 17773, 49281): an answer that
+// nothing ran at a target, so the operation stays pending (outcome). The
+// caller loses only a header it could not have followed.
+func hideUnparsableLocation(r *http.Request, resp *http.Response) {
+	switch resp.StatusCode {
+	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
+	default:
+		return
+	}
+	loc := resp.Header.Get("Location")
+	if loc == "" {
+		return
+	}
+	if _, err := r.URL.Parse(loc); err != nil {
+		resp.Header.Del("Location")
+	}
 }
 
 func (t attemptTransport) roundTrip(r *http.Request) (*http.Response, error) {
@@ -451,6 +480,13 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		}
 		if out.Header == nil {
 			out.Header = make(http.Header)
+		}
+		if keyed && !keyHeaderIs(out.Header, p.keyHeader, a.keyVal[0]) {
+			// The key is the journal's and the call's, not the callback's:
+			// sent under another (or none), a resend under the journaled
+			// key would be a second operation to the server.
+			closeStreamed()
+			return a.settle(ctx, nil, fmt.Errorf("idemhttp: %w: PrepareRequest changed the %s header; the client sets it", ErrInvalidRequest, p.keyHeader))
 		}
 	}
 	if why := unsendable(out); why != "" {

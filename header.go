@@ -87,3 +87,21 @@ func hasHeaderFold(h http.Header, name string) bool {
 	}
 	return false
 }
+
+// keyHeaderIs reports whether h carries the key header name, in any
+// letter case, exactly once and with the value want.
+func keyHeaderIs(h http.Header, name, want string) bool {
+	n := 0
+	for k, vv := range h {
+		if len(k) != len(name) || (k != name && !strings.EqualFold(k, name)) {
+			continue
+		}
+		for _, v := range vv {
+			if v != want {
+				return false
+			}
+			n++
+		}
+	}
+	return n == 1
+}

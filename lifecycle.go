@@ -10,6 +10,8 @@ import (
 
 	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/idemkit/idemhttp/internal/contract"
+	"github.com/idemkit/idemhttp/internal/plant"
+	"github.com/idemkit/idemhttp/internal/simkey"
 )
 
 // This file is an operation's lifecycle: the one home of every decision
@@ -95,7 +97,7 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 		case rs != nil:
 			key = rs.entry.Key
 		case key == "":
-			key, minted = NewKey(), true
+			key, minted = mintKey(ctx), true
 		}
 		if !minted || a.j != nil {
 			// A caller's key, the journal's, or a minted key that Resume
@@ -139,7 +141,8 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 			}
 			a.key = e.Key
 		}
-		a.entry, a.fresh = e, minted && a.created
+		_, shared := a.j.(sharedJournal)
+		a.entry, a.fresh = e, minted && a.created && !shared
 		if !a.created {
 			if resp, err, answered := a.judge(ctx, req, e, rs); answered {
 				return resp, err, false
@@ -148,6 +151,15 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 		a.advance(phaseJournaled)
 		return nil, nil, true
 	}
+}
+
+// mintKey is NewKey, unless the simulator names the keys its calls mint
+// (internal/simkey: a world's keys must be the same on every run).
+func mintKey(ctx context.Context) string {
+	if k := simkey.Mint(ctx); k != "" {
+		return k
+	}
+	return NewKey()
 }
 
 // begin records the pending entry for a keyed call before anything is
@@ -202,10 +214,21 @@ func (a *operation) begin(ctx context.Context, req *http.Request, key string, ex
 	if explicit && existing.Key != key {
 		return nil, fmt.Errorf("idemhttp: %w: operation %q has key %s in the journal, request has %s", ErrKeyConflict, a.operation, existing.Key, key)
 	}
-	if existing.Fingerprint != fp {
+	if storedFingerprint(existing) != fp {
 		return nil, localMismatch(existing, req.Method, url, body, p.redactQuery, p.redactPath)
 	}
 	return existing, nil
+}
+
+// storedFingerprint returns e's Fingerprint or, for an entry stored
+// without one (begun directly through the previous release, which kept
+// what its producer gave), the fingerprint of the request it holds. An
+// entry that holds neither gives "", which matches no request.
+func storedFingerprint(e *Entry) string {
+	if e.Fingerprint != "" || e.Method == "" || e.Body == nil {
+		return e.Fingerprint
+	}
+	return contract.Fingerprint(e.Method, e.URL, e.Body)
 }
 
 // reread returns e as the journal holds it now, for a resend: nil and an
@@ -509,7 +532,7 @@ func (a *operation) unwind(ctx context.Context) {
 	if r := a.lastResp; r != nil && r.Body != nil && !a.returned {
 		_ = r.Body.Close() // nobody else will: its connection would leak
 	}
-	if a.settled {
+	if a.settled || plant.PanicSlot { // a planted bug (internal/plant), false but in a test build
 		return
 	}
 	switch a.phase {
@@ -544,15 +567,36 @@ func (a *operation) outcome(resp *http.Response, err error) phase {
 		return phasePending // an earlier call or run may have sent it
 	}
 	switch {
-	case err == nil && resp != nil && resp.StatusCode >= 300 && resp.StatusCode < 400:
+	case err == nil && resp != nil && resp.StatusCode >= 300 && resp.StatusCode < 400 && !plant.RedirectDone:
 		// A 3xx returned, whoever left it unfollowed (the client's rules,
 		// the caller's CheckRedirect, http.ErrUseLastResponse, a Location
-		// net/http cannot follow): nothing ran at its target.
+		// net/http cannot follow): nothing ran at its target. (The planted
+		// bugs of internal/plant are false but in a test build.)
+		return phasePending
+	case err == nil && resp != nil && notApplied(resp):
 		return phasePending
 	case err == nil, errors.Is(err, ErrKeyMismatch), errors.Is(err, ErrKeyRequired):
 		return phaseDone
+	case plant.GiveUpDone && errors.Is(err, ErrExhausted):
+		return phaseDone
 	}
 	return phasePending
+}
+
+// notApplied reports a response whose status says the server did not
+// apply the request, so that a resend under the key may still run the
+// operation (RFC 9110 §15.5): 401 and 407 (no valid credentials: what a
+// Resume without PrepareRequest meets, since the journal keeps none), 408
+// (the request did not arrive whole), 421 (the wrong server) and 425 (too
+// early, RFC 8470). Settled done, it would lose the operation: a rerun
+// would be told it is done. A replay is the server's stored answer, and
+// final.
+func notApplied(resp *http.Response) bool {
+	switch resp.StatusCode {
+	case http.StatusUnauthorized, http.StatusProxyAuthRequired, http.StatusRequestTimeout, http.StatusMisdirectedRequest, http.StatusTooEarly:
+		return !Replayed(resp)
+	}
+	return false
 }
 
 // writeFinish records the call's outcome. A failure cannot change the

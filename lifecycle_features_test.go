@@ -895,3 +895,51 @@ func TestNetHTTPsRulesAreCheckedBeforeSending(t *testing.T) {
 	_, err = j.Lookup(context.Background(), "op-bad-header")
 	assert.ErrorIs(t, err, ErrNotFound, "withdrawn")
 }
+
+// sharedRecJournal is a journal a fleet shares: it has ClaimPending, as
+// contrib/postgres's Journal.
+type sharedRecJournal struct{ *recJournal }
+
+func (sharedRecJournal) ClaimPending(context.Context, int) ([]*Entry, error) { return nil, nil }
+
+// A 409 to the first attempt under a key the call minted is the
+// application's answer only while nobody else can know the key. In a
+// fleet, another worker's Begin of the same operation finds the entry the
+// moment it is written, takes its lease and sends under its key: the 409
+// may be that request in progress, and the call waits for it as for any
+// other, rather than returning the 409 and recording the operation done
+// (the simulator's seed 1013, TestFoundFresh409Fleet). Checked to fail
+// with fresh ignoring the shared journal: the call returned the 409 after
+// one attempt, and the entry was done.
+func TestFresh409InAFleetIsInProgress(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusConflict)
+			_, _ = io.WriteString(w, `{"type":"https://iana.org/assignments/http-problem-types#idempotency-key-in-use","title":"request in progress"}`)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	for _, tt := range []struct {
+		name   string
+		j      Journal
+		status int
+		tries  int32
+	}{
+		{"one process's journal", newRecJournal(), http.StatusConflict, 1},
+		{"a fleet's journal", sharedRecJournal{newRecJournal()}, http.StatusCreated, 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			n.Store(0)
+			c := &Client{Journal: tt.j, Policy: &Policy{MaxAttempts: 3, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}}
+			resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(WithOperation(context.Background(), "op-409")))
+			require.NoError(t, err)
+			_ = resp.Body.Close()
+			assert.Equal(t, tt.status, resp.StatusCode)
+			assert.Equal(t, tt.tries, n.Load())
+		})
+	}
+}

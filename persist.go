@@ -205,7 +205,8 @@ type clockJournal interface {
 // names an operation: keys live for the life of the Client, so an
 // operation retried by the caller reuses its key and a changed body is
 // refused locally. Done entries older than the retention are pruned as
-// new ones arrive.
+// new ones arrive; pending ones past it are kept, abandoned (see
+// forgetLocked).
 type memJournal struct {
 	retention time.Duration
 	mu        sync.Mutex
@@ -328,19 +329,30 @@ func (m *memJournal) Prune(_ context.Context, cutoff time.Time) (int, error) {
 	return m.pruneLocked(cutoff), nil
 }
 
-// forgetLocked drops every entry created before cutoff, pending ones
-// included: the server has forgotten their keys too, and a long-lived
-// Client must not grow without bound. (Prune, the Journal method, keeps
-// pending entries, as its contract says; this is the memory journal's own
-// housekeeping.)
+// forgetLocked is the memory journal's own housekeeping, so that a
+// long-lived Client stays bounded: done entries created before cutoff
+// are dropped (as a journal prunes them after the retention), and
+// pending or abandoned ones are kept, as a journal keeps them, but
+// shrunk to what judge reads (no body, no headers) and marked
+// abandoned: the server may have forgotten their keys, a rerun of their
+// operation gets ErrKeyExpired, and nothing sends them again. Forgetting
+// them instead would let a rerun begin afresh under a new key and run an
+// operation that may have run already. What stays grows only with the
+// operations whose outcome was never known: the ones a person must look
+// at anyway.
 func (m *memJournal) forgetLocked(cutoff time.Time) {
 	for k, e := range m.byKey {
-		if e.Created.Before(cutoff) {
+		if !e.Created.Before(cutoff) {
+			continue
+		}
+		if e.State == StateDone {
 			delete(m.byKey, k)
 			if e.Operation != "" && m.byOp[e.Operation] == k {
 				delete(m.byOp, e.Operation)
 			}
+			continue
 		}
+		e.State, e.Body, e.Header, e.Result = StateAbandoned, nil, nil, nil
 	}
 }
 
@@ -379,6 +391,16 @@ func cloneResult(r *Result) *Result {
 // itself: it must keep them for the client's Policy.Retention.
 type retainer interface {
 	Retain(d time.Duration)
+}
+
+// sharedJournal is implemented by a [Journal] that a fleet of processes
+// shares (contrib/postgres's, journaltest.FleetModel's): the moment Begin
+// returns, another worker's Begin of the same operation may find the
+// entry, take its lease and send under its key. A key minted for a call
+// is then no longer the call's alone: a 409 to its first attempt may be
+// that worker's request in progress, not the application's answer.
+type sharedJournal interface {
+	ClaimPending(ctx context.Context, limit int) ([]*Entry, error)
 }
 
 // journalClock is implemented by a [Journal] that keeps its own clock: it

@@ -400,11 +400,13 @@ func (a *operation) rewriteGone(resp *http.Response) {
 // and budget to pay for it.
 func (a *operation) retry(ctx context.Context, reason idemtrace.RetryReason, resp *http.Response, timeout bool) (bool, error) {
 	hinted := a.hint(resp)
+	if hinted && a.retryAfter > a.p.maxRetryAfter {
+		// Before the attempts: on the last attempt too, the server's time
+		// is what a journaled operation is parked until (settle).
+		return false, a.giveUp(ErrRetryAfterTooLong, resp)
+	}
 	if a.attempts-a.conflicts >= a.p.maxAttempts {
 		return false, a.giveUp(ErrExhausted, resp)
-	}
-	if hinted && a.retryAfter > a.p.maxRetryAfter {
-		return false, a.giveUp(ErrRetryAfterTooLong, resp)
 	}
 	delay := a.backoff()
 	if hinted {

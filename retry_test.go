@@ -701,24 +701,34 @@ func TestConfigurationIsSnapshotted(t *testing.T) {
 	}
 }
 
-// Issue 11, item 15: the in-memory operation map forgets entries past the
-// retention, pending ones included, so a long-lived Client stays bounded.
+// Issue 11, item 15: the in-memory operation map forgets done entries
+// past the retention, so a long-lived Client stays bounded; a pending one
+// past it stays, abandoned and without its body, so that a rerun is
+// refused (TestAttackMemoryJournalNeverForgetsAnOperationThatMayHaveRun).
 func TestMemJournalForgetsPastRetention(t *testing.T) {
 	m := newMemJournal(time.Hour)
 	ctx := context.Background()
 	old := time.Now().Add(-2 * time.Hour)
-	_, err := m.Begin(ctx, &Entry{Key: "old-pending", Operation: "op-old", Created: old, Updated: old, State: StatePending})
+	_, err := m.Begin(ctx, &Entry{Key: "old-pending", Operation: "op-old", Created: old, Updated: old, State: StatePending, Body: []byte("body")})
 	require.NoError(t, err)
-	for i := range memPruneEvery {
+	_, err = m.Begin(ctx, &Entry{Key: "old-done", Operation: "op-done", Created: old, Updated: old, State: StatePending})
+	require.NoError(t, err)
+	require.NoError(t, m.Finish(ctx, "old-done", Outcome{State: StateDone, Status: 201, At: old}))
+	for i := range memPruneEvery - 1 {
 		now := time.Now()
 		_, err := m.Begin(ctx, &Entry{Key: fmt.Sprint("k", i), Created: now, Updated: now, State: StatePending})
 		require.NoError(t, err)
 	}
-	_, err = m.Get(ctx, "old-pending")
-	assert.ErrorIs(t, err, ErrNotFound)
+	_, err = m.Get(ctx, "old-done")
+	assert.ErrorIs(t, err, ErrNotFound, "done past the retention: forgotten")
+	e, err := m.Get(ctx, "old-pending")
+	require.NoError(t, err, "pending past the retention: kept")
+	assert.Equal(t, StateAbandoned, e.State)
+	assert.Nil(t, e.Body, "without its body")
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	assert.NotContains(t, m.byOp, "op-old")
+	assert.NotContains(t, m.byOp, "op-done")
+	assert.Contains(t, m.byOp, "op-old")
 	assert.Len(t, m.byKey, memPruneEvery)
 }
 

@@ -14,8 +14,9 @@ import (
 // ASCII), that attempts are not negative, and that the URL carries no
 // credentials (a user part, or a query parameter with a credential's
 // name such as api_key or access_token: see [Policy.RedactQuery]); it
-// drops the URL's fragment, the headers without values, and the secret
-// headers in any letter case: Authorization, Cookie, Proxy-Authorization,
+// drops the URL's fragment, the headers without values or whose names
+// are no token (net/http never sends them), and the secret headers in
+// any letter case: Authorization, Cookie, Proxy-Authorization,
 // the key header, the API keys and tokens of common APIs (X-Api-Key,
 // Api-Key, X-Auth-Token, X-Amz-Security-Token, X-Goog-Api-Key), and the
 // names in secretHeaders (a journal's SecretHeaders option; a Client

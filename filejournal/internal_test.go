@@ -1084,6 +1084,7 @@ func ijDurable(j *Journal, path, key string) error {
 	if le != nil {
 		published = !le.unsynced && le.off+int64(le.size) <= j.durable
 	}
+	durable := j.durable
 	j.mu.Unlock()
 	if !published {
 		return fmt.Errorf("%s: not published", key)
@@ -1091,6 +1092,13 @@ func ijDurable(j *Journal, path, key string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return err
+	}
+	// Only the durable prefix: past it another commit may be writing its
+	// batch (and the zeros of a preallocated tail after it) while this
+	// reads, and a read racing a write can see any mix of old and new
+	// bytes there. What is acknowledged lies within the prefix.
+	if int64(len(data)) > durable {
+		data = data[:durable]
 	}
 	idx, err := replay(data, false)
 	if err != nil {

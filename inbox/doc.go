@@ -92,29 +92,83 @@
 // adapters, and the inbox dedups across them. [DeriveMessageKey] scopes
 // idempotency keys the same way.
 //
-// # Poison messages, shutdown and hung handlers
+// # The message core
+//
+// One core decides what becomes of every delivery, for every adapter:
+// [Delivery], a state machine with no driver, clock or goroutine, takes
+// evidence (what the adapter saw on arrival, what the [Ledger] answered,
+// how the handler ended) and returns decisions (a ledger write to make, a
+// [Verb] for the broker). [Runner] is the one shell the adapters run
+// deliveries through; they only map its final decision onto their
+// broker's verbs. docs/consumer.md draws its states and transitions.
+//
+// Dead-lettering is decided from the inbox's own durable record of the
+// message's handler runs, the [Ledger] (a table beside the inbox's:
+// [SQL.Ledger]), never from a broker's delivery counter, which quorum
+// queues, JetStream and SQS raise for every delivery, those a shutdown,
+// a prefetch handed back or a neighbour's processing limit returned
+// included. The ledger counts the runs that failed, and the runs begun
+// and never ended: before the handler of a message the broker may have
+// delivered before runs, the run is recorded, in a transaction of its
+// own, so that a process that dies in it leaves the run counted. (A first
+// delivery is not so recorded, which would cost a write per message: a
+// message that kills its process is counted from its second run on.)
 //
 // What every adapter guarantees, each with its broker's means (their
 // package documentation says how):
 //
-//   - Shutdown loses nothing: when Run's context ends while a handler
-//     runs, its message goes back to the broker, to be delivered again,
-//     whatever the settings; a message already handed back is never acked
-//     afterwards.
+//   - Shutdown loses nothing and counts nothing: when Run's context ends
+//     while a handler runs, its message goes back to the broker, to be
+//     delivered again, whatever the settings, and so do the messages
+//     taken ahead of it; a message already handed back is never acked
+//     afterwards; nothing is counted against the message.
 //   - A message whose handler fails is delivered again after a delay that
-//     grows with each delivery ([Retry]), never at once, so that a
+//     grows with each counted failure ([Retry]), never at once, so that a
 //     database outage or a poison message cannot spin a consumer. After
-//     [Retry.MaxDeliveries] deliveries it goes to the broker's dead-letter
-//     destination (a dead-letter exchange, a MaxDeliver advisory, a
-//     dead-letter topic, a redrive policy) and is reported, through a hook
-//     and one log line ([ReportDeadLetter]). Nothing is dropped silently.
+//     [Retry.MaxDeliveries] failed runs it goes to the broker's
+//     dead-letter destination (a dead-letter exchange, a terminated
+//     message, a dead-letter topic; on SQS, its redrive policy, by SQS's
+//     own count) and is reported, through a hook and one log line
+//     ([ReportDeadLetter]). A message that arrives having failed that
+//     often already (it kept killing its consumers) is dead-lettered
+//     without running. Nothing is dropped silently.
 //   - A hung handler cannot hold its message for ever: past the adapter's
-//     processing limit its context ends, the message is handed back for
-//     redelivery (heartbeats and visibility extensions stop), and the
-//     inbox's transaction cannot outlive the limit (see [SQL]), so that
-//     the redelivery, which waits on the first delivery's row, gets it.
-//     The adapter's Run waits for the handler to return before it takes
-//     the next message, so that no goroutine outlives Run.
+//     processing limit its context ends, the failure is counted, the
+//     message is handed back for redelivery (heartbeats and visibility
+//     extensions stop), and so are those taken ahead of it; the inbox's
+//     transaction cannot outlive the limit (see [SQL]), so that the
+//     redelivery, which waits on the first delivery's row, gets it. The
+//     adapter's Run waits for the handler to return before it takes the
+//     next message, so that no goroutine outlives Run.
+//
+// Two imprecisions are on the side of a longer life for the message, or
+// bounded: a run begun by a delivery of the message that is live
+// elsewhere at the same moment (a copy delivered twice at once) is
+// counted as one that died, and so is a shutdown whose excuse the ledger
+// could not write (the database unreachable at that moment).
+//
+// # Formats and upgrades
+//
+// Every table of the inbox carries a format in each row (its format
+// column). The inbox table's: 1, the previous release's (every message of
+// a consumer recorded under its plain name, whatever its source; the
+// column's default, so also what an instance of that release writes
+// during a rolling deploy); 2, this release's record of a message in its
+// id space; 3, this release's copy, under the consumer's plain name, of
+// the record of a message with an id space. [SQL.Migrate] adds the column
+// to a table of the previous release in place. An id recorded before the
+// upgrade stays a duplicate in every id space, and an instance of the
+// previous release running beside this one finds the copy, and waits on
+// its row while this one processes the message: the two agree on every
+// message id. The ledger's table is new (format 1). The next release
+// stops writing copies, once no instance of the previous one can run
+// (see RELEASING.md).
+//
+// [DeriveMessageKey] keys a message with an id space differently from
+// [DeriveKey], which the previous release's consumers used: do not switch
+// an HTTP effect from one to the other while messages whose calls were
+// made under the old keys may be redelivered (within the server's key
+// retention), or the server runs them again.
 //
 // # Retention
 //

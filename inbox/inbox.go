@@ -175,7 +175,12 @@ func deriveKey(secret []byte, consumer, messageID string) (string, error) {
 // space as [SQL.Handle] scopes its rows: the key of
 // [StoredConsumer](consumer, m.IDSpace) and m.ID. Two queues whose ids
 // overlap get different keys, unless their adapters declare one shared id
-// space; a message with no id space gets DeriveKey's key.
+// space; a message with no id space gets DeriveKey's key. A consumer that
+// switches from DeriveKey to DeriveMessageKey changes the keys of its
+// messages with an id space: a redelivery of a message whose call was
+// made under the old key then runs it again at the server, so switch
+// only when no such message can come back within the server's key
+// retention.
 func DeriveMessageKey(secret []byte, consumer string, m *Message) (string, error) {
 	c, err := StoredConsumer(consumer, m.IDSpace)
 	if err != nil {

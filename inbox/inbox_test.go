@@ -12,16 +12,11 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/inbox"
 	"github.com/idemkit/idemhttp/internal/contract"
 )
-
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
 
 func TestStoredID(t *testing.T) {
 	long := strings.Repeat("x", inbox.MaxIDLen)

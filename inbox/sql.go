@@ -165,32 +165,80 @@ func isIdentifier(s string) bool {
 }
 
 // Schema returns the statements that create the inbox table (named as
-// [SQL.Table] says) and its index, valid on PostgreSQL and SQLite, for
-// migration tools. [SQL.Migrate] runs them.
+// [SQL.Table] says), its index and its ledger table ([SQL.Ledger]), valid
+// on PostgreSQL and SQLite, for migration tools that manage the schema
+// themselves. A table created by the previous release (with no format
+// column) also needs
+//
+//	ALTER TABLE <table> ADD COLUMN format smallint NOT NULL DEFAULT 1;
+//
+// which [SQL.Migrate] runs when the column is missing. See Formats and
+// upgrades in the package documentation.
 func (s *SQL) Schema() (string, error) {
 	t, err := s.table()
 	if err != nil {
 		return "", err
 	}
-	return schemaFor(t), nil
+	l, err := ledgerTable(t)
+	if err != nil {
+		return "", err
+	}
+	return schemaFor(t, l), nil
 }
 
-func schemaFor(t string) string {
+// The formats of the inbox's rows: the format column of each row says
+// which release wrote it, and why. A row of the previous release, which
+// had no column, and a row an instance of it writes during a rolling
+// deploy, take the column's default, 1.
+const (
+	// formatLegacy (1): written by the previous release, which recorded
+	// every message of a consumer in one id space: (consumer, id).
+	formatLegacy = 1
+	// formatOwn (2): this release's record of a message in its own id
+	// space: (StoredConsumer(consumer, space), id), which for a message
+	// with no id space is (consumer, id).
+	formatOwn = 2
+	// formatCopy (3): this release's copy, under the consumer's plain
+	// name, of its record of a message with an id space: an instance of
+	// the previous release running beside it in a rolling deploy looks
+	// there, sees the message as processed, and waits on that row while
+	// this release processes it. It says nothing to this release about
+	// any id space; a message with no id space whose row it occupies
+	// takes it over (format 2).
+	formatCopy = 3
+)
+
+// ledgerFormat is the format of the ledger's rows (format column).
+const ledgerFormat = 1
+
+func schemaFor(t, l string) string {
 	return `CREATE TABLE IF NOT EXISTS ` + t + ` (
-    consumer     text   NOT NULL, -- the consumer (group), and the id space: see StoredConsumer
-    id           text   NOT NULL, -- the message id, as StoredID gives it
-    processed_at bigint NOT NULL, -- Unix microseconds by the database's clock, for Prune
+    consumer     text     NOT NULL, -- the consumer (group), and the id space: see StoredConsumer
+    id           text     NOT NULL, -- the message id, as StoredID gives it
+    processed_at bigint   NOT NULL, -- Unix microseconds by the database's clock, for Prune
+    format       smallint NOT NULL DEFAULT 1, -- 1: the previous release's row; 2: this one's; 3: this one's copy for the previous
     PRIMARY KEY (consumer, id)
 );
 CREATE INDEX IF NOT EXISTS ` + t + `_processed_at ON ` + t + ` (processed_at);
+CREATE TABLE IF NOT EXISTS ` + l + ` (
+    consumer   text     NOT NULL, -- as in the inbox table
+    id         text     NOT NULL, -- as in the inbox table
+    failures   integer  NOT NULL DEFAULT 0, -- handler runs that failed
+    running    integer  NOT NULL DEFAULT 0, -- handler runs begun and not ended
+    updated_at bigint   NOT NULL, -- Unix microseconds by the database's clock, for Prune
+    format     smallint NOT NULL DEFAULT 1, -- the row's format: 1
+    PRIMARY KEY (consumer, id)
+);
 `
 }
 
-// Migrate creates the inbox table and its index if they do not exist. It
-// is idempotent. Two processes migrating a new PostgreSQL database at the
-// same instant may see one of them fail with a unique violation in the
-// catalog (PostgreSQL's CREATE ... IF NOT EXISTS is not atomic); run it
-// once at deployment, or retry.
+// Migrate creates the inbox table, its index and its ledger table if they
+// do not exist, and upgrades an inbox table of the previous release in
+// place (adding the format column, whose default marks its rows as that
+// release's). It is idempotent. Two processes migrating a new PostgreSQL
+// database at the same instant may see one of them fail with a unique
+// violation in the catalog (PostgreSQL's CREATE ... IF NOT EXISTS is not
+// atomic); run it once at deployment, or retry.
 func (s *SQL) Migrate(ctx context.Context) error {
 	if s.DB == nil {
 		return errors.New("inbox: migrate: SQL.DB is nil")
@@ -199,7 +247,15 @@ func (s *SQL) Migrate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for _, stmt := range strings.Split(schemaFor(t), ";\n") {
+	l, err := ledgerTable(t)
+	if err != nil {
+		return err
+	}
+	engine, err := s.engineOf(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox: migrate: %w", err)
+	}
+	for _, stmt := range strings.Split(schemaFor(t, l), ";\n") {
 		if strings.TrimSpace(stmt) == "" {
 			continue
 		}
@@ -207,7 +263,48 @@ func (s *SQL) Migrate(ctx context.Context) error {
 			return fmt.Errorf("inbox: migrate: %w", err)
 		}
 	}
+	if err := addFormatColumn(ctx, s.DB, engine, t); err != nil {
+		return fmt.Errorf("inbox: migrate: upgrade %s: %w", t, err)
+	}
 	return nil
+}
+
+// addFormatColumn adds the format column to the table t of the previous
+// release, when it lacks one. Its default, 1, marks the rows already
+// there as that release's, and the rows an instance of it writes during a
+// rolling deploy. PostgreSQL adds it without rewriting the table.
+func addFormatColumn(ctx context.Context, db *sql.DB, engine int32, t string) error {
+	// Look first: ALTER TABLE takes the table's strongest lock even when it
+	// has nothing to do, and every instance migrates at start-up.
+	q := "SELECT count(*) FROM pragma_table_info($1) WHERE name = 'format'"
+	if engine == enginePostgres {
+		// to_regclass resolves t on the search_path, as the statements do.
+		q = "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'format' AND NOT attisdropped"
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, q, t).Scan(&n); err != nil {
+		return err
+	}
+	if n > 0 {
+		return nil
+	}
+	// PostgreSQL adds a column with a constant default without rewriting
+	// the table; IF NOT EXISTS covers a concurrent Migrate.
+	stmt := "ALTER TABLE " + t + " ADD COLUMN format smallint NOT NULL DEFAULT 1"
+	if engine == enginePostgres {
+		stmt = "ALTER TABLE " + t + " ADD COLUMN IF NOT EXISTS format smallint NOT NULL DEFAULT 1"
+	}
+	_, err := db.ExecContext(ctx, stmt)
+	return err
+}
+
+// ledgerTable is the name of the ledger table of the inbox table t.
+func ledgerTable(t string) (string, error) {
+	l := t + "_ledger"
+	if !isIdentifier(l) {
+		return "", fmt.Errorf("%w: %q (the ledger's table, %q, would pass 63 bytes)", ErrInvalidTable, t, l)
+	}
+	return l, nil
 }
 
 // Process runs fn exactly once for the message messageID of consumer, in a
@@ -263,12 +360,14 @@ func (s *SQL) ProcessBatch(ctx context.Context, consumer string, ids []string, f
 	if err := checkConsumer(consumer); err != nil {
 		return nil, err
 	}
-	return s.processBatch(ctx, consumer, ids, fn)
+	return s.processBatch(ctx, consumer, consumer, ids, fn)
 }
 
 // processBatch is ProcessBatch for a consumer column already checked (and
-// maybe scoped by an id space, see StoredConsumer).
-func (s *SQL) processBatch(ctx context.Context, consumer string, ids []string, fn func(ctx context.Context, tx *sql.Tx, i int) error) (results []Result, err error) {
+// maybe scoped by an id space, see StoredConsumer); legacy is the
+// consumer's plain name, under which the previous release recorded every
+// id of the consumer (equal to consumer when there is no id space).
+func (s *SQL) processBatch(ctx context.Context, consumer, legacy string, ids []string, fn func(ctx context.Context, tx *sql.Tx, i int) error) (results []Result, err error) {
 	if s.DB == nil {
 		return nil, errors.New("inbox: SQL.DB is nil")
 	}
@@ -321,7 +420,7 @@ func (s *SQL) processBatch(ctx context.Context, consumer string, ids []string, f
 	if err := begin(); err != nil {
 		return nil, err
 	}
-	fresh, err := s.recordIDs(ctx, tx, engine, t, consumer, stored, distinct)
+	fresh, err := s.recordIDs(ctx, tx, engine, t, consumer, legacy, stored, distinct)
 	if unreadable := errors.Is(err, errUnreadable); unreadable || errors.Is(err, errRecordedBefore) {
 		// Some id of the batch was recorded before (typically a batch
 		// redelivered after a crash), and the plain insert aborted the
@@ -398,21 +497,19 @@ var (
 // recordIDs records ids (stored forms; distinct is sortedDistinct(ids))
 // in tx and returns the set of those that were new. A single id uses ON
 // CONFLICT DO NOTHING and the rows-affected count (RETURNING is in SQLite
-// only from 3.35). Several distinct ids are inserted plainly first, unless
-// the driver's unique violations proved unreadable: errRecordedBefore or
+// only from 3.35), and, when legacy differs from consumer, records the
+// legacy row too (see recordOne). Several distinct ids (always of a
+// consumer without an id space) are inserted plainly first, unless the
+// driver's unique violations proved unreadable: errRecordedBefore or
 // errUnreadable, with tx aborted, say to ask again with insertReturning in
 // a new transaction.
-func (s *SQL) recordIDs(ctx context.Context, tx *sql.Tx, engine int32, table, consumer string, ids, distinct []string) (map[string]bool, error) {
+func (s *SQL) recordIDs(ctx context.Context, tx *sql.Tx, engine int32, table, consumer, legacy string, ids, distinct []string) (map[string]bool, error) {
 	if len(ids) == 1 {
-		r, err := tx.ExecContext(ctx, "INSERT INTO "+table+" (consumer, id, processed_at) VALUES ($1, $2, "+nowMicros(engine)+") ON CONFLICT DO NOTHING", consumer, ids[0])
+		fresh, err := recordOne(ctx, tx, engine, table, consumer, legacy, ids[0])
 		if err != nil {
 			return nil, err
 		}
-		n, err := r.RowsAffected()
-		if err != nil {
-			return nil, err
-		}
-		return map[string]bool{ids[0]: n == 1}, nil
+		return map[string]bool{ids[0]: fresh}, nil
 	}
 	if len(distinct) == 1 || s.pessimistic.Load() {
 		return insertReturning(ctx, tx, engine, table, consumer, distinct)
@@ -440,6 +537,77 @@ func (s *SQL) recordIDs(ctx context.Context, tx *sql.Tx, engine int32, table, co
 	return nil, fmt.Errorf("%w: %w", errUnreadable, err)
 }
 
+// insertOne records the id in tx under consumer in the given format, and
+// reports whether the row is new.
+func insertOne(ctx context.Context, tx *sql.Tx, engine int32, table, consumer, id string, format int) (bool, error) {
+	r, err := tx.ExecContext(ctx, "INSERT INTO "+table+" (consumer, id, processed_at, format) VALUES ($1, $2, "+nowMicros(engine)+", "+strconv.Itoa(format)+") ON CONFLICT DO NOTHING", consumer, id)
+	if err != nil {
+		return false, err
+	}
+	n, err := r.RowsAffected()
+	return n == 1, err
+}
+
+// readFormat reads the format of the row (consumer, id), in a statement
+// of its own: it sees a row another transaction committed while an insert
+// of tx waited for it.
+func readFormat(ctx context.Context, tx *sql.Tx, table, consumer, id string) (int, error) {
+	var format int
+	err := tx.QueryRowContext(ctx, "SELECT format FROM "+table+" WHERE consumer = $1 AND id = $2", consumer, id).Scan(&format)
+	return format, err
+}
+
+// recordOne records one message's id (its stored form) under consumer in
+// tx and reports whether the message is new (see the format constants):
+//
+//   - With an id space (legacy, the consumer's plain name, differs from
+//     consumer), it also records the copy (legacy, id) that an instance of
+//     the previous release reads, and that one processing the message at
+//     the same moment waits on, as this insert waits on its. The message
+//     is a duplicate when its own row was there, or when the legacy row
+//     was there in the previous release's format (written by it, before
+//     the upgrade or by an old instance now).
+//   - Without one, its row is the legacy row: a row of the previous
+//     release or its own makes it a duplicate; another id space's copy is
+//     taken over.
+func recordOne(ctx context.Context, tx *sql.Tx, engine int32, table, consumer, legacy, id string) (bool, error) {
+	fresh, err := insertOne(ctx, tx, engine, table, consumer, id, formatOwn)
+	if err != nil {
+		return false, err
+	}
+	if legacy != consumer {
+		if !fresh {
+			return false, nil
+		}
+		if fresh, err = insertOne(ctx, tx, engine, table, legacy, id, formatCopy); err != nil || fresh {
+			return fresh, err
+		}
+		format, err := readFormat(ctx, tx, table, legacy, id)
+		return format != formatLegacy, err
+	}
+	if fresh {
+		return true, nil
+	}
+	format, err := readFormat(ctx, tx, table, consumer, id)
+	if err != nil || format != formatCopy {
+		return false, err
+	}
+	return claimCopy(ctx, tx, engine, table, consumer, id)
+}
+
+// claimCopy makes another id space's copy (consumer, id) the record of
+// the message with no id space and that id, and reports whether it did:
+// false when a concurrent delivery of that message took it first.
+func claimCopy(ctx context.Context, tx *sql.Tx, engine int32, table, consumer, id string) (bool, error) {
+	r, err := tx.ExecContext(ctx, "UPDATE "+table+" SET format = "+strconv.Itoa(formatOwn)+", processed_at = "+nowMicros(engine)+
+		" WHERE consumer = $1 AND id = $2 AND format = "+strconv.Itoa(formatCopy), consumer, id)
+	if err != nil {
+		return false, err
+	}
+	n, err := r.RowsAffected()
+	return n == 1, err
+}
+
 // insertReturning records ids, sorted and distinct (sortedDistinct), with
 // ON CONFLICT DO NOTHING RETURNING id, which lists only the rows this
 // statement inserted: a row another transaction inserted, committed or
@@ -448,28 +616,62 @@ func (s *SQL) recordIDs(ctx context.Context, tx *sql.Tx, engine int32, table, co
 func insertReturning(ctx context.Context, tx *sql.Tx, engine int32, table, consumer string, ids []string) (map[string]bool, error) {
 	fresh := make(map[string]bool, len(ids))
 	err := insertRows(ids, engine, table, " ON CONFLICT DO NOTHING RETURNING id", consumer,
-		func(q string, args []any) error {
-			rows, err := tx.QueryContext(ctx, q, args...)
-			if err != nil {
-				return err
-			}
-			for rows.Next() {
-				var id string
-				if err := rows.Scan(&id); err != nil {
-					rows.Close()
-					return err
-				}
-				fresh[id] = true
-			}
-			if err := rows.Err(); err != nil {
-				return err
-			}
-			return rows.Close()
-		})
+		func(q string, args []any) error { return collectIDs(ctx, tx, q, args, fresh) })
 	if err != nil {
 		return nil, err
 	}
+	if len(fresh) == len(ids) {
+		return fresh, nil
+	}
+	// The others were there: the previous release's rows and this one's
+	// are duplicates; another id space's copies are taken over.
+	var taken []string
+	for _, id := range ids {
+		if !fresh[id] {
+			taken = append(taken, id)
+		}
+	}
+	for start := 0; start < len(taken); start += maxBatchRows {
+		chunk := taken[start:min(start+maxBatchRows, len(taken))]
+		var q strings.Builder
+		q.WriteString("UPDATE " + table + " SET format = " + strconv.Itoa(formatOwn) + ", processed_at = " + nowMicros(engine) +
+			" WHERE consumer = $1 AND format = " + strconv.Itoa(formatCopy) + " AND id IN (")
+		args := make([]any, 0, len(chunk)+1)
+		args = append(args, consumer)
+		for i, id := range chunk {
+			if i > 0 {
+				q.WriteString(", ")
+			}
+			q.WriteString("$" + strconv.Itoa(i+2))
+			args = append(args, id)
+		}
+		q.WriteString(") RETURNING id")
+		if err := collectIDs(ctx, tx, q.String(), args, fresh); err != nil {
+			return nil, err
+		}
+	}
 	return fresh, nil
+}
+
+// collectIDs runs the query q, which returns ids, in tx and adds them to
+// set.
+func collectIDs(ctx context.Context, tx *sql.Tx, q string, args []any, set map[string]bool) error {
+	rows, err := tx.QueryContext(ctx, q, args...)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return err
+		}
+		set[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	return rows.Close()
 }
 
 // sortedDistinct returns ids sorted, without repeats: sorted, so that two
@@ -491,7 +693,7 @@ func insertRows(ids []string, engine int32, table, suffix, consumer string, run 
 		chunk := ids[start:min(start+maxBatchRows, len(ids))]
 		var q strings.Builder
 		q.Grow(120 + 6*len(chunk) + len(suffix))
-		q.WriteString("INSERT INTO " + table + " (consumer, id, processed_at) SELECT $1, column1, " + nowMicros(engine) + " FROM (VALUES ")
+		q.WriteString("INSERT INTO " + table + " (consumer, id, processed_at, format) SELECT $1, column1, " + nowMicros(engine) + ", " + strconv.Itoa(formatOwn) + " FROM (VALUES ")
 		args := make([]any, 0, len(chunk)+1)
 		args = append(args, consumer)
 		for i, id := range chunk {
@@ -546,7 +748,7 @@ func (s *SQL) Handle(consumer string, fn func(ctx context.Context, tx *sql.Tx, m
 		if err != nil {
 			return err
 		}
-		_, err = s.processBatch(ctx, c, []string{m.ID}, func(ctx context.Context, tx *sql.Tx, _ int) error {
+		_, err = s.processBatch(ctx, c, consumer, []string{m.ID}, func(ctx context.Context, tx *sql.Tx, _ int) error {
 			return fn(ctx, tx, m)
 		})
 		return err
@@ -555,10 +757,12 @@ func (s *SQL) Handle(consumer string, fn func(ctx context.Context, tx *sql.Tx, m
 
 // Prune deletes the ids processed more than olderThan ago, by the
 // database's clock, a thousand rows per statement so that it never holds
-// many locks at once, and returns how many it deleted. A redelivery of a
-// pruned id runs its effect again, so olderThan must be at least
-// [SQL.MinRetention] (else [ErrRetention], and nothing is deleted): see
-// Retention in the package documentation for how long to keep ids.
+// many locks at once, and returns how many it deleted. It deletes the
+// ledger's records ([SQL.Ledger]) untouched for as long too (a message
+// that fails is touched at each failure), and does not count them. A
+// redelivery of a pruned id runs its effect again, so olderThan must be at
+// least [SQL.MinRetention] (else [ErrRetention], and nothing is deleted):
+// see Retention in the package documentation for how long to keep ids.
 func (s *SQL) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if s.DB == nil {
 		return 0, errors.New("inbox: prune: SQL.DB is nil")
@@ -574,23 +778,40 @@ func (s *SQL) Prune(ctx context.Context, olderThan time.Duration) (int64, error)
 	if err != nil {
 		return 0, err
 	}
+	l, err := ledgerTable(t)
+	if err != nil {
+		return 0, err
+	}
 	engine, err := s.engineOf(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("inbox: prune: %w", err)
 	}
+	total, err := s.prune(ctx, engine, t, "processed_at", olderThan)
+	if err != nil {
+		return total, err
+	}
+	if _, err := s.prune(ctx, engine, l, "updated_at", olderThan); err != nil {
+		return total, err
+	}
+	return total, nil
+}
+
+// prune deletes the rows of table whose column (Unix microseconds) is
+// older than olderThan by the database's clock, a thousand at a time.
+func (s *SQL) prune(ctx context.Context, engine int32, table, column string, olderThan time.Duration) (int64, error) {
 	// Row values (consumer, id) IN (...) are in PostgreSQL and SQLite
 	// 3.15+; neither has a portable DELETE ... LIMIT.
-	q := "DELETE FROM " + t + " WHERE (consumer, id) IN (SELECT consumer, id FROM " + t +
-		" WHERE processed_at < " + nowMicros(engine) + " - $1 LIMIT 1000)"
+	q := "DELETE FROM " + table + " WHERE (consumer, id) IN (SELECT consumer, id FROM " + table +
+		" WHERE " + column + " < " + nowMicros(engine) + " - $1 LIMIT 1000)"
 	var total int64
 	for {
 		r, err := s.DB.ExecContext(ctx, q, olderThan.Microseconds())
 		if err != nil {
-			return total, fmt.Errorf("inbox: prune: %w", err)
+			return total, fmt.Errorf("inbox: prune %s: %w", table, err)
 		}
 		n, err := r.RowsAffected()
 		if err != nil {
-			return total, fmt.Errorf("inbox: prune: %w", err)
+			return total, fmt.Errorf("inbox: prune %s: %w", table, err)
 		}
 		total += n
 		if n < 1000 {

@@ -91,6 +91,7 @@ func RunFleet(t *testing.T, open func(t *testing.T) *Fleet) {
 		{"BeginLeasesToItsWorker", testBeginLeases},
 		{"FinishFencedByLease", testFinishFenced},
 		{"FinalAcrossWorkers", testFinalAcrossWorkers},
+		{"BeginTakesTheLease", testBeginTakesTheLease},
 		{"DeleteFenced", testDeleteFenced},
 		{"DeleteRacingClaim", testDeleteRacingClaim},
 		{"ClaimConcurrentOnce", testClaimConcurrent},
@@ -233,6 +234,36 @@ func testFinalAcrossWorkers(t *testing.T, f *Fleet) {
 	assert.Equal(t, idemhttp.StateAbandoned, state(t, f.A, "abandoned"))
 	f.Shift(past(f))
 	assert.Empty(t, claim(t, f.A, 10), "nothing was revived")
+}
+
+// testBeginTakesTheLease: a worker that runs an operation again (Begin
+// finds the pending entry) is about to send it, so the lease is its own
+// from then on: the worker that held it can no longer finish it, and an
+// outcome of "still pending" keeps the lease, so that no third worker
+// claims the entry before it expires. A done entry found is left as it
+// is. (The simulator's fleet runs on these rules: see FleetModel.)
+// Checked to fail with the model's Begin leaving a found entry's lease
+// alone, and with its Finish ending the lease on a pending outcome.
+func testBeginTakesTheLease(t *testing.T, f *Fleet) {
+	ctx := context.Background()
+	_, err := f.A.Begin(ctx, fleetEntry("k"))
+	require.NoError(t, err)
+	existing, err := f.B.Begin(ctx, fleetEntry("k"))
+	require.NoError(t, err)
+	require.NotNil(t, existing, "B found A's entry")
+	assert.ErrorIs(t, f.A.Finish(ctx, "k", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1}), idemhttp.ErrFenced, "B holds it now")
+	require.NoError(t, f.B.Finish(ctx, "k", idemhttp.Outcome{State: idemhttp.StatePending, Status: 503, Attempts: 1}))
+	assert.Empty(t, claim(t, f.A, 10), "a pending outcome keeps the lease")
+	f.Shift(past(f))
+	assert.Equal(t, []string{"k"}, claim(t, f.A, 10), "the lease expired")
+	require.NoError(t, f.A.Finish(ctx, "k", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1}))
+
+	existing, err = f.B.Begin(ctx, fleetEntry("k"))
+	require.NoError(t, err)
+	require.NotNil(t, existing)
+	assert.Equal(t, idemhttp.StateDone, existing.State)
+	assert.ErrorIs(t, f.B.Renew(ctx, "k"), idemhttp.ErrFenced, "a done entry found is not leased")
+	assert.Equal(t, idemhttp.StateDone, state(t, f.A, "k"))
 }
 
 // testDeleteFenced: the hole of issue 22 §2b.1. Worker A begins an entry

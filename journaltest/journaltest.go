@@ -14,6 +14,10 @@
 //		})
 //	}
 //
+// [FleetModel] is the fleet contract as a model, in memory: the simulator
+// runs its fleet of client machines on it, and RunFleet pins it and the
+// real journals to one contract.
+//
 // A fleet journal's test gives two workers on one new store, and a way to
 // move the store's clock (contrib/postgres shifts the database's now()):
 //

@@ -37,26 +37,41 @@
 // (the case the inbox exists for) redelivers records whose effects are
 // done, and the inbox skips them.
 //
-// When the handler fails for a record, the consumer commits what came
-// before it, seeks the partition back to the failed record and pauses that
-// partition, alone, for [Config.Retry]'s delay, which doubles with each
-// failure of the record: the other partitions go on meanwhile, and a
-// partition never skips a record it could not process. The record that
-// fails [inbox.Retry.MaxDeliveries] times (5 by default) is dead-lettered:
-// handed to [Config.DeadLetter], or produced to [Config.DeadLetterTopic],
-// and then committed, and reported through [Config.OnDeadLetter] and a log
-// line. With neither, it holds its partition, retried at the longest
-// delay, and every failure from then on is reported, so that the block is
-// never silent. A record without an id goes the same way at once (it will
-// never get one), and with no dead-letter destination Run stops with an
-// error naming the record.
+// Every record goes through the message core ([inbox.Runner]), which
+// decides from the inbox's own record of the record's handler runs
+// ([Config.Ledger]); the consumer maps its decisions onto franz-go's
+// verbs. When the handler fails for a record, the consumer commits what
+// came before it, seeks the partition back to the failed record and
+// pauses that partition, alone, for [Config.Retry]'s delay, which doubles
+// with each failure of the record: the other partitions go on meanwhile,
+// and a partition never skips a record it could not process. The record
+// that fails [inbox.Retry.MaxDeliveries] times (5 by default), its runs
+// that killed their process included, is dead-lettered: handed to
+// [Config.DeadLetter], or produced to [Config.DeadLetterTopic], and then
+// committed, and reported through [Config.OnDeadLetter] and a log line;
+// one that arrives having failed that often already (it kept killing the
+// members that ran it) is dead-lettered without running. With neither
+// destination, it holds its partition, retried after its growing delay
+// (up to Retry.MaxDelay), and every failure from MaxDeliveries on is
+// reported, so that the block is never silent. A record without an id
+// goes to the destination at once (it will never get one), and with no
+// dead-letter destination Run stops with an error naming the record.
+//
+// A run the process dies in is counted only when it was marked in the
+// ledger before it started, which costs a write: the consumer marks the
+// records that may have been delivered before, those within
+// MaxPollRecords of where a partition was assigned to it, restarted or
+// sought back. A record that kills its member is so counted from its
+// first run on the member that takes its partition over.
 //
 // # Shutdown
 //
-// Cancelling Run's context loses nothing: a record whose handler is
-// running is committed only if the handler returns nil; otherwise it is
-// delivered again, from the last committed offset, to whichever member
-// owns its partition next, and it is never dead-lettered for it.
+// Cancelling Run's context loses nothing and counts nothing: a record
+// whose handler is running is committed only if the handler returns nil;
+// otherwise it is delivered again, from the last committed offset, to
+// whichever member owns its partition next, and it is never counted as a
+// failure nor dead-lettered for it, however often it happens. The records
+// of the poll not yet handled are not committed either, and come again.
 //
 // # Inbox retention
 //
@@ -76,7 +91,20 @@
 // partitions, and blocks the group's rebalances, until it returns; the
 // group's rebalance timeout then moves its partitions to other members,
 // which redeliver from the last commit, and the inbox (or the stored
-// offset's row lock) lets only one of them commit the effect.
+// offset's row lock) lets only one of them commit the effect. Kafka has
+// no way to hand one record to another member: the records behind a hung
+// one in its partition wait for it (other partitions do not).
+//
+// # Across an upgrade
+//
+// [SQLOffsets.Migrate] upgrades the offsets table of the previous release
+// in place (it adds topic_id and a format column): the consumer starts
+// each partition where that release left it, and an instance of it
+// running beside this one during a rolling deploy advances the same rows.
+// The inbox's rows written by the previous release stay duplicates (see
+// Formats and upgrades in the inbox package). What the previous release
+// counted in a Run's memory is not carried over: a poison record's count
+// starts again in the ledger.
 package kafka
 
 import (
@@ -164,7 +192,19 @@ type Config struct {
 	// the record is delivered again (1 s, doubling with each failure of
 	// the record, up to 5 min, by default), and after how many failures
 	// the record is dead-lettered (5). Only the failing partition pauses.
+	// Failures are counted by Ledger.
 	Retry inbox.Retry
+
+	// Ledger counts each record's failed handler runs, and the runs its
+	// process died in, for every member and restart: give it the inbox's
+	// (inbox.SQL.Ledger, contrib/postgres's Inbox.Ledger) with the
+	// consumer name of the handler's inbox (with SQLOffsets, the inbox.SQL
+	// on the same database: records without ids are counted under their
+	// OffsetID). Nil means a count of this Run's own
+	// ([inbox.MemoryLedger]): a poison record then gets up to
+	// Retry.MaxDeliveries failures per Run, and one that kills its
+	// process is never counted.
+	Ledger inbox.Ledger
 
 	// ProcessingLimit bounds how long one record's handler runs: past it,
 	// the handler's context ends and the record counts as failed. Zero
@@ -327,17 +367,28 @@ type topicPartition struct {
 	partition int32
 }
 
-// failing is the record a partition keeps failing on.
-type failing struct {
-	offset int64
-	n      int // failed deliveries of it
+// runState is the state of one Run: the partitions paused after a
+// failure, and until when; for each partition, the offset after the last
+// record settled and where the records that may have been delivered
+// before (after an assignment, a restart or a seek) begin.
+type runState struct {
+	runner *inbox.Runner
+	resume map[topicPartition]time.Time
+	next   map[topicPartition]int64
+	window map[topicPartition]int64
 }
 
-// runState is the state of one Run: the partitions paused after a
-// failure, until when, and how often their records failed.
-type runState struct {
-	resume   map[topicPartition]time.Time
-	failures map[topicPartition]failing
+// maybeRedelivered reports whether the record at offset of tp may have
+// been delivered before: a record that does not follow the last one this
+// Run settled starts a window (a partition newly assigned, or sought
+// back), and every record within MaxPollRecords of its start may be one
+// an earlier member or run was handling when it died. It decides only
+// whether a run is worth a durable marker (see inbox.Arrival).
+func (st *runState) maybeRedelivered(tp topicPartition, offset int64, window int) bool {
+	if next, ok := st.next[tp]; !ok || next != offset {
+		st.window[tp] = offset
+	}
+	return offset < st.window[tp]+int64(window)
 }
 
 // Run polls and processes records until ctx ends, the client is closed,
@@ -348,7 +399,8 @@ type runState struct {
 // poll's processed records are committed before the next poll. A
 // partition whose record failed pauses, alone, for the retry delay.
 func (c *Consumer) Run(ctx context.Context) error {
-	st := &runState{resume: make(map[topicPartition]time.Time), failures: make(map[topicPartition]failing)}
+	st := &runState{runner: c.runner(), resume: make(map[topicPartition]time.Time),
+		next: make(map[topicPartition]int64), window: make(map[topicPartition]int64)}
 	for {
 		c.resumeDue(st)
 		pollCtx, cancel := ctx, context.CancelFunc(func() {})
@@ -452,70 +504,96 @@ func (c *Consumer) pause(st *runState, tp topicPartition, d time.Duration) {
 	st.resume[tp] = time.Now().Add(d)
 }
 
-// processPartition runs the handler on rs in order and returns the last
-// record it processed (or dead-lettered). On a failure it seeks the
-// partition back to the failed record and pauses it, so that the record
-// is delivered again after the retry delay. It returns an error only when
-// Run must stop.
+// processPartition runs rs in order through the message core
+// (inbox.Runner) and maps its decisions: an acked record is the last to
+// commit; a record to requeue is sought back, and its partition paused
+// for the delay, so that nothing after it is handled before it; a record
+// to dead-letter goes to the dead-letter destination and is committed.
+// It returns the last record it settled, and an error only when Run must
+// stop.
 func (c *Consumer) processPartition(ctx context.Context, st *runState, topic string, topicID [16]byte, partition int32, rs []*kgo.Record) (*kgo.Record, error) {
 	tp := topicPartition{topic, partition}
 	var last *kgo.Record
 	for _, r := range rs {
-		if ctx.Err() != nil {
-			// Not handled: delivered again from here, after the commit
-			// of last.
-			c.seek(r)
-			return last, nil
-		}
 		m := c.message(r, topicID)
-		noID := m.ID == "" && c.cfg.Positions == nil
-		var err error
-		if noID {
-			err = inbox.ErrNoMessageID
-		} else {
-			err = c.callHandler(ctx, m)
+		key := inbox.Key{IDSpace: m.IDSpace, ID: m.ID}
+		if key.ID == "" && c.cfg.Positions != nil {
+			key.ID = OffsetID(r) // SQLOffsets dedups by position, not by id
 		}
-		if err == nil {
-			delete(st.failures, tp)
+		arrival := inbox.Arrival{HasID: key.ID != "", Stopping: ctx.Err() != nil,
+			MaybeRedelivered: st.maybeRedelivered(tp, r.Offset, c.cfg.MaxPollRecords)}
+		dec, _ := st.runner.Deliver(ctx, m, key, arrival, inbox.Hooks{})
+		switch dec.Verb {
+		case inbox.VerbAck:
 			last = r
+			st.next[tp] = r.Offset + 1
 			continue
-		}
-		if ctx.Err() != nil {
-			// Shutdown: not committed, redelivered, never counted.
-			c.seek(r)
-			return last, nil
-		}
-		f := st.failures[tp]
-		if f.offset != r.Offset {
-			f = failing{offset: r.Offset}
-		}
-		f.n++
-		st.failures[tp] = f
-		if noID || c.cfg.Retry.Exhausted(f.n) {
-			to, dlErr := c.deadLetter(ctx, r, m, err)
-			if dlErr == nil && to != "" {
-				c.reportDead(inbox.DeadLetter{Message: m, Deliveries: f.n, Err: err, To: to})
-				delete(st.failures, tp)
+		case inbox.VerbDeadLetter:
+			if c.settleDead(ctx, st, tp, r, m, dec) {
 				last = r
+				st.next[tp] = r.Offset + 1
 				continue
 			}
-			if noID && to == "" {
-				c.seek(r)
-				return last, fmt.Errorf("idemhttp/kafka: %s offset %d: %w (set Config.DeadLetter or DeadLetterTopic to move such records aside)", m.Source, r.Offset, inbox.ErrNoMessageID)
+			return last, nil
+		case inbox.VerbStop:
+			c.seek(r)
+			return last, fmt.Errorf("idemhttp/kafka: %s offset %d: %w (set Config.DeadLetter or DeadLetterTopic to move such records aside)", m.Source, r.Offset, dec.Err)
+		case inbox.VerbRequeue:
+			// Not committed: delivered again from here, after the delay,
+			// or at once (a shutdown, never counted).
+			c.seek(r)
+			if dec.Delay > 0 && ctx.Err() == nil {
+				if dec.Report || (c.holds() && c.cfg.Retry.Exhausted(dec.Failures)) {
+					c.reportDead(inbox.DeadLetter{Message: m, Deliveries: dec.Failures, Err: dec.Err,
+						To: "nowhere: it holds its partition, retried after its delay (set Config.DeadLetter or DeadLetterTopic)"})
+				}
+				c.report(fmt.Errorf("idemhttp/kafka: %s offset %d: not committed, will retry: %w", m.Source, r.Offset, dec.Err))
+				c.pause(st, tp, dec.Delay)
 			}
-			if dlErr != nil {
-				err = fmt.Errorf("%w (and its dead-lettering failed: %w)", err, dlErr)
-			} else {
-				c.reportDead(inbox.DeadLetter{Message: m, Deliveries: f.n, Err: err,
-					To: "nowhere: it holds its partition, retried at the longest delay (set Config.DeadLetter or DeadLetterTopic)"})
-			}
+			return last, nil
 		}
-		c.report(fmt.Errorf("idemhttp/kafka: %s offset %d: not committed, will retry: %w", m.Source, r.Offset, err))
+		// No decision (a refused move: a bug): not committed, delivered
+		// again.
 		c.seek(r)
-		c.pause(st, tp, c.cfg.Retry.After(f.n))
-		return last, nil
+		return last, dec.Err
 	}
 	return last, nil
+}
+
+// settleDead hands r, which the core dead-lettered, to the dead-letter
+// destination and reports it, and says whether it may be committed. When
+// the destination fails, r is sought back and its partition paused: it
+// comes back and runs again.
+func (c *Consumer) settleDead(ctx context.Context, st *runState, tp topicPartition, r *kgo.Record, m *inbox.Message, dec inbox.Decision) bool {
+	to, err := c.deadLetter(ctx, r, m, dec.Err)
+	if err != nil {
+		c.report(fmt.Errorf("idemhttp/kafka: %s offset %d: dead-lettering failed, will retry: %w (after: %w)", m.Source, r.Offset, err, dec.Err))
+		c.seek(r)
+		c.pause(st, tp, c.cfg.Retry.After(max(dec.Failures, 1)))
+		return false
+	}
+	c.reportDead(inbox.DeadLetter{Message: m, Deliveries: dec.Failures, Err: dec.Err, To: to})
+	return true
+}
+
+// holds reports whether a record that fails as often as allowed holds its
+// partition: there is no dead-letter destination.
+func (c *Consumer) holds() bool { return c.cfg.DeadLetter == nil && c.cfg.DeadLetterTopic == "" }
+
+// runner is the message core's shell for one Run: the processing limit
+// is the handler's own (callHandler), as a Kafka record cannot be handed
+// to another member while its partition is this one's: past it the
+// record counts as failed.
+func (c *Consumer) runner() *inbox.Runner {
+	p := inbox.Policy{Retry: c.cfg.Retry}
+	if c.holds() {
+		// Nowhere to dead-letter to: no limit; the record holds its
+		// partition, retried with a delay that grows up to MaxDelay, and
+		// is reported from Retry.MaxDeliveries failures on.
+		p.Retry.MaxDeliveries = -1
+		p.NoID = inbox.NoIDStop
+	}
+	return &inbox.Runner{Policy: p, Ledger: c.cfg.Ledger, Handler: c.callHandler}
 }
 
 // seek makes the next fetch of r's partition start at r.

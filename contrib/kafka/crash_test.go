@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -144,9 +145,88 @@ func setupCrashTables(t *testing.T, db *sql.DB, mode string) {
 	}
 }
 
+// killerRetry is the Retry of TestKillerRecordDeadLettered's consumers.
+var killerRetry = inbox.Retry{MaxDeliveries: 2}
+
+// Issue 30 §3.9: a crash while the handler runs counts. A record that
+// kills every member that runs it (two children SIGKILLed in its handler)
+// is dead-lettered on arrival by the next, from the inbox's ledger,
+// without running again: a record read first after an assignment may be
+// one a dead member was handling, so its run is marked before it starts.
+// (With no ledger, the handler ran a third time: this test failed.)
+func TestKillerRecordDeadLettered(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns child processes")
+	}
+	seeds := newCluster(t, crashTopic, 1)
+	st := newStore(t)
+	db := st.mustOpen(t)
+	in := &inbox.SQL{DB: db}
+	require.NoError(t, in.Migrate(context.Background()))
+	produce(t, seeds, crashTopic, []record{{id: "killer"}, {id: "after"}})
+	for range 2 {
+		killed := testenv.RunChild(t, []string{envChild + "=killer", envSeeds + "=" + seeds, envDriver + "=" + st.driver, envDSN + "=" + st.dsn}, nil)
+		require.True(t, killed, "the child died in the handler")
+	}
+	var ran []string
+	var mu sync.Mutex
+	dead := make(chan inbox.DeadLetter, 1)
+	c, err := kafka.NewConsumer(kafka.Config{
+		Group: "killer", Topics: []string{crashTopic}, Ledger: in.Ledger("killer"), Retry: killerRetry,
+		Handler: func(_ context.Context, m *inbox.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			ran = append(ran, m.ID)
+			return nil
+		},
+		DeadLetter:   func(context.Context, *inbox.Message) error { return nil },
+		OnDeadLetter: func(d inbox.DeadLetter) { dead <- d },
+	}, groupOpts(seeds)...)
+	require.NoError(t, err)
+	stop := run(t, c)
+	select {
+	case d := <-dead:
+		assert.Equal(t, "killer", d.Message.ID)
+		assert.ErrorIs(t, d.Err, inbox.ErrExhausted)
+		assert.Equal(t, 2, d.Deliveries, "two counted crashes")
+	case <-time.After(30 * time.Second):
+		t.Fatal("not dead-lettered")
+	}
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(ran) == 1 }, 30*time.Second, 10*time.Millisecond)
+	stop()
+	assert.Equal(t, []string{"after"}, ran, "the killer never ran again; the record after it did")
+}
+
+// killerChild is the consumer process of TestKillerRecordDeadLettered: it
+// dies in the handler of the record "killer".
+func killerChild() int {
+	st := store{driver: os.Getenv(envDriver), dsn: os.Getenv(envDSN)}
+	db, err := st.open()
+	if err != nil {
+		return testenv.ChildFailed(err)
+	}
+	c, err := kafka.NewConsumer(kafka.Config{
+		Group: "killer", Topics: []string{crashTopic}, Ledger: (&inbox.SQL{DB: db}).Ledger("killer"), Retry: killerRetry,
+		Handler: func(_ context.Context, m *inbox.Message) error {
+			if m.ID == "killer" {
+				testenv.Die()
+			}
+			return nil
+		},
+		DeadLetter: func(context.Context, *inbox.Message) error { return nil },
+	}, groupOpts(os.Getenv(envSeeds))...)
+	if err != nil {
+		return testenv.ChildFailed(err)
+	}
+	return testenv.ChildFailed(c.Run(context.Background()))
+}
+
 // child is the consumer process of TestCrashExactlyOnce.
 func child() int {
 	mode := os.Getenv(envChild)
+	if mode == "killer" {
+		return killerChild()
+	}
 	killAfter, _ := strconv.Atoi(os.Getenv(envKillAfter))
 	want, _ := strconv.Atoi(os.Getenv(envWant))
 	st := store{driver: os.Getenv(envDriver), dsn: os.Getenv(envDSN)}

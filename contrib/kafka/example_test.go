@@ -76,6 +76,7 @@ func ExampleNewConsumer() {
 	c, err := kafka.NewConsumer(kafka.Config{
 		Group:  "ledger",
 		Topics: []string{"orders"},
+		Ledger: in.Ledger("ledger"), // failed runs, counted in the database
 		Handler: func(ctx context.Context, m *inbox.Message) error {
 			res, err := in.Process(ctx, "ledger", m.ID, func(ctx context.Context, tx *sql.Tx) error {
 				_, err := tx.ExecContext(ctx, "INSERT INTO ledger (order_id) VALUES ($1)", m.ID)

@@ -155,23 +155,31 @@ func TestOnePartitionFailing(t *testing.T) {
 func TestShutdownNotCommitted(t *testing.T) {
 	seeds := newCluster(t, "t", 1)
 	produce(t, seeds, "t", []record{{id: "order-1"}})
-	started := make(chan struct{})
 	var dead atomic.Int32
-	c, err := kafka.NewConsumer(kafka.Config{
-		Group: "g", Topics: []string{"t"}, Retry: inbox.Retry{MaxDeliveries: 1},
-		Handler: func(ctx context.Context, _ *inbox.Message) error {
-			close(started)
-			<-ctx.Done()
-			return ctx.Err()
-		},
-		// Never fails, even with its context done: only Run's choice can
-		// keep a record from it.
-		DeadLetter: func(context.Context, *inbox.Message) error { dead.Add(1); return nil },
-	}, groupOpts(seeds)...)
-	require.NoError(t, err)
-	stop := run(t, c)
-	<-started
-	stop()
+	// One ledger for every member, as the inbox's in the database is.
+	ledger := &inbox.MemoryLedger{}
+	for range 3 { // three shutdowns while the handler runs: none counts
+		started := make(chan struct{})
+		c, err := kafka.NewConsumer(kafka.Config{
+			Group: "g", Topics: []string{"t"}, Retry: inbox.Retry{MaxDeliveries: 1}, Ledger: ledger,
+			Handler: func(ctx context.Context, _ *inbox.Message) error {
+				close(started)
+				<-ctx.Done()
+				return ctx.Err()
+			},
+			// Never fails, even with its context done: only Run's choice
+			// can keep a record from it.
+			DeadLetter: func(context.Context, *inbox.Message) error { dead.Add(1); return nil },
+		}, groupOpts(seeds)...)
+		require.NoError(t, err)
+		stop := run(t, c)
+		select {
+		case <-started:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the record was not delivered again")
+		}
+		stop()
+	}
 	assert.Zero(t, dead.Load())
 
 	again := make(chan string, 1)

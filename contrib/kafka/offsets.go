@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -68,24 +69,63 @@ func (o *SQLOffsets) table() (string, error) {
 	return t, nil
 }
 
-// Migrate creates the offsets table if it does not exist.
+// The offsets table's formats, in its format column: 1, the column's
+// default, a row of the previous release (no topic_id, which the upgrade
+// adds as the empty string: compared by offset alone); 2, this release's.
+const offsetsFormat = 2
+
+// Migrate creates the offsets table if it does not exist, and upgrades one
+// of the previous release in place: it adds the topic_id column (empty in
+// its rows, which are then compared by offset alone) and the format
+// column. It is idempotent. An instance of the previous release still
+// running during a rolling deploy keeps working on the upgraded table: its
+// upsert names neither column, and both releases lock the same row per
+// partition.
 func (o *SQLOffsets) Migrate(ctx context.Context) error {
 	t, err := o.table()
 	if err != nil {
 		return err
 	}
 	_, err = o.DB.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+t+` (
-    consumer    text    NOT NULL, -- the consumer group
-    topic       text    NOT NULL,
-    part        integer NOT NULL, -- the partition
-    next_offset bigint  NOT NULL, -- the offset of the first record not yet processed
-    topic_id    text    NOT NULL DEFAULT '', -- the topic's ID in hex, '' when unknown
+    consumer    text     NOT NULL, -- the consumer group
+    topic       text     NOT NULL,
+    part        integer  NOT NULL, -- the partition
+    next_offset bigint   NOT NULL, -- the offset of the first record not yet processed
+    topic_id    text     NOT NULL DEFAULT '', -- the topic's ID in hex, '' when unknown
+    format      smallint NOT NULL DEFAULT 1, -- 1: the previous release's row; 2: this one's
     PRIMARY KEY (consumer, topic, part)
 )`)
 	if err != nil {
 		return fmt.Errorf("idemhttp/kafka: migrate offsets: %w", err)
 	}
+	for _, col := range []string{"topic_id text NOT NULL DEFAULT ''", "format smallint NOT NULL DEFAULT 1"} {
+		if err := addColumn(ctx, o.DB, t, col); err != nil {
+			return fmt.Errorf("idemhttp/kafka: migrate offsets: upgrade %s: %w", t, err)
+		}
+	}
 	return nil
+}
+
+// addColumn adds the column col (its definition) to the table t when t
+// has none of that name. It looks first, on PostgreSQL and SQLite alike:
+// ALTER TABLE takes the table's strongest lock even when it has nothing
+// to do, and SQLite has no ADD COLUMN IF NOT EXISTS.
+func addColumn(ctx context.Context, db *sql.DB, t, col string) error {
+	name := col[:strings.IndexByte(col, ' ')]
+	var n int
+	// PostgreSQL: to_regclass resolves t on the search_path, as the
+	// statements do. SQLite: pragma_table_info. Whichever answers.
+	errPG := db.QueryRowContext(ctx, "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped", t, name).Scan(&n)
+	if errPG != nil {
+		if err := db.QueryRowContext(ctx, "SELECT count(*) FROM pragma_table_info($1) WHERE name = $2", t, name).Scan(&n); err != nil {
+			return errors.Join(errPG, err)
+		}
+	}
+	if n > 0 {
+		return nil
+	}
+	_, err := db.ExecContext(ctx, "ALTER TABLE "+t+" ADD COLUMN "+col)
+	return err
 }
 
 // Positions implements [PositionStore]. A stored position of another
@@ -172,8 +212,8 @@ func (o *SQLOffsets) Process(ctx context.Context, group string, r *kgo.Record, f
 	if id, ok := RecordTopicID(r); ok {
 		topicID = hex.EncodeToString(id[:])
 	}
-	res, err := tx.ExecContext(ctx, "INSERT INTO "+t+" AS o (consumer, topic, part, next_offset, topic_id) VALUES ($1, $2, $3, $4, $6)"+
-		" ON CONFLICT (consumer, topic, part) DO UPDATE SET next_offset = excluded.next_offset,"+
+	res, err := tx.ExecContext(ctx, "INSERT INTO "+t+" AS o (consumer, topic, part, next_offset, topic_id, format) VALUES ($1, $2, $3, $4, $6, "+strconv.Itoa(offsetsFormat)+")"+
+		" ON CONFLICT (consumer, topic, part) DO UPDATE SET next_offset = excluded.next_offset, format = excluded.format,"+
 		" topic_id = CASE WHEN excluded.topic_id = '' THEN o.topic_id ELSE excluded.topic_id END"+
 		" WHERE o.next_offset <= $5 OR (o.topic_id <> '' AND excluded.topic_id <> '' AND o.topic_id <> excluded.topic_id)",
 		group, r.Topic, r.Partition, r.Offset+1, r.Offset, topicID)

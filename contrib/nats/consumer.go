@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idemhttp/inbox"
@@ -30,6 +31,15 @@ const (
 // every earlier one, including messages whose handlers failed or still
 // run. [Consumer.Run] refuses both before it pulls anything.
 var ErrAckPolicy = errors.New("nats: the consumer's ack policy is not AckExplicit: a failed message would not be redelivered")
+
+// ErrMaxDeliver: the JetStream consumer has a MaxDeliver limit. The
+// server counts every delivery toward it, those a shutdown or a message
+// pulled ahead and handed back cost too, and past it stops delivering
+// the message, healthy or not, with no more than an advisory: a message
+// lost to the consumer. [Consumer.Run] refuses such a consumer before it
+// pulls anything; the message core's own limit ([Consumer.Retry],
+// counted by [Consumer.Ledger]) counts only the handler's failures.
+var ErrMaxDeliver = errors.New("nats: the consumer has a MaxDeliver limit, which shutdowns count toward: a healthy message could stop being delivered")
 
 // NoIDPolicy says what [Consumer.Run] does with a message that carries no
 // id. Neither choice acknowledges it: a message with no id cannot be
@@ -93,29 +103,42 @@ type Consumer struct {
 	// NoID says what to do with a message with no id. The zero value is
 	// [NoIDTerm].
 	NoID NoIDPolicy
-	// Batch is how many messages one pull asks for. Zero means
-	// [DefaultBatch]. Messages of a batch wait in this process while the
-	// ones before them are handled, and their AckWait runs meanwhile:
-	// keep Batch times the handler's usual duration well under AckWait,
-	// or the server redelivers them elsewhere (harmless with the inbox,
-	// but wasted work).
+	// Batch is how many messages one pull asks for, taken ahead of the
+	// handler.
+	// Zero means [DefaultBatch]. Messages pulled ahead wait in this
+	// process while the ones before them are handled, and their AckWait
+	// runs meanwhile: keep Batch times the handler's usual duration well
+	// under AckWait, or the server redelivers them elsewhere (harmless with
+	// the inbox, but wasted work). At shutdown they are naked at once.
 	Batch int
-	// MaxWait bounds how long one pull waits for its batch to fill.
-	// Zero means [DefaultMaxWait]. It does not delay Run's return when
-	// ctx is done.
+	// MaxWait is the expiry of one pull on the server, at least 1 s; after
+	// MaxWait with nothing to handle Run asks whether its consumer still
+	// exists. Zero means [DefaultMaxWait]. At shutdown Run waits for the
+	// pull in progress to end, at most MaxWait (no wait when its batch is
+	// full), so that every message the server sent for it is naked: keep
+	// it well under the shutdown's grace period.
 	MaxWait time.Duration
-	// Retry says when a message whose handler returned an error is
-	// redelivered (a nak with that delay: 1 s doubling to 5 min by
-	// default), and after how many deliveries it is given up instead (5
-	// by default): then Run terminates it (AckTerm; the server publishes
-	// a MSG_TERMINATED advisory) and reports it. Deliveries are the
-	// server's count (NumDelivered), across instances and restarts; a
-	// message that arrives already past the limit (its earlier deliveries
-	// never settled: the consumer crashed on them) is terminated without
-	// running the handler. When the JetStream consumer's own MaxDeliver is
-	// lower, the server stops at MaxDeliver, publishing a MAX_DELIVERIES
-	// advisory, and Run reports that instead.
+	// Retry says when a message whose handler failed is redelivered (a
+	// nak with that delay: 1 s doubling to 5 min by default), and after
+	// how many failed runs it is given up instead (5 by default): then Run
+	// terminates it (AckTerm; the server publishes a MSG_TERMINATED
+	// advisory) and reports it. A message whose runs already failed as
+	// often as allowed (some of them by killing their process) is
+	// terminated on arrival without running.
+	//
+	// Failed runs are counted by [Consumer.Ledger], never by the server's
+	// NumDelivered, which also counts the naks of shutdowns and of
+	// messages pulled ahead and handed back. For the same reason Run
+	// refuses a consumer with a MaxDeliver limit ([ErrMaxDeliver]).
 	Retry inbox.Retry
+	// Ledger counts each message's failed handler runs, and the runs its
+	// process died in, for every instance and restart: give it the
+	// inbox's (inbox.SQL.Ledger, contrib/postgres's Inbox.Ledger) with
+	// the consumer name of the handler's inbox. Nil means a count of this
+	// Run's own ([inbox.MemoryLedger]): a poison message then gets up to
+	// Retry.MaxDeliveries failures per Run that meets it, and a message
+	// that kills its process is never counted.
+	Ledger inbox.Ledger
 	// Heartbeat is how often Run tells the server a message is still
 	// being handled (AckProgress), which restarts its AckWait, so a
 	// handler slower than AckWait does not have its message redelivered
@@ -124,16 +147,15 @@ type Consumer struct {
 	Heartbeat time.Duration
 	// ProcessingLimit bounds how long one message's handler runs. When it
 	// passes, the handler's context ends (an inbox transaction rolls back,
-	// see [inbox.SQL]), the heartbeats stop, and Run naks the message at
-	// once, so that another client gets it, even if the handler goes on;
-	// Run waits for the handler to return before it takes the next
-	// message, and never acks the one it naked. Zero means
-	// [inbox.DefaultProcessingLimit]; negative means no limit.
+	// see [inbox.SQL]), the heartbeats stop, the failure is counted, and
+	// Run naks the message at once, so that another client gets it, even
+	// if the handler goes on; Run waits for the handler to return before
+	// it takes the next message, and never acks the one it naked. Zero
+	// means [inbox.DefaultProcessingLimit]; negative means no limit.
 	ProcessingLimit time.Duration
 	// OnDeadLetter, when set, is called (from Run's goroutine) for each
-	// message Run gives up on: terminated after its last allowed delivery
-	// failed, past the consumer's MaxDeliver, or without an id. Run also
-	// logs each at level Error.
+	// message Run gives up on: terminated after its last allowed failure,
+	// or without an id. Run also logs each at level Error.
 	OnDeadLetter func(inbox.DeadLetter)
 	// Logger receives Run's log lines; nil means [slog.Default].
 	Logger *slog.Logger
@@ -142,25 +164,28 @@ type Consumer struct {
 // Run pulls from cons until ctx is done or an error stops it, and passes
 // each message to h, one at a time, in the order the server sent them.
 //
-// Before it pulls, Run checks that cons uses AckExplicit, and returns an
-// error wrapping [ErrAckPolicy] when it does not (an ordered consumer, for
-// one). After h returns nil, Run acks the message; after h returns an
-// error, Run naks it with [Consumer.Retry]'s delay, or terminates it on
-// its last delivery, and goes on: a handler error never stops Run. h gets
-// a context that ends with ctx or at [Consumer.ProcessingLimit].
+// Before it pulls, Run checks that cons uses AckExplicit and has no
+// MaxDeliver limit, and returns an error wrapping [ErrAckPolicy] or
+// [ErrMaxDeliver] when it does not. Each message goes through the message
+// core ([inbox.Runner]), which decides from [Consumer.Ledger]; Run maps
+// its decisions onto JetStream's verbs. After h returns nil, Run acks the
+// message; after h returns an error, Run naks it with [Consumer.Retry]'s
+// delay, or terminates it on its last allowed failure, and goes on: a
+// handler error never stops Run. h gets a context that ends with ctx or
+// at [Consumer.ProcessingLimit].
 //
-// Shutdown loses nothing: when ctx is done while h runs, Run waits for h,
-// acks the message if h returned nil (its effect committed) and naks it,
-// for redelivery at once, otherwise, whatever the settings. It naks the
-// messages it had pulled and not handled, so the server can redeliver
-// them before their AckWait ends, and returns ctx.Err(). (A consumer whose
-// MaxDeliver is reached by such a delivery redelivers it no more: keep
-// MaxDeliver unlimited, the default, or above Retry's MaxDeliveries.)
-// Otherwise Run returns the pull's error (a closed connection;
-// [jetstream.ErrConsumerDeleted] when the consumer is deleted during a
-// pull), an error wrapping [jetstream.ErrConsumerNotFound] when it was
-// deleted between pulls, or an error wrapping [inbox.ErrNoMessageID] (see
-// [NoIDStop]). No goroutine of Run's outlives it.
+// Shutdown loses nothing and counts nothing: when ctx is done while h
+// runs, Run waits for h, acks the message if h returned nil (its effect
+// committed) and naks it, for redelivery at once, otherwise, whatever the
+// settings. Then it waits for the pull in progress to end (at most
+// [Consumer.MaxWait]) and naks every message the server sent for it that
+// h did not get, so that the next client gets them at once, not after
+// AckWait, and returns ctx.Err(). Otherwise Run returns the
+// pull's error (a closed connection; [jetstream.ErrConsumerDeleted] when
+// the consumer is deleted during a pull), an error wrapping
+// [jetstream.ErrConsumerNotFound] when it was deleted between pulls, or
+// an error wrapping [inbox.ErrNoMessageID] (see [NoIDStop]). No goroutine
+// of Run's outlives it.
 func (c *Consumer) Run(ctx context.Context, cons jetstream.Consumer, h inbox.Handler) error {
 	if h == nil {
 		return errors.New("nats: nil handler")
@@ -175,7 +200,10 @@ func (c *Consumer) Run(ctx context.Context, cons jetstream.Consumer, h inbox.Han
 	case info.Config.AckPolicy != jetstream.AckExplicitPolicy:
 		return fmt.Errorf("%w: consumer %q of stream %q uses %v", ErrAckPolicy, info.Name, info.Stream, info.Config.AckPolicy)
 	}
-	r := &run{c: c, h: h, maxDeliver: info.Config.MaxDeliver, idHeader: c.IDHeader, batch: c.Batch, maxWait: c.MaxWait, heartbeat: c.Heartbeat}
+	if info.Config.MaxDeliver > 0 {
+		return fmt.Errorf("%w: consumer %q of stream %q has MaxDeliver %d", ErrMaxDeliver, info.Name, info.Stream, info.Config.MaxDeliver)
+	}
+	r := &run{c: c, idHeader: c.IDHeader, batch: c.Batch, maxWait: c.MaxWait}
 	if r.idHeader == "" {
 		r.idHeader = DefaultIDHeader
 	}
@@ -185,67 +213,87 @@ func (c *Consumer) Run(ctx context.Context, cons jetstream.Consumer, h inbox.Han
 	if r.maxWait <= 0 {
 		r.maxWait = DefaultMaxWait
 	}
-	if r.heartbeat == 0 {
-		r.heartbeat = defaultHeartbeat(info)
+	r.maxWait = max(r.maxWait, time.Second) // the server's least pull expiry
+	heartbeat := c.Heartbeat
+	if heartbeat == 0 {
+		heartbeat = defaultHeartbeat(info)
 	}
-	r.limit = c.ProcessingLimit
-	if r.limit == 0 {
-		r.limit = inbox.DefaultProcessingLimit
+	limit := c.ProcessingLimit
+	if limit == 0 {
+		limit = inbox.DefaultProcessingLimit
 	}
+	p := inbox.Policy{Retry: c.Retry}
+	if c.NoID == NoIDStop {
+		p.NoID = inbox.NoIDStop
+	}
+	r.runner = &inbox.Runner{Policy: p, Ledger: c.Ledger, Handler: h, Limit: limit, Every: heartbeat}
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := r.fetchAndHandle(ctx, cons); err != nil {
+		if err := r.pullAndHandle(ctx, cons); err != nil {
 			return err
 		}
 	}
 }
 
-// run is one Run's settings, resolved.
+// run is one Run's settings, resolved, and the messages of the pull in
+// progress that go back once it has ended.
 type run struct {
-	c          *Consumer
-	h          inbox.Handler
-	maxDeliver int // the JetStream consumer's; <= 0: none
-	idHeader   string
-	batch      int
-	maxWait    time.Duration
-	heartbeat  time.Duration
-	limit      time.Duration // < 0: none
+	c         *Consumer
+	runner    *inbox.Runner
+	idHeader  string
+	batch     int
+	maxWait   time.Duration
+	returning []jetstream.Msg
+	// pulled is the pull in progress's channel: at the processing limit,
+	// the release drains it (the loop waits meanwhile).
+	pulled <-chan jetstream.Msg
 }
 
-// fetchAndHandle pulls one batch and handles it.
-func (r *run) fetchAndHandle(ctx context.Context, cons jetstream.Consumer) error {
-	// The pull's deadline is its expiry on the server too (the library
-	// refuses FetchMaxWait with FetchContext); cancelling ctx ends it.
-	fctx, cancel := context.WithTimeout(ctx, r.maxWait)
-	defer cancel()
-	msgs, err := cons.Fetch(r.batch, jetstream.FetchContext(fctx))
+// pullAndHandle pulls one batch and handles it. Once ctx is done, or a
+// message stops Run, the rest of the batch is not handled but kept, and
+// so is the message whose handler a shutdown interrupted: they are naked
+// when the pull has ended on the server (its batch full, or its expiry,
+// MaxWait), every message the server sent for it received. Naked before,
+// one could be redelivered into this very pull and be dropped with it,
+// to wait for AckWait; and a pull whose context ended with Run's, as
+// before, dropped the messages the server had sent and the client not
+// yet handed over. The pull is therefore not bound to ctx: Run's return
+// waits for it, at most MaxWait.
+func (r *run) pullAndHandle(ctx context.Context, cons jetstream.Consumer) error {
+	msgs, err := cons.Fetch(r.batch, jetstream.FetchMaxWait(r.maxWait))
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		return fmt.Errorf("nats: fetch: %w", err)
 	}
+	r.pulled = msgs.Messages()
+	defer func() { r.pulled = nil }()
 	var stop error
 	got := 0
 	for msg := range msgs.Messages() {
 		got++
 		if stop != nil || ctx.Err() != nil {
-			// Pulled but not handled: hand it back now rather than
-			// after AckWait.
-			_ = msg.Nak()
+			// Pulled but not handled: back once the pull has ended.
+			r.returning = append(r.returning, msg)
 			continue
 		}
-		stop = r.handle(ctx, msg)
+		stop = r.handle(ctx, msg, false)
 	}
+	// The pull has ended: nothing more comes for it.
+	for _, msg := range r.returning {
+		r.handBack(msg)
+	}
+	r.returning = nil
 	if stop != nil {
 		return stop
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	if err := msgs.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+	if err := msgs.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
 		return fmt.Errorf("nats: fetch: %w", err)
 	}
 	if got == 0 {
@@ -260,9 +308,36 @@ func (r *run) fetchAndHandle(ctx context.Context, cons jetstream.Consumer) error
 	return nil
 }
 
-// handle runs h for one message and settles it. It returns an error only
-// when Run must stop.
-func (r *run) handle(ctx context.Context, msg jetstream.Msg) error {
+// releaseRest hands back, at the processing limit, the messages of the
+// pull in progress that the hung handler's message had ahead of it, so
+// that a healthy one is not held until AckWait behind it: it takes them
+// all, to the pull's end (at most MaxWait), then naks them. It runs on
+// the release's goroutine while the loop waits for the handler.
+func (r *run) releaseRest() {
+	if r.pulled == nil {
+		return
+	}
+	var rest []jetstream.Msg
+	for msg := range r.pulled {
+		rest = append(rest, msg)
+	}
+	for _, msg := range rest {
+		r.handBack(msg)
+	}
+}
+
+// handBack hands msg, pulled ahead of the handler, back unrun.
+func (r *run) handBack(msg jetstream.Msg) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = r.handle(ctx, msg, true)
+}
+
+// handle runs msg through the message core (inbox.Runner) and maps its
+// decision onto JetStream's verbs: ack, nak (with the delay), term. It
+// returns an error only when Run must stop. stopping hands msg back
+// unrun.
+func (r *run) handle(ctx context.Context, msg jetstream.Msg, stopping bool) error {
 	c := r.c
 	id := msg.Headers().Get(r.idHeader)
 	// Metadata parses the reply subject on every call: once per message.
@@ -271,100 +346,85 @@ func (r *run) handle(ctx context.Context, msg jetstream.Msg) error {
 		md = nil
 	}
 	m := newMessage(id, c.IDSpace, msg, md)
-	n := 1
-	if md != nil {
-		n = int(min(md.NumDelivered, 1<<30))
-	}
-	if id == "" {
-		if c.NoID == NoIDStop {
-			if err := msg.Nak(); err != nil {
-				return fmt.Errorf("nats: nak: %w", err)
-			}
-			return fmt.Errorf("nats: message on %q (%s): %w", msg.Subject(), m.Source, inbox.ErrNoMessageID)
-		}
-		if err := msg.Term(); err != nil {
-			return fmt.Errorf("nats: term: %w", err)
-		}
-		c.report(inbox.DeadLetter{Message: m, Deliveries: n, Err: inbox.ErrNoMessageID, To: terminated})
-		return nil
-	}
-	if limit, ok := c.Retry.Limit(); ok && n > limit {
-		// Delivered more often than allowed, its earlier deliveries never
-		// settled: the consumer died on them. Running it again could kill
-		// this one too.
-		if err := msg.Term(); err != nil {
-			return fmt.Errorf("nats: term: %w", err)
-		}
-		c.report(inbox.DeadLetter{Message: m, Deliveries: n, Err: fmt.Errorf("delivered %d times, more than the %d allowed, without being settled", n, limit), To: terminated})
-		return nil
-	}
-	released, err := r.callHandler(ctx, msg, m)
-	if released {
-		// Naked at the processing limit: whatever the handler did, the
-		// server delivers the message again and the inbox serialises
-		// the two.
-		c.logger().Warn("nats: handler passed its processing limit; message naked",
-			slog.String("source", m.Source), slog.String("id", id), slog.Bool("returned_nil", err == nil))
-		return nil
-	}
-	if err == nil {
-		// The effect committed. If this ack is lost (a crash now, a
-		// dropped connection), the server redelivers after AckWait and
-		// the inbox turns the message away.
-		if err := msg.Ack(); err != nil {
-			return fmt.Errorf("nats: ack: %w", err)
-		}
-		return nil
-	}
-	// The transaction rolled back, the inbox row with it, so the
-	// redelivery runs the effect again.
-	switch {
-	case ctx.Err() != nil:
-		// Shutdown: redelivered at once, to whoever pulls next, and never
-		// terminated.
-		err = msg.Nak()
-	case r.maxDeliver > 0 && n >= r.maxDeliver:
-		// The server redelivers it no more: it publishes a
-		// MAX_DELIVERIES advisory when the nak comes.
-		if nerr := msg.Nak(); nerr != nil {
-			return fmt.Errorf("nats: nak: %w", nerr)
-		}
-		c.report(inbox.DeadLetter{Message: m, Deliveries: n, Err: err,
-			To: fmt.Sprintf("the consumer's MaxDeliver (%d) reached: the server publishes $JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES", r.maxDeliver)})
-		return nil
-	case c.Retry.Exhausted(n):
-		if terr := msg.Term(); terr != nil {
-			return fmt.Errorf("nats: term: %w", terr)
-		}
-		c.report(inbox.DeadLetter{Message: m, Deliveries: n, Err: err, To: terminated})
-		return nil
-	default:
-		err = msg.NakWithDelay(c.Retry.After(n))
-	}
-	if err != nil {
-		return fmt.Errorf("nats: nak: %w", err)
-	}
-	return nil
-}
-
-// terminated says where a terminated message went.
-const terminated = "terminated (AckTerm): the server publishes $JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED with its stream sequence"
-
-// callHandler runs h, telling the server every heartbeat that msg is
-// still in progress, and returns h's error. When the processing limit
-// passes first, the heartbeats stop, msg is naked for redelivery at once,
-// and callHandler reports released (inbox.Supervise).
-func (r *run) callHandler(ctx context.Context, msg jetstream.Msg, m *inbox.Message) (released bool, err error) {
-	return inbox.Supervise(ctx, r.h, m, inbox.Supervision{
-		Limit: r.limit,
-		Every: r.heartbeat,
+	// NumDelivered only says whether the run is worth a durable marker:
+	// the core decides from the ledger, never from the server's count,
+	// which also counts the naks of shutdowns and of messages pulled
+	// ahead and handed back.
+	arrival := inbox.Arrival{HasID: id != "", Stopping: stopping || ctx.Err() != nil, MaybeRedelivered: md == nil || md.NumDelivered > 1}
+	dec, state := r.runner.Deliver(ctx, m, inbox.Key{IDSpace: m.IDSpace, ID: id}, arrival, inbox.Hooks{
 		// A lost heartbeat costs a redelivery, which the inbox turns
 		// away: nothing to do about an error here.
 		Beat: func() { _ = msg.InProgress() },
 		// A lost nak: redelivered after AckWait, the heartbeats stopped.
-		Release: func() { _ = msg.Nak() },
+		Release: func() {
+			_ = msg.Nak()
+			r.releaseRest()
+		},
 	})
+	switch dec.Verb {
+	case inbox.VerbAck:
+		// The effect committed (or the message was done before). If this
+		// ack is lost (a crash now, a dropped connection), the server
+		// redelivers after AckWait and the inbox turns the message away.
+		if err := msg.Ack(); err != nil {
+			return fmt.Errorf("nats: ack: %w", err)
+		}
+		return nil
+	case inbox.VerbRequeue:
+		if dec.Report {
+			c.report(inbox.DeadLetter{Message: m, Deliveries: dec.Failures, Err: dec.Err, To: holding})
+		}
+		switch {
+		case arrival.Stopping:
+			// Handed back once its pull ended: best effort, AckWait
+			// covers a lost nak.
+			_ = msg.Nak()
+			return nil
+		case ctx.Err() != nil:
+			// A shutdown interrupted its handler: naked once its pull has
+			// ended (pullAndHandle).
+			r.returning = append(r.returning, msg)
+			return nil
+		case dec.Delay > 0:
+			if err := msg.NakWithDelay(dec.Delay); err != nil {
+				return fmt.Errorf("nats: nak: %w", err)
+			}
+		default:
+			if err := msg.Nak(); err != nil {
+				return fmt.Errorf("nats: nak: %w", err)
+			}
+		}
+		return nil
+	case inbox.VerbDeadLetter:
+		if err := msg.Term(); err != nil {
+			return fmt.Errorf("nats: term: %w", err)
+		}
+		c.report(inbox.DeadLetter{Message: m, Deliveries: dec.Failures, Err: dec.Err, To: terminated})
+		return nil
+	case inbox.VerbStop:
+		// Naked once its pull has ended, so that it does not come
+		// straight back into it.
+		r.returning = append(r.returning, msg)
+		return fmt.Errorf("nats: message on %q (%s): %w", msg.Subject(), m.Source, dec.Err)
+	}
+	if state.State() == inbox.StateReleased {
+		// Naked at the processing limit: whatever the handler did, the
+		// server delivers the message again and the inbox serialises
+		// the two.
+		c.logger().Warn("nats: handler passed its processing limit; message naked",
+			slog.String("source", m.Source), slog.String("id", id))
+		return nil
+	}
+	// No decision (a refused move: a bug): back at once, never acked.
+	_ = msg.Nak()
+	return dec.Err
 }
+
+// holding says where a message with no delivery limit is while it fails.
+const holding = "naked with its delay: no delivery limit (Retry.MaxDeliveries < 0), it comes back until it succeeds"
+
+// terminated says where a terminated message went.
+const terminated = "terminated (AckTerm): the server publishes $JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED with its stream sequence"
 
 // defaultHeartbeat is a third of the consumer's AckWait (JetStream's
 // default AckWait, 30 s, when the consumer's info has none).

@@ -19,9 +19,15 @@ import (
 )
 
 // runAsync runs c on cons in a goroutine and returns its result channel
-// and the function that stops it.
+// and the function that stops it. A zero MaxWait is taken as 1 s: Run's
+// return waits for the pull in progress.
 func runAsync(t *testing.T, c *natsinbox.Consumer, cons jetstream.Consumer, h inbox.Handler) (<-chan error, context.CancelFunc) {
 	t.Helper()
+	if c.MaxWait == 0 {
+		cc := *c
+		cc.MaxWait = time.Second
+		c = &cc
+	}
 	return testenv.Go(t, func(ctx context.Context) error { return c.Run(ctx, cons, h) })
 }
 
@@ -131,12 +137,16 @@ func TestNoID(t *testing.T) {
 		assert.ErrorContains(t, err, s.name, "the error names the stream")
 		assert.Zero(t, calls.Load())
 
-		// Both are redelivered (naked, or after AckWait if the server
-		// missed the nak): the one with no id and the one pulled with it.
+		// Neither is lost (naked, or after AckWait if the server missed
+		// the nak): the one with no id comes back, and so does the one
+		// pulled with it, unhandled.
 		got := make(chan string, 2)
 		h2 := func(_ context.Context, m *inbox.Message) error { got <- m.ID; return nil }
-		errc2, _ := runAsync(t, &natsinbox.Consumer{NoID: natsinbox.NoIDStop}, s.cons(t, js), h2)
-		require.ErrorIs(t, testenv.Wait(t, errc2), inbox.ErrNoMessageID)
+		errc2, cancel2 := runAsync(t, &natsinbox.Consumer{}, s.cons(t, js), h2)
+		require.Eventually(t, func() bool { return s.settled(t, js) }, 10*time.Second, 10*time.Millisecond)
+		cancel2()
+		require.ErrorIs(t, testenv.Wait(t, errc2), context.Canceled)
+		assert.Equal(t, "order-1", <-got)
 		assert.Empty(t, got)
 	})
 }
@@ -175,6 +185,46 @@ func TestCancelNaksPulled(t *testing.T) {
 	cancel2()
 	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 	assert.Equal(t, int32(7), rest.Load())
+}
+
+// Issue 30 §3.10: at shutdown, the messages pulled and not handled go
+// back at once, not after AckWait (a minute here): every one of them
+// reaches the next client within seconds, and so do the messages
+// published while the shutdown was under way, which a pull still open on
+// the server could otherwise take and leave to AckWait. (With the pull's
+// context cancelled with Run's, the messages the server had sent and the
+// client not yet handed over were dropped: this test failed, some
+// arriving only after AckWait.)
+func TestShutdownNaksPulledAtOnce(t *testing.T) {
+	_, js := connect(t)
+	s := newStream(t, js, time.Minute)
+	ids := make([]string, 400)
+	for i := range ids {
+		ids[i] = testenv.MsgID(i)
+	}
+	s.publish(t, js, ids[:300]...)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var calls atomic.Int32
+	h := func(context.Context, *inbox.Message) error {
+		if calls.Add(1) == 1 {
+			cancel() // as the rest of the batch arrives
+		}
+		return nil
+	}
+	// A pull for more than the stream holds stays open on the server.
+	err := (&natsinbox.Consumer{Batch: 500, MaxWait: 2 * time.Second}).Run(ctx, s.cons(t, js), h)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, int32(1), calls.Load())
+	s.publish(t, js, ids[300:]...) // after the shutdown, while that pull could still be open
+
+	var rest atomic.Int32
+	errc, cancel2 := runAsync(t, &natsinbox.Consumer{}, s.cons(t, js), func(context.Context, *inbox.Message) error { rest.Add(1); return nil })
+	require.Eventually(t, func() bool { return s.settled(t, js) }, 15*time.Second, 10*time.Millisecond,
+		"every other message comes back at once, not after AckWait")
+	cancel2()
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+	assert.Equal(t, int32(len(ids)-1), rest.Load())
 }
 
 // A handler slower than AckWait keeps its message: the heartbeat restarts
@@ -446,45 +496,38 @@ func TestPoisonTerminated(t *testing.T) {
 	assert.Empty(t, dead, "reported once")
 }
 
-// With the consumer's MaxDeliver under the Retry's limit, the server
-// stops redelivering at MaxDeliver and publishes MAX_DELIVERIES; Run
-// reports it. (With Run ignoring MaxDeliver, nothing was reported: this
-// test failed.)
-func TestPoisonMaxDeliver(t *testing.T) {
-	nc, js := connect(t)
+// Run refuses a consumer with a MaxDeliver limit before it pulls
+// anything: the server counts the naks of shutdowns and of messages
+// pulled ahead toward it, and past it stops delivering a healthy message.
+// (Without the check, the second shutdown's nak left the message
+// undelivered for good: this test failed.)
+func TestMaxDeliverRefused(t *testing.T) {
+	_, js := connect(t)
 	s := newStreamWith(t, js, jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute, MaxDeliver: 2})
-	advisories, err := nc.SubscribeSync("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + s.name + "." + s.consumer)
-	require.NoError(t, err)
-	s.publish(t, js, "poison")
+	s.publish(t, js, "order-1")
 	var calls atomic.Int32
-	h := func(context.Context, *inbox.Message) error { calls.Add(1); return errors.New("poison") }
-	dead := make(chan inbox.DeadLetter, 1)
-	errc, cancel := runAsync(t, &natsinbox.Consumer{Retry: inbox.Retry{Delay: 10 * time.Millisecond}, MaxWait: time.Second,
-		OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }}, s.cons(t, js), h)
-	select {
-	case d := <-dead:
-		assert.Equal(t, 2, d.Deliveries)
-		assert.Contains(t, d.To, "MaxDeliver")
-	case <-time.After(30 * time.Second):
-		t.Fatal("not reported")
-	}
-	_, err = advisories.NextMsg(10 * time.Second)
-	require.NoError(t, err, "the server announced it")
-	cancel()
-	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
-	assert.Equal(t, int32(2), calls.Load())
+	err := (&natsinbox.Consumer{MaxWait: time.Second}).Run(context.Background(), s.cons(t, js), func(context.Context, *inbox.Message) error {
+		calls.Add(1)
+		return nil
+	})
+	require.ErrorIs(t, err, natsinbox.ErrMaxDeliver)
+	assert.ErrorContains(t, err, s.consumer)
+	assert.Zero(t, calls.Load(), "nothing pulled")
 }
 
-// A message whose earlier deliveries never settled (its consumer died on
-// each, as on a message that crashes the process) is terminated, past the
-// limit, without running the handler again. (Without the check, the
-// handler ran a third time: this test failed.)
-func TestCrashingMessageTerminated(t *testing.T) {
+// Issue 30 §3.9. Deliveries that never ran (pulled and never settled, as
+// a client that died holding them leaves them, or a prefetch) and
+// shutdowns while the handler ran all raise the server's NumDelivered,
+// and none counts toward the dead-letter limit: the message then runs,
+// once, and is acked. (With Run deciding from NumDelivered, as it did,
+// the message was terminated on arrival without running: this test
+// failed.)
+func TestHandedBackNeverCounts(t *testing.T) {
 	_, js := connect(t)
 	s := newStream(t, js, time.Second)
-	s.publish(t, js, "crasher")
+	s.publish(t, js, "healthy")
 	cons := s.cons(t, js)
-	for range 2 { // two deliveries that die: pulled, never settled
+	for range 3 { // pulled, never settled: back after AckWait
 		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
 		require.NoError(t, err)
 		n := 0
@@ -492,23 +535,44 @@ func TestCrashingMessageTerminated(t *testing.T) {
 			n++
 		}
 		require.Equal(t, 1, n)
-		// The redelivery comes after AckWait (1 s): the next Fetch waits
-		// for it.
 	}
-	var calls atomic.Int32
-	dead := make(chan inbox.DeadLetter, 1)
-	c := &natsinbox.Consumer{Retry: inbox.Retry{MaxDeliveries: 2}, MaxWait: 2 * time.Second, OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }}
-	errc, cancel := runAsync(t, c, cons, func(context.Context, *inbox.Message) error { calls.Add(1); return nil })
+	db, _ := testenv.EffectsDB(t, "d2_")
+	in := &inbox.SQL{DB: db}
+	require.NoError(t, in.Migrate(context.Background()))
+	retry := inbox.Retry{MaxDeliveries: 2}
+	var dead atomic.Int32
+	onDead := func(inbox.DeadLetter) { dead.Add(1) }
+	for range 3 { // shutdowns while the handler runs
+		started := make(chan struct{})
+		h := func(ctx context.Context, _ *inbox.Message) error {
+			close(started)
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		errc, cancel := runAsync(t, &natsinbox.Consumer{Ledger: in.Ledger("d2-handback"), Retry: retry, OnDeadLetter: onDead}, cons, h)
+		select {
+		case <-started:
+		case err := <-errc:
+			t.Fatalf("Run: %v", err)
+		case <-time.After(15 * time.Second):
+			t.Fatal("no delivery: terminated?")
+		}
+		cancel()
+		require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+	}
+	done := make(chan string, 1)
+	errc, cancel := runAsync(t, &natsinbox.Consumer{Ledger: in.Ledger("d2-handback"), Retry: retry, OnDeadLetter: onDead}, cons,
+		func(_ context.Context, m *inbox.Message) error { done <- m.ID; return nil })
 	select {
-	case d := <-dead:
-		assert.Equal(t, 3, d.Deliveries)
+	case id := <-done:
+		assert.Equal(t, "healthy", id)
 	case <-time.After(15 * time.Second):
-		t.Fatal("not terminated")
+		t.Fatal("the message never ran")
 	}
-	require.Eventually(t, func() bool { return s.settled(t, js) }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return s.settled(t, js) }, 10*time.Second, 10*time.Millisecond, "acked")
 	cancel()
 	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
-	assert.Zero(t, calls.Load())
+	assert.Zero(t, dead.Load(), "never terminated")
 }
 
 // Each message's IDSpace is its stream, so that two streams carrying

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -116,6 +117,55 @@ func childMain() int {
 	if err != nil {
 		return testenv.ChildFailed(err)
 	}
+	if os.Getenv(childEnv) == "killer" {
+		// A consumer that dies in the handler of the message "killer",
+		// with the inbox's ledger.
+		c := &natsinbox.Consumer{Ledger: (&inbox.SQL{DB: db}).Ledger(crashConsumer), Retry: killerRetry, MaxWait: time.Second}
+		return testenv.ChildFailed(c.Run(context.Background(), cons, func(_ context.Context, m *inbox.Message) error {
+			if m.ID == "killer" {
+				testenv.Die()
+			}
+			return nil
+		}))
+	}
 	h := testenv.DieAfter(crashAfter, testenv.EffectHandler(os.Getenv(childEnv), db, crashConsumer))
 	return testenv.ChildFailed((&natsinbox.Consumer{}).Run(context.Background(), cons, h))
+}
+
+// killerRetry is the Retry of TestKillerMessageTerminated's consumers.
+var killerRetry = inbox.Retry{MaxDeliveries: 2}
+
+// Issue 30 §3.9: a crash while the handler runs counts. A message that
+// kills every client that runs it (three children SIGKILLed in its
+// handler) is terminated on arrival by the next, from the inbox's ledger,
+// without running again: its first delivery is not counted (no run is
+// marked before the server says it may be a redelivery), the next two
+// are. (With no ledger, the handler ran a fourth time: this test failed.)
+func TestKillerMessageTerminated(t *testing.T) {
+	_, js := connect(t)
+	db, schema := testenv.EffectsDB(t, "d2_")
+	in := &inbox.SQL{DB: db}
+	require.NoError(t, in.Migrate(context.Background()))
+	s := newStream(t, js, crashAckWait)
+	s.publish(t, js, "killer")
+	for range 3 {
+		killed := testenv.RunChild(t, []string{childEnv + "=killer", childDSN + "=" + schema.URL, childStream + "=" + s.name,
+			childConsumer + "=" + s.consumer, childCrashAt + "=0"}, nil)
+		require.True(t, killed, "the child died in the handler")
+	}
+	var calls atomic.Int32
+	dead := make(chan inbox.DeadLetter, 1)
+	c := &natsinbox.Consumer{Ledger: in.Ledger(crashConsumer), Retry: killerRetry, OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }}
+	errc, cancel := runAsync(t, c, s.cons(t, js), func(context.Context, *inbox.Message) error { calls.Add(1); return nil })
+	select {
+	case d := <-dead:
+		assert.ErrorIs(t, d.Err, inbox.ErrExhausted)
+		assert.Equal(t, 2, d.Deliveries, "two counted crashes")
+	case <-time.After(30 * time.Second):
+		t.Fatal("not terminated")
+	}
+	require.Eventually(t, func() bool { return s.settled(t, js) }, 10*time.Second, 10*time.Millisecond)
+	cancel()
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+	assert.Zero(t, calls.Load(), "never ran again")
 }

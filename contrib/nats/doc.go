@@ -54,42 +54,72 @@
 // ack leaves it unacknowledged and the server redelivers it after the
 // consumer's AckWait.
 //
+// # The message core and its ledger
+//
+// Every message goes through the message core of the inbox package
+// ([inbox.Runner], see docs/consumer.md): it decides ack, nak (at once or
+// with a delay) and term from evidence and from the inbox's own record of
+// the message's handler runs, [Consumer.Ledger]; Run maps each decision
+// onto JetStream's verbs and keeps no rule of its own. Give it the ledger
+// of the handler's inbox:
+//
+//	c := &natsinbox.Consumer{Ledger: in.Ledger("order-recorder")}
+//
+// Run never decides from NumDelivered, which also counts the naks of
+// shutdowns and of messages pulled ahead and handed back; and it refuses
+// a consumer with a MaxDeliver limit ([ErrMaxDeliver]), past which the
+// server would stop delivering a healthy message that met enough
+// shutdowns.
+//
 // # Shutdown
 //
-// Cancelling Run's context loses nothing, whatever the settings: a message
-// whose handler is running is acked if the handler returns nil (its effect
-// committed) and naked for redelivery at once otherwise, never terminated;
-// the messages pulled and not yet handled are naked too. JetStream counts
-// every delivery, so keep the consumer's MaxDeliver unlimited (the
-// default) or above [inbox.Retry.MaxDeliveries], and let Run decide when a
-// message is given up.
+// Cancelling Run's context loses nothing and counts nothing, whatever the
+// settings: a message whose handler is running is acked if the handler
+// returns nil (its effect committed) and naked for redelivery at once
+// otherwise, never terminated, never counted as a failure. The pull in
+// progress is not cut short, which would drop the messages the server
+// sent and the client had not yet handed over, leaving them to AckWait:
+// Run waits for it to end ([Consumer.MaxWait] at most, nothing when its
+// batch is full) and naks, at once, every message it brought that the
+// handler did not get.
 //
 // # Poison messages
 //
-// A handler error rolls its transaction back, the inbox row with it, and
-// Run naks the message with a delay that doubles each time
-// ([Consumer.Retry]: 1 s to 5 min by default), so nothing spins. The
-// delivery that reaches [inbox.Retry.MaxDeliveries] (5 by default;
-// JetStream's NumDelivered, counted across instances and restarts) and
-// fails is terminated (AckTerm: the server publishes a MSG_TERMINATED
-// advisory with its stream sequence, for a dead-letter process to fetch it
-// from the stream) and reported through [Consumer.OnDeadLetter] and a log
-// line at level Error. A message delivered more often than that without
-// ever being settled (one that kills its consumer) is terminated on
-// arrival, without running the handler. A consumer whose MaxDeliver is
-// lower stops at MaxDeliver instead, publishing a MAX_DELIVERIES advisory,
-// and Run reports that. Keep the stream's retention (limits, not
-// work-queue) long enough for the dead-letter process to read it.
+// A handler error rolls its transaction back, the inbox row with it; the
+// ledger counts the failure, and Run naks the message with a delay that
+// doubles with each counted failure ([Consumer.Retry]: 1 s to 5 min by
+// default), so nothing spins. On its [inbox.Retry.MaxDeliveries]-th
+// failed run (5 by default) it is terminated (AckTerm: the server
+// publishes a MSG_TERMINATED advisory with its stream sequence, for a
+// dead-letter process to fetch it from the stream) and reported through
+// [Consumer.OnDeadLetter] and a log line at level Error. A message that
+// kills its client's process while its handler runs is counted too (the
+// run of a redelivered message is recorded in the ledger before it
+// starts; the first delivery is not, so it gets one run more than the
+// limit), and once at the limit is terminated on arrival, without
+// running. Keep the stream's retention (limits, not work-queue) long
+// enough for the dead-letter process to read it.
 //
 // # A hung handler
 //
 // A handler runs for at most [Consumer.ProcessingLimit] (5 minutes by
 // default). Then its context ends, which rolls an inbox transaction back
 // (see [inbox.SQL]: the server's own timeouts end it even if the handler
-// ignores its context), the heartbeats stop, and Run naks the message, so
-// that another instance gets it at once. Run waits for the handler to
-// return and acks nothing it naked. The rest of the batch waits in this
-// process meanwhile, and comes back after AckWait.
+// ignores its context), the heartbeats stop, the ledger counts a failure,
+// and Run naks the message, so that another instance gets it at once;
+// the messages pulled behind it are naked too, once their pull has ended,
+// rather than held until AckWait behind it. Run waits for the handler to
+// return and acks nothing it naked.
+//
+// # Across an upgrade
+//
+// The inbox's rows written by the previous release stay duplicates, and
+// an instance of the previous release running beside this one during a
+// rolling deploy agrees with it on every message id (see Formats and
+// upgrades in the inbox package). The previous release decided from
+// NumDelivered; this one counts in the ledger from the upgrade on. A
+// consumer with a MaxDeliver limit, which the previous release accepted,
+// is now refused: remove the limit before the upgrade.
 //
 // # Inbox retention
 //

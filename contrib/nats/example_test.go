@@ -57,6 +57,8 @@ func ExampleConsumer_Run() {
 		_, err := tx.ExecContext(ctx, `INSERT INTO orders (id, body) VALUES ($1, $2)`, m.ID, m.Body)
 		return err
 	})
-	err = (&natsinbox.Consumer{}).Run(ctx, cons, handle)
+	// The inbox's count of each message's failed runs, shared by every
+	// instance: shutdowns never count, crashes do.
+	err = (&natsinbox.Consumer{Ledger: in.Ledger("order-recorder")}).Run(ctx, cons, handle)
 	log.Print(err) // context.Canceled after ^C
 }

@@ -79,11 +79,19 @@ func (in *Inbox) Process(ctx context.Context, consumer, messageID string, fn fun
 // with a unique violation, after waiting, like ON CONFLICT, for a
 // concurrent insert of that id to commit or roll back.
 // processed_at is the database's clock: now(), the transaction's start.
+// format says which release wrote a row, and why (inbox.SQL's formats,
+// the same): 1, the column's default, the previous release's; 2, this
+// release's record of a message in its id space; 3, this release's copy,
+// under the consumer's plain name, of the record of a message with an id
+// space, for the previous release's instances during a rolling deploy.
 const (
 	inboxNow        = `(extract(epoch from now()) * 1000000)::bigint`
-	inboxInsertOne  = `INSERT INTO idemhttp_inbox (consumer, id, processed_at) VALUES ($1, $2, ` + inboxNow + `) ON CONFLICT DO NOTHING`
-	inboxInsertMany = `INSERT INTO idemhttp_inbox (consumer, id, processed_at) SELECT $1, unnest($2::text[]), ` + inboxNow + ` ON CONFLICT DO NOTHING RETURNING id`
-	inboxInsertAll  = `INSERT INTO idemhttp_inbox (consumer, id, processed_at) SELECT $1, unnest($2::text[]), ` + inboxNow
+	inboxInsertOne  = `INSERT INTO idemhttp_inbox (consumer, id, processed_at, format) VALUES ($1, $2, ` + inboxNow + `, 2) ON CONFLICT DO NOTHING`
+	inboxInsertCopy = `INSERT INTO idemhttp_inbox (consumer, id, processed_at, format) VALUES ($1, $2, ` + inboxNow + `, 3) ON CONFLICT DO NOTHING`
+	inboxInsertMany = `INSERT INTO idemhttp_inbox (consumer, id, processed_at, format) SELECT $1, unnest($2::text[]), ` + inboxNow + `, 2 ON CONFLICT DO NOTHING RETURNING id`
+	inboxInsertAll  = `INSERT INTO idemhttp_inbox (consumer, id, processed_at, format) SELECT $1, unnest($2::text[]), ` + inboxNow + `, 2`
+	inboxFormat     = `SELECT format FROM idemhttp_inbox WHERE consumer = $1 AND id = $2`
+	inboxClaimCopy  = `UPDATE idemhttp_inbox SET format = 2, processed_at = ` + inboxNow + ` WHERE consumer = $1 AND id = ANY($2::text[]) AND format = 3 RETURNING id`
 )
 
 // errSeenBefore: inboxInsertAll found an id already recorded; the
@@ -93,15 +101,17 @@ var errSeenBefore = errors.New("an id of the batch was recorded before")
 // recordIDs records ids (stored forms) in tx and returns the set of those
 // that were new. With optimistic set and more than one distinct id, it
 // tries inboxInsertAll first and returns errSeenBefore, with tx aborted,
-// when some id was recorded before.
-func recordIDs(ctx context.Context, tx pgx.Tx, consumer string, ids []string, optimistic bool) (map[string]bool, error) {
+// when some id was recorded before. A single id of a consumer with an id
+// space (legacy, its plain name, differs from consumer) is recorded with
+// its legacy row too: see recordOne.
+func recordIDs(ctx context.Context, tx pgx.Tx, consumer, legacy string, ids []string, optimistic bool) (map[string]bool, error) {
 	fresh := make(map[string]bool, len(ids))
 	if len(ids) == 1 {
-		tag, err := tx.Exec(ctx, inboxInsertOne, consumer, ids[0])
+		f, err := recordOne(ctx, tx, consumer, legacy, ids[0])
 		if err != nil {
 			return nil, err
 		}
-		fresh[ids[0]] = tag.RowsAffected() == 1
+		fresh[ids[0]] = f
 		return fresh, nil
 	}
 	// Sorted, so that two batches sharing ids lock their rows in the same
@@ -134,7 +144,92 @@ func recordIDs(ctx context.Context, tx pgx.Tx, consumer string, ids []string, op
 	for _, id := range newIDs {
 		fresh[id] = true
 	}
-	return fresh, nil
+	if len(newIDs) == len(distinct) {
+		return fresh, nil
+	}
+	// The others were there: the previous release's rows and this one's
+	// are duplicates; another id space's copies are taken over.
+	var taken []string
+	for _, id := range distinct {
+		if !fresh[id] {
+			taken = append(taken, id)
+		}
+	}
+	claimed, err := claimCopies(ctx, tx, consumer, taken)
+	for _, id := range claimed {
+		fresh[id] = true
+	}
+	return fresh, err
+}
+
+// recordOne records one message's id (its stored form) under consumer in
+// tx and reports whether the message is new, as inbox.SQL does:
+//
+//   - With an id space (legacy, the consumer's plain name, differs from
+//     consumer), it also records the copy (legacy, id), in the same round
+//     trip, that an instance of the previous release running beside this
+//     one in a rolling deploy reads, and that one processing the message
+//     at the same moment waits on, as this insert waits on its. The
+//     message is a duplicate when its own row was there, or when the
+//     legacy row was there in the previous release's format (written by
+//     it, before the upgrade or by an old instance now).
+//   - Without one, its row is the legacy row: a row of the previous
+//     release or its own makes it a duplicate; another id space's copy is
+//     taken over.
+func recordOne(ctx context.Context, tx pgx.Tx, consumer, legacy, id string) (bool, error) {
+	var own, copied pgconn.CommandTag
+	if legacy == consumer {
+		var err error
+		if own, err = tx.Exec(ctx, inboxInsertOne, consumer, id); err != nil {
+			return false, err
+		}
+		if own.RowsAffected() == 1 {
+			return true, nil
+		}
+	} else {
+		b := &pgx.Batch{}
+		b.Queue(inboxInsertOne, consumer, id)
+		b.Queue(inboxInsertCopy, legacy, id)
+		br := tx.SendBatch(ctx, b)
+		var errOwn, errCopy error
+		own, errOwn = br.Exec()
+		copied, errCopy = br.Exec()
+		if err := errors.Join(errOwn, errCopy, br.Close()); err != nil {
+			return false, err
+		}
+		if own.RowsAffected() == 0 {
+			return false, nil
+		}
+		if copied.RowsAffected() == 1 {
+			return true, nil
+		}
+	}
+	// A new statement: it sees the row another transaction committed
+	// while the insert waited for it.
+	var format int
+	if err := tx.QueryRow(ctx, inboxFormat, legacy, id).Scan(&format); err != nil {
+		return false, err
+	}
+	if legacy != consumer {
+		return format != 1, nil
+	}
+	if format != 3 {
+		return false, nil
+	}
+	claimed, err := claimCopies(ctx, tx, consumer, []string{id})
+	return len(claimed) == 1, err
+}
+
+// claimCopies makes the copies among ids (another id space's, format 3)
+// the records of the messages with no id space of consumer that have
+// those ids, and returns the ids it took (not those a concurrent delivery
+// took first).
+func claimCopies(ctx context.Context, tx pgx.Tx, consumer string, ids []string) ([]string, error) {
+	rows, err := tx.Query(ctx, inboxClaimCopy, consumer, ids)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // ProcessBatch is [Inbox.Process] for many messages in one transaction:
@@ -151,12 +246,13 @@ func (in *Inbox) ProcessBatch(ctx context.Context, consumer string, ids []string
 	if _, err := inbox.StoredConsumer(consumer, ""); err != nil {
 		return nil, err
 	}
-	return in.processBatch(ctx, consumer, ids, fn)
+	return in.processBatch(ctx, consumer, consumer, ids, fn)
 }
 
 // processBatch is ProcessBatch for a consumer column already checked (and
-// maybe scoped by an id space, see inbox.StoredConsumer).
-func (in *Inbox) processBatch(ctx context.Context, consumer string, ids []string, fn func(ctx context.Context, tx pgx.Tx, i int) error) ([]inbox.Result, error) {
+// maybe scoped by an id space, see inbox.StoredConsumer); legacy is the
+// consumer's plain name, equal to consumer when there is no id space.
+func (in *Inbox) processBatch(ctx context.Context, consumer, legacy string, ids []string, fn func(ctx context.Context, tx pgx.Tx, i int) error) ([]inbox.Result, error) {
 	stored := make([]string, len(ids))
 	for i, id := range ids {
 		if id == "" {
@@ -197,7 +293,7 @@ func (in *Inbox) processBatch(ctx context.Context, consumer string, ids []string
 		}
 	}()
 
-	fresh, err := recordIDs(ctx, tx, consumer, stored, true)
+	fresh, err := recordIDs(ctx, tx, consumer, legacy, stored, true)
 	if errors.Is(err, errSeenBefore) {
 		// Some id of the batch was processed before (typically a batch
 		// redelivered after a crash): start again, asking which.
@@ -205,7 +301,7 @@ func (in *Inbox) processBatch(ctx context.Context, consumer string, ids []string
 		if err := begin(); err != nil {
 			return nil, err
 		}
-		fresh, err = recordIDs(ctx, tx, consumer, stored, false)
+		fresh, err = recordIDs(ctx, tx, consumer, legacy, stored, false)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp/postgres: inbox: record ids: %w", err)
@@ -266,7 +362,7 @@ func (in *Inbox) Handle(consumer string, fn func(ctx context.Context, tx pgx.Tx,
 		if err != nil {
 			return err
 		}
-		_, err = in.processBatch(ctx, c, []string{m.ID}, func(ctx context.Context, tx pgx.Tx, _ int) error {
+		_, err = in.processBatch(ctx, c, consumer, []string{m.ID}, func(ctx context.Context, tx pgx.Tx, _ int) error {
 			return fn(ctx, tx, m)
 		})
 		return err
@@ -274,16 +370,21 @@ func (in *Inbox) Handle(consumer string, fn func(ctx context.Context, tx pgx.Tx,
 }
 
 // inboxPruneSQL deletes a chunk of ids older than $1 microseconds by the
-// database's clock, so that a prune never holds many row locks at once.
-const inboxPruneSQL = `DELETE FROM idemhttp_inbox WHERE ctid = ANY (ARRAY(SELECT ctid FROM idemhttp_inbox WHERE processed_at < ` + inboxNow + ` - $1 LIMIT 1000))`
+// database's clock, so that a prune never holds many row locks at once;
+// ledgerPruneSQL, a chunk of ledger records untouched as long.
+const (
+	inboxPruneSQL  = `DELETE FROM idemhttp_inbox WHERE ctid = ANY (ARRAY(SELECT ctid FROM idemhttp_inbox WHERE processed_at < ` + inboxNow + ` - $1 LIMIT 1000))`
+	ledgerPruneSQL = `DELETE FROM idemhttp_inbox_ledger WHERE ctid = ANY (ARRAY(SELECT ctid FROM idemhttp_inbox_ledger WHERE updated_at < ` + inboxNow + ` - $1 LIMIT 1000))`
+)
 
 // Prune deletes the ids processed more than olderThan ago, by the
 // database's clock, a thousand rows per statement, and returns how many it
-// deleted. A redelivery of a pruned id runs its effect again, so
-// olderThan must be at least [Inbox.MinRetention] (else an error wrapping
-// [inbox.ErrRetention], and nothing is deleted): keep ids for longer than
-// the broker can redeliver a message (see the [inbox] package
-// documentation).
+// deleted. It deletes the ledger's records ([Inbox.Ledger]) untouched for
+// as long too, and does not count them. A redelivery of a pruned id runs
+// its effect again, so olderThan must be at least [Inbox.MinRetention]
+// (else an error wrapping [inbox.ErrRetention], and nothing is deleted):
+// keep ids for longer than the broker can redeliver a message (see the
+// [inbox] package documentation).
 func (in *Inbox) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
 	minimum := in.MinRetention
 	if minimum <= 0 {
@@ -292,9 +393,20 @@ func (in *Inbox) Prune(ctx context.Context, olderThan time.Duration) (int64, err
 	if olderThan < minimum {
 		return 0, fmt.Errorf("idemhttp/postgres: %w: %v is under %v (Inbox.MinRetention)", inbox.ErrRetention, olderThan, minimum)
 	}
+	total, err := in.prune(ctx, inboxPruneSQL, olderThan)
+	if err != nil {
+		return total, err
+	}
+	if _, err := in.prune(ctx, ledgerPruneSQL, olderThan); err != nil {
+		return total, err
+	}
+	return total, nil
+}
+
+func (in *Inbox) prune(ctx context.Context, q string, olderThan time.Duration) (int64, error) {
 	var total int64
 	for {
-		tag, err := in.db.Exec(ctx, inboxPruneSQL, olderThan.Microseconds())
+		tag, err := in.db.Exec(ctx, q, olderThan.Microseconds())
 		if err != nil {
 			return total, fmt.Errorf("idemhttp/postgres: inbox: prune: %w", err)
 		}

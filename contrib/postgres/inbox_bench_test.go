@@ -133,3 +133,51 @@ func median(xs []float64) float64 {
 	}
 	return s[len(s)/2]
 }
+
+// BenchmarkInboxHandle measures what an id space costs a message: Handle
+// from a queue (the message's row, and its copy under the consumer's
+// plain name for the previous release's instances, in one round trip)
+// against Process under the plain name (one row), each message in its own
+// transaction with one business insert, in turn in a rotating order. The
+// metric is the median of the rounds' ratios, handle over process
+// throughput.
+func BenchmarkInboxHandle(b *testing.B) {
+	ctx := context.Background()
+	s := newSchema(b)
+	pool := s.pool(b, 4)
+	_, err := pool.Exec(ctx, "CREATE TABLE d1_effects (seq bigserial PRIMARY KEY, consumer text NOT NULL, id text NOT NULL)")
+	require.NoError(b, err)
+	in := postgres.NewInbox(pool)
+	insert := func(ctx context.Context, tx pgx.Tx, id string) error {
+		_, err := tx.Exec(ctx, "INSERT INTO d1_effects (consumer, id) VALUES ($1, $2)", "bench", id)
+		return err
+	}
+	h := in.Handle("bench", func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error { return insert(ctx, tx, m.ID) })
+	n := 0
+	ways := []func() error{
+		func() error { // process
+			n++
+			id := "p-" + strconv.Itoa(n)
+			_, err := in.Process(ctx, "bench", id, func(ctx context.Context, tx pgx.Tx) error { return insert(ctx, tx, id) })
+			return err
+		},
+		func() error { // handle
+			n++
+			return h(ctx, &inbox.Message{ID: "h-" + strconv.Itoa(n), IDSpace: "orders"})
+		},
+	}
+	var ratios []float64
+	rounds := 0
+	for b.Loop() {
+		var took [2]time.Duration
+		for k := range ways {
+			w := (k + rounds) % len(ways)
+			start := time.Now()
+			require.NoError(b, ways[w]())
+			took[w] = time.Since(start)
+		}
+		ratios = append(ratios, took[0].Seconds()/took[1].Seconds())
+		rounds++
+	}
+	b.ReportMetric(median(ratios), "handle/process")
+}

@@ -36,6 +36,61 @@ func TestInboxSQLConformance(t *testing.T) {
 	})
 }
 
+// TestInboxSQLUpgrade runs the database/sql inbox's upgrade suite on
+// PostgreSQL: the previous release's table and ids, each subtest in its
+// own schema.
+func TestInboxSQLUpgrade(t *testing.T) {
+	serverURL(t)
+	inboxtest.RunUpgrade(t, "postgres", func(t *testing.T) *sql.DB {
+		s := newEmptySchema(t)
+		db := stdlib.OpenDBFromPool(s.pool(t, 8))
+		t.Cleanup(func() { _ = db.Close() })
+		return db
+	})
+}
+
+// TestInboxLedgerConformance runs the ledger suite on both PostgreSQL
+// ledgers, inbox.SQL's through database/sql and the Inbox's through pgx,
+// each in its own schema, whose processed messages are those their
+// Handle recorded.
+func TestInboxLedgerConformance(t *testing.T) {
+	serverURL(t)
+	t.Run("sql", func(t *testing.T) {
+		inboxtest.RunLedger(t, func(t *testing.T) inboxtest.LedgerFixture {
+			db := stdlib.OpenDBFromPool(newSchema(t).pool(t, 20))
+			t.Cleanup(func() { _ = db.Close() })
+			in := &inbox.SQL{DB: db}
+			h := in.Handle("billing", func(context.Context, *sql.Tx, *inbox.Message) error { return nil })
+			return inboxtest.LedgerFixture{Ledger: in.Ledger("billing"), Process: func(ctx context.Context, k inbox.Key) error {
+				return h(ctx, &inbox.Message{ID: k.ID, IDSpace: k.IDSpace})
+			}}
+		})
+	})
+	t.Run("pgx", func(t *testing.T) {
+		inboxtest.RunLedger(t, func(t *testing.T) inboxtest.LedgerFixture {
+			in := postgres.NewInbox(newSchema(t).pool(t, 20))
+			h := in.Handle("billing", func(context.Context, pgx.Tx, *inbox.Message) error { return nil })
+			return inboxtest.LedgerFixture{Ledger: in.Ledger("billing"), Process: func(ctx context.Context, k inbox.Key) error {
+				return h(ctx, &inbox.Message{ID: k.ID, IDSpace: k.IDSpace})
+			}}
+		})
+	})
+}
+
+// newEmptySchema is newSchema without Migrate: a schema for the previous
+// release's tables.
+func newEmptySchema(t testing.TB) *testSchema {
+	t.Helper()
+	s := &testSchema{url: serverURL(t), name: "idemtest_" + randomHex(6)}
+	_, err := s.admin(t).Exec(context.Background(), "CREATE SCHEMA "+s.name)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := s.admin(t).Exec(context.Background(), "DROP SCHEMA "+s.name+" CASCADE")
+		require.NoError(t, err)
+	})
+	return s
+}
+
 // inboxFixture is a schema with the inbox table and a business table,
 // d1_effects, with one row per execution of an effect.
 type inboxFixture struct {

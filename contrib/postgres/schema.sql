@@ -1,8 +1,9 @@
--- Schema of github.com/idemkit/idemhttp/contrib/postgres, version 5: version 1
+-- Schema of github.com/idemkit/idemhttp/contrib/postgres, version 6: version 1
 -- plus idemhttp_journal.lease_token and the idemhttp_recovery table (version
 -- 2), plus idemhttp_journal.result and the idemhttp_journal_clock table
 -- (version 3), plus idemhttp_journal.not_before (version 4), plus the
--- idemhttp_schema table (version 5). Applying it to an older database
+-- idemhttp_schema table (version 5), plus idemhttp_inbox.format and the
+-- idemhttp_inbox_ledger table (version 6). Applying it to an older database
 -- upgrades it in place (TestBaseline applies it to the tables of the release
 -- at commit 2d053bb, in testdata/baseline).
 --
@@ -134,6 +135,31 @@ CREATE TABLE IF NOT EXISTS idemhttp_inbox (
 -- insert) serves it; a B-tree would cost every message a second index
 -- insert. (inbox.SQL's own Migrate creates a B-tree, the index SQLite has.)
 CREATE INDEX IF NOT EXISTS idemhttp_inbox_processed_at ON idemhttp_inbox USING brin (processed_at);
+-- format says which release wrote the row: 1, the default, is the previous
+-- release's (every id of a consumer in one space, under its plain name), and
+-- so is a row an instance of it writes during a rolling deploy; 2 is this
+-- one's (ids per id space, and for a message with one, its legacy row too).
+-- Added in place: a constant default rewrites nothing.
+ALTER TABLE idemhttp_inbox ADD COLUMN IF NOT EXISTS format smallint NOT NULL DEFAULT 1;
+-- The inbox's rows are at format 2 from this release on (idemhttp_schema).
+INSERT INTO idemhttp_schema (component, version) VALUES ('inbox', 2)
+ON CONFLICT (component) DO UPDATE SET version = greatest(idemhttp_schema.version, excluded.version);
+
+-- idemhttp_inbox_ledger holds the inbox's record of each message's handler
+-- runs (Inbox.Ledger, inbox.SQLLedger): the runs that failed, and the runs
+-- begun and never ended (the process died in them), from which the message
+-- core decides when a message is dead-lettered, never from a broker's
+-- delivery counter. A row exists only for a message that failed or was
+-- redelivered; it goes when the message is settled. format is 1.
+CREATE TABLE IF NOT EXISTS idemhttp_inbox_ledger (
+    consumer   text     NOT NULL,
+    id         text     NOT NULL,
+    failures   integer  NOT NULL DEFAULT 0,
+    running    integer  NOT NULL DEFAULT 0,
+    updated_at bigint   NOT NULL,
+    format     smallint NOT NULL DEFAULT 1,
+    PRIMARY KEY (consumer, id)
+);
 
 -- idemhttp_outbox holds the messages Outbox.Add wrote in business
 -- transactions until Outbox.Relay has published them (then it deletes

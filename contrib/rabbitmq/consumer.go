@@ -53,11 +53,6 @@ const (
 	NoIDStop
 )
 
-// deliveryCountHeader is the header in which a quorum queue counts a
-// message's earlier deliveries that were returned (RabbitMQ 3.10 and
-// later).
-const deliveryCountHeader = "x-delivery-count"
-
 // Consumer consumes one RabbitMQ queue with manual acknowledgements and
 // passes every delivery to an [inbox.Handler], acknowledging it only after
 // the handler returned nil: when the handler runs its effect through the
@@ -115,32 +110,43 @@ type Consumer struct {
 	// NoID says what to do with a delivery that has no id. The zero value
 	// is [NoIDReject].
 	NoID NoIDPolicy
-	// Retry says when a delivery whose handler returned an error comes
-	// back, and after how many deliveries it is dead-lettered instead.
-	// The zero value is [inbox.Retry]'s default: 1 s doubling to 5 min,
-	// 5 deliveries. RabbitMQ has no delayed requeue: Run holds the failed
-	// delivery, unacknowledged, for the delay, then requeues it (nack),
-	// and goes on with other deliveries meanwhile. On the last delivery it
+	// Retry says when a delivery whose handler failed comes back, and
+	// after how many failed runs it is dead-lettered instead. The zero
+	// value is [inbox.Retry]'s default: 1 s doubling to 5 min, 5 runs.
+	// RabbitMQ has no delayed requeue: Run holds the failed delivery,
+	// unacknowledged, for the delay, then requeues it (nack), and goes on
+	// with other deliveries meanwhile. On the last allowed failure it
 	// rejects it without requeue, which dead-letters it to the queue's
 	// dead-letter exchange (declare one: x-dead-letter-exchange), and
 	// reports it ([Consumer.OnDeadLetter] and a log line).
 	//
-	// Deliveries are counted by the queue when it is a quorum queue (its
-	// x-delivery-count header, across every consumer and restart), else
-	// by this Run (a classic queue only says "redelivered"), so a poison
-	// message on a classic queue gets up to MaxDeliveries deliveries per
-	// Run that meets it. On a quorum queue, a message delivered more often
-	// than that without ever being settled (one that kills its consumer)
-	// is rejected on arrival, without running the handler. A quorum
-	// queue's own delivery-limit argument bounds it at the broker too.
+	// Failed runs are counted by [Consumer.Ledger], never by the queue: a
+	// quorum queue's x-delivery-count also counts the deliveries that a
+	// shutdown, a prefetch handed back or another message's processing
+	// limit returned, which say nothing of this one, so Run does not read
+	// it. A quorum queue's own delivery-limit (RabbitMQ 4 sets 20 by
+	// default) counts them too and dead-letters, or drops, a healthy
+	// message that met that many of them: set it to -1 (policy
+	// delivery-limit), or well above Retry.MaxDeliveries plus the
+	// restarts a message may see.
 	Retry inbox.Retry
+	// Ledger counts each message's failed handler runs, and the runs its
+	// process died in, for every instance and restart: give it the
+	// inbox's (inbox.SQL.Ledger, contrib/postgres's Inbox.Ledger) with
+	// the consumer name of the handler's inbox. Nil means a count of this
+	// Run's own ([inbox.MemoryLedger]): a poison message then gets up to
+	// Retry.MaxDeliveries failures per Run that meets it, and a message
+	// that kills its process is never counted (see Poison messages in the
+	// package documentation).
+	Ledger inbox.Ledger
 	// ProcessingLimit bounds how long one delivery's handler runs. When it
 	// passes, the handler's context ends (an inbox transaction rolls back,
-	// see [inbox.SQL]) and Run requeues the delivery at once, so that
-	// another consumer gets it, even if the handler goes on; Run waits for
-	// the handler to return before it takes the next delivery, and never
-	// acknowledges the requeued one. It counts as a failed delivery. Zero
-	// means [inbox.DefaultProcessingLimit]; negative means no limit
+	// see [inbox.SQL]), the failure is counted, and Run requeues the
+	// delivery at once, with every delivery the broker had sent ahead of
+	// it (those are not counted), so that other consumers get them, even
+	// if the handler goes on; Run waits for the handler to return before
+	// it takes the next delivery, and never acknowledges the requeued one.
+	// Zero means [inbox.DefaultProcessingLimit]; negative means no limit
 	// (RabbitMQ's consumer_timeout, 30 minutes by default, then closes
 	// the channel).
 	ProcessingLimit time.Duration
@@ -156,17 +162,23 @@ type Consumer struct {
 // delivery with no id stops it (see [NoIDStop]), and passes each delivery
 // to h, one at a time, in the order the broker sent them.
 //
-// After h returns nil, Run acknowledges the delivery. After h returns an
-// error, Run requeues it after [Consumer.Retry]'s delay, or dead-letters
-// it on its last delivery, and goes on: a handler error never stops Run.
-// h gets a context that ends with ctx or at [Consumer.ProcessingLimit].
+// Each delivery goes through the message core ([inbox.Runner]), which
+// decides from [Consumer.Ledger]; Run only maps its decisions onto the
+// channel. After h returns nil, Run acknowledges the delivery. After h
+// returns an error, Run requeues it after [Consumer.Retry]'s delay, or
+// dead-letters it on its last allowed failure, and goes on: a handler
+// error never stops Run. A delivery whose earlier runs already failed as
+// often as allowed (some of them by killing their process) is
+// dead-lettered on arrival without running. h gets a context that ends
+// with ctx or at [Consumer.ProcessingLimit].
 //
-// Shutdown loses nothing: when ctx is done while h runs, Run waits for h,
-// acknowledges the delivery if h returned nil (its effect committed) and
-// requeues it otherwise, whatever the settings (never a reject, never a
-// dead letter). Then it cancels its consumer, returns every delivery the
-// broker had sent ahead, and every delivery waiting out a retry delay, to
-// the queue (nack with requeue), and returns ctx.Err(). Otherwise it
+// Shutdown loses nothing and counts nothing: when ctx is done while h
+// runs, Run waits for h, acknowledges the delivery if h returned nil (its
+// effect committed) and requeues it otherwise, whatever the settings
+// (never a reject, never a dead letter, never a failure in the ledger).
+// Then it cancels its consumer, returns every delivery the broker had
+// sent ahead, and every delivery waiting out a retry delay, to the queue
+// (nack with requeue), and returns ctx.Err(). Otherwise it
 // returns an error wrapping [ErrChannelClosed], [ErrConsumerCancelled] or
 // [inbox.ErrNoMessageID]; a failed ack, nack or reject ends Run too, as it
 // means the channel is gone. Run sets the channel's QoS, registers one
@@ -197,10 +209,7 @@ func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel, h inbox.Handler) e
 	if err := ch.Qos(prefetch, 0, false); err != nil {
 		return fmt.Errorf("rabbitmq: set prefetch: %w", closeErr(closed, err))
 	}
-	r := &run{c: c, ch: ch, h: h, limit: c.ProcessingLimit, failures: make(map[string]int)}
-	if r.limit == 0 {
-		r.limit = inbox.DefaultProcessingLimit
-	}
+	r := &run{c: c, ch: ch, runner: c.runner(h)}
 	defer r.stopTimer()
 	if err := r.subscribe(); err != nil {
 		return fmt.Errorf("rabbitmq: consume %q: %w", c.Queue, closeErr(closed, err))
@@ -229,11 +238,8 @@ func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel, h inbox.Handler) e
 				}
 				return fmt.Errorf("%w (queue %q)", ErrConsumerCancelled, c.Queue)
 			}
-			if ctx.Err() != nil {
-				// select chose this case over a done ctx: done wins.
-				r.returning = append(r.returning, &d)
-				return r.stop(ctx.Err())
-			}
+			// When select chose this case over a done ctx, the core hands
+			// the delivery back unrun.
 			err := r.handle(ctx, &d)
 			if errors.Is(err, inbox.ErrNoMessageID) {
 				// Leave the channel as the caller gave it: the
@@ -243,9 +249,12 @@ func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel, h inbox.Handler) e
 			if err != nil {
 				return err
 			}
-			if r.released && ctx.Err() == nil {
+			if ctx.Err() != nil {
+				return r.stop(ctx.Err())
+			}
+			if r.released {
 				// The processing limit cancelled the subscription (see
-				// callHandler); take deliveries again.
+				// release); take deliveries again.
 				if err := r.subscribe(); err != nil {
 					return fmt.Errorf("rabbitmq: consume %q again: %w", c.Queue, closeErr(closed, err))
 				}
@@ -255,13 +264,11 @@ func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel, h inbox.Handler) e
 }
 
 // run is the state of one Run: the deliveries waiting out a retry delay
-// (at most the prefetch count), and the failures this Run counted, for
-// queues that do not count deliveries themselves.
+// (at most the prefetch count), and those to requeue at the end.
 type run struct {
-	c     *Consumer
-	ch    *amqp.Channel
-	h     inbox.Handler
-	limit time.Duration // ProcessingLimit, resolved; < 0: none
+	c      *Consumer
+	ch     *amqp.Channel
+	runner *inbox.Runner
 
 	tag        string               // of the current subscription
 	deliveries <-chan amqp.Delivery // of the current subscription
@@ -270,7 +277,6 @@ type run struct {
 	returning []*amqp.Delivery // to requeue once the subscription is cancelled
 	parked    []parked
 	timer     *time.Timer
-	failures  map[string]int // message id -> failed deliveries seen by this Run
 }
 
 // parked is a failed delivery held until its retry delay has passed.
@@ -299,140 +305,82 @@ func (r *run) subscribe() error {
 	return nil
 }
 
-// maxCounted bounds run.failures: past it, the oldest counts are
-// forgotten (a classic queue's poison message then gets more deliveries,
-// never fewer).
-const maxCounted = 4096
-
-// handle runs h for one delivery and settles it, or parks it. It returns
-// an error only when Run must stop.
+// handle runs one delivery through the message core (inbox.Runner) and
+// maps its decision onto the channel: ack, a requeue (at once, or held
+// for the delay and then requeued), a reject to the dead-letter exchange.
+// It returns an error only when Run must stop.
 func (r *run) handle(ctx context.Context, d *amqp.Delivery) error {
 	c := r.c
 	id, ok := c.messageID(d)
 	m := newMessage(c.Queue, c.idSpace(), id, d)
-	// Which delivery this is, once: r.failures changes only as d is settled
-	// or parked.
-	n := r.deliveryNumber(d, id)
-	if !ok {
-		if c.NoID == NoIDStop {
-			// Requeued by stop, once the subscription is cancelled, so
-			// that it does not come straight back here.
-			r.returning = append(r.returning, d)
-			return fmt.Errorf("rabbitmq: delivery %d on queue %q: %w", d.DeliveryTag, c.Queue, inbox.ErrNoMessageID)
-		}
-		if err := d.Reject(false); err != nil {
-			return channelClosed(err)
-		}
-		c.report(inbox.DeadLetter{Message: m, Deliveries: n, Err: inbox.ErrNoMessageID, To: c.deadLetterTo()})
-		return nil
-	}
-	if c.Retry.Exhausted(n - 1) {
-		// Delivered more often than allowed: its earlier deliveries never
-		// settled, the consumers died on them (only a quorum queue counts
-		// those). Running it again could kill this one too.
-		if err := d.Reject(false); err != nil {
-			return channelClosed(err)
-		}
-		c.report(inbox.DeadLetter{Message: m, Deliveries: n, Err: fmt.Errorf("delivered %d times, more than allowed, without being settled", n), To: c.deadLetterTo()})
-		return nil
-	}
-	released, err := r.callHandler(ctx, d, m)
-	r.released = released
-	if released {
-		// Requeued at the processing limit: the delivery tag is spent.
-		// Whatever the handler did, the broker delivers the message again
-		// and the inbox serialises the two.
-		c.logger().Warn("rabbitmq: handler passed its processing limit; delivery requeued",
-			slog.String("queue", c.Queue), slog.String("id", id), slog.Bool("returned_nil", err == nil))
-		return nil
-	}
-	if err == nil {
-		// The effect committed. If this ack is lost (a crash now, a
-		// dropped connection), the broker delivers the message again and
-		// the inbox turns it away.
-		delete(r.failures, id)
+	// The redelivered flag only says whether this run is worth a durable
+	// marker: the core decides from the ledger, never from a count of the
+	// broker's (a quorum queue's x-delivery-count also counts the
+	// returns of shutdowns, prefetches and a neighbour's limit).
+	arrival := inbox.Arrival{HasID: ok, Stopping: ctx.Err() != nil, MaybeRedelivered: d.Redelivered}
+	dec, state := r.runner.Deliver(ctx, m, inbox.Key{IDSpace: m.IDSpace, ID: id}, arrival, inbox.Hooks{Release: func() { r.release(d) }})
+	switch dec.Verb {
+	case inbox.VerbAck:
+		// The effect committed (or the message was done before). If this
+		// ack is lost (a crash now, a dropped connection), the broker
+		// delivers the message again and the inbox turns it away.
 		if err := d.Ack(false); err != nil {
 			return channelClosed(err)
 		}
 		return nil
-	}
-	if ctx.Err() != nil {
-		// Shutdown: back to the queue, whatever the settings (stop
-		// requeues it once the subscription is cancelled). The
-		// transaction rolled back, the inbox row with it.
-		r.returning = append(r.returning, d)
+	case inbox.VerbRequeue:
+		if dec.Report {
+			c.report(inbox.DeadLetter{Message: m, Deliveries: dec.Failures, Err: dec.Err, To: holding})
+		}
+		if dec.Delay <= 0 || ctx.Err() != nil {
+			// Back at once: stop requeues it once the subscription is
+			// cancelled, so that it does not come straight back here.
+			r.returning = append(r.returning, d)
+			return nil
+		}
+		r.park(d, time.Now().Add(dec.Delay))
 		return nil
-	}
-	if c.Retry.Exhausted(n) {
-		delete(r.failures, id)
+	case inbox.VerbDeadLetter:
 		if err := d.Reject(false); err != nil {
 			return channelClosed(err)
 		}
-		c.report(inbox.DeadLetter{Message: m, Deliveries: n, Err: err, To: c.deadLetterTo()})
+		c.report(inbox.DeadLetter{Message: m, Deliveries: dec.Failures, Err: dec.Err, To: c.deadLetterTo()})
+		return nil
+	case inbox.VerbStop:
+		r.returning = append(r.returning, d)
+		return fmt.Errorf("rabbitmq: delivery %d on queue %q: %w", d.DeliveryTag, c.Queue, dec.Err)
+	}
+	if state.State() == inbox.StateReleased {
+		// Requeued at the processing limit: the delivery tag is spent.
+		// Whatever the handler did, the broker delivers the message again
+		// and the inbox serialises the two.
+		r.released = true
+		c.logger().Warn("rabbitmq: handler passed its processing limit; delivery requeued",
+			slog.String("queue", c.Queue), slog.String("id", id))
 		return nil
 	}
-	r.count(id, n)
-	r.park(d, time.Now().Add(c.Retry.After(n)))
-	return nil
+	// No decision (a refused move: a bug): back to the queue, never acked.
+	r.returning = append(r.returning, d)
+	return dec.Err
 }
 
-// callHandler runs h under the processing limit (inbox.Supervise). When
-// the limit passes first, it cancels the subscription (so that the broker
-// sends this stuck consumer nothing more) and requeues d and every
-// delivery sent ahead, so that other consumers get them, and reports
-// released. A shutdown does not release d: Run settles it once h returns,
-// unless the limit passes first.
-func (r *run) callHandler(ctx context.Context, d *amqp.Delivery, m *inbox.Message) (released bool, err error) {
-	return inbox.Supervise(ctx, r.h, m, inbox.Supervision{Limit: r.limit, Release: func() {
-		// Failures mean the channel is gone, and its deliveries with it.
-		if err := r.ch.Cancel(r.tag, false); err != nil {
-			return
-		}
-		_ = d.Nack(false, true)
-		for ahead := range r.deliveries {
-			_ = ahead.Nack(false, true)
-		}
-	}})
-}
+// holding says where a message with no delivery limit is while it fails.
+const holding = "requeued after its delay: no delivery limit (Retry.MaxDeliveries < 0), it holds up its queue"
 
-// deliveryNumber returns which delivery of its message d is: from the quorum
-// queue's count when there is one, else from this Run's count and the
-// redelivered flag.
-func (r *run) deliveryNumber(d *amqp.Delivery, id string) int {
-	if n, ok := deliveryCount(d.Headers[deliveryCountHeader]); ok {
-		return n + 1
+// release hands d back at the processing limit, with every delivery sent
+// ahead of it: it cancels the subscription (so that the broker sends this
+// stuck consumer nothing more) and requeues them, so that other consumers
+// get them. The deliveries sent ahead never ran: nothing is counted for
+// them, whatever the queue counts.
+func (r *run) release(d *amqp.Delivery) {
+	// Failures mean the channel is gone, and its deliveries with it.
+	if err := r.ch.Cancel(r.tag, false); err != nil {
+		return
 	}
-	n := r.failures[id] + 1
-	if d.Redelivered {
-		n = max(n, 2)
+	_ = d.Nack(false, true)
+	for ahead := range r.deliveries {
+		_ = ahead.Nack(false, true)
 	}
-	return n
-}
-
-func deliveryCount(v any) (int, bool) {
-	switch v := v.(type) {
-	case int64:
-		return int(v), v >= 0
-	case int32:
-		return int(v), v >= 0
-	case int16:
-		return int(v), v >= 0
-	case int8:
-		return int(v), v >= 0
-	case int:
-		return v, v >= 0
-	}
-	return 0, false
-}
-
-func (r *run) count(id string, n int) {
-	if _, ok := r.failures[id]; !ok && len(r.failures) >= maxCounted {
-		for k := range r.failures { // forget one
-			delete(r.failures, k)
-			break
-		}
-	}
-	r.failures[id] = n
 }
 
 // park holds d until due.
@@ -523,6 +471,19 @@ func (r *run) stop(ret error) error {
 		}
 	}
 	return ret
+}
+
+// runner is the message core's shell for one Run with handler h.
+func (c *Consumer) runner(h inbox.Handler) *inbox.Runner {
+	limit := c.ProcessingLimit
+	if limit == 0 {
+		limit = inbox.DefaultProcessingLimit
+	}
+	p := inbox.Policy{Retry: c.Retry}
+	if c.NoID == NoIDStop {
+		p.NoID = inbox.NoIDStop
+	}
+	return &inbox.Runner{Policy: p, Ledger: c.Ledger, Handler: h, Limit: limit}
 }
 
 // messageID returns the delivery's id from the configured place; ok is

@@ -396,48 +396,195 @@ func TestPoisonDeadLettered(t *testing.T) {
 	assert.Zero(t, ready(t, conn, queue))
 }
 
-// On a quorum queue the broker counts deliveries (x-delivery-count),
-// across consumers and restarts: a poison message that meets three
-// Runs, one delivery each, is dead-lettered by the third. (Counting in
-// the Run alone, the third Run saw a second delivery and held the
+// A poison message is counted by the inbox's ledger, across Runs and
+// restarts, on classic and quorum queues alike: meeting three Runs, one
+// failure each, it is dead-lettered by the third's failure, and the
+// shutdowns between them count nothing. (With the Runs counting alone, a
+// memory ledger each, the third Run saw its first failure and held the
 // message again: this test failed.)
-func TestPoisonQuorumCountsAcrossRuns(t *testing.T) {
+func TestPoisonCountsAcrossRuns(t *testing.T) {
+	for _, queueType := range []string{"classic", "quorum"} {
+		t.Run(queueType, func(t *testing.T) {
+			conn := dial(t)
+			queue, dlq := newDeadLettered(t, conn, amqp.Table{"x-queue-type": queueType})
+			publish(t, conn, queue, amqp.Publishing{MessageId: "poison"})
+			ledger, db := newLedger(t, "d2-poison")
+			dead := make(chan inbox.DeadLetter, 1)
+			for run := 1; run <= 3; run++ {
+				failed := make(chan struct{}, 1)
+				h := func(context.Context, *inbox.Message) error {
+					failed <- struct{}{}
+					return errors.New("poison")
+				}
+				c := &rabbitmq.Consumer{Queue: queue, Ledger: ledger, Retry: inbox.Retry{Delay: time.Hour, MaxDeliveries: 3},
+					OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }}
+				errc, cancel := runAsync(t, conn, c, h)
+				select {
+				case <-failed:
+				case err := <-errc:
+					t.Fatalf("run %d: %v", run, err)
+				case <-time.After(30 * time.Second):
+					t.Fatalf("run %d: no delivery", run)
+				}
+				if run == 3 {
+					select {
+					case d := <-dead:
+						assert.Equal(t, 3, d.Deliveries, "failed runs")
+					case <-time.After(10 * time.Second):
+						t.Fatal("the third failure was not dead-lettered")
+					}
+				} else {
+					// A shutdown as the handler fails counts nothing: wait
+					// for the failure to be counted first.
+					require.Eventually(t, func() bool { return failures(t, db) == run }, 10*time.Second, 10*time.Millisecond)
+				}
+				// Held for an hour; the shutdown requeues it, counted by a
+				// quorum queue, never by the ledger.
+				cancel()
+				require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+				require.Eventually(t, func() bool { return ready(t, conn, queue)+ready(t, conn, dlq) == 1 }, 10*time.Second, 10*time.Millisecond)
+			}
+			assert.Equal(t, 1, ready(t, conn, dlq))
+			assert.Zero(t, ready(t, conn, queue))
+		})
+	}
+}
+
+// newLedger returns the ledger of a new inbox in a schema of its own, for
+// consumer, and its database.
+func newLedger(t *testing.T, consumer string) (*inbox.SQLLedger, *sql.DB) {
+	t.Helper()
+	db, _ := testenv.EffectsDB(t, "d2_")
+	in := &inbox.SQL{DB: db}
+	require.NoError(t, in.Migrate(context.Background()))
+	return in.Ledger(consumer), db
+}
+
+// failures returns the failed runs the ledger in db counts, all messages
+// together.
+func failures(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.QueryRow("SELECT coalesce(sum(failures), 0) FROM idemhttp_inbox_ledger").Scan(&n))
+	return n
+}
+
+// Issue 30 §3.9. On a quorum queue, deliveries that were handed back
+// without running (taken ahead by consumers that closed, as a prefetch at
+// shutdown is) and shutdowns while the handler ran all raise the queue's
+// x-delivery-count, and none of them counts toward the dead-letter limit:
+// the message then runs, and is acked. (With Run deciding from
+// x-delivery-count, as it did, the message was dead-lettered on arrival
+// without running: this test failed.)
+func TestHandedBackNeverCounts(t *testing.T) {
 	conn := dial(t)
 	queue, dlq := newDeadLettered(t, conn, amqp.Table{"x-queue-type": "quorum"})
-	publish(t, conn, queue, amqp.Publishing{MessageId: "poison"})
-	dead := make(chan inbox.DeadLetter, 1)
-	for run := 1; run <= 3; run++ {
-		failed := make(chan struct{}, 1)
-		h := func(context.Context, *inbox.Message) error {
-			failed <- struct{}{}
-			return errors.New("poison")
-		}
-		c := &rabbitmq.Consumer{Queue: queue, Retry: inbox.Retry{Delay: time.Hour, MaxDeliveries: 3},
-			OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }}
-		errc, cancel := runAsync(t, conn, c, h)
+	publish(t, conn, queue, amqp.Publishing{MessageId: "healthy"})
+	for range 3 { // taken ahead and handed back, unrun
+		ch, err := conn.Channel()
+		require.NoError(t, err)
+		require.NoError(t, ch.Qos(1, 0, false))
+		deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+		require.NoError(t, err)
 		select {
-		case <-failed:
+		case <-deliveries:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no delivery")
+		}
+		require.NoError(t, ch.Close()) // unacked: back to the queue, counted by it
+	}
+	ledger, _ := newLedger(t, "d2-handback")
+	retry := inbox.Retry{MaxDeliveries: 2}
+	var dead atomic.Int32
+	onDead := func(inbox.DeadLetter) { dead.Add(1) }
+	for range 3 { // shutdowns while the handler runs
+		started := make(chan struct{})
+		h := func(ctx context.Context, _ *inbox.Message) error {
+			close(started)
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		errc, cancel := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, Ledger: ledger, Retry: retry, OnDeadLetter: onDead}, h)
+		select {
+		case <-started:
 		case err := <-errc:
-			t.Fatalf("run %d: %v", run, err)
-		case <-time.After(30 * time.Second):
-			t.Fatalf("run %d: no delivery", run)
+			t.Fatalf("Run: %v", err)
+		case <-time.After(15 * time.Second):
+			t.Fatal("no delivery: dead-lettered?")
 		}
-		if run == 3 {
-			select {
-			case d := <-dead:
-				assert.Equal(t, 3, d.Deliveries)
-			case <-time.After(10 * time.Second):
-				t.Fatal("the third delivery was not dead-lettered")
-			}
-		}
-		// Held for an hour; the shutdown requeues it (a return the queue
-		// counts).
 		cancel()
 		require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
-		require.Eventually(t, func() bool { return ready(t, conn, queue)+ready(t, conn, dlq) == 1 }, 10*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return ready(t, conn, queue) == 1 }, 10*time.Second, 10*time.Millisecond)
 	}
-	assert.Equal(t, 1, ready(t, conn, dlq))
-	assert.Zero(t, ready(t, conn, queue))
+	done := make(chan string, 1)
+	errc, cancel := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, Ledger: ledger, Retry: retry, OnDeadLetter: onDead},
+		func(_ context.Context, m *inbox.Message) error { done <- m.ID; return nil })
+	select {
+	case id := <-done:
+		assert.Equal(t, "healthy", id)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the message never ran")
+	}
+	cancel()
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+	assert.Zero(t, dead.Load(), "never dead-lettered")
+	assert.Zero(t, ready(t, conn, dlq))
+	assert.Zero(t, ready(t, conn, queue), "acked")
+}
+
+// Issue 30 §3.9. A hung handler passes its processing limit: its message
+// and the healthy one the broker had sent ahead go back (both counted by
+// a quorum queue). The hung one's failure is counted, so it is
+// dead-lettered on its next arrival (MaxDeliveries 1); the healthy one is
+// not dragged with it: it runs on the other consumer, once. (With Run
+// deciding from x-delivery-count, the healthy message arrived counted
+// once and was dead-lettered unrun: this test failed.)
+func TestHungNeighbourDoesNotDrag(t *testing.T) {
+	conn := dial(t)
+	queue, dlq := newDeadLettered(t, conn, amqp.Table{"x-queue-type": "quorum"})
+	publish(t, conn, queue, amqp.Publishing{MessageId: "hung"}, amqp.Publishing{MessageId: "healthy"})
+	ledger, _ := newLedger(t, "d2-hung")
+	retry := inbox.Retry{MaxDeliveries: 1}
+	unblock := make(chan struct{})
+	defer close(unblock)
+	hung := make(chan struct{}, 1)
+	errA, cancelA := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, Prefetch: 2, Ledger: ledger, Retry: retry, ProcessingLimit: 200 * time.Millisecond},
+		func(_ context.Context, m *inbox.Message) error {
+			if m.ID == "hung" {
+				hung <- struct{}{}
+				<-unblock // ignores its context
+			}
+			return nil
+		})
+	select {
+	case <-hung:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no delivery")
+	}
+	ran := make(chan string, 2)
+	dead := make(chan inbox.DeadLetter, 2)
+	errB, cancelB := runAsync(t, conn, &rabbitmq.Consumer{Queue: queue, Ledger: ledger, Retry: retry,
+		OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }},
+		func(_ context.Context, m *inbox.Message) error { ran <- m.ID; return nil })
+	for range 2 {
+		select {
+		case d := <-dead:
+			assert.Equal(t, "hung", d.Message.ID)
+			assert.ErrorIs(t, d.Err, inbox.ErrExhausted)
+		case id := <-ran:
+			assert.Equal(t, "healthy", id)
+		case <-time.After(15 * time.Second):
+			t.Fatal("the two messages were not settled")
+		}
+	}
+	require.Eventually(t, func() bool { return ready(t, conn, queue) == 0 && ready(t, conn, dlq) == 1 }, 10*time.Second, 10*time.Millisecond)
+	cancelB()
+	require.ErrorIs(t, testenv.Wait(t, errB), context.Canceled)
+	assert.Empty(t, ran, "the healthy message ran once, the hung one never again")
+	assert.Empty(t, dead, "only the hung one")
+	unblock <- struct{}{}
+	cancelA()
+	require.ErrorIs(t, testenv.Wait(t, errA), context.Canceled, "the late return acks nothing")
 }
 
 // Each delivery's IDSpace is its queue, so that two queues carrying
@@ -549,42 +696,4 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.Write(p)
-}
-
-// On a quorum queue, a message whose earlier deliveries never settled
-// (their consumers died: a channel closed with it unacknowledged) is
-// dead-lettered on arrival once past the limit, without running the
-// handler again. (Without the check, the handler ran a fourth time: this
-// test failed.)
-func TestCrashingMessageDeadLettered(t *testing.T) {
-	conn := dial(t)
-	queue, dlq := newDeadLettered(t, conn, amqp.Table{"x-queue-type": "quorum"})
-	publish(t, conn, queue, amqp.Publishing{MessageId: "crasher"})
-	for range 3 { // three consumers that die holding it
-		ch, err := conn.Channel()
-		require.NoError(t, err)
-		require.NoError(t, ch.Qos(1, 0, false))
-		deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
-		require.NoError(t, err)
-		select {
-		case <-deliveries:
-		case <-time.After(10 * time.Second):
-			t.Fatal("no delivery")
-		}
-		require.NoError(t, ch.Close()) // unacked: back to the queue, counted
-	}
-	var calls atomic.Int32
-	dead := make(chan inbox.DeadLetter, 1)
-	c := &rabbitmq.Consumer{Queue: queue, Retry: inbox.Retry{MaxDeliveries: 3}, OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }}
-	errc, cancel := runAsync(t, conn, c, func(context.Context, *inbox.Message) error { calls.Add(1); return nil })
-	select {
-	case d := <-dead:
-		assert.Equal(t, 4, d.Deliveries)
-	case <-time.After(15 * time.Second):
-		t.Fatal("not dead-lettered")
-	}
-	cancel()
-	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
-	assert.Zero(t, calls.Load())
-	require.Eventually(t, func() bool { return ready(t, conn, dlq) == 1 }, 10*time.Second, 10*time.Millisecond)
 }

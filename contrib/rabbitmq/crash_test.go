@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -99,9 +100,58 @@ func childMain() int {
 	if err != nil {
 		return testenv.ChildFailed(err)
 	}
+	if os.Getenv(childEnv) == "killer" {
+		// A consumer that dies in the handler of the message "killer", with
+		// the inbox's ledger.
+		c := &rabbitmq.Consumer{Queue: os.Getenv(childQueue), Ledger: (&inbox.SQL{DB: db}).Ledger(crashConsumer), Retry: killerRetry}
+		return testenv.ChildFailed(c.Run(context.Background(), ch, func(_ context.Context, m *inbox.Message) error {
+			if m.ID == "killer" {
+				testenv.Die()
+			}
+			return nil
+		}))
+	}
 	h := testenv.DieAfter(crashAfter, testenv.EffectHandler(os.Getenv(childEnv), db, crashConsumer))
 	c := &rabbitmq.Consumer{Queue: os.Getenv(childQueue)}
 	return testenv.ChildFailed(c.Run(context.Background(), ch, h))
+}
+
+// killerRetry is the Retry of TestKillerMessageDeadLettered's consumers.
+var killerRetry = inbox.Retry{MaxDeliveries: 2}
+
+// Issue 30 §3.9: a crash while the handler runs counts. A message that
+// kills every consumer that runs it (three children SIGKILLed in its
+// handler) is dead-lettered on arrival by the next, from the inbox's
+// ledger, without running again: its first delivery is not counted (no
+// run is marked before the broker says it may be a redelivery), the
+// next two are. (With no ledger, or the runs that never ended left out
+// of the count, the handler ran a fourth time: this test failed.)
+func TestKillerMessageDeadLettered(t *testing.T) {
+	conn := dial(t)
+	db, schema := testenv.EffectsDB(t, "d2_")
+	in := &inbox.SQL{DB: db}
+	require.NoError(t, in.Migrate(context.Background()))
+	queue, dlq := newDeadLettered(t, conn, nil)
+	publish(t, conn, queue, amqp.Publishing{MessageId: "killer"})
+	for range 3 {
+		killed := testenv.RunChild(t, []string{childEnv + "=killer", childDSN + "=" + schema.URL, childQueue + "=" + queue, childCrashAt + "=0"}, nil)
+		require.True(t, killed, "the child died in the handler")
+	}
+	var calls atomic.Int32
+	dead := make(chan inbox.DeadLetter, 1)
+	c := &rabbitmq.Consumer{Queue: queue, Ledger: in.Ledger(crashConsumer), Retry: killerRetry, OnDeadLetter: func(d inbox.DeadLetter) { dead <- d }}
+	errc, cancel := runAsync(t, conn, c, func(context.Context, *inbox.Message) error { calls.Add(1); return nil })
+	select {
+	case d := <-dead:
+		assert.ErrorIs(t, d.Err, inbox.ErrExhausted)
+		assert.Equal(t, 2, d.Deliveries, "two counted crashes")
+	case <-time.After(30 * time.Second):
+		t.Fatal("not dead-lettered")
+	}
+	cancel()
+	require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
+	assert.Zero(t, calls.Load(), "never ran again")
+	require.Eventually(t, func() bool { return ready(t, conn, dlq) == 1 }, 10*time.Second, 10*time.Millisecond)
 }
 
 // drain consumes queue until a marker published after every redelivery

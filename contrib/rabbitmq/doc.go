@@ -47,46 +47,80 @@
 // connection dropped, the broker closed the channel), with the
 // redelivered flag set.
 //
+// # The message core and its ledger
+//
+// Every delivery goes through the message core of the inbox package
+// ([inbox.Runner], see docs/consumer.md): it decides ack, requeue (at once
+// or after a delay) and dead-letter from evidence and from the inbox's own
+// record of the message's handler runs, [Consumer.Ledger]; Run maps each
+// decision onto the channel's verbs (ack, nack with requeue, reject) and
+// keeps no rule of its own. Give it the ledger of the handler's inbox:
+//
+//	c := &rabbitmq.Consumer{Queue: "orders", Ledger: in.Ledger("order-recorder")}
+//
+// Run never decides from a quorum queue's x-delivery-count, which also
+// counts the returns of shutdowns, of deliveries sent ahead and handed
+// back, and of a neighbour's processing limit.
+//
 // # Shutdown
 //
-// Cancelling Run's context loses nothing, whatever the settings: a
-// delivery whose handler is running is acknowledged if the handler
-// returns nil (its effect committed) and requeued otherwise; the
+// Cancelling Run's context loses nothing and counts nothing, whatever the
+// settings: a delivery whose handler is running is acknowledged if the
+// handler returns nil (its effect committed) and requeued otherwise; the
 // deliveries sent ahead, and those waiting out a retry delay, are
-// requeued; none is rejected or dead-lettered. Run cancels its
-// subscription before it requeues, so that the broker hands them to
-// other consumers. A quorum queue counts each such return as a delivery
-// (x-delivery-count), like a crash: keep [inbox.Retry.MaxDeliveries], and
-// the queue's delivery-limit, above the restarts a message may meet.
+// requeued; none is rejected, dead-lettered, or counted as a failure in
+// the ledger, however many shutdowns a message meets. Run cancels its
+// subscription before it requeues, so that the broker hands them to other
+// consumers. A quorum queue counts each such return (x-delivery-count),
+// and its own delivery-limit (RabbitMQ 4 sets 20 by default) dead-letters
+// or drops a message that met that many: set it to -1 (a policy's
+// delivery-limit), or far above Retry.MaxDeliveries plus the restarts a
+// message may meet.
 //
 // # Poison messages
 //
-// A handler error rolls its transaction back, the inbox row with it, and
-// the delivery comes back after a delay that doubles each time
-// ([Consumer.Retry]: 1 s to 5 min by default); RabbitMQ has no delayed
-// requeue, so Run holds the failed delivery unacknowledged for the delay
-// (other deliveries go on meanwhile) and then requeues it. The delivery
-// that reaches [inbox.Retry.MaxDeliveries] (5 by default) and fails is
-// rejected without requeue: RabbitMQ dead-letters it to the queue's
-// dead-letter exchange, and Run reports it through [Consumer.OnDeadLetter]
-// and a log line at level Error. Declare the queue with a dead-letter
-// exchange (x-dead-letter-exchange, or a policy): without one, RabbitMQ
-// discards rejected messages, and the log line is all that is left. A
-// quorum queue counts deliveries itself (x-delivery-count), across
-// consumers and restarts, and its delivery-limit argument bounds them at
-// the broker as well; on a classic queue Run counts them, per Run.
+// A handler error rolls its transaction back, the inbox row with it; the
+// ledger counts the failure, and the delivery comes back after a delay
+// that doubles with each counted failure ([Consumer.Retry]: 1 s to 5 min
+// by default). RabbitMQ has no delayed requeue, so Run holds the failed
+// delivery unacknowledged for the delay (other deliveries go on
+// meanwhile) and then requeues it. On its [inbox.Retry.MaxDeliveries]-th
+// failed run (5 by default) it is rejected without requeue: RabbitMQ
+// dead-letters it to the queue's dead-letter exchange, and Run reports it
+// through [Consumer.OnDeadLetter] and a log line at level Error. Declare
+// the queue with a dead-letter exchange (x-dead-letter-exchange, or a
+// policy): without one, RabbitMQ discards rejected messages, and the log
+// line is all that is left.
+//
+// A message that kills its consumer's process while its handler runs is
+// counted too: before the handler of a redelivered message runs, the
+// ledger records the run, and a run that never ends is a failed one. Once
+// they reach the limit, the message is dead-lettered on arrival, without
+// running again. Its first delivery is not so marked (it would cost a
+// write per message), so it gets one run more than the limit.
 //
 // # A hung handler
 //
 // A handler runs for at most [Consumer.ProcessingLimit] (5 minutes by
 // default). Then its context ends, which rolls an inbox transaction back
 // (see [inbox.SQL]: the server's own timeouts end it even if the handler
-// ignores its context), and Run cancels its subscription and requeues the
-// delivery and those sent ahead, so that other consumers get them at
-// once. Run waits for the handler to return, acknowledges nothing it
-// requeued, subscribes again and goes on. Without a limit (a negative
-// ProcessingLimit), RabbitMQ's consumer_timeout (30 minutes by default)
-// closes a channel whose delivery stays unacknowledged.
+// ignores its context), the ledger counts a failure, and Run cancels its
+// subscription and requeues the delivery and those sent ahead, so that
+// other consumers get them at once: a healthy delivery sent ahead is
+// never held, nor counted, for its hung neighbour. Run waits for the
+// handler to return, acknowledges nothing it requeued, subscribes again
+// and goes on. Without a limit (a negative ProcessingLimit), RabbitMQ's
+// consumer_timeout (30 minutes by default) closes a channel whose
+// delivery stays unacknowledged.
+//
+// # Across an upgrade
+//
+// The inbox's rows written by the previous release stay duplicates, and
+// an instance of the previous release running beside this one during a
+// rolling deploy agrees with it on every message id (see Formats and
+// upgrades in the inbox package). What the previous release counted in a
+// Run's memory, or read from x-delivery-count, is not carried over: a
+// poison message's count starts again in the ledger.
 //
 // # Redelivery to another consumer
 //

@@ -57,6 +57,9 @@ func ExampleConsumer_Run() {
 			c := &rabbitmq.Consumer{
 				Queue:    "orders", // declared with x-dead-letter-exchange: poison messages and messages with no id go there
 				Prefetch: 64,
+				// The inbox's count of each message's failed runs, shared by
+				// every instance: shutdowns never count, crashes do.
+				Ledger: in.Ledger("order-recorder"),
 				OnDeadLetter: func(d inbox.DeadLetter) {
 					// Also logged; count it in your metrics.
 				},

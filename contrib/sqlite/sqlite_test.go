@@ -1,6 +1,7 @@
 package sqlite_test
 
 import (
+	"context"
 	"database/sql"
 	"path/filepath"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idemhttp/contrib/sqlite"
+	"github.com/idemkit/idemhttp/inbox"
 	"github.com/idemkit/idemhttp/inbox/inboxtest"
 )
 
@@ -43,4 +45,34 @@ func TestOpenSettings(t *testing.T) {
 	assert.Error(t, err)
 	_, err = sqlite.Open(filepath.Join(t.TempDir(), "missing-dir", "x.db"))
 	assert.Error(t, err)
+}
+
+// TestUpgrade runs the upgrade suite on the previous release's SQLite
+// inbox: inbox.SQL's own tests on a real driver.
+func TestUpgrade(t *testing.T) {
+	inboxtest.RunUpgrade(t, "sqlite", func(t *testing.T) *sql.DB {
+		db, err := sqlite.Open(filepath.Join(t.TempDir(), "inbox.db"))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		return db
+	})
+}
+
+// TestLedgerConformance runs the ledger suite on inbox.SQL's ledger, whose
+// processed messages are those its Handle recorded.
+func TestLedgerConformance(t *testing.T) {
+	inboxtest.RunLedger(t, func(t *testing.T) inboxtest.LedgerFixture {
+		db, err := sqlite.Open(filepath.Join(t.TempDir(), "inbox.db"))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		in := &inbox.SQL{DB: db}
+		require.NoError(t, in.Migrate(context.Background()))
+		h := in.Handle("billing", func(context.Context, *sql.Tx, *inbox.Message) error { return nil })
+		return inboxtest.LedgerFixture{
+			Ledger: in.Ledger("billing"),
+			Process: func(ctx context.Context, k inbox.Key) error {
+				return h(ctx, &inbox.Message{ID: k.ID, IDSpace: k.IDSpace})
+			},
+		}
+	})
 }

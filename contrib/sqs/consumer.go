@@ -153,15 +153,23 @@ type Consumer struct {
 	// whole seconds. Zero means [DefaultVisibilityTimeout]. Run extends
 	// it by this much every third of it while the message's handler runs.
 	VisibilityTimeout time.Duration
-	// Retry says how long a message whose handler returned an error stays
-	// hidden before it is received again: a delay that doubles with the
-	// message's receive count (ApproximateReceiveCount), 1 s to 5 min by
-	// default, at most 12 hours. The queue's redrive policy, not Retry,
-	// decides when it goes to the dead-letter queue: after
-	// maxReceiveCount receives. Without a redrive policy
+	// Retry says how long a message whose handler failed stays hidden
+	// before it is received again: a delay that doubles with the
+	// message's failures as [Consumer.Ledger] counts them (not with its
+	// receive count, which shutdowns raise too), 1 s to 5 min by default,
+	// at most 12 hours. The queue's redrive policy, not Retry, decides
+	// when it goes to the dead-letter queue: after maxReceiveCount
+	// receives, by SQS's own count (see Shutdown and maxReceiveCount in
+	// the package documentation). Without a redrive policy
 	// ([Consumer.NoRedrivePolicy]), Retry.MaxDeliveries is when Run starts
 	// reporting the message as one that holds up its queue.
 	Retry inbox.Retry
+	// Ledger counts each message's failed handler runs, for every
+	// instance and restart, from which the retry delays grow: give it the
+	// inbox's (inbox.SQL.Ledger, contrib/postgres's Inbox.Ledger) with
+	// the consumer name of the handler's inbox. Nil means a count of this
+	// Run's own ([inbox.MemoryLedger]).
+	Ledger inbox.Ledger
 	// NoRedrivePolicy, when true, lets Run consume a queue that has no
 	// redrive policy. A message whose handler always fails then comes
 	// back, Retry.MaxDelay apart, until the queue's retention period ends
@@ -171,8 +179,8 @@ type Consumer struct {
 	NoRedrivePolicy bool
 	// ProcessingLimit bounds how long one message's handler runs. When it
 	// passes, the handler's context ends (an inbox transaction rolls back,
-	// see [inbox.SQL]), the visibility extensions stop, and Run makes the
-	// message visible at once, so that another consumer receives it, even
+	// see [inbox.SQL]), the visibility extensions stop, the failure is
+	// counted, and Run makes the message visible at once, so that another consumer receives it, even
 	// if the handler goes on; Run waits for the handler to return before
 	// it takes the next message, and never deletes the message it
 	// released. Zero means [inbox.DefaultProcessingLimit]; negative means
@@ -197,19 +205,24 @@ type Consumer struct {
 //
 // Before it receives, Run reads the queue's redrive policy
 // (GetQueueAttributes) and returns an error wrapping [ErrNoRedrivePolicy]
-// when there is none, unless [Consumer.NoRedrivePolicy] is set. After h
-// returns nil, Run deletes the message; after h returns an error, Run
+// when there is none, unless [Consumer.NoRedrivePolicy] is set. Each
+// message goes through the message core ([inbox.Runner]), which decides
+// from [Consumer.Ledger]; Run maps its decisions onto SQS's verbs. After
+// h returns nil, Run deletes the message; after h returns an error, Run
 // hides it for [Consumer.Retry]'s delay and goes on: a handler error never
 // stops Run. h gets a context that ends with ctx or at
 // [Consumer.ProcessingLimit].
 //
 // Shutdown loses nothing: when ctx is done while h runs, Run waits for h,
 // deletes the message if h returned nil (its effect committed) and makes
-// it visible at once otherwise, whatever the settings. It makes the
-// messages it received and did not handle visible again, so other
-// consumers get them at once, and returns ctx.Err(). Otherwise it returns
-// the receive's error, or an error wrapping [inbox.ErrNoMessageID] (see
-// [NoIDStop]). No goroutine of Run's outlives it.
+// it visible at once otherwise, whatever the settings. A receive in
+// progress is not cancelled: Run waits for it (at most WaitTime). It
+// makes the messages it received and did not handle visible again, so
+// other consumers get them at once, and returns ctx.Err(). Each shutdown
+// so costs each of those messages one receive toward the redrive policy's
+// maxReceiveCount, and no more. Otherwise it returns the receive's error,
+// or an error wrapping [inbox.ErrNoMessageID] (see [NoIDStop]). No
+// goroutine of Run's outlives it.
 func (c *Consumer) Run(ctx context.Context, api API, h inbox.Handler) error {
 	if c.QueueURL == "" {
 		return errors.New("sqs: Consumer.QueueURL is empty")
@@ -220,20 +233,39 @@ func (c *Consumer) Run(ctx context.Context, api API, h inbox.Handler) error {
 	if h == nil {
 		return errors.New("sqs: nil handler")
 	}
-	r := &run{c: c, api: api, h: h, limit: c.ProcessingLimit}
-	if r.limit == 0 {
-		r.limit = inbox.DefaultProcessingLimit
-	}
+	r := &run{c: c, api: api}
 	if err := r.readRedrive(ctx); err != nil {
 		return err
 	}
 	in := c.receiveInput()
 	r.visibility = time.Duration(in.VisibilityTimeout) * time.Second
+	limit := c.ProcessingLimit
+	if limit == 0 {
+		limit = inbox.DefaultProcessingLimit
+	}
+	// The queue's redrive policy dead-letters, by SQS's own receive
+	// count: the core never does (no limit), and decides the rest from
+	// the ledger.
+	retry := c.Retry
+	retry.MaxDeliveries = -1
+	p := inbox.Policy{Retry: retry}
+	if c.NoID == NoIDStop {
+		p.NoID = inbox.NoIDStop
+	}
+	r.runner = &inbox.Runner{Policy: p, Ledger: c.Ledger, Handler: h, Limit: limit, Every: r.visibility / 3}
+	// A receive is not cancelled by ctx: SQS goes on with a long poll
+	// whose client has gone, and the messages it then receives cost a
+	// receive each and stay hidden for the visibility timeout, unseen.
+	// Run waits for it instead (at most WaitTime) and makes what it
+	// brought visible at once.
+	receiveTimeout := time.Duration(in.WaitTimeSeconds)*time.Second + settleTimeout
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		out, err := api.ReceiveMessage(ctx, in)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), receiveTimeout)
+		out, err := api.ReceiveMessage(rctx, in)
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -245,9 +277,16 @@ func (c *Consumer) Run(ctx context.Context, api API, h inbox.Handler) error {
 				r.release(ctx, out.Messages[i:])
 				return ctx.Err()
 			}
-			if err := r.handle(ctx, &out.Messages[i]); err != nil {
-				r.release(ctx, out.Messages[i+1:])
+			r.rest = out.Messages[i+1:]
+			err := r.handle(ctx, &out.Messages[i])
+			rest := r.rest
+			r.rest = nil
+			if err != nil {
+				r.release(ctx, rest)
 				return err
+			}
+			if rest == nil {
+				break // released at the processing limit, with the message
 			}
 		}
 	}
@@ -257,11 +296,14 @@ func (c *Consumer) Run(ctx context.Context, api API, h inbox.Handler) error {
 type run struct {
 	c          *Consumer
 	api        API
-	h          inbox.Handler
-	limit      time.Duration // < 0: none
+	runner     *inbox.Runner
 	visibility time.Duration
 	maxRecv    int    // the redrive policy's maxReceiveCount; 0: no policy
 	dlq        string // the redrive policy's dead-letter queue
+	// rest holds the messages of the receive behind the one being
+	// handled; the release at its processing limit makes them visible
+	// too, and sets rest to nil.
+	rest []types.Message
 }
 
 // readRedrive reads the queue's redrive policy.
@@ -342,89 +384,90 @@ func (c *Consumer) receiveInput() *sqs.ReceiveMessageInput {
 	return in
 }
 
-// handle runs h for one message and settles it. It returns an error only
-// when Run must stop.
+// handle runs one message through the message core (inbox.Runner) and
+// maps its decision onto SQS's verbs: a delete, a visibility change. It
+// returns an error only when Run must stop.
 func (r *run) handle(ctx context.Context, sm *types.Message) error {
 	c := r.c
 	id, idErr := c.messageID(sm)
+	// The receive count only says whether the run is worth a durable
+	// marker, and when the redrive policy moves the message: the delays
+	// come from the ledger's count of failures.
 	n := receiveCount(sm)
 	m := newMessage(c.QueueURL, c.idSpace(), id, sm, n)
-	if idErr != nil {
-		if c.NoID == NoIDStop {
+	arrival := inbox.Arrival{HasID: idErr == nil, Stopping: ctx.Err() != nil, MaybeRedelivered: n > 1}
+	dec, state := r.runner.Deliver(ctx, m, inbox.Key{IDSpace: m.IDSpace, ID: id}, arrival, inbox.Hooks{
+		Beat: func() { r.setVisibility(ctx, sm, r.visibility) },
+		Release: func() {
 			r.setVisibility(ctx, sm, 0)
-			return fmt.Errorf("sqs: message %s on %s: %w", deref(sm.MessageId), c.QueueURL, idErr)
+			// Received with it, behind it: visible now, for other
+			// consumers, rather than when their visibility ends. (Each
+			// has cost its receive already.)
+			r.release(ctx, r.rest)
+			r.rest = nil
+		},
+	})
+	switch dec.Verb {
+	case inbox.VerbAck:
+		// The effect committed (or the message was done before). If this
+		// delete is lost (a crash now, a network error), the message
+		// comes back when its visibility ends and the inbox turns it
+		// away.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+		defer cancel()
+		if _, err := r.api.DeleteMessage(sctx, &sqs.DeleteMessageInput{QueueUrl: &c.QueueURL, ReceiptHandle: sm.ReceiptHandle}); err != nil {
+			c.settleError(id, fmt.Errorf("sqs: delete: %w", err))
 		}
-		r.retryLater(ctx, sm, m, n, idErr)
 		return nil
+	case inbox.VerbRequeue:
+		// At once (a shutdown: whatever the settings), or after the delay
+		// of the failures the ledger counts.
+		r.setVisibility(ctx, sm, min(dec.Delay, maxVisibility))
+		if dec.Delay > 0 {
+			r.reportIfLast(m, n, dec.Failures, dec.Err)
+		}
+		return nil
+	case inbox.VerbDeadLetter:
+		// No id: SQS's redrive policy dead-letters it, after
+		// maxReceiveCount receives; until then it stays hidden for the
+		// retry delay.
+		r.setVisibility(ctx, sm, r.retryDelay(n))
+		r.reportIfLast(m, n, n, idErr)
+		return nil
+	case inbox.VerbStop:
+		r.setVisibility(ctx, sm, 0)
+		return fmt.Errorf("sqs: message %s on %s: %w", deref(sm.MessageId), c.QueueURL, idErr)
 	}
-	released, err := r.callHandler(ctx, sm, m)
-	if released {
+	if state.State() == inbox.StateReleased {
 		// Visible again at the processing limit: whatever the handler
 		// did, another consumer receives the message and the inbox
 		// serialises the two. Its receipt handle is spent.
 		c.logger().Warn("sqs: handler passed its processing limit; message made visible",
-			slog.String("queue", c.QueueURL), slog.String("id", id), slog.Bool("returned_nil", err == nil))
+			slog.String("queue", c.QueueURL), slog.String("id", id))
 		return nil
 	}
-	if err != nil {
-		// The transaction rolled back, the inbox row with it, so the
-		// next receive runs the effect again.
-		if ctx.Err() != nil {
-			// Shutdown: visible again at once, whatever the settings.
-			r.setVisibility(ctx, sm, 0)
-			return nil
-		}
-		r.retryLater(ctx, sm, m, n, err)
-		return nil
-	}
-	// The effect committed. If this delete is lost (a crash now, a
-	// network error), the message comes back when its visibility ends and
-	// the inbox turns it away.
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
-	defer cancel()
-	if _, err := r.api.DeleteMessage(sctx, &sqs.DeleteMessageInput{QueueUrl: &c.QueueURL, ReceiptHandle: sm.ReceiptHandle}); err != nil {
-		c.settleError(id, fmt.Errorf("sqs: delete: %w", err))
-	}
-	return nil
-}
-
-// retryLater makes sm (m to the handler), which failed with err on its
-// n-th receive, visible again after its retry delay, and reports it when
-// that receive was its last (reportIfLast).
-func (r *run) retryLater(ctx context.Context, sm *types.Message, m *inbox.Message, n int, err error) {
-	r.setVisibility(ctx, sm, r.retryDelay(n))
-	r.reportIfLast(m, n, err)
+	// No decision (a refused move: a bug): visible again, never deleted.
+	r.setVisibility(ctx, sm, 0)
+	return dec.Err
 }
 
 func (r *run) retryDelay(n int) time.Duration {
 	return min(r.c.Retry.After(max(n, 1)), maxVisibility)
 }
 
-// reportIfLast reports a message that failed on its n-th receive when the
-// redrive policy moves it to the dead-letter queue at its next receive,
-// or, without a policy, when it is past Retry's limit.
-func (r *run) reportIfLast(m *inbox.Message, n int, err error) {
+// reportIfLast reports a message that failed on its n-th receive (its
+// failures-th failure by the ledger) when the redrive policy moves it to
+// the dead-letter queue at its next receive, or, without a policy, when
+// its failures are past Retry's limit.
+func (r *run) reportIfLast(m *inbox.Message, n, failures int, err error) {
 	switch {
 	case r.maxRecv > 0 && n >= r.maxRecv:
 		r.c.report(inbox.DeadLetter{Message: m, Deliveries: n, Err: err,
 			To: fmt.Sprintf("moved by the queue's redrive policy (maxReceiveCount %d) to %s at its next receive", r.maxRecv, r.dlq)})
-	case r.maxRecv == 0 && r.c.Retry.Exhausted(n):
-		r.c.report(inbox.DeadLetter{Message: m, Deliveries: n, Err: err,
+	case r.maxRecv == 0 && r.c.Retry.Exhausted(failures):
+		r.c.report(inbox.DeadLetter{Message: m, Deliveries: failures, Err: err,
 			To: "stays in the queue, which has no redrive policy: SQS deletes it when the retention period ends"})
 	}
-}
-
-// callHandler runs h, extending sm's visibility every third of it, and
-// returns h's error. When the processing limit passes first, the
-// extensions stop, sm is made visible at once, and callHandler reports
-// released (inbox.Supervise).
-func (r *run) callHandler(ctx context.Context, sm *types.Message, m *inbox.Message) (released bool, err error) {
-	return inbox.Supervise(ctx, r.h, m, inbox.Supervision{
-		Limit:   r.limit,
-		Every:   r.visibility / 3,
-		Beat:    func() { r.setVisibility(ctx, sm, r.visibility) },
-		Release: func() { r.setVisibility(ctx, sm, 0) },
-	})
 }
 
 // messageID returns m's id from the configured place; the error is

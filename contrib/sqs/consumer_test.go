@@ -114,7 +114,9 @@ func TestRunPoisonRedriven(t *testing.T) {
 	var calls int
 	h := func(context.Context, *inbox.Message) error { calls++; return errors.New("cannot parse") }
 	var dead []inbox.DeadLetter
-	c := &sqsinbox.Consumer{QueueURL: queueURL, OnDeadLetter: func(d inbox.DeadLetter) { dead = append(dead, d) }}
+	// One ledger for every round, as the inbox's in the database is for
+	// every Run.
+	c := &sqsinbox.Consumer{QueueURL: queueURL, Ledger: &inbox.MemoryLedger{}, OnDeadLetter: func(d inbox.DeadLetter) { dead = append(dead, d) }}
 	for round := 0; len(f.deadLettered()) == 0; round++ {
 		require.Less(t, round, 10, "never dead-lettered")
 		require.NoError(t, runUntilIdle(c, f, h))
@@ -147,7 +149,7 @@ func TestRunRedrivePolicyRequired(t *testing.T) {
 	assert.Zero(t, calls)
 
 	var dead []inbox.DeadLetter
-	c := &sqsinbox.Consumer{QueueURL: queueURL, NoRedrivePolicy: true, Retry: inbox.Retry{MaxDeliveries: 3},
+	c := &sqsinbox.Consumer{QueueURL: queueURL, NoRedrivePolicy: true, Retry: inbox.Retry{MaxDeliveries: 3}, Ledger: &inbox.MemoryLedger{},
 		OnDeadLetter: func(d inbox.DeadLetter) { dead = append(dead, d) }}
 	for range 4 {
 		require.NoError(t, runUntilIdle(c, f, h))
@@ -243,6 +245,40 @@ func TestRunIDSpace(t *testing.T) {
 		require.NoError(t, runUntilIdle(&sqsinbox.Consumer{QueueURL: queueURL, IDSpace: tt.give}, f, h))
 		assert.Equal(t, tt.want, got)
 	}
+}
+
+// Issue 30 §3.9: a hung neighbour does not hold a healthy message
+// received with it: at the processing limit, the messages of the receive
+// behind the hung one are made visible with it, for other consumers,
+// instead of when their visibility timeout ends. (With only the hung
+// message released, the healthy one stayed hidden for 30 s: this test
+// failed.)
+func TestRunHungNeighbourReleasesTheRest(t *testing.T) {
+	f := newFake()
+	f.send("hung", nil, nil)
+	f.send("healthy", nil, nil)
+	unblock := make(chan struct{})
+	hung := make(chan struct{})
+	h := func(_ context.Context, m *inbox.Message) error {
+		if string(m.Body) == "hung" {
+			close(hung)
+			<-unblock // ignores its context
+		}
+		return nil
+	}
+	c := &sqsinbox.Consumer{QueueURL: queueURL, MaxMessages: 2, WaitTime: -1, ProcessingLimit: 100 * time.Millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(ctx, f, h) }()
+	<-hung
+	require.Eventually(t, func() bool {
+		got := f.receives()
+		return got["hung"][1] == 0 && got["healthy"][1] == 0
+	}, 10*time.Second, 5*time.Millisecond, "both visible while the handler hangs")
+	close(unblock)
+	cancel()
+	require.ErrorIs(t, <-errc, context.Canceled)
 }
 
 // A handler that hangs, ignoring its context, holds its message only
@@ -395,6 +431,52 @@ func TestRunExtendsVisibility(t *testing.T) {
 	assert.Equal(t, int32(1), extended, "extended by the whole timeout")
 	n, _ := f.live()
 	assert.Zero(t, n)
+}
+
+// Issue 30 §3.11: a shutdown costs each message it touches one receive
+// toward maxReceiveCount, and no more, and leaves none hidden: the one
+// whose handler it interrupted, those received with it and not handled,
+// and one that a long poll in progress received after the shutdown began
+// (SQS goes on with a poll whose client gave up, into a response nobody
+// reads). (With the receive cancelled by the shutdown, that last message
+// was received into the lost response: hidden for the visibility timeout,
+// its receive spent unseen; this test failed.)
+func TestRunShutdownCostsOneReceive(t *testing.T) {
+	f := newFake()
+	for _, b := range []string{"a", "b", "c"} {
+		f.send(b, nil, nil)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	started := make(chan struct{})
+	h := func(ctx context.Context, m *inbox.Message) error {
+		close(started)
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	c := &sqsinbox.Consumer{QueueURL: queueURL, WaitTime: time.Second, MaxMessages: 3}
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(ctx, f, h) }()
+	<-started
+	cancel()
+	require.ErrorIs(t, <-errc, context.Canceled)
+	for b, got := range f.receives() {
+		assert.Equal(t, [2]int{1, 0}, got, "%s: one receive, visible", b)
+	}
+
+	// A shutdown while a long poll waits on an empty queue.
+	f = newFake()
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		errc <- c.Run(ctx, f, func(context.Context, *inbox.Message) error { return errors.New("never called") })
+	}()
+	<-f.received
+	cancel()
+	f.send("late", nil, nil)
+	require.ErrorIs(t, <-errc, context.Canceled)
+	assert.Equal(t, map[string][2]int{"late": {1, 0}}, f.receives(), "received by the poll Run waited for, then visible")
+	assert.Zero(t, f.lost, "no response lost")
 }
 
 // When ctx ends, the messages received and not handled become visible

@@ -48,27 +48,56 @@
 // delete leaves the message in the queue, and it is received again when
 // its visibility timeout ends, by this consumer or another.
 //
-// # Shutdown
+// # The message core and its ledger
+//
+// Every message goes through the message core of the inbox package
+// ([inbox.Runner], see docs/consumer.md): it decides delete and the
+// visibility of a message handed back from evidence and from the inbox's
+// own record of the message's handler runs, [Consumer.Ledger]; Run maps
+// each decision onto SQS's verbs. Give it the ledger of the handler's
+// inbox (in.Ledger("order-recorder")). One rule is SQS's and not the
+// core's: the redrive policy dead-letters a message by SQS's own receive
+// count, which every receive raises, handled or not (see below).
+//
+// # Shutdown and maxReceiveCount
 //
 // Cancelling Run's context loses nothing, whatever the settings: a message
 // whose handler is running is deleted if the handler returns nil (its
 // effect committed) and made visible again at once otherwise; the
 // messages received and not yet handled are made visible at once too.
+// A receive in progress is not cancelled: SQS would go on with the long
+// poll whose client left, and the messages it then received would stay
+// hidden for the visibility timeout, unseen; Run waits for it instead
+// ([Consumer.WaitTime] at most: keep it under your shutdown's grace
+// period) and makes what it brought visible at once.
+//
+// What a shutdown costs: SQS counts every receive toward the redrive
+// policy's maxReceiveCount, and the core cannot make it count less. Each
+// shutdown costs each message it touches (the one whose handler it
+// interrupted, those received with it, those a receive in progress
+// brought) exactly one receive, and no more; so does a release at the
+// processing limit. A healthy message that meets maxReceiveCount
+// shutdowns is dead-lettered by SQS, unrun. Set maxReceiveCount to
+// Retry.MaxDeliveries plus the shutdowns (deploys, scale-downs) a message
+// may meet while it waits, with room to spare: 10 or more.
 //
 // # Poison messages
 //
-// A handler error rolls its transaction back, the inbox row with it, and
-// Run hides the message for a delay that doubles with its receive count
-// ([Consumer.Retry]: 1 s to 5 min by default), so nothing spins. The
-// queue's redrive policy moves it to the dead-letter queue after
-// maxReceiveCount receives; Run reports it, through [Consumer.OnDeadLetter]
-// and a log line at level Error, on the receive that was its last. Run
-// refuses to consume a queue without a redrive policy
-// ([ErrNoRedrivePolicy]): there, SQS would delete a poison message,
-// silently, when its retention period ends. [Consumer.NoRedrivePolicy]
-// allows it, and Run then reports such a message at every failure from
-// [inbox.Retry.MaxDeliveries] on. Run reads the policy with
-// GetQueueAttributes, which needs the sqs:GetQueueAttributes permission.
+// A handler error rolls its transaction back, the inbox row with it; the
+// ledger counts the failure, and Run hides the message for a delay that
+// doubles with each counted failure ([Consumer.Retry]: 1 s to 5 min by
+// default), so nothing spins. The queue's redrive policy moves it to the
+// dead-letter queue after maxReceiveCount receives; Run reports it,
+// through [Consumer.OnDeadLetter] and a log line at level Error, on the
+// receive that was its last. Run refuses to consume a queue without a
+// redrive policy ([ErrNoRedrivePolicy]): there, SQS would delete a poison
+// message, silently, when its retention period ends.
+// [Consumer.NoRedrivePolicy] allows it, and Run then reports such a
+// message at every failure from [inbox.Retry.MaxDeliveries] on. Run reads
+// the policy with GetQueueAttributes, which needs the
+// sqs:GetQueueAttributes permission. A message that kills its consumer's
+// process is received again after its visibility timeout, and dead-
+// lettered by the redrive policy like any other.
 //
 // # Visibility, slow handlers and hung handlers
 //
@@ -81,9 +110,19 @@
 // [Consumer.ProcessingLimit] (5 minutes by default): then its context ends,
 // which rolls an inbox transaction back (see [inbox.SQL]: the server's own
 // timeouts end it even if the handler ignores its context), the extensions
-// stop, and Run makes the message visible at once, for another consumer.
-// Run waits for the handler to return and never deletes the message it
-// released.
+// stop, the ledger counts a failure, and Run makes the message visible at
+// once, for another consumer, and so the messages received behind it,
+// which are not held until their visibility ends. Run waits for the
+// handler to return and never deletes the message it released.
+//
+// # Across an upgrade
+//
+// The inbox's rows written by the previous release stay duplicates, and
+// an instance of the previous release running beside this one during a
+// rolling deploy agrees with it on every message id (see Formats and
+// upgrades in the inbox package). The previous release grew the retry
+// delays with the receive count; this one grows them with the ledger's
+// count of failures, from the upgrade on.
 //
 // # Inbox retention
 //

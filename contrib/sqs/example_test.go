@@ -44,6 +44,7 @@ func ExampleConsumer_Run() {
 	c := &sqsinbox.Consumer{
 		QueueURL:    os.Getenv("QUEUE_URL"), // with a redrive policy to a dead-letter queue: Run refuses one without
 		IDAttribute: "idem-id",
+		Ledger:      in.Ledger("order-recorder"), // the retry delays grow with the inbox's count of failures
 		OnDeadLetter: func(d inbox.DeadLetter) {
 			// Also logged; count it in your metrics.
 		},

@@ -20,8 +20,13 @@ import (
 // relies on: a received message is hidden until its visibility timeout
 // ends, each receive issues a new receipt handle and invalidates the old
 // one, and only a current receipt handle deletes a message or changes its
-// visibility. Time does not pass by itself: a hidden message comes back
-// only when the test calls expire (as SQS would once its timeout ended).
+// visibility. Time does not pass by itself for visibility: a hidden
+// message comes back only when the test calls expire (as SQS would once
+// its timeout ended). A long poll on an empty queue waits for a message
+// or for its WaitTimeSeconds; one whose client gives up (its context
+// ends) goes on, as SQS's does, until its wait time ends, and receives
+// the messages sent meanwhile into a response nobody reads: they are
+// hidden, their receive counted.
 type fakeSQS struct {
 	mu       sync.Mutex
 	msgs     []*fakeMsg
@@ -43,16 +48,25 @@ type fakeSQS struct {
 	redrive         string
 	maxReceiveCount int
 	dead            []*fakeMsg
+
+	// realTime makes a visibility timeout end by itself, at its time,
+	// instead of at expire.
+	realTime bool
+
+	arrived chan struct{} // closed (and replaced) by every send
+	ghosts  []time.Time   // the ends of long polls whose clients gave up
+	lost    int           // messages received into such a poll
 }
 
 type fakeMsg struct {
-	id      string
-	body    string
-	attrs   map[string]types.MessageAttributeValue
-	system  map[string]string
-	handle  string // current receipt handle; "" while visible
-	deleted bool
-	recvs   int
+	id        string
+	body      string
+	attrs     map[string]types.MessageAttributeValue
+	system    map[string]string
+	handle    string // current receipt handle; "" while visible
+	visibleAt time.Time
+	deleted   bool
+	recvs     int
 }
 
 var _ sqsinbox.API = (*fakeSQS)(nil)
@@ -60,7 +74,7 @@ var _ sqsinbox.API = (*fakeSQS)(nil)
 // newFake returns an empty queue with a redrive policy of
 // maxReceiveCount 5.
 func newFake() *fakeSQS {
-	f := &fakeSQS{received: make(chan struct{}, 1)}
+	f := &fakeSQS{received: make(chan struct{}, 1), arrived: make(chan struct{})}
 	f.setRedrive(5)
 	return f
 }
@@ -106,8 +120,41 @@ func (f *fakeSQS) send(body string, attrs map[string]types.MessageAttributeValue
 	defer f.mu.Unlock()
 	f.seq++
 	id := fmt.Sprintf("sqs-%04d", f.seq)
-	f.msgs = append(f.msgs, &fakeMsg{id: id, body: body, attrs: attrs, system: system})
+	m := &fakeMsg{id: id, body: body, attrs: attrs, system: system}
+	f.msgs = append(f.msgs, m)
+	// A long poll whose client gave up and whose wait has not ended
+	// receives it: hidden, its receive counted, its response lost.
+	now := time.Now()
+	for len(f.ghosts) > 0 && !f.ghosts[0].After(now) {
+		f.ghosts = f.ghosts[1:]
+	}
+	if len(f.ghosts) > 0 {
+		f.seq++
+		m.recvs++
+		m.handle = fmt.Sprintf("rh-%s-%d-lost", m.id, f.seq)
+		f.lost++
+	}
+	close(f.arrived)
+	f.arrived = make(chan struct{})
 	return id
+}
+
+// receives returns, for each message not deleted, by body, its receive
+// count and whether it is hidden.
+func (f *fakeSQS) receives() map[string][2]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string][2]int{}
+	for _, m := range f.msgs {
+		if !m.deleted {
+			hidden := 0
+			if m.handle != "" {
+				hidden = 1
+			}
+			out[m.body] = [2]int{m.recvs, hidden}
+		}
+	}
+	return out
 }
 
 // expire ends the visibility timeout of every hidden message.
@@ -136,11 +183,53 @@ func (f *fakeSQS) live() (n, hidden int) {
 }
 
 func (f *fakeSQS) ReceiveMessage(ctx context.Context, in *sqs.ReceiveMessageInput, _ ...func(*sqs.Options)) (*sqs.ReceiveMessageOutput, error) {
+	end := time.Now().Add(time.Duration(in.WaitTimeSeconds) * time.Second)
+	signalled := false
+	for {
+		out, arrived := f.receive(in)
+		if len(out.Messages) > 0 {
+			return out, nil
+		}
+		if !signalled {
+			// Say the queue was found empty (once per receive).
+			signalled = true
+			select {
+			case f.received <- struct{}{}:
+			default:
+			}
+		}
+		wait := time.Until(end)
+		if wait <= 0 {
+			return out, nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-arrived:
+			t.Stop()
+		case <-t.C:
+			return out, nil
+		case <-ctx.Done():
+			t.Stop()
+			// The client is gone; the server's poll is not.
+			f.mu.Lock()
+			f.ghosts = append(f.ghosts, end)
+			f.mu.Unlock()
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// receive receives what is visible, for in, and returns the channel that
+// the next send closes.
+func (f *fakeSQS) receive(in *sqs.ReceiveMessageInput) (*sqs.ReceiveMessageOutput, <-chan struct{}) {
 	f.mu.Lock()
 	var out sqs.ReceiveMessageOutput
 	for _, m := range f.msgs {
 		if int32(len(out.Messages)) == in.MaxNumberOfMessages {
 			break
+		}
+		if f.realTime && m.handle != "" && !m.visibleAt.IsZero() && !time.Now().Before(m.visibleAt) {
+			m.handle = ""
 		}
 		if m.deleted || m.handle != "" {
 			continue
@@ -155,6 +244,7 @@ func (f *fakeSQS) ReceiveMessage(ctx context.Context, in *sqs.ReceiveMessageInpu
 		f.seq++
 		m.recvs++
 		m.handle = fmt.Sprintf("rh-%s-%d", m.id, f.seq)
+		m.visibleAt = time.Now().Add(time.Duration(in.VisibilityTimeout) * time.Second)
 		msg := types.Message{MessageId: aws.String(m.id), Body: aws.String(m.body), ReceiptHandle: aws.String(m.handle)}
 		for _, name := range in.MessageAttributeNames {
 			for k, v := range m.attrs {
@@ -184,18 +274,9 @@ func (f *fakeSQS) ReceiveMessage(ctx context.Context, in *sqs.ReceiveMessageInpu
 		}
 		out.Messages = append(out.Messages, msg)
 	}
+	arrived := f.arrived
 	f.mu.Unlock()
-	if len(out.Messages) > 0 {
-		return &out, nil
-	}
-	// Long polling on an empty queue: say so, then wait for the caller
-	// to give up (no message arrives while a test's consumer waits).
-	select {
-	case f.received <- struct{}{}:
-	default:
-	}
-	<-ctx.Done()
-	return nil, ctx.Err()
+	return &out, arrived
 }
 
 func (f *fakeSQS) DeleteMessage(_ context.Context, in *sqs.DeleteMessageInput, _ ...func(*sqs.Options)) (*sqs.DeleteMessageOutput, error) {
@@ -225,6 +306,7 @@ func (f *fakeSQS) ChangeMessageVisibility(_ context.Context, in *sqs.ChangeMessa
 	if in.VisibilityTimeout == 0 {
 		m.handle = ""
 	}
+	m.visibleAt = time.Now().Add(time.Duration(in.VisibilityTimeout) * time.Second)
 	if f.changed != nil {
 		select {
 		case f.changed <- in.VisibilityTimeout:
@@ -254,6 +336,13 @@ func runUntilIdleVia(c *sqsinbox.Consumer, f *fakeSQS, api sqsinbox.API, h inbox
 	select {
 	case <-f.received: // a signal from an earlier run
 	default:
+	}
+	if c.WaitTime == 0 {
+		// Short polling: Run's return waits for the receive in progress,
+		// a long poll's wait time.
+		cc := *c
+		cc.WaitTime = -1
+		c = &cc
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

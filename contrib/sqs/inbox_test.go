@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -55,7 +54,7 @@ func TestLostDeletesAndProducerRetries(t *testing.T) {
 				f.send("order", attr, nil)
 			}
 			h := testenv.EffectHandler(mode, db, "d2-sqs")
-			c := &sqsinbox.Consumer{QueueURL: queueURL, IDAttribute: "idem-id", WaitTime: time.Second}
+			c := &sqsinbox.Consumer{QueueURL: queueURL, IDAttribute: "idem-id"}
 			rounds := 0
 			for {
 				n, _ := f.live()

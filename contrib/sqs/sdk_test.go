@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -116,6 +117,7 @@ func TestRunThroughSDK(t *testing.T) {
 	c := &sqsinbox.Consumer{
 		QueueURL:      queueURL,
 		IDAttribute:   "idem-id",
+		WaitTime:      time.Second, // the shutdown waits for the receive in progress
 		OnSettleError: func(_ string, err error) { settle = append(settle, err) },
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,10 +1,39 @@
-// Package inboxtest is the conformance suite of the database/sql inbox,
-// [inbox.SQL]: every engine it supports (SQLite in contrib/sqlite,
-// PostgreSQL in contrib/postgres) runs [Run] against a real database.
+// Package inboxtest holds the conformance suites of the inbox and the
+// models the message core runs against.
+//
+// The suites, each run by every implementation on its real database or
+// broker:
+//
+//   - [Run]: the database/sql inbox, [inbox.SQL] (SQLite in
+//     contrib/sqlite, PostgreSQL in contrib/postgres);
+//   - [RunLedger]: every [inbox.Ledger] (the memory one, inbox.SQL's,
+//     contrib/postgres's), against the answers the core decides from;
+//   - [RunUpgrade]: inbox.SQL reading what the previous release wrote
+//     (golden data in testdata/baseline), and agreeing with an instance of
+//     it in a rolling deploy;
+//   - [RunAdapter]: every broker adapter pinned to the model: scripted
+//     scenarios (a poison message, shutdowns, a hung neighbour) must end
+//     as they do on the [ModelAdapter].
+//
+// An implementation's test calls its suite:
 //
 //	func TestConformance(t *testing.T) {
 //		inboxtest.Run(t, func(t *testing.T) *sql.DB { return openEmptyDatabase(t) })
 //	}
+//
+// The models, for plain tests and for the simulator: [Broker], an
+// at-least-once broker that counts every delivery as quorum queues,
+// JetStream and SQS do (shutdowns, prefetches handed back, crashes,
+// duplicated deliveries), with dead-letter destinations and no clock of
+// its own; [Store], an inbox database whose transactions commit an id
+// and its effect together and exclude each other, with its
+// [inbox.Ledger]; and [World], which drives the message core
+// ([inbox.Delivery]) over several consumers against them, in virtual
+// time, every choice drawn from a seed, and checks the invariants: every
+// effect at most once, every message settled (effect or dead letter),
+// dead letters only after real handler failures. The simulator makes one
+// World per seed ([NewWorld], then [World.Run] or [World.Step] and
+// [World.Check]); [WorldConfig.CountShutdowns] plants a bug it must find.
 package inboxtest
 
 import (

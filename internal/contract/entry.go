@@ -23,8 +23,15 @@ var alwaysSecret = [...]string{
 
 // IsSecretHeader reports whether name is one of the always-secret headers
 // or in secret, in any letter case: a caller may fill a header map
-// directly (req.Header["authorization"]), bypassing canonicalisation.
+// directly (req.Header["authorization"]), bypassing canonicalisation. A
+// name that is no RFC 9110 token ("Authorization " with a space,
+// "X-Api-Key:" with the colon, as a map filled from configuration may
+// spell it) is secret too: net/http never sends such a header, so nothing
+// needs it resent, and no letter-case rule can tell what it hides.
 func IsSecretHeader(name string, secret []string) bool {
+	if !isToken(name) {
+		return true
+	}
 	for _, s := range alwaysSecret {
 		if strings.EqualFold(name, s) {
 			return true
@@ -52,7 +59,8 @@ func DropSecrets(h http.Header, extra string, secret []string) {
 // SafeHeader returns the headers of h that a journal may store: all but
 // the always-secret ones (Authorization, Cookie, Proxy-Authorization,
 // the key header, X-Api-Key, Api-Key, X-Auth-Token, X-Amz-Security-Token,
-// X-Goog-Api-Key) and the names in secret, matched in any letter case, and names without values.
+// X-Goog-Api-Key) and the names in secret, matched in any letter case,
+// names that are no token, and names without values.
 // It returns h itself when nothing has to go (then the result must not be
 // modified), else a new map sharing h's value slices. A nil or empty h
 // gives nil.
@@ -79,6 +87,23 @@ func SafeHeader(h http.Header, secret ...string) http.Header {
 		}
 	}
 	return out
+}
+
+// isToken reports whether s is an RFC 9110 token: one or more tchar.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // errURLUnparsable replaces the parser's error, which quotes the URL,

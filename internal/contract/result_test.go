@@ -111,6 +111,7 @@ func FuzzResultHeader(f *testing.F) {
 		"https://u:p@h/",
 		"<https://h/?token=1>; rel=next, <bad",
 		"5; url=https://h/?code=1",
+		"0, URL = 'https://h/?sig=1'",
 		"%zz",
 		"",
 	} {

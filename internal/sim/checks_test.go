@@ -32,14 +32,18 @@ func TestSimSameSeedSameTrace(t *testing.T) {
 // checkWorld is a world after a run, for the end checks: one operation,
 // a ledger, a disk, calls of one process.
 func checkWorld() (*world, *clientProc) {
-	w := &world{cfg: Config{Ops: 1}, ledger: &ledger{}, disk: simdisk.New(nil), stats: map[string]int{}}
-	p := &clientProc{w: w, n: 1}
-	w.cli = p
+	w := &world{cfg: Config{Ops: 1}, ledger: &ledger{}, stats: map[string]int{}, everDone: map[string]bool{}, opKeys: map[int][]string{}, keyOp: map[string]int{},
+		final: make([]bool, 1), opNamed: []bool{true}}
+	m := &machine{w: w, id: 1, disk: simdisk.New(nil)}
+	w.machines = []*machine{m}
+	p := &clientProc{w: w, m: m, n: 1}
+	m.cli = p
 	return w, p
 }
 
 // Each invariant fails when its guarantee is broken by hand (the planted
-// bugs show that 1 and 5 bite in whole worlds too: see TestPlantedBugs).
+// bugs show that 1, 5, 7 and 8 bite in whole worlds too: see
+// TestPlantedBugs).
 func TestSimChecksBite(t *testing.T) {
 	body := []byte(`{"op":0,"charge":"ch-0-1"}`)
 	tests := []struct {
@@ -51,14 +55,14 @@ func TestSimChecksBite(t *testing.T) {
 			name: "a success whose response is not the server's first",
 			give: func(w *world, p *clientProc) {
 				w.ledger.commit(&effect{op: 0, key: "k-0-1", charge: "ch-0-1", body: body})
-				w.calls = append(w.calls, &call{id: 1, p: p, op: 0, class: outSuccess, status: 200, body: []byte(`{"op":0,"charge":"ch-0-2"}`)})
+				w.calls = append(w.calls, &call{id: 1, p: p, done: true, op: 0, class: outSuccess, status: 200, body: []byte(`{"op":0,"charge":"ch-0-2"}`)})
 			},
 			want: invSuccess,
 		},
 		{
 			name: "a success without its effect",
 			give: func(w *world, p *clientProc) {
-				w.calls = append(w.calls, &call{id: 1, p: p, op: 0, class: outSuccess, status: 200, body: body})
+				w.calls = append(w.calls, &call{id: 1, p: p, done: true, op: 0, class: outSuccess, status: 200, body: body})
 			},
 			want: invSuccess,
 		},
@@ -66,14 +70,14 @@ func TestSimChecksBite(t *testing.T) {
 			name: "a call reported not sent whose key has an effect",
 			give: func(w *world, p *clientProc) {
 				w.ledger.commit(&effect{op: 0, key: "k-0-1", charge: "ch-0-1", body: body})
-				w.calls = append(w.calls, &call{id: 1, p: p, op: 0, key: "k-0-1", class: outNotSent, err: idemhttp.ErrNotSent})
+				w.calls = append(w.calls, &call{id: 1, p: p, done: true, op: 0, key: "k-0-1", class: outNotSent, err: idemhttp.ErrNotSent})
 			},
 			want: invNotSent,
 		},
 		{
 			name: "an operation never resolved",
 			give: func(w *world, p *clientProc) {
-				w.calls = append(w.calls, &call{id: 1, p: p, op: 0, class: outAmbiguous})
+				w.calls = append(w.calls, &call{id: 1, p: p, done: true, op: 0, class: outAmbiguous})
 			},
 			want: invLost,
 		},
@@ -81,16 +85,32 @@ func TestSimChecksBite(t *testing.T) {
 			name: "a secret on the disk",
 			give: func(w *world, p *clientProc) {
 				w.ledger.commit(&effect{op: 0, key: "k-0-1", charge: "ch-0-1", body: body})
-				w.calls = append(w.calls, &call{id: 1, p: p, op: 0, class: outSuccess, status: 200, body: body})
-				w.disk.WriteFile(journalPath+".torn-x", []byte("Authorization: "+secretAuth), 0o600)
+				w.calls = append(w.calls, &call{id: 1, p: p, done: true, op: 0, class: outSuccess, status: 200, body: body})
+				w.machines[0].disk.WriteFile(journalPath+".torn-x", []byte("Authorization: "+secretAuth), 0o600)
 			},
 			want: invSecret,
+		},
+		{
+			name: "an unnamed operation whose only call was ambiguous, nothing of it in the journal",
+			give: func(w *world, p *clientProc) {
+				w.opNamed[0] = false
+				w.calls = append(w.calls, &call{id: 1, p: p, done: true, op: 0, class: outAmbiguous})
+			},
+			want: invLost,
+		},
+		{
+			name: "the control: an unnamed operation answered in an earlier run",
+			give: func(w *world, p *clientProc) {
+				w.opNamed[0] = false
+				w.final[0] = true
+				w.ledger.commit(&effect{op: 0, key: "m-0-1", charge: "ch-0-1", body: body})
+			},
 		},
 		{
 			name: "the control: all well",
 			give: func(w *world, p *clientProc) {
 				w.ledger.commit(&effect{op: 0, key: "k-0-1", charge: "ch-0-1", body: body})
-				w.calls = append(w.calls, &call{id: 1, p: p, op: 0, class: outSuccess, status: 200, body: body})
+				w.calls = append(w.calls, &call{id: 1, p: p, done: true, op: 0, class: outSuccess, status: 200, body: body})
 			},
 		},
 	}
@@ -99,6 +119,49 @@ func TestSimChecksBite(t *testing.T) {
 			w, p := checkWorld()
 			tt.give(w, p)
 			w.checkEnd()
+			var got []string
+			for _, f := range w.failures {
+				got = append(got, f.Inv)
+			}
+			if tt.want == "" {
+				assert.Empty(t, got)
+				return
+			}
+			assert.Contains(t, got, tt.want)
+		})
+	}
+}
+
+// Invariants 7 and 8 read a journal's entries: a done entry without its
+// effect fails 7, and an entry found done and later pending, or gone,
+// fails 8. Checked to fail (7) with checkDone skipping the ledger, and
+// (8) with it not recording what it found done.
+func TestSimChecksDone(t *testing.T) {
+	done := func(key string) *idemhttp.Entry {
+		return &idemhttp.Entry{Key: key, State: idemhttp.StateDone, LastStatus: 200}
+	}
+	pending := func(key string) *idemhttp.Entry {
+		return &idemhttp.Entry{Key: key, State: idemhttp.StatePending}
+	}
+	tests := []struct {
+		name  string
+		first []*idemhttp.Entry // a scan before
+		give  []*idemhttp.Entry // the scan checked
+		want  string
+	}{
+		{name: "done, and the server never ran it", give: []*idemhttp.Entry{done("k-0-9")}, want: invDone},
+		{name: "done, then pending", first: []*idemhttp.Entry{done("k-0-1")}, give: []*idemhttp.Entry{pending("k-0-1")}, want: invDoneStay},
+		{name: "done, then gone", first: []*idemhttp.Entry{done("k-0-1")}, give: nil, want: invDoneStay},
+		{name: "the control: done and done", first: []*idemhttp.Entry{done("k-0-1")}, give: []*idemhttp.Entry{done("k-0-1")}},
+		{name: "the control: pending, then done", first: []*idemhttp.Entry{pending("k-0-1")}, give: []*idemhttp.Entry{done("k-0-1")}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w, _ := checkWorld()
+			w.ledger.commit(&effect{op: 0, key: "k-0-1", charge: "ch-0-1"})
+			w.checkDone("before", tt.first)
+			require.Empty(t, w.failures)
+			w.checkDone("now", tt.give)
 			var got []string
 			for _, f := range w.failures {
 				got = append(got, f.Inv)

@@ -19,37 +19,50 @@ import (
 
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/filejournal"
-	"github.com/idemkit/idemhttp/idemtrace"
+	"github.com/idemkit/idemhttp/internal/simkey"
 	"github.com/idemkit/idemhttp/internal/wal/simdisk"
 )
 
-// The client side: a batch job. Each run of its process opens the
-// journal (a filejournal.Journal on the simulated disk), resends what
-// the journal holds pending (Client.Resume) and runs the batch, one call
-// of Client.Do per listed operation, a few at a time, each named with
-// WithOperation so that a rerun reuses the operation's key. All of it is
-// the project's own code; the job around it is what a batch program
-// does.
+// The client side: a batch job, on one machine or on each machine of a
+// fleet. Each run of its process opens the journal (a filejournal.Journal
+// on the machine's simulated disk, or its worker on the fleet's journal),
+// resends what the journal holds pending (Client.Resume; in a fleet, what
+// it claims) and runs the batch, one call of Client.Do per listed
+// operation, a few at a time, through one of the process's Clients: a
+// named operation with WithOperation, so that a rerun reuses its key; an
+// unnamed one with neither an operation id nor a key, which the client
+// mints. All of it is the project's own code; the job around it is what a
+// batch program does.
 
 // journalPath is the journal on the simulated disk.
 const journalPath = "/var/lib/batch/payments.journal"
 
-// clientProc is one run of the client process.
+// clientProc is one run of the client process on a machine.
 type clientProc struct {
 	w       *world
-	n       int
+	m       *machine
+	n       int // numbered across the world's machines
 	dead    atomic.Bool
 	exiting bool // the job stops starting calls: its journal failed
 	gone    bool // die ran: files, sockets and journal closed
 	j       *filejournal.Journal
+	fj      *fleetJournal // in a fleet, the process's worker
 	rec     *recJournal
-	c       *idemhttp.Client
-	tr      *http.Transport
-	queue   []int // operations still to call, in order
-	busy    int   // calls in flight
-	resume  *call // Resume's run, while it runs
-	resumed bool  // Resume returned
+	cs      []*idemhttp.Client // Config.Clients, sharing the journal
+	hcs     []*http.Client     // theirs, one each
+	trs     []*http.Transport  // their pools, one each
+	queue   []int              // operations still to call, in order
+	busy    int                // calls in flight
+	resume  *call              // Resume's run, while it runs
+	resumed bool               // Resume returned
 	jerr    atomic.Bool
+	scan    map[string]idemhttp.State // the journal as the process opened it
+	// ctx is the process's: its calls' contexts derive from it, and die
+	// cancels it, so that a call of a dead process waiting for a slot or
+	// a timer ends (the process is gone; its goroutines, which the
+	// simulation cannot stop, must not outlive the world).
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // procFS is the disk as a client process sees it: once the process is
@@ -160,18 +173,49 @@ func (f procFS) EvalSymlinks(name string) (string, error) {
 	return f.d.EvalSymlinks(name)
 }
 
+// simJournal is what the job's journals offer: the interface, and the
+// optional methods a Client looks for (both filejournal.Journal and the
+// fleet's worker have them).
+type simJournal interface {
+	idemhttp.Journal
+	HighWater(ctx context.Context) (time.Time, error)
+	Now(ctx context.Context) (time.Time, error)
+	Retain(d time.Duration)
+}
+
 // recJournal is the journal as the client uses it, recording what it was
 // told: every Begin acknowledged must survive a crash (unless its entry
-// was deleted, or finished and then perhaps pruned).
+// was deleted, or finished and then perhaps pruned), and the keys a call
+// journaled are the call's (invariant 3).
+//
+// Every call into it takes its turn from the driver (world.turn): a step
+// of its own, so that two calls woken at one virtual instant (two
+// attempts' timeouts, say) never race on the disk or the database: which
+// of two Finishes joins a batch first, or which disk call a power cut
+// armed "at the disk's call n" lands on, is the seed's to say. The turn
+// is taken before the call, with no lock of the journal held: a goroutine
+// blocked on a mutex is not durably blocked, and the driver's
+// synctest.Wait would never return. The log's one committer, which writes
+// behind the calls, runs only when a call given its turn wakes it, or on
+// its timer, while every call waits for a turn.
 type recJournal struct {
-	*filejournal.Journal
+	simJournal
 	w *world
 	p *clientProc
 }
 
 func (r *recJournal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry, error) {
 	r.w.turn(ctx, r.p, "begin")
-	existing, err := r.Journal.Begin(ctx, e)
+	if c, ok := ctx.Value(callKey{}).(*call); ok && !c.resume && !r.p.dead.Load() {
+		c.attempted(e.Key)
+		if e.Key != c.key {
+			// As a job that logs the keys its journal's hook reports,
+			// failed Begins' included (one may be in the journal after
+			// all: a database's answer lost after its commit).
+			r.w.mintedKey(c.op, e.Key)
+		}
+	}
+	existing, err := r.simJournal.Begin(ctx, e)
 	if err == nil && existing == nil && !r.p.dead.Load() {
 		r.w.acks.begun(e.Key, r.p.n)
 	}
@@ -182,24 +226,80 @@ func (r *recJournal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.En
 // with it before resending.
 func (r *recJournal) Get(ctx context.Context, key string) (*idemhttp.Entry, error) {
 	r.w.turn(ctx, r.p, "get")
-	return r.Journal.Get(ctx, key)
+	return r.simJournal.Get(ctx, key)
 }
 
 func (r *recJournal) Finish(ctx context.Context, key string, o idemhttp.Outcome) error {
+	r.w.turn(ctx, r.p, "finish "+string(o.State))
 	if o.State == idemhttp.StateDone {
 		r.w.acks.finished(key)
 	}
-	return r.Journal.Finish(ctx, key, o)
+	err := r.simJournal.Finish(ctx, key, o)
+	r.fenced(ctx, err)
+	return err
 }
 
 func (r *recJournal) Delete(ctx context.Context, key string) error {
+	r.w.turn(ctx, r.p, "delete")
 	r.w.acks.deleted(key)
-	return r.Journal.Delete(ctx, key)
+	err := r.simJournal.Delete(ctx, key)
+	r.fenced(ctx, err)
+	if c, ok := ctx.Value(callKey{}).(*call); ok {
+		c.mu.Lock()
+		c.withdrew = append(c.withdrew, key) // tried: a withdrawal that failed may have happened all the same
+		c.mu.Unlock()
+	}
+	return err
+}
+
+// fenced notes, for the known bugs' evidence, a write of the call's that
+// the journal refused by fencing.
+func (r *recJournal) fenced(ctx context.Context, err error) {
+	if c, ok := ctx.Value(callKey{}).(*call); ok && errors.Is(err, idemhttp.ErrFenced) {
+		c.mu.Lock()
+		c.fenced = true
+		c.mu.Unlock()
+	}
 }
 
 func (r *recJournal) Prune(ctx context.Context, cutoff time.Time) (int, error) {
+	r.w.turn(ctx, r.p, "prune")
 	r.w.acks.pruning()
-	return r.Journal.Prune(ctx, cutoff)
+	return r.simJournal.Prune(ctx, cutoff)
+}
+
+func (r *recJournal) Lookup(ctx context.Context, operation string) (*idemhttp.Entry, error) {
+	r.w.turn(ctx, r.p, "lookup")
+	return r.simJournal.Lookup(ctx, operation)
+}
+
+func (r *recJournal) Pending(ctx context.Context) ([]*idemhttp.Entry, error) {
+	r.w.turn(ctx, r.p, "pending")
+	return r.simJournal.Pending(ctx)
+}
+
+// fleetRec is a fleet worker's recJournal as the Client sees it: a
+// journal a fleet shares (it has ClaimPending), as contrib/postgres's.
+type fleetRec struct{ *recJournal }
+
+// ClaimPending is the worker's, taken in turn.
+func (f fleetRec) ClaimPending(ctx context.Context, limit int) ([]*idemhttp.Entry, error) {
+	return f.claim(ctx, limit)
+}
+
+// journal is the journal p's Clients are given: a fleet's worker's shows
+// them that others share it.
+func (p *clientProc) journal() idemhttp.Journal {
+	if p.fj != nil {
+		return fleetRec{p.rec}
+	}
+	return p.rec
+}
+
+// claim is the fleet worker's ClaimPending, taken in turn.
+func (r *recJournal) claim(ctx context.Context, limit int) ([]*idemhttp.Entry, error) {
+	r.w.turn(ctx, r.p, "claim")
+	return r.p.fj.ClaimPending(ctx, limit)
 }
 
 var _ idemhttp.Journal = (*recJournal)(nil)
@@ -276,82 +376,99 @@ const (
 
 var secrets = []string{"AUTH_SECRET", "COOKIE_SECRET", "HEADER_SECRET", "PREPARED_SECRET"}
 
-// startClient starts a run of the client process: it opens the journal,
-// checks it (invariant 5), and queues the batch; Resume runs first, or
-// alongside, as the config says.
-func (w *world) startClient() *clientProc {
+// startClient starts a run of the client process on m: it opens the
+// journal, checks it (invariants 5 to 7), and queues the batch; Resume
+// (in a fleet, a claim of the pending entries no live lease holds, and
+// their resend) runs first, or alongside, as the config says.
+func (w *world) startClient(m *machine) *clientProc {
 	w.cliN++
-	p := &clientProc{w: w, n: w.cliN}
-	w.tracef("client %d starts", p.n)
-	w.quietDisk.Store(true)
-	j, err := filejournal.Open(journalPath, &filejournal.Options{
-		FS:            procFS{d: w.disk, p: p},
-		Clock:         w.clientClock,
-		Rand:          rand.NewChaCha8(w.seedBytes(uint64(p.n))),
-		PruneInterval: -1,
-	})
-	if err != nil {
-		w.quietDisk.Store(false)
-		w.failKnown(invJournal, -1, w.cacheKnown(), "client %d: the journal does not open after a crash: %v", p.n, err)
-		p.dead.Store(true)
-		w.cli = p
-		return p
-	}
-	if err := j.Verify(context.Background()); err != nil {
-		w.failKnown(invJournal, -1, w.cacheKnown(), "client %d: the journal does not verify: %v", p.n, err)
-	}
-	for _, k := range w.acks.mustHave() {
-		if _, err := j.Get(context.Background(), k); err != nil {
-			w.failKnown(invJournal, w.opOfKey(k), w.cacheKnown(), "client %d: acknowledged Begin of key %s is missing after the crash: %v", p.n, k, err)
+	p := &clientProc{w: w, m: m, n: w.cliN}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	m.cli = p
+	w.tracef("client %d starts on %v", p.n, m)
+	var j simJournal
+	if w.fleet != nil {
+		p.fj = &fleetJournal{FleetModelWorker: w.fleet.Worker(fmt.Sprintf("m%d", m.id)), w: w, p: p}
+		j = p.fj
+	} else {
+		w.quietDisk.Store(true)
+		fj, err := filejournal.Open(journalPath, &filejournal.Options{
+			FS:            procFS{d: m.disk, p: p},
+			Clock:         m.clock,
+			Rand:          rand.NewChaCha8(w.seedBytes(uint64(p.n))),
+			PruneInterval: -1,
+		})
+		if err != nil {
+			w.quietDisk.Store(false)
+			w.failKnown(invJournal, -1, w.cacheKnown(), "client %d: the journal does not open after a crash: %v", p.n, err)
+			p.dead.Store(true)
+			return p
 		}
+		if err := fj.Verify(context.Background()); err != nil {
+			w.failKnown(invJournal, -1, w.cacheKnown(), "client %d: the journal does not verify: %v", p.n, err)
+		}
+		p.j, j = fj, fj
 	}
+	w.checkJournal(p)
 	w.quietDisk.Store(false)
-	w.checkSecrets()
-	p.j = j
-	p.rec = &recJournal{Journal: j, w: w, p: p}
-	p.tr = &http.Transport{
-		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
-			return w.net.dial(ctx, p, addr)
-		},
-		MaxIdleConnsPerHost: 2,
+	p.rec = &recJournal{simJournal: j, w: w, p: p}
+	for ci := range max(1, w.cfg.Clients) {
+		// A connection pool per Client: two calls of one operation in
+		// one process never share one (a response's connection
+		// returned to the pool while the other call dials would make
+		// which connection it gets a matter of scheduling), as each
+		// operation has a host of its own. Two Clients would often
+		// share one pool; the simulation cannot let them.
+		tr := &http.Transport{
+			DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+				return w.net.dial(ctx, p, ci, addr)
+			},
+			MaxIdleConnsPerHost: 2,
+		}
+		p.trs = append(p.trs, tr)
+		var rt http.RoundTripper = tr
+		switch w.cfg.Transport {
+		case transportWrapped:
+			rt = wrappedRT{rt: tr}
+		case transportProtocol:
+			outer := &http.Transport{}
+			outer.RegisterProtocol(protocolScheme, protocolRT{rt: tr})
+			rt = outer
+		}
+		p.hcs = append(p.hcs, &http.Client{Transport: rt, Timeout: attemptTimeout, CheckRedirect: checkRedirect(w.cfg.CheckRedirect)})
 	}
-	p.c = &idemhttp.Client{
-		HTTPClient: &http.Client{Transport: p.tr, Timeout: attemptTimeout},
-		Policy: &idemhttp.Policy{
+	for _, hc := range p.hcs {
+		pol := &idemhttp.Policy{
 			MaxAttempts: w.cfg.MaxAttempts,
 			// Delays of nanoseconds: a retry's jitter (math/rand's,
 			// which no seed reaches) then never moves it past a
 			// step of the driver, whose clock runs in milliseconds.
-			BaseDelay:   2 * time.Nanosecond,
-			MaxDelay:    16 * time.Nanosecond,
-			KeepResults: keepResults(w.cfg.KeepResults),
-			RefetchDone: w.cfg.RefetchDone,
+			BaseDelay:    2 * time.Nanosecond,
+			MaxDelay:     16 * time.Nanosecond,
+			KeepResults:  keepResults(w.cfg.KeepResults),
+			RefetchDone:  w.cfg.RefetchDone,
+			AllowUnnamed: !w.cfg.RequireOp,
 			// The budget is per client and its order of withdrawals
 			// is the order of timers within a step: kept out of reach.
 			Budget: idemhttp.Budget{Capacity: 1 << 30},
-		},
-		Journal:       p.rec,
-		SecretHeaders: []string{"X-Sim-Secret"},
-		PrepareRequest: func(r *http.Request) error {
-			r.Header.Set("X-Prepared-Secret", secretPrepared)
-			return nil
-		},
-		Hooks: &idemtrace.Hooks{
-			OnAttempt: func(ctx context.Context, ev idemtrace.AttemptEvent) {
-				if c, ok := ctx.Value(callKey{}).(*call); ok {
-					c.attempted(ev.Key)
-				}
-			},
-			OnJournal: func(ctx context.Context, ev idemtrace.JournalEvent) {
-				if ev.Err != nil {
-					p.jerr.Store(true)
-				}
-			},
-		},
+		}
+		if w.cfg.Backoff {
+			pol.Backoff = func(retry int) time.Duration { return w.backoff(p, retry) }
+		}
+		if w.cfg.Pace > 0 {
+			pol.Pacer = pacer{w: w}
+		}
+		p.cs = append(p.cs, &idemhttp.Client{
+			HTTPClient:     hc,
+			Policy:         pol,
+			Journal:        p.journal(),
+			SecretHeaders:  []string{"X-Sim-Secret"},
+			PrepareRequest: w.prepare,
+			Hooks:          w.hooks(p),
+		})
 	}
-	p.queue = append(p.queue, w.batch...)
-	w.cli = p
-	if p.n > 1 {
+	p.queue = w.queueFor(p)
+	if p.n > len(w.machines) || w.fleet != nil {
 		w.startResume(p)
 	} else {
 		p.resumed = true
@@ -381,12 +498,21 @@ type call struct {
 	key     string // the key header it set
 	resume  bool
 	sdk     bool // through Client.StandardClient
+	named   bool // WithOperation; else the client mints the key (and Resume alone protects it after a crash)
+	client  int  // which of the process's Clients
 	compact bool // not a call: a compaction of the journal
 
-	mu     sync.Mutex
-	keys   []string // keys its attempts carried
-	zombie bool     // it returned after its process died: nobody heard it
-	turns  int      // its turns at the journal (see world.turn)
+	mu       sync.Mutex
+	keys     []string // keys its attempts carried
+	zombie   bool     // it returned after its process died: nobody heard it
+	done     bool     // it returned (world.finished; guarded by the world's mu): its outcome may be read
+	turns    int      // its turns at the journal (see world.turn)
+	notes    []stamped
+	counts   map[string]int // callbacks reached, by name (world.callback)
+	fenced   bool           // its withdrawal (Delete) was refused: another sender took the entry
+	withdrew []string       // keys whose entries it withdrew (Delete)
+	tries    int            // attempts it made (Hooks.OnAttempt)
+	opened   bool           // it reached Hooks.OnCallStart: its key chosen, its entry written
 
 	// Its outcome.
 	class       outcome
@@ -397,6 +523,7 @@ type call struct {
 	err         error
 	results     []idemhttp.ResumeResult // Resume's
 	resumeErr   error
+	claimed     int // in a fleet, the entries Resume was given
 }
 
 func (c *call) attempted(key string) {
@@ -421,16 +548,19 @@ const (
 	outClockJump                    // ErrClockJump: refused, the clock was set back
 	outAmbiguous                    // any other error: the outcome is unknown, the entry pending
 	outGone                         // Resume: the entry went while it was listed
-	outStatus                       // a response that is not 2xx
+	outStatus                       // a response that is neither 2xx nor 3xx
+	outRedirect                     // a 3xx left unfollowed (by the client's rules or the caller's CheckRedirect), or the caller's CheckRedirect's refusal
+	outPanic                        // a callback of the caller's panicked (the job recovered it)
 )
 
-var outcomeNames = [...]string{"", "success", "done", "not-sent", "expired", "clock-jump", "ambiguous", "gone", "status"}
+var outcomeNames = [...]string{"", "success", "done", "not-sent", "expired", "clock-jump", "ambiguous", "gone", "status", "redirect", "panic"}
 
 func (o outcome) String() string { return outcomeNames[o] }
 
-// final reports whether o settles the operation for good.
+// final reports whether o settles the operation for good, as far as the
+// job is concerned: a redirect it chose not to follow is its answer.
 func (o outcome) final() bool {
-	return o == outSuccess || o == outDone || o == outExpired || o == outClockJump
+	return o == outSuccess || o == outDone || o == outExpired || o == outClockJump || o == outRedirect
 }
 
 func classify(err error) outcome {
@@ -448,24 +578,51 @@ func classify(err error) outcome {
 		return outClockJump
 	case errors.Is(err, idemhttp.ErrNotFound):
 		return outGone
+	case errors.Is(err, errRedirectRefused):
+		return outRedirect
 	}
 	return outAmbiguous
 }
 
+// classifyStatus is the class of a response the call got.
+func classifyStatus(status int) outcome {
+	switch status / 100 {
+	case 2:
+		return outSuccess
+	case 3:
+		return outRedirect
+	}
+	return outStatus
+}
+
 // request builds op's request as the batch job sends it: its
-// credentials in the header, a key header of the call's own (an SDK that
-// mints one per call; the journal's key wins on a rerun).
-func (w *world) request(ctx context.Context, op int, key string) *http.Request {
+// credentials in the header and, for a named operation with SDKKey, a
+// key header of the call's own (an SDK that mints one per call; the
+// journal's key wins on a rerun).
+func (w *world) request(ctx context.Context, c *call) *http.Request {
+	op := c.op
 	body, _ := json.Marshal(chargeRequest{Op: op, Amount: 100 + op})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("http://op%d.sim/v1/charges", op), bytes.NewReader(body))
+	var rd io.Reader = bytes.NewReader(body)
+	stream := w.draw(100, "stream", c.id) < w.cfg.Stream
+	if stream {
+		rd = struct{ io.Reader }{bytes.NewReader(body)} // no length, no GetBody from NewRequest
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("%s://op%d.sim%s", w.scheme(), op, modePaths[w.modes[op]]), rd)
 	if err != nil {
 		panic(err)
+	}
+	if stream {
+		// A body streamed from elsewhere, which GetBody can produce
+		// again (a file, a blob store).
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", secretAuth)
 	req.Header.Set("Cookie", secretCookie)
 	req.Header.Set("X-Sim-Secret", secretHeader)
-	req.Header.Set("Idempotency-Key", key)
+	if c.key != "" {
+		req.Header.Set("Idempotency-Key", c.key)
+	}
 	return req
 }
 
@@ -475,18 +632,37 @@ func (w *world) startCall(p *clientProc) {
 	p.queue = p.queue[1:]
 	p.busy++
 	c := w.newCall(p, op, false)
-	c.key = fmt.Sprintf("k-%d-%d", op, c.id)
-	w.tracef("call %d: op %d key %s", c.id, op, c.key)
-	ctx := idemhttp.WithOperation(context.WithValue(context.Background(), callKey{}, c), opName(op))
-	req := w.request(ctx, op, c.key)
-	c.sdk = w.rng.pick(w.cfg.SDK)
-	if c.sdk {
-		w.tracef("call %d: through StandardClient", c.id)
+	c.named = w.opNamed[op]
+	c.client = w.draw(len(p.cs), "client", c.id)
+	ctx := context.WithValue(p.ctx, callKey{}, c)
+	if !bugRandKey {
+		ctx = simkey.With(ctx, mintKey(c))
 	}
+	if c.named {
+		if w.cfg.SDKKey {
+			c.key = fmt.Sprintf("k-%d-%d", op, c.id)
+		}
+		ctx = idemhttp.WithOperation(ctx, opName(op))
+	}
+	c.sdk = w.rng.pick(w.cfg.SDK)
+	w.tracef("call %d: op %d%s%s%s%s", c.id, op, keyText(c), map[bool]string{true: " through StandardClient"}[c.sdk],
+		map[bool]string{true: fmt.Sprintf(" (client %d)", c.client)}[len(p.cs) > 1], streamText(w, c))
+	req := w.request(ctx, c)
+	cl := p.cs[c.client]
 	go func() {
-		do := p.c.Do
+		defer func() {
+			if r := recover(); r != nil {
+				if _, ok := r.(simPanic); !ok {
+					panic(r) // the client's own: a bug, loudly
+				}
+				c.class = outPanic
+				c.err = fmt.Errorf("%v", r)
+				w.finished(c)
+			}
+		}()
+		do := cl.Do
 		if c.sdk {
-			do = p.c.StandardClient().Do
+			do = cl.StandardClient().Do
 		}
 		resp, err := do(req)
 		if err == nil {
@@ -506,11 +682,28 @@ func (w *world) startCall(p *clientProc) {
 		}
 		c.err = err
 		c.class = classify(err)
-		if err == nil && (c.status < 200 || c.status > 299) {
-			c.class = outStatus
+		if err == nil {
+			c.class = classifyStatus(c.status)
 		}
 		w.finished(c)
 	}()
+}
+
+func keyText(c *call) string {
+	switch {
+	case !c.named:
+		return " unnamed"
+	case c.key != "":
+		return " key " + c.key
+	}
+	return ""
+}
+
+func streamText(w *world, c *call) string {
+	if w.draw(100, "stream", c.id) < w.cfg.Stream {
+		return " streamed"
+	}
+	return ""
 }
 
 // startCompact compacts p's journal (as an operator's tool would, or a
@@ -522,19 +715,35 @@ func (w *world) startCompact(p *clientProc) {
 	p.busy++
 	w.tracef("call %d: compact the journal", c.id)
 	go func() {
-		c.err = p.j.Compact(context.Background())
+		c.err = p.j.Compact(p.ctx)
 		w.finished(c)
 	}()
 }
 
-// startResume runs Client.Resume for p, one entry at a time.
+// startResume runs Client.Resume for p, one entry at a time: of the
+// whole journal, or, in a fleet, of the entries p's worker claims.
 func (w *world) startResume(p *clientProc) {
 	c := w.newCall(p, -1, true)
 	p.resume = c
 	w.tracef("call %d: resume", c.id)
-	ctx := context.WithValue(context.Background(), callKey{}, c)
+	ctx := context.WithValue(p.ctx, callKey{}, c)
 	go func() {
-		c.results, c.resumeErr = p.c.Resume(ctx, &idemhttp.ResumeOptions{Concurrency: 1})
+		opts := &idemhttp.ResumeOptions{Concurrency: 1}
+		if p.fj != nil {
+			es, err := p.rec.claim(ctx, 16)
+			if err != nil {
+				c.resumeErr = err
+				w.finished(c)
+				return
+			}
+			c.claimed = len(es)
+			if len(es) == 0 {
+				w.finished(c)
+				return
+			}
+			opts.Entries = es
+		}
+		c.results, c.resumeErr = p.cs[0].Resume(ctx, opts)
 		w.finished(c)
 	}()
 }
@@ -555,7 +764,23 @@ func (w *world) finished(c *call) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	c.zombie = zombie
+	c.done = true
 	w.returned = append(w.returned, c)
+}
+
+// returnedCalls returns the calls that returned, whose outcomes may be
+// read: a call of a dead process may still be running (a callback that
+// blocks) as the run ends.
+func (w *world) returnedCalls() []*call {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []*call
+	for _, c := range w.calls {
+		if c.done {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // turn is where a call, about to begin its journal entry (or Resume,

@@ -51,8 +51,27 @@ type Config struct {
 	ServerCrashes int // server process crashes, at any point of a request
 	ServerPoint   int // percent at each point a request passes on the server
 	Pause         int // percent of handler runs held until the driver lets them go
-	ClockJumps    int // jumps of the client's clock, forward or back
+	ClockJumps    int // jumps of a client machine's clock (or the fleet database's), forward or back
 	LongSleep     bool
+
+	// The caller's configuration (issue 32 §1.1).
+	Clients       int  // Clients in each process, sharing its journal (a call uses one of them)
+	Unnamed       int  // percent of the operations called without WithOperation or a key: the client mints the key, Resume alone protects them after a crash
+	SDKKey        bool // named calls carry an Idempotency-Key of their own (an SDK's), which the journal's key overrides on a rerun
+	Redirect      int  // percent of the operations whose URL the server redirects (see modeOld...)
+	CheckRedirect int  // the caller's CheckRedirect: redirectDefault, redirectLast, redirectRefuse
+	Transport     int  // the caller's Transport: transportNetHTTP, transportWrapped, transportProtocol
+	Stream        int  // percent of the calls whose body streams from a reader GetBody can make again
+	Panic         int  // permille of the callbacks' calls (PrepareRequest, the hooks, the Pacer) that panic
+	Block         int  // permille of them that block, 1 to 90 s
+	RequireOp     bool // not Policy.AllowUnnamed: unnamed calls refused
+	Backoff       bool // Policy.Backoff: linear, 50 ms a retry
+	Pace          int  // a Pacer, which refuses this percent of the attempts (0: none)
+
+	// A fleet (issue 32 §1.2).
+	Fleet   int // client machines sharing a fleet journal (journaltest.FleetModel); below 2, one machine with a file journal
+	Lease   int // the fleet journal's lease, in seconds
+	DBFault int // permille of the fleet journal's calls whose connection is lost (before the call, or after its commit)
 }
 
 // ConfigFor draws the world of seed: small (a failure is easier to read
@@ -102,6 +121,26 @@ func ConfigFor(seed uint64) Config {
 		LongSleep:     r.IntN(20) == 0,
 	}
 	c.Dups = r.IntN(c.Ops + 1)
+	// Drawn after the first worlds' fields, from a stream of their own,
+	// so that adding one leaves the others' draws alone.
+	r = rand.New(rand.NewPCG(seed, 0xca11e7))
+	c.Clients = 1 + r.IntN(2)
+	c.Unnamed = on(20, 60)
+	c.SDKKey = r.IntN(2) == 0
+	c.Redirect = on(20, 80)
+	c.CheckRedirect = r.IntN(numRedirectPolicy)
+	c.Transport = r.IntN(numTransports)
+	c.Stream = on(20, 80)
+	c.Panic = on(5, 60)
+	c.Block = on(5, 40)
+	c.RequireOp = r.IntN(4) == 0
+	c.Backoff = r.IntN(2) == 0
+	c.Pace = on(5, 30)
+	if r.IntN(3) == 0 {
+		c.Fleet = 2 + r.IntN(2)
+		c.Lease = 5 + r.IntN(56)
+		c.DBFault = on(5, 40)
+	}
 	return c
 }
 

@@ -8,10 +8,16 @@
 // models and what it does not).
 //
 // What runs is the real code: an idemhttp.Client (Do, StandardClient,
-// Resume, reruns of a batch named with WithOperation) whose Journal is a
-// filejournal.Journal on the simulated disk of internal/wal/simdisk, and
-// whose http.Transport dials in-memory connections to an http.Server
-// serving idemserver.Middleware around a business handler. What is
+// Resume, reruns of a batch named with WithOperation, and calls the client
+// keys itself) whose Journal is a filejournal.Journal on the simulated disk
+// of internal/wal/simdisk (or, for a fleet of client machines,
+// journaltest.FleetModel, the fleet contract that contrib/postgres's
+// Journal is held to), and whose http.Transport dials in-memory
+// connections to an http.Server serving a router and idemserver.Middleware
+// around a business handler. Each seed also draws the caller's
+// configuration (issue 32): two Clients on one journal, servers that
+// redirect and the caller's CheckRedirect, transports that hide their
+// httptrace events, callbacks that panic or block. What is
 // modelled is what those run on: the network (a dial refused, a request
 // or a response lost, delayed, reordered, a reset before or after the
 // server saw the request, a pooled connection the server closed, which
@@ -20,20 +26,23 @@
 // the cache, ENOSPC and EIO on writes, syncs and the rest), the machines
 // (the client's process killed or its power cut at any step or at a
 // chosen disk call; the server's process crashed at any point of a
-// request), the client's clock (set forward and back), and the server's
-// database: a store that commits the idempotency record and the
+// request), the clocks (each client machine's and the fleet database's,
+// set forward and back), the fleet database's connection, and the
+// server's database: a store that commits the idempotency record and the
 // business's effect in one transaction, as contrib/postgres's
 // TxMiddleware does (the real one is tested against PostgreSQL there).
 //
 // A world is one seed: Config draws its size and faults, and one driver
 // goroutine takes one step at a time (delivers a message, answers a dial,
-// starts a call, lets a call at the journal or a held handler go on,
-// crashes something, jumps the clock, lets time pass), waiting between
+// starts a call, lets one call into the journal or a held handler go on,
+// crashes something, jumps a clock, lets time pass), waiting between
 // two steps until every other goroutine is blocked (testing/synctest, in
 // virtual time). Same seed, same run: the trace of one run of a seed is
-// the trace of any other, and TestSim checks that on a sample.
+// the trace of any other; TestSim checks that on a sample, and
+// TestSimDeterminism across processes.
 //
-// Run it with go test: TestSim runs 10,000 seeds (-sim.seeds for more),
+// Run it with go test: TestSim runs 10,000 seeds (1,000 under the race
+// detector; -sim.seeds for more),
 // shrinks a failure and prints the command that replays it. Built with a
 // planted bug's tag (see PlantedTags in the tests), TestSim must find
 // that bug instead. Bugs of the client it found that are not fixed yet

@@ -26,3 +26,16 @@ func (w *world) onceKnown(int) string { return "" }
 // does since the log settles a file left unclosed before it appends to
 // it (bugCacheOnly, fixed: TestKnownBugCacheOnly).
 func (w *world) cacheKnown() string { return "" }
+
+// The seven bugs of the client that the widened world of issue 32 met
+// (a 3xx left unfollowed recorded done, an unobservable transport's
+// attempt taken for not sent, a fenced withdrawal reported not sent, two
+// Clients' own sender's slots, a fresh key's 409 taken for the
+// application's, a hook's panic leaving a slot held) were fixed by the
+// lifecycle work of issue 31 before the world reached main: their seeds
+// run clean (known_test.go, TestFoundRedirectDone and the six after it).
+func (w *world) notSentKnown(*call) string   { return "" }
+func (w *world) doneKnown(int, int) string   { return "" }
+func (w *world) statusKnown(int, int) string { return "" }
+func (w *world) lostKnown(int) string        { return "" }
+func (w *world) stuckKnown() string          { return "" }

@@ -33,19 +33,26 @@ import (
 // operation has a connection pool of its own and no two operations
 // share a connection) and the number of the dial to that host.
 type connID struct {
-	proc int
-	host string
-	n    int
+	proc   int
+	client int // which of the process's Clients (each has a pool of its own)
+	host   string
+	n      int
 }
 
 func (id connID) String() string {
-	return "c" + strconv.Itoa(id.proc) + "/" + id.host + "#" + strconv.Itoa(id.n)
+	c := ""
+	if id.client > 0 {
+		c = "." + strconv.Itoa(id.client)
+	}
+	return "c" + strconv.Itoa(id.proc) + c + "/" + id.host + "#" + strconv.Itoa(id.n)
 }
 
 func (id connID) less(o connID) int {
 	switch {
 	case id.proc != o.proc:
 		return id.proc - o.proc
+	case id.client != o.client:
+		return id.client - o.client
 	case id.host != o.host:
 		if id.host < o.host {
 			return -1
@@ -142,7 +149,7 @@ func errReset(op string) error {
 
 // dial is the DialContext of client process proc's Transport. It waits
 // for the driver's decision.
-func (n *network) dial(ctx context.Context, p *clientProc, addr string) (net.Conn, error) {
+func (n *network) dial(ctx context.Context, p *clientProc, client int, addr string) (net.Conn, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		host = addr
@@ -152,9 +159,9 @@ func (n *network) dial(ctx context.Context, p *clientProc, addr string) (net.Con
 		n.mu.Unlock()
 		return nil, errRefused(addr)
 	}
-	k := fmt.Sprintf("%d/%s", p.n, host)
+	k := fmt.Sprintf("%d.%d/%s", p.n, client, host)
 	n.seqs[k]++
-	d := &pendingDial{id: connID{proc: p.n, host: host, n: n.seqs[k]}, res: make(chan dialResult, 1)}
+	d := &pendingDial{id: connID{proc: p.n, client: client, host: host, n: n.seqs[k]}, res: make(chan dialResult, 1)}
 	n.dials = append(n.dials, d)
 	n.mu.Unlock()
 	select {

@@ -11,6 +11,7 @@ import (
 	"log"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,6 +74,18 @@ func (l *ledger) of(op int) []*effect {
 		}
 	}
 	return out
+}
+
+// byCharge returns the effect that made charge, nil if none committed.
+func (l *ledger) byCharge(charge string) *effect {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range l.effects {
+		if e.charge == charge {
+			return e
+		}
+	}
+	return nil
 }
 
 // byKey returns the effects made under key.
@@ -274,7 +287,7 @@ func (w *world) startServer() *serverProc {
 	inner := mw.Wrap(http.HandlerFunc(p.charge)) // panics on a misconfigured world
 	p.srv = &http.Server{
 		Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-			inner.ServeHTTP(rw, r)
+			w.route(p, inner, rw, r)
 			// The response is still in net/http's buffer: a crash
 			// here loses it, after the commit.
 			w.serverPoint(p, "response.before")
@@ -323,8 +336,57 @@ func (p *serverProc) charge(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rw.Header().Set("Content-Type", "application/json")
+	if w.modes[req.Op] == modeSeeOther {
+		// Post/Redirect/Get: the charge is made, and the answer points
+		// at it.
+		rw.Header().Set("Location", "/v1/charges/"+charge)
+		rw.WriteHeader(http.StatusSeeOther)
+		_, _ = rw.Write(body)
+		return
+	}
 	rw.WriteHeader(http.StatusOK)
 	_, _ = rw.Write(body)
+}
+
+// How the server answers an operation's URL (Config.Redirect): servers
+// that redirect, before the request reaches the business (a router's
+// redirect: nothing runs) or after it ran (Post/Redirect/Get).
+const (
+	modePlain    = iota // POST /v1/charges: 200
+	modeOld             // POST /v1/old/charges: 307 to /v1/charges, the same origin
+	modeMoved           // POST /v1/moved/charges: 308 to /v1/charges
+	modeAway            // POST /v1/away/charges: 307 to another origin, which the client must not follow with a key
+	modeSeeOther        // POST /v1/charges: the charge is made, then 303 to GET /v1/charges/<charge>
+	numModes
+)
+
+var modePaths = [numModes]string{"/v1/charges", "/v1/old/charges", "/v1/moved/charges", "/v1/away/charges", "/v1/charges"}
+
+var modeNames = [numModes]string{"plain", "307 same origin", "308 same origin", "307 to another origin", "303 after the charge"}
+
+// route is the server's router: redirects in front of the middleware,
+// the charges' own resource behind none (a GET needs no key).
+func (w *world) route(p *serverProc, inner http.Handler, rw http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/charges/"):
+		charge := strings.TrimPrefix(r.URL.Path, "/v1/charges/")
+		e := w.ledger.byCharge(charge)
+		if e == nil {
+			http.NotFound(rw, r)
+			return
+		}
+		rw.Header().Set("Content-Type", "application/json")
+		_, _ = rw.Write(e.body)
+	case r.URL.Path == modePaths[modeOld]:
+		http.Redirect(rw, r, modePaths[modePlain], http.StatusTemporaryRedirect)
+	case r.URL.Path == modePaths[modeMoved]:
+		http.Redirect(rw, r, modePaths[modePlain], http.StatusPermanentRedirect)
+	case r.URL.Path == modePaths[modeAway]:
+		host, _, _ := strings.Cut(r.Host, ".")
+		http.Redirect(rw, r, w.scheme()+"://"+host+"-away.sim"+modePaths[modePlain], http.StatusTemporaryRedirect)
+	default:
+		inner.ServeHTTP(rw, r)
+	}
 }
 
 // gate is a handler held by the driver: while it waits, a retry with its

@@ -22,7 +22,9 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/simkey"
 	"github.com/idemkit/idemhttp/internal/wal/simdisk"
+	"github.com/idemkit/idemhttp/journaltest"
 )
 
 // world is one seed's run: the driver, and everything it drives. Only the
@@ -36,50 +38,59 @@ import (
 // on timers (a retry's backoff, an attempt's timeout, the journal's
 // write-behind, a claim's renewal) end, for the client, at the network,
 // which waits for the driver, and so does each call at the journal (see
-// world.turn). That is what makes a seed's run the same
-// every time (TestSimSameSeedSameTrace and TestSim check it).
+// world.turn); what the client's goroutines decide for the world (a
+// callback that panics) is drawn from a hash of the seed and the
+// decision's name (world.draw), not from a stream. That is what makes a
+// seed's run the same every time (TestSimSameSeedSameTrace, TestSim and
+// TestSimDeterminism check it).
 type world struct {
 	cfg  Config
 	seed uint64
 
 	rng  *lrand // the driver's choices
 	srng *lrand // the server's crash points and pauses
-	drng *lrand // the disk's faults and power cuts
+	drng *lrand // the disk's and the database's faults and power cuts
 
-	net    *network
-	disk   *simdisk.Disk
-	ledger *ledger
-	store  *store
-	acks   *acks
-	batch  []int // the listed operations, in order, duplicates included
+	net      *network
+	machines []*machine
+	fleet    *journaltest.FleetModel // the fleet's journal; nil for one machine with a file journal
+	dbOff    atomic.Int64            // the fleet database's clock: virtual time plus this
+	ledger   *ledger
+	store    *store
+	acks     *acks
+	batch    []int           // the listed operations, in order, duplicates included
+	modes    []int           // how the server answers each operation's URL (modePlain...)
+	opNamed  []bool          // the job names the operation (WithOperation); else the client mints its key
+	everDone map[string]bool // keys a scan of a journal found done (invariant 8)
 
-	mu            sync.Mutex // what goroutines other than the driver touch
-	calls         []*call
-	returned      []*call
-	gates         []*gate
-	gateSeq       int
-	turns         []*jturn // calls waiting for their turn at the journal
-	srv           *serverProc
-	serverCrashes int
-	stats         map[string]int
-	trace         []string
-	clockBack     bool // the client's clock was set back
-	cacheOnly     bool // a truncation failed (bugCacheOnly)
+	mu              sync.Mutex // what goroutines other than the driver touch
+	calls           []*call
+	returned        []*call
+	gates           []*gate
+	gateSeq         int
+	turns           []*jturn // calls waiting for their turn at the journal
+	srv             *serverProc
+	serverCrashes   int
+	stats           map[string]int
+	outcomes        map[string]int // the calls' outcomes, by class (Result.Outcomes)
+	trace           []string
+	clockBack       bool             // a clock was set back
+	cacheOnly       bool             // a truncation failed (bugCacheOnly)
+	panickedOpening bool             // a journal hook panicked as a call opened (bugPanicSlot)
+	opKeys          map[int][]string // keys the client minted for each unnamed operation, as journaled
+	keyOp           map[string]int   // the operation of each key a call journaled
 
-	cli             *clientProc
 	cliN, srvN      int
 	faulty          atomic.Bool
 	quietDisk       atomic.Bool
-	clockOff        atomic.Int64
 	clientCrashes   int
 	clockJumps      int
 	serverDownSince time.Time
-	clientDownSince time.Time
 	t0              time.Time
 	step            int
 	steps           int // every settle, for the statistics
 	requests        int
-	haltArmed       bool
+	final           []bool // the job got an answer that settles the operation (world.settled)
 
 	failures []Failure
 }
@@ -101,21 +112,24 @@ func (f Failure) String() string {
 	return s
 }
 
-// The invariants, as the issue numbers them.
+// The invariants, as the issue numbers them (7 and 8 are issue 32's).
 const (
-	invOnce     = "1 at most one effect per operation"
-	invSuccess  = "2 a success has exactly its effect"
-	invNotSent  = "3 nothing reported not-sent ran"
-	invLost     = "4 every operation resolved after recovery"
-	invJournal  = "5 the journal opens, verifies and keeps every acknowledged Begin"
-	invSecret   = "6 no secret in the journal's bytes"
-	invStuck    = "liveness: the recovery ends"
-	invUnwanted = "an error the batch job cannot have caused"
-	invLeak     = "every goroutine ends"
+	invOnce      = "1 at most one effect per operation"
+	invSuccess   = "2 a success has exactly its effect"
+	invNotSent   = "3 nothing reported not-sent ran"
+	invLost      = "4 every operation resolved after recovery"
+	invJournal   = "5 the journal opens, verifies and keeps every acknowledged Begin"
+	invSecret    = "6 no secret in the journal's bytes"
+	invDone      = "7 a done entry's effect exists"
+	invDoneStay  = "8 done stays done across every crash and reopen"
+	invStuck     = "liveness: the recovery ends"
+	invUnwanted  = "an error the batch job cannot have caused"
+	invLeak      = "every goroutine ends"
+	invSameTrace = "same seed, same trace"
 )
 
 // Invariants lists the invariants every seed checks.
-var Invariants = []string{invOnce, invSuccess, invNotSent, invLost, invJournal, invSecret, invStuck, invUnwanted, invLeak}
+var Invariants = []string{invOnce, invSuccess, invNotSent, invLost, invJournal, invSecret, invDone, invDoneStay, invStuck, invUnwanted, invLeak}
 
 // Result is what a seed's run reports.
 type Result struct {
@@ -125,6 +139,7 @@ type Result struct {
 	Trace    []string
 	Hash     string         // of the trace: the same for two runs of a seed
 	Faults   map[string]int // faults injected, by kind
+	Outcomes map[string]int // what the calls returned, as the job read them, by class
 	Steps    int            // the driver's steps, the recovery's included
 	Requests int            // requests delivered to the server
 	Procs    int            // client processes started
@@ -155,46 +170,99 @@ func (l *lrand) permille(n int) bool { return n > 0 && l.intn(1000) < n }
 
 // Run runs seed's world with cfg. It must be called inside a synctest
 // bubble (synctest.Test): see RunSeed.
-func Run(seed uint64, cfg Config) *Result {
+func Run(seed uint64, cfg Config) *Result { return newWorld(seed, cfg).runResult() }
+
+// newWorld draws seed's world with cfg.
+func newWorld(seed uint64, cfg Config) *world {
+	simkey.Enable()
 	w := &world{
-		cfg:    cfg,
-		seed:   seed,
-		rng:    newRand(seed, 1),
-		srng:   newRand(seed, 2),
-		drng:   newRand(seed, 3),
-		ledger: &ledger{},
-		acks:   &acks{keys: map[string]ackState{}},
-		stats:  map[string]int{},
+		cfg:      cfg,
+		seed:     seed,
+		rng:      newRand(seed, 1),
+		srng:     newRand(seed, 2),
+		drng:     newRand(seed, 3),
+		ledger:   &ledger{},
+		acks:     &acks{keys: map[string]ackState{}},
+		stats:    map[string]int{},
+		outcomes: map[string]int{},
+		opKeys:   map[int][]string{},
+		keyOp:    map[string]int{},
+		everDone: map[string]bool{},
+		final:    make([]bool, cfg.Ops),
 	}
 	w.net = newNetwork(w)
 	w.store = newStore(w)
-	w.disk = simdisk.New(&simdisk.Options{Torn: simdisk.Torn(cfg.Torn), DirPrefix: cfg.DirKeep, NoDSync: cfg.NoDSync})
-	w.disk.SetFault(w.diskFault)
 	for op := range cfg.Ops {
 		w.batch = append(w.batch, op)
+		mode := modePlain
+		if w.draw(100, "redirect", op) < cfg.Redirect {
+			mode = 1 + w.draw(numModes-1, "mode", op)
+		}
+		w.modes = append(w.modes, mode)
+		w.opNamed = append(w.opNamed, w.draw(100, "unnamed", op) >= cfg.Unnamed)
 	}
 	for i := range cfg.Dups {
 		// A duplicate right after the operation it repeats: two
-		// workers may then call it at once.
+		// workers may then call it at once. (Not of an unnamed
+		// operation: the job would run it twice, under two keys.)
 		op := i % cfg.Ops
+		if !w.opNamed[op] {
+			continue
+		}
 		at := slices.Index(w.batch, op) + 1
 		w.batch = slices.Insert(w.batch, at, op)
 	}
+	if cfg.Fleet >= 2 {
+		w.fleet = journaltest.NewFleetModel(&journaltest.FleetModelOptions{Clock: w.dbClock, Lease: time.Duration(max(1, cfg.Lease)) * time.Second})
+		for i := range cfg.Fleet {
+			m := &machine{w: w, id: i + 1}
+			for _, op := range w.batch {
+				// Every machine calls every named operation, as each
+				// machine of a fleet given one batch does; an unnamed
+				// one is one machine's alone.
+				if w.opNamed[op] || op%cfg.Fleet == i {
+					m.ops = append(m.ops, op)
+				}
+			}
+			w.machines = append(w.machines, m)
+		}
+	} else {
+		m := &machine{w: w, id: 1, ops: w.batch}
+		m.disk = simdisk.New(&simdisk.Options{Torn: simdisk.Torn(cfg.Torn), DirPrefix: cfg.DirKeep, NoDSync: cfg.NoDSync})
+		m.disk.SetFault(w.diskFault)
+		w.machines = append(w.machines, m)
+	}
+	return w
+}
+
+// runResult runs the world and says what it came to.
+func (w *world) runResult() *Result {
 	w.run()
+	return w.result()
+}
+
+func (w *world) result() *Result {
 	h := sha256.New()
 	for _, l := range w.trace {
 		h.Write([]byte(l))
 		h.Write([]byte{'\n'})
 	}
-	return &Result{Seed: seed, Config: cfg, Failures: w.failures, Trace: w.trace, Hash: hex.EncodeToString(h.Sum(nil)[:8]), Faults: w.stats,
-		Steps: w.steps, Requests: w.requests, Procs: w.cliN}
+	return &Result{Seed: w.seed, Config: w.cfg, Failures: w.failures, Trace: w.trace, Hash: hex.EncodeToString(h.Sum(nil)[:8]), Faults: w.stats,
+		Outcomes: w.outcomes, Steps: w.steps, Requests: w.requests, Procs: w.cliN}
 }
 
 func (w *world) run() {
 	w.t0 = time.Now()
 	w.faulty.Store(true)
+	for op, mode := range w.modes {
+		if mode != modePlain || !w.opNamed[op] {
+			w.tracef("op %d: %s%s", op, modeNames[mode], map[bool]string{false: ", unnamed"}[w.opNamed[op]])
+		}
+	}
 	w.startServer()
-	w.startClient()
+	for _, m := range w.machines {
+		w.startClient(m)
+	}
 	for w.step = 0; w.step < w.cfg.Steps && len(w.failures) == 0; w.step++ {
 		w.settle()
 		if !w.act() {
@@ -207,12 +275,43 @@ func (w *world) run() {
 	if len(w.failures) == 0 {
 		w.checkEnd()
 	}
+	w.tracef("end: state %s", w.diskDigest())
 	w.teardown()
 }
 
+// diskDigest sums up what the disks and the fleet's database hold at
+// the end of a run (every file's name and bytes, and how many changing
+// calls each disk took; every entry), so that a run's hash covers what
+// the trace does not show: two runs of a seed whose records reached a
+// batch in another order, say, print the same lines but leave other
+// bytes.
+func (w *world) diskDigest() string {
+	h := sha256.New()
+	for _, m := range w.machines {
+		if m.disk == nil {
+			continue
+		}
+		for _, name := range m.disk.Names() {
+			b, _ := m.disk.ReadFile(name)
+			fmt.Fprintf(h, "%d %s %d\n", m.id, name, len(b))
+			h.Write(b)
+		}
+		fmt.Fprintf(h, "mutations %d\n", m.disk.Mutations())
+	}
+	if w.fleet != nil {
+		for _, e := range w.fleet.Entries() {
+			fmt.Fprintf(h, "%s %s %s %v %v %d %d %s %x\n", e.Key, e.Operation, e.URL, e.Created.UnixNano(), e.Updated.UnixNano(), e.Attempts, e.LastStatus, e.State, e.Body)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
+}
+
 // tracef adds a line to the trace, stamped with the virtual time.
-func (w *world) tracef(format string, args ...any) {
-	ms := strconv.FormatInt(time.Since(w.t0).Milliseconds(), 10)
+func (w *world) tracef(format string, args ...any) { w.traceAt(time.Now(), format, args...) }
+
+// traceAt adds a line to the trace, stamped with the virtual time at.
+func (w *world) traceAt(at time.Time, format string, args ...any) {
+	ms := strconv.FormatInt(at.Sub(w.t0).Milliseconds(), 10)
 	line := strings.Repeat(" ", max(0, 9-len(ms))) + ms + " " + fmt.Sprintf(format, args...)
 	w.mu.Lock()
 	w.trace = append(w.trace, line)
@@ -258,12 +357,6 @@ func (w *world) seedBytes(n uint64) [32]byte {
 	binary.LittleEndian.PutUint64(b[:], w.seed)
 	binary.LittleEndian.PutUint64(b[8:], n)
 	return b
-}
-
-// clientClock is the client machine's clock: virtual time, plus the
-// jumps the seed made.
-func (w *world) clientClock() time.Time {
-	return time.Now().Add(time.Duration(w.clockOff.Load()))
 }
 
 func (w *world) server() *serverProc {
@@ -325,13 +418,16 @@ func (w *world) diskFault(op simdisk.Op) error {
 func (w *world) settle() {
 	w.steps++
 	synctest.Wait()
-	if p := w.cli; p != nil && w.disk.Halted() {
-		// The power was cut at a disk call the seed chose (HaltAt):
-		// the machine is down from that call on (procFile marked the
-		// process dead there).
-		w.powerCut(p, "at a disk call")
-		synctest.Wait()
+	for _, m := range w.machines {
+		if p := m.cli; p != nil && m.disk != nil && m.disk.Halted() {
+			// The power was cut at a disk call the seed chose
+			// (HaltAt): the machine is down from that call on
+			// (procFile marked the process dead there).
+			w.powerCut(p, "at a disk call")
+			synctest.Wait()
+		}
 	}
+	w.flushNotes()
 	w.mu.Lock()
 	ret := w.returned
 	w.returned = nil
@@ -342,22 +438,28 @@ func (w *world) settle() {
 	}
 }
 
-// collect reads a call that returned.
+// collect reads a call that returned, as the batch job does.
 func (w *world) collect(c *call) {
 	p := c.p
 	zombie := c.zombie
 	switch {
 	case c.resume && zombie:
-		w.tracef("call %d: resume returned in a dead process", c.id)
 	case c.resume:
-		w.tracef("call %d: resume: %d results, err %v", c.id, len(c.results), errText(c.resumeErr))
+		claimed := ""
+		if p.fj != nil {
+			claimed = fmt.Sprintf(" (claimed %d)", c.claimed)
+		}
+		w.tracef("call %d: resume%s: %d results, err %v", c.id, claimed, len(c.results), errText(c.resumeErr))
 		for _, r := range c.results {
 			op := w.opOfKey(r.Entry.Key)
 			class := classify(r.Err)
-			if r.Err == nil && (r.StatusCode < 200 || r.StatusCode > 299) {
-				class = outStatus
+			if r.Err == nil {
+				class = classifyStatus(r.StatusCode)
 			}
 			w.tracef("  resent op %d key %s: %v %d %s%s", op, r.Entry.Key, class, r.StatusCode, errText(r.Err), replayText(r.Replayed))
+			if class.final() && op >= 0 && op < len(w.final) {
+				w.final[op] = true
+			}
 		}
 	case c.compact:
 		w.tracef("call %d: compact: %s", c.id, errText(c.err))
@@ -365,11 +467,36 @@ func (w *world) collect(c *call) {
 			p.jerr.Store(true) // a journal whose compaction failed may have stopped writing
 		}
 	case zombie:
-		w.tracef("call %d: op %d returned in a dead process", c.id, c.op)
+		// Unheard, and not traced: when a dead process's goroutine gets
+		// around to returning is no part of the world.
 	default:
 		w.tracef("call %d: op %d: %v %d %s%s%s", c.id, c.op, c.class, c.status, errText(c.err), replayText(c.replayed), journalText(c.fromJournal))
-		if c.class == outStatus || c.class == outAmbiguous && unwanted(c.err) {
+		named := "named"
+		if !c.named {
+			named = "unnamed"
+		}
+		w.outcomes[c.class.String()+" ("+named+")"]++
+		refused := !c.named && w.cfg.RequireOp && errors.Is(c.err, idemhttp.ErrInvalidRequest)
+		switch {
+		case refused:
+			// The client refused an unnamed call (no AllowUnnamed), as it
+			// must: the job names the operation from now on.
+			if !errors.Is(c.err, idemhttp.ErrNotSent) {
+				w.fail(invUnwanted, c.op, "call %d of op %d: refused for want of an operation id, yet not reported not-sent: %v", c.id, c.op, errText(c.err))
+			}
+			w.opNamed[c.op] = true
+		case c.class == outStatus:
+			w.failKnown(invUnwanted, c.op, w.statusKnown(c.op, c.status), "call %d of op %d: status %d %v", c.id, c.op, c.status, errText(c.err))
+		case c.class == outAmbiguous && unwanted(c.err):
 			w.fail(invUnwanted, c.op, "call %d of op %d: %v", c.id, c.op, errText(c.err))
+		}
+		if c.class.final() {
+			w.final[c.op] = true
+		}
+		if (refused || c.class == outNotSent && !c.named) && !p.exiting && !p.dead.Load() {
+			// Nothing was sent, nothing is left in the journal: the
+			// job tries the operation again, under a new key.
+			p.queue = append(p.queue, c.op)
 		}
 	}
 	if c.resume {
@@ -409,6 +536,12 @@ func journalText(b bool) string {
 
 // opOfKey reads the operation back from a key the sim made ("k-<op>-...").
 func (w *world) opOfKey(key string) int {
+	w.mu.Lock()
+	op, ok := w.keyOp[key]
+	w.mu.Unlock()
+	if ok {
+		return op
+	}
 	parts := strings.SplitN(key, "-", 3)
 	if len(parts) < 2 {
 		return -1
@@ -443,16 +576,27 @@ func (w *world) act() bool {
 	for _, d := range w.net.readyDials() {
 		add(10, "dial", func() { w.onDial(d) })
 	}
-	p := w.cli
-	alive := p != nil && !p.dead.Load()
-	if alive && !p.exiting && len(p.queue) > 0 && p.busy < w.cfg.Workers && (p.resumed || w.cfg.Concurrent) {
-		add(10, "call", func() { w.startCall(p) })
-	}
-	if alive && !p.exiting {
-		add(w.cfg.Compact, "compact", func() { w.startCompact(p) })
-	}
-	if alive && (p.jerr.Load() && !p.exiting || p.exiting && p.busy == 0 && p.resume == nil) {
-		add(20, "exit", func() { w.exitClient(p) })
+	busy := false
+	var alive []*clientProc
+	for _, m := range w.machines {
+		p := m.alive()
+		if p == nil {
+			if !now.Before(m.downSince.Add(time.Second)) {
+				add(10, "client restart", func() { w.startClient(m) })
+			}
+			continue
+		}
+		alive = append(alive, p)
+		busy = busy || p.busy > 0 || p.resume != nil || len(p.queue) > 0
+		if !p.exiting && len(p.queue) > 0 && p.busy < w.cfg.Workers && (p.resumed || w.cfg.Concurrent) {
+			add(10, "call", func() { w.startCall(p) })
+		}
+		if !p.exiting && p.j != nil {
+			add(w.cfg.Compact, "compact", func() { w.startCompact(p) })
+		}
+		if p.jerr.Load() && !p.exiting || p.exiting && p.busy == 0 && p.resume == nil {
+			add(20, "exit", func() { w.exitClient(p) })
+		}
 	}
 	w.mu.Lock()
 	gates := slices.Clone(w.gates)
@@ -470,19 +614,23 @@ func (w *world) act() bool {
 	if srv == nil && !now.Before(downSince.Add(time.Second)) {
 		add(10, "server restart", func() { w.startServer() })
 	}
-	if !alive && !now.Before(w.clientDownSince.Add(time.Second)) {
-		add(10, "client restart", func() { w.startClient() })
-	}
 	ready := len(acts) > 0
-	crashClient := alive && w.clientCrashes < w.cfg.ClientCrashes && !w.haltArmed
+	var crashable []*clientProc
+	for _, p := range alive {
+		if !p.m.haltArmed {
+			crashable = append(crashable, p)
+		}
+	}
+	crashClient := len(crashable) > 0 && w.clientCrashes < w.cfg.ClientCrashes
+	crash := func() { w.crashClient(crashable[w.rng.intn(len(crashable))]) }
 	crashServer := srv != nil && w.serverCrashesLeft() > 0
 	jump := w.clockJumps < w.cfg.ClockJumps
-	if !ready && !(alive && (p.busy > 0 || p.resume != nil || len(p.queue) > 0)) && w.net.nextDue(now).IsZero() {
+	if !ready && !busy && w.net.nextDue(now).IsZero() {
 		// Nothing in flight: the batch ran to its end. What is left is
 		// a fault to throw at the next run, or the end of the phase.
 		var idle []action
 		if crashClient {
-			idle = append(idle, action{1, "client crash", func() { w.crashClient(p) }})
+			idle = append(idle, action{1, "client crash", crash})
 		}
 		if crashServer {
 			idle = append(idle, action{1, "server crash", func() { w.crashServer(srv, "a step of the driver") }})
@@ -497,7 +645,7 @@ func (w *world) act() bool {
 		return true
 	}
 	if crashClient {
-		add(1, "client crash", func() { w.crashClient(p) })
+		add(1, "client crash", crash)
 	}
 	if crashServer {
 		add(1, "server crash", func() { w.crashServer(srv, "a step of the driver") })
@@ -510,8 +658,8 @@ func (w *world) act() bool {
 	}
 	if !ready {
 		// Only timers can move the world (a backoff, an attempt's
-		// timeout, a 409's wait, the journal's write-behind): let time
-		// pass, more of it at once.
+		// timeout, a 409's wait, the journal's write-behind, a
+		// callback that blocks): let time pass, more of it at once.
 		add(12, "sleep", func() { w.sleepFor(time.Millisecond << (6 + w.rng.intn(7))) })
 	} else {
 		add(3, "sleep", w.sleep)
@@ -683,8 +831,9 @@ func (w *world) closeIdle(c *conn) {
 	_ = c.serverEnd.Close()
 }
 
-// jumpClock sets the client's clock forward (by up to more than a day,
-// past the retention) or back (by up to three hours).
+// jumpClock sets a client machine's clock (or, in a fleet, the
+// database's) forward (by up to more than a day, past the retention) or
+// back (by up to three hours).
 func (w *world) jumpClock() {
 	w.clockJumps++
 	var d time.Duration
@@ -698,37 +847,49 @@ func (w *world) jumpClock() {
 		w.clockBack = true
 		w.mu.Unlock()
 	}
-	w.clockOff.Add(int64(d))
-	w.tracef("client clock jumps %v", d)
+	if i := w.rng.intn(len(w.machines) + 1); w.fleet != nil && i == len(w.machines) {
+		w.dbOff.Add(int64(d))
+		w.tracef("the database's clock jumps %v", d)
+	} else {
+		m := w.machines[i%len(w.machines)]
+		m.clockOff.Add(int64(d))
+		w.tracef("%v: client clock jumps %v", m, d)
+	}
 }
 
-// crashClient kills the client process: at once (the process dies, the
+// crashClient kills client process p: at once (the process dies, the
 // machine's cache stays), by a power cut now, or by a power cut at one of
-// the next few calls into the disk.
+// the next few calls into the disk. (A machine of a fleet has no disk:
+// its process is killed.)
 func (w *world) crashClient(p *clientProc) {
 	w.clientCrashes++
-	switch w.rng.intn(3) {
-	case 0:
+	m := p.m
+	switch k := w.rng.intn(3); {
+	case k == 0 || m.disk == nil:
 		w.count("client killed")
 		w.tracef("client %d killed", p.n)
-		w.die(p, w.disk.Kill)
-	case 1:
+		w.die(p, func() {
+			if m.disk != nil {
+				m.disk.Kill()
+			}
+		})
+	case k == 1:
 		w.powerCut(p, "now")
 	default:
 		n := 1 + w.rng.intn(8)
 		w.count("power cut armed")
 		w.tracef("client %d: power cut at its disk call %d from now", p.n, n)
-		w.disk.HaltAt(n)
-		w.haltArmed = true
+		m.disk.HaltAt(n)
+		m.haltArmed = true
 	}
 }
 
-// powerCut ends the client machine: the disk keeps what was synced and,
-// as the seed says, a torn part of the rest.
+// powerCut ends p's machine: the disk keeps what was synced and, as the
+// seed says, a torn part of the rest.
 func (w *world) powerCut(p *clientProc, when string) {
 	w.count("client power cut")
 	w.tracef("client %d: power cut %s", p.n, when)
-	w.die(p, func() { w.disk.Crash(rand.New(rand.NewPCG(w.seed, uint64(0x70f0+w.clientCrashes)))) })
+	w.die(p, func() { p.m.disk.Crash(rand.New(rand.NewPCG(w.seed, uint64(0x70f0+w.clientCrashes)))) })
 }
 
 // die ends client process p: its files first (disk, which kills them:
@@ -741,18 +902,28 @@ func (w *world) die(p *clientProc, disk func()) {
 	}
 	p.gone = true
 	p.dead.Store(true)
-	w.disk.HaltAt(0)
-	w.haltArmed = false
+	m := p.m
+	if m.disk != nil {
+		m.disk.HaltAt(0)
+	}
+	m.haltArmed = false
 	disk()
+	if p.cancel != nil {
+		// Before anything wakes the process's calls (their turns, their
+		// sockets): each then finds its context ended and stops, rather
+		// than going on to a retry's backoff or not as it happens to be
+		// scheduled against the rest of this step.
+		p.cancel()
+	}
 	w.readyTurns() // its calls waiting at the journal go on, to fail
 	w.net.killProc(p.n)
-	if p.tr != nil {
-		p.tr.CloseIdleConnections()
+	for _, tr := range p.trs {
+		tr.CloseIdleConnections()
 	}
 	if p.j != nil {
 		_ = p.j.Close()
 	}
-	w.clientDownSince = time.Now()
+	m.downSince = time.Now()
 }
 
 // exitClient ends a client process whose journal failed, as a batch job
@@ -769,70 +940,60 @@ func (w *world) exitClient(p *clientProc) {
 }
 
 // recover is the end of every seed: no more faults, the server up, and
-// the batch job run again until every operation is resolved: a clean
-// restart (Close, Open, Resume, the batch), up to a few times.
+// the batch job run again on every machine until every operation is
+// resolved: a clean restart (Close, Open, Resume, the batch), up to a
+// few times. In a fleet, each restart waits for the leases of the
+// processes before it to end, as a worker's entries wait for another to
+// claim them.
 func (w *world) recover() {
 	w.settle() // a power cut the last step caused
 	w.tracef("recovery: faults off")
 	w.faulty.Store(false)
-	w.disk.HaltAt(0)
+	for _, m := range w.machines {
+		if m.disk != nil {
+			m.disk.HaltAt(0)
+		}
+	}
 	w.openGates()
 	for round := 0; len(w.failures) == 0; round++ {
 		if w.server() == nil {
 			w.startServer()
 		}
-		if p := w.cli; p == nil || p.dead.Load() {
-			if w.startClient(); len(w.failures) > 0 {
-				return
+		for _, m := range w.machines {
+			if m.alive() == nil {
+				if w.startClient(m); len(w.failures) > 0 {
+					return
+				}
 			}
 		}
 		w.drain()
-		p := w.cli
-		if len(w.failures) > 0 || round > 0 && w.resolved(p) || round == 4 {
+		if len(w.failures) > 0 || round > 0 && w.resolved() || round == 4 {
 			return // round 0 ends the faulty phase's run: one clean restart at least
 		}
-		w.tracef("client %d closes", p.n)
-		_ = p.j.Close() // an error of a write that failed earlier: the next open's checks say what it left
-		w.die(p, func() {})
-	}
-}
-
-// resolved reports whether every operation got a final outcome in the
-// run of p, and records what each got.
-func (w *world) resolved(p *clientProc) bool {
-	final := make([]bool, w.cfg.Ops)
-	w.mu.Lock()
-	calls := slices.Clone(w.calls)
-	w.mu.Unlock()
-	for _, c := range calls {
-		if c.p != p || c.zombie || c.compact {
-			continue
-		}
-		if c.resume {
-			for _, r := range c.results {
-				if op := w.opOfKey(r.Entry.Key); op >= 0 && op < len(final) && r.Err == nil && r.StatusCode/100 == 2 {
-					final[op] = true
-				}
+		for _, m := range w.machines {
+			p := m.cli
+			w.tracef("client %d closes", p.n)
+			if p.j != nil {
+				_ = p.j.Close() // an error of a write that failed earlier: the next open's checks say what it left
 			}
-			continue
+			w.die(p, func() {})
 		}
-		if c.class.final() {
-			final[c.op] = true
-		}
-	}
-	for _, f := range final {
-		if !f {
-			return false
+		if w.fleet != nil {
+			w.tracef("the leases end")
+			time.Sleep(w.fleet.Lease() + time.Second)
 		}
 	}
-	return true
 }
 
 // drain runs the world without faults until nothing is left in flight.
 func (w *world) drain() {
+	idle := 0 // steps in a row in which the driver only let time pass
 	for i := 0; ; i++ {
-		if i > 20000 {
-			w.fail(invStuck, -1, "the recovery made no progress in 20000 steps")
+		// Ten minutes of virtual time in which the recovery only waited
+		// is stuck: nothing in the world waits that long (a callback
+		// blocks 90 s at most, a lease lasts a minute).
+		if i > 20000 || idle > 600 {
+			w.failKnown(invStuck, -1, w.stuckKnown(), "the recovery made no progress in %d steps (the last %d only waited, a second each)", i, idle)
 			return
 		}
 		w.settle()
@@ -840,36 +1001,50 @@ func (w *world) drain() {
 			return
 		}
 		now := time.Now()
+		idle++
 		if ms := w.net.readyMsgs(now); len(ms) > 0 {
+			idle = 0
 			w.tracef("%v: delivered", ms[0])
 			w.net.deliver(ms[0])
 			continue
 		}
 		if ds := w.net.readyDials(); len(ds) > 0 {
+			idle = 0
 			w.onDial(ds[0])
 			continue
 		}
 		if ts := w.readyTurns(); len(ts) > 0 {
+			idle = 0
 			w.giveTurn(ts[0])
 			continue
 		}
-		p := w.cli
-		if p == nil || p.dead.Load() {
-			return
+		acted, busy := false, false
+		for _, m := range w.machines {
+			p := m.alive()
+			if p == nil {
+				continue
+			}
+			if p.jerr.Load() && !p.exiting {
+				w.exitClient(p) // a journal that failed in the faulty phase
+			}
+			if p.exiting && p.busy == 0 && p.resume == nil {
+				w.exitClient(p)
+				w.startClient(m)
+				acted = true
+				break
+			}
+			if !p.exiting && len(p.queue) > 0 && p.busy < w.cfg.Workers && (p.resumed || w.cfg.Concurrent) {
+				w.startCall(p)
+				acted = true
+				break
+			}
+			busy = busy || p.busy > 0 || p.resume != nil || len(p.queue) > 0
 		}
-		if p.jerr.Load() && !p.exiting {
-			w.exitClient(p) // a journal that failed in the faulty phase
-		}
-		if p.exiting && p.busy == 0 && p.resume == nil {
-			w.exitClient(p)
-			w.startClient()
+		if acted {
+			idle = 0
 			continue
 		}
-		if !p.exiting && len(p.queue) > 0 && p.busy < w.cfg.Workers && (p.resumed || w.cfg.Concurrent) {
-			w.startCall(p)
-			continue
-		}
-		if p.busy == 0 && p.resume == nil && len(p.queue) == 0 && w.net.nextDue(now).IsZero() {
+		if !busy && w.net.nextDue(now).IsZero() {
 			return
 		}
 		d := time.Second
@@ -894,10 +1069,16 @@ func (w *world) openGates() {
 // teardown ends every goroutine of the world, so that the bubble can end.
 func (w *world) teardown() {
 	w.faulty.Store(false)
-	w.disk.HaltAt(0)
+	for _, m := range w.machines {
+		if m.disk != nil {
+			m.disk.HaltAt(0)
+		}
+	}
 	w.openGates()
-	if p := w.cli; p != nil {
-		w.die(p, func() {})
+	for _, m := range w.machines {
+		if p := m.cli; p != nil {
+			w.die(p, func() {})
+		}
 	}
 	w.net.killAll()
 	if s := w.server(); s != nil {
@@ -905,125 +1086,36 @@ func (w *world) teardown() {
 		_ = s.srv.Close()
 		<-s.done
 	}
-	// Calls of dead processes may be waiting out a backoff or an
-	// attempt's timeout: time goes on until every goroutine has ended
-	// (the longest wait is under a minute).
-	time.Sleep(time.Minute)
+	// Calls of dead processes may be waiting out a backoff, an attempt's
+	// timeout or a callback that blocks: time goes on until every
+	// goroutine has ended (the longest wait is under two minutes).
+	time.Sleep(2 * time.Minute)
 	synctest.Wait()
 }
-
-// checkSecrets looks for the requests' secrets in every file of the disk
-// (invariant 6).
-func (w *world) checkSecrets() {
-	for _, name := range w.disk.Names() {
-		b, err := w.disk.ReadFile(name)
-		if err != nil {
-			continue
-		}
-		for _, s := range secrets {
-			if strings.Contains(string(b), s) {
-				w.fail(invSecret, -1, "file %s holds %s", name, s)
-			}
-		}
-	}
-}
-
-// checkEnd checks invariants 1 to 4 and 6 over the whole run.
-func (w *world) checkEnd() {
-	w.checkSecrets()
-	w.mu.Lock()
-	calls := slices.Clone(w.calls)
-	w.mu.Unlock()
-	for op := range w.cfg.Ops {
-		if es := w.ledger.of(op); len(es) > 1 {
-			var keys []string
-			for _, e := range es {
-				keys = append(keys, e.key+"="+e.charge)
-			}
-			w.failKnown(invOnce, op, w.onceKnown(op), "op %d has %d effects: %s", op, len(es), strings.Join(keys, ", "))
-		}
-	}
-	success := func(who string, op int, body []byte) {
-		es := w.ledger.of(op)
-		if len(es) != 1 {
-			w.failKnown(invSuccess, op, w.onceKnown(op), "%s reported op %d successful, and it has %d effects", who, op, len(es))
-			return
-		}
-		if string(body) != string(es[0].body) {
-			w.fail(invSuccess, op, "%s got %s for op %d; the server first produced %s", who, body, op, es[0].body)
-		}
-	}
-	for _, c := range calls {
-		if c.zombie || c.compact {
-			continue
-		}
-		if c.resume {
-			for _, r := range c.results {
-				if r.Err == nil && r.StatusCode/100 == 2 {
-					success(fmt.Sprintf("call %d (resume)", c.id), w.opOfKey(r.Entry.Key), r.Body)
-				}
-			}
-			continue
-		}
-		switch c.class {
-		case outSuccess:
-			success(fmt.Sprintf("call %d", c.id), c.op, c.body)
-		case outDone:
-			var done *idemhttp.DoneError
-			if errors.As(c.err, &done) && done.Status/100 == 2 {
-				if es := w.ledger.of(c.op); len(es) != 1 {
-					w.failKnown(invSuccess, c.op, w.onceKnown(c.op), "call %d: op %d is done with status %d, and it has %d effects", c.id, c.op, done.Status, len(es))
-				}
-			}
-		case outNotSent:
-			keys := append([]string{c.key}, c.keys...)
-			slices.Sort(keys)
-			for _, k := range slices.Compact(keys) {
-				if es := w.ledger.byKey(k); len(es) > 0 {
-					w.fail(invNotSent, c.op, "call %d of op %d reported not sent (%s), and key %s has the effect %s", c.id, c.op, errText(c.err), k, es[0].charge)
-				}
-			}
-		}
-	}
-	if p := w.cli; p != nil && !w.resolved(p) {
-		final := make([]string, w.cfg.Ops)
-		for _, c := range calls {
-			if c.p == p && !c.resume && !c.zombie && !c.compact {
-				final[c.op] = c.class.String() + errText(c.err)
-			}
-		}
-		for op, f := range final {
-			w.fail(invLost, op, "after the recovery, op %d was last %s", op, f)
-			break
-		}
-	}
-}
-
-// unwanted reports whether err is one the batch job's requests cannot
-// cause: a key mismatch or conflict (every call of an operation sends the
-// same request), an invalid request, a key the server says is missing.
-func unwanted(err error) bool {
-	for _, e := range []error{idemhttp.ErrKeyMismatch, idemhttp.ErrKeyConflict, idemhttp.ErrInvalidRequest, idemhttp.ErrInvalidKey, idemhttp.ErrKeyRequired, idemhttp.ErrBodyChanged} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
-}
-
-func sortStrings(s []string) { slices.Sort(s) }
 
 // RunSeed runs seed's world with cfg in a synctest bubble of its own
 // (synctest.Test), as a subtest of t that does not fail t: the result
 // says what broke.
 func RunSeed(t *testing.T, seed uint64, cfg Config) (res *Result) {
+	var w *world
 	defer func() {
 		if r := recover(); r != nil {
 			// A goroutine of the world that never ends (synctest's
 			// "deadlock"): a leak, in the world or in the code it runs.
-			res = &Result{Seed: seed, Config: cfg, Failures: []Failure{{Inv: invLeak, Op: -1, Msg: fmt.Sprint(r)}}}
+			// (The world's goroutines are done with by then.)
+			f := Failure{Inv: invLeak, Op: -1, Msg: fmt.Sprint(r)}
+			if w == nil {
+				res = &Result{Seed: seed, Config: cfg, Failures: []Failure{f}}
+				return
+			}
+			f.Known = w.stuckKnown()
+			w.failures = append(w.failures, f)
+			res = w.result()
 		}
 	}()
-	synctest.Test(t, func(*testing.T) { res = Run(seed, cfg) })
+	synctest.Test(t, func(*testing.T) {
+		w = newWorld(seed, cfg)
+		res = w.runResult()
+	})
 	return res
 }

@@ -1,0 +1,132 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idemhttp/inbox"
+)
+
+var key = inbox.Key{IDSpace: "orders", ID: "m-1"}
+
+func record(t *testing.T, l inbox.Ledger) inbox.Record {
+	t.Helper()
+	// OpExcuse of a message with no run begun changes nothing and reads
+	// the record.
+	r, err := l.Apply(context.Background(), key, inbox.OpExcuse)
+	require.NoError(t, err)
+	return r
+}
+
+// A shutdown while the handler runs hands the message back at once and
+// counts nothing, however often it happens; so does a delivery taken
+// ahead and handed back unrun. Only the handler's own failures count, up
+// to the limit. (With the shutdown's error counted, the third shutdown
+// dead-lettered a healthy message: this test failed.)
+func TestRunnerShutdownNeverCounts(t *testing.T) {
+	ledger := &inbox.MemoryLedger{}
+	var calls atomic.Int32
+	for range 5 {
+		ctx, cancel := context.WithCancel(context.Background())
+		r := &inbox.Runner{Policy: inbox.Policy{Retry: inbox.Retry{MaxDeliveries: 3}}, Ledger: ledger,
+			Handler: func(ctx context.Context, _ *inbox.Message) error {
+				calls.Add(1)
+				cancel() // the shutdown arrives while it runs
+				<-ctx.Done()
+				return ctx.Err()
+			}}
+		dec, d := r.Deliver(ctx, &inbox.Message{ID: key.ID}, key, inbox.Arrival{HasID: true, MaybeRedelivered: true}, inbox.Hooks{})
+		assert.Equal(t, inbox.Decision{Verb: inbox.VerbRequeue}, dec)
+		assert.Equal(t, inbox.StateHandedBack, d.State())
+		dec, _ = r.Deliver(ctx, &inbox.Message{ID: key.ID}, key, inbox.Arrival{HasID: true, Stopping: true, MaybeRedelivered: true}, inbox.Hooks{})
+		assert.Equal(t, inbox.Decision{Verb: inbox.VerbRequeue}, dec, "taken ahead: back unrun")
+	}
+	assert.Equal(t, int32(5), calls.Load())
+	assert.Equal(t, inbox.Record{}, record(t, ledger), "nothing counted")
+}
+
+// A failing handler is retried with a growing delay, counted in the
+// ledger, and dead-lettered on its last allowed failure; a later copy of
+// the message starts afresh (an operator's redrive from the dead-letter
+// queue runs again).
+func TestRunnerPoison(t *testing.T) {
+	ledger := &inbox.MemoryLedger{}
+	boom := errors.New("cannot parse")
+	retry := inbox.Retry{Delay: time.Second, MaxDeliveries: 3}
+	r := &inbox.Runner{Policy: inbox.Policy{Retry: retry}, Ledger: ledger,
+		Handler: func(context.Context, *inbox.Message) error { return boom }}
+	m := &inbox.Message{ID: key.ID}
+	for i := 1; i <= 2; i++ {
+		dec, _ := r.Deliver(context.Background(), m, key, inbox.Arrival{HasID: true, MaybeRedelivered: i > 1}, inbox.Hooks{})
+		assert.Equal(t, inbox.Decision{Verb: inbox.VerbRequeue, Delay: retry.After(i), Err: boom, Failures: i}, dec)
+	}
+	dec, d := r.Deliver(context.Background(), m, key, inbox.Arrival{HasID: true, MaybeRedelivered: true}, inbox.Hooks{})
+	assert.Equal(t, inbox.Decision{Verb: inbox.VerbDeadLetter, Err: boom, Failures: 3, Report: true}, dec)
+	assert.Equal(t, inbox.StateDeadLettered, d.State())
+	assert.Equal(t, inbox.Record{}, record(t, ledger), "forgotten once dead-lettered")
+}
+
+// Runs the process died in (OpBegin with no end) count: a message that
+// kept killing its consumers arrives past the limit and is dead-lettered
+// without running. (With Running left out of the count, the handler ran
+// a fourth time: this test failed.)
+func TestRunnerCrashesCount(t *testing.T) {
+	ledger := &inbox.MemoryLedger{}
+	for range 3 { // three processes that died in the handler
+		_, err := ledger.Apply(context.Background(), key, inbox.OpBegin)
+		require.NoError(t, err)
+	}
+	var calls atomic.Int32
+	r := &inbox.Runner{Policy: inbox.Policy{Retry: inbox.Retry{MaxDeliveries: 3}}, Ledger: ledger,
+		Handler: func(context.Context, *inbox.Message) error { calls.Add(1); return nil }}
+	dec, _ := r.Deliver(context.Background(), &inbox.Message{ID: key.ID}, key, inbox.Arrival{HasID: true, MaybeRedelivered: true}, inbox.Hooks{})
+	assert.Equal(t, inbox.VerbDeadLetter, dec.Verb)
+	assert.ErrorIs(t, dec.Err, inbox.ErrExhausted)
+	assert.Equal(t, 3, dec.Failures)
+	assert.Zero(t, calls.Load())
+}
+
+// Past the processing limit, the failure is counted before the message
+// is released, and the late return of the hung handler settles nothing.
+// (With Release called before the ledger's write, the release saw no
+// failure: this test failed.)
+func TestRunnerLimitCountsThenReleases(t *testing.T) {
+	ledger := &inbox.MemoryLedger{}
+	unblock := make(chan struct{})
+	var atRelease inbox.Record
+	r := &inbox.Runner{Ledger: ledger, Limit: 10 * time.Millisecond,
+		Handler: func(context.Context, *inbox.Message) error { <-unblock; return nil }}
+	dec, d := r.Deliver(context.Background(), &inbox.Message{ID: key.ID}, key, inbox.Arrival{HasID: true}, inbox.Hooks{
+		Release: func() { atRelease = record(t, ledger); close(unblock) },
+	})
+	assert.Equal(t, inbox.Decision{}, dec, "spent: nothing more to tell the broker")
+	assert.Equal(t, inbox.StateReleased, d.State())
+	assert.Equal(t, inbox.Record{Failures: 1}, atRelease)
+}
+
+// A ledger that cannot be read or written: nothing runs unmarked, nothing
+// is counted, the message comes back after a delay.
+func TestRunnerLedgerDown(t *testing.T) {
+	var calls atomic.Int32
+	r := &inbox.Runner{Ledger: downLedger{}, Handler: func(context.Context, *inbox.Message) error { calls.Add(1); return errors.New("boom") }}
+	dec, d := r.Deliver(context.Background(), &inbox.Message{ID: key.ID}, key, inbox.Arrival{HasID: true, MaybeRedelivered: true}, inbox.Hooks{})
+	assert.Equal(t, inbox.Decision{Verb: inbox.VerbRequeue, Delay: inbox.DefaultRetryDelay}, dec)
+	assert.Equal(t, inbox.StateDeferred, d.State())
+	assert.Zero(t, calls.Load())
+	dec, d = r.Deliver(context.Background(), &inbox.Message{ID: key.ID}, key, inbox.Arrival{HasID: true}, inbox.Hooks{})
+	assert.Equal(t, inbox.VerbRequeue, dec.Verb)
+	assert.Equal(t, inbox.StateDeferred, d.State(), "the failure could not be counted")
+	assert.Equal(t, int32(1), calls.Load())
+}
+
+type downLedger struct{}
+
+func (downLedger) Apply(context.Context, inbox.Key, inbox.Op) (inbox.Record, error) {
+	return inbox.Record{}, errors.New("database down")
+}

@@ -1,0 +1,43 @@
+package journaltest_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/journaltest"
+)
+
+// A fleet journal as a model: two workers share it, a Begin leases the
+// entry to its worker, another worker's claim skips it until the lease
+// ends, and a stale worker's outcome is refused.
+func ExampleFleetModel() {
+	ctx := context.Background()
+	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	fleet := journaltest.NewFleetModel(&journaltest.FleetModelOptions{
+		Clock: func() time.Time { return now }, // the database's clock
+		Lease: time.Minute,
+	})
+	a, b := fleet.Worker("a"), fleet.Worker("b")
+
+	_, _ = a.Begin(ctx, &idemhttp.Entry{Operation: "invoice-42", Key: "k1", Method: http.MethodPost, URL: "https://api.example.com/v1/charges"})
+	claimed, _ := b.ClaimPending(ctx, 10)
+	fmt.Println("b claims while a's lease lasts:", len(claimed))
+
+	fleet.Shift(2 * time.Minute) // a stalls past its lease
+	claimed, _ = b.ClaimPending(ctx, 10)
+	fmt.Println("b claims once it ended:", len(claimed), claimed[0].Key)
+
+	err := a.Finish(ctx, "k1", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1})
+	fmt.Println("a's late outcome is fenced:", errors.Is(err, idemhttp.ErrFenced))
+	err = a.Delete(ctx, "k1")
+	fmt.Println("and so is its withdrawal:", errors.Is(err, idemhttp.ErrFenced))
+	// Output:
+	// b claims while a's lease lasts: 0
+	// b claims once it ended: 1 k1
+	// a's late outcome is fenced: true
+	// and so is its withdrawal: true
+}
