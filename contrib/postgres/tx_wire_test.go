@@ -300,3 +300,39 @@ func TestTxConformanceOtherPools(t *testing.T) {
 		})
 	}
 }
+
+// TestTxWireQuotedTableName: a key table in a schema whose name needs
+// quoting, and reads as SQL if it is not, serves keys on the wire (a
+// claim, then a replay) and runs nothing of its name. Checked to fail
+// with findTable's quote_ident dropped: the claim's statement did not
+// parse, and the request got 503.
+func TestTxWireQuotedTableName(t *testing.T) {
+	base := newTxSchema(t) // for the URL, and a table the name would drop
+	name := base.name + `"; DROP TABLE ` + base.name + `.a1_charges; --`
+	quoted := pgx.Identifier{name}.Sanitize()
+	ctx := context.Background()
+	admin := base.admin(t)
+	_, err := admin.Exec(ctx, "CREATE SCHEMA "+quoted)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = base.admin(t).Exec(ctx, "DROP SCHEMA "+quoted+" CASCADE") })
+	_, err = admin.Exec(ctx, "CREATE TABLE "+quoted+`.a1_charges (id bigserial PRIMARY KEY, idem_key text NOT NULL, amount integer NOT NULL)`)
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(base.url)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = quoted
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, postgres.Migrate(ctx, pool))
+	m, err := postgres.NewTxMiddleware(ctx, pool, &postgres.TxOptions{SingleTenant: true, Logger: discardLogger()})
+	require.NoError(t, err)
+	h := m.WrapFunc(chargeTx)
+	first := post(t, h, "quoted", "x")
+	require.Equal(t, http.StatusCreated, first.Status, first.Body)
+	assert.Equal(t, reply{Status: http.StatusCreated, Replayed: true, Body: first.Body}, post(t, h, "quoted", "x"))
+	var n int
+	require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM "+quoted+".idemhttp_keys").Scan(&n))
+	assert.Equal(t, 1, n)
+	require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM "+base.name+".a1_charges").Scan(&n), "the other schema's table is there")
+}

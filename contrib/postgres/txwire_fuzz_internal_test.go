@@ -64,3 +64,18 @@ func FuzzWireValues(f *testing.F) {
 		}
 	})
 }
+
+// TestWireStmtsRefuseNUL: a statement holding a NUL byte, which would end
+// it early in its Parse message, is never put on the wire: the middleware
+// then sends every statement through pgx. Checked to fail with
+// newWireStmts's check dropped.
+func TestWireStmtsRefuseNUL(t *testing.T) {
+	sql := newKeysSQL("public.idemhttp_keys")
+	if newWireStmts(sql, "BEGIN") == nil {
+		t.Fatal("no statements for a table whose name holds no NUL")
+	}
+	bad := newKeysSQL(`public."idem` + "\x00" + `"`)
+	if newWireStmts(bad, "BEGIN") != nil {
+		t.Fatal("statements holding a NUL byte would go on the wire")
+	}
+}
