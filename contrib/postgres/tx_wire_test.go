@@ -336,3 +336,32 @@ func TestTxWireQuotedTableName(t *testing.T) {
 	assert.Equal(t, 1, n)
 	require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM "+base.name+".a1_charges").Scan(&n), "the other schema's table is there")
 }
+
+// TestTxKeylessAbortedIsNotCommitted: a request without a key whose
+// handler swallowed a failed statement (the transaction aborted) and
+// answered 201 gets an error instead, on the wire and on the pgx path:
+// PostgreSQL answers that COMMIT with ROLLBACK, not an error, and its
+// charge is not there. Checked to fail with commitWire's check of the
+// COMMIT's tag dropped: the client got 201 for a rolled-back charge.
+func TestTxKeylessAbortedIsNotCommitted(t *testing.T) {
+	s := newTxSchema(t)
+	for name, pool := range map[string]*pgxpool.Pool{"wire": s.pool(t, 1), "pgx": tracedPool(t, s, 1)} {
+		t.Run(name, func(t *testing.T) {
+			m, err := postgres.NewTxMiddleware(context.Background(), pool, &postgres.TxOptions{SingleTenant: true, Logger: discardLogger()})
+			require.NoError(t, err)
+			key := "keyless-" + name
+			h := m.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+				if _, err := tx.Exec(r.Context(), `INSERT INTO a1_charges (idem_key, amount) VALUES ($1, 1)`, key); err != nil {
+					return err
+				}
+				_, _ = tx.Exec(r.Context(), "SELECT 1/0") // swallowed
+				w.WriteHeader(http.StatusCreated)
+				return nil
+			})
+			got := post(t, h, "", "x")
+			assert.GreaterOrEqual(t, got.Status, 500, got.Body)
+			assert.Empty(t, charges(t, s, key))
+			requireClean(t, pool)
+		})
+	}
+}
