@@ -385,6 +385,16 @@ type TxMiddleware struct {
 // Route every statement of these transactions to the primary: never put
 // a pooler that sends reads to replicas in front of db. Poolers in
 // transaction mode (PgBouncer's pool_mode = transaction) are fine.
+//
+// On a [pgxpool.Pool], the middleware's own statements (the claim, the
+// stored response and COMMIT) are written straight to the connection, in
+// the pool's QueryExecMode: prepared once per connection (named
+// idemhttp_ and a hash) in pgx's default mode, parsed in each round trip
+// in the modes that keep no statement prepared. A pool with a Tracer, or
+// on the simple protocol, sends them through pgx, which the tracer then
+// sees. A connection whose statements the server no longer holds as
+// prepared (a session reset, a DEALLOCATE, a schema change) is closed,
+// and the claim tried again on another.
 func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware, error) {
 	if opts == nil {
 		opts = &TxOptions{}
