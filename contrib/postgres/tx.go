@@ -386,7 +386,7 @@ type TxMiddleware struct {
 // a pooler that sends reads to replicas in front of db. Poolers in
 // transaction mode (PgBouncer's pool_mode = transaction) are fine.
 //
-// On a [pgxpool.Pool], the middleware's own statements (the claim, the
+// On a [github.com/jackc/pgx/v5/pgxpool.Pool], the middleware's own statements (the claim, the
 // stored response and COMMIT) are written straight to the connection, in
 // the pool's QueryExecMode: prepared once per connection (named
 // idemhttp_ and a hash) in pgx's default mode, parsed in each round trip
