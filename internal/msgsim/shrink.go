@@ -14,8 +14,13 @@ import (
 // shrinker is typed to the client simulator's Config and Result: its
 // twenty lines are written again here rather than made generic.)
 func Shrink(t *testing.T, seed uint64, cfg Config, inv string, budget int) (Config, *Result) {
+	return ShrinkBy(t, seed, cfg, func(r *Result) bool { return breaks(r, inv) }, budget)
+}
+
+// ShrinkBy is Shrink for the failure fails recognises.
+func ShrinkBy(t *testing.T, seed uint64, cfg Config, fails func(*Result) bool, budget int) (Config, *Result) {
 	best := RunSeed(t, seed, cfg)
-	if !breaks(best, inv) {
+	if !fails(best) {
 		return cfg, best
 	}
 	runs := 1
@@ -26,7 +31,7 @@ func Shrink(t *testing.T, seed uint64, cfg Config, inv string, budget int) (Conf
 				break
 			}
 			runs++
-			if res := RunSeed(t, seed, cand); breaks(res, inv) {
+			if res := RunSeed(t, seed, cand); fails(res) {
 				cfg, best, improved = cand, res, true
 				break
 			}
