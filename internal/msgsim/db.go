@@ -425,7 +425,7 @@ func shortSQL(q string) string {
 // commit may fail (Config.CommitFail) before it applies or after (the
 // answer lost: the outcome unknown to the caller).
 func (w *world) commit(tx *dbTx) error {
-	if err := w.turn(nil, tx.p, tx.run, tx.kind); err != nil {
+	if err := w.turn(context.Background(), tx.p, tx.run, tx.kind); err != nil {
 		w.rollback(tx)
 		return err
 	}

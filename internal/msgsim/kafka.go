@@ -239,7 +239,7 @@ func (p *proc) kdeliver(rec krec, maybe bool) inbox.Verb {
 	if dec.Verb == inbox.VerbAck {
 		return dec.Verb
 	}
-	if err := w.turn(nil, p, r, "settle"); err != nil {
+	if err := w.turn(context.Background(), p, r, "settle"); err != nil {
 		return inbox.VerbNone
 	}
 	w.mu.Lock()
@@ -269,7 +269,7 @@ func (p *proc) kdeliver(rec krec, maybe bool) inbox.Verb {
 // a partition p no longer owns in the record's generation.
 func (p *proc) kcommit(last map[int]krec) {
 	w := p.w
-	if err := w.turn(nil, p, nil, "commit"); err != nil {
+	if err := w.turn(context.Background(), p, nil, "commit"); err != nil {
 		return
 	}
 	w.mu.Lock()

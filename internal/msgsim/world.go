@@ -359,7 +359,7 @@ func (w *world) stat(k string) {
 
 // turn waits until the driver lets the caller go: one statement, commit
 // or call to the broker of p's, for run r (nil: the process's own), of
-// kind. It fails when ctx ends first (nil: never) or p dies.
+// kind. It fails when ctx ends first or p dies.
 func (w *world) turn(ctx context.Context, p *proc, r *runRec, kind string) error {
 	if p.isDead() {
 		return errProcDead
@@ -377,10 +377,7 @@ func (w *world) turn(ctx context.Context, p *proc, r *runRec, kind string) error
 	}
 	w.pending[key] = t
 	w.mu.Unlock()
-	var done <-chan struct{}
-	if ctx != nil {
-		done = ctx.Done()
-	}
+	done := ctx.Done()
 	withdraw := func() {
 		w.mu.Lock()
 		if w.pending[key] == t {
@@ -670,7 +667,7 @@ func (p *proc) deliver(d qdel) {
 	arrival := inbox.Arrival{HasID: true, Stopping: p.ctx.Err() != nil, MaybeRedelivered: evidence}
 	ctx := context.WithValue(p.ctx, runKey, r)
 	dec, core := p.runner.Deliver(ctx, m, inbox.Key{ID: d.id}, arrival, inbox.Hooks{Release: func() { p.release(r, d) }})
-	if err := w.turn(nil, p, r, "settle"); err != nil {
+	if err := w.turn(context.Background(), p, r, "settle"); err != nil {
 		return
 	}
 	w.checkCore(p, r, dec, core)
@@ -715,7 +712,7 @@ func (p *proc) deliver(d qdel) {
 // them).
 func (p *proc) release(r *runRec, d qdel) {
 	w := p.w
-	if err := w.turn(nil, p, r, "release"); err != nil {
+	if err := w.turn(context.Background(), p, r, "release"); err != nil {
 		return
 	}
 	p.mu.Lock()
@@ -1039,7 +1036,7 @@ func (w *world) sleep(idle bool) {
 
 // maxRecovery bounds the recovery: steps, and virtual time.
 const (
-	maxRecoverySteps = 20000
+	maxRecoverySteps = 3000
 	maxRecoveryTime  = 2 * time.Hour
 )
 
