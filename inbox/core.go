@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemkit/idemhttp/internal/plant"
 )
 
 // The message core decides what becomes of one delivery of a message:
@@ -481,7 +483,7 @@ func (d *Delivery) Returned(e Ending) Decision {
 			return d.closeThen(OpForget, StateAcked, Decision{Verb: VerbAck})
 		}
 		return d.settle(StateAcked, Decision{Verb: VerbAck})
-	case e.Stopping:
+	case e.Stopping && !plant.CountShutdowns: // a planted bug (internal/plant), false but in a test build
 		// The shutdown's error, or one it may have caused: never
 		// counted, back at once.
 		if d.began {

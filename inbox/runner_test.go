@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idemhttp/inbox"
+	"github.com/idemkit/idemhttp/inbox/inboxtest"
 )
 
 var key = inbox.Key{IDSpace: "orders", ID: "m-1"}
@@ -129,4 +130,29 @@ type downLedger struct{}
 
 func (downLedger) Apply(context.Context, inbox.Key, inbox.Op) (inbox.Record, error) {
 	return inbox.Record{}, errors.New("database down")
+}
+
+// A handler whose commit applied but whose answer was lost (inbox.SQL
+// returns "outcome unknown; a redelivery is safe") fails in the
+// Runner's eyes; on the last allowed run the core dead-letters a
+// message whose effect committed: both an effect and a dead letter
+// (found by internal/msgsim, seed 8022; docs/simulation.md, the
+// consumers' known limits). The redelivery would have been a duplicate
+// and acked: before dead-lettering on a failure, the core should ask
+// whether the message is processed, as OpBegin's answer says. Fixing it
+// moves a decision of the core, which was not this change's to make.
+func TestRunnerLostCommitAnswerIsNotDeadLettered(t *testing.T) {
+	t.Skip("bug: a failure whose commit applied (its answer lost) dead-letters a processed message on its last allowed run")
+	store := inboxtest.NewStore()
+	r := &inbox.Runner{Policy: inbox.Policy{Retry: inbox.Retry{MaxDeliveries: 1}}, Ledger: store.Ledger(),
+		Handler: func(ctx context.Context, m *inbox.Message) error {
+			tx, dup, err := store.Begin(key)
+			require.NoError(t, err)
+			require.False(t, dup)
+			require.NoError(t, tx.Commit())
+			return errors.New("inbox: commit (outcome unknown; a redelivery is safe): connection reset")
+		}}
+	dec, _ := r.Deliver(context.Background(), &inbox.Message{ID: key.ID, IDSpace: key.IDSpace}, key, inbox.Arrival{HasID: true}, inbox.Hooks{})
+	assert.Equal(t, 1, store.Effects(key.ID))
+	assert.NotEqual(t, inbox.VerbDeadLetter, dec.Verb, "a processed message dead-lettered")
 }

@@ -1,0 +1,84 @@
+//go:build go1.26
+
+package msgsim
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// knownWorld replays seed in the world cfg names and returns its
+// failures.
+func knownWorld(t *testing.T, seed uint64, cfg string) []Failure {
+	t.Helper()
+	c, err := ParseConfig(ConfigFor(seed), cfg)
+	require.NoError(t, err)
+	return RunSeed(t, seed, c).Failures
+}
+
+// The ledger counts a run live elsewhere (here a Kafka member's whose
+// partition was moved) as one that died: a flaky message is
+// dead-lettered while that run commits its effect (docs/consumer.md's
+// imprecision; docs/simulation.md, the consumers' known limits). The
+// world keeps the evidence and calls it known, not a failure; when the
+// ledger learns to tell a live run from a dead one, this test fails:
+// drop knownOverlap then. (Checked to fail with overlapping returning
+// false: the failure is then unknown.)
+func TestKnownOverlap(t *testing.T) {
+	fs := knownWorld(t, 45, "messages=1,dups=0,consumers=2,prefetch=1,steps=42,counting=false,kafka=true,partitions=1,maxdeliveries=3,limit=14,poison=5,flaky=23,killer=0,hanger=0,slow=0,shutdowns=0,crashes=3,expire=0,rebalance=2,dbdown=0,commitfail=0")
+	require.NotEmpty(t, fs)
+	for _, f := range fs {
+		assert.Equal(t, knownOverlap, f.Known, "%s", f)
+	}
+}
+
+// A Kafka member whose partition was moved dead-letters a record (the
+// dead-letter topic is not fenced by the group's generation) and cannot
+// commit it; the new owner runs the record again and it succeeds: an
+// effect and a dead letter. Known, as TestKnownOverlap.
+func TestKnownZombieDeadLetter(t *testing.T) {
+	fs := knownWorld(t, 1105, "messages=2,dups=0,consumers=2,prefetch=2,steps=53,counting=false,kafka=true,partitions=1,maxdeliveries=2,limit=17,poison=0,flaky=0,killer=0,hanger=0,slow=0,shutdowns=0,crashes=2,expire=0,rebalance=1,dbdown=0,commitfail=34")
+	require.NotEmpty(t, fs)
+	for _, f := range fs {
+		assert.Equal(t, knownZombieDead, f.Known, "%s", f)
+	}
+}
+
+// A killer message the producer published twice, on one Kafka
+// partition: the first record's runs are counted and it is
+// dead-lettered, which forgets the message's ledger record; the second
+// record, same id, starts from no failures and kills the member before
+// the poll's offsets are committed; the next member starts again from
+// the first record. The partition never gets past them. contrib/kafka
+// should commit a dead-lettered record's offset before it goes on (or
+// the core keep the record of a dead-lettered id): then this replay
+// settles, and knownDeadLoop goes.
+func TestKnownKafkaDeadLoop(t *testing.T) {
+	t.Skip("bug: contrib/kafka commits a dead-lettered record's offset only after the poll; a killer published twice loops for ever (docs/simulation.md, the consumers' known limits)")
+	fs := knownWorld(t, 272, "messages=1,dups=1,consumers=1,prefetch=2,steps=0,counting=false,kafka=true,partitions=1,maxdeliveries=4,limit=9,poison=25,flaky=28,killer=19,hanger=0,slow=0,shutdowns=0,crashes=0,expire=0,rebalance=0,dbdown=0,commitfail=0")
+	assert.Empty(t, fs)
+}
+
+// While the bug above stands, its world is recognised as it.
+func TestKnownKafkaDeadLoopIsRecognised(t *testing.T) {
+	fs := knownWorld(t, 272, "messages=1,dups=1,consumers=1,prefetch=2,steps=0,counting=false,kafka=true,partitions=1,maxdeliveries=4,limit=9,poison=25,flaky=28,killer=19,hanger=0,slow=0,shutdowns=0,crashes=0,expire=0,rebalance=0,dbdown=0,commitfail=0")
+	require.NotEmpty(t, fs)
+	for _, f := range fs {
+		assert.Equal(t, knownDeadLoop, f.Known, "%s", f)
+	}
+}
+
+// A commit that applied and whose answer was lost counts as the
+// handler's failure; on the last allowed run the message, whose effect
+// committed, is dead-lettered (inbox's
+// TestRunnerLostCommitAnswerIsNotDeadLettered, skipped: a bug of the
+// core). Known while it stands.
+func TestKnownLostCommit(t *testing.T) {
+	fs := knownWorld(t, 8022, "messages=3,dups=0,consumers=3,prefetch=1,steps=110,counting=false,kafka=false,partitions=0,maxdeliveries=2,limit=14,poison=14,flaky=18,killer=18,hanger=0,slow=0,shutdowns=2,crashes=2,expire=1,rebalance=0,dbdown=0,commitfail=63")
+	require.NotEmpty(t, fs)
+	for _, f := range fs {
+		assert.Equal(t, knownLostCommit, f.Known, "%s", f)
+	}
+}
