@@ -28,9 +28,27 @@ func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
 	ctx := context.WithoutCancel(r.Context())
 	rep := h.reporter(r, c)
 	q := m.core.Start()
+	var run *txRun
+	defer func() {
+		// A panic in a callback of the server author's while the run is
+		// open (OnClaim for a new key, ShouldStore) goes on to net/http
+		// like the handler's own: roll back, or the transaction and its
+		// connection are held for as long as the process lives, the key
+		// locked (409 for ever) and the pool one connection short.
+		// Nothing ran, or nothing committed: the key is free again.
+		if run != nil && !run.closed {
+			d := newDBStep(ctx, m.dbTimeout)
+			defer d.done()
+			run.rollback(&d, m.wire)
+		}
+	}()
 	for attempt := 0; ; attempt++ {
 		d := newDBStep(r.Context(), m.dbTimeout)
-		run, found, err := h.claim(&d, c)
+		var (
+			found servercore.Found
+			err   error
+		)
+		run, found, err = h.claim(&d, c)
 		d.done()
 		if attempt == 0 {
 			rep.claimed()
@@ -78,16 +96,25 @@ func sleepJitter(attempt int) {
 func (h *txHandler) runOnce(ctx context.Context, w http.ResponseWriter, r *http.Request, c *txClaim, run *txRun, q *servercore.Request, rep *txReport) (again bool) {
 	r = r.WithContext(context.WithValue(r.Context(), txKeyContext{}, c.TxKey))
 	buf := &txWriter{header: make(http.Header), limit: h.m.maxStored}
-	returned := false
+	returned, planned := false, false
 	defer func() {
-		if !returned {
+		var ev servercore.Handler
+		switch {
+		case !returned:
 			// A panic: the core rolls back (or keeps the key, if the
 			// handler ended the transaction), then the panic goes on to
 			// net/http with nothing answered.
-			run.lent.close()
-			plan := q.Returned(servercore.Handler{Panicked: true, Tx: run.state()})
-			h.settle(ctx, nil, r, c, run, q, plan, buf, rep)
+			ev = servercore.Handler{Panicked: true}
+		case !planned:
+			// The server author's ShouldStore panicked: the same.
+			ev = servercore.Handler{Unjudged: true, Status: buf.finalStatus()}
+		default:
+			return
 		}
+		run.lent.close()
+		ev.Tx = run.state()
+		plan := q.Returned(ev)
+		h.settle(ctx, nil, r, c, run, q, plan, buf, rep)
 	}()
 	herr := h.next.ServeHTTPTx(buf, r, &run.lent)
 	run.lent.close() // nothing more through it, from a goroutine the handler left either
@@ -106,6 +133,7 @@ func (h *txHandler) runOnce(ctx context.Context, w http.ResponseWriter, r *http.
 		ClientGone:    r.Context().Err() != nil,
 		Tx:            run.state(),
 	})
+	planned = true
 	return h.settle(ctx, w, r, c, run, q, plan, buf, rep)
 }
 

@@ -49,6 +49,10 @@ type Handler struct {
 	// ClientGone: the request's context was done when the handler
 	// returned (the client left, a deadline passed).
 	ClientGone bool
+	// Unjudged: the handler returned, but the server author's ShouldStore
+	// panicked on its status (the panic goes on to net/http): whether to
+	// keep the response is unknown.
+	Unjudged bool
 	// Tx is a Transactional handler's transaction.
 	Tx TxState
 
@@ -143,7 +147,10 @@ type Plan struct {
 //     (Transactional), roll back and release, answering 500; if not
 //     (Streamed), keep the key completed, not replayable, since it ran.
 //  7. A status ShouldStore refuses (a 5xx, by default): release; a
-//     Transactional response is sent after the rollback.
+//     Transactional response is sent after the rollback. A ShouldStore
+//     that panicked (Unjudged): a Transactional run rolls back and
+//     releases, as after a panic; a Streamed one ran and its response
+//     went out, so its key is kept completed, not replayable.
 //  8. A Transactional statement that failed (the transaction aborted):
 //     nothing can commit; release, answering 500.
 //  9. Streamed, a body over the limit: it reached the client whole; keep
@@ -183,6 +190,10 @@ func (q *Request) Returned(ev Handler) Plan {
 		}
 	case ev.Hijacked:
 		p.Do = KeepUnreplayable
+	case ev.Unjudged && streamed:
+		p.Do = KeepUnreplayable
+	case ev.Unjudged:
+		p.Do, p.Reason, p.Answer = Release, ReasonPanic, AnswerRolledBack
 	case !q.cfg.shouldStore(ev.Status):
 		p.Do, p.Reason = Release, ReasonNotStored
 		if ev.Status >= 500 {
