@@ -163,7 +163,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, q *servercore.Requ
 			// OnClaim hook did before it ran: the core releases the key
 			// so a retry can run, and the panic goes on unrecovered, with
 			// its original stack, to net/http.
-			f.finish(ctx, servercore.Handler{Panicked: true, Status: rec.status})
+			f.finish(ctx, servercore.Handler{Panicked: true, Status: rec.status, Wrote: rec.wroteHeader, Hijacked: rec.hijacked})
 		case !f.planned:
 			// The server author's ShouldStore panicked after the handler
 			// ran: without this the key stayed claimed, unrenewed, and

@@ -132,7 +132,11 @@ type Plan struct {
 //     not replayable (410), and answer 500 (Marking).
 //  2. A handler that panicked: release (the panic continues). A
 //     Transactional rollback that then finds the transaction ended keeps
-//     the key instead (rule 1).
+//     the key instead (rule 1). A Streamed handler that had written a
+//     status ShouldStore keeps (or hijacked the connection) before it
+//     panicked (a deferred audit log that fails after the answer) ran:
+//     keep its key completed, not replayable, as after a hijack;
+//     released, a retry would run it again.
 //  3. A handler that returned without writing anything while its
 //     request's context was done gave up (its client left, a deadline
 //     passed): release, in every mode, never a stored empty 200 replayed
@@ -165,6 +169,11 @@ func (q *Request) Returned(ev Handler) Plan {
 	switch {
 	case !streamed && ev.Tx == TxIdle:
 		p = Plan{Do: KeepUnreplayable, Status: ev.Status, Answer: AnswerTxEnded}
+	case ev.Panicked && streamed && (ev.Hijacked || ev.Wrote && ev.Status >= 100 && ev.Status <= 999 && q.cfg.shouldStore(ev.Status)):
+		// It answered (or took the connection) before it panicked: its
+		// effect ran, and its answer may have reached the client.
+		// Released, a retry would run it again.
+		p.Do = KeepUnreplayable
 	case ev.Panicked:
 		p.Do, p.Reason, p.Status = Release, ReasonPanic, 0
 		if !streamed {
