@@ -611,6 +611,9 @@ type TxKey struct {
 	// middleware resolved it; empty for a TxKey made by hand, whose
 	// recovery points go to the table the search_path finds.
 	recovery string
+	// request is the request's fingerprint, which its recovery points
+	// are saved under; empty for a TxKey made by hand.
+	request string
 }
 
 type txKeyContext struct{}
@@ -689,9 +692,10 @@ func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	fp := m.fingerprint(r, body)
 	c := &txClaim{
-		TxKey:       TxKey{Key: key, Scope: scope, Token: m.newToken(), recovery: m.recovery},
-		fingerprint: m.fingerprint(r, body),
+		TxKey:       TxKey{Key: key, Scope: scope, Token: m.newToken(), recovery: m.recovery, request: fp},
+		fingerprint: fp,
 		body:        body,
 	}
 	c.row = scopedRowKey(scope, key)
