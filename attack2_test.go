@@ -1,0 +1,105 @@
+package idemhttp
+
+// Issue 31 §3 and issue 33 target 1: a second helper with fresh eyes
+// attacked the client's new fast path (send.go, body.go) and what it
+// touches. Each test here pins one thing it found, and is named after it.
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// setCookiesPanicJar panics in SetCookies, which runs once the answer is
+// in: the request has reached the server by then.
+type setCookiesPanicJar struct{ p *panicOnce }
+
+func (setCookiesPanicJar) Cookies(*url.URL) []*http.Cookie       { return nil }
+func (j setCookiesPanicJar) SetCookies(*url.URL, []*http.Cookie) { j.p.boom() }
+
+// A panic that comes after the attempt was handed to the transport (the
+// caller's CheckRedirect on a POST's 303, the caller's RoundTripper once
+// its inner transport has the answer, the Jar storing the answer's
+// cookies, the Pacer observing the answer) left the call "never sent":
+// the attempt's wire evidence was read only by checkRetry, which the
+// panic skipped, so unwind withdrew the entry of an operation the server
+// had run, and the rerun the caller makes after recovering minted a new
+// key and ran it twice. Checked to fail with unwind not reading the
+// interrupted attempt's wire evidence (the entry was withdrawn and the
+// rerun sent a second key, in every case, both ways).
+func TestAttackPanicAfterTheWireKeepsTheEntry(t *testing.T) {
+	tests := []struct {
+		name  string
+		first step // the server's answer to the panicking call
+		setup func(c *Client, p *panicOnce)
+	}{
+		{"CheckRedirect on a 303", reply(http.StatusSeeOther, "", "Location", "/charges/ch_1"), func(c *Client, p *panicOnce) {
+			c.HTTPClient = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { p.boom(); return nil }}
+		}},
+		{"RoundTripper after the answer", reply(http.StatusCreated, `{"id":"ch_1"}`), func(c *Client, p *panicOnce) {
+			c.HTTPClient = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				resp, err := http.DefaultTransport.RoundTrip(r)
+				if err == nil {
+					defer resp.Body.Close()
+				}
+				p.boom()
+				return resp, err
+			})}
+		}},
+		{"Jar.SetCookies", reply(http.StatusCreated, `{"id":"ch_1"}`, "Set-Cookie", "s=1"), func(c *Client, p *panicOnce) {
+			c.HTTPClient = &http.Client{Jar: setCookiesPanicJar{p}}
+		}},
+		{"Pacer.Observe", reply(http.StatusCreated, `{"id":"ch_1"}`), func(c *Client, p *panicOnce) {
+			c.Policy.Pacer = pacerFunc{observe: func(int, bool) { p.boom() }}
+		}},
+	}
+	for _, tt := range tests {
+		for _, engineFirst := range []bool{false, true} {
+			name := tt.name
+			if engineFirst {
+				name += " engine first"
+			}
+			t.Run(name, func(t *testing.T) {
+				srv := newScripted(t, tt.first, reply(http.StatusOK, `{"id":"ch_1"}`))
+				rec := newRecJournal()
+				p := &panicOnce{}
+				c := &Client{Policy: fast(), Journal: rec}
+				tt.setup(c, p)
+				c.init()
+				c.cfg.engineFirst = engineFirst
+				ctx := WithOperation(context.Background(), "op-panic-wire")
+				got := func() (v any) {
+					defer func() { v = recover() }()
+					resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+					if err == nil {
+						resp.Body.Close()
+					}
+					return nil
+				}()
+				require.Equal(t, errPanicHook, got, "the panic goes on to the caller")
+				require.NotEmpty(t, srv.Hits(), "the request reached the server")
+
+				e, err := rec.Lookup(ctx, "op-panic-wire")
+				require.NoError(t, err, "the entry of an operation the server may have run is kept")
+				assert.Equal(t, StatePending, e.State)
+
+				// The caller's rerun after recovering: same key, never a new one.
+				resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(ctx))
+				if err == nil {
+					resp.Body.Close()
+				}
+				keys := map[string]bool{}
+				for _, h := range srv.Hits() {
+					if h.Method == http.MethodPost {
+						keys[h.Key] = true
+					}
+				}
+				assert.Len(t, keys, 1, "one key for one operation")
+			})
+		}
+	}
+}
