@@ -7,6 +7,7 @@ package idemhttp
 import (
 	"context"
 	"net/http"
+	"net/http/cookiejar"
 	"net/url"
 	"testing"
 
@@ -101,5 +102,31 @@ func TestAttackPanicAfterTheWireKeepsTheEntry(t *testing.T) {
 				assert.Len(t, keys, 1, "one key for one operation")
 			})
 		}
+	}
+}
+
+// A RoundTripper that returns neither a response nor an error is an
+// error for net/http's Client, and for the client without a Jar (send.go
+// says so as http.Client does); with a Jar, attemptTransport stored the
+// nil response's cookies and panicked with a nil dereference, both ways.
+// Checked to fail with the Jar's SetCookies called on a nil response.
+func TestAttackJarWithNilResponseIsAnErrorNotAPanic(t *testing.T) {
+	for _, engineFirst := range []bool{false, true} {
+		jar, err := cookiejar.New(nil)
+		require.NoError(t, err)
+		rec := newRecJournal()
+		c := &Client{Policy: fast(), Journal: rec, HTTPClient: &http.Client{Jar: jar,
+			Transport: roundTripFunc(func(*http.Request) (*http.Response, error) { return nil, nil })}}
+		c.init()
+		c.cfg.engineFirst = engineFirst
+		ctx := WithOperation(context.Background(), "op-nil-resp")
+		var resp *http.Response
+		require.NotPanics(t, func() { resp, err = c.Do(post(t, "http://127.0.0.1:1/charges", chargeBody).WithContext(ctx)) })
+		require.Error(t, err)
+		assert.Nil(t, resp)
+		assert.Contains(t, err.Error(), "nil *Response with a nil error")
+		e, lerr := rec.Lookup(ctx, "op-nil-resp")
+		require.NoError(t, lerr, "a RoundTripper nobody can observe may have sent it")
+		assert.Equal(t, StatePending, e.State)
 	}
 }
