@@ -130,3 +130,46 @@ func TestAttackJarWithNilResponseIsAnErrorNotAPanic(t *testing.T) {
 		assert.Equal(t, StatePending, e.State)
 	}
 }
+
+// hostKeyTransport adds an API key to the requests for its own host, in
+// place, as many hand-written RoundTrippers do (the RoundTripper contract
+// forbids it; net/http's Client copes, as it snapshots a request's header
+// before its first hop).
+type hostKeyTransport struct{ host string }
+
+func (t hostKeyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Host == t.host {
+		r.Header.Set("X-Api-Key", "sk_live_secret")
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// The direct first attempt handed a redirect to http.Client only after
+// the caller's RoundTripper had sent the first hop, so http.Client
+// copied the header the RoundTripper had changed in place onto the next
+// hop: a RoundTripper that adds an API key for its own host only leaked
+// it to the host a redirect named (and one that Adds a header sent it
+// twice). Through the engine, as before send.go, http.Client copies the
+// header as the caller made it. Checked to fail with send handing every
+// RoundTripper's redirect to http.Client after the first hop (the other
+// origin got X-Api-Key).
+func TestAttackRedirectCarriesNoHeaderTheTransportAddedInPlace(t *testing.T) {
+	for _, engineFirst := range []bool{false, true} {
+		other := newScripted(t, reply(http.StatusOK, "elsewhere"))
+		srv := newScripted(t, reply(http.StatusFound, "", "Location", other.URL+"/landing"))
+		u, err := url.Parse(srv.URL)
+		require.NoError(t, err)
+		c := &Client{Policy: fast(), HTTPClient: &http.Client{Transport: hostKeyTransport{host: u.Host}}}
+		c.init()
+		c.cfg.engineFirst = engineFirst
+		req, err := http.NewRequest(http.MethodGet, srv.URL+"/report", nil)
+		require.NoError(t, err)
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Len(t, srv.Hits(), 1)
+		assert.Equal(t, "sk_live_secret", srv.Hits()[0].Header.Get("X-Api-Key"))
+		require.Len(t, other.Hits(), 1, "an unkeyed GET follows the redirect")
+		assert.Empty(t, other.Hits()[0].Header.Get("X-Api-Key"), "engine first %v: the key the transport adds for its own host reached another", engineFirst)
+	}
+}
