@@ -6,13 +6,17 @@ package idemhttp
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idemhttp/idemtrace"
 )
 
 // setCookiesPanicJar panics in SetCookies, which runs once the answer is
@@ -171,5 +175,42 @@ func TestAttackRedirectCarriesNoHeaderTheTransportAddedInPlace(t *testing.T) {
 		assert.Equal(t, "sk_live_secret", srv.Hits()[0].Header.Get("X-Api-Key"))
 		require.Len(t, other.Hits(), 1, "an unkeyed GET follows the redirect")
 		assert.Empty(t, other.Hits()[0].Header.Get("X-Api-Key"), "engine first %v: the key the transport adds for its own host reached another", engineFirst)
+	}
+}
+
+// A call that panics before its streamed body (GetBody, a length unknown
+// or above MaxBodyBytes) was handed to the transport never closes that
+// body: net/http closes a request's body on every path, the client on
+// every path but a panic's (in OnCallStart, PrepareRequest, OnAttempt,
+// Pacer.Wait), so a caller streaming through an io.Pipe, who recovers
+// the panic, has its writer goroutine blocked for good. Both ways alike,
+// and so in the previous release.
+func TestAttackPanicBeforeSendingClosesAStreamedBody(t *testing.T) {
+	t.Skip("bug: unwind does not close a streamed body the panic kept from the transport (a.stream.first, or req.Body before proceed sets it); see the report")
+	srv := newScripted(t, reply(http.StatusCreated, "{}"))
+	pr, pw := io.Pipe()
+	closed := make(chan struct{})
+	go func() {
+		if _, err := pw.Write(make([]byte, 10)); err != nil {
+			close(closed)
+		}
+	}()
+	req, err := http.NewRequest(http.MethodPost, srv.URL, pr)
+	require.NoError(t, err)
+	req.GetBody = func() (io.ReadCloser, error) { return http.NoBody, nil }
+	p := &panicOnce{}
+	c := &Client{Policy: fast(), Hooks: &idemtrace.Hooks{OnAttempt: func(context.Context, idemtrace.AttemptEvent) { p.boom() }}}
+	func() {
+		defer func() { _ = recover() }()
+		resp, err := c.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+	}()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		_ = pr.Close()
+		t.Fatal("the request body was never closed: its writer is blocked")
 	}
 }
