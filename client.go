@@ -272,7 +272,7 @@ func (t attemptTransport) roundTripFor(a *operation, r *http.Request) (*http.Res
 	if a != nil && err == nil {
 		a.lastResp = resp // for unwind: a panic before the call returns it leaves it open
 	}
-	if err == nil && t.jar != nil {
+	if err == nil && resp != nil && t.jar != nil { // nil: send and http.Client say what is wrong
 		if rc := resp.Cookies(); len(rc) > 0 {
 			t.jar.SetCookies(r.URL, rc)
 		}

@@ -544,6 +544,13 @@ func (a *operation) unwind(ctx context.Context) {
 		}
 		a.advance(phaseJournaled) // Begin wrote the entry; its hook panicked
 	case phaseJournaled, phaseAttempting, phaseNotSent, phaseMaybeSent:
+		// The attempt the panic interrupted (in the caller's
+		// RoundTripper, CheckRedirect or Jar, the Pacer's Observe) was
+		// never judged by checkRetry: what its connection saw so far
+		// says whether it may have left, as it would have there.
+		if w := a.wire.take(); !w.notSent(a.cfg.traceable) {
+			a.sawAttempt(true)
+		}
 	default: // a final phase: its outcome is written
 		a.settled = true
 		a.releaseAll()

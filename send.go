@@ -64,7 +64,17 @@ import (
 // it again (operation.replay) and follows on by its own rules. A request
 // http.Client would change before sending (a user name in the URL makes it
 // add Authorization; a nil Header) or refuse (RequestURI set) goes through
-// http.Client whole.
+// http.Client whole, and so does a request of another scheme than http and
+// https (a protocol registered with the Transport).
+//
+// http.Client copies a request's header onto a redirect's next hop as it
+// was before the first hop was sent. A RoundTripper other than net/http's
+// Transport may change the header in place (the RoundTripper contract
+// forbids it; many do, adding an API key for their own host): for one,
+// send keeps a copy of the header as it sends the first hop, and hands
+// http.Client that, so that what the RoundTripper added for one host
+// never follows a redirect to another (net/http's Transport changes
+// nothing, and costs no copy).
 
 // retryEngine is go-retryablehttp's engine and its request, made for a
 // call's first retry.
@@ -165,8 +175,16 @@ func (a *operation) retryEngine(next *http.Request) (*http.Response, error) {
 // would (see the file's comment).
 func (a *operation) send(req *http.Request) (*http.Response, error) {
 	hc := a.cfg.hc
-	if req.URL.User != nil || req.Header == nil || req.RequestURI != "" {
+	if req.URL.User != nil || req.Header == nil || req.RequestURI != "" ||
+		!isHTTP(req.URL.Scheme) && !strings.EqualFold(req.URL.Scheme, "https") {
 		return hc.Do(req)
+	}
+	// The header as the first hop got it, for a redirect's next hop (see
+	// the file's comment): a RoundTripper other than net/http's Transport
+	// may change it in place.
+	var sent http.Header
+	if !a.cfg.traceable {
+		sent = req.Header.Clone()
 	}
 	rt := a.cfg.at
 	resp, err := rt.roundTripFor(a, req)
@@ -189,6 +207,11 @@ func (a *operation) send(req *http.Request) (*http.Response, error) {
 	}
 	switch resp.StatusCode {
 	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
+		if sent != nil {
+			r := *req
+			r.Header = sent
+			req = &r
+		}
 		a.replay = resp
 		resp, err := hc.Do(req)
 		a.replay = nil // taken by its first RoundTrip; never left for another attempt
