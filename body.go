@@ -527,6 +527,18 @@ func (v *verifyingBody) Close() error {
 	return v.src.Close()
 }
 
+// closeIfOpen closes v unless it is closed already (by the transport).
+func (v *verifyingBody) closeIfOpen() {
+	v.mu.Lock()
+	first := !v.isClosed
+	v.isClosed = true
+	v.mu.Unlock()
+	if first {
+		v.ref.closed(v.k)
+		_ = v.src.Close()
+	}
+}
+
 func (v *verifyingBody) closedNow() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()

@@ -485,8 +485,10 @@ func (a *operation) proceed(ctx context.Context, req *http.Request, key string, 
 	body, getBody := parts.body, parts.getBody
 	// closeStreamed closes a body left open to stream (an in-memory one
 	// is closed already) when the call stops before sending it.
+	bodyClosed := false
 	closeStreamed := func() {
-		if getBody != nil {
+		if getBody != nil && !bodyClosed {
+			bodyClosed = true
 			closeBody(req)
 		}
 	}
@@ -494,6 +496,21 @@ func (a *operation) proceed(ctx context.Context, req *http.Request, key string, 
 	// journal's) ends it as any call ends: the slots freed, an entry it
 	// created and never sent withdrawn. The panic goes on.
 	defer a.unwind(ctx)
+	defer func() {
+		if a.settled || getBody == nil || bodyClosed {
+			return // a call that ended: its body is closed or the transport's
+		}
+		// A panic (OnCallStart, PrepareRequest, OnAttempt, Pacer.Wait):
+		// a streamed body is still the call's, or the transport's if it
+		// had it, and net/http closes a request's body on every path:
+		// close it unless the transport did, so that a caller streaming
+		// through an io.Pipe has its writer freed.
+		if st := a.stream; st != nil {
+			st.first.closeIfOpen()
+			return
+		}
+		closeStreamed()
+	}()
 	if keyed {
 		if resp, err, ok := a.open(ctx, req, key, explicit, body.b, rs); !ok {
 			closeStreamed()
