@@ -1,0 +1,113 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idemhttp/contrib/postgres"
+	"github.com/idemkit/idemhttp/idemserver"
+)
+
+// Attacks on TxMiddleware's own statements on the wire (txwire.go), each
+// named after the bug it pins.
+
+// unclosedPool is s.pool for a test that may leave a connection
+// acquired: its cleanup does not wait for the pool to close (pgxpool's
+// Close waits for every acquired connection, for ever).
+func unclosedPool(t *testing.T, s *testSchema, maxConns int32, configure func(*pgxpool.Config)) (pool *pgxpool.Pool, closeWithin func(time.Duration) bool) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(s.url)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = s.name
+	cfg.ConnConfig.RuntimeParams["application_name"] = s.name
+	cfg.MaxConns = maxConns
+	if configure != nil {
+		configure(cfg)
+	}
+	pool, err = pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	return pool, func(d time.Duration) bool {
+		closed := make(chan struct{})
+		go func() { pool.Close(); close(closed) }()
+		select {
+		case <-closed:
+			return true
+		case <-time.After(d):
+			return false
+		}
+	}
+}
+
+// postSafely is post that turns a panic of the handler chain into a
+// failed reply (status 0, the panic in Body), as net/http would drop the
+// connection.
+func postSafely(t *testing.T, h http.Handler, key, body string) (got reply) {
+	t.Helper()
+	defer func() {
+		if p := recover(); p != nil {
+			got = reply{Body: fmt.Sprint("panic: ", p)}
+		}
+	}()
+	req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(body))
+	req.Header.Set("Idempotency-Key", key)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return reply{Status: rec.Code, Replayed: rec.Header().Get(idemserver.ReplayedHeader) == "true", Body: rec.Body.String()}
+}
+
+// TestTxWireReplaysLargeResponse: a stored response larger than the
+// buffer a connection keeps between flights (64 KiB) replays, on the wire
+// as through pgx, and the connection goes back to the pool. On main the
+// wire's run trimmed its buffer of the flight's values before the lookup
+// decoded them: every replay of such a response panicked (index out of
+// range), and the connection it held was never given back, so that a pool
+// of one answered every later request 503 and pgxpool's Close hung.
+// Checked to fail with run's deferred trim of the values restored.
+func TestTxWireReplaysLargeResponse(t *testing.T) {
+	s := newTxSchema(t)
+	for _, traced := range []bool{false, true} {
+		name := map[bool]string{false: "wire", true: "pgx"}[traced]
+		t.Run(name, func(t *testing.T) {
+			pool, closeWithin := unclosedPool(t, s, 1, func(cfg *pgxpool.Config) {
+				if traced {
+					cfg.ConnConfig.Tracer = nopTracer{}
+				}
+			})
+			m, err := postgres.NewTxMiddleware(context.Background(), pool, &postgres.TxOptions{
+				SingleTenant: true, DBTimeout: 3 * time.Second, Logger: discardLogger()})
+			require.NoError(t, err)
+			big := strings.Repeat("b", 100<<10) // over the 64 KiB a connection keeps, under MaxStoredBody
+			h := m.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+				if err := chargeTx(httptest.NewRecorder(), r, tx); err != nil {
+					return err
+				}
+				w.WriteHeader(http.StatusCreated)
+				_, err := w.Write([]byte(big))
+				return err
+			})
+			key := "large-" + name
+			first := postSafely(t, h, key, "x")
+			require.Equal(t, http.StatusCreated, first.Status, first.Body)
+			for range 2 {
+				got := postSafely(t, h, key, "x")
+				assert.Equal(t, http.StatusCreated, got.Status, "%.200s", got.Body)
+				assert.True(t, got.Replayed)
+				assert.Equal(t, len(big), len(got.Body))
+			}
+			assert.Len(t, charges(t, s, key), 1)
+			next := postSafely(t, m.WrapFunc(chargeTx), "large-next-"+name, "x")
+			assert.Equal(t, http.StatusCreated, next.Status, "%.200s", next.Body)
+			assert.True(t, closeWithin(10*time.Second), "a connection was never given back to the pool")
+		})
+	}
+}
