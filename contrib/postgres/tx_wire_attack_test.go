@@ -2,6 +2,8 @@ package postgres_test
 
 import (
 	"context"
+	"database/sql/driver"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -108,6 +110,65 @@ func TestTxWireReplaysLargeResponse(t *testing.T) {
 			next := postSafely(t, m.WrapFunc(chargeTx), "large-next-"+name, "x")
 			assert.Equal(t, http.StatusCreated, next.Status, "%.200s", next.Body)
 			assert.True(t, closeWithin(10*time.Second), "a connection was never given back to the pool")
+		})
+	}
+}
+
+// gatedValue is a statement argument whose encoding waits for its gate:
+// it holds a statement between handlerTx's check that the transaction is
+// open and the statement's send, as a busy machine may.
+type gatedValue struct {
+	value   string
+	entered chan struct{}
+	gate    chan struct{}
+}
+
+func (v gatedValue) Value() (driver.Value, error) {
+	close(v.entered)
+	<-v.gate
+	return v.value, nil
+}
+
+// TestTxLeftGoroutineWritesAfterTheEnd: a statement a goroutine the
+// handler left began through the request's tx just before the handler
+// returned (it passed handlerTx's closed check; its arguments were still
+// being encoded) must not run once the request has ended: not in
+// autocommit on the connection back in the pool, committed though the
+// request rolled back and its client got 500 "nothing was committed",
+// nor inside the next request's transaction on that connection. On both
+// paths it runs, and commits: handlerTx.close does not wait for, or
+// detect, a statement already past its check, and the connection goes
+// back to the pool meanwhile. (Large objects the handler kept have the
+// same window, wider: they work through a pgx transaction closed only as
+// the connection is released, after the commit.)
+func TestTxLeftGoroutineWritesAfterTheEnd(t *testing.T) {
+	t.Skip("bug: handlerTx.close does not stop a statement already past its closed check; it runs after the request ends, in autocommit or in the next request's transaction")
+	s := newTxSchema(t)
+	for _, traced := range []bool{false, true} {
+		name := map[bool]string{false: "wire", true: "pgx"}[traced]
+		t.Run(name, func(t *testing.T) {
+			pool := s.pool(t, 1)
+			if traced {
+				pool = tracedPool(t, s, 1)
+			}
+			m, err := postgres.NewTxMiddleware(context.Background(), pool, &postgres.TxOptions{SingleTenant: true, Logger: discardLogger()})
+			require.NoError(t, err)
+			v := gatedValue{value: "left-" + name, entered: make(chan struct{}), gate: make(chan struct{})}
+			left := make(chan error, 1)
+			h := m.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+				go func() {
+					_, err := tx.Exec(context.Background(), `INSERT INTO a1_charges (idem_key, amount) VALUES ($1, 1)`, v)
+					left <- err
+				}()
+				<-v.entered
+				return errors.New("declined") // rolled back: nothing of the request commits
+			})
+			got := post(t, h, "left-"+name, "x")
+			require.Equal(t, http.StatusInternalServerError, got.Status, got.Body)
+			close(v.gate)
+			err = <-left
+			assert.Error(t, err, "the statement ran after the request ended")
+			assert.Empty(t, charges(t, s, v.value), "a write of the rolled-back request committed")
 		})
 	}
 }
