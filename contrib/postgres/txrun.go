@@ -159,6 +159,9 @@ func (run *txRun) release(d *dbStep, st *wireStmts) {
 		}
 	}
 	run.lent.endLargeObjects(d)
+	if run.w != nil {
+		run.w.trim() // the flights' answers are decoded
+	}
 	run.conn.Release()
 	run.conn = nil
 }

@@ -270,7 +270,7 @@ func (e *wireError) SafeToRetry() bool { return e.safeToRetry }
 // once. It returns an error of the connection (which it closes then);
 // the statements' own errors are in w.res.
 func (w *wireConn) run(cancel context.Context, deadline time.Time) error {
-	defer w.trim()
+	defer w.trimBuf() // the values are still to be decoded: see trim
 	pg := w.pg
 	if pg.IsClosed() || pg.IsBusy() {
 		return &wireError{err: errors.New("connection closed or busy"), safeToRetry: true}
@@ -426,11 +426,21 @@ func (w *wireConn) close() {
 	_ = w.pg.Close(ctx)
 }
 
-// trim drops a buffer grown by a large flight.
-func (w *wireConn) trim() {
+// trimBuf drops a write buffer grown by a large flight, once it is sent.
+func (w *wireConn) trimBuf() {
 	if cap(w.buf) > maxKeptBuffer {
 		w.buf = nil
 	}
+}
+
+// trim drops the buffers grown by a large flight. It is called as the
+// connection goes back to the pool, once the flight's answers are
+// decoded: the results refer into vals, so that dropping it when the
+// flight ended (as run once did) made the decoding of a large row (a
+// replay of a response over 64 KiB) panic, and the connection was never
+// given back (TestTxWireReplaysLargeResponse).
+func (w *wireConn) trim() {
+	w.trimBuf()
 	if cap(w.vals) > maxKeptBuffer {
 		w.vals = nil
 	}
