@@ -249,3 +249,31 @@ func TestStoreClaimReplaysAnExpiredResponse(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, idemserver.InProgress, res.State, "the key runs afresh; its expired response is not replayed")
 }
+
+// TestTxOwnPanicWhileClaimingFreesTheConnection: a panic in the
+// middleware's own code while it holds a pooled connection for the claim
+// (a decoder's bug, as the wire's replay of a large response once was)
+// closed nothing: the connection stayed acquired, each retry took
+// another, and on a one-connection pool every later request answered
+// 503 and pool.Close hung. The claim now closes the connection it holds
+// on a panic; the panic goes on. Checked to fail with claimOnce's
+// deferred close removed (the second request waited for the pool and got
+// 503; the cleanup reported a connection never released).
+func TestTxOwnPanicWhileClaimingFreesTheConnection(t *testing.T) {
+	s := newTxSchema(t)
+	pool := leakablePool(t, s, 1)
+	m, err := postgres.NewTxMiddleware(context.Background(), pool, &postgres.TxOptions{SingleTenant: true, DBTimeout: 2 * time.Second, Logger: discardLogger()})
+	require.NoError(t, err)
+	var armed atomic.Bool
+	armed.Store(true)
+	postgres.SetTxStepHook(m, func(step string) {
+		if step == "claimed" && armed.CompareAndSwap(true, false) {
+			panic("a bug of the middleware's own")
+		}
+	})
+	h := m.WrapFunc(chargeTx)
+	require.Panics(t, func() { post(t, h, "k", "x") })
+	assert.Empty(t, charges(t, s, "k"), "nothing committed")
+	assert.Equal(t, http.StatusCreated, post(t, h, "k", "x").Status, "the key is free and the pool has its connection")
+	assert.Len(t, charges(t, s, "k"), 1)
+}

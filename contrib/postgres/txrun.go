@@ -218,19 +218,37 @@ func (h *txHandler) claimOnce(d *dbStep, c *txClaim) (*txRun, servercore.Found, 
 		locked bool
 		err    error
 	)
+	var held *pgxpool.Conn // the connection, while a panic would strand it
+	defer func() {
+		if held != nil {
+			// A panic in the middleware's own code while it holds the
+			// connection (a bug: a decoder's, say): close it rather than
+			// return it to the pool in a state nobody knows, or leave it
+			// acquired for ever (the pool drained one connection a retry,
+			// pool.Close hung). Closing the session ends its transaction
+			// and frees the key's lock; the panic goes on.
+			_ = held.Conn().Close(context.WithoutCancel(ctx))
+			held.Release()
+		}
+	}()
 	if p, ok := m.db.(acquirer); ok {
 		conn, aerr := p.Acquire(ctx)
 		if aerr != nil {
 			return nil, servercore.Found{}, aerr
 		}
+		held = conn
 		if w := wireFor(conn.Conn()); w != nil && m.wire != nil {
 			run, found, locked, err = h.beginWire(d, c, conn, w)
 		} else {
 			run, found, locked, err = h.beginBatch(ctx, c, conn)
 		}
+		if run == nil {
+			held = nil // released by the begin that failed
+		}
 	} else {
 		run, found, locked, err = h.beginBatch(ctx, c, nil)
 	}
+	h.step("claimed")
 	if err == nil && c != nil && found.State == 0 && !m.lookupApart {
 		// Not claimed: read the key's row in the same transaction, and
 		// roll back in the same round trip. (Only then: a claim that took
@@ -241,6 +259,7 @@ func (h *txHandler) claimOnce(d *dbStep, c *txClaim) (*txRun, servercore.Found, 
 		if run != nil {
 			run.rollback(d, m.wire) // ErrTxClosed if the begin failed
 		}
+		held = nil // given back
 		switch {
 		case c != nil && serializationFailure(err):
 			// Under REPEATABLE READ and SERIALIZABLE the statement's
@@ -260,6 +279,7 @@ func (h *txHandler) claimOnce(d *dbStep, c *txClaim) (*txRun, servercore.Found, 
 		}
 		return nil, found, err
 	}
+	held = nil // the run's now
 	run.lent.timeout = m.dbTimeout
 	return run, servercore.Found{State: servercore.Free}, nil
 }
