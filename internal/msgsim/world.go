@@ -81,16 +81,10 @@ const (
 	// duplicate of the dead-lettered record (one id), it starts from no
 	// failures each time, and the partition never gets past them.
 	knownDeadLoop = "a Kafka record dead-lettered again and again: its offset is committed after the poll, which a later record of the same id kills first"
-	// knownLostCommit: a commit that applied and whose answer was lost
-	// ("outcome unknown; a redelivery is safe") is a failure in the
-	// Runner's eyes; on the last allowed run the core dead-letters the
-	// message, whose effect committed (inbox's
-	// TestRunnerLostCommitAnswerIsNotDeadLettered, skipped).
-	knownLostCommit = "a dead letter decided on a failure whose commit had applied (its answer lost)"
 )
 
 // Known lists the known limits (see the known* constants).
-var Known = []string{knownOverlap, knownZombieDead, knownDeadLoop, knownLostCommit}
+var Known = []string{knownOverlap, knownZombieDead, knownDeadLoop}
 
 // Result is what a seed's run reports.
 type Result struct {
@@ -189,7 +183,6 @@ type world struct {
 	acked     map[string]int
 	dead      map[string]int
 	dlOverlap map[string]bool // a dead letter of the message decided while another run of it was live
-	dlDone    map[string]bool // a dead letter of the message decided when its effect had committed
 	crashes   int
 	faulty    bool
 	tearing   atomic.Bool // the teardown: nothing more is traced (its processes end at once, in any order)
@@ -267,8 +260,8 @@ func newWorld(seed uint64, cfg Config) *world {
 		q:         newQueue(),
 		behaviour: map[string]behaviour{}, dup: map[string]bool{}, pending: map[string]*turnReq{},
 		epoch: map[string]int{}, handled: map[string]int{}, acked: map[string]int{}, dead: map[string]int{},
-		dlOverlap: map[string]bool{}, dlDone: map[string]bool{},
-		stats: map[string]int{},
+		dlOverlap: map[string]bool{},
+		stats:     map[string]int{},
 	}
 	br := rand.New(rand.NewPCG(seed, 3))
 	for i := range cfg.Messages {
@@ -827,7 +820,6 @@ func (w *world) checkBudget(r *runRec, dec inbox.Decision) {
 		n, overlap = w.budget(r), w.overlapping(r)
 	}
 	w.dlOverlap[r.msg] = w.dlOverlap[r.msg] || overlap
-	w.dlDone[r.msg] = w.dlDone[r.msg] || w.db.effects[r.msg] > 0
 	if n < w.cfg.MaxDeliveries {
 		w.failLocked(invBudget, r.msg, "%s (%s) dead-lettered after %d failed runs (or runs that may have failed), the policy allows %d; the core said %d: %v",
 			r.msg, w.behaviour[r.msg], n, w.cfg.MaxDeliveries, dec.Failures, dec.Err)
@@ -1139,8 +1131,6 @@ func (w *world) check() {
 				known = knownOverlap
 			case w.ranAfterDeadLetter(id):
 				known = knownZombieDead
-			case w.dlDone[id]:
-				known = knownLostCommit
 			}
 			w.failKnown(invBoth, id, known, "%s (%s) has its effect and was dead-lettered", id, w.behaviour[id])
 		}
