@@ -72,19 +72,15 @@ const (
 	// knownZombieDead: a Kafka member whose partition was moved
 	// dead-letters a record (the dead-letter topic is not fenced by the
 	// group's generation) and cannot commit it: the new owner runs the
-	// record again, and it may succeed.
+	// record again, and it may succeed. The evidence: a run of the
+	// message began after the dead letter, or the dead letter was sent
+	// by a member that no longer owned the partition (the new owner's run
+	// may begin between the zombie's decision and its dead letter).
 	knownZombieDead = "a record dead-lettered and then delivered again (a Kafka zombie's dead letter, not fenced), whose next run succeeded"
-	// knownDeadLoop: contrib/kafka commits a poll's offsets after the
-	// whole poll; a record dead-lettered early in it is not committed
-	// when a later record kills the member, and the dead letter forgot
-	// the message's ledger record: when the killer is the producer's
-	// duplicate of the dead-lettered record (one id), it starts from no
-	// failures each time, and the partition never gets past them.
-	knownDeadLoop = "a Kafka record dead-lettered again and again: its offset is committed after the poll, which a later record of the same id kills first"
 )
 
 // Known lists the known limits (see the known* constants).
-var Known = []string{knownOverlap, knownZombieDead, knownDeadLoop}
+var Known = []string{knownOverlap, knownZombieDead}
 
 // Result is what a seed's run reports.
 type Result struct {
@@ -183,6 +179,7 @@ type world struct {
 	acked     map[string]int
 	dead      map[string]int
 	dlOverlap map[string]bool // a dead letter of the message decided while another run of it was live
+	dlZombie  map[string]bool // a dead letter of the message sent by a Kafka member that no longer owned its partition
 	crashes   int
 	faulty    bool
 	tearing   atomic.Bool // the teardown: nothing more is traced (its processes end at once, in any order)
@@ -260,8 +257,8 @@ func newWorld(seed uint64, cfg Config) *world {
 		q:         newQueue(),
 		behaviour: map[string]behaviour{}, dup: map[string]bool{}, pending: map[string]*turnReq{},
 		epoch: map[string]int{}, handled: map[string]int{}, acked: map[string]int{}, dead: map[string]int{},
-		dlOverlap: map[string]bool{},
-		stats:     map[string]int{},
+		dlOverlap: map[string]bool{}, dlZombie: map[string]bool{},
+		stats: map[string]int{},
 	}
 	br := rand.New(rand.NewPCG(seed, 3))
 	for i := range cfg.Messages {
@@ -1073,13 +1070,7 @@ func (w *world) run() {
 				break
 			}
 			if step-w.cfg.Steps > maxRecoverySteps || w.now().Sub(recoveryFrom) > maxRecoveryTime {
-				known := ""
-				w.mu.Lock()
-				if w.cfg.Kafka && w.t.deadLooping() {
-					known = knownDeadLoop
-				}
-				w.mu.Unlock()
-				w.failKnown(invLive, "", known, "not settled %v and %d steps after the faults stopped", w.now().Sub(recoveryFrom).Round(time.Second), step-w.cfg.Steps)
+				w.failf(invLive, "", "not settled %v and %d steps after the faults stopped", w.now().Sub(recoveryFrom).Round(time.Second), step-w.cfg.Steps)
 				break
 			}
 		}
@@ -1129,7 +1120,7 @@ func (w *world) check() {
 			switch {
 			case w.dlOverlap[id]:
 				known = knownOverlap
-			case w.ranAfterDeadLetter(id):
+			case w.ranAfterDeadLetter(id) || w.dlZombie[id]:
 				known = knownZombieDead
 			}
 			w.failKnown(invBoth, id, known, "%s (%s) has its effect and was dead-lettered", id, w.behaviour[id])
