@@ -398,8 +398,10 @@ func (st *runState) maybeRedelivered(tp topicPartition, offset int64, window int
 // destination, and returns ctx's error, [kgo.ErrClientClosed], or an error
 // wrapping [inbox.ErrNoMessageID] that names the record. Records of one
 // partition are processed one at a time, in order; the offsets of a
-// poll's processed records are committed before the next poll. A
-// partition whose record failed pauses, alone, for the retry delay.
+// poll's processed records are committed before the next poll, and a
+// dead-lettered record's at once, before the next record of its
+// partition runs. A partition whose record failed pauses, alone, for the
+// retry delay.
 func (c *Consumer) Run(ctx context.Context) error {
 	st := &runState{runner: c.runner(), resume: make(map[topicPartition]time.Time),
 		next: make(map[topicPartition]int64), window: make(map[topicPartition]int64)}
