@@ -35,7 +35,8 @@ const (
 	StateChecking
 	// StateRunning: the handler runs.
 	StateRunning
-	// StateFailing: the handler failed; the failure is being counted.
+	// StateFailing: the handler failed; the failure is being counted,
+	// unless the ledger's answer says the message is processed.
 	StateFailing
 	// StateReleasing: the handler passed its processing limit; the
 	// failure is being counted, then the message goes back at once.
@@ -110,10 +111,14 @@ const (
 	// in is counted; its answer is the record as it was before. When the
 	// message is already processed, it writes nothing and says so.
 	OpBegin
-	// OpFail: a run that had no OpBegin failed: Failures + 1.
+	// OpFail: a run that had no OpBegin failed: Failures + 1. When the
+	// message is processed (its effect committed, though the handler
+	// failed: a commit whose answer was lost), it writes nothing and says
+	// so, as OpBegin does.
 	OpFail
 	// OpFailBegun: a run that had an OpBegin failed: Failures + 1 and
-	// Running - 1. The answer is the record after it.
+	// Running - 1. The answer is the record after it. When the message is
+	// processed, it writes nothing and says so, as OpFail does.
 	OpFailBegun
 	// OpExcuse: a run that had an OpBegin ended without counting (a
 	// shutdown): Running - 1.
@@ -244,7 +249,9 @@ type Ending struct {
 // Record is what a [Ledger] durably knows of one message.
 type Record struct {
 	// Processed is true when the inbox holds the message's id: its effect
-	// committed. A ledger that cannot tell says false.
+	// committed. The answers to OpBegin, OpFail and OpFailBegun say it
+	// (and then nothing was written); a ledger that cannot tell
+	// ([MemoryLedger]) says false.
 	Processed bool
 	// Failures counts the handler runs that failed: returned an error, or
 	// passed the processing limit.
@@ -420,6 +427,14 @@ func (d *Delivery) Recorded(rec Record, err error) Decision {
 			// would have had, uncounted.
 			return d.settle(StateDeferred, Decision{Verb: VerbRequeue, Delay: d.policy.Retry.After(d.rec.failed() + 1), Err: d.cause})
 		}
+		if rec.Processed {
+			// The handler failed, yet its effect committed: a commit
+			// whose answer was lost ("outcome unknown"), or another
+			// delivery of the message that committed meanwhile. Done:
+			// acked and forgotten, never requeued or dead-lettered (a
+			// dead letter replayed would run the effect again).
+			return d.closeThen(OpForget, StateAcked, Decision{Verb: VerbAck})
+		}
 		n := rec.failed()
 		if d.exhausted(n) {
 			return d.closeThen(OpForget, StateDeadLettered, Decision{Verb: VerbDeadLetter, Err: d.cause, Failures: n, Report: true})
@@ -428,8 +443,10 @@ func (d *Delivery) Recorded(rec Record, err error) Decision {
 		return d.settle(StateRetrying, Decision{Verb: VerbRequeue, Delay: d.policy.Retry.After(max(n, 1)), Err: d.cause,
 			Failures: n, Report: !limited && n >= DefaultMaxDeliveries})
 	case StateReleasing:
-		// Counted, or not when the ledger failed: back at once either
-		// way, so that another consumer gets it.
+		// Counted, or not when the ledger failed or the message is
+		// processed (its redelivery then is a duplicate, acked): back at
+		// once either way, so that another consumer gets it. Not acked
+		// here: the handler still runs.
 		n := 0
 		if err == nil {
 			n = rec.failed()

@@ -99,7 +99,8 @@ var (
 // message (no ack); Returned counting a shutdown's error (OpFail written,
 // StateFailing); Exhausted compared to Failures alone (the crash cases
 // run again); LimitPassed releasing before the count (VerbRelease with no
-// write).
+// write); Recorded in StateFailing ignoring Record.Processed (the
+// processed message requeued, or dead-lettered on its last run).
 func TestCoreTransitions(t *testing.T) {
 	retry := Retry{Delay: time.Second, MaxDelay: time.Minute, MaxDeliveries: 3}
 	p := Policy{Retry: retry}
@@ -188,6 +189,24 @@ func TestCoreTransitions(t *testing.T) {
 			states:  []State{StateReceived, StateChecking, StateRunning, StateFailing, StateClosing, StateDeadLettered},
 		},
 		{
+			name:    "a failure of a processed message (its commit applied, the answer lost): acked, forgotten",
+			arrival: Arrival{HasID: true},
+			answers: []answer{{rec: Record{Processed: true}}, {}},
+			ending:  Ending{Err: errBoom},
+			want:    Decision{Verb: VerbAck},
+			writes:  []Op{OpFail, OpForget},
+			states:  []State{StateReceived, StateRunning, StateFailing, StateClosing, StateAcked},
+		},
+		{
+			name:    "the last allowed run of a redelivery fails after its effect committed: acked, never dead-lettered",
+			arrival: Arrival{HasID: true, MaybeRedelivered: true},
+			answers: []answer{{rec: Record{Failures: 2}}, {rec: Record{Processed: true}}, {}},
+			ending:  Ending{Err: errBoom},
+			want:    Decision{Verb: VerbAck},
+			writes:  []Op{OpBegin, OpFailBegun, OpForget},
+			states:  []State{StateReceived, StateChecking, StateRunning, StateFailing, StateClosing, StateAcked},
+		},
+		{
 			name:    "a failure the ledger cannot count: back after a delay, uncounted",
 			arrival: Arrival{HasID: true},
 			answers: []answer{{err: errDBDown}},
@@ -231,6 +250,15 @@ func TestCoreTransitions(t *testing.T) {
 			answers: []answer{{rec: Record{Failures: 1}}},
 			limit:   true,
 			want:    Decision{Verb: VerbRelease, Failures: 1, Err: errLimit},
+			writes:  []Op{OpFail},
+			states:  []State{StateReceived, StateRunning, StateReleasing, StateReleased},
+		},
+		{
+			name:    "past the limit, the message processed: released uncounted (its redelivery is a duplicate)",
+			arrival: Arrival{HasID: true},
+			answers: []answer{{rec: Record{Processed: true}}},
+			limit:   true,
+			want:    Decision{Verb: VerbRelease, Err: errLimit},
 			writes:  []Op{OpFail},
 			states:  []State{StateReceived, StateRunning, StateReleasing, StateReleased},
 		},

@@ -28,7 +28,6 @@ type partition struct {
 	owner     *proc
 	gen       int
 	dead      map[int]bool // offsets dead-lettered
-	deadTimes map[int]int  // how often each offset was dead-lettered
 }
 
 // kstate is a member's fetch position in a partition it owns.
@@ -47,7 +46,7 @@ type krec struct {
 func newTopic(n int) *topic {
 	t := &topic{}
 	for range n {
-		t.parts = append(t.parts, &partition{dead: map[int]bool{}, deadTimes: map[int]int{}})
+		t.parts = append(t.parts, &partition{dead: map[int]bool{}})
 	}
 	return t
 }
@@ -181,8 +180,8 @@ func (w *world) rebalance() bool {
 // Run: poll, run each record through the Runner in order per partition
 // (a record to requeue is sought back, its partition paused for the
 // delay, and what follows it in the poll left to be fetched again; a
-// dead-lettered record goes to the dead-letter topic), then commit the
-// offsets of what was settled.
+// dead-lettered record goes to the dead-letter topic, and its offset is
+// committed at once), then commit the offsets of what was settled.
 func (p *proc) kafkaLoop() {
 	w := p.w
 	next := map[int]int{}   // per partition, the offset after the last settled (the adapter's st.next)
@@ -214,9 +213,17 @@ func (p *proc) kafkaLoop() {
 			}
 			maybe := rec.off < window[rec.part]+w.cfg.Prefetch
 			switch p.kdeliver(rec, maybe) {
-			case inbox.VerbAck, inbox.VerbDeadLetter:
+			case inbox.VerbAck:
 				last[rec.part] = rec
 				next[rec.part] = rec.off + 1
+			case inbox.VerbDeadLetter:
+				// contrib/kafka's commitDead: the dead letter's offset
+				// is committed before the partition goes on (its ledger
+				// record is forgotten: delivered again, it would start
+				// afresh).
+				last[rec.part] = rec
+				next[rec.part] = rec.off + 1
+				p.kcommit(map[int]krec{rec.part: rec})
 			default:
 				stopped[rec.part] = true
 			}
@@ -247,8 +254,10 @@ func (p *proc) kdeliver(rec krec, maybe bool) inbox.Verb {
 	part := w.t.parts[rec.part]
 	if dec.Verb == inbox.VerbDeadLetter {
 		w.checkBudget(r, dec)
+		if ks := w.t.owns(p, rec.part); ks == nil || ks.gen != rec.gen {
+			w.dlZombie[rec.id] = true // not fenced: see knownZombieDead
+		}
 		part.dead[rec.off] = true
-		part.deadTimes[rec.off]++
 		w.dead[rec.id]++
 		w.logf("%s dead-letters %s (partition %d, offset %d; %d failed runs: %v)", p.name, rec.id, rec.part, rec.off, dec.Failures, dec.Err)
 		return dec.Verb
@@ -298,17 +307,4 @@ func (p *proc) kcommit(last map[int]krec) {
 		}
 		w.logf("%s commits partition %d at offset %d", p.name, i, part.committed)
 	}
-}
-
-// deadLooping reports whether some record was dead-lettered three times
-// or more: its dead letter is never committed (see knownDeadLoop).
-func (t *topic) deadLooping() bool {
-	for _, p := range t.parts {
-		for _, n := range p.deadTimes {
-			if n >= 3 {
-				return true
-			}
-		}
-	}
-	return false
 }

@@ -72,25 +72,15 @@ const (
 	// knownZombieDead: a Kafka member whose partition was moved
 	// dead-letters a record (the dead-letter topic is not fenced by the
 	// group's generation) and cannot commit it: the new owner runs the
-	// record again, and it may succeed.
+	// record again, and it may succeed. The evidence: a run of the
+	// message began after the dead letter, or the dead letter was sent
+	// by a member that no longer owned the partition (the new owner's run
+	// may begin between the zombie's decision and its dead letter).
 	knownZombieDead = "a record dead-lettered and then delivered again (a Kafka zombie's dead letter, not fenced), whose next run succeeded"
-	// knownDeadLoop: contrib/kafka commits a poll's offsets after the
-	// whole poll; a record dead-lettered early in it is not committed
-	// when a later record kills the member, and the dead letter forgot
-	// the message's ledger record: when the killer is the producer's
-	// duplicate of the dead-lettered record (one id), it starts from no
-	// failures each time, and the partition never gets past them.
-	knownDeadLoop = "a Kafka record dead-lettered again and again: its offset is committed after the poll, which a later record of the same id kills first"
-	// knownLostCommit: a commit that applied and whose answer was lost
-	// ("outcome unknown; a redelivery is safe") is a failure in the
-	// Runner's eyes; on the last allowed run the core dead-letters the
-	// message, whose effect committed (inbox's
-	// TestRunnerLostCommitAnswerIsNotDeadLettered, skipped).
-	knownLostCommit = "a dead letter decided on a failure whose commit had applied (its answer lost)"
 )
 
 // Known lists the known limits (see the known* constants).
-var Known = []string{knownOverlap, knownZombieDead, knownDeadLoop, knownLostCommit}
+var Known = []string{knownOverlap, knownZombieDead}
 
 // Result is what a seed's run reports.
 type Result struct {
@@ -189,7 +179,7 @@ type world struct {
 	acked     map[string]int
 	dead      map[string]int
 	dlOverlap map[string]bool // a dead letter of the message decided while another run of it was live
-	dlDone    map[string]bool // a dead letter of the message decided when its effect had committed
+	dlZombie  map[string]bool // a dead letter of the message sent by a Kafka member that no longer owned its partition
 	crashes   int
 	faulty    bool
 	tearing   atomic.Bool // the teardown: nothing more is traced (its processes end at once, in any order)
@@ -267,7 +257,7 @@ func newWorld(seed uint64, cfg Config) *world {
 		q:         newQueue(),
 		behaviour: map[string]behaviour{}, dup: map[string]bool{}, pending: map[string]*turnReq{},
 		epoch: map[string]int{}, handled: map[string]int{}, acked: map[string]int{}, dead: map[string]int{},
-		dlOverlap: map[string]bool{}, dlDone: map[string]bool{},
+		dlOverlap: map[string]bool{}, dlZombie: map[string]bool{},
 		stats: map[string]int{},
 	}
 	br := rand.New(rand.NewPCG(seed, 3))
@@ -827,7 +817,6 @@ func (w *world) checkBudget(r *runRec, dec inbox.Decision) {
 		n, overlap = w.budget(r), w.overlapping(r)
 	}
 	w.dlOverlap[r.msg] = w.dlOverlap[r.msg] || overlap
-	w.dlDone[r.msg] = w.dlDone[r.msg] || w.db.effects[r.msg] > 0
 	if n < w.cfg.MaxDeliveries {
 		w.failLocked(invBudget, r.msg, "%s (%s) dead-lettered after %d failed runs (or runs that may have failed), the policy allows %d; the core said %d: %v",
 			r.msg, w.behaviour[r.msg], n, w.cfg.MaxDeliveries, dec.Failures, dec.Err)
@@ -1081,13 +1070,7 @@ func (w *world) run() {
 				break
 			}
 			if step-w.cfg.Steps > maxRecoverySteps || w.now().Sub(recoveryFrom) > maxRecoveryTime {
-				known := ""
-				w.mu.Lock()
-				if w.cfg.Kafka && w.t.deadLooping() {
-					known = knownDeadLoop
-				}
-				w.mu.Unlock()
-				w.failKnown(invLive, "", known, "not settled %v and %d steps after the faults stopped", w.now().Sub(recoveryFrom).Round(time.Second), step-w.cfg.Steps)
+				w.failf(invLive, "", "not settled %v and %d steps after the faults stopped", w.now().Sub(recoveryFrom).Round(time.Second), step-w.cfg.Steps)
 				break
 			}
 		}
@@ -1137,10 +1120,8 @@ func (w *world) check() {
 			switch {
 			case w.dlOverlap[id]:
 				known = knownOverlap
-			case w.ranAfterDeadLetter(id):
+			case w.ranAfterDeadLetter(id) || w.dlZombie[id]:
 				known = knownZombieDead
-			case w.dlDone[id]:
-				known = knownLostCommit
 			}
 			w.failKnown(invBoth, id, known, "%s (%s) has its effect and was dead-lettered", id, w.behaviour[id])
 		}
