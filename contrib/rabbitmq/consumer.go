@@ -209,7 +209,7 @@ func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel, h inbox.Handler) e
 	if err := ch.Qos(prefetch, 0, false); err != nil {
 		return fmt.Errorf("rabbitmq: set prefetch: %w", closeErr(closed, err))
 	}
-	r := &run{c: c, ch: ch, runner: c.runner(h)}
+	r := &run{c: c, ch: ch, runner: c.runner(h), maxHeld: max(prefetch, DefaultPrefetch)}
 	defer r.stopTimer()
 	if err := r.subscribe(); err != nil {
 		return fmt.Errorf("rabbitmq: consume %q: %w", c.Queue, closeErr(closed, err))
@@ -235,6 +235,15 @@ func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel, h inbox.Handler) e
 				}
 				if ch.IsClosed() {
 					return ErrChannelClosed
+				}
+				if r.cancelled {
+					// Run cancelled it to hold a delivery outside the
+					// prefetch (see hold), and has handled all it had
+					// sent ahead: take deliveries again.
+					if err := r.subscribe(); err != nil {
+						return fmt.Errorf("rabbitmq: consume %q again: %w", c.Queue, closeErr(closed, err))
+					}
+					continue
 				}
 				return fmt.Errorf("%w (queue %q)", ErrConsumerCancelled, c.Queue)
 			}
@@ -263,16 +272,18 @@ func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel, h inbox.Handler) e
 	}
 }
 
-// run is the state of one Run: the deliveries waiting out a retry delay
-// (at most the prefetch count), and those to requeue at the end.
+// run is the state of one Run: its subscription, the deliveries waiting
+// out a retry delay, and those to requeue at the end.
 type run struct {
-	c      *Consumer
-	ch     *amqp.Channel
-	runner *inbox.Runner
+	c       *Consumer
+	ch      *amqp.Channel
+	runner  *inbox.Runner
+	maxHeld int // the held deliveries whose slots Run frees (see hold)
 
 	tag        string               // of the current subscription
 	deliveries <-chan amqp.Delivery // of the current subscription
 	released   bool                 // the last handler passed its limit: the subscription is cancelled
+	cancelled  bool                 // the subscription is cancelled to free a held delivery's slot
 
 	returning []*amqp.Delivery // to requeue once the subscription is cancelled
 	parked    []parked
@@ -291,12 +302,15 @@ type parked struct {
 // point where it can account for every delivery sent ahead.
 func (r *run) subscribe() error {
 	r.tag = r.c.Tag
-	if r.tag == "" || r.released {
-		// A tag of its own for a second subscription: the broker may not
-		// have forgotten the first one's yet.
+	if r.tag == "" || r.released || r.cancelled {
+		// A tag of its own for a second subscription: a quorum queue
+		// keeps a cancelled consumer, under its tag, for as long as
+		// deliveries it sent are unacknowledged (the held ones), and a
+		// consumer of the same tag would take it over, with those
+		// deliveries counted against its prefetch.
 		r.tag = uniqueTag()
 	}
-	r.released = false
+	r.released, r.cancelled = false, false
 	d, err := r.ch.Consume(r.c.Queue, r.tag, false, false, false, false, nil)
 	if err != nil {
 		return err
@@ -338,8 +352,7 @@ func (r *run) handle(ctx context.Context, d *amqp.Delivery) error {
 			r.returning = append(r.returning, d)
 			return nil
 		}
-		r.park(d, time.Now().Add(dec.Delay))
-		return nil
+		return r.hold(d, time.Now().Add(dec.Delay))
 	case inbox.VerbDeadLetter:
 		if err := d.Reject(false); err != nil {
 			return channelClosed(err)
@@ -383,10 +396,52 @@ func (r *run) release(d *amqp.Delivery) {
 	}
 }
 
-// park holds d until due.
-func (r *run) park(d *amqp.Delivery, due time.Time) {
+// hold keeps d, unacknowledged, until due, without letting it take the
+// slot of a delivery Run could handle meanwhile.
+//
+// The broker counts an unacknowledged delivery against the prefetch of
+// the subscription it came from until it is settled, so a held one takes
+// a slot: with Prefetch 1, or as many failing messages as the prefetch,
+// nothing more came while they were held, and a classic queue put a
+// requeued one back at its head, to be delivered again at once, so the
+// messages behind it waited for as long as it failed. Raising the
+// channel's QoS instead does not work: RabbitMQ applies a per-consumer
+// prefetch (basic.qos without global) to the consumers subscribed after
+// it only, and quorum queues refuse a consumer on a channel with a
+// global one. So hold cancels the subscription: Run handles the
+// deliveries it had sent ahead (none is handed back, which a quorum queue
+// would count), then subscribes again, with a prefetch of its own that no
+// held delivery takes. The held one is settled later on the same channel
+// (requeued when due, or at shutdown), as any delivery of a cancelled
+// consumer may be.
+//
+// Held deliveries are bounded: hold frees the slots of at most r.maxHeld
+// of them (Prefetch, and at least DefaultPrefetch). A delivery that fails
+// while more are held stays in a slot of the current subscription, which
+// then takes one delivery fewer ahead: a flood of failing messages stops
+// the consumer only when they fill the subscription's slots too, until
+// the earliest delay ends. So Run never has more than maxHeld plus twice
+// the prefetch deliveries unacknowledged (those that fail while a
+// cancelled subscription's deliveries are handled are held outside it
+// too).
+func (r *run) hold(d *amqp.Delivery, due time.Time) error {
 	r.parked = append(r.parked, parked{d: d, due: due})
 	r.resetTimer()
+	if r.cancelled {
+		// d came from the cancelled subscription: it takes no slot of a
+		// live one.
+		return nil
+	}
+	if len(r.parked) > r.maxHeld {
+		r.c.logger().Warn("rabbitmq: more failed deliveries held than Run keeps outside its prefetch; this one takes a slot until its delay ends",
+			slog.String("queue", r.c.Queue), slog.Int("held", len(r.parked)), slog.Int("max_held", r.maxHeld))
+		return nil
+	}
+	if err := r.ch.Cancel(r.tag, false); err != nil {
+		return channelClosed(err)
+	}
+	r.cancelled = true
+	return nil
 }
 
 // requeueDue requeues the parked deliveries whose delay has passed.
