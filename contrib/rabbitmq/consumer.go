@@ -88,15 +88,18 @@ const (
 type Consumer struct {
 	// Queue is the queue to consume. Required.
 	Queue string
-	// Tag is the consumer tag. Empty means a unique tag chosen by the
-	// client library.
+	// Tag is the consumer tag of Run's first subscription. Run subscribes
+	// again, under a unique tag, after it holds a failed delivery (see
+	// Retry) or hands a delivery back at the processing limit. Empty
+	// means a unique tag from the start.
 	Tag string
 	// Prefetch is the channel's QoS prefetch count: how many
 	// unacknowledged deliveries the broker sends ahead of the handler.
 	// Zero means [DefaultPrefetch]; AMQP's own zero ("unlimited") is not
 	// offered, as it lets one consumer take a whole backlog that other
 	// consumers could be working on. A delivery waiting out its retry
-	// delay counts against it.
+	// delay does not count against it (see Retry), up to Prefetch (at
+	// least DefaultPrefetch) such deliveries.
 	Prefetch int
 	// IDHeader names the header that holds the message id (a string or
 	// bytes value). Empty means the message-id property.
@@ -115,10 +118,15 @@ type Consumer struct {
 	// value is [inbox.Retry]'s default: 1 s doubling to 5 min, 5 runs.
 	// RabbitMQ has no delayed requeue: Run holds the failed delivery,
 	// unacknowledged, for the delay, then requeues it (nack), and goes on
-	// with other deliveries meanwhile. On the last allowed failure it
-	// rejects it without requeue, which dead-letters it to the queue's
-	// dead-letter exchange (declare one: x-dead-letter-exchange), and
-	// reports it ([Consumer.OnDeadLetter] and a log line).
+	// with other deliveries meanwhile, as many as Prefetch allows: to keep
+	// the held delivery from taking a prefetch slot, Run moves to a new
+	// subscription (see Held deliveries and the prefetch in the package
+	// documentation). Past Prefetch (at least DefaultPrefetch) held
+	// deliveries, a failed one keeps its slot for its delay, with a
+	// warning. On the last allowed failure Run rejects the delivery
+	// without requeue, which dead-letters it to the queue's dead-letter
+	// exchange (declare one: x-dead-letter-exchange), and reports it
+	// ([Consumer.OnDeadLetter] and a log line).
 	//
 	// Failed runs are counted by [Consumer.Ledger], never by the queue: a
 	// quorum queue's x-delivery-count also counts the deliveries that a
@@ -182,8 +190,9 @@ type Consumer struct {
 // returns an error wrapping [ErrChannelClosed], [ErrConsumerCancelled] or
 // [inbox.ErrNoMessageID]; a failed ack, nack or reject ends Run too, as it
 // means the channel is gone. Run sets the channel's QoS, registers one
-// consumer on it, uses the channel alone while it runs, and does not close
-// it. No goroutine of Run's outlives it.
+// consumer at a time on it (it subscribes again after holding a failed
+// delivery or passing the processing limit), uses the channel alone while
+// it runs, and does not close it. No goroutine of Run's outlives it.
 //
 // Use a connection without the client library's automatic recovery
 // ([amqp.Config].Recovery nil, the default): a recovered channel numbers
