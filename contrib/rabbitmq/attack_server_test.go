@@ -31,15 +31,21 @@ import (
 // the poison waits out its delay, a minute here: on either queue type,
 // the healthy one runs well before the poison's first delay ends.
 // Checked to fail, on both queue types, with hold keeping the
-// subscription (no cancel), which was the bug.
+// subscription (no cancel), which was the bug; and, on a quorum queue
+// with a Tag of the caller's, with Run subscribing again under that tag
+// (the queue takes the new consumer for the cancelled one, held delivery
+// and all).
 func TestHeldPoisonStallsTheConsumer(t *testing.T) {
-	for _, queueType := range []string{"classic", "quorum"} {
-		t.Run(queueType, func(t *testing.T) {
+	for _, tc := range []struct{ queueType, tag string }{
+		{"classic", ""}, {"quorum", ""}, {"classic", "orders-worker"}, {"quorum", "orders-worker"},
+	} {
+		queueType := tc.queueType
+		t.Run(queueType+"/tag="+tc.tag, func(t *testing.T) {
 			conn := dial(t)
 			queue := newQueue(t, conn, amqp.Table{"x-queue-type": queueType})
 			publish(t, conn, queue, amqp.Publishing{MessageId: "poison", Body: []byte("bad")}, amqp.Publishing{MessageId: "ok-1"})
 			poison := &testenv.PoisonHandler{Poison: "poison"}
-			c := &rabbitmq.Consumer{Queue: queue, Prefetch: 1, Logger: slog.New(slog.DiscardHandler),
+			c := &rabbitmq.Consumer{Queue: queue, Tag: tc.tag, Prefetch: 1, Logger: slog.New(slog.DiscardHandler),
 				Retry: inbox.Retry{Delay: time.Minute, MaxDelay: time.Minute, MaxDeliveries: -1}}
 			errc, cancel := runAsync(t, conn, c, poison.Handle)
 			ran := assert.Eventually(t, func() bool { return len(poison.Order()) == 2 }, 20*time.Second, 10*time.Millisecond,
