@@ -21,7 +21,9 @@ import (
 // The core holds no driver, clock or goroutine. A shell ([Runner], or the
 // simulator's loop) makes the ledger write each [Decision] asks for,
 // reports its answer with [Delivery.Recorded], runs the handler when told,
-// and finally maps the decision's [Verb] onto its broker's verbs.
+// and finally maps the decision's [Verb] onto its broker's verbs; after a
+// dead letter it says how that went ([Delivery.DeadLettered]), and only
+// then is the message's record forgotten.
 // docs/consumer.md draws the states and their transitions.
 
 // State is where one delivery stands in the message core.
