@@ -21,7 +21,9 @@ import (
 // The core holds no driver, clock or goroutine. A shell ([Runner], or the
 // simulator's loop) makes the ledger write each [Decision] asks for,
 // reports its answer with [Delivery.Recorded], runs the handler when told,
-// and finally maps the decision's [Verb] onto its broker's verbs.
+// and finally maps the decision's [Verb] onto its broker's verbs; after a
+// dead letter it says how that went ([Delivery.DeadLettered]), and only
+// then is the message's record forgotten.
 // docs/consumer.md draws the states and their transitions.
 
 // State is where one delivery stands in the message core.
@@ -42,8 +44,17 @@ const (
 	// failure is being counted, then the message goes back at once.
 	StateReleasing
 	// StateClosing: the ledger's record is being closed (OpForget,
-	// OpExcuse) before the final verb, which does not depend on it.
+	// OpExcuse) before the final verb, which does not depend on it; or,
+	// after a dead letter the shell reported done, before the delivery
+	// settles as dead-lettered.
 	StateClosing
+	// StateDeadLettering: the core decided VerbDeadLetter; the shell gives
+	// the message to the dead-letter destination and reports how that
+	// went ([Delivery.DeadLettered]). The message's ledger record, with
+	// its count, is kept until the dead letter is done: a dead letter
+	// that fails (or a crash before it) leaves a message that comes back
+	// exhausted and is dead-lettered on arrival, without running again.
+	StateDeadLettering
 
 	// StateAcked (final): settled as done. The effect committed, or the
 	// message was a duplicate.
@@ -67,10 +78,17 @@ const (
 	// StateStopped (final): no id, and the policy stops the consumer; the
 	// message is handed back.
 	StateStopped
+	// StateDeadLetterFailed (final): the dead letter failed (the shell
+	// said so); the message is handed back after a delay, its ledger
+	// record kept, so that it is dead-lettered on its next arrival
+	// without running.
+	StateDeadLetterFailed
+
+	stateCount = iota
 )
 
-var stateNames = [...]string{"received", "checking", "running", "failing", "releasing", "closing",
-	"acked", "retrying", "deferred", "handed-back", "released", "dead-lettered", "stopped"}
+var stateNames = [stateCount]string{"received", "checking", "running", "failing", "releasing", "closing", "dead-lettering",
+	"acked", "retrying", "deferred", "handed-back", "released", "dead-lettered", "stopped", "dead-letter-failed"}
 
 // String returns the state's name, as docs/consumer.md spells it.
 func (s State) String() string {
@@ -87,13 +105,14 @@ func (s State) Final() bool { return s >= StateAcked }
 // moves is the core's table: the only moves it makes. A move it is asked
 // to make that is not here is refused (see [Delivery]): an ack after a
 // failure, a dead letter after a shutdown, anything out of a final state.
-var moves = [StateStopped + 1][]State{
-	StateReceived:  {StateChecking, StateRunning, StateHandedBack, StateDeadLettered, StateStopped},
-	StateChecking:  {StateRunning, StateAcked, StateClosing, StateDeferred},
-	StateRunning:   {StateAcked, StateClosing, StateHandedBack, StateFailing, StateReleasing},
-	StateFailing:   {StateRetrying, StateClosing, StateDeferred},
-	StateReleasing: {StateReleased},
-	StateClosing:   {StateAcked, StateHandedBack, StateDeadLettered},
+var moves = [stateCount][]State{
+	StateReceived:      {StateChecking, StateRunning, StateHandedBack, StateDeadLettering, StateStopped},
+	StateChecking:      {StateRunning, StateAcked, StateDeadLettering, StateDeferred},
+	StateRunning:       {StateAcked, StateClosing, StateHandedBack, StateFailing, StateReleasing},
+	StateFailing:       {StateRetrying, StateClosing, StateDeadLettering, StateDeferred},
+	StateReleasing:     {StateReleased},
+	StateDeadLettering: {StateClosing, StateDeadLettered, StateDeadLetterFailed},
+	StateClosing:       {StateAcked, StateHandedBack, StateDeadLettered},
 }
 
 // coreBug, when set (by tests), is told of every move the table refused:
@@ -123,8 +142,8 @@ const (
 	// OpExcuse: a run that had an OpBegin ended without counting (a
 	// shutdown): Running - 1.
 	OpExcuse
-	// OpForget: the message is settled for good (done or dead-lettered):
-	// its record goes.
+	// OpForget: the message is settled for good (done, or dead-lettered
+	// and the shell said the dead letter is done): its record goes.
 	OpForget
 )
 
@@ -159,7 +178,9 @@ const (
 	// zero). After it, the delivery is spent: never ack it.
 	VerbRelease
 	// VerbDeadLetter: give the message to the broker's dead-letter
-	// destination, and report it when [Decision.Report] says so.
+	// destination, report it when [Decision.Report] says so, and tell
+	// the core how the dead letter went ([Runner.DeadLettered]): its
+	// ledger record goes only once it is done.
 	VerbDeadLetter
 	// VerbStop: hand the message back and stop the consumer with
 	// [Decision.Err].
@@ -294,6 +315,7 @@ type Delivery struct {
 	pending Op     // the write whose answer Recorded awaits
 	then    Decision
 	thenSt  State // where StateClosing ends, with then
+	forget  bool  // StateDeadLettering: the message has a ledger record
 	refused []Move
 }
 
@@ -357,7 +379,9 @@ func (d *Delivery) settle(s State, dec Decision) Decision {
 
 // closeThen writes op (OpForget or OpExcuse) and then, whatever the
 // ledger answers, settles in s with dec: a record left behind costs a
-// count, never an effect (the inbox's own row says the message is done).
+// count, never an effect (the inbox's own row says the message is done;
+// a dead-lettered message's record makes a redrive of its id
+// dead-lettered at once, until the record is pruned or forgotten).
 func (d *Delivery) closeThen(op Op, s State, dec Decision) Decision {
 	if !d.advance(StateClosing) {
 		return Decision{Err: errRefused}
@@ -385,7 +409,7 @@ func (d *Delivery) Arrive(a Arrival) Decision {
 	case !a.HasID && d.policy.NoID == NoIDStop:
 		return d.settle(StateStopped, Decision{Verb: VerbStop, Err: ErrNoMessageID})
 	case !a.HasID:
-		return d.settle(StateDeadLettered, Decision{Verb: VerbDeadLetter, Err: ErrNoMessageID, Report: true})
+		return d.deadLetter(false, Decision{Verb: VerbDeadLetter, Err: ErrNoMessageID, Report: true})
 	case a.MaybeRedelivered:
 		return d.write(StateChecking, OpBegin)
 	}
@@ -416,7 +440,7 @@ func (d *Delivery) Recorded(rec Record, err error) Decision {
 			// Its runs failed as often as allowed already, some by
 			// killing their process: not run again.
 			d.began = true
-			return d.closeThen(OpForget, StateDeadLettered, Decision{Verb: VerbDeadLetter,
+			return d.deadLetter(true, Decision{Verb: VerbDeadLetter,
 				Err: fmt.Errorf("%w: %d failed runs", ErrExhausted, rec.failed()), Failures: rec.failed(), Report: true})
 		}
 		d.began = true
@@ -437,7 +461,7 @@ func (d *Delivery) Recorded(rec Record, err error) Decision {
 		}
 		n := rec.failed()
 		if d.exhausted(n) {
-			return d.closeThen(OpForget, StateDeadLettered, Decision{Verb: VerbDeadLetter, Err: d.cause, Failures: n, Report: true})
+			return d.deadLetter(true, Decision{Verb: VerbDeadLetter, Err: d.cause, Failures: n, Report: true})
 		}
 		_, limited := d.policy.Retry.Limit()
 		return d.settle(StateRetrying, Decision{Verb: VerbRequeue, Delay: d.policy.Retry.After(max(n, 1)), Err: d.cause,
@@ -458,6 +482,47 @@ func (d *Delivery) Recorded(rec Record, err error) Decision {
 		return d.settle(d.thenSt, dec)
 	}
 	return d.refuse(StateRunning)
+}
+
+// deadLetter moves d to StateDeadLettering with dec (VerbDeadLetter),
+// where it waits for the shell's [Delivery.DeadLettered]. Nothing is
+// forgotten yet: a dead letter can fail (a produce, a reject on a channel
+// that just closed, a term), and a message whose record went before it
+// would come back and run again from a count of zero.
+func (d *Delivery) deadLetter(forget bool, dec Decision) Decision {
+	if !d.advance(StateDeadLettering) {
+		return Decision{Err: errRefused}
+	}
+	d.forget = forget
+	return dec
+}
+
+// DeadLettered tells the core how the shell's dead letter (VerbDeadLetter)
+// went: err nil when the message is in the dead-letter destination. Then
+// its ledger record is forgotten (OpForget, whatever the ledger answers),
+// and the delivery settles as [StateDeadLettered] with nothing more to
+// do. When err is not nil, the record stays with its count, and the
+// delivery settles as [StateDeadLetterFailed]: VerbRequeue after the
+// delay of its failed runs, so that it comes back exhausted and is
+// dead-lettered on arrival, unrun (a shell whose broker hands it back on
+// its own, a channel that closed, may leave it to the broker).
+func (d *Delivery) DeadLettered(err error) Decision {
+	if d.state != StateDeadLettering || d.pending != OpNone {
+		return d.refuse(StateDeadLettered)
+	}
+	if err != nil {
+		n := 0
+		if d.forget {
+			n = d.rec.failed()
+		}
+		return d.settle(StateDeadLetterFailed, Decision{Verb: VerbRequeue, Delay: d.policy.Retry.After(max(n, 1)),
+			Err: fmt.Errorf("inbox: dead letter: %w", err), Failures: n})
+	}
+	if !d.forget {
+		// No id: no record to forget.
+		return d.settle(StateDeadLettered, Decision{})
+	}
+	return d.closeThen(OpForget, StateDeadLettered, Decision{})
 }
 
 // exhausted reports whether n failed runs are as many as the policy

@@ -53,22 +53,45 @@ func TestRunnerShutdownNeverCounts(t *testing.T) {
 }
 
 // A failing handler is retried with a growing delay, counted in the
-// ledger, and dead-lettered on its last allowed failure; a later copy of
-// the message starts afresh (an operator's redrive from the dead-letter
-// queue runs again).
+// ledger, and dead-lettered on its last allowed failure. The record goes
+// only once the adapter says the dead letter is done: a dead letter that
+// fails keeps the count, so the redelivery is dead-lettered on arrival
+// without running; once done, a later copy of the message starts afresh
+// (an operator's redrive from the dead-letter queue runs again).
+// Checked to fail with the core forgetting before the dead letter
+// (closeThen(OpForget, ...) in place of deadLetter: the record is gone
+// after the failed dead letter and the handler runs a fourth time).
 func TestRunnerPoison(t *testing.T) {
 	ledger := &inbox.MemoryLedger{}
 	boom := errors.New("cannot parse")
 	retry := inbox.Retry{Delay: time.Second, MaxDeliveries: 3}
+	var calls atomic.Int32
 	r := &inbox.Runner{Policy: inbox.Policy{Retry: retry}, Ledger: ledger,
-		Handler: func(context.Context, *inbox.Message) error { return boom }}
+		Handler: func(context.Context, *inbox.Message) error { calls.Add(1); return boom }}
 	m := &inbox.Message{ID: key.ID}
+	ctx := context.Background()
 	for i := 1; i <= 2; i++ {
-		dec, _ := r.Deliver(context.Background(), m, key, inbox.Arrival{HasID: true, MaybeRedelivered: i > 1}, inbox.Hooks{})
+		dec, _ := r.Deliver(ctx, m, key, inbox.Arrival{HasID: true, MaybeRedelivered: i > 1}, inbox.Hooks{})
 		assert.Equal(t, inbox.Decision{Verb: inbox.VerbRequeue, Delay: retry.After(i), Err: boom, Failures: i}, dec)
 	}
-	dec, d := r.Deliver(context.Background(), m, key, inbox.Arrival{HasID: true, MaybeRedelivered: true}, inbox.Hooks{})
+	dec, d := r.Deliver(ctx, m, key, inbox.Arrival{HasID: true, MaybeRedelivered: true}, inbox.Hooks{})
 	assert.Equal(t, inbox.Decision{Verb: inbox.VerbDeadLetter, Err: boom, Failures: 3, Report: true}, dec)
+	assert.Equal(t, inbox.StateDeadLettering, d.State())
+	assert.Equal(t, inbox.Record{Failures: 3}, record(t, ledger), "kept until the dead letter is done")
+
+	dlDown := errors.New("dead-letter queue down")
+	dec = r.DeadLettered(ctx, d, key, dlDown)
+	assert.Equal(t, inbox.VerbRequeue, dec.Verb)
+	assert.Equal(t, retry.After(3), dec.Delay)
+	assert.ErrorIs(t, dec.Err, dlDown)
+	assert.Equal(t, inbox.StateDeadLetterFailed, d.State())
+	assert.Equal(t, inbox.Record{Failures: 3}, record(t, ledger), "the failed dead letter kept the count")
+
+	dec, d = r.Deliver(ctx, m, key, inbox.Arrival{HasID: true, MaybeRedelivered: true}, inbox.Hooks{})
+	assert.Equal(t, inbox.VerbDeadLetter, dec.Verb)
+	assert.ErrorIs(t, dec.Err, inbox.ErrExhausted, "dead-lettered on arrival")
+	assert.Equal(t, int32(3), calls.Load(), "not run again")
+	assert.Equal(t, inbox.Decision{}, r.DeadLettered(ctx, d, key, nil))
 	assert.Equal(t, inbox.StateDeadLettered, d.State())
 	assert.Equal(t, inbox.Record{}, record(t, ledger), "forgotten once dead-lettered")
 }

@@ -526,14 +526,14 @@ func (c *Consumer) processPartition(ctx context.Context, st *runState, topic str
 		}
 		arrival := inbox.Arrival{HasID: key.ID != "", Stopping: ctx.Err() != nil,
 			MaybeRedelivered: st.maybeRedelivered(tp, r.Offset, c.cfg.MaxPollRecords)}
-		dec, _ := st.runner.Deliver(ctx, m, key, arrival, inbox.Hooks{})
+		dec, d := st.runner.Deliver(ctx, m, key, arrival, inbox.Hooks{})
 		switch dec.Verb {
 		case inbox.VerbAck:
 			last = r
 			st.next[tp] = r.Offset + 1
 			continue
 		case inbox.VerbDeadLetter:
-			if !c.settleDead(ctx, st, tp, r, m, dec) {
+			if !c.settleDead(ctx, st, tp, r, m, dec, d, key) {
 				return last, nil
 			}
 			last = r
@@ -568,15 +568,18 @@ func (c *Consumer) processPartition(ctx context.Context, st *runState, topic str
 }
 
 // settleDead hands r, which the core dead-lettered, to the dead-letter
-// destination and reports it, and says whether it may be committed. When
-// the destination fails, r is sought back and its partition paused: it
-// comes back and runs again.
-func (c *Consumer) settleDead(ctx context.Context, st *runState, tp topicPartition, r *kgo.Record, m *inbox.Message, dec inbox.Decision) bool {
+// destination, tells the core how that went (its ledger record goes only
+// once the dead letter is done), reports it, and says whether it may be
+// committed. When the destination fails, r is sought back and its
+// partition paused for the core's delay: its record kept with its count,
+// it comes back and is dead-lettered on arrival, without running.
+func (c *Consumer) settleDead(ctx context.Context, st *runState, tp topicPartition, r *kgo.Record, m *inbox.Message, dec inbox.Decision, d *inbox.Delivery, key inbox.Key) bool {
 	to, err := c.deadLetter(ctx, r, m, dec.Err)
+	after := st.runner.DeadLettered(ctx, d, key, err)
 	if err != nil {
 		c.report(fmt.Errorf("idemhttp/kafka: %s offset %d: dead-lettering failed, will retry: %w (after: %w)", m.Source, r.Offset, err, dec.Err))
 		c.seek(r)
-		c.pause(st, tp, c.cfg.Retry.After(max(dec.Failures, 1)))
+		c.pause(st, tp, after.Delay)
 		return false
 	}
 	c.reportDead(inbox.DeadLetter{Message: m, Deliveries: dec.Failures, Err: dec.Err, To: to})
@@ -587,11 +590,11 @@ func (c *Consumer) settleDead(ctx context.Context, st *runState, tp topicPartiti
 // before anything after it in its partition runs, and says whether the
 // partition may go on.
 //
-// The dead letter forgot the message's ledger record (the core forgets a
-// settled message, so that an operator's redrive starts afresh), so r
-// must not be delivered again: run again, it would start from no
-// failures and be dead-lettered a second time, or succeed (an effect and
-// a dead letter). Left to the poll's commit, a later record of the poll
+// The dead letter is done and forgot the message's ledger record (the
+// core forgets a settled message, so that an operator's redrive starts
+// afresh), so r must not be delivered again: run again, it would start
+// from no failures and be dead-lettered a second time, or succeed (an
+// effect and a dead letter). Left to the poll's commit, a later record of the poll
 // that kills the member (the producer's duplicate of r, with r's id, say)
 // brings r back, again and again: the partition never got past them
 // (internal/msgsim, seed 272). Committing here is the adapter's own

@@ -363,7 +363,12 @@ func (r *run) handle(ctx context.Context, d *amqp.Delivery) error {
 		}
 		return r.hold(d, time.Now().Add(dec.Delay))
 	case inbox.VerbDeadLetter:
-		if err := d.Reject(false); err != nil {
+		// The core forgets the message's record only once the reject is
+		// done: one on a channel that just closed leaves the count, and
+		// the broker's redelivery is dead-lettered on arrival, unrun.
+		err := d.Reject(false)
+		r.runner.DeadLettered(ctx, state, inbox.Key{IDSpace: m.IDSpace, ID: id}, err)
+		if err != nil {
 			return channelClosed(err)
 		}
 		c.report(inbox.DeadLetter{Message: m, Deliveries: dec.Failures, Err: dec.Err, To: c.deadLetterTo()})

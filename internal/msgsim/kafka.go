@@ -260,6 +260,11 @@ func (p *proc) kdeliver(rec krec, maybe bool) inbox.Verb {
 		part.dead[rec.off] = true
 		w.dead[rec.id]++
 		w.logf("%s dead-letters %s (partition %d, offset %d; %d failed runs: %v)", p.name, rec.id, rec.part, rec.off, dec.Failures, dec.Err)
+		w.mu.Unlock()
+		// Done: the core forgets its record (contrib/kafka's settleDead).
+		after := p.runner.DeadLettered(ctx, core, inbox.Key{ID: rec.id}, nil)
+		w.checkCore(p, r, after, core)
+		w.mu.Lock()
 		return dec.Verb
 	}
 	// Requeue (or no decision): seek back to the record; after a

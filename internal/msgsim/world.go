@@ -661,6 +661,10 @@ func (p *proc) deliver(d qdel) {
 		return
 	}
 	w.checkCore(p, r, dec, core)
+	if dec.Verb == inbox.VerbDeadLetter {
+		p.deadLetter(ctx, r, d, dec, core)
+		return
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	now := w.now()
@@ -681,19 +685,36 @@ func (p *proc) deliver(d qdel) {
 		} else {
 			w.logf("%s requeues %s: stale tag %d", p.name, d.id, d.tag)
 		}
-	case inbox.VerbDeadLetter:
-		w.checkBudget(r, dec)
-		if _, ok := w.q.deadLetter(d.tag); ok {
-			w.dead[d.id]++
-			w.logf("%s dead-letters %s (%d failed runs: %v)", p.name, d.id, dec.Failures, dec.Err)
-		} else {
-			w.logf("%s dead-letters %s: stale tag %d", p.name, d.id, d.tag)
-		}
 	default:
 		if core.State() != inbox.StateReleased {
 			_, _ = w.q.requeue(d.tag, now)
 		}
 	}
+}
+
+// errStaleTag is a dead letter on a spent delivery tag (a reject on a
+// channel that closed): it failed.
+var errStaleTag = errors.New("msgsim: stale delivery tag")
+
+// deadLetter gives d to the dead-letter destination and tells the core
+// how that went (the RabbitMQ adapter's reject): its ledger record goes
+// only once it is done; a stale tag keeps it, and the queue's own
+// redelivery is dead-lettered on arrival.
+func (p *proc) deadLetter(ctx context.Context, r *runRec, d qdel, dec inbox.Decision, core *inbox.Delivery) {
+	w := p.w
+	w.mu.Lock()
+	w.checkBudget(r, dec)
+	var err error
+	if _, ok := w.q.deadLetter(d.tag); ok {
+		w.dead[d.id]++
+		w.logf("%s dead-letters %s (%d failed runs: %v)", p.name, d.id, dec.Failures, dec.Err)
+	} else {
+		err = errStaleTag
+		w.logf("%s dead-letters %s: stale tag %d, its record kept", p.name, d.id, d.tag)
+	}
+	w.mu.Unlock()
+	after := p.runner.DeadLettered(ctx, core, inbox.Key{ID: d.id}, err)
+	w.checkCore(p, r, after, core)
 }
 
 // release is the Runner's Release hook: at the processing limit, the
@@ -725,7 +746,7 @@ func (w *world) checkCore(p *proc, r *runRec, dec inbox.Decision, core *inbox.De
 	if len(core.Refused()) > 0 {
 		w.failf(invCore, r.msg, "%s: the core refused %v", p.name, core.Refused())
 	}
-	if dec.Verb == inbox.VerbNone && core.State() != inbox.StateReleased && !p.isDead() {
+	if st := core.State(); dec.Verb == inbox.VerbNone && st != inbox.StateReleased && st != inbox.StateDeadLettered && !p.isDead() {
 		w.failf(invCore, r.msg, "%s: no decision for %s in %s: %v", p.name, r.msg, core.State(), dec.Err)
 	}
 }
