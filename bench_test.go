@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"slices"
 	"strings"
 	"sync"
@@ -85,6 +86,23 @@ func rawKeyDo(hc *http.Client) doFunc {
 	}
 }
 
+// rawKeyTraceDo is rawKeyDo with the httptrace callbacks idemhttp installs
+// for its wire evidence over HTTP/1.1 (wire.go: GetConn, WroteHeaders,
+// each an atomic add): what net/http charges for the evidence that
+// fail-closed needs, before any of the client's own work.
+func rawKeyTraceDo(hc *http.Client) doFunc {
+	return func(r *http.Request) (*http.Response, error) {
+		var gets, writes atomic.Int32
+		trace := &httptrace.ClientTrace{
+			GetConn:      func(string) { gets.Add(1) },
+			WroteHeaders: func() { writes.Add(1) },
+		}
+		r = r.WithContext(httptrace.WithClientTrace(r.Context(), trace))
+		r.Header.Set("Idempotency-Key", NewKey())
+		return hc.Do(r)
+	}
+}
+
 // benchClients are the clients BenchmarkDo and BenchmarkDoInterleaved
 // compare, each made over its own http.Client.
 var benchClients = []struct {
@@ -93,6 +111,7 @@ var benchClients = []struct {
 }{
 	{"raw", func(hc *http.Client) doFunc { return hc.Do }},
 	{"raw+key", rawKeyDo},
+	{"raw+key+trace", rawKeyTraceDo},
 	{"retryablehttp", func(hc *http.Client) doFunc { return retryableDo(hc, false) }},
 	{"retryablehttp+key", func(hc *http.Client) doFunc { return retryableDo(hc, true) }},
 	{"idemhttp", func(hc *http.Client) doFunc { return (&Client{HTTPClient: hc}).Do }},
