@@ -72,7 +72,7 @@ type operation struct {
 	keyed   bool // carries a key: retries are safe whatever the method
 	safe    bool // keyed or an idempotent method
 	fresh   bool // the key was minted for this call: the server cannot have seen it before the first attempt
-	resent  bool // net/http resent an attempt by itself, so the key may have been seen
+	resent  bool // net/http resent an attempt by itself, or may have unseen: the key may have been seen
 	unknown bool // an attempt may have reached the server without an answer reaching us
 
 	// The lifecycle (lifecycle.go).
@@ -286,7 +286,14 @@ func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err err
 		pc.Observe(status, resp != nil && (status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != ""))
 	}
 	w := a.wire.take()
-	if w.writes > 1 {
+	if w.writes > 1 || !a.cfg.traceable || w.writes == 0 {
+		// net/http resent it by itself (more than one head written), or
+		// nobody can tell: a Transport whose events the client cannot see
+		// (a RoundTripper of the caller's, a registered protocol, a
+		// wrapper that drops the trace) may have resent it unseen. Either
+		// way the key may have been seen before this answer, and a 409 to
+		// it may be the first write's request in progress, not the
+		// application's answer (the simulator's seed 17790).
 		a.resent = true
 	}
 	err = a.redact(err)
