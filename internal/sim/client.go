@@ -393,8 +393,16 @@ func (w *world) startClient(m *machine) *clientProc {
 	} else {
 		w.quietDisk.Store(true)
 		fj, err := filejournal.Open(journalPath, &filejournal.Options{
-			FS:            procFS{d: m.disk, p: p},
-			Clock:         m.clock,
+			FS:    procFS{d: m.disk, p: p},
+			Clock: m.clock,
+			// The uptime clock: one boot for the world, its time the
+			// bubble's since the world began, as the process's own
+			// clock was, but named the same in every process (the
+			// default names the process's boot by a random id, and its
+			// time from the package's start, outside the bubble: the
+			// clock's witness records then differed from one process to
+			// the next, and so did a seed's trace).
+			Uptime:        func() (string, time.Duration) { return "sim", time.Since(w.t0) },
 			Rand:          rand.NewChaCha8(w.seedBytes(uint64(p.n))),
 			PruneInterval: -1,
 		})
