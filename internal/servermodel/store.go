@@ -3,6 +3,7 @@ package servermodel
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -39,6 +40,10 @@ const (
 	// on the way back: the caller cannot tell it from Refuse. (A DB
 	// connection lost during a COMMIT: the commit happened.)
 	Lose
+	// Full: the call does nothing and fails for lack of room (a Redis
+	// past its maxmemory, a memory store at its bound): its error wraps
+	// idemserver.ErrStoreFull.
+	Full
 )
 
 // ErrRefused is the error of a refused call.
@@ -46,6 +51,9 @@ var ErrRefused = errors.New("servermodel: refused")
 
 // ErrLost is the error of a call whose answer was lost.
 var ErrLost = errors.New("servermodel: connection lost")
+
+// ErrFull is the error of a call refused for lack of room ([Full]).
+var ErrFull = fmt.Errorf("servermodel: out of memory: %w", idemserver.ErrStoreFull)
 
 // Faults decides each call's fault; nil means every call passes. It is
 // called once per call, before the call's work, under no lock of the
@@ -66,9 +74,15 @@ func fault(ctx context.Context, f Faults, op Op, key string) (Fault, error) {
 		return x, ctx.Err()
 	case Lose:
 		return x, ErrLost
+	case Full:
+		return x, ErrFull
 	}
 	return Pass, nil
 }
+
+// before reports whether f fails the call before its work: nothing of it
+// happens.
+func (f Fault) before() bool { return f == Refuse || f == Hang || f == Full }
 
 var _ idemserver.Store = (*Store)(nil)
 
@@ -118,7 +132,7 @@ func (s *Store) Claim(ctx context.Context, key string, c idemserver.Claim) (idem
 		return idemserver.ClaimResult{}, errors.New("servermodel: lock timeout must be positive")
 	}
 	f, err := fault(ctx, s.Faults, OpClaim, key)
-	if f == Refuse || f == Hang {
+	if f.before() {
 		return idemserver.ClaimResult{}, err
 	}
 	s.mu.Lock()
@@ -154,7 +168,7 @@ func (s *Store) held(key, token string, now time.Time) *storeRecord {
 // call runs a token-checked call: its fault, then work on the claim.
 func (s *Store) call(ctx context.Context, op Op, key, token string, work func(r *storeRecord, now time.Time)) error {
 	f, err := fault(ctx, s.Faults, op, key)
-	if f == Refuse || f == Hang {
+	if f.before() {
 		return err
 	}
 	s.mu.Lock()

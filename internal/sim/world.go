@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/servermodel"
 	"github.com/idemkit/idemhttp/internal/simkey"
 	"github.com/idemkit/idemhttp/internal/wal/simdisk"
 	"github.com/idemkit/idemhttp/journaltest"
@@ -55,8 +56,9 @@ type world struct {
 	machines []*machine
 	fleet    *journaltest.FleetModel // the fleet's journal; nil for one machine with a file journal
 	dbOff    atomic.Int64            // the fleet database's clock: virtual time plus this
-	ledger   *ledger
-	store    *store
+	ledger   *ledger                 // the business's database: what committed
+	kv       *servermodel.Store      // the streamed world's store
+	srvOff   atomic.Int64            // the store's (the database's) clock: virtual time plus this
 	acks     *acks
 	batch    []int           // the listed operations, in order, duplicates included
 	modes    []int           // how the server answers each operation's URL (modePlain...)
@@ -68,9 +70,12 @@ type world struct {
 	returned        []*call
 	gates           []*gate
 	gateSeq         int
-	turns           []*jturn // calls waiting for their turn at the journal
-	srv             *serverProc
+	turns           []*jturn      // calls waiting for their turn at the journal
+	srvs            []*serverProc // the server processes up
 	serverCrashes   int
+	snotes          []stamped       // the store's lines of the step (flushStoreNotes)
+	storeCalls      map[string]int  // calls of the store, by kind and key (storeFault)
+	selfCommitted   map[string]bool // store keys whose handler committed its transaction itself
 	stats           map[string]int
 	outcomes        map[string]int // the calls' outcomes, by class (Result.Outcomes)
 	trace           []string
@@ -81,6 +86,10 @@ type world struct {
 	keyOp           map[string]int   // the operation of each key a call journaled
 
 	cliN, srvN      int
+	partitions      int          // partitions of the store so far
+	partUntil       atomic.Int64 // the store is cut off until then (UnixNano), 0 if never
+	storeJumps      int          // jumps of the store's clock so far
+	storeForward    bool         // the streamed store's clock jumped forward
 	faulty          atomic.Bool
 	quietDisk       atomic.Bool
 	clientCrashes   int
@@ -181,7 +190,6 @@ func newWorld(seed uint64, cfg Config) *world {
 		rng:      newRand(seed, 1),
 		srng:     newRand(seed, 2),
 		drng:     newRand(seed, 3),
-		ledger:   &ledger{},
 		acks:     &acks{keys: map[string]ackState{}},
 		stats:    map[string]int{},
 		outcomes: map[string]int{},
@@ -190,8 +198,11 @@ func newWorld(seed uint64, cfg Config) *world {
 		everDone: map[string]bool{},
 		final:    make([]bool, cfg.Ops),
 	}
+	w.storeCalls = map[string]int{}
+	w.selfCommitted = map[string]bool{}
+	w.ledger = &ledger{db: &servermodel.DB{Now: w.storeClock}}
+	w.kv = &servermodel.Store{Now: w.storeClock, Faults: w.storeFault}
 	w.net = newNetwork(w)
-	w.store = newStore(w)
 	for op := range cfg.Ops {
 		w.batch = append(w.batch, op)
 		mode := modePlain
@@ -359,12 +370,6 @@ func (w *world) seedBytes(n uint64) [32]byte {
 	return b
 }
 
-func (w *world) server() *serverProc {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.srv
-}
-
 func (w *world) serverCrashesLeft() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -428,6 +433,7 @@ func (w *world) settle() {
 		}
 	}
 	w.flushNotes()
+	w.flushStoreNotes()
 	w.mu.Lock()
 	ret := w.returned
 	w.returned = nil
@@ -607,11 +613,10 @@ func (w *world) act() bool {
 	for _, t := range w.readyTurns() {
 		add(10, "turn", func() { w.giveTurn(t) })
 	}
-	srv := w.server()
 	w.mu.Lock()
 	downSince := w.serverDownSince
 	w.mu.Unlock()
-	if srv == nil && !now.Before(downSince.Add(time.Second)) {
+	if len(w.servers()) < w.instances() && !now.Before(downSince.Add(time.Second)) {
 		add(10, "server restart", func() { w.startServer() })
 	}
 	ready := len(acts) > 0
@@ -623,8 +628,12 @@ func (w *world) act() bool {
 	}
 	crashClient := len(crashable) > 0 && w.clientCrashes < w.cfg.ClientCrashes
 	crash := func() { w.crashClient(crashable[w.rng.intn(len(crashable))]) }
-	crashServer := srv != nil && w.serverCrashesLeft() > 0
+	srvs := w.crashable()
+	crashServer := len(srvs) > 0 && w.serverCrashesLeft() > 0
+	crashSrv := func() { w.crashServer(srvs[w.rng.intn(len(srvs))], "a step of the driver") }
 	jump := w.clockJumps < w.cfg.ClockJumps
+	partition := w.partitions < w.cfg.Partitions
+	storeJump := w.storeJumps < w.cfg.StoreJumps
 	if !ready && !busy && w.net.nextDue(now).IsZero() {
 		// Nothing in flight: the batch ran to its end. What is left is
 		// a fault to throw at the next run, or the end of the phase.
@@ -633,10 +642,13 @@ func (w *world) act() bool {
 			idle = append(idle, action{1, "client crash", crash})
 		}
 		if crashServer {
-			idle = append(idle, action{1, "server crash", func() { w.crashServer(srv, "a step of the driver") }})
+			idle = append(idle, action{1, "server crash", crashSrv})
 		}
 		if jump {
 			idle = append(idle, action{1, "clock jump", w.jumpClock})
+		}
+		if storeJump {
+			idle = append(idle, action{1, "store clock jump", w.jumpStoreClock})
 		}
 		if len(idle) == 0 || w.rng.intn(len(idle)+1) == 0 {
 			return false
@@ -648,10 +660,16 @@ func (w *world) act() bool {
 		add(1, "client crash", crash)
 	}
 	if crashServer {
-		add(1, "server crash", func() { w.crashServer(srv, "a step of the driver") })
+		add(1, "server crash", crashSrv)
 	}
 	if jump {
 		add(1, "clock jump", w.jumpClock)
+	}
+	if partition {
+		add(1, "partition", w.partition)
+	}
+	if storeJump {
+		add(1, "store clock jump", w.jumpStoreClock)
 	}
 	if idle := w.net.idleConns(); len(idle) > 0 {
 		add(w.cfg.CloseIdle, "close idle", func() { w.closeIdle(idle[w.rng.intn(len(idle))]) })
@@ -764,17 +782,22 @@ func (w *world) mark(c *conn, f func()) {
 
 // onDial accepts or refuses d.
 func (w *world) onDial(d *pendingDial) {
+	srvs := w.servers()
 	switch {
-	case w.server() == nil:
+	case len(srvs) == 0:
 		w.tracef("dial %v: refused, no server", d.id)
-		w.net.resolve(d, false)
+		w.net.resolve(d, 0)
 	case w.faulty.Load() && w.rng.pick(w.cfg.Refuse):
 		w.count("dial refused")
 		w.tracef("dial %v: refused", d.id)
-		w.net.resolve(d, false)
-	default:
+		w.net.resolve(d, 0)
+	case len(srvs) == 1:
 		w.tracef("dial %v: accepted", d.id)
-		w.net.resolve(d, true)
+		w.net.resolve(d, srvs[0].n)
+	default:
+		s := srvs[w.rng.intn(len(srvs))]
+		w.tracef("dial %v: accepted by server %d", d.id, s.n)
+		w.net.resolve(d, s.n)
 	}
 }
 
@@ -956,7 +979,7 @@ func (w *world) recover() {
 	}
 	w.openGates()
 	for round := 0; len(w.failures) == 0; round++ {
-		if w.server() == nil {
+		for len(w.servers()) < w.instances() {
 			w.startServer()
 		}
 		for _, m := range w.machines {
@@ -1081,7 +1104,7 @@ func (w *world) teardown() {
 		}
 	}
 	w.net.killAll()
-	if s := w.server(); s != nil {
+	for _, s := range w.servers() {
 		s.dead.Store(true)
 		_ = s.srv.Close()
 		<-s.done

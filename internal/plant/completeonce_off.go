@@ -1,0 +1,6 @@
+//go:build !idemhttp_bug_completeonce
+
+package plant
+
+// CompleteOnce, with the idemhttp_bug_completeonce build tag: the server core (internal/servercore) tries a Streamed Complete once: a store that refuses it once leaves the claim to its lock, which runs out, and a retry runs the handler again, though it ran.
+const CompleteOnce = false
