@@ -309,6 +309,14 @@ func (w *world) requestKey(r *http.Request) (key, storeKey string, ok bool) {
 	return key, idemserver.ScopedKey(scope, key), true
 }
 
+// big makes e's answer larger than the stored limit.
+func big(e *effect) {
+	e.body, _ = json.Marshal(struct {
+		chargeResponse
+		Pad string `json:"pad"`
+	}{chargeResponse{Op: e.op, Charge: e.charge}, strings.Repeat("x", maxStored)})
+}
+
 // respond writes the charge's answer: 200 with the charge, or, for an
 // operation whose server answers Post/Redirect/Get, 303 to it.
 func (w *world) respond(rw http.ResponseWriter, e *effect) {
@@ -373,28 +381,40 @@ func (w *world) route(p *serverProc, inner http.Handler, rw http.ResponseWriter,
 // The handlers' behaviours (Config.Behave): what a run does besides, or
 // instead of, charging and answering.
 const (
-	behCharge = iota // charge, answer 200 (or 303)
-	behFail          // fail: Transactional, an error after the charge (rolled back); Streamed, 500 before it
-	behGiveUp        // wait for the client to leave, answer nothing (Transactional: after the charge)
-	behPanic         // panic (Transactional: after the charge)
-	behCommit        // Transactional: charge, COMMIT, go on, answer 200
-	behChain         // Transactional: charge, COMMIT AND CHAIN, go on, answer 200
-	behAbort         // Transactional: charge, a statement fails (the transaction aborted), answer 200 all the same
+	behCharge    = iota // charge, answer 200 (or 303)
+	behFail             // fail: Transactional, an error after the charge (rolled back); Streamed, 500 before it
+	behGiveUp           // wait for the client to leave, answer nothing (Transactional: after the charge)
+	behPanic            // panic (Transactional: after the charge)
+	behCommit           // Transactional: charge, COMMIT, go on, answer 200
+	behChain            // Transactional: charge, COMMIT AND CHAIN, go on, answer 200
+	behAbort            // Transactional: charge, a statement fails (the transaction aborted), answer 200 all the same
+	behSerialize        // Transactional: charge, then a serialization failure (rolled back; the core runs it again)
+	behBig              // charge, answer 200 with a body over the stored limit (Transactional: rolled back, 500; Streamed: sent whole, the key kept not replayable)
 	numBehaviours
 )
 
-var behaviourNames = [numBehaviours]string{"charges", "fails", "gives up when its client leaves", "panics", "commits and goes on", "commits and chains", "leaves its transaction aborted"}
+var behaviourNames = [numBehaviours]string{"charges", "fails", "gives up when its client leaves", "panics", "commits and goes on", "commits and chains", "leaves its transaction aborted", "fails to serialize", "answers more than the stored limit"}
+
+// The behaviours each shell's handlers draw from.
+var (
+	txBehaviours       = []int{behFail, behGiveUp, behPanic, behCommit, behChain, behAbort, behSerialize, behBig}
+	streamedBehaviours = []int{behFail, behGiveUp, behPanic, behBig}
+)
+
+// maxStored is both shells' MaxStoredBody: a charge's answer is far
+// below it, a behBig one above.
+const maxStored = 512
 
 // behaviour draws what a handler run of op does.
 func (w *world) behaviour(p *serverProc, op int, key string) int {
 	if !w.faulty.Load() || !w.srng.pick(w.cfg.Behave) {
 		return behCharge
 	}
-	n := numBehaviours - 1
+	bs := txBehaviours
 	if w.cfg.Shell == shellStreamed {
-		n = behPanic // the streamed world's handlers fail, give up or panic before they charge
+		bs = streamedBehaviours // fail, give up or panic before they charge
 	}
-	b := 1 + w.srng.intn(n)
+	b := bs[w.srng.intn(len(bs))]
 	w.count("handler " + behaviourNames[b])
 	w.tracef("server %d: the handler of op %d key %s %s", p.n, op, key, behaviourNames[b])
 	return b

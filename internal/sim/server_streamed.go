@@ -27,11 +27,12 @@ import (
 // streamedShell returns server process p's shell.
 func (w *world) streamedShell(p *serverProc) http.Handler {
 	mw := &idemserver.Middleware{
-		Store:       storeView{s: w.kv, p: p},
-		Required:    true,
-		LockTimeout: lockTimeout,
-		RetryAfter:  time.Second,
-		Logger:      slog.New(slog.DiscardHandler),
+		Store:         storeView{s: w.kv, p: p},
+		Required:      true,
+		LockTimeout:   lockTimeout,
+		RetryAfter:    time.Second,
+		MaxStoredBody: maxStored,
+		Logger:        slog.New(slog.DiscardHandler),
 	}
 	if w.cfg.Tenants >= 2 {
 		mw.Principal = principal
@@ -95,7 +96,8 @@ func (p *serverProc) streamCharge(rw http.ResponseWriter, r *http.Request) {
 	if w.serverPoint(p, "handler.start") || w.pause(p, op, key) {
 		return
 	}
-	switch w.behaviour(p, op, key) {
+	b := w.behaviour(p, op, key)
+	switch b {
 	case behFail:
 		http.Error(rw, "the business failed", http.StatusInternalServerError)
 		return
@@ -114,6 +116,9 @@ func (p *serverProc) streamCharge(rw http.ResponseWriter, r *http.Request) {
 	}
 	e := &effect{op: op, key: key, storeKey: storeKey, server: p.n, at: time.Now()}
 	w.ledger.newCharge(e)
+	if b == behBig {
+		big(e) // sent whole; the key kept, not replayable (410)
+	}
 	w.ledger.database().Write(storeKey, e.charge)
 	w.respond(rw, e)
 }

@@ -4,6 +4,7 @@ package sim
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -25,6 +26,9 @@ func (w *world) txShell(p *serverProc) http.Handler {
 		Timeout: dbTimeout,
 		Pool:    p.pool(),
 		Faults:  p.dbFault,
+
+		MaxStoredBody:        maxStored,
+		SerializationRetries: 1,
 	}
 	if w.cfg.Tenants >= 2 {
 		s.Principal = principal
@@ -67,6 +71,9 @@ func (p *serverProc) txCharge(rw http.ResponseWriter, r *http.Request, tx *serve
 	b := w.behaviour(p, op, key)
 	e := &effect{op: op, key: key, storeKey: storeKey, server: p.n, at: time.Now()}
 	w.ledger.newCharge(e)
+	if b == behBig {
+		big(e)
+	}
 	if bugSplitCommit {
 		// The charge commits at once, outside the transaction the
 		// response is stored in.
@@ -80,6 +87,8 @@ func (p *serverProc) txCharge(rw http.ResponseWriter, r *http.Request, tx *serve
 	switch b {
 	case behFail:
 		return errBusiness
+	case behSerialize:
+		return fmt.Errorf("sim: %w", servermodel.ErrSerialization)
 	case behPanic:
 		panic(http.ErrAbortHandler)
 	case behAbort:
