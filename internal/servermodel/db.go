@@ -29,6 +29,9 @@ type DB struct {
 	// (OpClaim, OpComplete, OpRelease, OpLookup, OpMark); nil: none.
 	// The handler's own statements ([HandlerTx]) do not fail by it.
 	Faults Faults
+	// Wait is how a statement that hangs waits; nil: until its context
+	// ends.
+	Wait Wait
 
 	mu      sync.Mutex
 	rows    map[string]dbRow
@@ -166,7 +169,7 @@ func (db *DB) faults(own Faults) Faults {
 // then it reads the key's live row. It returns the transaction when it
 // claimed the key.
 func (db *DB) claim(ctx context.Context, pool string, faults Faults, key, token, fp string, ttl time.Duration) (tx *Tx, locked, claimed bool, row servercore.Row, err error) {
-	f, err := fault(ctx, db.faults(faults), OpClaim, key)
+	f, err := fault(ctx, db.faults(faults), db.Wait, OpClaim, key)
 	if f.before() || f == Lose {
 		// Lost before the answer: the connection, and the transaction
 		// with it, are gone: nothing stays.
@@ -251,7 +254,7 @@ func (tx *Tx) txState() servercore.TxState {
 // commit stores record in the claim row and commits, as TxMiddleware's
 // guarded store and COMMIT do.
 func (tx *Tx) commit(ctx context.Context, record []byte) servercore.Commit {
-	f, _ := fault(ctx, tx.db.faults(tx.faults), OpComplete, tx.key)
+	f, _ := fault(ctx, tx.db.faults(tx.faults), tx.db.Wait, OpComplete, tx.key)
 	db := tx.db
 	db.mu.Lock()
 	defer db.mu.Unlock()
@@ -304,7 +307,7 @@ func (tx *Tx) commitApart(ctx context.Context, record []byte, f Fault) servercor
 		return servercore.CommitUnknown
 	}
 	db.mu.Unlock()
-	f, _ = fault(ctx, db.faults(tx.faults), OpComplete, key)
+	f, _ = fault(ctx, db.faults(tx.faults), db.Wait, OpComplete, key)
 	db.mu.Lock()
 	r, live := db.rows[key]
 	if f.before() || db.dropped[tx.pool] || !live || r.token != token {
@@ -318,7 +321,7 @@ func (tx *Tx) commitApart(ctx context.Context, record []byte, f Fault) servercor
 // end rolls back and reports whether the handler had ended the claim's
 // transaction itself.
 func (tx *Tx) end(ctx context.Context) bool {
-	f, _ := fault(ctx, tx.db.faults(tx.faults), OpRelease, tx.key)
+	f, _ := fault(ctx, tx.db.faults(tx.faults), tx.db.Wait, OpRelease, tx.key)
 	db := tx.db
 	db.mu.Lock()
 	defer db.mu.Unlock()
@@ -342,7 +345,7 @@ func (tx *Tx) rollback() {
 // mark keeps key completed with record over the request's own claim row
 // (committed by the handler's COMMIT, perhaps) or an expired row.
 func (db *DB) mark(ctx context.Context, pool string, faults Faults, key, token, fp string, record []byte, ttl time.Duration) error {
-	f, err := fault(ctx, db.faults(faults), OpMark, key)
+	f, err := fault(ctx, db.faults(faults), db.Wait, OpMark, key)
 	if f.before() {
 		return err
 	}
@@ -363,7 +366,7 @@ func (db *DB) mark(ctx context.Context, pool string, faults Faults, key, token, 
 
 // lookup reads key's live committed row.
 func (db *DB) lookup(ctx context.Context, pool string, faults Faults, key string) (servercore.Row, error) {
-	if f, err := fault(ctx, db.faults(faults), OpLookup, key); f != Pass {
+	if f, err := fault(ctx, db.faults(faults), db.Wait, OpLookup, key); f != Pass {
 		return servercore.Row{}, err
 	}
 	db.mu.Lock()

@@ -60,9 +60,15 @@ var ErrFull = fmt.Errorf("servermodel: out of memory: %w", idemserver.ErrStoreFu
 // model's.
 type Faults func(op Op, key string) Fault
 
-// fault waits out a Hang, and returns the error a call fails with before
-// or after its work.
-func fault(ctx context.Context, f Faults, op Op, key string) (Fault, error) {
+// Wait is how a call that hangs waits: until ctx ends, and then, in a
+// simulated world, for whatever else the world needs (its turn from the
+// world's driver, so that two calls whose bounds end at one instant go on
+// one at a time). Nil means until ctx ends.
+type Wait func(ctx context.Context, op Op, key string)
+
+// fault waits out a Hang (with wait, nil for ctx alone), and returns the
+// error a call fails with before or after its work.
+func fault(ctx context.Context, f Faults, wait Wait, op Op, key string) (Fault, error) {
 	if f == nil {
 		return Pass, nil
 	}
@@ -70,7 +76,11 @@ func fault(ctx context.Context, f Faults, op Op, key string) (Fault, error) {
 	case Refuse:
 		return x, ErrRefused
 	case Hang:
-		<-ctx.Done()
+		if wait != nil {
+			wait(ctx, op, key)
+		} else {
+			<-ctx.Done()
+		}
 		return x, ctx.Err()
 	case Lose:
 		return x, ErrLost
@@ -97,6 +107,8 @@ type Store struct {
 	Now func() time.Time
 	// Faults decides each call's fault; nil: none.
 	Faults Faults
+	// Wait is how a call that hangs waits; nil: until its context ends.
+	Wait Wait
 
 	mu      sync.Mutex
 	records map[string]*storeRecord
@@ -131,7 +143,7 @@ func (s *Store) Claim(ctx context.Context, key string, c idemserver.Claim) (idem
 	if c.LockTimeout <= 0 {
 		return idemserver.ClaimResult{}, errors.New("servermodel: lock timeout must be positive")
 	}
-	f, err := fault(ctx, s.Faults, OpClaim, key)
+	f, err := fault(ctx, s.Faults, s.Wait, OpClaim, key)
 	if f.before() {
 		return idemserver.ClaimResult{}, err
 	}
@@ -167,7 +179,7 @@ func (s *Store) held(key, token string, now time.Time) *storeRecord {
 
 // call runs a token-checked call: its fault, then work on the claim.
 func (s *Store) call(ctx context.Context, op Op, key, token string, work func(r *storeRecord, now time.Time)) error {
-	f, err := fault(ctx, s.Faults, op, key)
+	f, err := fault(ctx, s.Faults, s.Wait, op, key)
 	if f.before() {
 		return err
 	}

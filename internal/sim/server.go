@@ -178,7 +178,8 @@ type serverProc struct {
 
 // reqState is a request's, as the server's router sees it.
 type reqState struct {
-	charged bool // the handler charged (Streamed: at once)
+	id      string // its connection, and its number on it: a name no scheduling changes
+	charged bool   // the handler charged (Streamed: at once)
 }
 
 type reqKey struct{}
@@ -368,7 +369,11 @@ func (w *world) route(p *serverProc, inner http.Handler, rw http.ResponseWriter,
 		host, _, _ := strings.Cut(r.Host, ".")
 		http.Redirect(rw, r, w.scheme()+"://"+host+"-away.sim"+modePaths[modePlain], http.StatusTemporaryRedirect)
 	default:
-		rs := &reqState{}
+		conn := fmt.Sprint(r.Context().Value(http.LocalAddrContextKey))
+		w.mu.Lock()
+		w.connReqs[conn]++
+		rs := &reqState{id: fmt.Sprintf("%s#%d", conn, w.connReqs[conn])}
+		w.mu.Unlock()
 		defer func() {
 			if rs.charged {
 				p.open.Add(-1)

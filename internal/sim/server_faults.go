@@ -3,6 +3,7 @@
 package sim
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -134,4 +135,27 @@ func (w *world) jumpStoreClock() {
 	}
 	w.srvOff.Add(int64(d))
 	w.tracef("the store's clock jumps %v", d)
+}
+
+// hangWait is the store's and the database's Wait: a call that hangs
+// waits until its bound, and then a few more nanoseconds, drawn from a
+// hash of the seed and the call's name (its request's: the server's
+// connection and the request's number on it), so that two calls whose
+// bounds end at one instant (two claims begun at one instant in a
+// partition) go on one after the other, in an order the seed gives, not
+// the scheduler. (Waiting for the driver instead would hold a call past
+// its bound for as long as the driver sleeps: a claim's Complete held
+// past its lock.)
+func (w *world) hangWait(ctx context.Context, op servermodel.Op, key string) {
+	<-ctx.Done()
+	req := ""
+	if rs, ok := ctx.Value(reqKey{}).(*reqState); ok {
+		req = rs.id
+	}
+	name := req + " " + string(op) + " " + key
+	w.mu.Lock()
+	w.hungN[name]++
+	n := w.hungN[name]
+	w.mu.Unlock()
+	time.Sleep(time.Duration(1+w.draw(999_999, "hang", name, n)) * time.Nanosecond)
 }

@@ -76,6 +76,8 @@ type world struct {
 	snotes          []stamped       // the store's lines of the step (flushStoreNotes)
 	storeCalls      map[string]int  // calls of the store, by kind and key (storeFault)
 	selfCommitted   map[string]bool // store keys whose handler committed its transaction itself
+	hungN           map[string]int  // hung calls so far, by request, kind and key (hangWait)
+	connReqs        map[string]int  // requests so far, by the server's connection
 	stats           map[string]int
 	outcomes        map[string]int // the calls' outcomes, by class (Result.Outcomes)
 	trace           []string
@@ -200,8 +202,10 @@ func newWorld(seed uint64, cfg Config) *world {
 	}
 	w.storeCalls = map[string]int{}
 	w.selfCommitted = map[string]bool{}
-	w.ledger = &ledger{db: &servermodel.DB{Now: w.storeClock}}
-	w.kv = &servermodel.Store{Now: w.storeClock, Faults: w.storeFault}
+	w.hungN = map[string]int{}
+	w.connReqs = map[string]int{}
+	w.ledger = &ledger{db: &servermodel.DB{Now: w.storeClock, Wait: w.hangWait}}
+	w.kv = &servermodel.Store{Now: w.storeClock, Faults: w.storeFault, Wait: w.hangWait}
 	w.net = newNetwork(w)
 	for op := range cfg.Ops {
 		w.batch = append(w.batch, op)
@@ -423,6 +427,7 @@ func (w *world) diskFault(op simdisk.Op) error {
 func (w *world) settle() {
 	w.steps++
 	synctest.Wait()
+
 	for _, m := range w.machines {
 		if p := m.cli; p != nil && m.disk != nil && m.disk.Halted() {
 			// The power was cut at a disk call the seed chose
@@ -613,6 +618,7 @@ func (w *world) act() bool {
 	for _, t := range w.readyTurns() {
 		add(10, "turn", func() { w.giveTurn(t) })
 	}
+
 	w.mu.Lock()
 	downSince := w.serverDownSince
 	w.mu.Unlock()
@@ -1041,6 +1047,7 @@ func (w *world) drain() {
 			w.giveTurn(ts[0])
 			continue
 		}
+
 		acted, busy := false, false
 		for _, m := range w.machines {
 			p := m.alive()
