@@ -179,7 +179,22 @@ type serverProc struct {
 // reqState is a request's, as the server's router sees it.
 type reqState struct {
 	id      string // its connection, and its number on it: a name no scheduling changes
+	runs    int    // runs of its handler so far (a serialization failure runs it again)
 	charged bool   // the handler charged (Streamed: at once)
+}
+
+// run names a run of r's handler, for the seed's draws: a name no
+// scheduling changes (see world.draw), so that two server goroutines
+// woken at one instant (the resets of a client process that died, ending
+// the waits of handlers that give up) draw the same whatever order they
+// run in.
+func run(r *http.Request) string {
+	rs, ok := r.Context().Value(reqKey{}).(*reqState)
+	if !ok {
+		return "?"
+	}
+	rs.runs++
+	return fmt.Sprintf("%s/%d", rs.id, rs.runs)
 }
 
 type reqKey struct{}
@@ -238,10 +253,15 @@ func (w *world) startServer() *serverProc {
 	}
 	p.srv = &http.Server{
 		Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-			w.route(p, inner, rw, r)
+			conn := fmt.Sprint(r.Context().Value(http.LocalAddrContextKey))
+			w.mu.Lock()
+			w.connReqs[conn]++
+			rs := &reqState{id: fmt.Sprintf("%s#%d", conn, w.connReqs[conn])}
+			w.mu.Unlock()
+			w.route(p, inner, rw, r.WithContext(context.WithValue(r.Context(), reqKey{}, rs)))
 			// The response is still in net/http's buffer: a crash
 			// here loses it, after the commit.
-			w.serverPoint(p, "response.before")
+			w.serverPoint(p, "response.before", rs.id)
 		}),
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
@@ -369,17 +389,13 @@ func (w *world) route(p *serverProc, inner http.Handler, rw http.ResponseWriter,
 		host, _, _ := strings.Cut(r.Host, ".")
 		http.Redirect(rw, r, w.scheme()+"://"+host+"-away.sim"+modePaths[modePlain], http.StatusTemporaryRedirect)
 	default:
-		conn := fmt.Sprint(r.Context().Value(http.LocalAddrContextKey))
-		w.mu.Lock()
-		w.connReqs[conn]++
-		rs := &reqState{id: fmt.Sprintf("%s#%d", conn, w.connReqs[conn])}
-		w.mu.Unlock()
+		rs, _ := r.Context().Value(reqKey{}).(*reqState)
 		defer func() {
-			if rs.charged {
+			if rs != nil && rs.charged {
 				p.open.Add(-1)
 			}
 		}()
-		inner.ServeHTTP(rw, r.WithContext(context.WithValue(r.Context(), reqKey{}, rs)))
+		inner.ServeHTTP(rw, r)
 	}
 }
 
@@ -410,16 +426,16 @@ var (
 // below it, a behBig one above.
 const maxStored = 512
 
-// behaviour draws what a handler run of op does.
-func (w *world) behaviour(p *serverProc, op int, key string) int {
-	if !w.faulty.Load() || !w.srng.pick(w.cfg.Behave) {
+// behaviour draws what the handler run named name, of op, does.
+func (w *world) behaviour(p *serverProc, op int, key, name string) int {
+	if !w.faulty.Load() || w.draw(100, "behave", name) >= w.cfg.Behave {
 		return behCharge
 	}
 	bs := txBehaviours
 	if w.cfg.Shell == shellStreamed {
 		bs = streamedBehaviours // fail, give up or panic before they charge
 	}
-	b := bs[w.srng.intn(len(bs))]
+	b := bs[w.draw(len(bs), "behaviour", name)]
 	w.count("handler " + behaviourNames[b])
 	w.tracef("server %d: the handler of op %d key %s %s", p.n, op, key, behaviourNames[b])
 	return b
@@ -438,10 +454,10 @@ type gate struct {
 
 func (g *gate) open() { g.once.Do(func() { close(g.ch) }) }
 
-// pause holds the handler, when the seed says so, until the driver
-// releases it; it reports whether the process died meanwhile.
-func (w *world) pause(p *serverProc, op int, key string) bool {
-	if !w.faulty.Load() || !w.srng.pick(w.cfg.Pause) {
+// pause holds the handler run named name, when the seed says so, until
+// the driver releases it; it reports whether the process died meanwhile.
+func (w *world) pause(p *serverProc, op int, key, name string) bool {
+	if !w.faulty.Load() || w.draw(100, "pause", name) >= w.cfg.Pause {
 		return p.dead.Load()
 	}
 	w.mu.Lock()
@@ -453,13 +469,14 @@ func (w *world) pause(p *serverProc, op int, key string) bool {
 	return p.dead.Load()
 }
 
-// serverPoint is a point a request passes on server process p: the seed
-// may crash the process there. It reports whether p is dead.
-func (w *world) serverPoint(p *serverProc, where string) bool {
+// serverPoint is a point where a request (named name: see run) passes
+// on server process p: the seed may crash the process there. It reports
+// whether p is dead.
+func (w *world) serverPoint(p *serverProc, where, name string) bool {
 	if p.dead.Load() {
 		return true
 	}
-	if !w.faulty.Load() || w.serverCrashesLeft() <= 0 || !w.srng.pick(w.cfg.ServerPoint) {
+	if !w.faulty.Load() || w.serverCrashesLeft() <= 0 || w.draw(100, "crash", where, name) >= w.cfg.ServerPoint {
 		return false
 	}
 	if w.cfg.Shell == shellStreamed && p.open.Load() > 0 {

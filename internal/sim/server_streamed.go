@@ -93,10 +93,11 @@ func (p *serverProc) streamCharge(rw http.ResponseWriter, r *http.Request) {
 		http.Error(rw, "bad request", http.StatusBadRequest)
 		return
 	}
-	if w.serverPoint(p, "handler.start") || w.pause(p, op, key) {
+	name := run(r)
+	if w.serverPoint(p, "handler.start", name) || w.pause(p, op, key, name) {
 		return
 	}
-	b := w.behaviour(p, op, key)
+	b := w.behaviour(p, op, key, name)
 	switch b {
 	case behFail:
 		http.Error(rw, "the business failed", http.StatusInternalServerError)

@@ -48,8 +48,14 @@ func (p *serverProc) dbFault(op servermodel.Op, key string) servermodel.Fault {
 	if p.dead.Load() {
 		return servermodel.Refuse
 	}
-	if op == servermodel.OpComplete && w.serverPoint(p, "commit.before") {
-		return servermodel.Refuse
+	if op == servermodel.OpComplete {
+		w.mu.Lock()
+		w.commits[key]++
+		n := w.commits[key]
+		w.mu.Unlock()
+		if w.serverPoint(p, "commit.before", fmt.Sprint(key, " ", n)) {
+			return servermodel.Refuse
+		}
 	}
 	return w.storeFault(op, key)
 }
@@ -65,10 +71,11 @@ func (p *serverProc) txCharge(rw http.ResponseWriter, r *http.Request, tx *serve
 		http.Error(rw, "bad request", http.StatusBadRequest)
 		return nil
 	}
-	if w.serverPoint(p, "handler.start") || w.pause(p, op, key) {
+	name := run(r)
+	if w.serverPoint(p, "handler.start", name) || w.pause(p, op, key, name) {
 		return errServerGone
 	}
-	b := w.behaviour(p, op, key)
+	b := w.behaviour(p, op, key, name)
 	e := &effect{op: op, key: key, storeKey: storeKey, server: p.n, at: time.Now()}
 	w.ledger.newCharge(e)
 	if b == behBig {
@@ -81,7 +88,7 @@ func (p *serverProc) txCharge(rw http.ResponseWriter, r *http.Request, tx *serve
 	} else if err := tx.Effect(e.charge); err != nil {
 		return err // the connection is gone
 	}
-	if w.serverPoint(p, "handler.effect") {
+	if w.serverPoint(p, "handler.effect", name) {
 		return errServerGone
 	}
 	switch b {
@@ -102,7 +109,7 @@ func (p *serverProc) txCharge(rw http.ResponseWriter, r *http.Request, tx *serve
 		w.mu.Lock()
 		w.selfCommitted[storeKey] = true
 		w.mu.Unlock()
-		if w.serverPoint(p, "handler.committed") {
+		if w.serverPoint(p, "handler.committed", name) {
 			return errServerGone
 		}
 	case behGiveUp:

@@ -49,7 +49,6 @@ type world struct {
 	seed uint64
 
 	rng  *lrand // the driver's choices
-	srng *lrand // the server's crash points and pauses
 	drng *lrand // the disk's and the database's faults and power cuts
 
 	net      *network
@@ -78,6 +77,7 @@ type world struct {
 	selfCommitted   map[string]bool // store keys whose handler committed its transaction itself
 	hungN           map[string]int  // hung calls so far, by request, kind and key (hangWait)
 	connReqs        map[string]int  // requests so far, by the server's connection
+	commits         map[string]int  // the transactional shell's commits so far, by key
 	stats           map[string]int
 	outcomes        map[string]int // the calls' outcomes, by class (Result.Outcomes)
 	trace           []string
@@ -190,7 +190,6 @@ func newWorld(seed uint64, cfg Config) *world {
 		cfg:      cfg,
 		seed:     seed,
 		rng:      newRand(seed, 1),
-		srng:     newRand(seed, 2),
 		drng:     newRand(seed, 3),
 		acks:     &acks{keys: map[string]ackState{}},
 		stats:    map[string]int{},
@@ -204,6 +203,7 @@ func newWorld(seed uint64, cfg Config) *world {
 	w.selfCommitted = map[string]bool{}
 	w.hungN = map[string]int{}
 	w.connReqs = map[string]int{}
+	w.commits = map[string]int{}
 	w.ledger = &ledger{db: &servermodel.DB{Now: w.storeClock, Wait: w.hangWait}}
 	w.kv = &servermodel.Store{Now: w.storeClock, Faults: w.storeFault, Wait: w.hangWait}
 	w.net = newNetwork(w)
