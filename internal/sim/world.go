@@ -274,6 +274,9 @@ func (w *world) run() {
 			w.tracef("op %d: %s%s", op, modeNames[mode], map[bool]string{false: ", unnamed"}[w.opNamed[op]])
 		}
 	}
+	if sh := w.cfg.Shell; sh >= 0 && sh < numShells {
+		w.tracef("the server: the %s shell, %d instance(s), %d tenant(s)", shellNames[sh], w.instances(), max(1, w.cfg.Tenants))
+	}
 	w.startServer()
 	for _, m := range w.machines {
 		w.startClient(m)
