@@ -59,7 +59,8 @@ func TestDBDrop(t *testing.T) {
 	assert.Equal(t, []servermodel.Effect{{Key: idemserver.ScopedKey("", "k"), Name: "retry"}}, db.Effects())
 }
 
-// TestDBWrite: a write outside any transaction commits at once.
+// TestDBWrite: a write outside any transaction commits at once. (Checked
+// to fail with Write doing nothing.)
 func TestDBWrite(t *testing.T) {
 	db := &servermodel.DB{}
 	db.Write("k", "charge")
