@@ -40,7 +40,8 @@ func TestArchitecture(t *testing.T) {
 		{pkg: "internal/servertest", mayOnly: []string{"idemserver", "internal/servercore"}},
 		{pkg: "idemserver", mayOnly: []string{".", "internal/contract", "internal/fingerprint", "internal/servercore"}},
 		{pkg: "idemtest", mayOnly: []string{".", "idemserver", "internal/contract"}},
-		{pkg: "inbox", mayOnly: []string{"."}},
+		{pkg: "inbox", mayOnly: []string{".", "internal/plant"}},
+		{pkg: "internal/msgsim", mayOnly: []string{"inbox"}},
 	}
 	for _, r := range rules {
 		t.Run(r.pkg, func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"hash/maphash"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 )
@@ -19,11 +20,16 @@ import (
 // attempt sends that buffer: identical by construction, whatever GetBody
 // would have returned and whatever the caller did to req.Body after
 // NewRequest. (net/http writes an in-memory body together with the
-// request head, in one write.) That costs one copy of the body; the fast
-// path that sent req.Body itself when its GetBody looked like
-// http.NewRequest's (recognised by the closure's code pointer) is gone:
-// it broke when the caller swapped req.Body, and it reached into
-// net/http's internals (BenchmarkDoInterleaved, bench/README.md).
+// request head, in one write.) That costs one copy of the body, except
+// for a string (a strings.Reader's), kept as it is: its bytes cannot
+// change (stringCatcher). A []byte is copied: the caller's slice may
+// change after Do returns (or between attempts, from another goroutine),
+// and a Write's bytes may be a reader's reused buffer, which nothing
+// tells apart from a slice that stays put. The fast path that sent
+// req.Body itself when its GetBody looked like http.NewRequest's
+// (recognised by the closure's code pointer) is gone: it broke when the
+// caller swapped req.Body, and it reached into net/http's internals
+// (BenchmarkDoInterleaved, bench/README.md).
 //
 // A larger body, or one of unknown length, with GetBody is streamed: the
 // first attempt sends req.Body and sets the reference (its length n and a
@@ -46,17 +52,38 @@ var bodySeed = maphash.MakeSeed()
 // replayableBody makes req's body resendable. It returns the whole body in
 // memory when it must (needBytes: a journal stores it), when the request
 // has no GetBody (up to maxBody), or when its length is known and at most
-// maxBody; then req.Body is read and closed. Otherwise it returns the
-// request's GetBody, and req.Body stays open: the first attempt streams
-// it, as net/http would.
-func replayableBody(req *http.Request, needBytes bool, maxBody int64) ([]byte, func() (io.ReadCloser, error), error) {
+// maxBody; then req.Body is read and closed. The body in memory is a copy
+// of its bytes, or, when the body hands over a string (a strings.Reader
+// does, through WriteTo; see stringCatcher) and no journal needs bytes,
+// that string itself. Otherwise it returns the request's GetBody, and
+// req.Body stays open: the first attempt streams it, as net/http would.
+//
+// c is the call's stringCatcher, which lives in the call state: a
+// WriteTo's writer escapes, and would be one more allocation per call.
+func replayableBody(req *http.Request, needBytes bool, maxBody int64, c *stringCatcher) (memBody, func() (io.ReadCloser, error), error) {
 	if req.Body == nil || req.Body == http.NoBody {
-		return nil, nil, nil
+		return memBody{}, nil, nil
 	}
 	if req.GetBody != nil && !needBytes && (req.ContentLength <= 0 || req.ContentLength > maxBody) {
-		return nil, req.GetBody, nil
+		return memBody{}, req.GetBody, nil
 	}
 	defer closeBody(req)
+	if wt, ok := req.Body.(io.WriterTo); ok && !needBytes && req.ContentLength > 0 {
+		// The length is known and at most maxBody: the usual body of
+		// http.NewRequest over an in-memory reader, whose WriteTo hands
+		// the bytes over at once.
+		*c = stringCatcher{max: maxBody, want: req.ContentLength}
+		_, err := wt.WriteTo(c)
+		m := c.body()
+		*c = stringCatcher{} // keep nothing of the body here
+		if err != nil {
+			if errors.Is(err, errBodyTooLarge) {
+				return memBody{}, nil, fmt.Errorf("idemhttp: %w: body larger than MaxBodyBytes (%d)", ErrNotReplayable, maxBody)
+			}
+			return memBody{}, nil, fmt.Errorf("idemhttp: %w: read body: %w", ErrInvalidRequest, err)
+		}
+		return m, nil, nil
+	}
 	// Sized from Content-Length (+1 so reaching EOF needs no growth):
 	// bytes.Buffer.ReadFrom would double a 1 KiB buffer to keep 512 bytes
 	// free, for every request.
@@ -73,19 +100,103 @@ func replayableBody(req *http.Request, needBytes bool, maxBody int64) ([]byte, f
 			break
 		}
 		if err != nil {
-			return nil, nil, fmt.Errorf("idemhttp: %w: read body: %w", ErrInvalidRequest, err)
+			return memBody{}, nil, fmt.Errorf("idemhttp: %w: read body: %w", ErrInvalidRequest, err)
 		}
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
 		}
 	}
 	if int64(len(buf)) > maxBody {
-		return nil, nil, fmt.Errorf("idemhttp: %w: body larger than MaxBodyBytes (%d)", ErrNotReplayable, maxBody)
+		return memBody{}, nil, fmt.Errorf("idemhttp: %w: body larger than MaxBodyBytes (%d)", ErrNotReplayable, maxBody)
 	}
 	if len(buf) == 0 {
-		return nil, nil, nil
+		return memBody{}, nil, nil
 	}
-	return buf, nil, nil
+	return memBody{b: buf}, nil, nil
+}
+
+// memBody is a request body held in memory, which every attempt sends
+// whole: a copy of its bytes (b), or a string (s, with str set), whose
+// bytes nobody can change.
+type memBody struct {
+	b   []byte
+	s   string
+	str bool
+}
+
+func (m memBody) len() int { return len(m.b) + len(m.s) }
+
+// stringCatcher is the io.Writer a body's WriteTo writes to, in
+// replayableBody. A string handed over whole, in one WriteString call
+// before any other write, is kept as it is, without a copy: no one can
+// change a string's bytes, so every attempt sends exactly those bytes
+// however long the call holds them, and the caller's buffers are not
+// touched. (strings.Reader.WriteTo calls io.WriteString, which calls
+// WriteString: an http.NewRequest over a strings.Reader sends its string
+// with no copy.) Bytes handed to Write are copied, as io.Writer's
+// contract requires: the reader may reuse or change them after Write
+// returns (a bytes.Reader hands over the caller's own slice, which the
+// caller may change after Do returns; a bufio.Reader its buffer). Past
+// max bytes it fails with errBodyTooLarge.
+type stringCatcher struct {
+	s    string
+	b    []byte
+	max  int64
+	want int64 // the declared length, to size the copy
+	n    int64
+	str  bool // s holds the whole body so far
+}
+
+// errBodyTooLarge stops a WriteTo past MaxBodyBytes.
+var errBodyTooLarge = errors.New("idemhttp: body larger than MaxBodyBytes")
+
+func (c *stringCatcher) WriteString(s string) (int, error) {
+	if c.n+int64(len(s)) > c.max {
+		return 0, errBodyTooLarge
+	}
+	if c.n == 0 {
+		c.s, c.str, c.n = s, true, int64(len(s))
+		return len(s), nil
+	}
+	c.spill()
+	c.b = append(c.b, s...)
+	c.n += int64(len(s))
+	return len(s), nil
+}
+
+func (c *stringCatcher) Write(p []byte) (int, error) {
+	if c.n+int64(len(p)) > c.max {
+		return 0, errBodyTooLarge
+	}
+	c.spill()
+	if c.b == nil && (c.want <= 0 || int64(len(p)) >= c.want) {
+		c.b = append([]byte(nil), p...) // a copy (p is not ours to keep), in one allocation not zeroed first
+	} else {
+		if c.b == nil {
+			c.b = make([]byte, 0, c.want)
+		}
+		c.b = append(c.b, p...) // a copy: p is not ours to keep
+	}
+	c.n += int64(len(p))
+	return len(p), nil
+}
+
+// spill turns a string kept so far into bytes, to append to.
+func (c *stringCatcher) spill() {
+	if c.str {
+		c.b = append(make([]byte, 0, len(c.s)*2), c.s...)
+		c.s, c.str = "", false
+	}
+}
+
+func (c *stringCatcher) body() memBody {
+	switch {
+	case c.str && c.s != "":
+		return memBody{s: c.s, str: true}
+	case len(c.b) > 0:
+		return memBody{b: c.b}
+	}
+	return memBody{}
 }
 
 func closeBody(req *http.Request) {
@@ -416,6 +527,18 @@ func (v *verifyingBody) Close() error {
 	return v.src.Close()
 }
 
+// closeIfOpen closes v unless it is closed already (by the transport).
+func (v *verifyingBody) closeIfOpen() {
+	v.mu.Lock()
+	first := !v.isClosed
+	v.isClosed = true
+	v.mu.Unlock()
+	if first {
+		v.ref.closed(v.k)
+		_ = v.src.Close()
+	}
+}
+
 func (v *verifyingBody) closedNow() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -425,35 +548,74 @@ func (v *verifyingBody) closedNow() bool {
 // memBody is the engine's ReaderFunc for a body in memory: every attempt
 // reads the same bytes. The first attempt's reader lives in the call
 // state; later ones are new, since net/http may still be reading the
-// previous one when the engine starts the next attempt. A *bytes.Reader,
-// which the engine wraps in io.NopCloser: net/http writes such a body
+// previous one when the next attempt starts. A *bytes.Reader or a
+// *strings.Reader, wrapped in io.NopCloser: net/http writes such a body
 // with the request head, in one write.
 func (a *operation) memBody() (io.Reader, error) {
 	if a.probing {
-		return http.NoBody, nil // Do sets ContentLength from the buffer
+		return http.NoBody, nil // retryEngine sets ContentLength from the buffer
 	}
 	if !a.memUsed {
 		a.memUsed = true
-		a.memReader.Reset(a.mem)
+		if a.mem.str {
+			a.strReader.Reset(a.mem.s)
+			return &a.strReader, nil
+		}
+		a.memReader.Reset(a.mem.b)
 		return &a.memReader, nil
 	}
-	return bytes.NewReader(a.mem), nil
+	if a.mem.str {
+		return strings.NewReader(a.mem.s), nil
+	}
+	return bytes.NewReader(a.mem.b), nil
 }
 
-// body is the engine's ReaderFunc for a streamed request: the first
-// attempt sends the caller's Body (hashed as it goes, the reference),
-// later ones (and net/http's own rewinds for redirects and dead pooled
-// connections, through the engine's GetBody) a fresh copy from GetBody,
+// rewind is the outgoing request's GetBody, for net/http's own resends
+// (a dead pooled connection) and for its redirects: a body as the next
+// attempt would send it, as the engine's own GetBody returns it.
+func (a *operation) rewind() (io.ReadCloser, error) {
+	var r io.Reader
+	var err error
+	if a.mem.len() > 0 {
+		r, err = a.memBody()
+	} else {
+		r, err = a.body()
+	}
+	if err != nil {
+		return nil, err
+	}
+	if rc, ok := r.(io.ReadCloser); ok {
+		return rc, nil
+	}
+	return io.NopCloser(r), nil
+}
+
+// streamed is the state of a streamed body, made only for one (the call
+// state would grow by a third for every call otherwise): the first
+// attempt sends the caller's Body (first, hashed as it goes, the
+// reference); later ones (and net/http's own rewinds for redirects and
+// dead pooled connections, through GetBody) a fresh copy from getBody,
 // checked against the reference.
+type streamed struct {
+	first   verifyingBody
+	ref     bodyRef
+	getBody func() (io.ReadCloser, error)
+	// handFirst: the engine sends the first attempt too (config.engineFirst,
+	// for tests): its first rewind hands over first.
+	handFirst bool
+}
+
+// body is the engine's ReaderFunc for a streamed request: a body from
+// GetBody, checked against the reference (see streamed).
 func (a *operation) body() (io.Reader, error) {
 	if a.probing {
-		return http.NoBody, nil // Do sets ContentLength from the request
+		return http.NoBody, nil // retryEngine sets ContentLength from the request
 	}
-	if b := a.firstBody; b != nil {
-		a.firstBody = nil
-		return b, nil
+	if st := a.stream; st.handFirst {
+		st.handFirst = false
+		return &st.first, nil
 	}
-	rc, err := a.getBody()
+	rc, err := a.stream.getBody()
 	if err != nil {
 		return nil, a.giveUpJoin(ErrNotReplayable, err, nil)
 	}
@@ -461,6 +623,6 @@ func (a *operation) body() (io.Reader, error) {
 		rc = http.NoBody
 	}
 	v := &verifyingBody{}
-	v.reset(a.req.Context(), rc, &a.bodyRef, a.rreq.ContentLength, true)
+	v.reset(a.req.Context(), rc, &a.stream.ref, a.bodyLen, true)
 	return v, nil
 }

@@ -1,11 +1,11 @@
 package idemhttp
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"reflect"
@@ -15,8 +15,6 @@ import (
 
 	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/idemkit/idemhttp/internal/contract"
-
-	"github.com/hashicorp/go-retryablehttp"
 )
 
 // Client sends HTTP requests so that retrying them is safe: a request that
@@ -105,7 +103,8 @@ type Client struct {
 // neither races with it nor changes what it does.
 type config struct {
 	pol     policy
-	hc      *http.Client
+	hc      *http.Client     // what the engine sends each attempt with
+	at      attemptTransport // hc's Transport, which a first attempt goes to directly (send.go)
 	budget  *budget
 	mem     *memJournal
 	journal Journal
@@ -116,6 +115,12 @@ type config struct {
 	now     func() time.Time // Client.clock, or time.Now
 	// inflight counts the calls in Do, for Stats.
 	inflight atomic.Int64
+	// keyToken: the key header's name is a token (net/http sends it).
+	keyToken bool
+	// engineFirst: the first attempt goes through go-retryablehttp's
+	// engine too, as every attempt did before send.go; set only by
+	// TestFirstAttemptMatchesEngine, which compares the two.
+	engineFirst bool
 	// traceable: the Transport is net/http's, which reports httptrace
 	// events, so an attempt that never obtained a connection failed
 	// before anything could be sent (see wire.go); h2c: it may speak
@@ -135,6 +140,7 @@ func (c *Client) init() {
 	c.once.Do(func() {
 		cfg := &c.cfg
 		cfg.pol = c.Policy.resolve()
+		cfg.keyToken = isToken(cfg.pol.keyHeader)
 		var b Budget
 		if c.Policy != nil {
 			b = c.Policy.Budget
@@ -159,8 +165,9 @@ func (c *Client) init() {
 		// header, which the engine sends on every attempt, so attempt three
 		// carried them three times; attemptTransport adds them to each
 		// attempt's copy.
+		cfg.at = attemptTransport{rt: rt, timeout: base.Timeout, jar: base.Jar}
 		cfg.hc = &http.Client{
-			Transport:     attemptTransport{rt: rt, timeout: base.Timeout, jar: base.Jar},
+			Transport:     cfg.at,
 			CheckRedirect: checkRedirect(base.CheckRedirect),
 		}
 		cfg.mem = newMemJournal(cfg.pol.retention)
@@ -227,7 +234,19 @@ type attemptTransport struct {
 }
 
 func (t attemptTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	if a := attemptFrom(r.Context()); a != nil {
+	return t.roundTripFor(attemptFrom(r.Context()), r)
+}
+
+// roundTripFor is RoundTrip of an attempt of a (nil: a request of no
+// call), which send knows without looking it up in r's context.
+func (t attemptTransport) roundTripFor(a *operation, r *http.Request) (*http.Response, error) {
+	if a != nil {
+		if resp := a.replay; resp != nil {
+			// The response send already has for r: http.Client follows
+			// its redirect from there (send.go).
+			a.replay = nil
+			return resp, nil
+		}
 		if err := a.handOver(r); err != nil {
 			closeBody(r) // a RoundTripper closes the body, even on errors
 			return nil, err
@@ -247,13 +266,13 @@ func (t attemptTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 	}
 	resp, err := t.roundTrip(r)
-	if err == nil {
+	if err == nil && resp != nil { // nil: send and http.Client say what is wrong
 		hideUnparsableLocation(r, resp)
 	}
-	if a := attemptFrom(r.Context()); a != nil && err == nil {
+	if a != nil && err == nil {
 		a.lastResp = resp // for unwind: a panic before the call returns it leaves it open
 	}
-	if err == nil && t.jar != nil {
+	if err == nil && resp != nil && t.jar != nil { // nil: send and http.Client say what is wrong
 		if rc := resp.Cookies(); len(rc) > 0 {
 			t.jar.SetCookies(r.URL, rc)
 		}
@@ -380,14 +399,26 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 	cfg := &c.cfg
 	cfg.inflight.Add(1)
 	defer cfg.inflight.Add(-1)
+	return c.start(req, rs, sdk)
+}
+
+// start begins a call: the checks before anything is written or sent, the
+// key's source, the journal, the body made replayable; then the call
+// state, which runs the rest. (do, start and call are three functions so
+// that each defer is open-coded: a function with many returns pays for
+// its defers at run time.)
+func (c *Client) start(req *http.Request, rs *resend, sdk bool) (*http.Response, error) {
+	cfg := &c.cfg
 	p := &cfg.pol
 	ctx := req.Context()
-	key, explicit, err := callerKey(ctx, req.Header, p.keyHeader)
+	op, hasOp := operationFromContext(ctx)
+	// A call that will send a key without PrepareRequest gets its header
+	// copied in the same pass that looks for the caller's key.
+	key, explicit, hc, err := callerKey(ctx, req.Header, p.keyHeader, cfg.prepare == nil && (hasOp || p.needsKey(req.Method)))
 	if err != nil {
 		closeBody(req)
 		return nil, err
 	}
-	op, hasOp := operationFromContext(ctx)
 	// A refusal before anything is sent is ErrNotSent only when no
 	// earlier call can have used the operation's key: the call brings no
 	// key and names no operation of its own.
@@ -428,29 +459,60 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 				"(or give its key with WithKey), so that a rerun of the same work reuses its key; or set Policy.AllowUnnamed", ErrInvalidRequest))
 		}
 	}
-	body, getBody, err := replayableBody(req, j != nil, p.maxBody)
+	a := &operation{c: c, cfg: cfg, p: p.apply(ctx), operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method), j: j, scope: scope, sdk: sdk}
+	body, getBody, err := replayableBody(req, j != nil, p.maxBody, &a.catcher)
 	if err != nil {
 		return nil, unsent(err)
 	}
-
-	a := &operation{c: c, cfg: cfg, p: p.apply(ctx), operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method), j: j, scope: scope, sdk: sdk}
 	a.req = req // for the call's events until out replaces it
+	a.cctx = callCtx{Context: ctx, a: a}
+	return a.proceed(ctx, req, key, explicit, callParts{body: body, getBody: getBody, hc: hc}, rs)
+}
+
+// callParts is what start made of a request for proceed: its body, made
+// replayable (replayableBody), and a checked copy of its header, if one
+// was made (callerKey).
+type callParts struct {
+	body    memBody
+	getBody func() (io.ReadCloser, error)
+	hc      headerCopy
+}
+
+// proceed runs a call from its key on: the journal entry, the outgoing
+// request, its attempts, the outcome. key is the caller's, "" if none.
+func (a *operation) proceed(ctx context.Context, req *http.Request, key string, explicit bool, parts callParts, rs *resend) (*http.Response, error) {
+	cfg, p, keyed := a.cfg, &a.cfg.pol, a.keyed
+	body, getBody := parts.body, parts.getBody
 	// closeStreamed closes a body left open to stream (an in-memory one
 	// is closed already) when the call stops before sending it.
+	bodyClosed := false
 	closeStreamed := func() {
-		if getBody != nil {
+		if getBody != nil && !bodyClosed {
+			bodyClosed = true
 			closeBody(req)
 		}
 	}
-	a.cctx = callCtx{Context: ctx, a: a}
 	// A panic anywhere in the call (a hook's, a caller's callback's, a
 	// journal's) ends it as any call ends: the slots freed, an entry it
 	// created and never sent withdrawn. The panic goes on.
 	defer a.unwind(ctx)
+	defer func() {
+		if a.settled || getBody == nil || bodyClosed {
+			return // a call that ended: its body is closed or the transport's
+		}
+		// A panic (OnCallStart, PrepareRequest, OnAttempt, Pacer.Wait):
+		// a streamed body is still the call's, or the transport's if it
+		// had it, and net/http closes a request's body on every path:
+		// close it unless the transport did, so that a caller streaming
+		// through an io.Pipe has its writer freed.
+		if st := a.stream; st != nil {
+			st.first.closeIfOpen()
+			return
+		}
+		closeStreamed()
+	}()
 	if keyed {
-		var resp *http.Response
-		var ok bool
-		if resp, err, ok = a.open(ctx, req, key, explicit, body, rs); !ok {
+		if resp, err, ok := a.open(ctx, req, key, explicit, body.b, rs); !ok {
 			closeStreamed()
 			return resp, err
 		}
@@ -461,13 +523,24 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 
 	out := req.WithContext(a.context(a.callStart(ctx)))
 	a.req = out
+	// The header is checked as net/http would (unsendable) after
+	// PrepareRequest, or as it is copied (cloneChecked): the key header
+	// added is a token with a valid key.
+	checked, why := false, ""
 	switch {
 	case cfg.prepare != nil:
 		out.Header = cloneWithoutFold(req.Header, p.keyHeader, true)
 		u := *req.URL
 		out.URL = &u
 	case keyed:
-		out.Header = cloneWithoutFold(req.Header, p.keyHeader, false)
+		hc := parts.hc
+		if hc.h == nil { // a key in the header of a request that needs none
+			hc = cloneChecked(req.Header, p.keyHeader)
+		}
+		out.Header, why, checked = hc.h, hc.why, true
+		if !cfg.keyToken {
+			why = cmp.Or(why, badField(p.keyHeader, nil))
+		}
 	}
 	if keyed {
 		a.keyVal[0] = contract.FormatKeyHeader(key, p.quoteKey)
@@ -489,54 +562,27 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 			return a.settle(ctx, nil, fmt.Errorf("idemhttp: %w: PrepareRequest changed the %s header; the client sets it", ErrInvalidRequest, p.keyHeader))
 		}
 	}
-	if why := unsendable(out); why != "" {
+	if why := unsendable(out, checked, why); why != "" {
 		closeStreamed()
 		return a.settle(ctx, nil, fmt.Errorf("idemhttp: %w: net/http would not send it: %s", ErrInvalidRequest, why))
 	}
 
-	// The engine's request lives in the call state: FromRequest would only
-	// allocate it, since the body is set below.
+	// The first attempt's body, and GetBody for net/http's own resends and
+	// redirects (and, on a retry, the engine's, which rewinds it the same
+	// way: operation.rewind).
 	out.Body = nil
-	rreq := &a.rreq
-	rreq.Request = out
-	var rf retryablehttp.ReaderFunc
-	var n int64
 	switch {
-	case body != nil:
-		a.mem = body
-		rf, n = a.memBody, int64(len(body))
+	case body.len() > 0:
+		a.mem, a.bodyLen = body, int64(body.len())
+		r, _ := a.memBody() // never fails
+		out.Body, out.GetBody, out.ContentLength = io.NopCloser(r), a.rewind, a.bodyLen
 	case getBody != nil:
-		a.first.reset(ctx, req.Body, &a.bodyRef, req.ContentLength, false)
-		a.firstBody = &a.first
-		a.getBody = getBody
-		rf, n = a.body, req.ContentLength
+		st := &streamed{getBody: getBody}
+		st.first.reset(ctx, req.Body, &st.ref, req.ContentLength, false)
+		a.stream, a.bodyLen = st, req.ContentLength
+		out.Body, out.GetBody = &st.first, a.rewind
 	}
-	if rf != nil {
-		a.probing = true // SetBody reads the body once to measure it
-		err = rreq.SetBody(rf)
-		a.probing = false
-		rreq.ContentLength = n
-	}
-	if err != nil {
-		closeStreamed()
-		return a.settle(ctx, nil, fmt.Errorf("idemhttp: %w: body: %w", ErrNotReplayable, err))
-	}
-
-	a.engine = retryablehttp.Client{
-		HTTPClient:   cfg.hc,
-		RetryMax:     math.MaxInt32, // checkRetry decides when to stop
-		CheckRetry:   engineCheckRetry,
-		Backoff:      engineBackoff,
-		PrepareRetry: enginePrepareRetry,
-		ErrorHandler: engineErrorHandler,
-	}
-	if cfg.hooks.OnAttempt != nil || cfg.hooks.OnAttemptDone != nil || a.p.pacer != nil {
-		a.engine.RequestLogHook = engineRequestHook
-	}
-	resp, err := a.finish(a.engine.Do(rreq))
-	if a.firstBody != nil {
-		_ = a.firstBody.Close() // never sent; net/http would have closed it
-	}
+	resp, err := a.finish(a.run(out))
 	return a.settle(ctx, resp, err)
 }
 

@@ -19,33 +19,53 @@ import (
 // callerKey returns the key the caller chose, from the key header (in any
 // letter case) or from WithKey, or "" if none; explicit reports that it
 // came from WithKey. Two different keys on one request are refused before
-// anything is sent.
-func callerKey(ctx context.Context, h http.Header, name string) (key string, explicit bool, err error) {
+// anything is sent. With clone, it also copies h without the key header
+// and checks the copied fields as net/http would (cloneChecked), in the
+// same pass over h: a call that will send a key needs the copy, and every
+// pass over a map costs a random start and an iterator.
+func callerKey(ctx context.Context, h http.Header, name string, clone bool) (key string, explicit bool, hc headerCopy, err error) {
+	if clone {
+		hc.h = make(http.Header, len(h)+1)
+	}
 	for k, vv := range h {
 		if len(k) != len(name) || (k != name && !strings.EqualFold(k, name)) {
+			if clone {
+				if hc.why == "" {
+					hc.why = badField(k, vv)
+				}
+				hc.h[k] = vv
+			}
 			continue
 		}
 		for _, v := range vv {
 			kv, err := contract.ParseKeyHeader(v)
 			if err != nil {
-				return "", false, err
+				return "", false, headerCopy{}, err
 			}
 			if key != "" && kv != key {
-				return "", false, fmt.Errorf("idemhttp: %w: the request carries two %s values, %q and %q", ErrKeyConflict, name, key, kv)
+				return "", false, headerCopy{}, fmt.Errorf("idemhttp: %w: the request carries two %s values, %q and %q", ErrKeyConflict, name, key, kv)
 			}
 			key = kv
 		}
 	}
 	if k, ok := keyFromContext(ctx); ok {
 		if err := contract.ValidateKey(k); err != nil {
-			return "", false, err
+			return "", false, headerCopy{}, err
 		}
 		if key != "" && key != k {
-			return "", false, fmt.Errorf("idemhttp: %w: header has %q, WithKey has %q", ErrKeyConflict, key, k)
+			return "", false, headerCopy{}, fmt.Errorf("idemhttp: %w: header has %q, WithKey has %q", ErrKeyConflict, key, k)
 		}
-		return k, true, nil
+		return k, true, hc, nil
 	}
-	return key, false, nil
+	return key, false, hc, nil
+}
+
+// headerCopy is a copy of a request's header without its key header
+// (callerKey, cloneChecked), and what net/http would refuse of it: the
+// first problem found, "" if none (badField). A nil h means no copy.
+type headerCopy struct {
+	h   http.Header
+	why string
 }
 
 // cloneWithoutFold returns a copy of h without the headers named name in
@@ -66,6 +86,23 @@ func cloneWithoutFold(h http.Header, name string, deep bool) http.Header {
 		out[k] = vv
 	}
 	return out
+}
+
+// cloneChecked is cloneWithoutFold (shallow) that also checks every
+// field it copies as unsendable would (badField), in the same pass. A
+// field named name is dropped unchecked, since the caller replaces it.
+func cloneChecked(h http.Header, name string) headerCopy {
+	hc := headerCopy{h: make(http.Header, len(h)+1)}
+	for k, vv := range h {
+		if len(k) == len(name) && (k == name || strings.EqualFold(k, name)) {
+			continue
+		}
+		if hc.why == "" {
+			hc.why = badField(k, vv)
+		}
+		hc.h[k] = vv
+	}
+	return hc
 }
 
 // deleteFold removes the headers named name in any letter case.

@@ -87,7 +87,7 @@ func (a *operation) advance(to phase) bool {
 func (a *operation) open(ctx context.Context, req *http.Request, want string, explicit bool, body []byte, rs *resend) (resp *http.Response, err error, ok bool) {
 	for {
 		if a.operation != "" {
-			if _, err := a.hold(ctx, "o\x00"+a.operation); err != nil {
+			if _, err := a.hold(ctx, 'o', a.operation); err != nil {
 				r, e := a.answer(nil, err)
 				return r, e, false
 			}
@@ -103,7 +103,7 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 			// A caller's key, the journal's, or a minted key that Resume
 			// could list from the journal: nobody else may send under it
 			// meanwhile. A minted key without a journal nobody else knows.
-			if _, err := a.hold(ctx, "k\x00"+key); err != nil {
+			if _, err := a.hold(ctx, 'k', key); err != nil {
 				r, e := a.answer(nil, err)
 				return r, e, false
 			}
@@ -130,7 +130,7 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 			// hold that one instead. Having to wait for it means another
 			// call was sending under it: begin again, to see what it left.
 			a.releaseKey(key)
-			waited, err := a.hold(ctx, "k\x00"+e.Key)
+			waited, err := a.hold(ctx, 'k', e.Key)
 			if err != nil {
 				r, e := a.answer(nil, err)
 				return r, e, false
@@ -544,6 +544,13 @@ func (a *operation) unwind(ctx context.Context) {
 		}
 		a.advance(phaseJournaled) // Begin wrote the entry; its hook panicked
 	case phaseJournaled, phaseAttempting, phaseNotSent, phaseMaybeSent:
+		// The attempt the panic interrupted (in the caller's
+		// RoundTripper, CheckRedirect or Jar, the Pacer's Observe) was
+		// never judged by checkRetry: what its connection saw so far
+		// says whether it may have left, as it would have there.
+		if w := a.wire.take(); !w.notSent(a.cfg.traceable) {
+			a.sawAttempt(true)
+		}
 	default: // a final phase: its outcome is written
 		a.settled = true
 		a.releaseAll()

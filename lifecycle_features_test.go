@@ -721,7 +721,7 @@ func TestChangedStreamedBodyNeverArrivesWhole(t *testing.T) {
 					s.readWhole(r.Body, n)
 					r.Body.Close()
 				}()
-				require.Eventually(t, func() bool { return a.bodyRef.waiters() > 0 || started.Load() }, 5*time.Second, time.Millisecond)
+				require.Eventually(t, func() bool { return a.stream.ref.waiters() > 0 || started.Load() }, 5*time.Second, time.Millisecond)
 				if !tt.readFirstN {
 					s.readWhole(s.first, n)
 				}

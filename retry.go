@@ -19,14 +19,15 @@ import (
 	"github.com/idemkit/idemhttp/internal/plant"
 
 	"github.com/cenkalti/backoff/v4"
-	"github.com/hashicorp/go-retryablehttp"
 )
 
-// This file is the attempt loop. It runs on go-retryablehttp's engine
-// (Client.Do: body rewind per attempt, bounded drain of discarded bodies,
-// the timer and context select) with our own CheckRetry, Backoff,
-// PrepareRetry and ErrorHandler. Three parts of the engine cannot express
-// the contract, and are wrapped:
+// This file is the attempt loop. Its retries run on go-retryablehttp's
+// engine (Client.Do: body rewind per attempt, bounded drain of discarded
+// bodies, the timer and context select) with our own CheckRetry, Backoff,
+// PrepareRetry and ErrorHandler; the first attempt goes out directly, as
+// the engine's loop would send it, and a retry hands the call over to the
+// engine (send.go). Three parts of the engine cannot express the
+// contract, and are wrapped:
 //
 //   - Deadline: the engine sleeps first and notices the deadline after.
 //     CheckRetry decides the delay itself and, when the wait would cross the
@@ -40,7 +41,7 @@ import (
 //   - CloseIdleConnections: the engine calls it on the http.Client on every
 //     failure, which would tear down the pooled connections of a caller's
 //     shared client. The engine gets its own http.Client value whose
-//     Transport hides CloseIdleConnections (see idleKeeper).
+//     Transport hides CloseIdleConnections (attemptTransport, client.go).
 
 // peekLen bounds how much of a 4xx body is read to recognise an
 // idempotency signal.
@@ -117,21 +118,24 @@ type operation struct {
 	j     Journal // the journal holding entry, nil if none
 	entry *Entry
 
-	// A body with GetBody: the first attempt sends the caller's Body
-	// (hashed as it goes), later ones a fresh copy from GetBody, checked
-	// against the first (body.go). probing is set while the engine
-	// measures the body.
-	mem       []byte // a body in memory, sent whole by every attempt
+	// The body (body.go): one in memory, sent whole by every attempt; or a
+	// streamed one, with GetBody. probing is set while the engine measures
+	// the body.
+	mem       memBody
+	catcher   stringCatcher // replayableBody's scratch
 	memReader bytes.Reader
+	strReader strings.Reader
 	memUsed   bool
-	firstBody io.ReadCloser
-	first     verifyingBody
-	bodyRef   bodyRef
-	getBody   func() (io.ReadCloser, error)
+	stream    *streamed
+	bodyLen   int64 // the body's length as sent, 0 if none, -1 if unknown
 	probing   bool
 
-	engine retryablehttp.Client
-	rreq   retryablehttp.Request
+	// The first attempt goes out directly (send.go); eng, go-retryablehttp's
+	// engine, is made only for a retry. delay is the wait before the next
+	// attempt, which checkRetry decides.
+	eng    *retryEngine
+	delay  time.Duration
+	replay *http.Response // send: the response http.Client gets for a redirect it follows from
 
 	// For hooks only (hooks.go): the redacted URL, computed once, and
 	// when the call and the current attempt started.
@@ -151,7 +155,7 @@ type callCtx struct {
 // Value returns the call state for callCtxKey and defers to the caller's
 // context for every other key.
 func (c *callCtx) Value(key any) any {
-	if key == any(callCtxKey) {
+	if k, ok := key.(ctxKey); ok && k == callCtxKey {
 		return c.a
 	}
 	return c.Context.Value(key)
@@ -161,7 +165,7 @@ func (c *callCtx) Value(key any) any {
 // state and the trace that tells whether an attempt reached the wire.
 // httptrace composes it with any trace the caller installed.
 func (a *operation) context(parent context.Context) context.Context {
-	a.wire.install(&a.trace, a.cfg.h2c || !strings.EqualFold(a.req.URL.Scheme, "http"), a.cfg.h2c)
+	a.wire.install(&a.trace, a.cfg.h2c || !isHTTP(a.req.URL.Scheme), a.cfg.h2c)
 	a.cctx = callCtx{Context: httptrace.WithClientTrace(parent, &a.trace), a: a}
 	return &a.cctx
 }
@@ -292,7 +296,7 @@ func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err err
 	// The lifecycle's evidence: whether this attempt can have reached the
 	// server (wire.go). An answer always did.
 	a.sawAttempt(resp != nil || !w.notSent(a.cfg.traceable))
-	if a.bodyRef.differed() {
+	if a.stream != nil && a.stream.ref.differed() {
 		// The body from GetBody was not the one sent before: it was cut
 		// short (see body.go), and it must not go out under this key.
 		var last *http.Response // the answer, for the error to carry
@@ -509,7 +513,10 @@ func (a *operation) wait(ctx context.Context, reason idemtrace.RetryReason, resp
 		a.keptAt, a.keptHeader = a.attempts, resp.Header
 		a.keptBody, a.keptBodyCut = readErrorBody(a.keptBody, resp.Body, resp.ContentLength, true)
 	}
-	a.engine.RetryWaitMin = delay
+	a.delay = delay
+	if a.eng != nil {
+		a.eng.engine.RetryWaitMin = delay
+	}
 	a.waiting = true
 	a.c.notifyRetry(ctx, a, reason)
 	return true, nil
@@ -619,7 +626,7 @@ func (c *Client) notifyRetry(ctx context.Context, a *operation, reason idemtrace
 		Key:       a.key,
 		Operation: a.operation,
 		Attempt:   a.attempts + 1,
-		Delay:     a.engine.RetryWaitMin,
+		Delay:     a.delay,
 		Reason:    reason,
 		Status:    a.lastStatus,
 		Err:       a.lastErr,

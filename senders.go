@@ -34,14 +34,17 @@ type senders struct {
 // slots is the process's table of senders' slots.
 var slots senders
 
-// slotID names a slot: an operation id ("o\x00" + id) or a key ("k\x00"
-// + key) within a scope.
+// slotID names a slot: an operation id (kind 'o') or a key (kind 'k')
+// within a scope.
 type slotID struct {
 	scope any
+	kind  byte
 	id    string
 }
 
-// slot is a held slot: done is closed when its holder releases it.
+// slot is a held slot: done, made by the first goroutine to wait for it
+// (most slots are never waited for), is closed when its holder releases
+// it.
 type slot struct {
 	done    chan struct{}
 	waiting int // goroutines waiting for it, for tests
@@ -57,15 +60,19 @@ func (s *senders) acquire(ctx context.Context, id slotID) (waited bool, err erro
 		}
 		sl, ok := s.busy[id]
 		if !ok {
-			s.busy[id] = &slot{done: make(chan struct{})}
+			s.busy[id] = &slot{}
 			s.mu.Unlock()
 			return waited, nil
 		}
+		if sl.done == nil {
+			sl.done = make(chan struct{})
+		}
+		done := sl.done
 		sl.waiting++
 		s.mu.Unlock()
 		waited = true
 		select {
-		case <-sl.done:
+		case <-done:
 		case <-ctx.Done():
 		}
 		s.mu.Lock()
@@ -108,20 +115,25 @@ func (s *senders) release(id slotID) {
 	s.mu.Lock()
 	sl := s.busy[id]
 	delete(s.busy, id)
-	s.mu.Unlock()
+	var done chan struct{}
 	if sl != nil {
-		close(sl.done)
+		done = sl.done // read under the lock: a waiter makes it so
+	}
+	s.mu.Unlock()
+	if done != nil {
+		close(done)
 	}
 }
 
-// hold takes id's slot for a, remembering it for releaseAll. Slots are
-// taken in one order, an operation id's before a key's, and a call holds
-// at most one of each, so two calls never wait for each other.
-func (a *operation) hold(ctx context.Context, id string) (waited bool, err error) {
+// hold takes the slot of id, an operation id (kind 'o') or a key ('k'),
+// for a, remembering it for releaseAll. Slots are taken in one order, an
+// operation id's before a key's, and a call holds at most one of each,
+// so two calls never wait for each other.
+func (a *operation) hold(ctx context.Context, kind byte, id string) (waited bool, err error) {
 	if plant.NoSenderSlots { // a planted bug (internal/plant), false but in a test build
 		return false, nil
 	}
-	sid := slotID{a.scope, id}
+	sid := slotID{a.scope, kind, id}
 	for _, h := range a.held {
 		if h == sid {
 			return false, nil
@@ -129,6 +141,9 @@ func (a *operation) hold(ctx context.Context, id string) (waited bool, err error
 	}
 	waited, err = slots.acquire(ctx, sid)
 	if err == nil {
+		if a.held == nil {
+			a.held = make([]slotID, 0, 2) // an operation id's and a key's
+		}
 		a.held = append(a.held, sid)
 	}
 	return waited, err
@@ -143,7 +158,7 @@ func (a *operation) releaseAll() {
 
 // releaseKey frees the slot of a key the call no longer uses.
 func (a *operation) releaseKey(key string) {
-	id := slotID{a.scope, "k\x00" + key}
+	id := slotID{a.scope, 'k', key}
 	for i, h := range a.held {
 		if h == id {
 			slots.release(id)

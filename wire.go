@@ -135,23 +135,20 @@ func (a *operation) classify(err error, w attemptWire) errClass {
 // host. The client refuses such a request before its first attempt: a
 // refusal by net/http during an attempt is no evidence that nothing left
 // (see notSent). The message never quotes a value, which may be secret.
-func unsendable(r *http.Request) string {
-	if !strings.EqualFold(r.URL.Scheme, "http") && !strings.EqualFold(r.URL.Scheme, "https") {
+// checked: r.Header was checked already, as it was copied
+// (cloneChecked), and why is what that found.
+func unsendable(r *http.Request, checked bool, why string) string {
+	if !isHTTP(r.URL.Scheme) && !strings.EqualFold(r.URL.Scheme, "https") {
 		return "" // another scheme is a registered protocol's, or refused as unknown
 	}
-	for _, h := range [...]http.Header{r.Header, r.Trailer} {
-		for k, vv := range h {
-			if !isToken(k) {
-				return fmt.Sprintf("header field name %q", k)
-			}
-			for _, v := range vv {
-				for i := 0; i < len(v); i++ {
-					if b := v[i]; b < ' ' && b != '\t' || b == 0x7f {
-						return fmt.Sprintf("a control character in the value of header field %q", k)
-					}
-				}
-			}
-		}
+	if !checked {
+		why = badHeader(r.Header)
+	}
+	if why == "" {
+		why = badHeader(r.Trailer)
+	}
+	if why != "" {
+		return why
 	}
 	if r.Method != "" && !isToken(r.Method) {
 		return fmt.Sprintf("method %q", r.Method)
@@ -162,17 +159,62 @@ func unsendable(r *http.Request) string {
 	return ""
 }
 
+// isHTTP reports whether scheme is "http", in any letter case.
+func isHTTP(scheme string) bool {
+	return scheme == "http" || strings.EqualFold(scheme, "http")
+}
+
+// badHeader says what of h net/http would refuse to send, "" if nothing.
+func badHeader(h http.Header) string {
+	for k, vv := range h {
+		if why := badField(k, vv); why != "" {
+			return why
+		}
+	}
+	return ""
+}
+
+// badField says what net/http would refuse of a header field named k
+// with values vv: a name that is no token, a value with a control
+// character. "" if nothing.
+func badField(k string, vv []string) string {
+	if !isToken(k) {
+		return fmt.Sprintf("header field name %q", k)
+	}
+	for _, v := range vv {
+		for i := 0; i < len(v); i++ {
+			if ctl[v[i]] {
+				return fmt.Sprintf("a control character in the value of header field %q", k)
+			}
+		}
+	}
+	return ""
+}
+
+// ctl marks the bytes net/http refuses in a header value: control
+// characters but the tab.
+var ctl = func() (t [256]bool) {
+	for c := range 256 {
+		t[c] = c < ' ' && c != '\t' || c == 0x7f
+	}
+	return t
+}()
+
+// tchar marks the bytes an RFC 9110 token is made of.
+var tchar = func() (t [256]bool) {
+	for c := range 256 {
+		t[c] = 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", byte(c)) >= 0
+	}
+	return t
+}()
+
 // isToken reports whether s is an RFC 9110 token: one or more tchar.
 func isToken(s string) bool {
 	if s == "" {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
+		if !tchar[s[i]] {
 			return false
 		}
 	}

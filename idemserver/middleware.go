@@ -64,7 +64,11 @@ const (
 //   - A handler that panics releases its key and the panic continues to
 //     net/http, which aborts the connection and logs it; the middleware
 //     does not turn panics into 500s, which would hide them from outer
-//     middleware.
+//     middleware. So does an OnClaim hook that panics for a new key,
+//     before the handler runs. A handler that panics after it wrote a
+//     status ShouldStore keeps (or hijacked the connection) answered, so
+//     it ran: its key is kept completed, as not replayable (410). A ShouldStore that panics after the
+//     handler ran keeps its key completed, as not replayable (410).
 //   - A handler that returns without writing anything while its request's
 //     context is done (the client left, a deadline passed) is taken to have
 //     given up: its key is released, not stored as an empty 200. A handler

@@ -81,8 +81,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	switch v.Answer {
 	case servercore.AnswerRun:
-		h.hooks.claim(ctx, r, scope, key, ClaimNew, 0, claimLatency)
-		h.run(w, r, &q, scope, key, storeKey, token, claimed, start)
+		h.run(w, r, &q, scope, key, storeKey, token, claimed, start, claimLatency)
 	case servercore.AnswerStoreFull:
 		h.logger.WarnContext(ctx, "idemserver: store full; answered 503", "key", key, "error", v.Err)
 		hdr.Set("Retry-After", h.retryAfter)
@@ -136,9 +135,9 @@ func (h *handler) storeFailed(w http.ResponseWriter, r *http.Request, scope, key
 
 // run serves a request whose key this process has just claimed (the
 // Claim sent at claimed), then stores the response or releases the key,
-// as the core decides. scope, key and start (the claim's time, zero
-// without hooks) are for the hooks.
-func (h *handler) run(w http.ResponseWriter, r *http.Request, q *servercore.Request, scope, key, storeKey, token string, claimed, start time.Time) {
+// as the core decides. scope, key, start (the claim's time, zero
+// without hooks) and claimLatency are for the hooks.
+func (h *handler) run(w http.ResponseWriter, r *http.Request, q *servercore.Request, scope, key, storeKey, token string, claimed, start time.Time, claimLatency time.Duration) {
 	// The request's context ends when the client leaves, but the work is
 	// done by then and its outcome must still be recorded.
 	ctx := context.WithoutCancel(r.Context())
@@ -158,19 +157,28 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, q *servercore.Requ
 	f := finisher{h: h, r: r, q: q, rec: rec, scope: scope, key: key, storeKey: storeKey, token: token, start: start}
 	returned := false
 	defer func() {
-		if !returned {
-			// The handler panicked (or called runtime.Goexit): the core
-			// releases the key so a retry can run, and the panic goes on
-			// unrecovered, with its original stack, to net/http.
-			f.finish(ctx, servercore.Handler{Panicked: true, Status: rec.status})
+		switch {
+		case !returned:
+			// The handler panicked (or called runtime.Goexit), or the
+			// OnClaim hook did before it ran: the core releases the key
+			// so a retry can run, and the panic goes on unrecovered, with
+			// its original stack, to net/http.
+			f.finish(ctx, servercore.Handler{Panicked: true, Status: rec.status, Wrote: rec.wroteHeader, Hijacked: rec.hijacked})
+		case !f.planned:
+			// The server author's ShouldStore panicked after the handler
+			// ran: without this the key stayed claimed, unrenewed, and
+			// ran again once its lock timed out.
+			f.finish(ctx, servercore.Handler{Unjudged: true, Status: f.status, Wrote: rec.wroteHeader, Hijacked: rec.hijacked})
 		}
 	}()
+	h.hooks.claim(r.Context(), r, scope, key, ClaimNew, 0, claimLatency)
 	h.next.ServeHTTP(rec, r)
 	returned = true
 	status := rec.status
 	if !rec.wroteHeader && !rec.hijacked {
 		status = http.StatusOK // what net/http sends for a handler that wrote nothing
 	}
+	f.status = status
 	f.finish(ctx, servercore.Handler{
 		Wrote:      rec.wroteHeader,
 		Status:     status,
@@ -189,6 +197,8 @@ type finisher struct {
 	scope, key      string
 	storeKey, token string
 	start           time.Time
+	status          int  // the handler's final status, once it returned
+	planned         bool // the core has planned the run's end (Returned)
 }
 
 // finish stops the renewals and keeps the response or releases the key,
@@ -206,6 +216,7 @@ func (f *finisher) finish(ctx context.Context, ev servercore.Handler) {
 	}
 	ev.LockUntil, ev.Retry = expires, h.renewer.retry
 	plan := f.q.Returned(ev)
+	f.planned = true
 	var record []byte
 	op := StoreOpRelease
 	switch plan.Do {

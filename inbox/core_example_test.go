@@ -43,7 +43,8 @@ func ExampleDelivery() {
 // The shell every adapter runs its deliveries through: a shutdown while
 // the handler runs hands the message back at once and counts nothing;
 // the handler's own failures are counted, and the last allowed one
-// dead-letters the message.
+// dead-letters the message. The adapter tells the core how its dead
+// letter went: the message's record goes only once it is done.
 func ExampleRunner() {
 	ledger := &inbox.MemoryLedger{} // in production, the inbox's: inbox.SQL.Ledger
 	r := &inbox.Runner{Policy: inbox.Policy{Retry: inbox.Retry{MaxDeliveries: 2}}, Ledger: ledger}
@@ -64,9 +65,15 @@ func ExampleRunner() {
 	for range 2 {
 		dec, d := r2.Deliver(context.Background(), m, k, inbox.Arrival{HasID: true, MaybeRedelivered: true}, inbox.Hooks{})
 		fmt.Println(d.State(), dec.Verb, "after", dec.Failures, "failed runs")
+		if dec.Verb == inbox.VerbDeadLetter {
+			// The broker's dead letter (a reject, a produce) succeeded.
+			r2.DeadLettered(context.Background(), d, k, nil)
+			fmt.Println(d.State())
+		}
 	}
 	// Output:
 	// shutdown: requeue 0s
 	// retrying requeue after 1 failed runs
-	// dead-lettered dead-letter after 2 failed runs
+	// dead-lettering dead-letter after 2 failed runs
+	// dead-lettered
 }

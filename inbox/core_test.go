@@ -40,9 +40,11 @@ type answer struct {
 
 // play drives one delivery through the core: the arrival a, the ledger's
 // answers in order, then (when the core says run) limit passing first if
-// limit is set, and the ending e. It returns the final decision, the
-// writes the core asked for, and the states it went through.
-func play(t *testing.T, p Policy, a Arrival, answers []answer, limit bool, e Ending) (Decision, []Op, []State) {
+// limit is set, and the ending e; after VerbDeadLetter, the shell's dead
+// letter ending with dlErr. It returns the decision the shell acts on,
+// the one that settles a dead letter (after), the writes the core asked
+// for, and the states it went through.
+func play(t *testing.T, p Policy, a Arrival, answers []answer, limit bool, e Ending, dlErr error) (dec, after Decision, _ []Op, _ []State) {
 	t.Helper()
 	d := NewDelivery(p)
 	states := []State{d.State()}
@@ -59,7 +61,7 @@ func play(t *testing.T, p Policy, a Arrival, answers []answer, limit bool, e End
 		}
 		return dec
 	}
-	dec := step(d.Arrive(a))
+	dec = step(d.Arrive(a))
 	if dec.Verb == VerbRun {
 		if limit {
 			rel := step(d.LimitPassed())
@@ -70,10 +72,14 @@ func play(t *testing.T, p Policy, a Arrival, answers []answer, limit bool, e End
 			dec = step(d.Returned(e))
 		}
 	}
+	if dec.Verb == VerbDeadLetter {
+		require.False(t, d.State().Final(), "a dead letter is settled only once the shell says how it went")
+		after = step(d.DeadLettered(dlErr))
+	}
 	require.True(t, d.State().Final(), "ends in a final state, not %s", d.State())
 	require.Empty(t, answers, "every answer used")
 	require.Empty(t, d.Refused())
-	return dec, writes, compact(states)
+	return dec, after, writes, compact(states)
 }
 
 func compact(s []State) []State {
@@ -99,7 +105,10 @@ var (
 // message (no ack); Returned counting a shutdown's error (OpFail written,
 // StateFailing); Exhausted compared to Failures alone (the crash cases
 // run again); LimitPassed releasing before the count (VerbRelease with no
-// write).
+// write); Recorded in StateFailing ignoring Record.Processed (the
+// processed message requeued, or dead-lettered on its last run); the
+// dead letter deciding OpForget before the shell's dead letter (the
+// failing dead letters forget the count: issue 30).
 func TestCoreTransitions(t *testing.T) {
 	retry := Retry{Delay: time.Second, MaxDelay: time.Minute, MaxDeliveries: 3}
 	p := Policy{Retry: retry}
@@ -110,7 +119,9 @@ func TestCoreTransitions(t *testing.T) {
 		answers []answer
 		limit   bool
 		ending  Ending
+		dlErr   error
 		want    Decision
+		after   Decision
 		writes  []Op
 		states  []State
 	}{
@@ -142,7 +153,7 @@ func TestCoreTransitions(t *testing.T) {
 			answers: []answer{{rec: Record{Running: 3}}, {}},
 			want:    Decision{Verb: VerbDeadLetter, Err: fmt.Errorf("%w: 3 failed runs", ErrExhausted), Failures: 3, Report: true},
 			writes:  []Op{OpBegin, OpForget},
-			states:  []State{StateReceived, StateChecking, StateClosing, StateDeadLettered},
+			states:  []State{StateReceived, StateChecking, StateDeadLettering, StateClosing, StateDeadLettered},
 		},
 		{
 			name:    "arrives after two failures and a crash: exhausted too",
@@ -150,7 +161,7 @@ func TestCoreTransitions(t *testing.T) {
 			answers: []answer{{rec: Record{Failures: 2, Running: 1}}, {}},
 			want:    Decision{Verb: VerbDeadLetter, Err: fmt.Errorf("%w: 3 failed runs", ErrExhausted), Failures: 3, Report: true},
 			writes:  []Op{OpBegin, OpForget},
-			states:  []State{StateReceived, StateChecking, StateClosing, StateDeadLettered},
+			states:  []State{StateReceived, StateChecking, StateDeadLettering, StateClosing, StateDeadLettered},
 		},
 		{
 			name:    "the ledger cannot be read: back after a delay, uncounted, unrun",
@@ -185,7 +196,45 @@ func TestCoreTransitions(t *testing.T) {
 			ending:  Ending{Err: errBoom},
 			want:    Decision{Verb: VerbDeadLetter, Err: errBoom, Failures: 3, Report: true},
 			writes:  []Op{OpBegin, OpFailBegun, OpForget},
-			states:  []State{StateReceived, StateChecking, StateRunning, StateFailing, StateClosing, StateDeadLettered},
+			states:  []State{StateReceived, StateChecking, StateRunning, StateFailing, StateDeadLettering, StateClosing, StateDeadLettered},
+		},
+		{
+			name:    "the last allowed failure, and the dead letter fails: the record kept, back after its delay",
+			arrival: Arrival{HasID: true, MaybeRedelivered: true},
+			answers: []answer{{rec: Record{Failures: 2}}, {rec: Record{Failures: 3}}},
+			ending:  Ending{Err: errBoom},
+			dlErr:   errDBDown,
+			want:    Decision{Verb: VerbDeadLetter, Err: errBoom, Failures: 3, Report: true},
+			after:   Decision{Verb: VerbRequeue, Delay: retry.After(3), Err: fmt.Errorf("inbox: dead letter: %w", errDBDown), Failures: 3},
+			writes:  []Op{OpBegin, OpFailBegun},
+			states:  []State{StateReceived, StateChecking, StateRunning, StateFailing, StateDeadLettering, StateDeadLetterFailed},
+		},
+		{
+			name:    "the forget after the dead letter fails: dead-lettered all the same",
+			arrival: Arrival{HasID: true},
+			answers: []answer{{rec: Record{Failures: 3}}, {err: errDBDown}},
+			ending:  Ending{Err: errBoom},
+			want:    Decision{Verb: VerbDeadLetter, Err: errBoom, Failures: 3, Report: true},
+			writes:  []Op{OpFail, OpForget},
+			states:  []State{StateReceived, StateRunning, StateFailing, StateDeadLettering, StateClosing, StateDeadLettered},
+		},
+		{
+			name:    "a failure of a processed message (its commit applied, the answer lost): acked, forgotten",
+			arrival: Arrival{HasID: true},
+			answers: []answer{{rec: Record{Processed: true}}, {}},
+			ending:  Ending{Err: errBoom},
+			want:    Decision{Verb: VerbAck},
+			writes:  []Op{OpFail, OpForget},
+			states:  []State{StateReceived, StateRunning, StateFailing, StateClosing, StateAcked},
+		},
+		{
+			name:    "the last allowed run of a redelivery fails after its effect committed: acked, never dead-lettered",
+			arrival: Arrival{HasID: true, MaybeRedelivered: true},
+			answers: []answer{{rec: Record{Failures: 2}}, {rec: Record{Processed: true}}, {}},
+			ending:  Ending{Err: errBoom},
+			want:    Decision{Verb: VerbAck},
+			writes:  []Op{OpBegin, OpFailBegun, OpForget},
+			states:  []State{StateReceived, StateChecking, StateRunning, StateFailing, StateClosing, StateAcked},
 		},
 		{
 			name:    "a failure the ledger cannot count: back after a delay, uncounted",
@@ -235,6 +284,15 @@ func TestCoreTransitions(t *testing.T) {
 			states:  []State{StateReceived, StateRunning, StateReleasing, StateReleased},
 		},
 		{
+			name:    "past the limit, the message processed: released uncounted (its redelivery is a duplicate)",
+			arrival: Arrival{HasID: true},
+			answers: []answer{{rec: Record{Processed: true}}},
+			limit:   true,
+			want:    Decision{Verb: VerbRelease, Err: errLimit},
+			writes:  []Op{OpFail},
+			states:  []State{StateReceived, StateRunning, StateReleasing, StateReleased},
+		},
+		{
 			name:    "past the limit, the ledger down: released uncounted",
 			arrival: Arrival{HasID: true, MaybeRedelivered: true},
 			answers: []answer{{}, {err: errDBDown}},
@@ -247,7 +305,15 @@ func TestCoreTransitions(t *testing.T) {
 			name:    "no id: dead-lettered, reported",
 			arrival: Arrival{MaybeRedelivered: true},
 			want:    Decision{Verb: VerbDeadLetter, Err: ErrNoMessageID, Report: true},
-			states:  []State{StateReceived, StateDeadLettered},
+			states:  []State{StateReceived, StateDeadLettering, StateDeadLettered},
+		},
+		{
+			name:    "no id, and the dead letter fails: back after the first delay, nothing to keep",
+			arrival: Arrival{},
+			dlErr:   errBoom,
+			want:    Decision{Verb: VerbDeadLetter, Err: ErrNoMessageID, Report: true},
+			after:   Decision{Verb: VerbRequeue, Delay: time.Second, Err: fmt.Errorf("inbox: dead letter: %w", errBoom)},
+			states:  []State{StateReceived, StateDeadLettering, StateDeadLetterFailed},
 		},
 		{
 			name:    "no id, stop policy: the consumer stops",
@@ -274,12 +340,18 @@ func TestCoreTransitions(t *testing.T) {
 			if pol == (Policy{}) {
 				pol = p
 			}
-			got, writes, states := play(t, pol, tt.arrival, tt.answers, tt.limit, tt.ending)
+			got, after, writes, states := play(t, pol, tt.arrival, tt.answers, tt.limit, tt.ending, tt.dlErr)
 			if tt.want.Err != nil {
 				assert.EqualError(t, got.Err, tt.want.Err.Error())
 				got.Err, tt.want.Err = nil, nil
 			}
+			if tt.after.Err != nil {
+				assert.EqualError(t, after.Err, tt.after.Err.Error())
+				assert.ErrorIs(t, after.Err, tt.dlErr)
+				after.Err, tt.after.Err = nil, nil
+			}
 			assert.Equal(t, tt.want, got)
+			assert.Equal(t, tt.after, after)
 			assert.Equal(t, tt.writes, writes)
 			assert.Equal(t, tt.states, states)
 			for i := 1; i < len(states); i++ {
@@ -315,6 +387,11 @@ func TestCoreRefusesWhatMustNeverHappen(t *testing.T) {
 			d.Recorded(Record{Failures: 1}, nil)
 		}, func(d *Delivery) Decision { return d.Returned(Ending{}) }},
 		{"run after a dead letter", func(d *Delivery) { d.Arrive(Arrival{}) }, func(d *Delivery) Decision { return d.LimitPassed() }},
+		{"a dead letter reported of a delivery never dead-lettered", func(d *Delivery) { d.Arrive(Arrival{HasID: true}) }, func(d *Delivery) Decision { return d.DeadLettered(nil) }},
+		{"a dead letter reported twice", func(d *Delivery) {
+			d.Arrive(Arrival{})
+			d.DeadLettered(nil)
+		}, func(d *Delivery) Decision { return d.DeadLettered(nil) }},
 		{"limit on a handed-back delivery", func(d *Delivery) { d.Arrive(Arrival{HasID: true, Stopping: true}) }, func(d *Delivery) Decision { return d.LimitPassed() }},
 		{"return while the marker is written", func(d *Delivery) { d.Arrive(Arrival{HasID: true, MaybeRedelivered: true}) }, func(d *Delivery) Decision { return d.Returned(Ending{}) }},
 	}
@@ -333,7 +410,7 @@ func TestCoreRefusesWhatMustNeverHappen(t *testing.T) {
 	}
 	// And the table itself: nothing leaves a final state, and no
 	// failure, shutdown or hand-back leads to an ack.
-	for s := StateAcked; s <= StateStopped; s++ {
+	for s := StateAcked; s < stateCount; s++ {
 		assert.Empty(t, moves[s], "%s is final", s)
 	}
 	for _, from := range []State{StateFailing, StateReleasing} {

@@ -24,8 +24,11 @@ type Key struct {
 //
 // Keep it in the database of the inbox ([SQL.Ledger]; contrib/postgres's
 // Inbox.Ledger), so that every instance of a consumer, and every restart,
-// share one count, and OpBegin's answer can say a message is processed.
-// [MemoryLedger] counts within one process only.
+// share one count, and the answers of OpBegin, OpFail and OpFailBegun can
+// say a message is processed ([Record.Processed]): a redelivery of it is
+// acked unrun, and a run that failed after its effect committed (a commit
+// whose answer was lost) is acked, never dead-lettered. [MemoryLedger]
+// counts within one process only, and cannot tell a processed message.
 //
 // Implementations must be safe for concurrent use. An error means the
 // write may or may not have happened: the core then counts nothing and
@@ -33,7 +36,9 @@ type Key struct {
 type Ledger interface {
 	// Apply makes the write op for the message k and returns the record:
 	// as it was before, for OpBegin; after it, for the others (zero for
-	// OpForget).
+	// OpForget). For OpBegin, OpFail and OpFailBegun of a message the
+	// inbox holds as processed, it writes nothing and returns
+	// Record{Processed: true}.
 	Apply(ctx context.Context, k Key, op Op) (Record, error)
 }
 
@@ -43,10 +48,20 @@ const DefaultMemoryLedgerSize = 4096
 
 // MemoryLedger is a [Ledger] in this process's memory: it counts the
 // failures of the handler runs this process sees, and forgets them when
-// the process ends; it never knows a message is processed. Adapters use
-// one of their own when their Ledger is nil. With it, a message that
-// kills its process is never counted, and every instance of a consumer
-// counts alone: a poison message gets up to the limit per instance.
+// the process ends. Adapters use one of their own when their Ledger is
+// nil. With it, a message that kills its process is never counted, and
+// every instance of a consumer counts alone: a poison message gets up to
+// the limit per instance.
+//
+// It cannot tell a processed message: it sees no inbox, so its answers
+// never say [Record.Processed]. A redelivery of a processed message then
+// runs its handler (which the inbox makes a duplicate, acked), and a
+// handler that fails after its effect committed (a commit whose answer
+// was lost: "outcome unknown") is counted as a failure like any other:
+// on its last allowed run the message is dead-lettered although its
+// effect committed, and replaying that dead letter runs the effect again
+// unless the handler dedups (an inbox's Handle does). Give the adapter
+// the inbox's ledger ([SQL.Ledger]) to have these acked.
 //
 // It remembers at most MaxRecords messages, forgetting an arbitrary one
 // past that (so a message may get more runs than the limit, never fewer).

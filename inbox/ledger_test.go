@@ -1,6 +1,7 @@
 package inbox_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/idemkit/idemhttp/inbox"
@@ -15,5 +16,21 @@ import (
 func TestMemoryLedgerConformance(t *testing.T) {
 	inboxtest.RunLedger(t, func(*testing.T) inboxtest.LedgerFixture {
 		return inboxtest.LedgerFixture{Ledger: &inbox.MemoryLedger{}}
+	})
+}
+
+// The model's ledger (inboxtest.Store, which the model world and the
+// runner's tests use) answers as the real ones do, processed messages
+// included.
+func TestStoreLedgerConformance(t *testing.T) {
+	inboxtest.RunLedger(t, func(*testing.T) inboxtest.LedgerFixture {
+		store := inboxtest.NewStore()
+		return inboxtest.LedgerFixture{Ledger: store.Ledger(), Process: func(_ context.Context, k inbox.Key) error {
+			tx, _, err := store.Begin(k)
+			if err != nil {
+				return err
+			}
+			return tx.Commit()
+		}}
 	})
 }

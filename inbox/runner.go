@@ -58,9 +58,9 @@ type Hooks struct {
 
 // Deliver runs one delivery of m through the core, whose arrival evidence
 // is a, with k the message's key in the ledger, and returns the final
-// decision: VerbAck, VerbRequeue, VerbDeadLetter, VerbStop, or VerbNone
-// when the message was released at the processing limit (the delivery is
-// spent). The handler gets a context that ends with ctx or at the limit.
+// decision: VerbAck, VerbRequeue, VerbDeadLetter (then tell the core how
+// it went with [Runner.DeadLettered]), VerbStop, or VerbNone when the
+// message was released at the processing limit (the delivery is spent). The handler gets a context that ends with ctx or at the limit.
 // The core's state after the call is in the returned Delivery.
 func (r *Runner) Deliver(ctx context.Context, m *Message, k Key, a Arrival, hooks Hooks) (Decision, *Delivery) {
 	r.once.Do(func() {
@@ -88,6 +88,22 @@ func (r *Runner) Deliver(ctx context.Context, m *Message, k Key, a Arrival, hook
 		return d.Returned(Ending{Err: err}), d
 	}
 	return r.apply(ctx, d, k, d.Returned(Ending{Err: err, Stopping: ctx.Err() != nil})), d
+}
+
+// DeadLettered tells the core of d, whose final decision from
+// [Runner.Deliver] was VerbDeadLetter, how the adapter's dead letter went
+// (err nil: the message is in the dead-letter destination), makes the
+// ledger write that follows, and returns the decision that settles d.
+// Only once the dead letter is done is the message's record forgotten
+// (OpForget, in a context a shutdown does not cancel); the decision then
+// is VerbNone, in [StateDeadLettered]. When err is not nil, the record
+// stays with its count and the decision is VerbRequeue after the delay
+// of its failed runs ([StateDeadLetterFailed]): delivered again, the
+// message is dead-lettered on arrival, without running. An adapter that
+// never calls it (a crash before the dead letter) costs the same: one
+// more attempt to dead-letter it, never a run.
+func (r *Runner) DeadLettered(ctx context.Context, d *Delivery, k Key, err error) Decision {
+	return r.apply(ctx, d, k, d.DeadLettered(err))
 }
 
 // apply makes the writes dec asks for, one after the other, and returns

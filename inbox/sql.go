@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/idemhttp/internal/plant"
 )
 
 // DefaultTable is the inbox table's name when [SQL.Table] is empty.
@@ -441,6 +443,14 @@ func (s *SQL) processBatch(ctx context.Context, consumer, legacy string, ids []s
 	if err != nil {
 		return nil, fmt.Errorf("inbox: record ids: %w", err)
 	}
+	if plant.SplitDedup && len(fresh) > 0 { // a planted bug (internal/plant), false but in a test build
+		if err := tx.Commit(); err != nil {
+			return nil, fmt.Errorf("inbox: commit: %w", err)
+		}
+		if err := begin(); err != nil {
+			return nil, err
+		}
+	}
 	results = make([]Result, len(ids))
 	ran := 0
 	for i, id := range stored {
@@ -457,6 +467,11 @@ func (s *SQL) processBatch(ctx context.Context, consumer, legacy string, ids []s
 	if ran == 0 {
 		// Nothing new: nothing to commit. Rolling back releases the
 		// same locks.
+		return results, nil
+	}
+	if plant.AckFirst { // a planted bug (internal/plant), false but in a test build
+		committed = true
+		go func(tx *sql.Tx) { _ = tx.Commit() }(tx)
 		return results, nil
 	}
 	if err := tx.Commit(); err != nil {

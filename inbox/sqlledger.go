@@ -12,8 +12,10 @@ import (
 // per message in the inbox's ledger table (the inbox table's name and
 // "_ledger", created by [SQL.Migrate]), in the database of the inbox, so
 // that every instance of the consumer and every restart count one
-// message's handler runs together. Its OpBegin answer says a message is
-// processed when the inbox table holds its id, as [SQL.Handle] records it.
+// message's handler runs together. Its answers to OpBegin, OpFail and
+// OpFailBegun say a message is processed (and write nothing) when the
+// inbox table holds its id, as [SQL.Handle] records it, read in the
+// write's own transaction.
 // Make it with [SQL.Ledger]; it is safe for concurrent use.
 type SQLLedger struct {
 	s        *SQL
@@ -91,10 +93,12 @@ func applyLedger(ctx context.Context, tx *sql.Tx, engine int32, t, lt, consumer,
 		return r, err
 	}
 	switch op {
-	case OpBegin:
+	case OpBegin, OpFail, OpFailBegun:
 		// Processed: the inbox holds the id as its own (not another id
 		// space's copy), or as the previous release's row under the
-		// consumer's plain name (see recordOne).
+		// consumer's plain name (see recordOne). Then nothing is
+		// written: the core acks (a failed run's commit applied, its
+		// answer lost) and forgets the record.
 		var processed bool
 		err := tx.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM "+t+" WHERE consumer = $1 AND id = $3 AND format <> "+strconv.Itoa(formatCopy)+")"+
 			" OR EXISTS (SELECT 1 FROM "+t+" WHERE consumer = $2 AND id = $3 AND format = "+strconv.Itoa(formatLegacy)+")",
@@ -105,6 +109,9 @@ func applyLedger(ctx context.Context, tx *sql.Tx, engine int32, t, lt, consumer,
 		if processed {
 			return Record{Processed: true}, nil
 		}
+	}
+	switch op {
+	case OpBegin:
 		if err := upsert("0", "1", "running = "+lt+".running + 1"); err != nil {
 			return Record{}, err
 		}

@@ -27,8 +27,14 @@ func (a *kafkaAdapter) Run(ctx context.Context, s inboxtest.Settings, h inbox.Ha
 	c, err := kafka.NewConsumer(kafka.Config{
 		Group: "conformance", Topics: []string{"conformance"}, Handler: h,
 		Retry: s.Retry, Ledger: s.Ledger, ProcessingLimit: s.ProcessingLimit,
-		// A destination that always takes what is dead-lettered.
-		DeadLetter:   func(context.Context, *inbox.Message) error { return nil },
+		// A destination that takes what is dead-lettered, unless the
+		// scenario fails it.
+		DeadLetter: func(context.Context, *inbox.Message) error {
+			if s.DeadLetterFault != nil {
+				return s.DeadLetterFault()
+			}
+			return nil
+		},
 		OnDeadLetter: s.OnDeadLetter,
 	}, groupOpts(a.seeds)...)
 	if err != nil {

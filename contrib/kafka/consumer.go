@@ -48,7 +48,9 @@
 // that fails [inbox.Retry.MaxDeliveries] times (5 by default), its runs
 // that killed their process included, is dead-lettered: handed to
 // [Config.DeadLetter], or produced to [Config.DeadLetterTopic], and then
-// committed, and reported through [Config.OnDeadLetter] and a log line;
+// its offset committed at once, before anything after it runs (its ledger
+// record is forgotten with the dead letter: delivered again, it would
+// start afresh), and reported through [Config.OnDeadLetter] and a log line;
 // one that arrives having failed that often already (it kept killing the
 // members that ran it) is dead-lettered without running. With neither
 // destination, it holds its partition, retried after its growing delay
@@ -396,8 +398,10 @@ func (st *runState) maybeRedelivered(tp topicPartition, offset int64, window int
 // destination, and returns ctx's error, [kgo.ErrClientClosed], or an error
 // wrapping [inbox.ErrNoMessageID] that names the record. Records of one
 // partition are processed one at a time, in order; the offsets of a
-// poll's processed records are committed before the next poll. A
-// partition whose record failed pauses, alone, for the retry delay.
+// poll's processed records are committed before the next poll, and a
+// dead-lettered record's at once, before the next record of its
+// partition runs. A partition whose record failed pauses, alone, for the
+// retry delay.
 func (c *Consumer) Run(ctx context.Context) error {
 	st := &runState{runner: c.runner(), resume: make(map[topicPartition]time.Time),
 		next: make(map[topicPartition]int64), window: make(map[topicPartition]int64)}
@@ -508,9 +512,9 @@ func (c *Consumer) pause(st *runState, tp topicPartition, d time.Duration) {
 // (inbox.Runner) and maps its decisions: an acked record is the last to
 // commit; a record to requeue is sought back, and its partition paused
 // for the delay, so that nothing after it is handled before it; a record
-// to dead-letter goes to the dead-letter destination and is committed.
-// It returns the last record it settled, and an error only when Run must
-// stop.
+// to dead-letter goes to the dead-letter destination and is committed at
+// once (commitDead). It returns the last record it settled, and an error
+// only when Run must stop.
 func (c *Consumer) processPartition(ctx context.Context, st *runState, topic string, topicID [16]byte, partition int32, rs []*kgo.Record) (*kgo.Record, error) {
 	tp := topicPartition{topic, partition}
 	var last *kgo.Record
@@ -522,19 +526,22 @@ func (c *Consumer) processPartition(ctx context.Context, st *runState, topic str
 		}
 		arrival := inbox.Arrival{HasID: key.ID != "", Stopping: ctx.Err() != nil,
 			MaybeRedelivered: st.maybeRedelivered(tp, r.Offset, c.cfg.MaxPollRecords)}
-		dec, _ := st.runner.Deliver(ctx, m, key, arrival, inbox.Hooks{})
+		dec, d := st.runner.Deliver(ctx, m, key, arrival, inbox.Hooks{})
 		switch dec.Verb {
 		case inbox.VerbAck:
 			last = r
 			st.next[tp] = r.Offset + 1
 			continue
 		case inbox.VerbDeadLetter:
-			if c.settleDead(ctx, st, tp, r, m, dec) {
-				last = r
-				st.next[tp] = r.Offset + 1
-				continue
+			if !c.settleDead(ctx, st, tp, r, m, dec, d, key) {
+				return last, nil
 			}
-			return last, nil
+			last = r
+			st.next[tp] = r.Offset + 1
+			if !c.commitDead(ctx, st, tp, r) {
+				return last, nil
+			}
+			continue
 		case inbox.VerbStop:
 			c.seek(r)
 			return last, fmt.Errorf("idemhttp/kafka: %s offset %d: %w (set Config.DeadLetter or DeadLetterTopic to move such records aside)", m.Source, r.Offset, dec.Err)
@@ -561,19 +568,54 @@ func (c *Consumer) processPartition(ctx context.Context, st *runState, topic str
 }
 
 // settleDead hands r, which the core dead-lettered, to the dead-letter
-// destination and reports it, and says whether it may be committed. When
-// the destination fails, r is sought back and its partition paused: it
-// comes back and runs again.
-func (c *Consumer) settleDead(ctx context.Context, st *runState, tp topicPartition, r *kgo.Record, m *inbox.Message, dec inbox.Decision) bool {
+// destination, tells the core how that went (its ledger record goes only
+// once the dead letter is done), reports it, and says whether it may be
+// committed. When the destination fails, r is sought back and its
+// partition paused for the core's delay: its record kept with its count,
+// it comes back and is dead-lettered on arrival, without running.
+func (c *Consumer) settleDead(ctx context.Context, st *runState, tp topicPartition, r *kgo.Record, m *inbox.Message, dec inbox.Decision, d *inbox.Delivery, key inbox.Key) bool {
 	to, err := c.deadLetter(ctx, r, m, dec.Err)
+	after := st.runner.DeadLettered(ctx, d, key, err)
 	if err != nil {
 		c.report(fmt.Errorf("idemhttp/kafka: %s offset %d: dead-lettering failed, will retry: %w (after: %w)", m.Source, r.Offset, err, dec.Err))
 		c.seek(r)
-		c.pause(st, tp, c.cfg.Retry.After(max(dec.Failures, 1)))
+		c.pause(st, tp, after.Delay)
 		return false
 	}
 	c.reportDead(inbox.DeadLetter{Message: m, Deliveries: dec.Failures, Err: dec.Err, To: to})
 	return true
+}
+
+// commitDead commits the offset after r, which was just dead-lettered,
+// before anything after it in its partition runs, and says whether the
+// partition may go on.
+//
+// The dead letter is done and forgot the message's ledger record (the
+// core forgets a settled message, so that an operator's redrive starts
+// afresh), so r must not be delivered again: run again, it would start
+// from no failures and be dead-lettered a second time, or succeed (an
+// effect and a dead letter). Left to the poll's commit, a later record of the poll
+// that kills the member (the producer's duplicate of r, with r's id, say)
+// brings r back, again and again: the partition never got past them
+// (internal/msgsim, seed 272). Committing here is the adapter's own
+// settling of a dead letter, as a queue's reject is; keeping the ledger
+// record of a dead-lettered id instead would dead-letter an operator's
+// redrive at once, on every broker.
+//
+// When the commit fails, the partition stops here: sought to the record
+// after r and paused for the first retry delay, with r the last record
+// of the poll's commit, which tries again.
+func (c *Consumer) commitDead(ctx context.Context, st *runState, tp topicPartition, r *kgo.Record) bool {
+	err := c.cl.CommitRecords(context.WithoutCancel(ctx), r)
+	if err == nil {
+		return true
+	}
+	c.report(fmt.Errorf("idemhttp/kafka: %s/%d offset %d: commit after its dead letter: %w", r.Topic, r.Partition, r.Offset, err))
+	c.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{
+		r.Topic: {r.Partition: {Epoch: r.LeaderEpoch, Offset: r.Offset + 1}},
+	})
+	c.pause(st, tp, c.cfg.Retry.After(1))
+	return false
 }
 
 // holds reports whether a record that fails as often as allowed holds its

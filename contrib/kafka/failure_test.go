@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -457,4 +459,166 @@ func TestSQLOffsetsPositionsByTopicID(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, tt.want, got, tt.name)
 	}
+}
+
+// committedOffset returns the offset group committed for partition 0 of
+// topic, -1 for none, asked of the cluster by a client of its own. It
+// does not fail the test: a handler's goroutine calls it.
+func committedOffset(seeds, group, topic string) (int64, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds))
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrOffsetFetchRequest()
+	req.Group = group
+	rt := kmsg.NewOffsetFetchRequestTopic()
+	rt.Topic = topic
+	rt.Partitions = []int32{0}
+	req.Topics = append(req.Topics, rt)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return 0, err
+	}
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return 0, err
+	}
+	for _, tp := range resp.Topics {
+		for _, p := range tp.Partitions {
+			if tp.Topic == topic && p.Partition == 0 {
+				return p.Offset, kerr.ErrorForCode(p.ErrorCode)
+			}
+		}
+	}
+	return -1, nil
+}
+
+// A dead-lettered record's offset is committed before the next record of
+// its partition runs, not only after the poll. The dead letter forgets
+// the message's ledger record; left uncommitted, a later record of the
+// poll that kills the member (here the producer's duplicate of the
+// dead-lettered record, one id: a killer published twice) brought it back
+// to the next member, which started it from no failures: dead-lettered
+// again and again, the partition never got past them (internal/msgsim,
+// seed 272). Checked to fail with commitDead's call taken out of
+// processPartition (the duplicate's handler saw no committed offset).
+func TestDeadLetterCommittedBeforeGoingOn(t *testing.T) {
+	seeds := newCluster(t, "t", 1, "t-dlq")
+	produce(t, seeds, "t", []record{{id: "twice", body: "first"}, {id: "twice", body: "second"}, {id: "after", body: "after"}})
+	seen := make(chan string, 10)
+	type offset struct {
+		n   int64
+		err error
+	}
+	atSecond := make(chan offset, 1)
+	c, err := kafka.NewConsumer(kafka.Config{
+		Group: "g", Topics: []string{"t"}, Retry: inbox.Retry{Delay: time.Millisecond, MaxDeliveries: 1}, DeadLetterTopic: "t-dlq",
+		Handler: func(_ context.Context, m *inbox.Message) error {
+			switch string(m.Body) {
+			case "first":
+				return errors.New("cannot parse")
+			case "second":
+				// Where a member dying here would leave the group.
+				n, err := committedOffset(seeds, "g", "t")
+				atSecond <- offset{n, err}
+			}
+			seen <- string(m.Body)
+			return nil
+		},
+	}, groupOpts(seeds)...)
+	require.NoError(t, err)
+	stop := run(t, c)
+	at := recv(t, atSecond)
+	require.NoError(t, at.err)
+	assert.Equal(t, int64(1), at.n, "the dead letter is committed before the next record runs")
+	assert.Equal(t, "second", recv(t, seen))
+	assert.Equal(t, "after", recv(t, seen))
+	stop()
+	got := consumeAll(t, seeds, "t-dlq", 1)
+	assert.Equal(t, "first", string(got[0].Value))
+	n, err := committedOffset(seeds, "g", "t")
+	require.NoError(t, err)
+	assert.Equal(t, int64(3), n)
+}
+
+// When the commit after a dead letter fails, the partition stops there:
+// the records after it wait (sought to, paused) until the poll's own
+// commit has tried again, and none is lost or run twice. Checked to fail
+// with commitDead going on after a failed commit (the next record ran
+// with the dead letter uncommitted), and with it not seeking (the records
+// after it were never delivered).
+func TestDeadLetterCommitFails(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t", "t-dlq"), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(cluster.Close)
+	seeds := cluster.ListenAddrs()[0]
+	produce(t, seeds, "t", []record{{id: "poison", body: "first"}, {id: "b", body: "second"}, {id: "c", body: "after"}})
+	// The group's first commit fails, whatever it commits: the one after
+	// the dead letter.
+	cluster.ControlKey(int16(kmsg.OffsetCommit), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		req := kr.(*kmsg.OffsetCommitRequest)
+		resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewOffsetCommitResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewOffsetCommitResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.GroupAuthorizationFailed.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	type offset struct {
+		n   int64
+		err error
+	}
+	atSecond := make(chan offset, 1)
+	var mu sync.Mutex
+	var ran []string
+	reported := make(chan error, 10)
+	c, err := kafka.NewConsumer(kafka.Config{
+		Group: "g", Topics: []string{"t"}, Retry: inbox.Retry{Delay: 20 * time.Millisecond, MaxDeliveries: 1}, DeadLetterTopic: "t-dlq",
+		Handler: func(_ context.Context, m *inbox.Message) error {
+			mu.Lock()
+			ran = append(ran, string(m.Body))
+			mu.Unlock()
+			switch string(m.Body) {
+			case "first":
+				return errors.New("cannot parse")
+			case "second":
+				n, err := committedOffset(seeds, "g", "t")
+				atSecond <- offset{n, err}
+			}
+			return nil
+		},
+		OnError: func(err error) {
+			select {
+			case reported <- err:
+			default:
+			}
+		},
+	}, groupOpts(seeds)...)
+	require.NoError(t, err)
+	stop := run(t, c)
+	at := recv(t, atSecond)
+	require.NoError(t, at.err)
+	assert.Equal(t, int64(1), at.n, "the next record waited for the dead letter's commit")
+	require.Eventually(t, func() bool {
+		n, err := committedOffset(seeds, "g", "t")
+		return err == nil && n == 3
+	}, 30*time.Second, 10*time.Millisecond)
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"first", "second", "after"}, ran, "each once, in order")
+	var sawCommit bool
+	for len(reported) > 0 {
+		sawCommit = sawCommit || errors.Is(<-reported, kerr.GroupAuthorizationFailed)
+	}
+	assert.True(t, sawCommit, "the failed commit is reported")
 }

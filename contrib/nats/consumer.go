@@ -396,7 +396,12 @@ func (r *run) handle(ctx context.Context, msg jetstream.Msg, stopping bool) erro
 		}
 		return nil
 	case inbox.VerbDeadLetter:
-		if err := msg.Term(); err != nil {
+		// The core forgets the message's record only once the term is
+		// done: a term that fails leaves the count, and the server's
+		// redelivery (after AckWait) is dead-lettered on arrival, unrun.
+		err := msg.Term()
+		r.runner.DeadLettered(ctx, state, inbox.Key{IDSpace: m.IDSpace, ID: id}, err)
+		if err != nil {
 			return fmt.Errorf("nats: term: %w", err)
 		}
 		c.report(inbox.DeadLetter{Message: m, Deliveries: dec.Failures, Err: dec.Err, To: terminated})

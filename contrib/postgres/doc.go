@@ -89,7 +89,10 @@
 // these statements; a pooler in transaction mode (PgBouncer's
 // pool_mode = transaction) is fine, since every statement of a request
 // runs in one transaction, and TxMiddleware's advisory lock is
-// transaction-scoped. Replication is asynchronous: a replica that lags by a few
+// transaction-scoped; configure the pool as pgx needs for it (a
+// QueryExecMode that keeps no statement prepared, unless the pooler keeps
+// them, as PgBouncer 1.21 and later do with max_prepared_statements):
+// TxMiddleware's own statements follow the pool's mode. Replication is asynchronous: a replica that lags by a few
 // milliseconds does not yet have a claim or a response the primary has
 // committed, so a client's fast retry that read from it would find the key
 // free and run the effect a second time. (Claim starts with an INSERT,

@@ -15,8 +15,9 @@ import (
 // [Migrate]; the same table and semantics as [inbox.SQLLedger], so the
 // two may share it), counting the message's failed handler runs and the
 // runs begun and never ended, for every instance of the consumer and
-// every restart. Its OpBegin answer says a message is processed when
-// idemhttp_inbox holds its id, as [Inbox.Handle] records it. Make it with
+// every restart. Its answers to OpBegin, OpFail and OpFailBegun say a
+// message is processed (and write nothing) when idemhttp_inbox holds its
+// id, as [Inbox.Handle] records it. Make it with
 // [Inbox.Ledger]; it is safe for concurrent use.
 type InboxLedger struct {
 	db       DB
@@ -75,7 +76,9 @@ func (l *InboxLedger) Apply(ctx context.Context, k inbox.Key, op inbox.Op) (inbo
 func applyLedger(ctx context.Context, tx pgx.Tx, consumer, legacy, id string, op inbox.Op) (inbox.Record, error) {
 	var r inbox.Record
 	switch op {
-	case inbox.OpBegin:
+	case inbox.OpBegin, inbox.OpFail, inbox.OpFailBegun:
+		// A processed message: nothing written (a failed run whose
+		// commit applied, its answer lost, is acked by the core).
 		var processed bool
 		if err := tx.QueryRow(ctx, ledgerProcessed, consumer, legacy, id).Scan(&processed); err != nil {
 			return r, err
@@ -83,6 +86,9 @@ func applyLedger(ctx context.Context, tx pgx.Tx, consumer, legacy, id string, op
 		if processed {
 			return inbox.Record{Processed: true}, nil
 		}
+	}
+	switch op {
+	case inbox.OpBegin:
 		err := tx.QueryRow(ctx, ledgerUpsert, consumer, id, 0, 1, false).Scan(&r.Failures, &r.Running)
 		r.Running-- // as it was before this run's
 		return r, err

@@ -44,6 +44,27 @@ func (k TxKey) sql(s string) string {
 	return strings.ReplaceAll(s, "idemhttp_recovery", k.recovery)
 }
 
+// Points are the request's, not only the key's: saved under the key and
+// the request's fingerprint, so that after a run that saved one rolled
+// back (releasing its key), the same key sent with another request does
+// not resume from the first one's phase (it would skip its own payment
+// and answer with the other's). A point saved before this release, under
+// the key alone, is still found, as it was then. A TxKey made by hand
+// has no request: its points are the key's.
+
+// pointKey is the recovery table's key of k's points: the scoped key
+// and, for a request's TxKey, its fingerprint.
+func (k TxKey) pointKey() []byte {
+	if k.request == "" {
+		return k.legacyPointKey()
+	}
+	return rowKey(idemserver.ScopedKey(k.Scope, k.Key) + "\x00" + k.request)
+}
+
+// legacyPointKey is the key points were saved under before they were the
+// request's.
+func (k TxKey) legacyPointKey() []byte { return rowKey(idemserver.ScopedKey(k.Scope, k.Key)) }
+
 // SaveRecoveryPoint records data as the recovery point named step of the
 // request's key k, replacing an earlier one of that name, and commits it
 // at once on db (the pool, not the request's transaction, which may yet
@@ -57,7 +78,7 @@ func SaveRecoveryPoint(ctx context.Context, db DB, k TxKey, step string, data []
 		_, err := db.Exec(ctx, k.sql(`
 INSERT INTO idemhttp_recovery (key, step, data) VALUES ($1, $2, $3)
 ON CONFLICT (key, step) DO UPDATE SET data = excluded.data, created_at = now()`),
-			rowKey(idemserver.ScopedKey(k.Scope, k.Key)), step, data)
+			k.pointKey(), step, data)
 		return err
 	})
 	if err != nil {
@@ -72,8 +93,10 @@ ON CONFLICT (key, step) DO UPDATE SET data = excluded.data, created_at = now()`)
 func LoadRecoveryPoint(ctx context.Context, db DB, k TxKey, step string) ([]byte, bool, error) {
 	var data []byte
 	err := retry(ctx, func() error {
-		return db.QueryRow(ctx, k.sql(`SELECT data FROM idemhttp_recovery WHERE key = $1 AND step = $2`),
-			rowKey(idemserver.ScopedKey(k.Scope, k.Key)), step).Scan(&data)
+		// The request's point, else one saved under the key alone (by
+		// the previous release): the request's first.
+		return db.QueryRow(ctx, k.sql(`SELECT data FROM idemhttp_recovery WHERE key IN ($1, $2) AND step = $3 ORDER BY key = $1 DESC LIMIT 1`),
+			k.pointKey(), k.legacyPointKey(), step).Scan(&data)
 	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -88,7 +111,7 @@ func LoadRecoveryPoint(ctx context.Context, db DB, k TxKey, step string) ([]byte
 // request's transaction, so that they go when its response is stored and
 // stay if it rolls back.
 func ClearRecoveryPoints(ctx context.Context, tx pgx.Tx, k TxKey) error {
-	_, err := tx.Exec(ctx, k.sql(`DELETE FROM idemhttp_recovery WHERE key = $1`), rowKey(idemserver.ScopedKey(k.Scope, k.Key)))
+	_, err := tx.Exec(ctx, k.sql(`DELETE FROM idemhttp_recovery WHERE key IN ($1, $2)`), k.pointKey(), k.legacyPointKey())
 	if err != nil {
 		return fmt.Errorf("idemhttp/postgres: clear recovery points: %w", err)
 	}

@@ -80,3 +80,41 @@ func TestRecoveryPoints(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), n)
 }
+
+// TestRecoveryPointOfThePreviousRelease: a point saved before points were
+// the request's (under the scoped key alone, as the previous release
+// saved them) is still found by the key's next run, and cleared with the
+// response: a retry after the upgrade resumes from it rather than calling
+// the other service again. Checked to fail with LoadRecoveryPoint reading
+// the request's key only: the handler started over.
+func TestRecoveryPointOfThePreviousRelease(t *testing.T) {
+	ctx := context.Background()
+	s := newTxSchema(t)
+	pool := s.pool(t, 4)
+	m := newTx(t, s, 4, &postgres.TxOptions{Logger: discardLogger()})
+	// As 2d053bb's SaveRecoveryPoint wrote it: the scoped key of a
+	// single-tenant request ("0::" and the key) as the row's key.
+	_, err := pool.Exec(ctx, `INSERT INTO idemhttp_recovery (key, step, data) VALUES ($1, 'charged', 'ch_old')`, []byte("0::k-old"))
+	require.NoError(t, err)
+	var resumed []string
+	h := m.WrapFunc(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) error {
+		k, _ := postgres.KeyFromContext(r.Context())
+		data, ok, err := postgres.LoadRecoveryPoint(r.Context(), tx, k, "charged")
+		if err != nil {
+			return err
+		}
+		if ok {
+			resumed = append(resumed, string(data))
+		}
+		if err := postgres.ClearRecoveryPoints(r.Context(), tx, k); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusCreated)
+		return nil
+	})
+	require.Equal(t, http.StatusCreated, post(t, h, "k-old", "x").Status)
+	assert.Equal(t, []string{"ch_old"}, resumed)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM idemhttp_recovery`).Scan(&n))
+	assert.Zero(t, n, "cleared with the response")
+}

@@ -52,6 +52,15 @@ func NewStore(ctx context.Context, db DB) (*Store, error) {
 // TTL has expired, and locks the conflicting row even when its WHERE is
 // false, so the row cannot change before the lookup reads it in the same
 // transaction.
+//
+// It first tries the key's advisory lock, TxMiddleware's claim (see
+// advisoryKey), and writes nothing without it: a TxMiddleware handler
+// running with the key holds it, with its claim row not yet committed, and
+// an insert of the same key would wait for that transaction to end, for as
+// long as the handler runs (a duplicate then held a connection, unanswered,
+// until its lock timeout and a 503). Without the lock and with no
+// committed row to read, the key is in progress: 409, as TxMiddleware
+// answers its own duplicates.
 
 // beginReadCommitted begins the Store's transactions: their statements
 // are written for READ COMMITTED, where each sees the rows committed
@@ -62,8 +71,10 @@ const beginReadCommitted = "BEGIN ISOLATION LEVEL READ COMMITTED"
 // separate statement, not a CTE, because under READ COMMITTED a
 // statement's snapshot may miss a row that a concurrent transaction
 // committed while the claim waited for it; the next statement's snapshot
-// sees it. (Unlike TxMiddleware's, it reads an expired row too: the claim
-// just found it live.)
+// sees it. (Unlike TxMiddleware's, it reads an expired row too, and says
+// whether it is live: a claim that took the lock just found it live, in
+// the same transaction, whose now() has not moved; one that did not take
+// it must not take an expired row for the key's answer.)
 
 // Claim implements [idemserver.Store.Claim] in one round trip: the claim
 // and the lookup go in one pipeline, in a transaction at READ COMMITTED
@@ -85,13 +96,14 @@ func (s *Store) Claim(ctx context.Context, key string, c idemserver.Claim) (idem
 	err := retry(ctx, func() error {
 		b := &pgx.Batch{}
 		b.Queue(beginReadCommitted)
-		b.Queue(s.sql.storeClaim, rowKey(key), []byte(c.Token), []byte(c.Fingerprint), c.LockTimeout)
+		row := rowKey(key)
+		b.Queue(s.sql.storeClaim, row, []byte(c.Token), []byte(c.Fingerprint), c.LockTimeout, advisoryKey(s.sql.table, row))
 		b.Queue(s.sql.storeLookup, rowKey(key))
 		b.Queue("COMMIT")
 		br := s.db.SendBatch(ctx, b)
 		_, err := br.Exec()
 		if err == nil {
-			res, err = readClaim(br, c.Token)
+			res, err = readClaim(br, c)
 		}
 		if err == nil {
 			_, err = br.Exec()
@@ -107,7 +119,7 @@ func (s *Store) Claim(ctx context.Context, key string, c idemserver.Claim) (idem
 	return res, nil
 }
 
-func readClaim(br pgx.BatchResults, token string) (idemserver.ClaimResult, error) {
+func readClaim(br pgx.BatchResults, c idemserver.Claim) (idemserver.ClaimResult, error) {
 	var claimed bool
 	switch err := br.QueryRow().Scan(&claimed); {
 	case err == nil:
@@ -115,16 +127,28 @@ func readClaim(br pgx.BatchResults, token string) (idemserver.ClaimResult, error
 	case !errors.Is(err, pgx.ErrNoRows):
 		return idemserver.ClaimResult{}, err
 	}
-	var held, fp, record []byte
-	if err := br.QueryRow().Scan(&held, &fp, &record); err != nil {
-		// ErrNoRows cannot happen: the claim locked the row it conflicted
-		// with. Any error means nothing is known.
+	var (
+		held, fp, record []byte
+		live             bool
+	)
+	switch err := br.QueryRow().Scan(&held, &fp, &record, &live); {
+	case errors.Is(err, pgx.ErrNoRows) || (err == nil && !live):
+		// Not claimed, and no live committed row: the key's advisory lock
+		// is held by a TxMiddleware handler whose claim row (or takeover
+		// of an expired row) is not committed yet, or the row's holder
+		// released it just now. In progress, its request's fingerprint
+		// unknown until it commits: taken for this one's, as
+		// TxMiddleware does (409, not 422). An expired row is no answer:
+		// its response is past its TTL, and the key runs afresh.
+		return idemserver.ClaimResult{State: idemserver.InProgress, Fingerprint: c.Fingerprint}, nil
+	case err != nil:
+		// Nothing is known.
 		return idemserver.ClaimResult{}, err
 	}
 	switch {
 	case record != nil:
 		return idemserver.ClaimResult{State: idemserver.Completed, Fingerprint: string(fp), Record: record}, nil
-	case string(held) == token:
+	case string(held) == c.Token:
 		return idemserver.ClaimResult{State: idemserver.Claimed}, nil
 	}
 	return idemserver.ClaimResult{State: idemserver.InProgress, Fingerprint: string(fp)}, nil

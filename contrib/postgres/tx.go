@@ -346,9 +346,10 @@ type TxOptions struct {
 // Create one with [NewTxMiddleware]; it is safe for concurrent use.
 type TxMiddleware struct {
 	db          DB
-	table       string   // the key table's schema-qualified name, which scopes the claims' advisory locks
-	sql         *keysSQL // the statements, on that table
-	recovery    string   // the recovery table's schema-qualified name
+	table       string     // the key table's schema-qualified name, which scopes the claims' advisory locks
+	sql         *keysSQL   // the statements, on that table
+	wire        *wireStmts // the statements TxMiddleware sends on the wire
+	recovery    string     // the recovery table's schema-qualified name
 	core        servercore.Config
 	dbTimeout   time.Duration
 	principal   func(*http.Request) string
@@ -384,6 +385,16 @@ type TxMiddleware struct {
 // Route every statement of these transactions to the primary: never put
 // a pooler that sends reads to replicas in front of db. Poolers in
 // transaction mode (PgBouncer's pool_mode = transaction) are fine.
+//
+// On a [github.com/jackc/pgx/v5/pgxpool.Pool], the middleware's own statements (the claim, the
+// stored response and COMMIT) are written straight to the connection, in
+// the pool's QueryExecMode: prepared once per connection (named
+// idemhttp_ and a hash) in pgx's default mode, parsed in each round trip
+// in the modes that keep no statement prepared. A pool with a Tracer, or
+// on the simple protocol, sends them through pgx, which the tracer then
+// sees. A connection whose statements the server no longer holds as
+// prepared (a session reset, a DEALLOCATE, a schema change) is closed,
+// and the claim tried again on another.
 func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware, error) {
 	if opts == nil {
 		opts = &TxOptions{}
@@ -464,6 +475,7 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 	if m.maxStored <= 0 {
 		m.maxStored = idemserver.DefaultMaxStoredBody
 	}
+	m.wire = newWireStmts(m.sql, txBeginSQL(m.isoLevel))
 	m.core = servercore.Config{
 		Mode:                 servercore.Transactional,
 		ShouldStore:          opts.ShouldStore,
@@ -599,6 +611,9 @@ type TxKey struct {
 	// middleware resolved it; empty for a TxKey made by hand, whose
 	// recovery points go to the table the search_path finds.
 	recovery string
+	// request is the request's fingerprint, which its recovery points
+	// are saved under; empty for a TxKey made by hand.
+	request string
 }
 
 type txKeyContext struct{}
@@ -677,12 +692,12 @@ func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	fp := m.fingerprint(r, body)
 	c := &txClaim{
-		TxKey:       TxKey{Key: key, Scope: scope, Token: m.newToken(), recovery: m.recovery},
-		fingerprint: m.fingerprint(r, body),
+		TxKey:       TxKey{Key: key, Scope: scope, Token: m.newToken(), recovery: m.recovery, request: fp},
+		fingerprint: fp,
 		body:        body,
 	}
-	c.fp = []byte(c.fingerprint)
 	c.row = scopedRowKey(scope, key)
 	c.lock = advisoryKey(m.table, c.row)
 	h.serve(w, r, c)
@@ -692,8 +707,8 @@ func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type txClaim struct {
 	TxKey
 	fingerprint string
-	fp          []byte // fingerprint, as the statements send it
-	tokenBytes  []byte // Token, as the statements send it (see token)
+	fp          []byte // fingerprint, as pgx sends it (see fpBytes)
+	tokenBytes  []byte // Token, as pgx sends it (see token)
 	row         []byte // the key's primary key in idemhttp_keys
 	lock        int64  // the key's advisory lock
 	body        []byte // the request body, for a run again
@@ -706,6 +721,15 @@ func (c *txClaim) token() []byte {
 		c.tokenBytes = []byte(c.Token)
 	}
 	return c.tokenBytes
+}
+
+// fpBytes returns the claim's fingerprint as pgx sends it, converted
+// once.
+func (c *txClaim) fpBytes() []byte {
+	if c.fp == nil {
+		c.fp = []byte(c.fingerprint)
+	}
+	return c.fp
 }
 
 // step calls the test hook, if any.

@@ -189,11 +189,13 @@ func TestTxPanic(t *testing.T) {
 	assert.Equal(t, http.StatusCreated, post(t, m.WrapFunc(chargeTx), "k", "x").Status)
 }
 
-// TestTxStoreClaimWaits has a Store sharing the table claim the key (it
-// takes no advisory lock) while a TxMiddleware request with the same key
-// runs: the request's claim row, uncommitted, makes the Store's claim wait
-// for its transaction, which then finds the stored response. Exactly one
-// runs. (Checked to fail with the claim row written already expired: the
+// TestTxStoreClaimWaits has a Store sharing the table claim the key while
+// a TxMiddleware request with the same key runs: the Store's claim finds
+// the key's advisory lock taken and answers in progress at once, without
+// waiting for the request's transaction (it once did, for as long as the
+// handler ran: TestStoreClaimWaitsForARunningTxHandler); once the request
+// has committed, a claim finds the stored response. Exactly one runs.
+// (Checked to fail with the claim row written already expired: the
 // Store's claim took the key over once the request committed.)
 func TestTxStoreClaimWaits(t *testing.T) {
 	ctx := context.Background()
@@ -211,19 +213,19 @@ func TestTxStoreClaimWaits(t *testing.T) {
 	<-entered
 	req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader("x"))
 	store := newStore(t, s.pool(t, 1))
-	claims := make(chan idemserver.ClaimResult, 1)
-	go func() {
+	claim := func() idemserver.ClaimResult {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second) // it once waited for the request
+		defer cancel()
 		res, err := store.Claim(ctx, idemserver.ScopedKey("", "k"),
 			idemserver.Claim{Token: "other", Fingerprint: idemserver.DefaultFingerprint(req, []byte("x")), LockTimeout: time.Minute})
 		assert.NoError(t, err)
-		claims <- res
-	}()
-	waitForLockWait(t, s)
+		return res
+	}
+	assert.Equal(t, idemserver.InProgress, claim().State, "the request runs")
 	close(release)
 	got := <-replies
 	assert.Equal(t, http.StatusCreated, got.Status)
-	res := <-claims
-	assert.Equal(t, idemserver.Completed, res.State, "the Store finds the response")
+	assert.Equal(t, idemserver.Completed, claim().State, "the Store finds the response")
 	assert.Len(t, charges(t, s, "k"), 1)
 }
 

@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,12 +19,16 @@ var errTxEnded = errors.New("the handler ended the transaction")
 // errClaimLost: the claim's row was not there to store the response in.
 var errClaimLost = errors.New("claim lost")
 
-// txRun is one request's open transaction.
+// txRun is one request's open transaction. On a pool's connection that
+// takes the wire (wireFor), the middleware's statements go through the
+// wire and the handler's through the connection; otherwise pgx began the
+// transaction (tx), and every statement goes through pgx.
 type txRun struct {
-	tx     pgx.Tx
-	conn   *pgxpool.Conn // the pipelined path's connection, released at the end
+	tx     pgx.Tx        // the pgx path's transaction; nil on the wire
+	conn   *pgxpool.Conn // a pool's connection, released at the end
+	w      *wireConn     // the wire, or nil
 	pg     *pgconn.PgConn
-	lent   *handlerTx // the handler's view of tx
+	lent   handlerTx // the handler's view of the transaction
 	closed bool
 	began  int64      // the transaction's start (txStartSQL), for a keyed run; 0 without a key
 	row    pgtype.TID // the claim row, for a keyed run
@@ -46,6 +49,38 @@ func (run *txRun) state() servercore.TxState {
 	return servercore.TxOpen
 }
 
+// dbStep bounds one of the middleware's own steps: a database that does
+// not answer (a partition) gets the request 503 by the deadline, and the
+// connection is closed (the wire closes it, and so does pgx when a
+// statement's context ends), so requests nobody waits for do not fill the
+// pool. The context pgx's calls take is made only when one runs: the wire
+// takes the deadline as it is.
+type dbStep struct {
+	parent   context.Context // what else ends the step (the client, for a claim)
+	deadline time.Time
+	ctx      context.Context
+	cancel   context.CancelFunc
+}
+
+func newDBStep(parent context.Context, timeout time.Duration) dbStep {
+	return dbStep{parent: parent, deadline: time.Now().Add(timeout)}
+}
+
+// context returns the step's context for pgx's calls.
+func (d *dbStep) context() context.Context {
+	if d.ctx == nil {
+		d.ctx, d.cancel = context.WithDeadline(d.parent, d.deadline)
+	}
+	return d.ctx
+}
+
+// done releases the step's context, if one was made.
+func (d *dbStep) done() {
+	if d.cancel != nil {
+		d.cancel()
+	}
+}
+
 // end rolls the run back and reports whether the handler had ended the
 // claim's transaction itself: the connection outside any transaction, or
 // in one begun later. A transaction found aborted is taken for the
@@ -54,26 +89,45 @@ func (run *txRun) state() servercore.TxState {
 // from one whose statement failed (its claim row, committed with its
 // COMMIT, still holds the key for the TTL). On a pool the check rides
 // with the ROLLBACK, in its round trip.
-func (run *txRun) end(ctx context.Context) (ended bool) {
+func (run *txRun) end(d *dbStep, st *wireStmts) (ended bool) {
 	if run.closed {
 		return false
 	}
 	pg := run.pg
 	switch {
 	case pg == nil || pg.IsClosed():
-		run.rollback(ctx)
+		run.rollback(d, st)
 		return false
 	case pg.TxStatus() == 'I':
-		run.rollback(ctx)
+		run.rollback(d, st)
 		return true
 	case pg.TxStatus() == 'E' || run.began == 0: // aborted, or a run without a key
-		run.rollback(ctx)
+		run.rollback(d, st)
 		return false
 	}
 	var same bool
-	if run.conn == nil {
-		err := run.tx.QueryRow(ctx, sameTxSQL, run.began).Scan(&same)
-		run.rollback(ctx)
+	switch {
+	case run.w != nil:
+		run.closed = true
+		run.lent.close()
+		w := run.w
+		w.start()
+		at := w.bind(st.sameTx)
+		w.int8(run.began)
+		w.exec(at)
+		w.exec(w.bind(st.rollback))
+		err := w.run(d.parent, d.deadline)
+		if err == nil {
+			var r *wireResult
+			if r, err = w.result(0); err == nil {
+				same, err = w.boolValue(r)
+			}
+		}
+		run.release(d, st)
+		return err == nil && !same
+	case run.conn == nil:
+		err := run.tx.QueryRow(d.context(), sameTxSQL, run.began).Scan(&same)
+		run.rollback(d, st)
 		return err == nil && !same
 	}
 	run.closed = true
@@ -81,15 +135,35 @@ func (run *txRun) end(ctx context.Context) (ended bool) {
 	b := &pgx.Batch{}
 	b.Queue(sameTxSQL, run.began)
 	b.Queue("ROLLBACK")
-	br := run.conn.SendBatch(ctx, b)
+	br := run.conn.SendBatch(d.context(), b)
 	err := br.QueryRow().Scan(&same)
 	_, _ = br.Exec()
 	_ = br.Close()
-	if pg.TxStatus() != 'I' {
-		_, _ = run.conn.Exec(ctx, "ROLLBACK") // or the connection is destroyed on release, which ends it too
+	run.release(d, st)
+	return err == nil && !same
+}
+
+// release gives a pool's connection back, after a ROLLBACK if it is still
+// in a transaction (else the pool would destroy it, which ends it too).
+func (run *txRun) release(d *dbStep, st *wireStmts) {
+	if run.conn == nil {
+		return
+	}
+	if pg := run.pg; !pg.IsClosed() && pg.TxStatus() != 'I' {
+		if run.w != nil {
+			run.w.start()
+			run.w.exec(run.w.bind(st.rollback))
+			_ = run.w.run(d.parent, d.deadline) // a failure closes the connection
+		} else {
+			_, _ = run.conn.Exec(d.context(), "ROLLBACK")
+		}
+	}
+	run.lent.endLargeObjects(d)
+	if run.w != nil {
+		run.w.trim() // the flights' answers are decoded
 	}
 	run.conn.Release()
-	return err == nil && !same
+	run.conn = nil
 }
 
 type acquirer interface {
@@ -101,18 +175,17 @@ type acquirer interface {
 // the key (nil otherwise) and what the claim found, for the core to
 // decide on. A connection found dead before anything ran is replaced and
 // the whole step retried: nothing is committed before the end.
-func (h *txHandler) claim(ctx context.Context, c *txClaim) (*txRun, servercore.Found, error) {
+func (h *txHandler) claim(d *dbStep, c *txClaim) (*txRun, servercore.Found, error) {
 	var (
 		run   *txRun
 		found servercore.Found
 	)
+	ctx := d.context()
 	err := retry(ctx, func() (err error) {
-		run, found, err = h.claimOnce(ctx, c)
+		run, found, err = h.claimOnce(d, c)
 		return err
 	})
-	if run != nil {
-		run.lent = &handlerTx{tx: run.tx}
-	} else if err == nil && c != nil && found.State == servercore.Free {
+	if err == nil && run == nil && c != nil && found.State == servercore.Free {
 		// A look at the key (after a serialization failure) found it
 		// free, but nothing claimed it: nothing is known.
 		err = errors.New("the key is free, but the claim did not take it")
@@ -120,8 +193,9 @@ func (h *txHandler) claim(ctx context.Context, c *txClaim) (*txRun, servercore.F
 	return run, found, err
 }
 
-func (h *txHandler) claimOnce(ctx context.Context, c *txClaim) (*txRun, servercore.Found, error) {
+func (h *txHandler) claimOnce(d *dbStep, c *txClaim) (*txRun, servercore.Found, error) {
 	m := h.m
+	ctx := d.context()
 	if c != nil && m.lookupApart {
 		// Under SERIALIZABLE, a read of the key table in the request's
 		// transaction takes predicate locks on its index pages, which the
@@ -136,56 +210,56 @@ func (h *txHandler) claimOnce(ctx context.Context, c *txClaim) (*txRun, serverco
 			return nil, found, err
 		}
 	}
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{IsoLevel: m.isoLevel})
-	if m.idleTimeout != "" {
-		b.Queue(setIdleTimeoutSQL, m.idleTimeout)
-	}
-	if c != nil {
-		b.Queue(m.sql.claim, c.lock, c.row, c.token(), c.fp, m.ttl)
-	}
 	// On a pool, hold the connection itself, so that commit can pipeline
 	// the response and COMMIT and then release it.
 	var (
-		conn *pgxpool.Conn
-		br   pgx.BatchResults
-	)
-	if p, ok := m.db.(acquirer); ok {
-		var err error
-		if conn, err = p.Acquire(ctx); err != nil {
-			return nil, servercore.Found{}, err
-		}
-		br = conn.SendBatch(ctx, b)
-	} else {
-		br = m.db.SendBatch(ctx, b)
-	}
-	tx := br.Tx()
-	var (
-		began  int64
-		row    pgtype.TID
+		run    *txRun
+		found  servercore.Found
 		locked bool
+		err    error
 	)
-	found, err := h.readClaim(br, c, &began, &row, &locked)
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = cerr
+	var held *pgxpool.Conn // the connection, while a panic would strand it
+	defer func() {
+		if held != nil {
+			// A panic in the middleware's own code while it holds the
+			// connection (a bug: a decoder's, say): close it rather than
+			// return it to the pool in a state nobody knows, or leave it
+			// acquired for ever (the pool drained one connection a retry,
+			// pool.Close hung). Closing the session ends its transaction
+			// and frees the key's lock; the panic goes on.
+			_ = held.Conn().Close(context.WithoutCancel(ctx))
+			held.Release()
+		}
+	}()
+	if p, ok := m.db.(acquirer); ok {
+		conn, aerr := p.Acquire(ctx)
+		if aerr != nil {
+			return nil, servercore.Found{}, aerr
+		}
+		held = conn
+		if w := wireFor(conn.Conn()); w != nil && m.wire != nil {
+			run, found, locked, err = h.beginWire(d, c, conn, w)
+		} else {
+			run, found, locked, err = h.beginBatch(ctx, c, conn)
+		}
+		if run == nil {
+			held = nil // released by the begin that failed
+		}
+	} else {
+		run, found, locked, err = h.beginBatch(ctx, c, nil)
 	}
-	if err == nil && tx == nil {
-		err = errors.New("the DB's SendBatch does not begin transactions (pgx.Batch.BeginTx)")
-	}
+	h.step("claimed")
 	if err == nil && c != nil && found.State == 0 && !m.lookupApart {
 		// Not claimed: read the key's row in the same transaction, and
 		// roll back in the same round trip. (Only then: a claim that took
 		// the key reads nothing more.)
-		found, err = h.lookupAndEnd(ctx, tx, conn, c, locked)
-		tx, conn = nil, nil
+		found, err = run.lookupAndEnd(d, m, c, locked)
 	}
 	if err != nil || (c != nil && found.State != servercore.Free) {
-		if tx != nil {
-			_ = tx.Rollback(ctx) // ErrTxClosed if the begin failed
+		if run != nil {
+			run.rollback(d, m.wire) // ErrTxClosed if the begin failed
 		}
-		if conn != nil {
-			conn.Release() // destroyed unless idle
-		}
+		held = nil // given back
 		switch {
 		case c != nil && serializationFailure(err):
 			// Under REPEATABLE READ and SERIALIZABLE the statement's
@@ -205,10 +279,135 @@ func (h *txHandler) claimOnce(ctx context.Context, c *txClaim) (*txRun, serverco
 		}
 		return nil, found, err
 	}
-	return &txRun{tx: tx, conn: conn, pg: tx.Conn().PgConn(), began: began, row: row}, servercore.Found{State: servercore.Free}, nil
+	held = nil // the run's now
+	run.lent.timeout = m.dbTimeout
+	return run, servercore.Found{State: servercore.Free}, nil
 }
 
-// readClaim reads the results of claimOnce's batch: whether the claim
+// beginWire begins the transaction on conn through the wire and, for a
+// keyed request, claims the key, in one round trip: claimOnce's step
+// there. It returns the run (nil if the transaction did not begin) and
+// what the claim found: whether it took the key's lock and wrote the
+// claim row (Free), or a zero State: not claimed, the key's row yet to be
+// read.
+func (h *txHandler) beginWire(d *dbStep, c *txClaim, conn *pgxpool.Conn, w *wireConn) (*txRun, servercore.Found, bool, error) {
+	m, st := h.m, h.m.wire
+	w.start()
+	w.exec(w.bind(st.begin))
+	if m.idleTimeout != "" {
+		at := w.bind(st.setIdle)
+		w.text(m.idleTimeout)
+		w.exec(at)
+	}
+	if c != nil {
+		at := w.bind(st.claim)
+		w.int8(c.lock)
+		w.bytes(c.row)
+		w.text(c.Token)
+		w.text(c.fingerprint)
+		w.interval(m.ttl)
+		w.exec(at)
+	}
+	if err := w.run(d.parent, d.deadline); err != nil {
+		conn.Release() // destroyed: the wire closed it
+		return nil, servercore.Found{}, false, err
+	}
+	run := &txRun{conn: conn, w: w, pg: w.pg}
+	run.lent.target, run.lent.conn = conn.Conn(), conn.Conn()
+	if err := w.firstErr(); err != nil {
+		return run, servercore.Found{}, false, err
+	}
+	if c == nil {
+		return run, servercore.Found{State: servercore.Free}, false, nil
+	}
+	r, _ := w.result(len(w.res) - 1)
+	locked, began, ctid, err := w.claimRow(r)
+	if err != nil {
+		return run, servercore.Found{}, false, err
+	}
+	run.began, run.row = began, ctid
+	if !ctid.Valid {
+		return run, servercore.Found{}, locked, nil
+	}
+	found, err := servercore.TxFound(locked, true, servercore.Row{})
+	return run, found, locked, err
+}
+
+// claimRow decodes the claim statement's row: whether it took the lock,
+// the transaction's start and the claim row's ctid (not Valid if it wrote
+// none).
+func (w *wireConn) claimRow(r *wireResult) (locked bool, began int64, ctid pgtype.TID, err error) {
+	var v [3][]byte
+	for j := range v {
+		var ok bool
+		if v[j], ok = w.value(r, j, len(v)); !ok {
+			return false, 0, ctid, errBadValue
+		}
+	}
+	if locked, err = decodeBool(v[0]); err != nil {
+		return false, 0, ctid, err
+	}
+	if began, err = decodeInt8(v[1]); err != nil {
+		return false, 0, ctid, err
+	}
+	if v[2] != nil {
+		ctid, err = decodeTID(v[2])
+	}
+	return locked, began, ctid, err
+}
+
+// boolValue decodes a statement's one boolean column.
+func (w *wireConn) boolValue(r *wireResult) (bool, error) {
+	v, ok := w.value(r, 0, 1)
+	if !ok || v == nil {
+		return false, errBadValue
+	}
+	return decodeBool(v)
+}
+
+// beginBatch is beginWire through pgx: a pgx.Batch that begins the
+// transaction (on conn when not nil, else on the DB).
+func (h *txHandler) beginBatch(ctx context.Context, c *txClaim, conn *pgxpool.Conn) (*txRun, servercore.Found, bool, error) {
+	m := h.m
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{IsoLevel: m.isoLevel})
+	if m.idleTimeout != "" {
+		b.Queue(setIdleTimeoutSQL, m.idleTimeout)
+	}
+	if c != nil {
+		b.Queue(m.sql.claim, c.lock, c.row, c.token(), c.fpBytes(), m.ttl)
+	}
+	var br pgx.BatchResults
+	if conn != nil {
+		br = conn.SendBatch(ctx, b)
+	} else {
+		br = m.db.SendBatch(ctx, b)
+	}
+	tx := br.Tx()
+	var (
+		began  int64
+		row    pgtype.TID
+		locked bool
+	)
+	found, err := h.readClaim(br, c, &began, &row, &locked)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err == nil && tx == nil {
+		err = errors.New("the DB's SendBatch does not begin transactions (pgx.Batch.BeginTx)")
+	}
+	if tx == nil {
+		if conn != nil {
+			conn.Release()
+		}
+		return nil, found, locked, err
+	}
+	run := &txRun{tx: tx, conn: conn, pg: tx.Conn().PgConn(), began: began, row: row}
+	run.lent.target, run.lent.conn, run.lent.tx = tx, tx.Conn(), tx
+	return run, found, locked, err
+}
+
+// readClaim reads the results of beginBatch's batch: whether the claim
 // took the key's lock (into locked) and wrote the claim row (Free), the
 // transaction's start into began and the claim row's ctid into ctid. A
 // zero State means: not claimed, and the key's row is yet to be read.
@@ -233,36 +432,72 @@ func (h *txHandler) readClaim(br pgx.BatchResults, c *txClaim, began *int64, cti
 	return servercore.Found{}, nil
 }
 
-// lookupAndEnd reads the key's live row in tx, a claim's transaction that
-// did not take the key, and rolls it back, in one round trip on a pool's
-// connection (two otherwise); then it says what the claim found. Under
-// READ COMMITTED the read's snapshot follows the lock's try, so a run
-// that committed before the lock was free is seen.
-func (h *txHandler) lookupAndEnd(ctx context.Context, tx pgx.Tx, conn *pgxpool.Conn, c *txClaim, locked bool) (servercore.Found, error) {
+// lookupAndEnd reads the key's live row in the run, a claim's transaction
+// that did not take the key, and rolls it back, in one round trip on a
+// pool's connection (two otherwise); then it says what the claim found.
+// Under READ COMMITTED the read's snapshot follows the lock's try, so a
+// run that committed before the lock was free is seen.
+func (run *txRun) lookupAndEnd(d *dbStep, m *TxMiddleware, c *txClaim, locked bool) (servercore.Found, error) {
 	var (
 		row servercore.Row
 		err error
 	)
-	if conn == nil {
-		row, err = readRow(tx.QueryRow(ctx, h.m.sql.lookup, c.row))
-		_ = tx.Rollback(ctx)
-	} else {
+	run.closed = true
+	run.lent.close()
+	switch {
+	case run.w != nil:
+		w := run.w
+		w.start()
+		at := w.bind(m.wire.lookup)
+		w.bytes(c.row)
+		w.exec(at)
+		w.exec(w.bind(m.wire.rollback))
+		if err = w.run(d.parent, d.deadline); err == nil {
+			var r *wireResult
+			if r, err = w.result(0); err == nil {
+				row, err = w.lookupRow(r)
+			}
+		}
+		run.release(d, m.wire)
+	case run.conn == nil:
+		row, err = readRow(run.tx.QueryRow(d.context(), m.sql.lookup, c.row))
+		_ = run.tx.Rollback(d.context())
+	default:
 		b := &pgx.Batch{}
-		b.Queue(h.m.sql.lookup, c.row)
+		b.Queue(m.sql.lookup, c.row)
 		b.Queue("ROLLBACK")
-		br := conn.SendBatch(ctx, b)
+		br := run.conn.SendBatch(d.context(), b)
 		row, err = readRow(br.QueryRow())
 		_, _ = br.Exec()
 		_ = br.Close()
-		if conn.Conn().PgConn().TxStatus() != 'I' {
-			_, _ = conn.Exec(ctx, "ROLLBACK") // or the connection is destroyed on release, which ends it too
-		}
-		conn.Release()
+		run.release(d, m.wire)
 	}
 	if err != nil {
 		return servercore.Found{}, err
 	}
 	return servercore.TxFound(locked, false, row)
+}
+
+// lookupRow decodes the lookup statement's row, if any.
+func (w *wireConn) lookupRow(r *wireResult) (servercore.Row, error) {
+	if r.nvals == 0 {
+		return servercore.Row{}, nil
+	}
+	var v [3][]byte
+	for j := range v {
+		var ok bool
+		if v[j], ok = w.value(r, j, len(v)); !ok {
+			return servercore.Row{}, errBadValue
+		}
+	}
+	if v[0] == nil || v[1] == nil {
+		return servercore.Row{}, errBadValue // NOT NULL columns
+	}
+	row := servercore.Row{Exists: true, Completed: v[2] != nil, Fingerprint: string(v[1])}
+	if v[2] != nil {
+		row.Record = append([]byte(nil), v[2]...)
+	}
+	return row, nil
 }
 
 // readRow reads the lookup statement's row.
@@ -312,16 +547,16 @@ func (h *txHandler) lookupRow(ctx context.Context, c *txClaim) (servercore.Row, 
 
 // rollback ends the run without committing; it does nothing once the run
 // has ended.
-func (run *txRun) rollback(ctx context.Context) {
+func (run *txRun) rollback(d *dbStep, st *wireStmts) {
 	if run.closed {
 		return
 	}
 	run.closed = true
 	run.lent.close()
-	_ = run.tx.Rollback(ctx) // a failed rollback closes the connection, which rolls back
-	if run.conn != nil {
-		run.conn.Release()
+	if run.tx != nil {
+		_ = run.tx.Rollback(d.context()) // a failed rollback closes the connection, which rolls back
 	}
+	run.release(d, st)
 }
 
 // commit stores record in the claim row (unless c is nil) and commits,
@@ -329,35 +564,38 @@ func (run *txRun) rollback(ctx context.Context) {
 //
 // step is the test hook, called between the store and COMMIT where they
 // are separate round trips.
-func (run *txRun) commit(ctx context.Context, sql *keysSQL, c *txClaim, record []byte, step func(string)) (servercore.Commit, error) {
+func (run *txRun) commit(d *dbStep, m *TxMiddleware, c *txClaim, record []byte, step func(string)) (servercore.Commit, error) {
 	if run.closed {
 		return servercore.CommitUnknown, pgx.ErrTxClosed
 	}
 	run.lent.close()
-	if c == nil {
+	switch {
+	case run.w != nil:
+		return run.commitWire(d, m.wire, c, record)
+	case c == nil:
 		run.closed = true
-		err := run.tx.Commit(ctx)
+		err := run.tx.Commit(d.context())
 		if run.conn != nil {
 			run.conn.Release()
 		}
 		return commitOutcome(err)
-	}
-	if run.conn == nil {
+	case run.conn == nil:
+		ctx := d.context()
 		var same bool
 		if err := run.tx.QueryRow(ctx, sameTxSQL, run.began).Scan(&same); err != nil || !same {
-			run.rollback(ctx)
+			run.rollback(d, m.wire)
 			if err == nil {
 				return servercore.CommitEnded, errTxEnded
 			}
 			return commitOutcome(err)
 		}
-		tag, err := run.tx.Exec(ctx, sql.store, c.row, c.token(), record, run.row)
+		tag, err := run.tx.Exec(ctx, m.sql.store, c.row, c.token(), record, run.row)
 		switch {
 		case err != nil:
-			run.rollback(ctx)
+			run.rollback(d, m.wire)
 			return commitOutcome(err)
 		case tag.RowsAffected() != 1:
-			run.rollback(ctx)
+			run.rollback(d, m.wire)
 			return servercore.CommitClaimLost, errClaimLost
 		}
 		step("store-sent")
@@ -368,9 +606,9 @@ func (run *txRun) commit(ctx context.Context, sql *keysSQL, c *txClaim, record [
 	// behind unclosed; the handler's view of it is closed, and the
 	// connection goes back to the pool only if the session is idle.
 	b := &pgx.Batch{}
-	b.Queue(sql.storeGuard, c.row, c.token(), record, run.row, run.began)
+	b.Queue(m.sql.storeGuard, c.row, c.token(), record, run.row, run.began)
 	b.Queue("COMMIT")
-	br := run.conn.SendBatch(ctx, b)
+	br := run.conn.SendBatch(d.context(), b)
 	_, err := br.Exec()
 	var tag pgconn.CommandTag
 	if err == nil {
@@ -382,13 +620,37 @@ func (run *txRun) commit(ctx context.Context, sql *keysSQL, c *txClaim, record [
 	if err == nil && tag.String() != "COMMIT" {
 		err = &pgconn.PgError{Severity: "ERROR", Code: "40000", Message: "COMMIT answered " + tag.String()}
 	}
-	if err != nil && run.conn.Conn().PgConn().TxStatus() != 'I' {
-		// Still in the (aborted) transaction: end it, or the connection
-		// is destroyed on release, which also ends it.
-		_, _ = run.conn.Exec(ctx, "ROLLBACK")
-	}
 	run.closed = true
-	run.conn.Release()
+	run.release(d, m.wire)
+	return commitOutcome(err)
+}
+
+// commitWire is commit on the wire: the guarded store (for a keyed run)
+// and COMMIT in one round trip.
+func (run *txRun) commitWire(d *dbStep, st *wireStmts, c *txClaim, record []byte) (servercore.Commit, error) {
+	w := run.w
+	w.start()
+	if c != nil {
+		at := w.bind(st.storeGuard)
+		w.bytes(c.row)
+		w.text(c.Token)
+		w.bytes(record)
+		w.tid(run.row)
+		w.int8(run.began)
+		w.exec(at)
+	}
+	w.exec(w.bind(st.commit))
+	run.closed = true
+	err := w.run(d.parent, d.deadline)
+	if err == nil {
+		err = w.firstErr()
+	}
+	if err == nil {
+		if r := &w.res[len(w.res)-1]; !r.tagIs("COMMIT") {
+			err = &pgconn.PgError{Severity: "ERROR", Code: "40000", Message: "COMMIT answered " + string(r.tag[:r.ntag])}
+		}
+	}
+	run.release(d, st)
 	return commitOutcome(err)
 }
 
@@ -422,99 +684,4 @@ func serializationFailure(err error) bool {
 	}
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
-}
-
-// handlerTx is the transaction as the handler sees it: the request's, but
-// its Commit and Rollback refuse (TxMiddleware commits it with the stored
-// response, or rolls it back), and once the handler has returned it is
-// closed, so that a goroutine the handler left behind cannot write
-// through a connection that went back to the pool. Begin makes a
-// savepoint, as pgx's own nested transactions do.
-type handlerTx struct {
-	tx     pgx.Tx
-	closed atomic.Bool
-}
-
-var _ pgx.Tx = (*handlerTx)(nil)
-
-// errOwnedTx is returned by the handler's Commit and Rollback.
-var errOwnedTx = errors.New("idemhttp/postgres: TxMiddleware commits or rolls back the transaction; return an error to roll back")
-
-func (t *handlerTx) close() {
-	if t != nil {
-		t.closed.Store(true)
-	}
-}
-
-func (t *handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if t.closed.Load() {
-		return nil, pgx.ErrTxClosed
-	}
-	return t.tx.Begin(ctx)
-}
-
-func (t *handlerTx) Commit(context.Context) error   { return errOwnedTx }
-func (t *handlerTx) Rollback(context.Context) error { return errOwnedTx }
-
-func (t *handlerTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if t.closed.Load() {
-		return 0, pgx.ErrTxClosed
-	}
-	return t.tx.CopyFrom(ctx, table, columns, src)
-}
-
-func (t *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if t.closed.Load() {
-		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
-	}
-	return t.tx.SendBatch(ctx, b)
-}
-
-func (t *handlerTx) LargeObjects() pgx.LargeObjects { return t.tx.LargeObjects() }
-
-func (t *handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if t.closed.Load() {
-		return nil, pgx.ErrTxClosed
-	}
-	return t.tx.Prepare(ctx, name, sql)
-}
-
-func (t *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t.closed.Load() {
-		return pgconn.CommandTag{}, pgx.ErrTxClosed
-	}
-	return t.tx.Exec(ctx, sql, args...)
-}
-
-func (t *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if t.closed.Load() {
-		return nil, pgx.ErrTxClosed
-	}
-	return t.tx.Query(ctx, sql, args...)
-}
-
-func (t *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if t.closed.Load() {
-		return errRow{}
-	}
-	return t.tx.QueryRow(ctx, sql, args...)
-}
-
-// Conn returns the transaction's connection, which pgx's helpers need
-// (its type map, for one). What goes through it is the handler's
-// responsibility; a COMMIT or ROLLBACK sent there is found all the same
-// once the handler returns (see TxMiddleware), and the connection goes
-// back to the pool only when the request ends.
-func (t *handlerTx) Conn() *pgx.Conn { return t.tx.Conn() }
-
-type errRow struct{}
-
-func (errRow) Scan(...any) error { return pgx.ErrTxClosed }
-
-// dbDeadline bounds one of the middleware's own steps: a database that
-// does not answer (a partition) gets the request 503 within timeout,
-// and the connection is closed (pgx closes a connection whose context
-// ends mid-statement), so requests nobody waits for do not fill the pool.
-func dbDeadline(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, timeout)
 }

@@ -28,10 +28,28 @@ func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
 	ctx := context.WithoutCancel(r.Context())
 	rep := h.reporter(r, c)
 	q := m.core.Start()
+	var run *txRun
+	defer func() {
+		// A panic in a callback of the server author's while the run is
+		// open (OnClaim for a new key, ShouldStore) goes on to net/http
+		// like the handler's own: roll back, or the transaction and its
+		// connection are held for as long as the process lives, the key
+		// locked (409 for ever) and the pool one connection short.
+		// Nothing ran, or nothing committed: the key is free again.
+		if run != nil && !run.closed {
+			d := newDBStep(ctx, m.dbTimeout)
+			defer d.done()
+			run.rollback(&d, m.wire)
+		}
+	}()
 	for attempt := 0; ; attempt++ {
-		cctx, cancel := dbDeadline(r.Context(), m.dbTimeout)
-		run, found, err := h.claim(cctx, c)
-		cancel()
+		d := newDBStep(r.Context(), m.dbTimeout)
+		var (
+			found servercore.Found
+			err   error
+		)
+		run, found, err = h.claim(&d, c)
+		d.done()
 		if attempt == 0 {
 			rep.claimed()
 		}
@@ -78,18 +96,27 @@ func sleepJitter(attempt int) {
 func (h *txHandler) runOnce(ctx context.Context, w http.ResponseWriter, r *http.Request, c *txClaim, run *txRun, q *servercore.Request, rep *txReport) (again bool) {
 	r = r.WithContext(context.WithValue(r.Context(), txKeyContext{}, c.TxKey))
 	buf := &txWriter{header: make(http.Header), limit: h.m.maxStored}
-	returned := false
+	returned, planned := false, false
 	defer func() {
-		if !returned {
+		var ev servercore.Handler
+		switch {
+		case !returned:
 			// A panic: the core rolls back (or keeps the key, if the
 			// handler ended the transaction), then the panic goes on to
 			// net/http with nothing answered.
-			run.lent.close()
-			plan := q.Returned(servercore.Handler{Panicked: true, Tx: run.state()})
-			h.settle(ctx, nil, r, c, run, q, plan, buf, rep)
+			ev = servercore.Handler{Panicked: true}
+		case !planned:
+			// The server author's ShouldStore panicked: the same.
+			ev = servercore.Handler{Unjudged: true, Status: buf.finalStatus()}
+		default:
+			return
 		}
+		run.lent.close()
+		ev.Tx = run.state()
+		plan := q.Returned(ev)
+		h.settle(ctx, nil, r, c, run, q, plan, buf, rep)
 	}()
-	herr := h.next.ServeHTTPTx(buf, r, run.lent)
+	herr := h.next.ServeHTTPTx(buf, r, &run.lent)
 	run.lent.close() // nothing more through it, from a goroutine the handler left either
 	returned = true
 	h.step("handler")
@@ -106,6 +133,7 @@ func (h *txHandler) runOnce(ctx context.Context, w http.ResponseWriter, r *http.
 		ClientGone:    r.Context().Err() != nil,
 		Tx:            run.state(),
 	})
+	planned = true
 	return h.settle(ctx, w, r, c, run, q, plan, buf, rep)
 }
 
@@ -115,8 +143,8 @@ func (h *txHandler) runOnce(ctx context.Context, w http.ResponseWriter, r *http.
 // and tells the hooks. It returns true when the request runs again.
 func (h *txHandler) settle(ctx context.Context, w http.ResponseWriter, r *http.Request, c *txClaim, run *txRun, q *servercore.Request, plan servercore.Plan, buf *txWriter, rep *txReport) (again bool) {
 	m := h.m
-	dctx, cancel := dbDeadline(ctx, m.dbTimeout)
-	defer cancel()
+	d := newDBStep(ctx, m.dbTimeout)
+	defer d.done()
 	var (
 		step servercore.Step
 		err  error
@@ -127,25 +155,25 @@ func (h *txHandler) settle(ctx context.Context, w http.ResponseWriter, r *http.R
 		record = append(record, buf.body...)
 		h.step("before-commit")
 		var outcome servercore.Commit
-		outcome, err = run.commit(dctx, m.sql, c, record, h.step)
+		outcome, err = run.commit(&d, m, c, record, h.step)
 		if outcome == servercore.CommitOK {
 			h.step("after-commit")
 		}
 		step = q.Committed(outcome)
 	case servercore.Release:
-		step = q.RolledBack(run.end(dctx))
+		step = q.RolledBack(run.end(&d, m.wire))
 	default: // KeepUnreplayable: the handler ended the transaction
-		run.rollback(dctx)
+		run.rollback(&d, m.wire)
 		step = servercore.Step{Do: servercore.KeepUnreplayable, Status: plan.Status}
 	}
 	for {
 		switch step.Do {
 		case servercore.KeepUnreplayable:
-			run.rollback(dctx) // whatever the handler left open
-			err = h.mark(dctx, c, step.Status)
+			run.rollback(&d, m.wire) // whatever the handler left open
+			err = h.mark(d.context(), c, step.Status)
 			step = q.Marked(err)
 		case servercore.Recheck:
-			found, rerr := h.recheck(dctx, c)
+			found, rerr := h.recheck(d.context(), c)
 			if rerr != nil {
 				m.logger.ErrorContext(ctx, "idemhttp/postgres: looking the key up again after a rollback failed", "key", c.Key, "error", rerr)
 			}
@@ -278,7 +306,7 @@ func (h *txHandler) answer(w http.ResponseWriter, r *http.Request, c *txClaim, v
 func (h *txHandler) mark(ctx context.Context, c *txClaim, status int) error {
 	m := h.m
 	return retry(ctx, func() error {
-		_, err := m.db.Exec(ctx, m.sql.mark, c.row, c.token(), c.fp, servercore.Unreplayable(status), m.ttl)
+		_, err := m.db.Exec(ctx, m.sql.mark, c.row, c.token(), c.fpBytes(), servercore.Unreplayable(status), m.ttl)
 		return err
 	})
 }
@@ -295,30 +323,34 @@ func (m *TxMiddleware) newToken() string {
 func (h *txHandler) serveKeyless(w http.ResponseWriter, r *http.Request) {
 	m := h.m
 	ctx := context.WithoutCancel(r.Context())
-	cctx, cancel := dbDeadline(r.Context(), m.dbTimeout)
-	run, _, err := h.claim(cctx, nil)
-	cancel()
+	cd := newDBStep(r.Context(), m.dbTimeout)
+	run, _, err := h.claim(&cd, nil)
+	cd.done()
 	if err != nil {
 		m.logger.ErrorContext(ctx, "idemhttp/postgres: begin failed; answered 503", "error", err)
 		w.Header().Set("Retry-After", m.retryAfter)
 		m.writeError(w, r, idemserver.ProblemStoreUnavailable(""))
 		return
 	}
-	defer run.rollback(ctx) // a panic's too; nothing once committed
+	defer func() { // a panic's; nothing once committed
+		d := newDBStep(ctx, m.dbTimeout)
+		run.rollback(&d, m.wire)
+		d.done()
+	}()
 	buf := &txWriter{header: make(http.Header), limit: m.maxStored}
-	herr := h.next.ServeHTTPTx(buf, r, run.lent)
+	herr := h.next.ServeHTTPTx(buf, r, &run.lent)
 	run.lent.close()
 	h.step("handler")
 	status := buf.finalStatus()
-	dctx, cancel := dbDeadline(ctx, m.dbTimeout)
-	defer cancel()
+	d := newDBStep(ctx, m.dbTimeout)
+	defer d.done()
 	switch {
 	case run.state() == servercore.TxIdle:
-		run.rollback(dctx)
+		run.rollback(&d, m.wire)
 		m.logger.ErrorContext(ctx, "idemhttp/postgres: the handler ended the transaction itself; answered 500")
 		m.writeError(w, r, problemTxEnded(""))
 	case herr != nil || buf.overflow || buf.switched || status >= 500 || status < 100 || status > 999:
-		run.rollback(dctx)
+		run.rollback(&d, m.wire)
 		switch {
 		case herr != nil:
 			m.logger.ErrorContext(ctx, "idemhttp/postgres: handler failed; rolled back", "error", herr)
@@ -331,7 +363,7 @@ func (h *txHandler) serveKeyless(w http.ResponseWriter, r *http.Request) {
 			buf.send(w, nil)
 		}
 	default:
-		switch outcome, err := run.commit(dctx, m.sql, nil, nil, h.step); outcome {
+		switch outcome, err := run.commit(&d, m, nil, nil, h.step); outcome {
 		case servercore.CommitOK:
 			h.step("after-commit")
 			buf.send(w, m.at)

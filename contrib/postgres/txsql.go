@@ -149,13 +149,14 @@ SET token = excluded.token, fingerprint = excluded.fingerprint, record = exclude
 WHERE k.expires_at <= now() OR k.token = excluded.token`),
 
 		storeClaim: q(`
+WITH l AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($5) AS locked)
 INSERT INTO idemhttp_keys AS k (key, token, fingerprint, record, expires_at)
-VALUES ($1, $2, $3, NULL, now() + $4::interval)
+SELECT $1, $2, $3, NULL, now() + $4::interval FROM l WHERE l.locked
 ON CONFLICT (key) DO UPDATE
 SET token = excluded.token, fingerprint = excluded.fingerprint, record = NULL, expires_at = excluded.expires_at
 WHERE k.expires_at <= now()
 RETURNING true`),
-		storeLookup: q(`SELECT token, fingerprint, record FROM idemhttp_keys WHERE key = $1`),
+		storeLookup: q(`SELECT token, fingerprint, record, expires_at > now() FROM idemhttp_keys WHERE key = $1`),
 		storeComplete: q(`
 UPDATE idemhttp_keys SET record = $3, expires_at = now() + $4::interval
 WHERE key = $1 AND token = $2 AND record IS NULL AND expires_at > now()`),

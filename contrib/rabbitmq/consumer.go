@@ -88,15 +88,18 @@ const (
 type Consumer struct {
 	// Queue is the queue to consume. Required.
 	Queue string
-	// Tag is the consumer tag. Empty means a unique tag chosen by the
-	// client library.
+	// Tag is the consumer tag of Run's first subscription. Run subscribes
+	// again, under a unique tag, after it holds a failed delivery (see
+	// Retry) or hands a delivery back at the processing limit. Empty
+	// means a unique tag from the start.
 	Tag string
 	// Prefetch is the channel's QoS prefetch count: how many
 	// unacknowledged deliveries the broker sends ahead of the handler.
 	// Zero means [DefaultPrefetch]; AMQP's own zero ("unlimited") is not
 	// offered, as it lets one consumer take a whole backlog that other
 	// consumers could be working on. A delivery waiting out its retry
-	// delay counts against it.
+	// delay does not count against it (see Retry), up to Prefetch (at
+	// least DefaultPrefetch) such deliveries.
 	Prefetch int
 	// IDHeader names the header that holds the message id (a string or
 	// bytes value). Empty means the message-id property.
@@ -115,10 +118,15 @@ type Consumer struct {
 	// value is [inbox.Retry]'s default: 1 s doubling to 5 min, 5 runs.
 	// RabbitMQ has no delayed requeue: Run holds the failed delivery,
 	// unacknowledged, for the delay, then requeues it (nack), and goes on
-	// with other deliveries meanwhile. On the last allowed failure it
-	// rejects it without requeue, which dead-letters it to the queue's
-	// dead-letter exchange (declare one: x-dead-letter-exchange), and
-	// reports it ([Consumer.OnDeadLetter] and a log line).
+	// with other deliveries meanwhile, as many as Prefetch allows: to keep
+	// the held delivery from taking a prefetch slot, Run moves to a new
+	// subscription (see Held deliveries and the prefetch in the package
+	// documentation). Past Prefetch (at least DefaultPrefetch) held
+	// deliveries, a failed one keeps its slot for its delay, with a
+	// warning. On the last allowed failure Run rejects the delivery
+	// without requeue, which dead-letters it to the queue's dead-letter
+	// exchange (declare one: x-dead-letter-exchange), and reports it
+	// ([Consumer.OnDeadLetter] and a log line).
 	//
 	// Failed runs are counted by [Consumer.Ledger], never by the queue: a
 	// quorum queue's x-delivery-count also counts the deliveries that a
@@ -182,8 +190,9 @@ type Consumer struct {
 // returns an error wrapping [ErrChannelClosed], [ErrConsumerCancelled] or
 // [inbox.ErrNoMessageID]; a failed ack, nack or reject ends Run too, as it
 // means the channel is gone. Run sets the channel's QoS, registers one
-// consumer on it, uses the channel alone while it runs, and does not close
-// it. No goroutine of Run's outlives it.
+// consumer at a time on it (it subscribes again after holding a failed
+// delivery or passing the processing limit), uses the channel alone while
+// it runs, and does not close it. No goroutine of Run's outlives it.
 //
 // Use a connection without the client library's automatic recovery
 // ([amqp.Config].Recovery nil, the default): a recovered channel numbers
@@ -209,7 +218,7 @@ func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel, h inbox.Handler) e
 	if err := ch.Qos(prefetch, 0, false); err != nil {
 		return fmt.Errorf("rabbitmq: set prefetch: %w", closeErr(closed, err))
 	}
-	r := &run{c: c, ch: ch, runner: c.runner(h)}
+	r := &run{c: c, ch: ch, runner: c.runner(h), maxHeld: max(prefetch, DefaultPrefetch)}
 	defer r.stopTimer()
 	if err := r.subscribe(); err != nil {
 		return fmt.Errorf("rabbitmq: consume %q: %w", c.Queue, closeErr(closed, err))
@@ -235,6 +244,15 @@ func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel, h inbox.Handler) e
 				}
 				if ch.IsClosed() {
 					return ErrChannelClosed
+				}
+				if r.cancelled {
+					// Run cancelled it to hold a delivery outside the
+					// prefetch (see hold), and has handled all it had
+					// sent ahead: take deliveries again.
+					if err := r.subscribe(); err != nil {
+						return fmt.Errorf("rabbitmq: consume %q again: %w", c.Queue, closeErr(closed, err))
+					}
+					continue
 				}
 				return fmt.Errorf("%w (queue %q)", ErrConsumerCancelled, c.Queue)
 			}
@@ -263,16 +281,18 @@ func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel, h inbox.Handler) e
 	}
 }
 
-// run is the state of one Run: the deliveries waiting out a retry delay
-// (at most the prefetch count), and those to requeue at the end.
+// run is the state of one Run: its subscription, the deliveries waiting
+// out a retry delay, and those to requeue at the end.
 type run struct {
-	c      *Consumer
-	ch     *amqp.Channel
-	runner *inbox.Runner
+	c       *Consumer
+	ch      *amqp.Channel
+	runner  *inbox.Runner
+	maxHeld int // the held deliveries whose slots Run frees (see hold)
 
 	tag        string               // of the current subscription
 	deliveries <-chan amqp.Delivery // of the current subscription
 	released   bool                 // the last handler passed its limit: the subscription is cancelled
+	cancelled  bool                 // the subscription is cancelled to free a held delivery's slot
 
 	returning []*amqp.Delivery // to requeue once the subscription is cancelled
 	parked    []parked
@@ -291,12 +311,15 @@ type parked struct {
 // point where it can account for every delivery sent ahead.
 func (r *run) subscribe() error {
 	r.tag = r.c.Tag
-	if r.tag == "" || r.released {
-		// A tag of its own for a second subscription: the broker may not
-		// have forgotten the first one's yet.
+	if r.tag == "" || r.released || r.cancelled {
+		// A tag of its own for a second subscription: a quorum queue
+		// keeps a cancelled consumer, under its tag, for as long as
+		// deliveries it sent are unacknowledged (the held ones), and a
+		// consumer of the same tag would take it over, with those
+		// deliveries counted against its prefetch.
 		r.tag = uniqueTag()
 	}
-	r.released = false
+	r.released, r.cancelled = false, false
 	d, err := r.ch.Consume(r.c.Queue, r.tag, false, false, false, false, nil)
 	if err != nil {
 		return err
@@ -338,10 +361,14 @@ func (r *run) handle(ctx context.Context, d *amqp.Delivery) error {
 			r.returning = append(r.returning, d)
 			return nil
 		}
-		r.park(d, time.Now().Add(dec.Delay))
-		return nil
+		return r.hold(d, time.Now().Add(dec.Delay))
 	case inbox.VerbDeadLetter:
-		if err := d.Reject(false); err != nil {
+		// The core forgets the message's record only once the reject is
+		// done: one on a channel that just closed leaves the count, and
+		// the broker's redelivery is dead-lettered on arrival, unrun.
+		err := d.Reject(false)
+		r.runner.DeadLettered(ctx, state, inbox.Key{IDSpace: m.IDSpace, ID: id}, err)
+		if err != nil {
 			return channelClosed(err)
 		}
 		c.report(inbox.DeadLetter{Message: m, Deliveries: dec.Failures, Err: dec.Err, To: c.deadLetterTo()})
@@ -383,10 +410,52 @@ func (r *run) release(d *amqp.Delivery) {
 	}
 }
 
-// park holds d until due.
-func (r *run) park(d *amqp.Delivery, due time.Time) {
+// hold keeps d, unacknowledged, until due, without letting it take the
+// slot of a delivery Run could handle meanwhile.
+//
+// The broker counts an unacknowledged delivery against the prefetch of
+// the subscription it came from until it is settled, so a held one takes
+// a slot: with Prefetch 1, or as many failing messages as the prefetch,
+// nothing more came while they were held, and a classic queue put a
+// requeued one back at its head, to be delivered again at once, so the
+// messages behind it waited for as long as it failed. Raising the
+// channel's QoS instead does not work: RabbitMQ applies a per-consumer
+// prefetch (basic.qos without global) to the consumers subscribed after
+// it only, and quorum queues refuse a consumer on a channel with a
+// global one. So hold cancels the subscription: Run handles the
+// deliveries it had sent ahead (none is handed back, which a quorum queue
+// would count), then subscribes again, with a prefetch of its own that no
+// held delivery takes. The held one is settled later on the same channel
+// (requeued when due, or at shutdown), as any delivery of a cancelled
+// consumer may be.
+//
+// Held deliveries are bounded: hold frees the slots of at most r.maxHeld
+// of them (Prefetch, and at least DefaultPrefetch). A delivery that fails
+// while more are held stays in a slot of the current subscription, which
+// then takes one delivery fewer ahead: a flood of failing messages stops
+// the consumer only when they fill the subscription's slots too, until
+// the earliest delay ends. So Run never has more than maxHeld plus twice
+// the prefetch deliveries unacknowledged (those that fail while a
+// cancelled subscription's deliveries are handled are held outside it
+// too).
+func (r *run) hold(d *amqp.Delivery, due time.Time) error {
 	r.parked = append(r.parked, parked{d: d, due: due})
 	r.resetTimer()
+	if r.cancelled {
+		// d came from the cancelled subscription: it takes no slot of a
+		// live one.
+		return nil
+	}
+	if len(r.parked) > r.maxHeld {
+		r.c.logger().Warn("rabbitmq: more failed deliveries held than Run keeps outside its prefetch; this one takes a slot until its delay ends",
+			slog.String("queue", r.c.Queue), slog.Int("held", len(r.parked)), slog.Int("max_held", r.maxHeld))
+		return nil
+	}
+	if err := r.ch.Cancel(r.tag, false); err != nil {
+		return channelClosed(err)
+	}
+	r.cancelled = true
+	return nil
 }
 
 // requeueDue requeues the parked deliveries whose delay has passed.

@@ -83,8 +83,12 @@
 // ledger counts the failure, and the delivery comes back after a delay
 // that doubles with each counted failure ([Consumer.Retry]: 1 s to 5 min
 // by default). RabbitMQ has no delayed requeue, so Run holds the failed
-// delivery unacknowledged for the delay (other deliveries go on
-// meanwhile) and then requeues it. On its [inbox.Retry.MaxDeliveries]-th
+// delivery unacknowledged for the delay and then requeues it, and other
+// deliveries go on meanwhile: a held delivery takes no prefetch slot (see
+// Held deliveries and the prefetch below), so the messages behind a
+// poison message run while it waits, whatever the prefetch, on classic
+// queues (which requeue it at their head) as on quorum queues. On its
+// [inbox.Retry.MaxDeliveries]-th
 // failed run (5 by default) it is rejected without requeue: RabbitMQ
 // dead-letters it to the queue's dead-letter exchange, and Run reports it
 // through [Consumer.OnDeadLetter] and a log line at level Error. Declare
@@ -143,10 +147,33 @@
 // [inbox.SQL.MinRetention]) longer than that, and longer than producers
 // may republish.
 //
+// # Held deliveries and the prefetch
+//
+// RabbitMQ counts an unacknowledged delivery against the prefetch of the
+// subscription (the consumer) it came from, and a prefetch set on a
+// channel applies only to the consumers subscribed after it (quorum
+// queues refuse the channel-wide kind). So when Run holds a failed
+// delivery for its delay, it cancels its subscription, handles the
+// deliveries the broker had already sent ahead (none is handed back), and
+// subscribes again, under a consumer tag of its own, with a full
+// prefetch; the held delivery is requeued later on the same channel.
+// This costs two round trips to the broker per failed delivery, and
+// nothing on the path of a handler that succeeds.
+//
+// It does so for up to Prefetch held deliveries (at least
+// [DefaultPrefetch]). A delivery that fails while that many are held
+// stays in its subscription's slot for its delay, and Run logs a warning:
+// the subscription then takes one delivery fewer ahead, and none once all
+// its slots are held, until the earliest delay ends; the messages behind
+// stay in the queue for other consumers. So a flood of failing messages
+// slows a consumer and never grows what it holds without end: Run never
+// has more than that cap plus twice Prefetch deliveries unacknowledged.
+//
 // # Prefetch and channels
 //
 // [Consumer.Prefetch] sets the channel's QoS: how many unacknowledged
-// deliveries the broker sends ahead. Run handles one delivery at a time;
+// deliveries the broker sends ahead, besides those held for their delay.
+// Run handles one delivery at a time;
 // for parallelism run several Consumers, each on its own channel. After a
 // channel or connection closes, Run returns [ErrChannelClosed]: open a new
 // channel and run again. Leave the client's automatic recovery off, since a

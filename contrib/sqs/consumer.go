@@ -432,6 +432,8 @@ func (r *run) handle(ctx context.Context, sm *types.Message) error {
 		// maxReceiveCount receives; until then it stays hidden for the
 		// retry delay.
 		r.setVisibility(ctx, sm, r.retryDelay(n))
+		// No record to forget (no id): the core settles it.
+		r.runner.DeadLettered(ctx, state, inbox.Key{IDSpace: m.IDSpace, ID: id}, nil)
 		r.reportIfLast(m, n, n, idErr)
 		return nil
 	case inbox.VerbStop:

@@ -38,6 +38,7 @@ func RunLedger(t *testing.T, open func(t *testing.T) LedgerFixture) {
 		{"ExcuseAndForget", testLedgerExcuseAndForget},
 		{"KeysAreSeparate", testLedgerKeys},
 		{"ProcessedWritesNothing", testLedgerProcessed},
+		{"FailOfProcessedWritesNothing", testLedgerFailProcessed},
 		{"Concurrent", testLedgerConcurrent},
 	}
 	for _, tt := range tests {
@@ -121,6 +122,28 @@ func testLedgerProcessed(t *testing.T, f LedgerFixture) {
 	assert.Equal(t, inbox.Record{Failures: 1}, apply(t, f.Ledger, k, inbox.OpExcuse), "no run was begun")
 	other := inbox.Key{IDSpace: "refunds", ID: "m-1"}
 	assert.Equal(t, inbox.Record{}, apply(t, f.Ledger, other, inbox.OpBegin), "another id space's message is not processed")
+}
+
+// A failed run of a processed message (a commit that applied, its
+// answer lost) is answered as processed, and nothing is counted: the
+// core acks the message instead of requeueing or dead-lettering it.
+// (Checked to fail with OpFail and OpFailBegun not reading the inbox, in
+// each ledger: the failures were counted and Processed was false.)
+func testLedgerFailProcessed(t *testing.T, f LedgerFixture) {
+	if f.Process == nil {
+		t.Skip("the ledger cannot tell a processed message")
+	}
+	ctx := context.Background()
+	k := inbox.Key{IDSpace: "orders", ID: "m-1"}
+	apply(t, f.Ledger, k, inbox.OpFail)
+	apply(t, f.Ledger, k, inbox.OpBegin)
+	require.NoError(t, f.Process(ctx, k))
+	assert.Equal(t, inbox.Record{Processed: true}, apply(t, f.Ledger, k, inbox.OpFailBegun))
+	assert.Equal(t, inbox.Record{Processed: true}, apply(t, f.Ledger, k, inbox.OpFail))
+	assert.Equal(t, inbox.Record{Failures: 1}, apply(t, f.Ledger, k, inbox.OpExcuse), "nothing counted: one failure, the run's marker excused")
+	other := inbox.Key{IDSpace: "refunds", ID: "m-1"}
+	assert.Equal(t, inbox.Record{Failures: 1}, apply(t, f.Ledger, other, inbox.OpFail), "another id space's message is not processed")
+	assert.Equal(t, inbox.Record{Failures: 2}, apply(t, f.Ledger, other, inbox.OpFailBegun))
 }
 
 // Counts from many deliveries at once add up.

@@ -259,8 +259,8 @@ func (b *Broker) Settled() bool {
 // semantics of the real ones: an id and its effect commit together or not
 // at all, and two transactions of one id exclude each other (the second
 // is told to wait, [ErrLocked], rather than blocking). Its [Store.Ledger]
-// is an [inbox.Ledger] whose OpBegin says a processed message is
-// processed, as inbox.SQLLedger's does.
+// is an [inbox.Ledger] whose OpBegin, OpFail and OpFailBegun say a
+// processed message is processed, as inbox.SQLLedger's do.
 //
 // A Store is safe for concurrent use; its zero value is not usable: use
 // [NewStore].
@@ -366,7 +366,7 @@ func (s *Store) Ledger() inbox.Ledger { return storeLedger{s} }
 type storeLedger struct{ s *Store }
 
 // Apply implements [inbox.Ledger], with [inbox.MemoryLedger]'s counts and
-// the store's processed ids.
+// the store's processed ids, which OpBegin, OpFail and OpFailBegun answer.
 func (l storeLedger) Apply(ctx context.Context, k inbox.Key, op inbox.Op) (inbox.Record, error) {
 	s := l.s
 	if err := ctx.Err(); err != nil {
@@ -382,10 +382,14 @@ func (l storeLedger) Apply(ctx context.Context, k inbox.Key, op inbox.Op) (inbox
 	}
 	r, ok := s.ledger[k]
 	switch op {
-	case inbox.OpBegin:
+	case inbox.OpBegin, inbox.OpFail, inbox.OpFailBegun:
 		if s.processed[rowKey(k)] {
+			// Processed: nothing written, as inbox.SQLLedger.
 			return inbox.Record{Processed: true}, nil
 		}
+	}
+	switch op {
+	case inbox.OpBegin:
 		before := r
 		r.Running++
 		s.ledger[k] = r

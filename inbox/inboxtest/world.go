@@ -53,6 +53,11 @@ type WorldConfig struct {
 	// ProducerDuplicates publishes some messages twice (a producer's
 	// retry: a second broker message with the same id).
 	ProducerDuplicates bool
+	// DeadLetterFaults makes one dead letter in three fail (a produce, a
+	// reject on a channel that just closed): the message stays with the
+	// broker, handed back after the core's delay. Its redelivery must
+	// never run: its record, with its count, was kept.
+	DeadLetterFaults bool
 
 	// CountShutdowns is a planted bug: the shell tells the core that a
 	// handler a shutdown interrupted failed on its own. The invariants
@@ -95,7 +100,12 @@ type World struct {
 	// unexcused counts the runs a shutdown ended whose excuse the ledger
 	// could not write (the database down then): counted as runs that
 	// died, as the ledger cannot tell.
-	unexcused  map[string]int
+	unexcused map[string]int
+	// dlFailed marks the messages whose dead letter failed with their
+	// record kept: no forget (of any copy) since the dead letter was
+	// decided; forgets counts the forgets written per message.
+	dlFailed   map[string]bool
+	forgets    map[string]int
 	violations []string
 	trace      []string
 }
@@ -113,6 +123,9 @@ type simDelivery struct {
 	dec   inbox.Decision
 	tx    *Tx
 	begun bool // its OpBegin is written and its run not ended
+	// forgets is the world's count of the message's forgets when the
+	// core decided its dead letter.
+	forgets int
 }
 
 // NewWorld returns the world of seed under cfg.
@@ -120,7 +133,8 @@ func NewWorld(seed uint64, cfg WorldConfig) *World {
 	cfg.Consumers = max(cfg.Consumers, 1)
 	cfg.Prefetch = max(cfg.Prefetch, 1)
 	w := &World{cfg: cfg, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), Broker: NewBroker(0), Store: NewStore(),
-		behaviour: map[string]Behaviour{}, realFailures: map[string]int{}, live: map[string]int{}, overlap: map[string]int{}, unexcused: map[string]int{}}
+		behaviour: map[string]Behaviour{}, realFailures: map[string]int{}, live: map[string]int{}, overlap: map[string]int{}, unexcused: map[string]int{},
+		dlFailed: map[string]bool{}, forgets: map[string]int{}}
 	for i := range cfg.Messages {
 		id := fmt.Sprintf("m-%03d", i)
 		b := Healthy
@@ -272,6 +286,9 @@ func (w *World) write(d *simDelivery) {
 			}
 		case inbox.OpFailBegun, inbox.OpExcuse:
 			w.end(d)
+		case inbox.OpForget:
+			w.forgets[id]++
+			delete(w.dlFailed, id)
 		}
 	} else if op == inbox.OpExcuse || op == inbox.OpFailBegun {
 		// The run ended, but the ledger still counts it as running.
@@ -281,6 +298,12 @@ func (w *World) write(d *simDelivery) {
 		w.end(d)
 	}
 	d.dec = d.core.Recorded(rec, err)
+	if d.dec.Verb == inbox.VerbDeadLetter {
+		d.forgets = w.forgets[id]
+	}
+	if op == inbox.OpBegin && d.core.State() == inbox.StateRunning && w.dlFailed[id] {
+		w.violations = append(w.violations, fmt.Sprintf("step %d: %s runs again after its dead letter failed (its count was lost)", w.steps, id))
+	}
 	if op == inbox.OpBegin && err == nil && !rec.Processed && d.core.State() != inbox.StateRunning {
 		// Begun, then not run (dead-lettered on arrival): its forget
 		// ends it.
@@ -359,6 +382,10 @@ func (w *World) run(c *simConsumer, d *simDelivery) bool {
 	return true
 }
 
+// errDeadLetterFault is a dead letter's failure, drawn when
+// WorldConfig.DeadLetterFaults is set.
+var errDeadLetterFault = errors.New("the dead letter failed (a fault)")
+
 // settle maps d's final decision onto the broker.
 func (w *World) settle(c *simConsumer, d *simDelivery) {
 	c.cur = nil
@@ -372,8 +399,29 @@ func (w *World) settle(c *simConsumer, d *simDelivery) {
 		_ = w.Broker.Requeue(tag, d.dec.Delay)
 		w.logf("%s requeues %s after %v (%s)", c.name, id, d.dec.Delay, d.core.State())
 	case inbox.VerbDeadLetter:
-		_ = w.Broker.DeadLetter(tag)
-		w.logf("%s dead-letters %s (%d failed runs counted)", c.name, id, d.dec.Failures)
+		var err error
+		if w.cfg.DeadLetterFaults && w.rng.IntN(3) == 0 {
+			err = errDeadLetterFault
+		} else {
+			err = w.Broker.DeadLetter(tag)
+		}
+		dec := d.dec
+		d.dec = d.core.DeadLettered(err)
+		if err != nil {
+			w.logf("%s dead-letters %s: %v", c.name, id, err)
+			if id != "" && d.forgets == w.forgets[id] {
+				// No copy forgot it meanwhile: its record is kept.
+				w.dlFailed[id] = true
+			}
+			if d.dec.Write == inbox.OpNone {
+				w.settle(c, d) // back after the core's delay
+			}
+			return
+		}
+		if d.dec.Write != inbox.OpNone {
+			c.cur = d // its forget comes next
+		}
+		w.logf("%s dead-letters %s (%d failed runs counted)", c.name, id, dec.Failures)
 		// The ledger counts the runs begun and not ended as runs that
 		// died; a run live elsewhere at that moment is counted too (a
 		// copy delivered twice at once), and so is a shutdown whose
@@ -386,7 +434,7 @@ func (w *World) settle(c *simConsumer, d *simDelivery) {
 	case inbox.VerbStop:
 		_ = w.Broker.Requeue(tag, 0)
 	case inbox.VerbNone:
-		if d.core.State() != inbox.StateReleased {
+		if s := d.core.State(); s != inbox.StateReleased && s != inbox.StateDeadLettered {
 			w.violations = append(w.violations, fmt.Sprintf("step %d: %s: no decision in %s: %v", w.steps, id, d.core.State(), d.dec.Err))
 			_ = w.Broker.Requeue(tag, 0)
 		}

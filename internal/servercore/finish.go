@@ -51,6 +51,10 @@ type Handler struct {
 	// ClientGone: the request's context was done when the handler
 	// returned (the client left, a deadline passed).
 	ClientGone bool
+	// Unjudged: the handler returned, but the server author's ShouldStore
+	// panicked on its status (the panic goes on to net/http): whether to
+	// keep the response is unknown.
+	Unjudged bool
 	// Tx is a Transactional handler's transaction.
 	Tx TxState
 
@@ -130,7 +134,11 @@ type Plan struct {
 //     not replayable (410), and answer 500 (Marking).
 //  2. A handler that panicked: release (the panic continues). A
 //     Transactional rollback that then finds the transaction ended keeps
-//     the key instead (rule 1).
+//     the key instead (rule 1). A Streamed handler that had written a
+//     status ShouldStore keeps (or hijacked the connection) before it
+//     panicked (a deferred audit log that fails after the answer) ran:
+//     keep its key completed, not replayable, as after a hijack;
+//     released, a retry would run it again.
 //  3. A handler that returned without writing anything while its
 //     request's context was done gave up (its client left, a deadline
 //     passed): release, in every mode, never a stored empty 200 replayed
@@ -145,7 +153,10 @@ type Plan struct {
 //     (Transactional), roll back and release, answering 500; if not
 //     (Streamed), keep the key completed, not replayable, since it ran.
 //  7. A status ShouldStore refuses (a 5xx, by default): release; a
-//     Transactional response is sent after the rollback.
+//     Transactional response is sent after the rollback. A ShouldStore
+//     that panicked (Unjudged): a Transactional run rolls back and
+//     releases, as after a panic; a Streamed one ran and its response
+//     went out, so its key is kept completed, not replayable.
 //  8. A Transactional statement that failed (the transaction aborted):
 //     nothing can commit; release, answering 500.
 //  9. Streamed, a body over the limit: it reached the client whole; keep
@@ -160,6 +171,11 @@ func (q *Request) Returned(ev Handler) Plan {
 	switch {
 	case !streamed && ev.Tx == TxIdle:
 		p = Plan{Do: KeepUnreplayable, Status: ev.Status, Answer: AnswerTxEnded}
+	case ev.Panicked && streamed && (ev.Hijacked || ev.Wrote && ev.Status >= 100 && ev.Status <= 999 && q.cfg.shouldStore(ev.Status)):
+		// It answered (or took the connection) before it panicked: its
+		// effect ran, and its answer may have reached the client.
+		// Released, a retry would run it again.
+		p.Do = KeepUnreplayable
 	case ev.Panicked:
 		p.Do, p.Reason, p.Status = Release, ReasonPanic, 0
 		if !streamed {
@@ -185,6 +201,10 @@ func (q *Request) Returned(ev Handler) Plan {
 		}
 	case ev.Hijacked:
 		p.Do = KeepUnreplayable
+	case ev.Unjudged && streamed:
+		p.Do = KeepUnreplayable
+	case ev.Unjudged:
+		p.Do, p.Reason, p.Answer = Release, ReasonPanic, AnswerRolledBack
 	case !q.cfg.shouldStore(ev.Status):
 		p.Do, p.Reason = Release, ReasonNotStored
 		if ev.Status >= 500 {

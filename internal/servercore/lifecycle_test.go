@@ -349,7 +349,8 @@ func TestRefusesWhatMustNeverHappen(t *testing.T) {
 
 // TestReturnedRules: the decision on a run's end, rule by rule, in both
 // modes (see Returned). Checked to fail with each of the ten rules
-// dropped in turn (its case made false).
+// dropped in turn (its case made false), and with the Unjudged cases
+// dropped.
 func TestReturnedRules(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -361,6 +362,15 @@ func TestReturnedRules(t *testing.T) {
 			Plan{Do: Keep, Status: 201, Answer: AnswerNone},
 			Plan{Do: KeepUnreplayable, Status: 201, Answer: AnswerTxEnded}},
 		{"panic", Handler{Panicked: true, Status: 201},
+			Plan{Do: Release, Reason: ReasonPanic, Answer: AnswerNone},
+			Plan{Do: Release, Reason: ReasonPanic, Answer: AnswerRolledBack}},
+		{"panic after the answer", Handler{Panicked: true, Wrote: true, Status: 201},
+			Plan{Do: KeepUnreplayable, Status: 201, Answer: AnswerNone},
+			Plan{Do: Release, Reason: ReasonPanic, Answer: AnswerRolledBack}},
+		{"panic after a hijack", Handler{Panicked: true, Wrote: true, Status: 101, Hijacked: true},
+			Plan{Do: KeepUnreplayable, Status: 101, Answer: AnswerNone},
+			Plan{Do: Release, Reason: ReasonPanic, Answer: AnswerRolledBack}},
+		{"panic after a 5xx", Handler{Panicked: true, Wrote: true, Status: 503},
 			Plan{Do: Release, Reason: ReasonPanic, Answer: AnswerNone},
 			Plan{Do: Release, Reason: ReasonPanic, Answer: AnswerRolledBack}},
 		{"gave up: the client left and nothing was written", Handler{ClientGone: true, Status: 200},
@@ -387,6 +397,9 @@ func TestReturnedRules(t *testing.T) {
 		{"not stored: 409", Handler{Wrote: true, Status: 409},
 			Plan{Do: Release, Status: 409, Reason: ReasonNotStored, Answer: AnswerNone},
 			Plan{Do: Release, Status: 409, Reason: ReasonNotStored, Answer: AnswerSend}},
+		{"ShouldStore panicked", Handler{Wrote: true, Status: 201, Unjudged: true},
+			Plan{Do: KeepUnreplayable, Status: 201, Answer: AnswerNone},
+			Plan{Do: Release, Status: 201, Reason: ReasonPanic, Answer: AnswerRolledBack}},
 		{"aborted transaction", Handler{Wrote: true, Status: 201, Tx: TxAborted},
 			Plan{Do: Keep, Status: 201, Answer: AnswerNone},
 			Plan{Do: Release, Status: 201, Reason: ReasonRolledBack, Answer: AnswerRolledBack, recheck: true}},

@@ -321,12 +321,12 @@ func (n *network) delay(m *message, t time.Time) {
 // reset breaks c in both directions: reads and writes fail with
 // ECONNRESET, and what was on its way is lost.
 func (n *network) reset(c *conn) {
+	c.mu.Lock()
+	c.broken = true // first: queue drops what comes after (see queue)
+	c.mu.Unlock()
 	n.mu.Lock()
 	n.msgs = slices.DeleteFunc(n.msgs, func(x *message) bool { return x.conn == c })
 	n.mu.Unlock()
-	c.mu.Lock()
-	c.broken = true
-	c.mu.Unlock()
 	c.client.in.fail(errReset("read"))
 	c.serverEnd.in.fail(errReset("read"))
 }
@@ -335,12 +335,12 @@ func (n *network) reset(c *conn) {
 // client reads EOF instead of m (a connection the server closed while the
 // client's request was on its way), and the server's side is closed.
 func (n *network) eofInsteadOf(m *message) {
+	m.conn.mu.Lock()
+	m.conn.broken = true // first: queue drops what comes after (see queue)
+	m.conn.mu.Unlock()
 	n.mu.Lock()
 	n.msgs = slices.DeleteFunc(n.msgs, func(x *message) bool { return x.conn == m.conn })
 	n.mu.Unlock()
-	m.conn.mu.Lock()
-	m.conn.broken = true
-	m.conn.mu.Unlock()
 	m.conn.client.in.finish()
 	m.conn.serverEnd.in.fail(net.ErrClosed)
 }
@@ -472,6 +472,19 @@ func (n *network) killAll() {
 func (n *network) queue(c *conn, up bool, kind msgKind, data []byte, key string, status int, replayed bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	c.mu.Lock()
+	gone := c.broken || c.serverGone && (up || kind != msgReset)
+	c.mu.Unlock()
+	if gone {
+		// A write or a close that checked the connection before it broke
+		// or its server died (a killed process's goroutine, woken by its
+		// ended context, racing the driver's reset of its sockets): it goes
+		// nowhere, as the messages the reset took did. Queued, it would be
+		// delivered at one step or another as the race went: one seed, two
+		// traces. (The reset a dead server's connections get is the one
+		// message queued after it died.)
+		return
+	}
 	i := 0
 	if up {
 		i = 1

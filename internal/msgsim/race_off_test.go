@@ -1,0 +1,5 @@
+//go:build go1.26 && !race
+
+package msgsim
+
+const raceEnabled = false

@@ -1,0 +1,1236 @@
+//go:build go1.26
+
+package msgsim
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idemkit/idemhttp/inbox"
+)
+
+// The invariants every seed checks (docs/simulation.md, the consumers'
+// section).
+const (
+	invOnce     = "1 every message's effect at most once"
+	invLost     = "2 nothing lost: every message's effect, or its dead letter"
+	invBoth     = "3 never both an effect and a dead letter"
+	invAcked    = "4 nothing acked without its effect"
+	invBudget   = "5 no dead letter before the failed runs the policy allows"
+	invCounted  = "6 only failed runs counted: never a shutdown's requeue, a success or a run that never began"
+	invLive     = "liveness: every message settled once the faults stop"
+	invCore     = "the core refused no move"
+	invSQL      = "every statement modelled"
+	invLeak     = "every goroutine ends"
+	invSameSeed = "same seed, same trace"
+)
+
+// Invariants lists the invariants every seed checks.
+var Invariants = []string{invOnce, invLost, invBoth, invAcked, invBudget, invCounted, invLive, invCore, invSQL, invLeak}
+
+// Failure is an invariant a run broke.
+type Failure struct {
+	Inv   string
+	Msg   string // the message id it is about, "" for none
+	Step  int
+	Text  string
+	Known string // a limit of the design it is explained by (see Known), "" for none
+}
+
+func (f Failure) String() string {
+	s := fmt.Sprintf("invariant %q broken at step %d: %s", f.Inv, f.Step, f.Text)
+	if f.Known != "" {
+		s += " [known: " + f.Known + "]"
+	}
+	return s
+}
+
+// The known limits of the design that explain some failures: counted
+// and reported, not failed (docs/simulation.md, the consumers' section).
+const (
+	// knownOverlap: the ledger counts a run live elsewhere (a zombie
+	// Kafka member's, one whose ack wait ended), or one that ended and
+	// has not closed its marker yet, as one that died (docs/consumer.md's
+	// imprecision); the message is dead-lettered while that run commits
+	// its effect, or after it did (OpBegin reads "processed" before it
+	// commits).
+	knownOverlap = "a dead letter decided while the ledger counted as dead a run of the message that had not died (live elsewhere, or not yet closed), which committed its effect"
+	// knownZombieDead: a Kafka member whose partition was moved
+	// dead-letters a record (the dead-letter topic is not fenced by the
+	// group's generation) and cannot commit it: the new owner runs the
+	// record again, and it may succeed. The evidence: a run of the
+	// message began after the dead letter, or the dead letter was sent
+	// by a member that no longer owned the partition (the new owner's run
+	// may begin between the zombie's decision and its dead letter).
+	knownZombieDead = "a record dead-lettered and then delivered again (a Kafka zombie's dead letter, not fenced), whose next run succeeded"
+)
+
+// Known lists the known limits (see the known* constants).
+var Known = []string{knownOverlap, knownZombieDead}
+
+// Result is what a seed's run reports.
+type Result struct {
+	Seed     uint64
+	Config   Config
+	Failures []Failure
+	Trace    []string
+	Hash     string         // of the trace and the database's and broker's end state: the same for two runs of a seed
+	Stats    map[string]int // faults injected and what the consumers did, by kind
+	Steps    int
+}
+
+// behaviour is how a message's handler behaves.
+type behaviour uint8
+
+const (
+	healthy behaviour = iota
+	poison
+	flaky
+	killer
+	hanger
+	slow
+)
+
+var behaviourNames = [...]string{"healthy", "poison", "flaky", "killer", "hanger", "slow"}
+
+func (b behaviour) String() string { return behaviourNames[b] }
+
+// outcome is how a handler run really ended, as the world saw it (not as
+// the core decided): the oracle of the budget and of what may be
+// counted.
+type outcome uint8
+
+const (
+	outNone     outcome = iota // not ended (or never run)
+	outOK                      // its effect committed, or it was a duplicate
+	outFailed                  // returned an error of its own
+	outLimit                   // passed the processing limit
+	outShutdown                // ended by its consumer's shutdown
+	outDied                    // its process died while it ran
+)
+
+var outcomeNames = [...]string{"none", "ok", "failed", "limit", "shutdown", "died"}
+
+func (o outcome) String() string { return outcomeNames[o] }
+
+// real reports whether o is a real failure of the handler's run.
+func (o outcome) real() bool { return o == outFailed || o == outLimit || o == outDied }
+
+// runRec is one delivery's run through the message core, for the oracle.
+type runRec struct {
+	id      string // process#n
+	msg     string
+	epoch   int  // the ledger's epoch of msg when it began (see world.epoch)
+	begun   bool // its OpBegin applied, and no OpFailBegun or OpExcuse since
+	markAt  int  // the epoch its OpBegin applied in
+	counted bool // its OpFail or OpFailBegun applied
+	countAt int  // the epoch that applied in
+	live    bool // its handler runs
+	ran     bool // its handler ran
+	late    bool // its handler began after a dead letter of its message
+	started time.Time
+	out     outcome
+	snap    bool // budget and overlap hold the evidence of its last ledger answer
+	budget  int  // the budget (see world.budget) when its last OpBegin, OpFail or OpFailBegun applied
+	overlap bool // another run of its message was live then
+}
+
+// world is one seed's run. The driver (the bubble's main goroutine)
+// draws every choice from rng and takes one step at a time: it lets one
+// waiting turn go (a statement, a commit, a consumer's call to its
+// broker), injects a fault, or lets virtual time pass; between two steps
+// it waits until every goroutine of the bubble is durably blocked
+// (synctest.Wait), so that what one step set going has run to its next
+// turn. Every touch of shared state (the database, the broker, the
+// trace) is made in a turn or by the driver: same seed, same run.
+type world struct {
+	cfg  Config
+	seed uint64
+	rng  *rand.Rand // the driver's choices
+	drng *rand.Rand // the database's faults, drawn in turns
+
+	mu        sync.Mutex // the database, the broker, the turns, the processes and runs
+	db        *database
+	q         *queue
+	t         *topic
+	behaviour map[string]behaviour
+	dup       map[string]bool // published twice
+	ids       []string
+	slots     []*proc // each consumer's current process
+	gens      []int
+	pending   map[string]*turnReq
+	runs      []*runRec
+	epoch     map[string]int // per message: the applied OpForgets so far
+	handled   map[string]int // per message: handler runs so far
+	acked     map[string]int
+	dead      map[string]int
+	dlOverlap map[string]bool // a dead letter of the message decided while another run of it was live
+	dlZombie  map[string]bool // a dead letter of the message sent by a Kafka member that no longer owned its partition
+	crashes   int
+	faulty    bool
+	tearing   atomic.Bool // the teardown: nothing more is traced (its processes end at once, in any order)
+	t0        time.Time
+	step      atomic.Int64
+
+	tmu      sync.Mutex // the trace, the failures and the statistics
+	trace    []string
+	failures []Failure
+	stats    map[string]int
+}
+
+// turnReq is a goroutine waiting for its turn.
+type turnReq struct {
+	key string
+	p   *proc
+	ch  chan struct{}
+}
+
+// proc is one consumer process: its broker connection, its database
+// pool, its Runner; killed, it loses everything in memory.
+type proc struct {
+	w      *world
+	slot   int
+	name   string
+	ctx    context.Context
+	cancel context.CancelFunc
+	killed chan struct{}
+	dead   atomic.Bool
+	exited bool // under w.mu
+	db     *sql.DB
+	runner *inbox.Runner
+	handle inbox.Handler
+	n      int // deliveries so far (the main goroutine's)
+
+	mu   sync.Mutex
+	held []qdel
+
+	kparts map[int]*kstate // Kafka: the partitions it owns, under w.mu
+}
+
+func (p *proc) isDead() bool { return p.dead.Load() }
+
+type ctxKey int
+
+const (
+	runKey ctxKey = iota
+	kindKey
+	nKey
+)
+
+func runFrom(ctx context.Context) *runRec {
+	if ctx == nil {
+		return nil
+	}
+	r, _ := ctx.Value(runKey).(*runRec)
+	return r
+}
+
+func kindFrom(ctx context.Context) string {
+	if k, ok := ctx.Value(kindKey).(string); ok {
+		return k
+	}
+	return "run"
+}
+
+// newWorld draws seed's world with cfg.
+func newWorld(seed uint64, cfg Config) *world {
+	w := &world{
+		cfg:       cfg,
+		seed:      seed,
+		rng:       rand.New(rand.NewPCG(seed, 1)),
+		drng:      rand.New(rand.NewPCG(seed, 2)),
+		db:        newDatabase(),
+		q:         newQueue(),
+		behaviour: map[string]behaviour{}, dup: map[string]bool{}, pending: map[string]*turnReq{},
+		epoch: map[string]int{}, handled: map[string]int{}, acked: map[string]int{}, dead: map[string]int{},
+		dlOverlap: map[string]bool{}, dlZombie: map[string]bool{},
+		stats: map[string]int{},
+	}
+	br := rand.New(rand.NewPCG(seed, 3))
+	for i := range cfg.Messages {
+		id := fmt.Sprintf("m%02d", i)
+		b := healthy
+		switch r := br.IntN(100); {
+		case r < cfg.Poison:
+			b = poison
+		case r < cfg.Poison+cfg.Flaky:
+			b = flaky
+		case r < cfg.Poison+cfg.Flaky+cfg.Killer:
+			b = killer
+		case r < cfg.Poison+cfg.Flaky+cfg.Killer+cfg.Hanger:
+			b = hanger
+		case r < cfg.Poison+cfg.Flaky+cfg.Killer+cfg.Hanger+cfg.Slow:
+			b = slow
+		}
+		w.behaviour[id] = b
+		w.ids = append(w.ids, id)
+	}
+	for i := range min(cfg.Dups, cfg.Messages) {
+		w.dup[w.ids[br.IntN(len(w.ids))]] = true
+		_ = i
+	}
+	return w
+}
+
+func (w *world) now() time.Time { return time.Now() }
+
+// logf adds a line to the trace. It is called by the driver or in a
+// turn, never by two goroutines at once between two steps.
+func (w *world) logf(format string, args ...any) {
+	if w.tearing.Load() {
+		return
+	}
+	line := fmt.Sprintf("%4d %8.3fs ", w.step.Load(), time.Since(w.t0).Seconds()) + fmt.Sprintf(format, args...)
+	w.tmu.Lock()
+	w.trace = append(w.trace, line)
+	w.tmu.Unlock()
+	if Live {
+		fmt.Println(line)
+	}
+}
+
+// debugTurns logs the turns waiting at each step.
+var debugTurns = false
+
+// Live prints each line of a trace as it is made (for a run that does
+// not end).
+var Live bool
+
+func (w *world) failf(inv, msg, format string, args ...any) {
+	f := Failure{Inv: inv, Msg: msg, Step: int(w.step.Load()), Text: fmt.Sprintf(format, args...)}
+	w.tmu.Lock()
+	w.failures = append(w.failures, f)
+	w.tmu.Unlock()
+	w.logf("FAIL %s", f)
+}
+
+// failKnown is failf for a failure a known limit (possibly none)
+// explains.
+func (w *world) failKnown(inv, msg, known, format string, args ...any) {
+	f := Failure{Inv: inv, Msg: msg, Step: int(w.step.Load()), Text: fmt.Sprintf(format, args...), Known: known}
+	w.tmu.Lock()
+	w.failures = append(w.failures, f)
+	w.tmu.Unlock()
+	w.logf("FAIL %s", f)
+}
+
+// ranAfterDeadLetter reports whether a run of id began its handler after
+// a dead letter of id. w.mu is held.
+func (w *world) ranAfterDeadLetter(id string) bool {
+	for _, r := range w.runs {
+		if r.msg == id && r.late {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *world) failLocked(inv, msg, format string, args ...any) { w.failf(inv, msg, format, args...) }
+
+func (w *world) stat(k string) {
+	w.tmu.Lock()
+	w.stats[k]++
+	w.tmu.Unlock()
+}
+
+// turn waits until the driver lets the caller go: one statement, commit
+// or call to the broker of p's, for run r (nil: the process's own), of
+// kind. It fails when ctx ends first or p dies.
+func (w *world) turn(ctx context.Context, p *proc, r *runRec, kind string) error {
+	if p.isDead() {
+		return errProcDead
+	}
+	key := p.name + "/" + kind
+	if r != nil {
+		key = r.id + "/" + kind
+	}
+	t := &turnReq{key: key, p: p, ch: make(chan struct{})}
+	w.mu.Lock()
+	if w.pending[key] != nil {
+		w.mu.Unlock()
+		w.failf(invSQL, "", "two turns at once named %s (a bug of the simulator)", key)
+		return errors.New("msgsim: ambiguous turn")
+	}
+	w.pending[key] = t
+	w.mu.Unlock()
+	done := ctx.Done()
+	withdraw := func() {
+		w.mu.Lock()
+		if w.pending[key] == t {
+			delete(w.pending, key)
+		}
+		w.mu.Unlock()
+	}
+	select {
+	case <-t.ch:
+		if p.isDead() {
+			return errProcDead
+		}
+		return nil
+	case <-done:
+		withdraw()
+		return ctx.Err()
+	case <-p.killed:
+		withdraw()
+		return errProcDead
+	}
+}
+
+// eligible returns the keys of the turns worth granting now, sorted: a
+// fetch only when the broker has something for it.
+func (w *world) eligible() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	keys := make([]string, 0, len(w.pending))
+	for k, t := range w.pending {
+		if strings.HasSuffix(k, "/fetch") && !w.tearing.Load() && !w.canFetch(t.p) {
+			continue
+		}
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func (w *world) canFetch(p *proc) bool {
+	if w.cfg.Kafka {
+		return w.t.ready(p, w.now())
+	}
+	return w.q.ready(p, w.cfg.Prefetch, w.now())
+}
+
+func (w *world) grant(key string) {
+	w.mu.Lock()
+	t := w.pending[key]
+	delete(w.pending, key)
+	w.mu.Unlock()
+	if t != nil {
+		close(t.ch)
+	}
+}
+
+// start starts a process for consumer slot.
+func (w *world) start(slot int) *proc {
+	w.gens[slot]++
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &proc{w: w, slot: slot, name: fmt.Sprintf("c%d.%d", slot+1, w.gens[slot]), ctx: ctx, cancel: cancel,
+		killed: make(chan struct{}), kparts: map[int]*kstate{}}
+	p.db = openDB(p)
+	in := &inbox.SQL{DB: p.db}
+	p.handle = in.Handle("group", p.effect)
+	lim := time.Duration(w.cfg.Limit) * time.Second
+	p.runner = &inbox.Runner{
+		Policy:  inbox.Policy{Retry: inbox.Retry{Delay: time.Second, MaxDelay: 8 * time.Second, MaxDeliveries: w.cfg.MaxDeliveries}},
+		Ledger:  ledger{l: in.Ledger("group")},
+		Handler: p.handler,
+		Limit:   lim,
+	}
+	if w.cfg.Kafka {
+		// Kafka's adapter: no release at the limit (a partition's record
+		// cannot go to another member): the limit is the handler's own,
+		// a failure like any other.
+		p.runner.Limit = 0
+	}
+	w.mu.Lock()
+	w.slots[slot] = p
+	if w.cfg.Kafka {
+		w.assign()
+	}
+	w.mu.Unlock()
+	w.logf("%s starts", p.name)
+	go p.loop()
+	return p
+}
+
+// ledger is the Runner's ledger: inbox.SQLLedger, whose statements take
+// turns of their own kind.
+type ledger struct{ l *inbox.SQLLedger }
+
+func (l ledger) Apply(ctx context.Context, k inbox.Key, op inbox.Op) (inbox.Record, error) {
+	return l.l.Apply(context.WithValue(ctx, kindKey, "ledger"), k, op)
+}
+
+var (
+	errPoison = errors.New("msgsim: the handler cannot process this message")
+	errFlaky  = errors.New("msgsim: the handler failed this time")
+	errKilled = errors.New("msgsim: the handler killed its process")
+)
+
+// handler is the Runner's handler: inbox.SQL's Handle around effect, and
+// the oracle's record of how the run really ended.
+func (p *proc) handler(ctx context.Context, m *inbox.Message) error {
+	w := p.w
+	r := runFrom(ctx)
+	lim := time.Duration(w.cfg.Limit) * time.Second
+	w.mu.Lock()
+	r.live, r.ran, r.started = true, true, w.now()
+	r.late = w.dead[m.ID] > 0
+	w.handled[m.ID]++
+	n := w.handled[m.ID]
+	w.mu.Unlock()
+	hctx := context.WithValue(ctx, nKey, n)
+	if w.cfg.Kafka {
+		// The Kafka adapter's callHandler: the processing limit is the
+		// handler's context's.
+		var cancel context.CancelFunc
+		hctx, cancel = context.WithTimeout(hctx, lim)
+		defer cancel()
+	}
+	err := p.handle(hctx, m)
+	if err != nil && hctx.Err() != nil {
+		// Returned because its context ended, at the instant the
+		// Runner's supervisor sees the limit: let the supervisor go
+		// first, as it always may, so that the run is the same each
+		// time.
+		time.Sleep(time.Millisecond)
+	}
+	w.mu.Lock()
+	r.live = false
+	if r.out == outNone {
+		switch {
+		case w.now().Sub(r.started) >= lim:
+			// Past its processing limit (whatever it returned then: a
+			// commit in flight at the limit may still succeed), during
+			// a shutdown too: the core may count it.
+			r.out = outLimit
+		case err == nil:
+			r.out = outOK
+		case p.ctx.Err() != nil:
+			r.out = outShutdown
+		default:
+			r.out = outFailed
+		}
+	}
+	w.mu.Unlock()
+	return err
+}
+
+// effect is the business handler, in the inbox's transaction.
+func (p *proc) effect(ctx context.Context, tx *sql.Tx, m *inbox.Message) error {
+	w := p.w
+	r := runFrom(ctx)
+	n, _ := ctx.Value(nKey).(int)
+	b := w.behaviour[m.ID]
+	if b == killer {
+		if err := w.turn(ctx, p, r, "kill"); err != nil {
+			return err
+		}
+		w.crash(p, "killed by "+m.ID)
+		return errKilled
+	}
+	if _, err := tx.ExecContext(ctx, effectSQL, m.ID); err != nil {
+		return err
+	}
+	lim := time.Duration(w.cfg.Limit) * time.Second
+	var d time.Duration
+	switch b {
+	case poison:
+		return errPoison
+	case flaky:
+		if n <= 2 {
+			return errFlaky
+		}
+	case hanger:
+		// Past the limit, ignoring its context; its transaction is
+		// rolled back meanwhile, and its commit then fails.
+		time.Sleep(lim + w.dur(r.id, "hang", lim))
+		return nil
+	case slow:
+		d = w.dur(r.id, "slow", lim/2)
+	default:
+		d = w.dur(r.id, "healthy", time.Second)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+	}
+	return nil
+}
+
+// dur draws a duration under max for what of the run id, from a hash of
+// the seed (not a stream: the goroutine drawing it may run beside
+// another), with a nanosecond part that keeps it off any other timer's
+// instant.
+func (w *world) dur(id, what string, max time.Duration) time.Duration {
+	h := sha256.Sum256([]byte(strconv.FormatUint(w.seed, 10) + "/" + id + "/" + what))
+	v := binary.LittleEndian.Uint64(h[:8])
+	return time.Duration(v%uint64(max)) + time.Duration(v>>40%999983) + 1
+}
+
+// loop is a consumer process's main goroutine: take deliveries, run each
+// through the Runner, map its decision onto the broker; at a shutdown,
+// hand back what it holds through the core.
+func (p *proc) loop() {
+	defer p.exit()
+	if p.w.cfg.Kafka {
+		p.kafkaLoop()
+		return
+	}
+	w := p.w
+	for !p.isDead() {
+		if p.ctx.Err() != nil {
+			p.handBack()
+			return
+		}
+		p.mu.Lock()
+		empty := len(p.held) == 0
+		p.mu.Unlock()
+		if empty {
+			if err := w.turn(p.ctx, p, nil, "fetch"); err != nil {
+				continue
+			}
+			w.mu.Lock()
+			ds := w.q.take(p, w.cfg.Prefetch, w.now())
+			w.mu.Unlock()
+			for _, d := range ds {
+				w.logf("%s takes %s (delivery %d, tag %d)", p.name, d.id, d.count, d.tag)
+			}
+			p.mu.Lock()
+			p.held = append(p.held, ds...)
+			p.mu.Unlock()
+			continue
+		}
+		p.mu.Lock()
+		d := p.held[0]
+		p.held = p.held[1:]
+		p.mu.Unlock()
+		p.deliver(d)
+	}
+}
+
+// handBack runs what p holds through the core at its shutdown: each
+// goes back unrun.
+func (p *proc) handBack() {
+	p.mu.Lock()
+	held := p.held
+	p.held = nil
+	p.mu.Unlock()
+	for _, d := range held {
+		if p.isDead() {
+			return
+		}
+		p.deliver(d)
+	}
+}
+
+// newRun records a new run of msg by p.
+func (p *proc) newRun(msg string) *runRec {
+	p.n++
+	w := p.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	r := &runRec{id: p.name + "#" + strconv.Itoa(p.n), msg: msg, epoch: w.epoch[msg]}
+	w.runs = append(w.runs, r)
+	return r
+}
+
+// deliver runs one queue delivery through the Runner and settles it.
+func (p *proc) deliver(d qdel) {
+	w := p.w
+	r := p.newRun(d.id)
+	m := &inbox.Message{ID: d.id, Source: "queue", Redelivered: d.redelivered}
+	evidence := d.redelivered
+	if w.cfg.Counting {
+		// A quorum queue's count: it also counts the requeues of
+		// shutdowns, prefetches and releases, so it says only that the
+		// message was delivered before.
+		m.Header = map[string][]string{"x-delivery-count": {strconv.Itoa(d.count - 1)}}
+		evidence = d.count > 1
+	}
+	arrival := inbox.Arrival{HasID: true, Stopping: p.ctx.Err() != nil, MaybeRedelivered: evidence}
+	ctx := context.WithValue(p.ctx, runKey, r)
+	dec, core := p.runner.Deliver(ctx, m, inbox.Key{ID: d.id}, arrival, inbox.Hooks{Release: func() { p.release(r, d) }})
+	if err := w.turn(context.Background(), p, r, "settle"); err != nil {
+		return
+	}
+	w.checkCore(p, r, dec, core)
+	if dec.Verb == inbox.VerbDeadLetter {
+		p.deadLetter(ctx, r, d, dec, core)
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := w.now()
+	switch dec.Verb {
+	case inbox.VerbAck:
+		if _, ok := w.q.ack(d.tag); ok {
+			w.acked[d.id]++
+			w.logf("%s acks %s (tag %d)", p.name, d.id, d.tag)
+			if w.db.effects[d.id] == 0 {
+				w.failf(invAcked, d.id, "%s acked %s, whose effect has not committed", p.name, d.id)
+			}
+		} else {
+			w.logf("%s acks %s: stale tag %d", p.name, d.id, d.tag)
+		}
+	case inbox.VerbRequeue:
+		if _, ok := w.q.requeue(d.tag, now.Add(dec.Delay)); ok {
+			w.logf("%s requeues %s after %v (%s, %d failed runs)", p.name, d.id, dec.Delay, core.State(), dec.Failures)
+		} else {
+			w.logf("%s requeues %s: stale tag %d", p.name, d.id, d.tag)
+		}
+	default:
+		if core.State() != inbox.StateReleased {
+			_, _ = w.q.requeue(d.tag, now)
+		}
+	}
+}
+
+// errStaleTag is a dead letter on a spent delivery tag (a reject on a
+// channel that closed): it failed.
+var errStaleTag = errors.New("msgsim: stale delivery tag")
+
+// deadLetter gives d to the dead-letter destination and tells the core
+// how that went (the RabbitMQ adapter's reject): its ledger record goes
+// only once it is done; a stale tag keeps it, and the queue's own
+// redelivery is dead-lettered on arrival.
+func (p *proc) deadLetter(ctx context.Context, r *runRec, d qdel, dec inbox.Decision, core *inbox.Delivery) {
+	w := p.w
+	w.mu.Lock()
+	w.checkBudget(r, dec)
+	var err error
+	if _, ok := w.q.deadLetter(d.tag); ok {
+		w.dead[d.id]++
+		w.logf("%s dead-letters %s (%d failed runs: %v)", p.name, d.id, dec.Failures, dec.Err)
+	} else {
+		err = errStaleTag
+		w.logf("%s dead-letters %s: stale tag %d, its record kept", p.name, d.id, d.tag)
+	}
+	w.mu.Unlock()
+	after := p.runner.DeadLettered(ctx, core, inbox.Key{ID: d.id}, err)
+	w.checkCore(p, r, after, core)
+}
+
+// release is the Runner's Release hook: at the processing limit, the
+// delivery and every one taken ahead go back at once, for another
+// consumer (the RabbitMQ adapter cancels its subscription and nacks
+// them).
+func (p *proc) release(r *runRec, d qdel) {
+	w := p.w
+	if err := w.turn(context.Background(), p, r, "release"); err != nil {
+		return
+	}
+	p.mu.Lock()
+	held := p.held
+	p.held = nil
+	p.mu.Unlock()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := w.now()
+	_, ok := w.q.requeue(d.tag, now)
+	w.logf("%s releases %s at the processing limit (tag %d, live %v), and %d taken ahead", p.name, d.id, d.tag, ok, len(held))
+	for _, h := range held {
+		_, _ = w.q.requeue(h.tag, now)
+	}
+	w.stat("released at the limit")
+}
+
+// checkCore fails the seed on a move the core refused.
+func (w *world) checkCore(p *proc, r *runRec, dec inbox.Decision, core *inbox.Delivery) {
+	if len(core.Refused()) > 0 {
+		w.failf(invCore, r.msg, "%s: the core refused %v", p.name, core.Refused())
+	}
+	if st := core.State(); dec.Verb == inbox.VerbNone && st != inbox.StateReleased && st != inbox.StateDeadLettered && !p.isDead() {
+		w.failf(invCore, r.msg, "%s: no decision for %s in %s: %v", p.name, r.msg, core.State(), dec.Err)
+	}
+}
+
+// ledgerApplied tells the oracle of a ledger write that was applied (in
+// a commit, whatever the commit answered). w.mu is held.
+func (w *world) ledgerApplied(tx *dbTx, o ledgerOp) {
+	r := tx.run
+	id := o.key.id
+	if r == nil {
+		return
+	}
+	switch o.op {
+	case inbox.OpBegin:
+		// The core decides from the record as it was before.
+		r.budget, r.overlap, r.snap = w.budget(r), w.overlapping(r), true
+		r.begun = true
+		r.markAt = w.epoch[id]
+	case inbox.OpFail, inbox.OpFailBegun:
+		if o.op == inbox.OpFailBegun {
+			r.begun = false
+		}
+		r.counted, r.countAt = true, w.epoch[id]
+		lim := time.Duration(w.cfg.Limit) * time.Second
+		limitNow := r.live && w.now().Sub(r.started) >= lim && r.out == outNone
+		if !r.out.real() && !limitNow {
+			w.failLocked(invCounted, id, "%s's run %s counted as a failure, but it ended as %s", id, r.id, r.out)
+		}
+		// The core decides from the record after it.
+		r.budget, r.overlap, r.snap = w.budget(r), w.overlapping(r), true
+	case inbox.OpExcuse:
+		r.begun = false
+	case inbox.OpForget:
+		w.epoch[id]++
+	}
+}
+
+// budget is what the ledger may count against r's message in its
+// current epoch (since its record was last forgotten), each unit a run:
+// a failure counted in it (invCounted checks that each was a real one),
+// a marker placed in it and still open (a run that died, one live
+// elsewhere at this moment, one whose closing write was lost: the
+// imprecisions docs/consumer.md names), or a real failure the ledger
+// never counted (its write lost; a first delivery's run that died). r
+// itself is left out when it never ran (a message dead-lettered on
+// arrival, exhausted). w.mu is held.
+func (w *world) budget(r *runRec) int {
+	e := w.epoch[r.msg]
+	n := 0
+	for _, o := range w.runs {
+		if o.msg != r.msg || (o == r && !o.ran) {
+			continue
+		}
+		switch {
+		case o.counted:
+			if o.countAt == e {
+				n++
+			}
+		case o.begun:
+			if o.markAt == e {
+				n++
+			}
+		case o.out.real() && o.epoch == e:
+			n++
+		}
+	}
+	return n
+}
+
+// overlapping reports whether the ledger may be counting as dead a run
+// of r's message, other than r, that did not die: one live at this
+// moment, or one that ended and has not closed its marker yet (the
+// ledger's OpBegin reads whether the message is processed before its own
+// commit, so a run that commits meanwhile is counted too). w.mu is held.
+func (w *world) overlapping(r *runRec) bool {
+	for _, o := range w.runs {
+		if o != r && o.msg == r.msg && (o.live || (o.begun && o.out != outDied)) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkBudget fails the seed when r's message is dead-lettered before its
+// handler's runs failed as often as the policy allows. w.mu is held.
+func (w *world) checkBudget(r *runRec, dec inbox.Decision) {
+	n, overlap := r.budget, r.overlap
+	if !r.snap {
+		n, overlap = w.budget(r), w.overlapping(r)
+	}
+	w.dlOverlap[r.msg] = w.dlOverlap[r.msg] || overlap
+	if n < w.cfg.MaxDeliveries {
+		w.failLocked(invBudget, r.msg, "%s (%s) dead-lettered after %d failed runs (or runs that may have failed), the policy allows %d; the core said %d: %v",
+			r.msg, w.behaviour[r.msg], n, w.cfg.MaxDeliveries, dec.Failures, dec.Err)
+	}
+}
+
+// crash kills p: its transactions rolled back, its deliveries returned,
+// its memory gone.
+func (w *world) crash(p *proc, why string) {
+	w.mu.Lock()
+	if p.dead.Swap(true) {
+		w.mu.Unlock()
+		return
+	}
+	close(p.killed)
+	p.cancel()
+	w.killTxs(p)
+	for _, r := range w.runs {
+		if r.live && strings.HasPrefix(r.id, p.name+"#") {
+			r.out = outDied
+		}
+	}
+	returned := 0
+	if w.cfg.Kafka {
+		w.assign()
+	} else {
+		returned = w.q.crash(p, w.now())
+	}
+	w.mu.Unlock()
+	p.mu.Lock()
+	p.held = nil
+	p.mu.Unlock()
+	w.logf("%s crashes (%s): %d deliveries returned", p.name, why, returned)
+	w.stat("crash")
+}
+
+// exit ends p's main goroutine.
+func (p *proc) exit() {
+	w := p.w
+	w.mu.Lock()
+	p.exited = true
+	if w.cfg.Kafka {
+		w.assign()
+	}
+	w.mu.Unlock()
+	_ = p.db.Close()
+}
+
+// fault injects one fault, and reports whether it did.
+func (w *world) fault() bool {
+	type choice struct {
+		weight int
+		f      func() bool
+	}
+	live := func() *proc {
+		var ps []*proc
+		for _, p := range w.slots {
+			if !p.isDead() && p.ctx.Err() == nil {
+				ps = append(ps, p)
+			}
+		}
+		if len(ps) == 0 {
+			return nil
+		}
+		return ps[w.rng.IntN(len(ps))]
+	}
+	choices := []choice{
+		{w.cfg.Shutdowns, func() bool {
+			p := live()
+			if p == nil {
+				return false
+			}
+			w.logf("%s shuts down", p.name)
+			w.stat("shutdown")
+			p.cancel()
+			return true
+		}},
+		{2 * min(w.cfg.Crashes-w.crashes, 1), func() bool {
+			p := live()
+			if p == nil {
+				return false
+			}
+			w.crashes++
+			w.crash(p, "a fault")
+			return true
+		}},
+		{w.cfg.DBDown, func() bool {
+			w.mu.Lock()
+			w.db.down = !w.db.down
+			down := w.db.down
+			w.mu.Unlock()
+			w.logf("database down: %v", down)
+			if down {
+				w.stat("database down")
+			}
+			return true
+		}},
+	}
+	if w.cfg.Kafka {
+		choices = append(choices, choice{w.cfg.Rebalance, w.rebalance})
+	} else {
+		choices = append(choices, choice{w.cfg.Expire, w.expire})
+	}
+	total := 0
+	for _, c := range choices {
+		total += max(c.weight, 0)
+	}
+	if total == 0 {
+		return false
+	}
+	x := w.rng.IntN(total)
+	for _, c := range choices {
+		if x < max(c.weight, 0) {
+			return c.f()
+		}
+		x -= max(c.weight, 0)
+	}
+	return false
+}
+
+// expire ends the ack wait of a delivery in flight.
+func (w *world) expire() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	tags := w.q.tagsOf(nil)
+	if len(tags) == 0 {
+		return false
+	}
+	tag := tags[w.rng.IntN(len(tags))]
+	m := w.q.expire(tag, w.now())
+	w.logf("the ack wait of %s (tag %d, held by %s) ends: ready for anyone", m.id, tag, m.holderName())
+	w.stat("ack wait ended")
+	return true
+}
+
+func (m *qmsg) holderName() string {
+	if m.holder == nil {
+		return "nobody"
+	}
+	return m.holder.name
+}
+
+// restart starts a new process for every consumer whose process died or
+// has exited after a shutdown.
+func (w *world) restart() {
+	started := false
+	for i, p := range w.slots {
+		w.mu.Lock()
+		gone := p.isDead() || p.exited
+		w.mu.Unlock()
+		if gone && !w.tearing.Load() {
+			w.start(i)
+			started = true
+		}
+	}
+	if started {
+		synctest.Wait() // until each new process waits for its first turn
+	}
+}
+
+// settled reports whether every message is settled and nothing is under
+// way.
+func (w *world) settled() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cfg.Kafka {
+		if !w.t.settled() {
+			return false
+		}
+	} else if !w.q.settled() {
+		return false
+	}
+	for k := range w.pending {
+		if !strings.HasSuffix(k, "/fetch") {
+			return false
+		}
+	}
+	for _, r := range w.runs {
+		if r.live {
+			return false
+		}
+	}
+	return true
+}
+
+// sleep lets virtual time pass: a little, or, when nothing can move, up
+// to the next message due.
+func (w *world) sleep(idle bool) {
+	d := time.Duration(1+w.rng.IntN(1500))*time.Millisecond + time.Duration(w.rng.IntN(999983))
+	if idle {
+		w.mu.Lock()
+		var next time.Time
+		var ok bool
+		if w.cfg.Kafka {
+			next, ok = w.t.nextDue(w.now())
+		} else {
+			next, ok = w.q.nextDue(w.now())
+		}
+		w.mu.Unlock()
+		if ok {
+			d = next.Sub(w.now()) + time.Duration(1+w.rng.IntN(999983))
+		}
+	}
+	time.Sleep(d)
+}
+
+// maxRecovery bounds the recovery: steps, and virtual time.
+const (
+	maxRecoverySteps = 3000
+	maxRecoveryTime  = 2 * time.Hour
+)
+
+// run runs the world, its faults and its recovery, checks the end, and
+// tears it down.
+func (w *world) run() {
+	w.t0 = w.now()
+	w.faulty = true
+	now := w.now()
+	w.mu.Lock()
+	if w.cfg.Kafka {
+		w.t = newTopic(max(w.cfg.Partitions, 1))
+	}
+	for _, id := range w.ids {
+		w.publish(id, now)
+		if w.dup[id] {
+			w.publish(id, now)
+		}
+	}
+	w.mu.Unlock()
+	w.slots = make([]*proc, max(w.cfg.Consumers, 1))
+	w.gens = make([]int, len(w.slots))
+	for i := range w.slots {
+		w.start(i)
+	}
+	var recoveryFrom time.Time
+	for step := 0; ; step++ {
+		// What the last step set going logs under its number.
+		synctest.Wait()
+		w.step.Store(int64(step))
+		w.restart()
+		if w.faulty && step >= w.cfg.Steps {
+			w.faulty = false
+			recoveryFrom = w.now()
+			w.mu.Lock()
+			w.db.down = false
+			w.mu.Unlock()
+			w.logf("recovery: the faults stop")
+		}
+		if !w.faulty {
+			if w.settled() {
+				break
+			}
+			if step-w.cfg.Steps > maxRecoverySteps || w.now().Sub(recoveryFrom) > maxRecoveryTime {
+				w.failf(invLive, "", "not settled %v and %d steps after the faults stopped", w.now().Sub(recoveryFrom).Round(time.Second), step-w.cfg.Steps)
+				break
+			}
+		}
+		if w.faulty && w.rng.IntN(10) == 0 && w.fault() {
+			continue
+		}
+		keys := w.eligible()
+		if debugTurns {
+			w.logf("turns %v", keys)
+		}
+		if len(keys) == 0 {
+			w.sleep(true)
+			continue
+		}
+		if w.rng.IntN(5) == 0 {
+			w.sleep(false)
+			continue
+		}
+		w.grant(keys[w.rng.IntN(len(keys))])
+	}
+	if w.faulty || w.settled() {
+		w.check() // else the liveness failure says it all
+	}
+	w.teardown()
+}
+
+func (w *world) publish(id string, now time.Time) {
+	if w.cfg.Kafka {
+		w.t.publish(id)
+	} else {
+		w.q.publish(id, now)
+	}
+}
+
+// check checks the end: every message's effect once, or its dead letter,
+// never both.
+func (w *world) check() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, id := range w.ids {
+		eff, dead := w.db.effects[id], w.dead[id]
+		switch {
+		case eff == 0 && dead == 0:
+			w.failLocked(invLost, id, "%s (%s) lost: no effect, no dead letter", id, w.behaviour[id])
+		case eff > 0 && dead > 0 && !w.dup[id]:
+			known := ""
+			switch {
+			case w.dlOverlap[id]:
+				known = knownOverlap
+			case w.ranAfterDeadLetter(id) || w.dlZombie[id]:
+				known = knownZombieDead
+			}
+			w.failKnown(invBoth, id, known, "%s (%s) has its effect and was dead-lettered", id, w.behaviour[id])
+		}
+	}
+}
+
+// teardown shuts every process down and lets every goroutine end.
+func (w *world) teardown() {
+	w.tearing.Store(true)
+	w.faulty = false
+	for _, p := range w.slots {
+		p.cancel()
+	}
+	for i := 0; i < 100000; i++ {
+		synctest.Wait()
+		w.mu.Lock()
+		done := true
+		for _, p := range w.slots {
+			done = done && (p.exited || p.isDead())
+		}
+		w.mu.Unlock()
+		if done {
+			break
+		}
+		if keys := w.eligible(); len(keys) > 0 {
+			w.grant(keys[0])
+			continue
+		}
+		time.Sleep(time.Second)
+	}
+	// Hung handlers of dead processes sleep out their hang.
+	time.Sleep(3 * time.Duration(w.cfg.Limit+1) * time.Second)
+	synctest.Wait()
+	w.mu.Lock()
+	left := len(w.pending)
+	w.mu.Unlock()
+	if left > 0 {
+		w.failf(invLeak, "", "%d goroutines still wait for a turn after the teardown", left)
+		for _, k := range w.eligible() {
+			w.grant(k)
+		}
+		synctest.Wait()
+	}
+}
+
+// result is w's result.
+func (w *world) result() *Result {
+	w.tmu.Lock()
+	defer w.tmu.Unlock()
+	h := sha256.New()
+	for _, l := range w.trace {
+		h.Write([]byte(l))
+		h.Write([]byte{'\n'})
+	}
+	w.mu.Lock()
+	fmt.Fprintf(h, "end: effects %v dead %v ledger %v inbox %d\n", w.db.effects, w.dead, w.db.ledger, len(w.db.inbox))
+	w.mu.Unlock()
+	fs := append([]Failure(nil), w.failures...)
+	sort.SliceStable(fs, func(i, j int) bool { return fs[i].Step < fs[j].Step })
+	stats := map[string]int{}
+	for k, v := range w.stats {
+		stats[k] = v
+	}
+	return &Result{Seed: w.seed, Config: w.cfg, Failures: fs, Trace: w.trace, Hash: hex.EncodeToString(h.Sum(nil)[:8]),
+		Stats: stats, Steps: int(w.step.Load())}
+}
+
+// RunSeed runs seed's world with cfg in a synctest bubble of its own, as
+// a subtest of t that does not fail t: the result says what broke.
+func RunSeed(t *testing.T, seed uint64, cfg Config) (res *Result) {
+	var w *world
+	defer func() {
+		if r := recover(); r != nil {
+			// A goroutine of the world that never ends (synctest's
+			// "deadlock"): a leak, in the world or in the code it runs.
+			f := Failure{Inv: invLeak, Text: fmt.Sprint(r)}
+			if w == nil {
+				res = &Result{Seed: seed, Config: cfg, Failures: []Failure{f}}
+				return
+			}
+			w.failures = append(w.failures, f)
+			res = w.result()
+		}
+	}()
+	synctest.Test(t, func(*testing.T) {
+		w = newWorld(seed, cfg)
+		w.run()
+		res = w.result()
+	})
+	return res
+}
