@@ -4,6 +4,8 @@ import (
 	"errors"
 	"net/http"
 	"time"
+
+	"github.com/idemkit/idemhttp/internal/plant"
 )
 
 // TxState is a Transactional handler's transaction as the shell finds it
@@ -179,7 +181,7 @@ func (q *Request) Returned(ev Handler) Plan {
 		if !streamed {
 			p.Answer = AnswerRolledBack
 		}
-	case ev.ClientGone && !ev.Wrote && !ev.Hijacked:
+	case ev.ClientGone && !ev.Wrote && !ev.Hijacked && !(plant.GiveUpStored && !streamed):
 		p.Do, p.Reason, p.Status = Release, ReasonCanceled, 0
 		if !streamed {
 			p.Answer = AnswerRolledBack
@@ -274,6 +276,9 @@ func (q *Request) Completed(err error, began, now time.Time) Step {
 			return q.done(Unsettled, AnswerNone)
 		}
 		return q.done(Lost, AnswerNone)
+	}
+	if plant.CompleteOnce {
+		return q.done(Unsettled, AnswerNone)
 	}
 	q.ambiguous = true
 	if !q.pinTried {

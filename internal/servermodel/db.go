@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/idemhttp/internal/plant"
 	"github.com/idemkit/idemhttp/internal/servercore"
 )
 
@@ -28,12 +29,17 @@ type DB struct {
 	// (OpClaim, OpComplete, OpRelease, OpLookup, OpMark); nil: none.
 	// The handler's own statements ([HandlerTx]) do not fail by it.
 	Faults Faults
+	// Wait is how a statement that hangs waits; nil: until its context
+	// ends.
+	Wait Wait
 
-	mu     sync.Mutex
-	rows   map[string]dbRow
-	ledger []Effect
-	locks  map[string]int // key → the id of the transaction holding its lock
-	txs    int
+	mu      sync.Mutex
+	rows    map[string]dbRow
+	ledger  []Effect
+	locks   map[string]int // key → the id of the transaction holding its lock
+	txs     int
+	pools   map[string][]*Tx // the transactions of each named pool ([TxServer.Pool]), for Drop
+	dropped map[string]bool  // pools whose connections are gone
 }
 
 // dbRow is a row of the key table.
@@ -47,6 +53,35 @@ type dbRow struct {
 type Effect struct {
 	Key  string // the store key of the request that made it
 	Name string
+}
+
+// Write commits the effect name of key at once, outside any transaction
+// (a statement in autocommit): the business write of a server whose
+// effects happen as its handler runs (idemserver.Middleware's), which no
+// record commits with.
+func (db *DB) Write(key, name string) {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	db.ledger = append(db.ledger, Effect{Key: key, Name: name})
+}
+
+// Drop ends every connection of pool, as a server process that dies
+// does: the database rolls back their open transactions and releases
+// their locks at once, and every later statement on them, or on a new
+// connection of the pool, fails with [ErrLost]. (What a transaction
+// committed stays.)
+func (db *DB) Drop(pool string) {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if db.dropped == nil {
+		db.dropped = map[string]bool{}
+	}
+	db.dropped[pool] = true
+	for _, tx := range db.pools[pool] {
+		tx.endLocked(false)
+		tx.state = txBroken
+	}
+	delete(db.pools, pool)
 }
 
 func (db *DB) now() time.Time {
@@ -108,6 +143,8 @@ const (
 // Tx is a request's connection and its transaction.
 type Tx struct {
 	db      *DB
+	pool    string // the connections it is on ([TxServer.Pool])
+	faults  Faults // its shell's, or the DB's
 	key     string // the claim's store key
 	claimID int    // the claim's transaction
 	id      int    // the open transaction (another after COMMIT AND CHAIN)
@@ -118,21 +155,34 @@ type Tx struct {
 	effects []Effect
 }
 
-// claim begins a transaction, tries key's lock and, with it, writes the
-// claim row unless a live row holds the key; then it reads the key's live
-// row. It returns the transaction when it claimed the key.
-func (db *DB) claim(ctx context.Context, key, token, fp string, ttl time.Duration) (tx *Tx, locked, claimed bool, row servercore.Row, err error) {
-	f, err := fault(ctx, db.Faults, OpClaim, key)
-	if f == Refuse || f == Hang || f == Lose {
+// faults returns the faults of a shell's statements: its own, else the
+// DB's.
+func (db *DB) faults(own Faults) Faults {
+	if own != nil {
+		return own
+	}
+	return db.Faults
+}
+
+// claim begins a transaction on a connection of pool, tries key's lock
+// and, with it, writes the claim row unless a live row holds the key;
+// then it reads the key's live row. It returns the transaction when it
+// claimed the key.
+func (db *DB) claim(ctx context.Context, pool string, faults Faults, key, token, fp string, ttl time.Duration) (tx *Tx, locked, claimed bool, row servercore.Row, err error) {
+	f, err := fault(ctx, db.faults(faults), db.Wait, OpClaim, key)
+	if f.before() || f == Lose {
 		// Lost before the answer: the connection, and the transaction
 		// with it, are gone: nothing stays.
 		return nil, false, false, servercore.Row{}, err
 	}
 	db.mu.Lock()
 	defer db.mu.Unlock()
+	if db.dropped[pool] {
+		return nil, false, false, servercore.Row{}, ErrLost
+	}
 	now := db.now()
 	db.txs++
-	tx = &Tx{db: db, key: key, claimID: db.txs, id: db.txs, began: now}
+	tx = &Tx{db: db, pool: pool, faults: faults, key: key, claimID: db.txs, id: db.txs, began: now}
 	if _, busy := db.locks[key]; !busy {
 		if db.locks == nil {
 			db.locks = map[string]int{}
@@ -140,6 +190,12 @@ func (db *DB) claim(ctx context.Context, key, token, fp string, ttl time.Duratio
 		db.locks[key], locked, tx.locked = tx.id, true, true
 		if _, live := db.live(key, now); !live {
 			tx.row = &dbRow{token: token, fingerprint: fp, expires: now.Add(ttl)}
+			if pool != "" {
+				if db.pools == nil {
+					db.pools = map[string][]*Tx{}
+				}
+				db.pools[pool] = append(db.pools[pool], tx)
+			}
 			return tx, true, true, servercore.Row{}, nil
 		}
 	}
@@ -198,12 +254,12 @@ func (tx *Tx) txState() servercore.TxState {
 // commit stores record in the claim row and commits, as TxMiddleware's
 // guarded store and COMMIT do.
 func (tx *Tx) commit(ctx context.Context, record []byte) servercore.Commit {
-	f, _ := fault(ctx, tx.db.Faults, OpComplete, tx.key)
+	f, _ := fault(ctx, tx.db.faults(tx.faults), tx.db.Wait, OpComplete, tx.key)
 	db := tx.db
 	db.mu.Lock()
 	defer db.mu.Unlock()
 	switch {
-	case f == Refuse:
+	case f == Refuse || f == Full:
 		tx.endLocked(false)
 		return servercore.CommitRefused
 	case f == Hang:
@@ -224,6 +280,9 @@ func (tx *Tx) commit(ctx context.Context, record []byte) servercore.Commit {
 		tx.endLocked(false)
 		return servercore.CommitClaimLost
 	}
+	if plant.AfterCommit {
+		return tx.commitApart(ctx, record, f)
+	}
 	tx.row.record = record
 	tx.endLocked(true)
 	if f == Lose {
@@ -233,10 +292,36 @@ func (tx *Tx) commit(ctx context.Context, record []byte) servercore.Commit {
 	return servercore.CommitOK
 }
 
+// commitApart is the planted bug plant.AfterCommit: the transaction
+// commits (the handler's effects, and the claim row), and then the record
+// is stored in a transaction of its own, which may fail or never come
+// (the process dies between the two): the claim row then holds the key,
+// without a record, for the TTL. The caller holds db.mu; f is the
+// COMMIT's fault.
+func (tx *Tx) commitApart(ctx context.Context, record []byte, f Fault) servercore.Commit {
+	db := tx.db
+	key, token := tx.key, tx.row.token
+	tx.endLocked(true)
+	if f == Lose {
+		tx.state = txBroken
+		return servercore.CommitUnknown
+	}
+	db.mu.Unlock()
+	f, _ = fault(ctx, db.faults(tx.faults), db.Wait, OpComplete, key)
+	db.mu.Lock()
+	r, live := db.rows[key]
+	if f.before() || db.dropped[tx.pool] || !live || r.token != token {
+		return servercore.CommitRefused
+	}
+	r.record = record
+	db.rows[key] = r
+	return servercore.CommitOK
+}
+
 // end rolls back and reports whether the handler had ended the claim's
 // transaction itself.
 func (tx *Tx) end(ctx context.Context) bool {
-	f, _ := fault(ctx, tx.db.Faults, OpRelease, tx.key)
+	f, _ := fault(ctx, tx.db.faults(tx.faults), tx.db.Wait, OpRelease, tx.key)
 	db := tx.db
 	db.mu.Lock()
 	defer db.mu.Unlock()
@@ -259,13 +344,16 @@ func (tx *Tx) rollback() {
 
 // mark keeps key completed with record over the request's own claim row
 // (committed by the handler's COMMIT, perhaps) or an expired row.
-func (db *DB) mark(ctx context.Context, key, token, fp string, record []byte, ttl time.Duration) error {
-	f, err := fault(ctx, db.Faults, OpMark, key)
-	if f == Refuse || f == Hang {
+func (db *DB) mark(ctx context.Context, pool string, faults Faults, key, token, fp string, record []byte, ttl time.Duration) error {
+	f, err := fault(ctx, db.faults(faults), db.Wait, OpMark, key)
+	if f.before() {
 		return err
 	}
 	db.mu.Lock()
 	defer db.mu.Unlock()
+	if db.dropped[pool] {
+		return ErrLost
+	}
 	now := db.now()
 	if r, live := db.live(key, now); !live || r.token == token {
 		if db.rows == nil {
@@ -277,12 +365,15 @@ func (db *DB) mark(ctx context.Context, key, token, fp string, record []byte, tt
 }
 
 // lookup reads key's live committed row.
-func (db *DB) lookup(ctx context.Context, key string) (servercore.Row, error) {
-	if f, err := fault(ctx, db.Faults, OpLookup, key); f != Pass {
+func (db *DB) lookup(ctx context.Context, pool string, faults Faults, key string) (servercore.Row, error) {
+	if f, err := fault(ctx, db.faults(faults), db.Wait, OpLookup, key); f != Pass {
 		return servercore.Row{}, err
 	}
 	db.mu.Lock()
 	defer db.mu.Unlock()
+	if db.dropped[pool] {
+		return servercore.Row{}, ErrLost
+	}
 	r, live := db.live(key, db.now())
 	if !live {
 		return servercore.Row{}, nil
@@ -356,7 +447,7 @@ func (h *HandlerTx) CommitAndChain() {
 	db := h.tx.db
 	db.mu.Lock()
 	defer db.mu.Unlock()
-	if h.closed {
+	if h.closed || h.tx.state == txBroken {
 		return
 	}
 	h.tx.endLocked(true)

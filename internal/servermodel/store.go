@@ -3,6 +3,7 @@ package servermodel
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -39,6 +40,10 @@ const (
 	// on the way back: the caller cannot tell it from Refuse. (A DB
 	// connection lost during a COMMIT: the commit happened.)
 	Lose
+	// Full: the call does nothing and fails for lack of room (a Redis
+	// past its maxmemory, a memory store at its bound): its error wraps
+	// idemserver.ErrStoreFull.
+	Full
 )
 
 // ErrRefused is the error of a refused call.
@@ -47,14 +52,23 @@ var ErrRefused = errors.New("servermodel: refused")
 // ErrLost is the error of a call whose answer was lost.
 var ErrLost = errors.New("servermodel: connection lost")
 
+// ErrFull is the error of a call refused for lack of room ([Full]).
+var ErrFull = fmt.Errorf("servermodel: out of memory: %w", idemserver.ErrStoreFull)
+
 // Faults decides each call's fault; nil means every call passes. It is
 // called once per call, before the call's work, under no lock of the
 // model's.
 type Faults func(op Op, key string) Fault
 
-// fault waits out a Hang, and returns the error a call fails with before
-// or after its work.
-func fault(ctx context.Context, f Faults, op Op, key string) (Fault, error) {
+// Wait is how a call that hangs waits: until ctx ends, and then, in a
+// simulated world, for whatever else the world needs (its turn from the
+// world's driver, so that two calls whose bounds end at one instant go on
+// one at a time). Nil means until ctx ends.
+type Wait func(ctx context.Context, op Op, key string)
+
+// fault waits out a Hang (with wait, nil for ctx alone), and returns the
+// error a call fails with before or after its work.
+func fault(ctx context.Context, f Faults, wait Wait, op Op, key string) (Fault, error) {
 	if f == nil {
 		return Pass, nil
 	}
@@ -62,13 +76,23 @@ func fault(ctx context.Context, f Faults, op Op, key string) (Fault, error) {
 	case Refuse:
 		return x, ErrRefused
 	case Hang:
-		<-ctx.Done()
+		if wait != nil {
+			wait(ctx, op, key)
+		} else {
+			<-ctx.Done()
+		}
 		return x, ctx.Err()
 	case Lose:
 		return x, ErrLost
+	case Full:
+		return x, ErrFull
 	}
 	return Pass, nil
 }
+
+// before reports whether f fails the call before its work: nothing of it
+// happens.
+func (f Fault) before() bool { return f == Refuse || f == Hang || f == Full }
 
 var _ idemserver.Store = (*Store)(nil)
 
@@ -83,6 +107,8 @@ type Store struct {
 	Now func() time.Time
 	// Faults decides each call's fault; nil: none.
 	Faults Faults
+	// Wait is how a call that hangs waits; nil: until its context ends.
+	Wait Wait
 
 	mu      sync.Mutex
 	records map[string]*storeRecord
@@ -117,8 +143,8 @@ func (s *Store) Claim(ctx context.Context, key string, c idemserver.Claim) (idem
 	if c.LockTimeout <= 0 {
 		return idemserver.ClaimResult{}, errors.New("servermodel: lock timeout must be positive")
 	}
-	f, err := fault(ctx, s.Faults, OpClaim, key)
-	if f == Refuse || f == Hang {
+	f, err := fault(ctx, s.Faults, s.Wait, OpClaim, key)
+	if f.before() {
 		return idemserver.ClaimResult{}, err
 	}
 	s.mu.Lock()
@@ -153,8 +179,8 @@ func (s *Store) held(key, token string, now time.Time) *storeRecord {
 
 // call runs a token-checked call: its fault, then work on the claim.
 func (s *Store) call(ctx context.Context, op Op, key, token string, work func(r *storeRecord, now time.Time)) error {
-	f, err := fault(ctx, s.Faults, op, key)
-	if f == Refuse || f == Hang {
+	f, err := fault(ctx, s.Faults, s.Wait, op, key)
+	if f.before() {
 		return err
 	}
 	s.mu.Lock()

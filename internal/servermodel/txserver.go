@@ -1,8 +1,10 @@
 package servermodel
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -42,6 +44,15 @@ type TxServer struct {
 	SerializationRetries int
 	// Observe, when set, is told of each of the core's moves.
 	Observe func(from, to servercore.Phase, ok bool)
+	// Pool names the connections this server opens, so that [DB.Drop]
+	// can end them all, as a server process that dies ends its own (a
+	// simulated world runs one TxServer per process on one DB); "" is a
+	// pool of its own that is never dropped.
+	Pool string
+	// Faults, when set, decides the faults of this server's statements
+	// instead of the DB's Faults (in a simulated world, a fault of one
+	// server process's connections).
+	Faults Faults
 
 	tokens atomic.Uint64
 }
@@ -92,7 +103,7 @@ func (s *TxServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for {
 		c.token = "model-" + strconv.FormatUint(s.tokens.Add(1), 36)
 		cctx, cancel := context.WithTimeout(r.Context(), s.timeout())
-		tx, locked, claimed, row, err := s.DB.claim(cctx, storeKey, c.token, fp, s.ttl())
+		tx, locked, claimed, row, err := s.DB.claim(cctx, s.Pool, s.Faults, storeKey, c.token, fp, s.ttl())
 		cancel()
 		var found servercore.Found
 		if err == nil {
@@ -103,7 +114,9 @@ func (s *TxServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			answer(w, key, v)
 			return
 		}
-		r.Body = http.NoBody
+		// The handler reads the request's body, as TxMiddleware's does,
+		// from the start on every run.
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		if !s.run(w, r, tx, &q, c) {
 			return
 		}
@@ -167,9 +180,9 @@ func (s *TxServer) settle(ctx context.Context, w http.ResponseWriter, tx *Tx, q 
 		switch step.Do {
 		case servercore.KeepUnreplayable:
 			tx.rollback()
-			step = q.Marked(s.DB.mark(dctx, c.storeKey, c.token, c.fp, servercore.Unreplayable(step.Status), s.ttl()))
+			step = q.Marked(s.DB.mark(dctx, s.Pool, s.Faults, c.storeKey, c.token, c.fp, servercore.Unreplayable(step.Status), s.ttl()))
 		case servercore.Recheck:
-			row, err := s.DB.lookup(dctx, c.storeKey)
+			row, err := s.DB.lookup(dctx, s.Pool, s.Faults, c.storeKey)
 			var hdr http.Header
 			if w != nil {
 				hdr = w.Header()

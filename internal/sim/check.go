@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 
@@ -271,9 +272,15 @@ func (w *world) checkEnd() {
 		switch c.class {
 		case outSuccess:
 			success(fmt.Sprintf("call %d", c.id), c.op, c.body)
+		case outNotKept:
+			// The server says it ran, and kept no response: it has its
+			// effect, once.
+			if es := w.ledger.of(c.op); len(es) != 1 {
+				w.failKnown(invSuccess, c.op, w.onceKnown(c.op), "call %d got 410 for op %d (it ran, its response not kept), and it has %d effects", c.id, c.op, len(es))
+			}
 		case outDone:
 			var done *idemhttp.DoneError
-			if errors.As(c.err, &done) && done.Status/100 == 2 {
+			if errors.As(c.err, &done) && (done.Status/100 == 2 || done.Status == http.StatusGone) {
 				if es := w.ledger.of(c.op); len(es) != 1 {
 					w.failKnown(invSuccess, c.op, w.onceKnown(c.op), "call %d: op %d is done with status %d, and it has %d effects", c.id, c.op, done.Status, len(es))
 				}
@@ -295,7 +302,7 @@ func (w *world) checkEnd() {
 	}
 	open := w.unresolved()
 	for op := range w.cfg.Ops {
-		if f, ok := open[op]; ok {
+		if f, ok := open[op]; ok && !w.heldByServer(op) {
 			w.failKnown(invLost, op, w.lostKnown(op), "after the recovery, op %d was last %s", op, f)
 			break
 		}
@@ -315,3 +322,30 @@ func unwanted(err error) bool {
 }
 
 func sortStrings(s []string) { slices.Sort(s) }
+
+// heldByServer reports whether the server holds op's key in progress
+// for the TTL, as it must, so that no answer can settle it: op's one
+// effect committed, and its key is held by a claim with no record: in the
+// transactional world, the claim row its handler's own COMMIT committed,
+// its process dead before the marker (docs/server.md, "The claim row of
+// the transactional mode"); in the streamed world, a claim pinned for
+// the TTL when no Complete got through. A retry gets 409 until the TTL,
+// never a second run. (A key held so whose handler did not commit itself
+// is a record the core failed to keep with its effect: the planted
+// after-commit bug.)
+func (w *world) heldByServer(op int) bool {
+	es := w.ledger.of(op)
+	if len(es) != 1 {
+		return false
+	}
+	k := es[0].storeKey
+	if w.cfg.Shell == shellStreamed {
+		record, ok := w.kv.Record(k)
+		return ok && record == nil
+	}
+	w.mu.Lock()
+	self := w.selfCommitted[k]
+	w.mu.Unlock()
+	record, ok := w.ledger.database().Row(k)
+	return self && ok && record == nil
+}

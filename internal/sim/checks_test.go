@@ -3,12 +3,17 @@
 package sim
 
 import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/idemserver"
+	"github.com/idemkit/idemhttp/internal/servermodel"
 	"github.com/idemkit/idemhttp/internal/wal/simdisk"
 )
 
@@ -43,7 +48,9 @@ func checkWorld() (*world, *clientProc) {
 
 // Each invariant fails when its guarantee is broken by hand (the planted
 // bugs show that 1, 5, 7 and 8 bite in whole worlds too: see
-// TestPlantedBugs).
+// TestPlantedBugs). The server's cases were checked to fail with a 410
+// let through without its effect, and with any key held by a claim row
+// excused, whether its handler committed itself or not.
 func TestSimChecksBite(t *testing.T) {
 	body := []byte(`{"op":0,"charge":"ch-0-1"}`)
 	tests := []struct {
@@ -104,6 +111,35 @@ func TestSimChecksBite(t *testing.T) {
 				w.opNamed[0] = false
 				w.final[0] = true
 				w.ledger.commit(&effect{op: 0, key: "m-0-1", charge: "ch-0-1", body: body})
+			},
+		},
+		{
+			name: "a 410 (it ran, its response not kept) and no effect",
+			give: func(w *world, p *clientProc) {
+				w.calls = append(w.calls, &call{id: 1, p: p, done: true, op: 0, class: outNotKept, status: 410})
+			},
+			want: invSuccess,
+		},
+		{
+			name: "the control: a 410 and its effect",
+			give: func(w *world, p *clientProc) {
+				w.ledger.commit(&effect{op: 0, key: "k-0-1", charge: "ch-0-1", body: body})
+				w.calls = append(w.calls, &call{id: 1, p: p, done: true, op: 0, class: outNotKept, status: 410})
+			},
+		},
+		{
+			name: "an operation held by a claim row whose handler did not commit itself",
+			give: func(w *world, p *clientProc) {
+				heldRow(t, w)
+				w.calls = append(w.calls, &call{id: 1, p: p, done: true, op: 0, class: outAmbiguous})
+			},
+			want: invLost,
+		},
+		{
+			name: "the control: an operation held by the claim row its handler's own COMMIT committed",
+			give: func(w *world, p *clientProc) {
+				w.selfCommitted = map[string]bool{heldRow(t, w): true}
+				w.calls = append(w.calls, &call{id: 1, p: p, done: true, op: 0, class: outAmbiguous})
 			},
 		},
 		{
@@ -173,4 +209,34 @@ func TestSimChecksDone(t *testing.T) {
 			assert.Contains(t, got, tt.want)
 		})
 	}
+}
+
+// heldRow leaves in w's database what a transactional handler that
+// charged k-0-1, committed its transaction itself and then lost its
+// marker (its process died) leaves: its charge, and its claim row with
+// no record; it returns the row's store key.
+func heldRow(t *testing.T, w *world) string {
+	key := idemserver.ScopedKey("", "k-0-1")
+	w.ledger.newCharge(&effect{op: 0, key: "k-0-1", storeKey: key})
+	s := &servermodel.TxServer{
+		DB: w.ledger.database(),
+		Faults: func(op servermodel.Op, _ string) servermodel.Fault {
+			if op == servermodel.OpMark {
+				return servermodel.Refuse
+			}
+			return servermodel.Pass
+		},
+		Handler: func(rw http.ResponseWriter, r *http.Request, tx *servermodel.HandlerTx) error {
+			require.NoError(t, tx.Effect("ch-0-1"))
+			tx.Commit()
+			return nil
+		},
+	}
+	r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader("{}"))
+	r.Header.Set("Idempotency-Key", "k-0-1")
+	s.ServeHTTP(httptest.NewRecorder(), r)
+	record, ok := w.ledger.database().Row(key)
+	require.True(t, ok)
+	require.Nil(t, record)
+	return key
 }

@@ -559,16 +559,17 @@ const (
 	outStatus                       // a response that is neither 2xx nor 3xx
 	outRedirect                     // a 3xx left unfollowed (by the client's rules or the caller's CheckRedirect), or the caller's CheckRedirect's refusal
 	outPanic                        // a callback of the caller's panicked (the job recovered it)
+	outNotKept                      // 410: the server ran it and kept no response to replay (a handler that committed its transaction itself)
 )
 
-var outcomeNames = [...]string{"", "success", "done", "not-sent", "expired", "clock-jump", "ambiguous", "gone", "status", "redirect", "panic"}
+var outcomeNames = [...]string{"", "success", "done", "not-sent", "expired", "clock-jump", "ambiguous", "gone", "status", "redirect", "panic", "not-kept"}
 
 func (o outcome) String() string { return outcomeNames[o] }
 
 // final reports whether o settles the operation for good, as far as the
 // job is concerned: a redirect it chose not to follow is its answer.
 func (o outcome) final() bool {
-	return o == outSuccess || o == outDone || o == outExpired || o == outClockJump || o == outRedirect
+	return o == outSuccess || o == outDone || o == outExpired || o == outClockJump || o == outRedirect || o == outNotKept
 }
 
 func classify(err error) outcome {
@@ -600,6 +601,9 @@ func classifyStatus(status int) outcome {
 	case 3:
 		return outRedirect
 	}
+	if status == http.StatusGone {
+		return outNotKept
+	}
 	return outStatus
 }
 
@@ -628,6 +632,9 @@ func (w *world) request(ctx context.Context, c *call) *http.Request {
 	req.Header.Set("Authorization", secretAuth)
 	req.Header.Set("Cookie", secretCookie)
 	req.Header.Set("X-Sim-Secret", secretHeader)
+	if t := w.tenantOf(op); t != "" {
+		req.Header.Set(tenantHeader, t) // kept in the journal, for Resume: no secret
+	}
 	if c.key != "" {
 		req.Header.Set("Idempotency-Key", c.key)
 	}

@@ -72,6 +72,15 @@ type Config struct {
 	Fleet   int // client machines sharing a fleet journal (journaltest.FleetModel); below 2, one machine with a file journal
 	Lease   int // the fleet journal's lease, in seconds
 	DBFault int // permille of the fleet journal's calls whose connection is lost (before the call, or after its commit)
+
+	// The server (issue 32 §1.3).
+	Shell      int // the server core's shell: shellTx, the transactional shell over the modelled database; shellStreamed, idemserver.Middleware over the modelled Store
+	Instances  int // server processes up at once, behind one address, on one database (below 2: one)
+	Tenants    int // tenants, each the scope of its keys (a Principal); below 2, SingleTenant
+	Behave     int // percent of the handler's runs that fail, give up when their client leaves, panic, commit early and go on, or leave their transaction aborted
+	StoreFault int // permille of the store's calls (the database's statements) refused, out of memory, their answer lost, or hung
+	Partitions int // the store cut off for a while, every call hanging
+	StoreJumps int // jumps of the store's (the database's) clock
 }
 
 // ConfigFor draws the world of seed: small (a failure is easier to read
@@ -141,6 +150,14 @@ func ConfigFor(seed uint64) Config {
 		c.Lease = 5 + r.IntN(56)
 		c.DBFault = on(5, 40)
 	}
+	r = rand.New(rand.NewPCG(seed, 0x5e4e4))
+	c.Shell = r.IntN(numShells)
+	c.Instances = 1 + r.IntN(2)
+	c.Tenants = 1 + r.IntN(3)
+	c.Behave = on(10, 40)
+	c.StoreFault = on(20, 150)
+	c.Partitions = on(1, 2)
+	c.StoreJumps = on(1, 2)
 	return c
 }
 

@@ -13,11 +13,15 @@
 // of internal/wal/simdisk (or, for a fleet of client machines,
 // journaltest.FleetModel, the fleet contract that contrib/postgres's
 // Journal is held to), and whose http.Transport dials in-memory
-// connections to an http.Server serving a router and idemserver.Middleware
-// around a business handler. Each seed also draws the caller's
-// configuration (issue 32): two Clients on one journal, servers that
-// redirect and the caller's CheckRedirect, transports that hide their
-// httptrace events, callbacks that panic or block. What is
+// connections to one or two http.Servers serving a router and the server
+// core (internal/servercore) in one of its shells around a business
+// handler: idemserver.Middleware over a Store, or the transactional shell
+// of internal/servermodel (TxMiddleware's steps). Each seed also draws the
+// caller's configuration (issue 32): two Clients on one journal, servers
+// that redirect and the caller's CheckRedirect, transports that hide
+// their httptrace events, callbacks that panic or block; and the server's:
+// its shell, its instances and tenants, handlers that commit early, fail,
+// give up or leave their transaction aborted. What is
 // modelled is what those run on: the network (a dial refused, a request
 // or a response lost, delayed, reordered, a reset before or after the
 // server saw the request, a pooled connection the server closed, which
@@ -28,9 +32,11 @@
 // chosen disk call; the server's process crashed at any point of a
 // request), the clocks (each client machine's and the fleet database's,
 // set forward and back), the fleet database's connection, and the
-// server's database: a store that commits the idempotency record and the
-// business's effect in one transaction, as contrib/postgres's
-// TxMiddleware does (the real one is tested against PostgreSQL there).
+// server's database (internal/servermodel): a transactional database
+// whose records and effects commit together or not at all, or a Store
+// beside the business's database, either refusing a call, out of memory,
+// losing an answer, hanging, cut off for a while, or with its clock
+// jumping. The invariants read the effects it committed.
 //
 // A world is one seed: Config draws its size and faults, and one driver
 // goroutine takes one step at a time (delivers a message, answers a dial,
@@ -45,7 +51,7 @@
 // detector; -sim.seeds for more),
 // shrinks a failure and prints the command that replays it. Built with a
 // planted bug's tag (see PlantedTags in the tests), TestSim must find
-// that bug instead. Bugs of the client it found that are not fixed yet
-// are in known.go: their failures are counted, not failed, and each has
-// a skipped test that replays it.
+// that bug instead. Bugs it found that are not fixed yet are in known.go:
+// their failures are counted, not failed, and each has a skipped test
+// that replays it.
 package sim

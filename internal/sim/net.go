@@ -130,7 +130,7 @@ type network struct {
 	conns []*conn           // every connection ever made
 	seqs  map[string]int    // dials so far per process and host
 	ln    map[int]*listener // the listener of each server process
-	up    int               // the server process that accepts, 0 if down
+	ups   []int             // the server processes that accept, behind one address
 }
 
 func newNetwork(w *world) *network {
@@ -191,18 +191,18 @@ func (n *network) readyDials() []*pendingDial {
 	return out
 }
 
-// resolve answers a waiting dial: a connection to the server process up,
-// or refused.
-func (n *network) resolve(d *pendingDial, accept bool) {
+// resolve answers a waiting dial: a connection to server process srv, or
+// refused (srv 0).
+func (n *network) resolve(d *pendingDial, srv int) {
 	n.mu.Lock()
 	n.dials = slices.DeleteFunc(n.dials, func(x *pendingDial) bool { return x == d })
-	ln := n.ln[n.up]
-	if !accept || ln == nil || ln.isClosed() {
+	ln := n.ln[srv]
+	if srv == 0 || ln == nil || ln.isClosed() {
 		n.mu.Unlock()
 		d.res <- dialResult{err: errRefused(d.id.host + ":80")}
 		return
 	}
-	c := &conn{net: n, id: d.id, server: n.up}
+	c := &conn{net: n, id: d.id, server: srv}
 	c.client = &end{c: c, client: true, in: newWire()}
 	c.serverEnd = &end{c: c, in: newWire()}
 	n.conns = append(n.conns, c)
@@ -375,9 +375,7 @@ func (n *network) killProc(p int) {
 func (n *network) serverDown(s int) {
 	n.mu.Lock()
 	ln := n.ln[s]
-	if n.up == s {
-		n.up = 0
-	}
+	n.ups = slices.DeleteFunc(n.ups, func(x int) bool { return x == s })
 	var cs []*conn
 	for _, c := range n.conns {
 		if c.server == s {
@@ -453,7 +451,7 @@ func (n *network) killAll() {
 	for _, ln := range n.ln {
 		lns = append(lns, ln)
 	}
-	n.up = 0
+	n.ups = nil
 	n.mu.Unlock()
 	for _, d := range dials {
 		d.res <- dialResult{err: errRefused(d.id.host + ":80")}

@@ -137,7 +137,7 @@ func Shorten(r *Result) []string {
 }
 
 func keep(l string, ops map[int]bool) bool {
-	for _, s := range []string{"FAIL", "disk:", "crash", "power cut", "killed", "starts", "exits", "closes", " up", "clock", "recovery", "resume", "a day"} {
+	for _, s := range []string{"FAIL", "disk:", "crash", "power cut", "killed", "starts", "exits", "closes", " up", "clock", "recovery", "resume", "a day", "the server:", "cut off"} {
 		if strings.Contains(l, s) {
 			return true
 		}

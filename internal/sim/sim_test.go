@@ -45,9 +45,11 @@ var (
 	flagDeterm  = flag.Int("sim.determinism", 0, "TestSimDeterminism: run this many seeds in two processes at once, and compare every seed's trace hash")
 )
 
-// PlantedTags are the build tags of the planted bugs, one bug each: four
-// in the client and the journal (internal/plant's *_off.go, the log's
-// sync_off.go), one in the simulator's store (bug_splitcommit_off.go).
+// PlantedTags are the build tags of the planted bugs, one bug each: in
+// the client and the journal (internal/plant's *_off.go, the log's
+// sync_off.go), in the server core and the modelled database (the
+// server's, internal/plant's too), in the simulator's handler
+// (bug_splitcommit_off.go).
 var PlantedTags = []string{
 	"idemhttp_nosync",           // the journal's syncs off: an acknowledged Begin is lost in a power cut
 	"idemhttp_bug_newkey",       // a retry mints a new key
@@ -61,6 +63,10 @@ var PlantedTags = []string{
 	"idemhttp_bug_giveupdone",   // what users see: an exhausted give-up recorded done
 	"idemhttp_bug_unfinal",      // what users see: a done entry revived by a stale worker
 	"idemhttp_bug_randkey",      // same seed, same trace: keys from a source no seed reaches
+	// Issue 32's server (§1.3):
+	"idemhttp_bug_aftercommit",  // the record stored in a transaction of its own, after the effect's commit
+	"idemhttp_bug_completeonce", // a Streamed Complete tried once: no retry while the claim's lock is live
+	"idemhttp_bug_giveupstored", // a Transactional handler that gave up kept as an empty 200, its transaction committed
 }
 
 // raceSeeds is how many seeds TestSim runs under the race detector

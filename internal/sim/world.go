@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/servermodel"
 	"github.com/idemkit/idemhttp/internal/simkey"
 	"github.com/idemkit/idemhttp/internal/wal/simdisk"
 	"github.com/idemkit/idemhttp/journaltest"
@@ -48,15 +49,15 @@ type world struct {
 	seed uint64
 
 	rng  *lrand // the driver's choices
-	srng *lrand // the server's crash points and pauses
 	drng *lrand // the disk's and the database's faults and power cuts
 
 	net      *network
 	machines []*machine
 	fleet    *journaltest.FleetModel // the fleet's journal; nil for one machine with a file journal
 	dbOff    atomic.Int64            // the fleet database's clock: virtual time plus this
-	ledger   *ledger
-	store    *store
+	ledger   *ledger                 // the business's database: what committed
+	kv       *servermodel.Store      // the streamed world's store
+	srvOff   atomic.Int64            // the store's (the database's) clock: virtual time plus this
 	acks     *acks
 	batch    []int           // the listed operations, in order, duplicates included
 	modes    []int           // how the server answers each operation's URL (modePlain...)
@@ -68,19 +69,30 @@ type world struct {
 	returned        []*call
 	gates           []*gate
 	gateSeq         int
-	turns           []*jturn // calls waiting for their turn at the journal
-	srv             *serverProc
+	turns           []*jturn      // calls waiting for their turn at the journal
+	srvs            []*serverProc // the server processes up
 	serverCrashes   int
+	snotes          []stamped       // the store's lines of the step (flushStoreNotes)
+	storeCalls      map[string]int  // calls of the store, by kind and key (storeFault)
+	selfCommitted   map[string]bool // store keys whose handler committed its transaction itself
+	hungN           map[string]int  // hung calls so far, by request, kind and key (hangWait)
+	connReqs        map[string]int  // requests so far, by the server's connection
+	commits         map[string]int  // the transactional shell's commits so far, by key
 	stats           map[string]int
 	outcomes        map[string]int // the calls' outcomes, by class (Result.Outcomes)
 	trace           []string
 	clockBack       bool             // a clock was set back
+	dbJumped        bool             // the fleet database's clock jumped (bugFleetClock)
 	cacheOnly       bool             // a truncation failed (bugCacheOnly)
 	panickedOpening bool             // a journal hook panicked as a call opened (bugPanicSlot)
 	opKeys          map[int][]string // keys the client minted for each unnamed operation, as journaled
 	keyOp           map[string]int   // the operation of each key a call journaled
 
 	cliN, srvN      int
+	partitions      int          // partitions of the store so far
+	partUntil       atomic.Int64 // the store is cut off until then (UnixNano), 0 if never
+	storeJumps      int          // jumps of the store's clock so far
+	storeForward    bool         // the streamed store's clock jumped forward
 	faulty          atomic.Bool
 	quietDisk       atomic.Bool
 	clientCrashes   int
@@ -179,9 +191,7 @@ func newWorld(seed uint64, cfg Config) *world {
 		cfg:      cfg,
 		seed:     seed,
 		rng:      newRand(seed, 1),
-		srng:     newRand(seed, 2),
 		drng:     newRand(seed, 3),
-		ledger:   &ledger{},
 		acks:     &acks{keys: map[string]ackState{}},
 		stats:    map[string]int{},
 		outcomes: map[string]int{},
@@ -190,8 +200,14 @@ func newWorld(seed uint64, cfg Config) *world {
 		everDone: map[string]bool{},
 		final:    make([]bool, cfg.Ops),
 	}
+	w.storeCalls = map[string]int{}
+	w.selfCommitted = map[string]bool{}
+	w.hungN = map[string]int{}
+	w.connReqs = map[string]int{}
+	w.commits = map[string]int{}
+	w.ledger = &ledger{db: &servermodel.DB{Now: w.storeClock, Wait: w.hangWait}}
+	w.kv = &servermodel.Store{Now: w.storeClock, Faults: w.storeFault, Wait: w.hangWait}
 	w.net = newNetwork(w)
-	w.store = newStore(w)
 	for op := range cfg.Ops {
 		w.batch = append(w.batch, op)
 		mode := modePlain
@@ -258,6 +274,9 @@ func (w *world) run() {
 		if mode != modePlain || !w.opNamed[op] {
 			w.tracef("op %d: %s%s", op, modeNames[mode], map[bool]string{false: ", unnamed"}[w.opNamed[op]])
 		}
+	}
+	if sh := w.cfg.Shell; sh >= 0 && sh < numShells {
+		w.tracef("the server: the %s shell, %d instance(s), %d tenant(s)", shellNames[sh], w.instances(), max(1, w.cfg.Tenants))
 	}
 	w.startServer()
 	for _, m := range w.machines {
@@ -359,12 +378,6 @@ func (w *world) seedBytes(n uint64) [32]byte {
 	return b
 }
 
-func (w *world) server() *serverProc {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.srv
-}
-
 func (w *world) serverCrashesLeft() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -418,6 +431,7 @@ func (w *world) diskFault(op simdisk.Op) error {
 func (w *world) settle() {
 	w.steps++
 	synctest.Wait()
+
 	for _, m := range w.machines {
 		if p := m.cli; p != nil && m.disk != nil && m.disk.Halted() {
 			// The power was cut at a disk call the seed chose
@@ -428,6 +442,7 @@ func (w *world) settle() {
 		}
 	}
 	w.flushNotes()
+	w.flushStoreNotes()
 	w.mu.Lock()
 	ret := w.returned
 	w.returned = nil
@@ -607,11 +622,11 @@ func (w *world) act() bool {
 	for _, t := range w.readyTurns() {
 		add(10, "turn", func() { w.giveTurn(t) })
 	}
-	srv := w.server()
+
 	w.mu.Lock()
 	downSince := w.serverDownSince
 	w.mu.Unlock()
-	if srv == nil && !now.Before(downSince.Add(time.Second)) {
+	if len(w.servers()) < w.instances() && !now.Before(downSince.Add(time.Second)) {
 		add(10, "server restart", func() { w.startServer() })
 	}
 	ready := len(acts) > 0
@@ -623,8 +638,12 @@ func (w *world) act() bool {
 	}
 	crashClient := len(crashable) > 0 && w.clientCrashes < w.cfg.ClientCrashes
 	crash := func() { w.crashClient(crashable[w.rng.intn(len(crashable))]) }
-	crashServer := srv != nil && w.serverCrashesLeft() > 0
+	srvs := w.crashable()
+	crashServer := len(srvs) > 0 && w.serverCrashesLeft() > 0
+	crashSrv := func() { w.crashServer(srvs[w.rng.intn(len(srvs))], "a step of the driver") }
 	jump := w.clockJumps < w.cfg.ClockJumps
+	partition := w.partitions < w.cfg.Partitions
+	storeJump := w.storeJumps < w.cfg.StoreJumps
 	if !ready && !busy && w.net.nextDue(now).IsZero() {
 		// Nothing in flight: the batch ran to its end. What is left is
 		// a fault to throw at the next run, or the end of the phase.
@@ -633,10 +652,13 @@ func (w *world) act() bool {
 			idle = append(idle, action{1, "client crash", crash})
 		}
 		if crashServer {
-			idle = append(idle, action{1, "server crash", func() { w.crashServer(srv, "a step of the driver") }})
+			idle = append(idle, action{1, "server crash", crashSrv})
 		}
 		if jump {
 			idle = append(idle, action{1, "clock jump", w.jumpClock})
+		}
+		if storeJump {
+			idle = append(idle, action{1, "store clock jump", w.jumpStoreClock})
 		}
 		if len(idle) == 0 || w.rng.intn(len(idle)+1) == 0 {
 			return false
@@ -648,10 +670,16 @@ func (w *world) act() bool {
 		add(1, "client crash", crash)
 	}
 	if crashServer {
-		add(1, "server crash", func() { w.crashServer(srv, "a step of the driver") })
+		add(1, "server crash", crashSrv)
 	}
 	if jump {
 		add(1, "clock jump", w.jumpClock)
+	}
+	if partition {
+		add(1, "partition", w.partition)
+	}
+	if storeJump {
+		add(1, "store clock jump", w.jumpStoreClock)
 	}
 	if idle := w.net.idleConns(); len(idle) > 0 {
 		add(w.cfg.CloseIdle, "close idle", func() { w.closeIdle(idle[w.rng.intn(len(idle))]) })
@@ -764,17 +792,22 @@ func (w *world) mark(c *conn, f func()) {
 
 // onDial accepts or refuses d.
 func (w *world) onDial(d *pendingDial) {
+	srvs := w.servers()
 	switch {
-	case w.server() == nil:
+	case len(srvs) == 0:
 		w.tracef("dial %v: refused, no server", d.id)
-		w.net.resolve(d, false)
+		w.net.resolve(d, 0)
 	case w.faulty.Load() && w.rng.pick(w.cfg.Refuse):
 		w.count("dial refused")
 		w.tracef("dial %v: refused", d.id)
-		w.net.resolve(d, false)
-	default:
+		w.net.resolve(d, 0)
+	case len(srvs) == 1:
 		w.tracef("dial %v: accepted", d.id)
-		w.net.resolve(d, true)
+		w.net.resolve(d, srvs[0].n)
+	default:
+		s := srvs[w.rng.intn(len(srvs))]
+		w.tracef("dial %v: accepted by server %d", d.id, s.n)
+		w.net.resolve(d, s.n)
 	}
 }
 
@@ -849,6 +882,9 @@ func (w *world) jumpClock() {
 	}
 	if i := w.rng.intn(len(w.machines) + 1); w.fleet != nil && i == len(w.machines) {
 		w.dbOff.Add(int64(d))
+		w.mu.Lock()
+		w.dbJumped = true
+		w.mu.Unlock()
 		w.tracef("the database's clock jumps %v", d)
 	} else {
 		m := w.machines[i%len(w.machines)]
@@ -956,7 +992,7 @@ func (w *world) recover() {
 	}
 	w.openGates()
 	for round := 0; len(w.failures) == 0; round++ {
-		if w.server() == nil {
+		for len(w.servers()) < w.instances() {
 			w.startServer()
 		}
 		for _, m := range w.machines {
@@ -1018,6 +1054,7 @@ func (w *world) drain() {
 			w.giveTurn(ts[0])
 			continue
 		}
+
 		acted, busy := false, false
 		for _, m := range w.machines {
 			p := m.alive()
@@ -1081,7 +1118,7 @@ func (w *world) teardown() {
 		}
 	}
 	w.net.killAll()
-	if s := w.server(); s != nil {
+	for _, s := range w.servers() {
 		s.dead.Store(true)
 		_ = s.srv.Close()
 		<-s.done
