@@ -36,7 +36,6 @@ import "net/http"
 // core's Row and to both transactional shells' lookups.
 const bugOwnRow409 = "a refused store after the handler's own COMMIT answers 409 (issue 32, server)"
 
-
 // bugFleetClock (the fleet's, issue 32's first phase; met on main before
 // the server's world too, at seeds 17520, 35758, 39186 and 49334 of its
 // first 50,000): the fleet database's clock jumping (a failover to a host
