@@ -268,7 +268,12 @@ func TestStringBodyIsNotCopied(t *testing.T) {
 // ("raw+key", the physical limit), measured over a RoundTripper that
 // answers at once (so net/http's Transport, the same for both, is out of
 // the count). Checked to fail with the first attempt sent through
-// http.Client (as before issue 33: 8 over).
+// http.Client (as before issue 33: 8 over). A RoundTripper other than
+// net/http's Transport (this stub is one) pays three more: the copy of
+// the header as it was sent, which a redirect from the first attempt
+// must carry rather than what the RoundTripper changed in place
+// (TestAttackRedirectCarriesNoHeaderTheTransportAddedInPlace); with
+// net/http's Transport, BenchmarkDo counts 93 against raw+key's 90.
 func TestDoAllocationsOverRawKey(t *testing.T) {
 	rt := roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -294,7 +299,8 @@ func TestDoAllocationsOverRawKey(t *testing.T) {
 	}
 	raw, idem := count(hc.Do, true), count(c.Do, false)
 	t.Logf("raw+key %v, idemhttp %v allocations per call", raw, idem)
-	assert.LessOrEqual(t, idem, raw+6)
+	const headerCopy = 3 // a RoundTripper other than net/http's (see above)
+	assert.LessOrEqual(t, idem, raw+6+headerCopy)
 }
 
 // The header a keyed call copies is checked as it is copied, as net/http
