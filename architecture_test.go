@@ -41,7 +41,8 @@ func TestArchitecture(t *testing.T) {
 		{pkg: "idemserver", mayOnly: []string{".", "internal/contract", "internal/fingerprint", "internal/servercore"}},
 		{pkg: "idemtest", mayOnly: []string{".", "idemserver", "internal/contract"}},
 		{pkg: "inbox", mayOnly: []string{".", "internal/plant"}},
-		{pkg: "internal/msgsim", mayOnly: []string{"inbox"}},
+		{pkg: "internal/msgsim", mayOnly: []string{"inbox", "internal/shrink"}},
+		{pkg: "internal/shrink"},
 	}
 	for _, r := range rules {
 		t.Run(r.pkg, func(t *testing.T) {

@@ -5,39 +5,23 @@ package msgsim
 import (
 	"strings"
 	"testing"
+
+	"github.com/idemkit/idemhttp/internal/shrink"
 )
 
 // Shrink looks for a smaller world that breaks the same invariant with
 // the same seed (fewer steps, messages, consumers, crashes; each fault
 // and behaviour off in turn), as internal/sim's shrinker does; it runs at
-// most budget worlds and returns the smallest and its result. (That
-// shrinker is typed to the client simulator's Config and Result: its
-// twenty lines are written again here rather than made generic.)
+// most budget worlds and returns the smallest and its result
+// (internal/shrink's search, which internal/sim's uses too).
 func Shrink(t *testing.T, seed uint64, cfg Config, inv string, budget int) (Config, *Result) {
 	return ShrinkBy(t, seed, cfg, func(r *Result) bool { return breaks(r, inv) }, budget)
 }
 
 // ShrinkBy is Shrink for the failure fails recognises.
 func ShrinkBy(t *testing.T, seed uint64, cfg Config, fails func(*Result) bool, budget int) (Config, *Result) {
-	best := RunSeed(t, seed, cfg)
-	if !fails(best) {
-		return cfg, best
-	}
-	runs := 1
-	for improved := true; improved && runs < budget; {
-		improved = false
-		for _, cand := range smaller(cfg) {
-			if runs >= budget {
-				break
-			}
-			runs++
-			if res := RunSeed(t, seed, cand); fails(res) {
-				cfg, best, improved = cand, res, true
-				break
-			}
-		}
-	}
-	return cfg, best
+	run := func(c Config) *Result { return RunSeed(t, seed, c) }
+	return shrink.Greedy(cfg, run, fails, smaller, budget)
 }
 
 func breaks(r *Result, inv string) bool {

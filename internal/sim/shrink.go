@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/idemkit/idemhttp/internal/shrink"
 )
 
 // Shrink looks for a smaller world that breaks the same invariant with
@@ -19,25 +21,8 @@ func Shrink(t *testing.T, seed uint64, cfg Config, inv string, budget int) (Conf
 
 // ShrinkBy is Shrink for the failure fails recognises.
 func ShrinkBy(t *testing.T, seed uint64, cfg Config, fails func(*Result) bool, budget int) (Config, *Result) {
-	best := RunSeed(t, seed, cfg)
-	if !fails(best) {
-		return cfg, best
-	}
-	runs := 1
-	for improved := true; improved && runs < budget; {
-		improved = false
-		for _, cand := range smaller(cfg) {
-			if runs >= budget {
-				break
-			}
-			runs++
-			if res := RunSeed(t, seed, cand); fails(res) {
-				cfg, best, improved = cand, res, true
-				break
-			}
-		}
-	}
-	return cfg, best
+	run := func(c Config) *Result { return RunSeed(t, seed, c) }
+	return shrink.Greedy(cfg, run, fails, smaller, budget)
 }
 
 func breaks(r *Result, inv string) bool {
