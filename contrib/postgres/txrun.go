@@ -493,23 +493,25 @@ func (w *wireConn) lookupRow(r *wireResult) (servercore.Row, error) {
 	if v[0] == nil || v[1] == nil {
 		return servercore.Row{}, errBadValue // NOT NULL columns
 	}
-	row := servercore.Row{Exists: true, Completed: v[2] != nil, Fingerprint: string(v[1])}
+	row := servercore.Row{Exists: true, Completed: v[2] != nil, Token: string(v[0]), Fingerprint: string(v[1])}
 	if v[2] != nil {
 		row.Record = append([]byte(nil), v[2]...)
 	}
 	return row, nil
 }
 
-// readRow reads the lookup statement's row.
+// readRow reads the lookup statement's row. The token tells the core
+// whether the row is the request's own claim row (see
+// servercore.Request.Rechecked).
 func readRow(row pgx.Row) (servercore.Row, error) {
-	var held, fp, record []byte
-	switch err := row.Scan(&held, &fp, &record); {
+	var token, fp, record []byte
+	switch err := row.Scan(&token, &fp, &record); {
 	case errors.Is(err, pgx.ErrNoRows):
 		return servercore.Row{}, nil
 	case err != nil:
 		return servercore.Row{}, err
 	}
-	return servercore.Row{Exists: true, Completed: record != nil, Fingerprint: string(fp), Record: record}, nil
+	return servercore.Row{Exists: true, Completed: record != nil, Token: string(token), Fingerprint: string(fp), Record: record}, nil
 }
 
 // recheck looks the key up afresh, in a transaction of its own at READ
