@@ -100,6 +100,12 @@ func txApp(app *servertest.App) func(w http.ResponseWriter, r *http.Request, tx 
 			if servertest.Do(r) == servertest.DoCommitGoOn {
 				app.Hold(r)
 			}
+		case servertest.DoCommitAbort:
+			if _, err := tx.Exec(r.Context(), "COMMIT AND CHAIN"); err != nil {
+				return err
+			}
+			_, err := tx.Exec(r.Context(), "SELECT 1/0")
+			return err
 		case servertest.DoBig:
 			app.Big(w)
 			return nil

@@ -86,9 +86,11 @@ func (d *dbStep) done() {
 // in one begun later. A transaction found aborted is taken for the
 // claim's: PostgreSQL answers no statement in it, so a handler that
 // committed, began again and left the new transaction aborted is not told
-// from one whose statement failed (its claim row, committed with its
-// COMMIT, still holds the key for the TTL). On a pool the check rides
-// with the ROLLBACK, in its round trip.
+// from one whose statement failed here; the look at the key after the
+// rollback then finds its claim row, committed with its COMMIT, by the
+// run's token, and the core keeps the key as for a handler that ended
+// its transaction (servercore.Request.Rechecked). On a pool the check
+// rides with the ROLLBACK, in its round trip.
 func (run *txRun) end(d *dbStep, st *wireStmts) (ended bool) {
 	if run.closed {
 		return false

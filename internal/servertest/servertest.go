@@ -52,6 +52,10 @@ const (
 	// DoCommitChain (Transactional only) makes one effect, commits it
 	// with COMMIT AND CHAIN, and answers 201 at once.
 	DoCommitChain = "commit-chain"
+	// DoCommitAbort (Transactional only) makes one effect, commits it
+	// with COMMIT AND CHAIN, then sends a statement that fails (the new
+	// transaction aborted) and returns its error.
+	DoCommitAbort = "commit-abort"
 	// DoPanic panics.
 	DoPanic = "panic"
 	// DoBig makes one effect and answers 201 with a body larger than the
@@ -454,6 +458,23 @@ var scenarios = []scenario{
 		run: func(t *testing.T, f *fixture) {
 			f.tg.RefuseComplete(1)
 			got := f.send("k", DoCommitChain)
+			assert.Equal(t, http.StatusInternalServerError, got.Status, "the ended transaction's answer, never 409: %v", got)
+			assert.Contains(t, got.Body, "TypeTxEnded")
+			after := f.send("k", DoCharge)
+			assert.Equal(t, http.StatusGone, after.Status, "kept, not replayable: %v", after)
+			assert.Equal(t, 1, f.app.Runs("k"), "never a second run")
+			assert.Equal(t, 1, f.tg.Effects("k"), "the part it committed")
+		}},
+
+	// The same look at the key, after a handler's error in the
+	// transaction it began with COMMIT AND CHAIN, which a failed
+	// statement left aborted (the rollback cannot tell it from the
+	// claim's): its own claim row is found, and the key kept. Checked to
+	// fail with Rechecked's own-token case removed: 409, and 409 for the
+	// TTL after.
+	{name: "a handler that commits itself, then fails in an aborted transaction: 500, then 410", mode: servercore.Transactional,
+		run: func(t *testing.T, f *fixture) {
+			got := f.send("k", DoCommitAbort)
 			assert.Equal(t, http.StatusInternalServerError, got.Status, "the ended transaction's answer, never 409: %v", got)
 			assert.Contains(t, got.Body, "TypeTxEnded")
 			after := f.send("k", DoCharge)

@@ -77,6 +77,9 @@ func modelApp(app *servertest.App) func(w http.ResponseWriter, r *http.Request, 
 			app.Hold(r)
 		case servertest.DoCommitChain:
 			tx.CommitAndChain()
+		case servertest.DoCommitAbort:
+			tx.CommitAndChain()
+			return tx.Fail()
 		case servertest.DoBig:
 			app.Big(w)
 			return nil
