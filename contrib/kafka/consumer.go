@@ -438,7 +438,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			for _, fp := range ft.Partitions {
 				if stop != nil {
 					if len(fp.Records) > 0 {
-						c.seek(fp.Records[0]) // not handled: fetched again
+						c.seek(st, topicPartition{ft.Topic, fp.Partition}, fp.Records[0]) // not handled: fetched again
 					}
 					continue
 				}
@@ -543,12 +543,12 @@ func (c *Consumer) processPartition(ctx context.Context, st *runState, topic str
 			}
 			continue
 		case inbox.VerbStop:
-			c.seek(r)
+			c.seek(st, tp, r)
 			return last, fmt.Errorf("idemhttp/kafka: %s offset %d: %w (set Config.DeadLetter or DeadLetterTopic to move such records aside)", m.Source, r.Offset, dec.Err)
 		case inbox.VerbRequeue:
 			// Not committed: delivered again from here, after the delay,
 			// or at once (a shutdown, never counted).
-			c.seek(r)
+			c.seek(st, tp, r)
 			if dec.Delay > 0 && ctx.Err() == nil {
 				if dec.Report || (c.holds() && c.cfg.Retry.Exhausted(dec.Failures)) {
 					c.reportDead(inbox.DeadLetter{Message: m, Deliveries: dec.Failures, Err: dec.Err,
@@ -561,7 +561,7 @@ func (c *Consumer) processPartition(ctx context.Context, st *runState, topic str
 		}
 		// No decision (a refused move: a bug): not committed, delivered
 		// again.
-		c.seek(r)
+		c.seek(st, tp, r)
 		return last, dec.Err
 	}
 	return last, nil
@@ -578,7 +578,7 @@ func (c *Consumer) settleDead(ctx context.Context, st *runState, tp topicPartiti
 	after := st.runner.DeadLettered(ctx, d, key, err)
 	if err != nil {
 		c.report(fmt.Errorf("idemhttp/kafka: %s offset %d: dead-lettering failed, will retry: %w (after: %w)", m.Source, r.Offset, err, dec.Err))
-		c.seek(r)
+		c.seek(st, tp, r)
 		c.pause(st, tp, after.Delay)
 		return false
 	}
@@ -638,8 +638,16 @@ func (c *Consumer) runner() *inbox.Runner {
 	return &inbox.Runner{Policy: p, Ledger: c.cfg.Ledger, Handler: c.callHandler}
 }
 
-// seek makes the next fetch of r's partition start at r.
-func (c *Consumer) seek(r *kgo.Record) {
+// seek makes the next fetch of r's partition start at r, and makes r the
+// start of a window of records that may have been delivered before (see
+// maybeRedelivered): r was. Without the window, a record sought back
+// right after the last one settled ran again with no durable marker, so
+// the core never read its count before running it: a record whose dead
+// letter landed with its answer lost (its count kept, exhausted) ran
+// again, and, succeeding, had both its effect and a dead letter
+// (internal/msgsim, seed 870).
+func (c *Consumer) seek(st *runState, tp topicPartition, r *kgo.Record) {
+	delete(st.next, tp)
 	c.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{
 		r.Topic: {r.Partition: {Epoch: r.LeaderEpoch, Offset: r.Offset}},
 	})
