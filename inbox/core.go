@@ -510,7 +510,7 @@ func (d *Delivery) DeadLettered(err error) Decision {
 	if d.state != StateDeadLettering || d.pending != OpNone {
 		return d.refuse(StateDeadLettered)
 	}
-	if err != nil {
+	if err != nil && !plant.ForgetDeadLetter { // a planted bug (internal/plant), false but in a test build
 		n := 0
 		if d.forget {
 			n = d.rec.failed()

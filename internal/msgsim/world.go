@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp/inbox"
+	"github.com/idemkit/idemhttp/internal/plant"
 )
 
 // The invariants every seed checks (docs/simulation.md, the consumers'
@@ -32,6 +33,7 @@ const (
 	invAcked    = "4 nothing acked without its effect"
 	invBudget   = "5 no dead letter before the failed runs the policy allows"
 	invCounted  = "6 only failed runs counted: never a shutdown's requeue, a success or a run that never began"
+	invForgot   = "7 a message's ledger record forgotten only once it is settled: its effect committed, or its dead letter known to have landed"
 	invLive     = "liveness: every message settled once the faults stop"
 	invCore     = "the core refused no move"
 	invSQL      = "every statement modelled"
@@ -40,7 +42,7 @@ const (
 )
 
 // Invariants lists the invariants every seed checks.
-var Invariants = []string{invOnce, invLost, invBoth, invAcked, invBudget, invCounted, invLive, invCore, invSQL, invLeak}
+var Invariants = []string{invOnce, invLost, invBoth, invAcked, invBudget, invCounted, invForgot, invLive, invCore, invSQL, invLeak}
 
 // Failure is an invariant a run broke.
 type Failure struct {
@@ -141,7 +143,7 @@ type runRec struct {
 	countAt int  // the epoch that applied in
 	live    bool // its handler runs
 	ran     bool // its handler ran
-	late    bool // its handler began after a dead letter of its message
+	late    bool // its handler began after a dead letter of its message that landed, and was told so
 	started time.Time
 	out     outcome
 	snap    bool // budget and overlap hold the evidence of its last ledger answer
@@ -179,7 +181,8 @@ type world struct {
 	acked     map[string]int
 	dead      map[string]int
 	dlOverlap map[string]bool // a dead letter of the message decided while another run of it was live
-	dlZombie  map[string]bool // a dead letter of the message sent by a Kafka member that no longer owned its partition
+	dlZombie  map[string]bool // a dead letter of the message sent by a Kafka member that no longer owned its partition, or whose commit of it was refused
+	dlOK      map[string]bool // a dead letter of the message landed, and the shell was told so
 	crashes   int
 	faulty    bool
 	tearing   atomic.Bool // the teardown: nothing more is traced (its processes end at once, in any order)
@@ -215,13 +218,22 @@ type proc struct {
 	handle inbox.Handler
 	n      int // deliveries so far (the main goroutine's)
 
-	mu   sync.Mutex
-	held []qdel
+	mu     sync.Mutex
+	held   []qdel
+	parked []parkedDel // failed deliveries held for their delay (Config.Hold)
 
 	kparts map[int]*kstate // Kafka: the partitions it owns, under w.mu
 }
 
 func (p *proc) isDead() bool { return p.dead.Load() }
+
+// parkedDel is a failed delivery a process holds, unacknowledged, until
+// its retry delay has passed (contrib/rabbitmq's hold).
+type parkedDel struct {
+	d   qdel
+	r   *runRec
+	dec inbox.Decision
+}
 
 type ctxKey int
 
@@ -257,7 +269,7 @@ func newWorld(seed uint64, cfg Config) *world {
 		q:         newQueue(),
 		behaviour: map[string]behaviour{}, dup: map[string]bool{}, pending: map[string]*turnReq{},
 		epoch: map[string]int{}, handled: map[string]int{}, acked: map[string]int{}, dead: map[string]int{},
-		dlOverlap: map[string]bool{}, dlZombie: map[string]bool{},
+		dlOverlap: map[string]bool{}, dlZombie: map[string]bool{}, dlOK: map[string]bool{},
 		stats: map[string]int{},
 	}
 	br := rand.New(rand.NewPCG(seed, 3))
@@ -410,7 +422,7 @@ func (w *world) canFetch(p *proc) bool {
 	if w.cfg.Kafka {
 		return w.t.ready(p, w.now())
 	}
-	return w.q.ready(p, w.cfg.Prefetch, w.now())
+	return w.q.ready(p, w.cfg.Prefetch, w.now()) || w.q.dueParked(p, w.now())
 }
 
 func (w *world) grant(key string) {
@@ -478,7 +490,7 @@ func (p *proc) handler(ctx context.Context, m *inbox.Message) error {
 	lim := time.Duration(w.cfg.Limit) * time.Second
 	w.mu.Lock()
 	r.live, r.ran, r.started = true, true, w.now()
-	r.late = w.dead[m.ID] > 0
+	r.late = w.dlOK[m.ID] // after a dead letter known to have landed (one whose answer was lost keeps its record: never run again)
 	w.handled[m.ID]++
 	n := w.handled[m.ID]
 	w.mu.Unlock()
@@ -597,6 +609,7 @@ func (p *proc) loop() {
 				continue
 			}
 			w.mu.Lock()
+			p.requeueParked(false)
 			ds := w.q.take(p, w.cfg.Prefetch, w.now())
 			w.mu.Unlock()
 			for _, d := range ds {
@@ -628,6 +641,47 @@ func (p *proc) handBack() {
 		}
 		p.deliver(d)
 	}
+	p.mu.Lock()
+	n := len(p.parked)
+	p.mu.Unlock()
+	if n == 0 || p.w.turn(context.Background(), p, nil, "stop") != nil {
+		return
+	}
+	p.w.mu.Lock()
+	p.requeueParked(true)
+	p.w.mu.Unlock()
+}
+
+// requeueParked requeues (nacks) the deliveries p holds for their delay
+// that are due, or all of them (a shutdown: contrib/rabbitmq's stop), at
+// once. w.mu is held.
+func (p *proc) requeueParked(all bool) {
+	w := p.w
+	now := w.now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	keep := p.parked[:0]
+	for _, h := range p.parked {
+		m, live := w.q.flight[h.d.tag]
+		if live && !all && m.due.After(now) {
+			keep = append(keep, h)
+			continue
+		}
+		switch {
+		case !live:
+			w.logf("%s requeues %s, held for its delay: stale tag %d", p.name, h.d.id, h.d.tag)
+		case plant.HeldReject: // a planted bug (internal/plant), false but in a test build
+			_, _ = w.q.deadLetter(h.d.tag)
+			w.dead[h.d.id]++
+			w.logf("%s nacks %s, held for its delay, without requeue: dead-lettered (tag %d)", p.name, h.d.id, h.d.tag)
+			w.checkBudget(h.r, h.dec)
+		default:
+			_, _ = w.q.requeue(h.d.tag, now)
+			w.logf("%s requeues %s, held for its delay (tag %d)", p.name, h.d.id, h.d.tag)
+		}
+	}
+	clear(p.parked[len(keep):])
+	p.parked = keep
 }
 
 // newRun records a new run of msg by p.
@@ -680,6 +734,23 @@ func (p *proc) deliver(d qdel) {
 			w.logf("%s acks %s: stale tag %d", p.name, d.id, d.tag)
 		}
 	case inbox.VerbRequeue:
+		if w.cfg.Hold && dec.Delay > 0 && p.ctx.Err() == nil {
+			// contrib/rabbitmq's hold: kept unacknowledged for the delay,
+			// outside the prefetch, then requeued (requeueParked).
+			if _, ok := w.q.park(d.tag, now.Add(dec.Delay)); ok {
+				p.mu.Lock()
+				p.parked = append(p.parked, parkedDel{d: d, r: r, dec: dec})
+				p.mu.Unlock()
+				w.logf("%s holds %s for %v (%s, %d failed runs)", p.name, d.id, dec.Delay, core.State(), dec.Failures)
+				w.stat("held for its delay")
+			} else {
+				w.logf("%s holds %s: stale tag %d", p.name, d.id, d.tag)
+			}
+			return
+		}
+		if w.cfg.Hold && p.ctx.Err() != nil {
+			dec.Delay = 0 // contrib/rabbitmq: back at once during a shutdown
+		}
 		if _, ok := w.q.requeue(d.tag, now.Add(dec.Delay)); ok {
 			w.logf("%s requeues %s after %v (%s, %d failed runs)", p.name, d.id, dec.Delay, core.State(), dec.Failures)
 		} else {
@@ -696,6 +767,27 @@ func (p *proc) deliver(d qdel) {
 // channel that closed): it failed.
 var errStaleTag = errors.New("msgsim: stale delivery tag")
 
+// errDLFailed is a dead letter that failed (Config.DLFail): before it
+// landed, or after, its answer lost.
+var errDLFailed = errors.New("msgsim: the dead letter failed")
+
+// The dead letter faults (Config.DLFail).
+const (
+	dlNone   = iota
+	dlBefore // it fails before it lands: nothing in the dead-letter destination
+	dlLost   // it lands, and its answer is lost: the shell is told it failed
+)
+
+// dlFault draws whether the dead letter being sent fails, and how. It is
+// called in a turn, w.mu held.
+func (w *world) dlFault() int {
+	if !w.faulty || w.cfg.DLFail <= 0 || w.drng.IntN(100) >= w.cfg.DLFail {
+		return dlNone
+	}
+	w.stat("dead letter failed")
+	return dlBefore + w.drng.IntN(2)
+}
+
 // deadLetter gives d to the dead-letter destination and tells the core
 // how that went (the RabbitMQ adapter's reject): its ledger record goes
 // only once it is done; a stale tag keeps it, and the queue's own
@@ -705,9 +797,22 @@ func (p *proc) deadLetter(ctx context.Context, r *runRec, d qdel, dec inbox.Deci
 	w.mu.Lock()
 	w.checkBudget(r, dec)
 	var err error
-	if _, ok := w.q.deadLetter(d.tag); ok {
+	fail := w.dlFault()
+	if _, ok := w.q.flight[d.tag]; ok && fail == dlBefore {
+		// The reject never reached the broker (its channel closed): the
+		// delivery goes back to the queue.
+		_, _ = w.q.requeue(d.tag, w.now())
+		err = errDLFailed
+		w.logf("%s dead-letters %s: failed before it landed, returned", p.name, d.id)
+	} else if _, ok := w.q.deadLetter(d.tag); ok {
 		w.dead[d.id]++
-		w.logf("%s dead-letters %s (%d failed runs: %v)", p.name, d.id, dec.Failures, dec.Err)
+		if fail == dlLost {
+			err = errDLFailed
+			w.logf("%s dead-letters %s (%d failed runs: %v): landed, its answer lost", p.name, d.id, dec.Failures, dec.Err)
+		} else {
+			w.dlOK[d.id] = true
+			w.logf("%s dead-letters %s (%d failed runs: %v)", p.name, d.id, dec.Failures, dec.Err)
+		}
 	} else {
 		err = errStaleTag
 		w.logf("%s dead-letters %s: stale tag %d, its record kept", p.name, d.id, d.tag)
@@ -781,6 +886,9 @@ func (w *world) ledgerApplied(tx *dbTx, o ledgerOp) {
 		r.begun = false
 	case inbox.OpForget:
 		w.epoch[id]++
+		if w.db.effects[id] == 0 && !w.dlOK[id] {
+			w.failLocked(invForgot, id, "%s's ledger record forgotten (by %s), but its effect has not committed and no dead letter of it is known to have landed", id, r.id)
+		}
 	}
 }
 
@@ -869,6 +977,7 @@ func (w *world) crash(p *proc, why string) {
 	w.mu.Unlock()
 	p.mu.Lock()
 	p.held = nil
+	p.parked = nil
 	p.mu.Unlock()
 	w.logf("%s crashes (%s): %d deliveries returned", p.name, why, returned)
 	w.stat("crash")
