@@ -598,9 +598,10 @@ func (c *Consumer) settleDead(ctx context.Context, st *runState, tp topicPartiti
 // that kills the member (the producer's duplicate of r, with r's id, say)
 // brings r back, again and again: the partition never got past them
 // (internal/msgsim, seed 272). Committing here is the adapter's own
-// settling of a dead letter, as a queue's reject is; keeping the ledger
-// record of a dead-lettered id instead would dead-letter an operator's
-// redrive at once, on every broker.
+// settling of a dead letter, as a queue's reject is. (A zombie's dead
+// letter, which cannot commit, is met by the message's tombstone in the
+// inbox, inbox.OpTombstone: the new owner dead-letters the record again,
+// unrun.)
 //
 // When the commit fails, the partition stops here: sought to the record
 // after r and paused for the first retry delay, with r the last record
