@@ -258,9 +258,6 @@ func (p *proc) kdeliver(rec krec, maybe bool) inbox.Verb {
 	part := w.t.parts[rec.part]
 	if dec.Verb == inbox.VerbDeadLetter {
 		w.checkBudget(r, dec)
-		if ks := w.t.owns(p, rec.part); ks == nil || ks.gen != rec.gen {
-			w.dlZombie[rec.id] = true // not fenced: see knownZombieDead
-		}
 		var err error
 		switch w.dlFault() {
 		case dlBefore:
@@ -329,13 +326,6 @@ func (p *proc) kcommit(last map[int]krec) {
 		if part.owner != p || part.gen != rec.gen {
 			w.logf("%s commits partition %d at offset %d: refused (generation %d, now %d)", p.name, i, rec.off+1, rec.gen, part.gen)
 			w.stat("commit refused (rebalanced)")
-			for off := part.committed; off <= rec.off; off++ {
-				if part.dead[off] {
-					// A zombie's dead letter it cannot commit: the new
-					// owner delivers the record again (knownZombieDead).
-					w.dlZombie[part.recs[off]] = true
-				}
-			}
 			continue
 		}
 		for off := part.committed; off <= rec.off; off++ {

@@ -61,28 +61,14 @@ func (f Failure) String() string {
 	return s
 }
 
-// The known limits of the design that explain some failures: counted
-// and reported, not failed (docs/simulation.md, the consumers' section).
-const (
-	// knownOverlap: the ledger counts a run live elsewhere (a zombie
-	// Kafka member's, one whose ack wait ended), or one that ended and
-	// has not closed its marker yet, as one that died (docs/consumer.md's
-	// imprecision); the message is dead-lettered while that run commits
-	// its effect, or after it did (OpBegin reads "processed" before it
-	// commits).
-	knownOverlap = "a dead letter decided while the ledger counted as dead a run of the message that had not died (live elsewhere, or not yet closed), which committed its effect"
-	// knownZombieDead: a Kafka member whose partition was moved
-	// dead-letters a record (the dead-letter topic is not fenced by the
-	// group's generation) and cannot commit it: the new owner runs the
-	// record again, and it may succeed. The evidence: a run of the
-	// message began after the dead letter, or the dead letter was sent
-	// by a member that no longer owned the partition (the new owner's run
-	// may begin between the zombie's decision and its dead letter).
-	knownZombieDead = "a record dead-lettered and then delivered again (a Kafka zombie's dead letter, not fenced), whose next run succeeded"
-)
-
-// Known lists the known limits (see the known* constants).
-var Known = []string{knownOverlap, knownZombieDead}
+// Known lists the known limits of the design that explain some
+// failures: counted and reported, not failed (docs/simulation.md, the
+// consumers' section). None now: the two it had (a dead letter decided
+// while a run of the message live elsewhere committed its effect, and a
+// Kafka zombie's dead letter that the new owner ran again) are fixed by
+// the dead letter's tombstone (inbox.OpTombstone), which conflicts with
+// the effect's transaction.
+var Known []string
 
 // Result is what a seed's run reports.
 type Result struct {
@@ -123,9 +109,10 @@ const (
 	outLimit                   // passed the processing limit
 	outShutdown                // ended by its consumer's shutdown
 	outDied                    // its process died while it ran
+	outBuried                  // its effect's transaction met the message's tombstone: nothing ran
 )
 
-var outcomeNames = [...]string{"none", "ok", "failed", "limit", "shutdown", "died"}
+var outcomeNames = [...]string{"none", "ok", "failed", "limit", "shutdown", "died", "buried"}
 
 func (o outcome) String() string { return outcomeNames[o] }
 
@@ -143,12 +130,10 @@ type runRec struct {
 	countAt int  // the epoch that applied in
 	live    bool // its handler runs
 	ran     bool // its handler ran
-	late    bool // its handler began after a dead letter of its message that landed, and was told so
 	started time.Time
 	out     outcome
-	snap    bool // budget and overlap hold the evidence of its last ledger answer
+	snap    bool // budget holds the evidence of its last ledger answer
 	budget  int  // the budget (see world.budget) when its last OpBegin, OpFail or OpFailBegun applied
-	overlap bool // another run of its message was live then
 }
 
 // world is one seed's run. The driver (the bubble's main goroutine)
@@ -180,8 +165,6 @@ type world struct {
 	handled   map[string]int // per message: handler runs so far
 	acked     map[string]int
 	dead      map[string]int
-	dlOverlap map[string]bool // a dead letter of the message decided while another run of it was live
-	dlZombie  map[string]bool // a dead letter of the message sent by a Kafka member that no longer owned its partition, or whose commit of it was refused
 	dlOK      map[string]bool // a dead letter of the message landed, and the shell was told so
 	crashes   int
 	faulty    bool
@@ -269,7 +252,7 @@ func newWorld(seed uint64, cfg Config) *world {
 		q:         newQueue(),
 		behaviour: map[string]behaviour{}, dup: map[string]bool{}, pending: map[string]*turnReq{},
 		epoch: map[string]int{}, handled: map[string]int{}, acked: map[string]int{}, dead: map[string]int{},
-		dlOverlap: map[string]bool{}, dlZombie: map[string]bool{}, dlOK: map[string]bool{},
+		dlOK:  map[string]bool{},
 		stats: map[string]int{},
 	}
 	br := rand.New(rand.NewPCG(seed, 3))
@@ -328,27 +311,6 @@ func (w *world) failf(inv, msg, format string, args ...any) {
 	w.failures = append(w.failures, f)
 	w.tmu.Unlock()
 	w.logf("FAIL %s", f)
-}
-
-// failKnown is failf for a failure a known limit (possibly none)
-// explains.
-func (w *world) failKnown(inv, msg, known, format string, args ...any) {
-	f := Failure{Inv: inv, Msg: msg, Step: int(w.step.Load()), Text: fmt.Sprintf(format, args...), Known: known}
-	w.tmu.Lock()
-	w.failures = append(w.failures, f)
-	w.tmu.Unlock()
-	w.logf("FAIL %s", f)
-}
-
-// ranAfterDeadLetter reports whether a run of id began its handler after
-// a dead letter of id. w.mu is held.
-func (w *world) ranAfterDeadLetter(id string) bool {
-	for _, r := range w.runs {
-		if r.msg == id && r.late {
-			return true
-		}
-	}
-	return false
 }
 
 func (w *world) failLocked(inv, msg, format string, args ...any) { w.failf(inv, msg, format, args...) }
@@ -490,7 +452,6 @@ func (p *proc) handler(ctx context.Context, m *inbox.Message) error {
 	lim := time.Duration(w.cfg.Limit) * time.Second
 	w.mu.Lock()
 	r.live, r.ran, r.started = true, true, w.now()
-	r.late = w.dlOK[m.ID] // after a dead letter known to have landed (one whose answer was lost keeps its record: never run again)
 	w.handled[m.ID]++
 	n := w.handled[m.ID]
 	w.mu.Unlock()
@@ -521,6 +482,8 @@ func (p *proc) handler(ctx context.Context, m *inbox.Message) error {
 			r.out = outLimit
 		case err == nil:
 			r.out = outOK
+		case errors.Is(err, inbox.ErrDeadLettered):
+			r.out = outBuried
 		case p.ctx.Err() != nil:
 			r.out = outShutdown
 		default:
@@ -867,7 +830,7 @@ func (w *world) ledgerApplied(tx *dbTx, o ledgerOp) {
 	switch o.op {
 	case inbox.OpBegin:
 		// The core decides from the record as it was before.
-		r.budget, r.overlap, r.snap = w.budget(r), w.overlapping(r), true
+		r.budget, r.snap = w.budget(r), true
 		r.begun = true
 		r.markAt = w.epoch[id]
 	case inbox.OpFail, inbox.OpFailBegun:
@@ -881,7 +844,7 @@ func (w *world) ledgerApplied(tx *dbTx, o ledgerOp) {
 			w.failLocked(invCounted, id, "%s's run %s counted as a failure, but it ended as %s", id, r.id, r.out)
 		}
 		// The core decides from the record after it.
-		r.budget, r.overlap, r.snap = w.budget(r), w.overlapping(r), true
+		r.budget, r.snap = w.budget(r), true
 	case inbox.OpExcuse:
 		r.begun = false
 	case inbox.OpForget:
@@ -924,28 +887,22 @@ func (w *world) budget(r *runRec) int {
 	return n
 }
 
-// overlapping reports whether the ledger may be counting as dead a run
-// of r's message, other than r, that did not die: one live at this
-// moment, or one that ended and has not closed its marker yet (the
-// ledger's OpBegin reads whether the message is processed before its own
-// commit, so a run that commits meanwhile is counted too). w.mu is held.
-func (w *world) overlapping(r *runRec) bool {
-	for _, o := range w.runs {
-		if o != r && o.msg == r.msg && (o.live || (o.begun && o.out != outDied)) {
-			return true
-		}
-	}
-	return false
-}
-
 // checkBudget fails the seed when r's message is dead-lettered before its
 // handler's runs failed as often as the policy allows. w.mu is held.
 func (w *world) checkBudget(r *runRec, dec inbox.Decision) {
-	n, overlap := r.budget, r.overlap
-	if !r.snap {
-		n, overlap = w.budget(r), w.overlapping(r)
+	if errors.Is(dec.Err, inbox.ErrDeadLettered) {
+		// A message dead-lettered before, again (its tombstone's answer):
+		// the budget was checked at the first dead letter. The tombstone
+		// must be there.
+		if w.db.inbox[rowKey{"group", r.msg}] != 4 {
+			w.failLocked(invBudget, r.msg, "%s dead-lettered as dead-lettered before, but the inbox holds no tombstone of it", r.msg)
+		}
+		return
 	}
-	w.dlOverlap[r.msg] = w.dlOverlap[r.msg] || overlap
+	n := r.budget
+	if !r.snap {
+		n = w.budget(r)
+	}
 	if n < w.cfg.MaxDeliveries {
 		w.failLocked(invBudget, r.msg, "%s (%s) dead-lettered after %d failed runs (or runs that may have failed), the policy allows %d; the core said %d: %v",
 			r.msg, w.behaviour[r.msg], n, w.cfg.MaxDeliveries, dec.Failures, dec.Err)
@@ -1245,15 +1202,10 @@ func (w *world) check() {
 		switch {
 		case eff == 0 && dead == 0:
 			w.failLocked(invLost, id, "%s (%s) lost: no effect, no dead letter", id, w.behaviour[id])
-		case eff > 0 && dead > 0 && !w.dup[id]:
-			known := ""
-			switch {
-			case w.dlOverlap[id]:
-				known = knownOverlap
-			case w.ranAfterDeadLetter(id) || w.dlZombie[id]:
-				known = knownZombieDead
-			}
-			w.failKnown(invBoth, id, known, "%s (%s) has its effect and was dead-lettered", id, w.behaviour[id])
+		case eff > 0 && dead > 0:
+			// Producer duplicates too: the second broker message of an
+			// id meets the first's tombstone, or its processed row.
+			w.failLocked(invBoth, id, "%s (%s) has its effect and was dead-lettered", id, w.behaviour[id])
 		}
 	}
 }
