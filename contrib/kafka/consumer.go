@@ -49,8 +49,10 @@
 // that killed their process included, is dead-lettered: handed to
 // [Config.DeadLetter], or produced to [Config.DeadLetterTopic], and then
 // its offset committed at once, before anything after it runs (its ledger
-// record is forgotten with the dead letter: delivered again, it would
-// start afresh), and reported through [Config.OnDeadLetter] and a log line;
+// record is forgotten with the dead letter; with an inbox's ledger, its
+// tombstone stays, so that a delivery of it again, a zombie's, is
+// dead-lettered again, unrun: see [inbox.OpTombstone]; clear it with the
+// ledger's Redrive before redriving the record), and reported through [Config.OnDeadLetter] and a log line;
 // one that arrives having failed that often already (it kept killing the
 // members that ran it) is dead-lettered without running. With neither
 // destination, it holds its partition, retried after its growing delay
@@ -591,10 +593,10 @@ func (c *Consumer) settleDead(ctx context.Context, st *runState, tp topicPartiti
 // partition may go on.
 //
 // The dead letter is done and forgot the message's ledger record (the
-// core forgets a settled message, so that an operator's redrive starts
-// afresh), so r must not be delivered again: run again, it would start
-// from no failures and be dead-lettered a second time, or succeed (an
-// effect and a dead letter). Left to the poll's commit, a later record of the poll
+// core forgets a settled message), so r must not be delivered again: run
+// again, it would start from no failures and be dead-lettered a second
+// time (with an inbox's ledger its tombstone dead-letters it again, unrun;
+// with a MemoryLedger it could succeed: an effect and a dead letter). Left to the poll's commit, a later record of the poll
 // that kills the member (the producer's duplicate of r, with r's id, say)
 // brings r back, again and again: the partition never got past them
 // (internal/msgsim, seed 272). Committing here is the adapter's own
