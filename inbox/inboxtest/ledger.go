@@ -202,6 +202,7 @@ func testLedgerRedrive(t *testing.T, f LedgerFixture) {
 	k := inbox.Key{ID: "m-1"}
 	apply(t, f.Ledger, k, inbox.OpFail)
 	apply(t, f.Ledger, k, inbox.OpTombstone)
+	assert.ErrorIs(t, f.Process(ctx, k), inbox.ErrDeadLettered, "no id space: the consumer's own row")
 	was, err := f.Redrive(ctx, k)
 	require.NoError(t, err)
 	assert.True(t, was)
