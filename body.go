@@ -603,6 +603,10 @@ type streamed struct {
 	// handFirst: the engine sends the first attempt too (config.engineFirst,
 	// for tests): its first rewind hands over first.
 	handFirst bool
+	// last is the latest body from getBody: the engine makes an attempt's
+	// body before its hooks run (Pacer.Wait, OnAttempt), so a panic there
+	// leaves it unsent, and only the call can close it.
+	last *verifyingBody
 }
 
 // body is the engine's ReaderFunc for a streamed request: a body from
@@ -624,5 +628,6 @@ func (a *operation) body() (io.Reader, error) {
 	}
 	v := &verifyingBody{}
 	v.reset(a.req.Context(), rc, &a.stream.ref, a.bodyLen, true)
+	a.stream.last = v
 	return v, nil
 }
