@@ -3,6 +3,7 @@ package idemserver_test
 import (
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -55,4 +56,26 @@ func TestPanicAfterWritingWithShouldStorePanicRunsTwice(t *testing.T) {
 	got := serve(h, req{key: "k"}).Code
 	assert.Equal(t, int64(1), runs.Load(), "the handler ran again (answered %d)", got)
 	assert.Equal(t, http.StatusGone, got)
+}
+
+// TestLogsWithholdTheKeyAsHooksDo: the Hooks withhold the idempotency
+// key unless RecordKey allows it ("a key names one operation whose stored
+// response it can fetch"), but the Logger gets it at Error level with
+// every store failure (and TxMiddleware's, Redis's log lines alike: 17
+// sites write "key"). The two promises disagree; the logs are where a
+// key is likeliest to be read by someone it was not meant for.
+//
+// Not fixed: whether a key is a secret is the lead's call (withhold it in
+// logs as in hooks, or say in Hooks' doc that logs carry it). Without
+// the skip it fails: the log line holds the key.
+func TestLogsWithholdTheKeyAsHooksDo(t *testing.T) {
+	t.Skip("attack4: the Logger gets the idempotency key that Hooks withhold unless RecordKey")
+	var buf strings.Builder
+	h := (&idemserver.Middleware{
+		SingleTenant: true, RetryAfter: -1,
+		Store:  &faultStore{MemoryStore: new(idemserver.MemoryStore), claimErr: errDown},
+		Logger: slog.New(slog.NewTextHandler(&buf, nil)),
+	}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	assert.Equal(t, http.StatusServiceUnavailable, serve(h, req{key: "op-7f3a-secret-ish"}).Code)
+	assert.NotContains(t, buf.String(), "op-7f3a-secret-ish")
 }
