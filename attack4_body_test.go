@@ -120,3 +120,48 @@ func (p *panickyPacer) Wait(context.Context) error {
 }
 
 func (p *panickyPacer) Observe(int, bool) {}
+
+// countingBody counts its Close calls.
+type countingBody struct {
+	io.Reader
+	closes atomic.Int32
+}
+
+func (b *countingBody) Close() error { b.closes.Add(1); return nil }
+
+// lateCloser is a caller's RoundTripper that answers 503 at once and
+// closes the request's body later, on a goroutine of its own, as
+// RoundTripper's contract allows.
+type lateCloser struct{ closed chan struct{} }
+
+func (l lateCloser) RoundTrip(r *http.Request) (*http.Response, error) {
+	go func() {
+		<-time.After(50 * time.Millisecond)
+		_ = r.Body.Close()
+		close(l.closed)
+	}()
+	return &http.Response{StatusCode: http.StatusServiceUnavailable, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+}
+
+// TestPanicClosesAStreamedBodyOnce: a hook that panics after an attempt
+// (OnAttemptDone) while the transport still holds the attempt's streamed
+// body: proceed's deferred close closes it, then the transport closes
+// it, as it must. The caller's body was closed twice: a Close that is not
+// idempotent (a pooled buffer given back twice) breaks.
+//
+// Checked to fail with verifyingBody.Close closing its source every
+// time: two closes.
+func TestPanicClosesAStreamedBodyOnce(t *testing.T) {
+	body := &countingBody{Reader: strings.NewReader(chargeBody)}
+	req, err := http.NewRequest(http.MethodPost, "http://api.invalid/charges", body)
+	require.NoError(t, err)
+	req.ContentLength = -1 // unknown: streamed, not buffered
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(chargeBody)), nil }
+	rt := lateCloser{closed: make(chan struct{})}
+	c := &Client{HTTPClient: &http.Client{Transport: rt}, Policy: fast(), Hooks: &idemtrace.Hooks{
+		OnAttemptDone: func(context.Context, idemtrace.AttemptDoneEvent) { panic("metrics bug") },
+	}}
+	require.Panics(t, func() { _, _ = c.Do(req) })
+	<-rt.closed
+	assert.Equal(t, int32(1), body.closes.Load(), "the caller's body was closed more than once")
+}

@@ -515,15 +515,19 @@ func (v *verifyingBody) fail() (int, error) {
 }
 
 // Close closes the source, and tells the reference that this body can
-// no longer reach the server whole, if it has not already.
+// no longer reach the server whole, the first time it is called.
 func (v *verifyingBody) Close() error {
 	v.mu.Lock()
 	first := !v.isClosed
 	v.isClosed = true
 	v.mu.Unlock()
-	if first {
-		v.ref.closed(v.k)
+	if !first {
+		// Closed already (by the call unwinding a panic, or by
+		// net/http's Client following a redirect): the caller's body is
+		// closed once, as net/http closes a request's body once.
+		return nil
 	}
+	v.ref.closed(v.k)
 	return v.src.Close()
 }
 
