@@ -91,6 +91,36 @@ func TestTxPanicPoints(t *testing.T) {
 	}
 }
 
+// TestTxOwnPanicWhileClaimingWithoutAcquire:
+// TestTxOwnPanicWhileClaimingFreesTheConnection for a DB that is no
+// pool (plainDB: the transaction begins through SendBatch, and the DB
+// holds its connection): claimOnce's guard closes only a connection it
+// acquired itself, so a panic at the "claimed" step left the claim's
+// transaction open, its connection acquired for ever and the key's
+// advisory lock held: every retry of the key waited for it.
+//
+// Checked to fail with claimOnce's stranded guard removed (never set):
+// the retry got 409 (the leaked session held the key's lock) and a
+// connection was never released.
+func TestTxOwnPanicWhileClaimingWithoutAcquire(t *testing.T) {
+	s := newTxSchema(t)
+	pool := leakablePool(t, s, 2)
+	m, err := postgres.NewTxMiddleware(context.Background(), plainDB{pool}, &postgres.TxOptions{SingleTenant: true, DBTimeout: 2 * time.Second, Logger: discardLogger()})
+	require.NoError(t, err)
+	var armed atomic.Bool
+	armed.Store(true)
+	postgres.SetTxStepHook(m, func(step string) {
+		if step == "claimed" && armed.CompareAndSwap(true, false) {
+			panic("a bug of the middleware's own")
+		}
+	})
+	h := m.WrapFunc(chargeTx)
+	require.Panics(t, func() { post(t, h, "k", "x") })
+	assert.Empty(t, charges(t, s, "k"), "nothing committed")
+	assert.Equal(t, http.StatusCreated, post(t, h, "k", "x").Status, "the key is free and the pool has its connection")
+	assert.Len(t, charges(t, s, "k"), 1)
+}
+
 // insertCharge writes the charge chargeTx writes, without answering.
 func insertCharge(r *http.Request, tx pgx.Tx) {
 	k, _ := postgres.KeyFromContext(r.Context())
