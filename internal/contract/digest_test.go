@@ -21,11 +21,11 @@ func TestKeyDigest(t *testing.T) {
 // beside it.
 func TestLogKey(t *testing.T) {
 	for _, tt := range []struct {
-		raw  bool
+		give bool // raw
 		want string
 	}{
-		{raw: false, want: "msg=m key_digest=ba7816bf8f01\n"},
-		{raw: true, want: "msg=m key_digest=ba7816bf8f01 key=abc\n"},
+		{give: false, want: "msg=m key_digest=ba7816bf8f01\n"},
+		{give: true, want: "msg=m key_digest=ba7816bf8f01 key=abc\n"},
 	} {
 		var b strings.Builder
 		opts := &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
@@ -34,7 +34,7 @@ func TestLogKey(t *testing.T) {
 			}
 			return a
 		}}
-		slog.New(slog.NewTextHandler(&b, opts)).Info("m", LogKey("abc", tt.raw))
+		slog.New(slog.NewTextHandler(&b, opts)).Info("m", LogKey("abc", tt.give))
 		assert.Equal(t, tt.want, b.String())
 	}
 }
