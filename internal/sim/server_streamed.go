@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp/idemserver"
+	"github.com/idemkit/idemhttp/internal/serverclock"
 	"github.com/idemkit/idemhttp/internal/servermodel"
 )
 
@@ -34,6 +35,7 @@ func (w *world) streamedShell(p *serverProc) http.Handler {
 		MaxStoredBody: maxStored,
 		Logger:        slog.New(slog.DiscardHandler),
 	}
+	serverclock.Set(mw, p.now) // the process's own clock, which jumps (server_clock.go)
 	if w.cfg.Tenants >= 2 {
 		mw.Principal = principal
 	} else {
