@@ -5,8 +5,6 @@ import (
 	"errors"
 	"sync"
 	"time"
-
-	"github.com/idemkit/idemhttp/internal/plant"
 )
 
 // renewer keeps one wrapped handler's claims alive while their handlers
@@ -133,7 +131,7 @@ func (c *steadyClock) now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := c.read().Add(c.ahead)
-	if !plant.ClockBack && t.Before(c.latest) {
+	if t.Before(c.latest) {
 		c.ahead += c.latest.Sub(t)
 		t = c.latest
 	}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemkit/idemhttp/internal/plant"
 	"github.com/idemkit/idemhttp/internal/servercore"
 )
 
@@ -122,6 +123,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (h *handler) bounded(ctx context.Context, until time.Time) (context.Context, context.CancelFunc) {
 	if _, ok := h.store.(*MemoryStore); ok {
 		return ctx, func() {}
+	}
+	if plant.ProcDeadline {
+		return context.WithDeadline(ctx, until)
 	}
 	return context.WithTimeout(ctx, until.Sub(h.renewer.clock.now()))
 }

@@ -3,6 +3,7 @@
 package sim
 
 import (
+	"slices"
 	"time"
 )
 
@@ -46,17 +47,42 @@ func (p *serverProc) now() time.Time {
 	return time.Now().Add(time.Duration(p.off.Load()))
 }
 
-// procJumpable reports whether the driver may jump a server process's
-// clock now.
-func (w *world) procJumpable() bool {
-	return w.cfg.Shell == shellStreamed && w.procJumps < w.cfg.ProcJumps && len(w.servers()) > 0
+// procJumpWeight is the weight of a jump of a server process's clock
+// among the driver's steps: none once the seed's jumps are spent (or in
+// the transactional world), more while a handler is held (its claim is
+// live, renewed on that clock: where a jump matters).
+func (w *world) procJumpWeight() int {
+	if w.cfg.Shell != shellStreamed || w.procJumps >= w.cfg.ProcJumps || len(w.servers()) == 0 {
+		return 0
+	}
+	if len(w.heldProcs()) > 0 {
+		return 4
+	}
+	return 1
 }
 
-// jumpProcClock sets the clock of a server process up, drawn by the
-// driver, back or forward, by seconds or by hours.
+// heldProcs returns the server processes up that hold a handler, in the
+// order their handlers were held.
+func (w *world) heldProcs() []*serverProc {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []*serverProc
+	for _, g := range w.gates {
+		if !g.proc.dead.Load() && !slices.Contains(out, g.proc) {
+			out = append(out, g.proc)
+		}
+	}
+	return out
+}
+
+// jumpProcClock sets the clock of a server process, drawn by the driver
+// (one holding a handler, if any does), back or forward.
 func (w *world) jumpProcClock() {
 	w.procJumps++
-	up := w.servers()
+	up := w.heldProcs()
+	if len(up) == 0 {
+		up = w.servers()
+	}
 	p := up[w.rng.intn(len(up))]
 	var d time.Duration
 	switch w.rng.intn(3) {

@@ -67,6 +67,9 @@ var PlantedTags = []string{
 	"idemhttp_bug_aftercommit",  // the record stored in a transaction of its own, after the effect's commit
 	"idemhttp_bug_completeonce", // a Streamed Complete tried once: no retry while the claim's lock is live
 	"idemhttp_bug_giveupstored", // a Transactional handler that gave up kept as an empty 200, its transaction committed
+	// Issue 32's server process (§1.3): its clock, hijacked connections.
+	"idemhttp_bug_procdeadline", // a store call's deadline a reading of the process's clock, measured on the runtime's
+	"idemhttp_bug_hijackstored", // a hijacked response kept as an empty 200 for replay
 }
 
 // raceSeeds is how many seeds TestSim runs under the race detector

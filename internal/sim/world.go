@@ -645,7 +645,7 @@ func (w *world) act() bool {
 	jump := w.clockJumps < w.cfg.ClockJumps
 	partition := w.partitions < w.cfg.Partitions
 	storeJump := w.storeJumps < w.cfg.StoreJumps
-	procJump := w.procJumpable()
+	procJump := w.procJumpWeight()
 	if !ready && !busy && w.net.nextDue(now).IsZero() {
 		// Nothing in flight: the batch ran to its end. What is left is
 		// a fault to throw at the next run, or the end of the phase.
@@ -662,7 +662,7 @@ func (w *world) act() bool {
 		if storeJump {
 			idle = append(idle, action{1, "store clock jump", w.jumpStoreClock})
 		}
-		if procJump {
+		if procJump > 0 {
 			idle = append(idle, action{1, "server clock jump", w.jumpProcClock})
 		}
 		if len(idle) == 0 || w.rng.intn(len(idle)+1) == 0 {
@@ -686,8 +686,8 @@ func (w *world) act() bool {
 	if storeJump {
 		add(1, "store clock jump", w.jumpStoreClock)
 	}
-	if procJump {
-		add(1, "server clock jump", w.jumpProcClock)
+	if procJump > 0 {
+		add(procJump, "server clock jump", w.jumpProcClock)
 	}
 	if idle := w.net.idleConns(); len(idle) > 0 {
 		add(w.cfg.CloseIdle, "close idle", func() { w.closeIdle(idle[w.rng.intn(len(idle))]) })
