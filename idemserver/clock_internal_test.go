@@ -14,7 +14,8 @@ import (
 // seam gives the renewer (internal/serverclock): a reading earlier than
 // the latest carries on from the latest, so a set-back holds no renewal
 // back, and time then runs on from there.
-// Checked to fail with steadyClock.now returning read() unguarded.
+// Checked to fail with the idemhttp_bug_clockback build tag (the
+// reading returned unguarded).
 func TestSteadyClockCarriesOnAfterASetBack(t *testing.T) {
 	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var off atomic.Int64

@@ -69,6 +69,7 @@ var PlantedTags = []string{
 	"idemhttp_bug_giveupstored", // a Transactional handler that gave up kept as an empty 200, its transaction committed
 	// Issue 32's server process (§1.3): its clock, hijacked connections.
 	"idemhttp_bug_procdeadline", // a store call's deadline a reading of the process's clock, measured on the runtime's
+	"idemhttp_bug_clockback",    // the process's clock followed back: renewals and a Complete's retries held for the jump
 	"idemhttp_bug_hijackstored", // a hijacked response kept as an empty 200 for replay
 }
 
