@@ -39,7 +39,7 @@ import (
 // which a retry outlives and runs beside: the known limit of a process
 // paused past its lock timeout (the store's forward jumps are kept short
 // for the same reason), not what a real process meets, whose readings a
-// setting of the clock does not move. Seed 1467 of the first 4,000 met it
+// setting of the clock does not move. The first 4,000 seeds met it twice
 // with jumps of hours, before they were kept short.
 
 // now is process p's clock: virtual time plus its jumps.
