@@ -127,14 +127,19 @@ type Found struct {
 	// TxMiddleware request whose record is not written yet), so it
 	// cannot be compared: the answer is 409, never 422.
 	NoFingerprint bool
+	// Token is the claim token of the request that wrote the row found
+	// (a transactional row's: [Row].Token), "" when not known (a
+	// store's claim, which tells its own token itself).
+	Token string
 }
 
 // Row is a transactional claim's look at the key's row: what
 // TxMiddleware's lookup statement read, in a snapshot taken after it
 // tried the key's lock.
 type Row struct {
-	Exists      bool // a live row holds the key
-	Completed   bool // its record is written
+	Exists      bool   // a live row holds the key
+	Completed   bool   // its record is written
+	Token       string // the claim token of the request that wrote it (the key table's token column)
 	Fingerprint string
 	Record      []byte
 }
@@ -158,9 +163,9 @@ func TxFound(locked, claimed bool, row Row) (Found, error) {
 	case claimed:
 		return Found{}, errors.New("the claim row was written without the key's lock")
 	case row.Exists && row.Completed:
-		return Found{State: Completed, Fingerprint: row.Fingerprint, Record: row.Record}, nil
+		return Found{State: Completed, Fingerprint: row.Fingerprint, Record: row.Record, Token: row.Token}, nil
 	case row.Exists:
-		return Found{State: Held, Fingerprint: row.Fingerprint}, nil
+		return Found{State: Held, Fingerprint: row.Fingerprint, Token: row.Token}, nil
 	case !locked:
 		return Found{State: Held, NoFingerprint: true}, nil
 	}
@@ -177,9 +182,9 @@ func RowFound(row Row) Found {
 	case !row.Exists:
 		return Found{State: Free}
 	case row.Completed:
-		return Found{State: Completed, Fingerprint: row.Fingerprint, Record: row.Record}
+		return Found{State: Completed, Fingerprint: row.Fingerprint, Record: row.Record, Token: row.Token}
 	}
-	return Found{State: Held, Fingerprint: row.Fingerprint}
+	return Found{State: Held, Fingerprint: row.Fingerprint, Token: row.Token}
 }
 
 // Claim is the evidence of a claim.
@@ -191,8 +196,13 @@ type Claim struct {
 	// Fingerprint is this request's fingerprint; Request and Body are
 	// the request, for the earlier versions of the default fingerprint.
 	Fingerprint string
-	Request     *http.Request
-	Body        []byte
+	// Token is this request's claim token (Transactional: the token its
+	// claim row was written with), for [Request.Rechecked] to tell the
+	// request's own claim row from another request's; "" when the
+	// shell does not say.
+	Token   string
+	Request *http.Request
+	Body    []byte
 }
 
 // Answer says what the client gets.
