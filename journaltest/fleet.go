@@ -47,9 +47,16 @@ import (
 //     [idemhttp.Entry.NotBefore]) before that time by the fleet's clock;
 //   - Renew extends the worker's own lease, and is refused once another
 //     worker holds the entry or it is final;
-//   - Delete is refused for an entry another worker has claimed or begun
-//     since this one wrote it, live lease or not (that worker may have
-//     sent it).
+//   - Delete withdraws only a pending entry this worker holds (its lease,
+//     live or not: nobody took it since) with no attempt recorded, and is
+//     refused for anything else: an entry another worker has claimed or
+//     begun since this one wrote it (that worker may have sent it), one
+//     nobody holds (enqueued, or its lease cleared), one with an attempt
+//     recorded, and a final one, done or abandoned (an abandoned entry
+//     keeps its operation's key: another worker may have sent it before it
+//     was abandoned);
+//   - Forget, when the journal has it ([Forgetter]), is the operator's
+//     removal of a pending or abandoned entry a person has resolved.
 type FleetJournal interface {
 	idemhttp.Journal
 	Clock
@@ -94,6 +101,7 @@ func RunFleet(t *testing.T, open func(t *testing.T) *Fleet) {
 		{"BeginTakesTheLease", testBeginTakesTheLease},
 		{"DeleteFenced", testDeleteFenced},
 		{"DeleteRacingClaim", testDeleteRacingClaim},
+		{"NoWithdrawalAfterAbandon", testNoWithdrawalAfterAbandon},
 		{"ClaimConcurrentOnce", testClaimConcurrent},
 		{"SanitizedEveryWayIn", testSanitizedEveryWayIn},
 		{"OneClockStamps", testOneClockStamps},
@@ -272,9 +280,10 @@ func testBeginTakesTheLease(t *testing.T, f *Fleet) {
 // withdraws "its" entry: refused, whatever B's lease and the entry's state
 // say, or the caller's retry would mint a new key and run the operation
 // twice. An entry that another caller began (found by operation) is
-// likewise no longer the creator's to withdraw. What stays allowed: a
-// worker withdrawing its own entry that nobody else took, and an entry
-// enqueued and never claimed.
+// likewise no longer the creator's to withdraw, nor is an entry
+// enqueued and never claimed (nobody's: no call of this worker began it).
+// What stays allowed: a worker withdrawing its own entry that nobody else
+// took; an operator's Forget of the enqueued one ([Forgetter]).
 func testDeleteFenced(t *testing.T, f *Fleet) {
 	ctx := context.Background()
 	_, err := f.A.Begin(ctx, fleetEntry("k"))
@@ -306,11 +315,66 @@ func testDeleteFenced(t *testing.T, f *Fleet) {
 	f.Shift(past(f))
 	assert.NoError(t, f.A.Delete(ctx, "own"), "its own entry, which nobody else took")
 	enqueue(t, f.A, fleetEntry("queued"))
-	assert.NoError(t, f.B.Delete(ctx, "queued"), "enqueued and never claimed")
-	for _, k := range []string{"own", "queued"} {
+	assert.ErrorIs(t, f.B.Delete(ctx, "queued"), idemhttp.ErrFenced, "enqueued: no call of B's began it")
+	assert.Equal(t, idemhttp.StatePending, state(t, f.A, "queued"))
+	gone := []string{"own"}
+	if fg, ok := f.B.(Forgetter); ok {
+		assert.NoError(t, fg.Forget(ctx, "queued"), "an operator removes it")
+		gone = append(gone, "queued")
+	}
+	for _, k := range gone {
 		_, err := f.A.Get(ctx, k)
 		assert.ErrorIs(t, err, idemhttp.ErrNotFound, k)
 	}
+}
+
+// testNoWithdrawalAfterAbandon: issue 32's bugFleetExpiredRerun (seed
+// 626964). A's call begins an entry and stalls (a Pacer refusing for a
+// day) past its lease; B claims it and sends it (its answer lost: it stays
+// pending, with the attempt recorded); a day on, C's claim finds it past
+// the retention and abandons it, which ends every lease. A's call, which
+// sent nothing, then withdraws "its" entry: refused, for B may have run
+// it, and without the entry a later run of the batch would begin the
+// operation afresh under a new key. The operation keeps its key:
+// A's rerun finds the abandoned entry. And an entry that A holds again
+// (its Begin took it back) with B's attempt recorded is not A's to
+// withdraw either. Checked to fail with the FleetModel's Delete allowing
+// abandoned entries (as it did), and with its attempts rule removed.
+func testNoWithdrawalAfterAbandon(t *testing.T, f *Fleet) {
+	ctx := context.Background()
+	_, err := f.A.Begin(ctx, fleetEntry("k"))
+	require.NoError(t, err)
+	f.Shift(past(f))
+	require.Equal(t, []string{"k"}, claim(t, f.B, 10))
+	require.NoError(t, f.B.Finish(ctx, "k", idemhttp.Outcome{State: idemhttp.StatePending, Attempts: 1}))
+	if r, ok := f.B.(Retainer); ok {
+		r.Retain(f.Retention) // as B's Client does at its first use
+	}
+	f.Shift(f.Retention + time.Hour)
+	assert.Empty(t, claim(t, f.B, 10), "past the retention: abandoned, not claimed")
+	require.Equal(t, idemhttp.StateAbandoned, state(t, f.A, "k"))
+	assert.ErrorIs(t, f.A.Delete(ctx, "k"), idemhttp.ErrFenced, "A's withdrawal of an entry B sent")
+	rerun := fleetEntry("k-rerun") // the rerun's own candidate key for op-k
+	rerun.Operation, rerun.Body = "op-k", fleetEntry("k").Body
+	existing, err := f.A.Begin(ctx, rerun)
+	require.NoError(t, err)
+	if assert.NotNil(t, existing, "the operation keeps its key") {
+		assert.Equal(t, "k", existing.Key)
+		assert.Equal(t, idemhttp.StateAbandoned, existing.State)
+	}
+
+	// Pending, back in A's hands, with B's attempt recorded.
+	_, err = f.A.Begin(ctx, fleetEntry("s"))
+	require.NoError(t, err)
+	f.Shift(past(f))
+	require.Equal(t, []string{"s"}, claim(t, f.B, 10))
+	require.NoError(t, f.B.Finish(ctx, "s", idemhttp.Outcome{State: idemhttp.StatePending, Attempts: 1}))
+	f.Shift(past(f))
+	existing, err = f.A.Begin(ctx, fleetEntry("s"))
+	require.NoError(t, err)
+	require.NotNil(t, existing)
+	assert.ErrorIs(t, f.A.Delete(ctx, "s"), idemhttp.ErrFenced, "B's attempt is recorded")
+	assert.Equal(t, idemhttp.StatePending, state(t, f.A, "s"))
 }
 
 // testDeleteRacingClaim: A withdraws its entries, whose leases expired,

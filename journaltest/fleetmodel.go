@@ -175,6 +175,7 @@ var (
 	_ FleetJournal = (*FleetModelWorker)(nil)
 	_ ClockJournal = (*FleetModelWorker)(nil)
 	_ Retainer     = (*FleetModelWorker)(nil)
+	_ Forgetter    = (*FleetModelWorker)(nil)
 )
 
 func cloneEntry(e *idemhttp.Entry) *idemhttp.Entry {
@@ -417,8 +418,14 @@ func (w *FleetModelWorker) Prune(_ context.Context, cutoff time.Time) (int, erro
 	return n, nil
 }
 
-// Delete removes an abandoned entry, or a pending one no other worker
-// has begun or claimed since this one wrote it (its lease live or not).
+// Delete withdraws a pending entry this worker holds and nobody sent: its
+// lease is this worker's (live or not: nobody took it since) and no
+// attempt is recorded. Anything else is refused with ErrFenced: a final
+// entry (done, or abandoned: another sender may have sent it before it
+// was abandoned, and without the entry a rerun of its operation would
+// begin afresh under a new key, issue 32's bugFleetExpiredRerun), one
+// another worker has begun or claimed since, one nobody holds (enqueued,
+// or its lease cleared), and one with an attempt recorded.
 func (w *FleetModelWorker) Delete(_ context.Context, key string) error {
 	m := w.m
 	m.mu.Lock()
@@ -427,10 +434,33 @@ func (w *FleetModelWorker) Delete(_ context.Context, key string) error {
 	switch {
 	case !ok:
 		return fmt.Errorf("journal delete %s: %w", key, idemhttp.ErrNotFound)
+	case r.e.State != idemhttp.StatePending:
+		return fmt.Errorf("journal delete %s: %w: the entry is %s", key, idemhttp.ErrFenced, r.e.State)
+	case r.token != w.token:
+		return fmt.Errorf("journal delete %s: %w: the entry is not this worker's", key, idemhttp.ErrFenced)
+	case r.e.Attempts > 0:
+		return fmt.Errorf("journal delete %s: %w: %d attempts are recorded", key, idemhttp.ErrFenced, r.e.Attempts)
+	}
+	m.dropLocked(key, r)
+	return nil
+}
+
+// Forget removes a pending entry no other worker's live lease holds, or
+// an abandoned one: an operator's act, for an entry a person has resolved
+// (see [Forgetter]). A done entry is refused with ErrFenced: only Prune
+// removes it.
+func (w *FleetModelWorker) Forget(_ context.Context, key string) error {
+	m := w.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.byKey[key]
+	switch {
+	case !ok:
+		return fmt.Errorf("journal forget %s: %w", key, idemhttp.ErrNotFound)
 	case r.e.State == idemhttp.StateDone:
-		return fmt.Errorf("journal delete %s: %w: the entry is done", key, idemhttp.ErrFenced)
-	case r.e.State == idemhttp.StatePending && r.token != "" && r.token != w.token:
-		return fmt.Errorf("journal delete %s: %w: another worker took it", key, idemhttp.ErrFenced)
+		return fmt.Errorf("journal forget %s: %w: the entry is done", key, idemhttp.ErrFenced)
+	case r.e.State == idemhttp.StatePending && r.token != "" && r.token != w.token && r.until.After(m.nowLocked()):
+		return fmt.Errorf("journal forget %s: %w: another worker's lease holds it", key, idemhttp.ErrFenced)
 	}
 	m.dropLocked(key, r)
 	return nil
