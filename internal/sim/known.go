@@ -10,8 +10,9 @@ import "net/http"
 // until the fix, which then must make it pass (remove the bug from here
 // then, and unskip the test).
 //
-// Three are open: the server core's bugOwnRow409, and the fleet
-// journal's bugFleetClock and bugFleetExpiredRerun. Every bug of the
+// Two are open: the server core's bugOwnRow409, and the fleet
+// journal's bugFleetClock. The fleet's bugFleetExpiredRerun is fixed
+// (TestFoundFleetExpiredRerun). Every bug of the
 // client it found is fixed (their tests run unskipped: TestKnownBugClockBack,
 // TestKnownBugCacheOnly, the TestFound ones). A bug found next goes here
 // as a constant, with its test, until its fix.
@@ -54,18 +55,8 @@ const bugOwnRow409 = "a refused store after the handler's own COMMIT answers 409
 // one seed in 15,000.
 const bugFleetClock = "the fleet database's clock jumped: entries and leases misjudged (issue 32, first phase)"
 
-// bugFleetExpiredRerun (the fleet's, met once in the first million seeds,
-// at 626964): in a fleet, an operation whose request ran is left pending
-// (its answer lost), a day passes, and its entry is reported past the
-// retention (ErrKeyExpired), as it must be; but a later run of the batch
-// begins the operation anew under a new key, and it runs twice. A file
-// journal keeps the entry abandoned and the operation's key with it; the
-// fleet's (journaltest.FleetModel) lets a Begin of the operation start
-// afresh. Classified by its evidence: a fleet, and a day gone by.
-const bugFleetExpiredRerun = "a fleet's operation past the retention begun again under a new key (issue 32, first phase)"
-
 // KnownBugs lists them, for the test's summary.
-var KnownBugs = []string{bugOwnRow409, bugFleetClock, bugFleetExpiredRerun}
+var KnownBugs = []string{bugOwnRow409, bugFleetClock}
 
 // fleetClockKnown is bugFleetClock if it can explain a failure of this
 // world: a fleet whose database's clock jumped.
@@ -74,9 +65,6 @@ func (w *world) fleetClockKnown() string {
 	defer w.mu.Unlock()
 	if w.fleet != nil && w.dbJumped {
 		return bugFleetClock
-	}
-	if w.fleet != nil && w.stats["a day passes"] > 0 {
-		return bugFleetExpiredRerun
 	}
 	return ""
 }
