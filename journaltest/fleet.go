@@ -43,6 +43,11 @@ import (
 //     than [idemhttp.ClockTolerance] below the latest time the journal
 //     recorded (it was set back), it claims nothing and returns an error
 //     wrapping [idemhttp.ErrClockJump];
+//   - it is a [ClockDoubter]: a clock it finds more than
+//     [idemhttp.ClockTolerance] below the high-water mark makes the mark
+//     the fleet's doubt, for good (entries created up to it are of
+//     unknown age, however far the clock moves on), so that a Client
+//     never resends them when a downtime carries the clock past the mark;
 //   - ClaimPending never hands out a parked entry (one with an
 //     [idemhttp.Entry.NotBefore]) before that time by the fleet's clock;
 //   - Renew extends the worker's own lease, and is refused once another
@@ -109,6 +114,7 @@ func RunFleet(t *testing.T, open func(t *testing.T) *Fleet) {
 		{"WorkerAheadOfClock", testWorkerAhead},
 		{"ClockSetBack", testClockSetBack},
 		{"ClaimSkipsParked", testClaimSkipsParked},
+		{"ClockSetBackThenCarriedPast", testClockSetBackThenCarriedPast},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -741,4 +747,50 @@ func testClaimSkipsParked(t *testing.T, f *Fleet) {
 	assert.Empty(t, claim(t, f.B, 10), "the lease expired, the park has not")
 	f.Shift(f.Lease)
 	assert.ElementsMatch(t, []string{"later", "parked"}, claim(t, f.B, 10), "claimed at their time")
+}
+
+// testClockSetBackThenCarriedPast: issue 32's bugFleetClock (seed 37729).
+// The fleet's clock is set back two hours (a failover to a host whose
+// clock is behind), a worker sees it (its claim is refused), and then
+// three hours of downtime carry the clock past the high-water mark. A
+// pending entry four hours from expiry when the clock was right is past
+// the retention by now (five hours went by), but by the clock only three
+// did: it looks within it. The set-back must outlive the moment it
+// showed: the journal keeps it as its doubt, and a Client does not resend
+// the entry ([idemhttp.ErrClockJump]). Checked to fail with the
+// FleetModel's nowLocked not recording the doubt, and with the PostgreSQL
+// journal's readClockSQL not writing it.
+func testClockSetBackThenCarriedPast(t *testing.T, f *Fleet) {
+	ctx := context.Background()
+	cd, ok := f.B.(ClockDoubter)
+	require.True(t, ok, "a fleet journal is a ClockDoubter")
+	now, err := f.A.Now(ctx)
+	require.NoError(t, err)
+	c, api, url := fleetClient(t, f.B, f.Retention)
+	stale := fleetEntry("stale")
+	stale.URL = url
+	stale.Created = now.Add(-f.Retention + 4*time.Hour).Truncate(time.Millisecond) // four hours from expiry
+	enqueue(t, f.A, stale)
+	f.Shift(2 * time.Hour)
+	_, err = f.A.Begin(ctx, fleetEntry("latest"))
+	require.NoError(t, err)
+	doubt, err := cd.ClockDoubt(ctx)
+	require.NoError(t, err)
+	assert.True(t, doubt.IsZero(), "no set-back yet: %v", doubt)
+	f.Shift(-2 * time.Hour) // the clock is set back
+	_, err = f.B.ClaimPending(ctx, 10)
+	require.ErrorIs(t, err, idemhttp.ErrClockJump, "the set-back shows")
+	f.Shift(3 * time.Hour) // downtime: the clock passes the mark
+
+	doubt, err = cd.ClockDoubt(ctx)
+	require.NoError(t, err)
+	assert.False(t, doubt.Before(now.Add(2*time.Hour-time.Second)), "the doubt is the mark when the set-back showed: %v", doubt)
+	res, err := c.Resume(ctx, nil)
+	require.NoError(t, err)
+	require.NotEmpty(t, res, "the claim hands the entries out, for their Client to report")
+	for _, r := range res {
+		assert.ErrorIs(t, r.Err, idemhttp.ErrClockJump, "%s", r.Entry.Key)
+	}
+	assert.Zero(t, api.count(stale.Body), "an entry of unknown age was resent")
+	assert.NotEqual(t, idemhttp.StateDone, state(t, f.B, "stale"), "left for a person")
 }

@@ -40,6 +40,7 @@ type FleetModel struct {
 	byKey  map[string]*modelRow
 	byOp   map[string]string
 	high   time.Time
+	doubt  time.Time // the mark when the clock was found set back below it: see ClockDoubt
 	tokens int
 	seq    uint64 // rows inserted, for the order of rows created at one instant
 }
@@ -117,12 +118,20 @@ func (m *FleetModel) Entries() []*idemhttp.Entry {
 	return out
 }
 
+// nowLocked reads the clock, and notes a set-back it shows: a clock more
+// than idemhttp.ClockTolerance below the high-water mark makes the mark
+// the doubt (see ClockDoubt), for good. Every call that reads the clock
+// looks, as the PostgreSQL journal's do.
 func (m *FleetModel) nowLocked() time.Time {
 	now := time.Now()
 	if m.clock != nil {
 		now = m.clock()
 	}
-	return now.Add(m.skew).Round(0)
+	now = now.Add(m.skew).Round(0)
+	if m.high.After(now.Add(idemhttp.ClockTolerance)) && m.high.After(m.doubt) {
+		m.doubt = m.high
+	}
+	return now
 }
 
 func (m *FleetModel) raiseLocked(ts ...time.Time) {
@@ -176,6 +185,7 @@ var (
 	_ ClockJournal = (*FleetModelWorker)(nil)
 	_ Retainer     = (*FleetModelWorker)(nil)
 	_ Forgetter    = (*FleetModelWorker)(nil)
+	_ ClockDoubter = (*FleetModelWorker)(nil)
 )
 
 func cloneEntry(e *idemhttp.Entry) *idemhttp.Entry {
@@ -210,6 +220,22 @@ func (w *FleetModelWorker) HighWater(context.Context) (time.Time, error) {
 	w.m.mu.Lock()
 	defer w.m.mu.Unlock()
 	return w.m.high, nil
+}
+
+// ClockDoubt returns the latest time the journal held when its clock was
+// found set back below it (the high-water mark then), the zero Time if it
+// never was: an entry created at or before it is of unknown age for good,
+// whatever the clock says since (a clock set back and then carried past
+// the mark by a day's downtime makes such an entry look younger than it
+// is). A Client resends, reuses and refetches none of them
+// ([idemhttp.ErrClockJump]); ClaimPending still hands them out (its
+// Client reports each) or abandons them past the retention. It only
+// grows, and is the fleet's: every worker sees it.
+func (w *FleetModelWorker) ClockDoubt(context.Context) (time.Time, error) {
+	w.m.mu.Lock()
+	defer w.m.mu.Unlock()
+	w.m.nowLocked() // a set-back showing now counts
+	return w.m.doubt, nil
 }
 
 // Retain tells the worker its Client's retention: ClaimPending then

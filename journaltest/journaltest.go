@@ -81,6 +81,17 @@ type (
 		Now(ctx context.Context) (time.Time, error)
 	}
 
+	// ClockDoubter is a journal that keeps, for good, the times it held
+	// when it found its clock set back by an amount nobody measured
+	// (filejournal.Journal's; a fleet journal's, which finds its
+	// database's clock below the high-water mark): an entry created at or
+	// before ClockDoubt's time is of unknown age, and a Client resends,
+	// reuses and refetches none of them (idemhttp.ErrClockJump), however
+	// far the clock has moved since. The zero Time means none.
+	ClockDoubter interface {
+		ClockDoubt(ctx context.Context) (time.Time, error)
+	}
+
 	// Forgetter is a journal with an operator's removal of entries a
 	// person has resolved (idemctl prune -include-pending): Forget removes
 	// a pending (no live lease of another worker's holding it) or
