@@ -188,7 +188,10 @@ func (s *TxServer) settle(ctx context.Context, w http.ResponseWriter, tx *Tx, q 
 				hdr = w.Header()
 			}
 			var v servercore.Verdict
-			step, v = q.Rechecked(servercore.Claim{Err: err, Found: servercore.RowFound(row), Fingerprint: c.fp}, hdr)
+			// The token tells the core whether the row is the request's
+			// own claim row, which only the handler's COMMIT can have
+			// committed.
+			step, v = q.Rechecked(servercore.Claim{Err: err, Found: servercore.RowFound(row), Fingerprint: c.fp, Token: c.token}, hdr)
 			if step.Phase == servercore.Answered {
 				if w != nil {
 					answer(w, c.key, v)

@@ -524,16 +524,3 @@ func (w *world) crashServer(p *serverProc, where string) {
 
 // pool names p's connections to the database.
 func (p *serverProc) pool() string { return "server-" + strconv.Itoa(p.n) }
-
-// opOfStoreKey returns the operation a handler charged under storeKey,
-// -1 if none did.
-func (w *world) opOfStoreKey(storeKey string) int {
-	w.ledger.mu.Lock()
-	defer w.ledger.mu.Unlock()
-	for _, e := range w.ledger.drawn {
-		if e.storeKey == storeKey {
-			return e.op
-		}
-	}
-	return -1
-}
