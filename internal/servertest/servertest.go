@@ -306,7 +306,10 @@ const SecretKey = "op-7f3a-9c1d-not-for-logs"
 // App's Logger writing to a buffer, and checks that no record of the
 // target's shell carries the key (a key names an operation whose stored
 // response it can fetch): each names it by its digest only
-// (idemserver.KeyDigest), and some do, or the scan saw nothing.
+// (idemserver.KeyDigest), and some do, or the scan saw nothing. A
+// scenario that runs a key of its own (a literal rather than f.k) fails
+// here: its log would go unscanned. Checked to fail with the 101
+// scenario sending "k".
 func RunLogs(t *testing.T, newTarget func(t *testing.T, app *App) *Target) {
 	t.Helper()
 	digest := "key_digest=" + idemserver.KeyDigest(SecretKey)
@@ -324,6 +327,11 @@ func RunLogs(t *testing.T, newTarget func(t *testing.T, app *App) *Target) {
 				t.Skip("the target cannot make this fault")
 			}
 			sc.run(t, &fixture{t: t, app: app, tg: tg, k: SecretKey})
+			app.mu.Lock()
+			for k := range app.runs {
+				assert.Equal(t, SecretKey, k, "the scenario ran a key of its own (send f.k): its log is not scanned")
+			}
+			app.mu.Unlock()
 			out := log.String()
 			assert.NotContains(t, out, SecretKey, "a log record holds the key")
 			named.Add(int64(strings.Count(out, digest)))
