@@ -148,6 +148,7 @@ func (*steadyClock) afterFunc(d time.Duration, f func()) timer { return time.Aft
 type renewal struct {
 	r          *renewer
 	key, token string
+	idemKey    string // the key as the client sent it, for the log's digest
 	// ctx carries the request's values (not its cancellation) to the
 	// Renew calls the renewer makes on the request's behalf, so that
 	// traces and loggers see them; it lives no longer than the request.
@@ -162,11 +163,11 @@ type renewal struct {
 	inFlight   sync.WaitGroup // an attempt's goroutine, for stop
 }
 
-// start registers the claim on key held by token, whose Claim was sent
-// at claimed.
-func (rn *renewal) start(ctx context.Context, h *handler, key, token string, claimed time.Time) {
+// start registers the claim on key (the store's, scoped: idemKey is the
+// client's) held by token, whose Claim was sent at claimed.
+func (rn *renewal) start(ctx context.Context, h *handler, key, idemKey, token string, claimed time.Time) {
 	r := h.renewer
-	rn.r, rn.key, rn.token, rn.ctx = r, key, token, ctx
+	rn.r, rn.key, rn.idemKey, rn.token, rn.ctx = r, key, idemKey, token, ctx
 	now := r.clock.now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -229,11 +230,11 @@ func (r *renewer) renew(ctx context.Context, rn *renewal, cancel context.CancelF
 	case errors.Is(err, ErrClaimLost):
 		// Nothing to keep: the Complete after the handler will fail too,
 		// and log that the response was not stored.
-		r.h.logger.ErrorContext(rn.ctx, "idemserver: claim lost while the handler ran; a retry may run it again", "error", err)
+		r.h.logger.ErrorContext(rn.ctx, "idemserver: claim lost while the handler ran; a retry may run it again", r.h.logKey(rn.idemKey), "error", err)
 		r.h.hooks.renewFailed(rn.ctx, true, err)
 	case err != nil:
 		// The store may be back before the lock times out: try again soon.
-		r.h.logger.ErrorContext(rn.ctx, "idemserver: renewing the claim failed; trying again", "error", err)
+		r.h.logger.ErrorContext(rn.ctx, "idemserver: renewing the claim failed; trying again", r.h.logKey(rn.idemKey), "error", err)
 		r.h.hooks.renewFailed(rn.ctx, false, err)
 	}
 	now := r.clock.now()
