@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -391,27 +390,11 @@ func (w *world) startClient(m *machine) *clientProc {
 		p.fj = &fleetJournal{FleetModelWorker: w.fleet.Worker(fmt.Sprintf("m%d", m.id)), w: w, p: p}
 		j = p.fj
 	} else {
-		w.quietDisk.Store(true)
-		fj, err := filejournal.Open(journalPath, &filejournal.Options{
-			FS:    procFS{d: m.disk, p: p},
-			Clock: m.clock,
-			// The uptime clock: one boot for the world, its time the
-			// bubble's since the world began, as the process's own
-			// clock was, but named the same in every process (the
-			// default names the process's boot by a random id, and its
-			// time from the package's start, outside the bubble: the
-			// clock's witness records then differed from one process to
-			// the next, and so did a seed's trace).
-			Uptime:        func() (string, time.Duration) { return "sim", time.Since(w.t0) },
-			Rand:          rand.NewChaCha8(w.seedBytes(uint64(p.n))),
-			PruneInterval: -1,
-		})
-		if err != nil {
-			w.quietDisk.Store(false)
-			w.failKnown(invJournal, -1, w.cacheKnown(), "client %d: the journal does not open after a crash: %v", p.n, err)
-			p.dead.Store(true)
+		fj := w.openJournal(p)
+		if fj == nil {
 			return p
 		}
+		w.quietDisk.Store(true)
 		if err := fj.Verify(context.Background()); err != nil {
 			w.failKnown(invJournal, -1, w.cacheKnown(), "client %d: the journal does not verify: %v", p.n, err)
 		}

@@ -81,6 +81,14 @@ type Config struct {
 	StoreFault int // permille of the store's calls (the database's statements) refused, out of memory, their answer lost, or hung
 	Partitions int // the store cut off for a while, every call hanging
 	StoreJumps int // jumps of the store's (the database's) clock
+
+	// What a caller meets besides (issue 32 §1.1/§1.2, the items the
+	// first phase left out: open.go, classifier.go, getbody.go).
+	OpenFaults bool // the journal's open meets the disk's faults: it fails, and the job is restarted to open it again
+	OpenErr    int  // permille of the open's changing calls (writes, syncs, truncations, removals, creates) that fail with EIO or ENOSPC
+	OpenCut    int  // percent of the opens with faults cut by a power cut at one of their disk calls
+	BodyChange int  // percent of the streamed calls whose GetBody gives other bytes than the first body
+	Classify   int  // percent of the kinds of answer (a status, a kind of error) a wrong Policy.Classify gives a verdict of its own
 }
 
 // ConfigFor draws the world of seed: small (a failure is easier to read
@@ -158,6 +166,14 @@ func ConfigFor(seed uint64) Config {
 	c.StoreFault = on(20, 150)
 	c.Partitions = on(1, 2)
 	c.StoreJumps = on(1, 2)
+	r = rand.New(rand.NewPCG(seed, 0xc11e27))
+	c.OpenFaults = r.IntN(2) == 0
+	if c.OpenFaults {
+		c.OpenErr = 20 + r.IntN(231)
+		c.OpenCut = on(10, 50)
+	}
+	c.BodyChange = on(20, 100)
+	c.Classify = on(10, 60)
 	return c
 }
 
