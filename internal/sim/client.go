@@ -449,6 +449,9 @@ func (w *world) startClient(m *machine) *clientProc {
 		if w.cfg.Pace > 0 {
 			pol.Pacer = pacer{w: w}
 		}
+		if w.cfg.Classify > 0 {
+			pol.Classify = w.classifier
+		}
 		p.cs = append(p.cs, &idemhttp.Client{
 			HTTPClient:     hc,
 			Policy:         pol,

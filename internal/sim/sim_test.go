@@ -68,7 +68,8 @@ var PlantedTags = []string{
 	"idemhttp_bug_completeonce", // a Streamed Complete tried once: no retry while the claim's lock is live
 	"idemhttp_bug_giveupstored", // a Transactional handler that gave up kept as an empty 200, its transaction committed
 	// Issue 32's client items the first phase left out:
-	"idemhttp_bug_opensettle", // the journal's open goes on after its settling of the last batch failed
+	"idemhttp_bug_opensettle",        // the journal's open goes on after its settling of the last batch failed
+	"idemhttp_bug_classifiednotsent", // a failed attempt Policy.Classify asked to retry counts as not sent
 }
 
 // raceSeeds is how many seeds TestSim runs under the race detector

@@ -504,12 +504,15 @@ func (w *world) collect(c *call) {
 				w.fail(invUnwanted, c.op, "call %d of op %d: refused for want of an operation id, yet not reported not-sent: %v", c.id, c.op, errText(c.err))
 			}
 			w.opNamed[c.op] = true
+		case w.classifierCaused(c):
+			// The caller's classifier returned the status, or declared
+			// a mismatch: its doing (classifier.go).
 		case c.class == outStatus:
 			w.failKnown(invUnwanted, c.op, w.statusKnown(c.op, c.status), "call %d of op %d: status %d %v", c.id, c.op, c.status, errText(c.err))
 		case c.class == outAmbiguous && unwanted(c.err):
 			w.fail(invUnwanted, c.op, "call %d of op %d: %v", c.id, c.op, errText(c.err))
 		}
-		if c.class.final() {
+		if c.class.final() || w.classifierCaused(c) {
 			w.final[c.op] = true
 		}
 		if (refused || c.class == outNotSent && !c.named) && !p.exiting && !p.dead.Load() {
