@@ -612,7 +612,7 @@ func (w *world) request(ctx context.Context, c *call) *http.Request {
 	if stream {
 		// A body streamed from elsewhere, which GetBody can produce
 		// again (a file, a blob store).
-		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+		req.GetBody = w.getBody(c, body)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", secretAuth)
@@ -702,6 +702,9 @@ func keyText(c *call) string {
 
 func streamText(w *world, c *call) string {
 	if w.draw(100, "stream", c.id) < w.cfg.Stream {
+		if w.draw(100, "bodychange", c.id) < w.cfg.BodyChange {
+			return " streamed, its GetBody changed"
+		}
 		return " streamed"
 	}
 	return ""

@@ -70,6 +70,7 @@ var PlantedTags = []string{
 	// Issue 32's client items the first phase left out:
 	"idemhttp_bug_opensettle",        // the journal's open goes on after its settling of the last batch failed
 	"idemhttp_bug_classifiednotsent", // a failed attempt Policy.Classify asked to retry counts as not sent
+	"idemhttp_bug_getbodyrewind",     // a retry's body taken from the caller's GetBody again, unchecked
 }
 
 // raceSeeds is how many seeds TestSim runs under the race detector
