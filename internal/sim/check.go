@@ -264,7 +264,7 @@ func (w *world) checkEnd() {
 		if c.resume {
 			for _, r := range c.results {
 				if r.Err == nil && r.StatusCode/100 == 2 {
-					success(fmt.Sprintf("call %d (resume)", c.id), w.opOfKey(r.Entry.Key), r.Body)
+					success(fmt.Sprintf("call %d (resume)", c.id), w.opOfKey(r.Entry.Key), decoded(r.Header, r.Body))
 				}
 			}
 			continue

@@ -373,7 +373,7 @@ const (
 	secretPrepared = "simulated_PREPARED_SECRET"
 )
 
-var secrets = []string{"AUTH_SECRET", "COOKIE_SECRET", "HEADER_SECRET", "PREPARED_SECRET"}
+var secrets = []string{"AUTH_SECRET", "COOKIE_SECRET", "HEADER_SECRET", "PREPARED_SECRET", locationSecret}
 
 // startClient starts a run of the client process on m: it opens the
 // journal, checks it (invariants 5 to 7), and queues the batch; Resume
@@ -624,6 +624,9 @@ func (w *world) request(ctx context.Context, c *call) *http.Request {
 	if c.key != "" {
 		req.Header.Set("Idempotency-Key", c.key)
 	}
+	if w.cfg.AcceptGzip {
+		req.Header.Set("Accept-Encoding", "gzip") // the job decodes what it reads (readAnswer)
+	}
 	return req
 }
 
@@ -667,7 +670,7 @@ func (w *world) startCall(p *clientProc) {
 		}
 		resp, err := do(req)
 		if err == nil {
-			c.body, err = io.ReadAll(resp.Body)
+			c.body, err = readAnswer(resp)
 			_ = resp.Body.Close()
 			c.status = resp.StatusCode
 			c.replayed = idemhttp.Replayed(resp)

@@ -89,6 +89,11 @@ type Config struct {
 	OpenCut    int  // percent of the opens with faults cut by a power cut at one of their disk calls
 	BodyChange int  // percent of the streamed calls whose GetBody gives other bytes than the first body
 	Classify   int  // percent of the kinds of answer (a status, a kind of error) a wrong Policy.Classify gives a verdict of its own
+
+	// Kept results as the caller reads them (issue 31 §1.6, §1.7; results.go).
+	Gzip           int  // percent of the operations whose answers the server gzip-encodes
+	AcceptGzip     bool // the caller asks for gzip itself (Accept-Encoding) and decodes what it reads
+	SignedLocation bool // the server's answers carry Location: a signed URL of the charge, its signature a secret
 }
 
 // ConfigFor draws the world of seed: small (a failure is easier to read
@@ -174,6 +179,9 @@ func ConfigFor(seed uint64) Config {
 	}
 	c.BodyChange = on(20, 100)
 	c.Classify = on(10, 60)
+	c.Gzip = on(30, 100)
+	c.AcceptGzip = r.IntN(2) == 0
+	c.SignedLocation = r.IntN(2) == 0
 	return c
 }
 

@@ -71,6 +71,8 @@ var PlantedTags = []string{
 	"idemhttp_bug_opensettle",        // the journal's open goes on after its settling of the last batch failed
 	"idemhttp_bug_classifiednotsent", // a failed attempt Policy.Classify asked to retry counts as not sent
 	"idemhttp_bug_getbodyrewind",     // a retry's body taken from the caller's GetBody again, unchecked
+	"idemhttp_bug_resultencoding",    // a kept result loses its Content-Encoding
+	"idemhttp_bug_resulturl",         // a kept result's URL-valued headers kept as the server wrote them
 }
 
 // raceSeeds is how many seeds TestSim runs under the race detector
