@@ -732,11 +732,11 @@ func (w *world) startCompact(p *clientProc) {
 func (w *world) startResume(p *clientProc) {
 	c := w.newCall(p, -1, true)
 	p.resume = c
-	w.tracef("call %d: resume", c.id)
+	w.tracef("call %d: resume%s", c.id, map[bool]string{true: " of the whole journal"}[p.fj != nil && w.scans(c)])
 	ctx := context.WithValue(p.ctx, callKey{}, c)
 	go func() {
 		opts := &idemhttp.ResumeOptions{Concurrency: 1}
-		if p.fj != nil {
+		if p.fj != nil && !w.scans(c) {
 			es, err := p.rec.claim(ctx, 16)
 			if err != nil {
 				c.resumeErr = err

@@ -94,6 +94,9 @@ type Config struct {
 	Gzip           int  // percent of the operations whose answers the server gzip-encodes
 	AcceptGzip     bool // the caller asks for gzip itself (Accept-Encoding) and decodes what it reads
 	SignedLocation bool // the server's answers carry Location: a signed URL of the charge, its signature a secret
+
+	// A fleet's workers that also run Resume without Entries (fleetscan.go).
+	FleetScan int // percent of a fleet's Resumes that resend every pending entry of the shared journal, not what the worker claimed
 }
 
 // ConfigFor draws the world of seed: small (a failure is easier to read
@@ -182,6 +185,7 @@ func ConfigFor(seed uint64) Config {
 	c.Gzip = on(30, 100)
 	c.AcceptGzip = r.IntN(2) == 0
 	c.SignedLocation = r.IntN(2) == 0
+	c.FleetScan = on(20, 80)
 	return c
 }
 

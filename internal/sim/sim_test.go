@@ -73,6 +73,7 @@ var PlantedTags = []string{
 	"idemhttp_bug_getbodyrewind",     // a retry's body taken from the caller's GetBody again, unchecked
 	"idemhttp_bug_resultencoding",    // a kept result loses its Content-Encoding
 	"idemhttp_bug_resulturl",         // a kept result's URL-valued headers kept as the server wrote them
+	"idemhttp_bug_resumeprunes",      // Resume without Entries prunes a journal that prunes itself, by the caller's clock
 }
 
 // raceSeeds is how many seeds TestSim runs under the race detector
