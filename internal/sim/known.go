@@ -85,7 +85,12 @@ func (w *world) fleetClockKnown() string {
 // one effect, "" if none does. None does since the journal measures a
 // clock set back, or keeps that it cannot (bugClockBack, fixed:
 // TestKnownBugClockBack).
-func (w *world) onceKnown(int) string { return w.fleetClockKnown() }
+func (w *world) onceKnown(op int) string {
+	if k := w.fleetScanKnown(op); k != "" {
+		return k
+	}
+	return w.fleetClockKnown()
+}
 
 // cacheKnown is the known bug that explains a journal that does not
 // open, verify or keep an acknowledged Begin, "" if none does. None
