@@ -10,8 +10,10 @@ import "net/http"
 // until the fix, which then must make it pass (remove the bug from here
 // then, and unskip the test).
 //
-// Three are open: the server core's bugOwnRow409, and the fleet
-// journal's bugFleetClock and bugFleetExpiredRerun. Every bug of the
+// Four are open: the server core's bugOwnRow409, the fleet journal's
+// bugFleetClock and bugFleetExpiredRerun, and the client's
+// bugFleetScanUnleased (in fleetscan.go, with the dimension that found
+// it). Every bug of the
 // client it found is fixed (their tests run unskipped: TestKnownBugClockBack,
 // TestKnownBugCacheOnly, the TestFound ones). A bug found next goes here
 // as a constant, with its test, until its fix.
