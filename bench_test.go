@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"sync"
@@ -149,7 +150,9 @@ func BenchmarkDo(b *testing.B) {
 // these medians repeat within about ±0.5% where ratios of means move by
 // ±5%. They are what bench/README.md quotes. "+key" is a fresh
 // Idempotency-Key set by the caller: the server parses one more header for
-// any keyed client, a cost of idempotency itself.
+// any keyed client, a cost of idempotency itself. Under -test.trace each
+// request is a region named by its client (go tool trace, "User-defined
+// regions"), so that where each client's time goes can be compared.
 func BenchmarkDoInterleaved(b *testing.B) {
 	srv := newChargeServer(b)
 	n := len(benchClients)
@@ -167,7 +170,11 @@ func BenchmarkDoInterleaved(b *testing.B) {
 		for k := range n {
 			i := (k + round) % n
 			start := time.Now()
-			sendCharge(b, srv.URL, clients[i])
+			if trace.IsEnabled() { // -test.trace: one region per request, named by client
+				trace.WithRegion(context.Background(), benchClients[i].name, func() { sendCharge(b, srv.URL, clients[i]) })
+			} else {
+				sendCharge(b, srv.URL, clients[i])
+			}
 			took[i] = time.Since(start)
 			spent[i] += took[i]
 		}

@@ -517,15 +517,19 @@ func (v *verifyingBody) fail() (int, error) {
 }
 
 // Close closes the source, and tells the reference that this body can
-// no longer reach the server whole, if it has not already.
+// no longer reach the server whole, the first time it is called.
 func (v *verifyingBody) Close() error {
 	v.mu.Lock()
 	first := !v.isClosed
 	v.isClosed = true
 	v.mu.Unlock()
-	if first {
-		v.ref.closed(v.k)
+	if !first {
+		// Closed already (by the call unwinding a panic, or by
+		// net/http's Client following a redirect): the caller's body is
+		// closed once, as net/http closes a request's body once.
+		return nil
 	}
+	v.ref.closed(v.k)
 	return v.src.Close()
 }
 
@@ -616,6 +620,10 @@ type streamed struct {
 	// handFirst: the engine sends the first attempt too (config.engineFirst,
 	// for tests): its first rewind hands over first.
 	handFirst bool
+	// last is the latest body from getBody: the engine makes an attempt's
+	// body before its hooks run (Pacer.Wait, OnAttempt), so a panic there
+	// leaves it unsent, and only the call can close it.
+	last *verifyingBody
 }
 
 // body is the engine's ReaderFunc for a streamed request: a body from
@@ -637,5 +645,6 @@ func (a *operation) body() (io.Reader, error) {
 	}
 	v := &verifyingBody{}
 	v.reset(a.req.Context(), rc, &a.stream.ref, a.bodyLen, true)
+	a.stream.last = v
 	return v, nil
 }

@@ -511,6 +511,9 @@ func (a *operation) proceed(ctx context.Context, req *http.Request, key string, 
 		// through an io.Pipe has its writer freed.
 		if st := a.stream; st != nil {
 			st.first.closeIfOpen()
+			if st.last != nil {
+				st.last.closeIfOpen() // a later attempt's, made before its hooks ran
+			}
 			return
 		}
 		closeStreamed()

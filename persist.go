@@ -114,7 +114,11 @@ type Outcome struct {
 // which asserts them): HighWater (the latest time ever recorded, to see a
 // clock set back), Now (a clock of its own, which ages its entries: a
 // fleet's shared database's), Retain (the client's Policy.Retention, for a
-// journal that prunes by itself) and PendingCount (for Client.Stats).
+// journal that prunes by itself), PendingCount (for Client.Stats) and
+// ClaimPending (a journal a fleet shares: a key minted for a call may be
+// sent by another worker the moment Begin returns, so a 409 to its first
+// attempt may be that worker's request in progress). A wrapper that does
+// not forward them turns those rules off.
 // [github.com/idemkit/idemhttp/filejournal.Journal] is the embedded
 // default; the journaltest package holds the conformance suite every
 // implementation must pass.

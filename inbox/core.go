@@ -55,6 +55,13 @@ const (
 	// that fails (or a crash before it) leaves a message that comes back
 	// exhausted and is dead-lettered on arrival, without running again.
 	StateDeadLettering
+	// StateTombstoning: the core decided to dead-letter the message; its
+	// tombstone is being written (OpTombstone): the inbox marks its id
+	// dead-lettered, in a transaction that conflicts with the effect's,
+	// so that of a dead letter and an effect of one message only one
+	// commits. Its answer says the effect won (the message is acked), or
+	// the dead letter goes ahead.
+	StateTombstoning
 
 	// StateAcked (final): settled as done. The effect committed, or the
 	// message was a duplicate.
@@ -87,7 +94,7 @@ const (
 	stateCount = iota
 )
 
-var stateNames = [stateCount]string{"received", "checking", "running", "failing", "releasing", "closing", "dead-lettering",
+var stateNames = [stateCount]string{"received", "checking", "running", "failing", "releasing", "closing", "dead-lettering", "tombstoning",
 	"acked", "retrying", "deferred", "handed-back", "released", "dead-lettered", "stopped", "dead-letter-failed"}
 
 // String returns the state's name, as docs/consumer.md spells it.
@@ -107,9 +114,10 @@ func (s State) Final() bool { return s >= StateAcked }
 // failure, a dead letter after a shutdown, anything out of a final state.
 var moves = [stateCount][]State{
 	StateReceived:      {StateChecking, StateRunning, StateHandedBack, StateDeadLettering, StateStopped},
-	StateChecking:      {StateRunning, StateAcked, StateDeadLettering, StateDeferred},
+	StateChecking:      {StateRunning, StateAcked, StateDeadLettering, StateDeferred, StateTombstoning},
 	StateRunning:       {StateAcked, StateClosing, StateHandedBack, StateFailing, StateReleasing},
-	StateFailing:       {StateRetrying, StateClosing, StateDeadLettering, StateDeferred},
+	StateFailing:       {StateRetrying, StateClosing, StateDeadLettering, StateDeferred, StateTombstoning},
+	StateTombstoning:   {StateDeadLettering, StateClosing, StateDeferred},
 	StateReleasing:     {StateReleased},
 	StateDeadLettering: {StateClosing, StateDeadLettered, StateDeadLetterFailed},
 	StateClosing:       {StateAcked, StateHandedBack, StateDeadLettered},
@@ -143,11 +151,25 @@ const (
 	// shutdown): Running - 1.
 	OpExcuse
 	// OpForget: the message is settled for good (done, or dead-lettered
-	// and the shell said the dead letter is done): its record goes.
+	// and the shell said the dead letter is done): its record goes. A
+	// tombstone (OpTombstone) stays.
 	OpForget
+	// OpTombstone: the message is to be dead-lettered. The ledger marks
+	// its id dead-lettered in the inbox (a tombstone), in a write that
+	// conflicts with the effect's transaction on the inbox's row of the
+	// id: of the two, the first to commit wins. When the effect committed
+	// first, it writes nothing and answers Record{Processed: true} (the
+	// core acks); otherwise the answer says DeadLettered, with the
+	// record's counts. An effect's transaction that meets the tombstone
+	// runs nothing and fails with [ErrDeadLettered], and the answers to
+	// OpBegin, OpFail and OpFailBegun say DeadLettered (and write
+	// nothing) until the tombstone is cleared ([SQLLedger.Redrive]) or
+	// pruned. A ledger that sees no inbox ([MemoryLedger]) writes nothing
+	// and answers the record.
+	OpTombstone
 )
 
-var opNames = [...]string{"none", "begin", "fail", "fail-begun", "excuse", "forget"}
+var opNames = [...]string{"none", "begin", "fail", "fail-begun", "excuse", "forget", "tombstone"}
 
 // String returns the write's name.
 func (o Op) String() string {
@@ -280,6 +302,13 @@ type Record struct {
 	// Running counts the handler runs begun (OpBegin) and not ended: runs
 	// the process died in, unless one is live elsewhere at this moment.
 	Running int
+	// DeadLettered is true when the inbox holds the message's tombstone
+	// (OpTombstone): it was dead-lettered, or is being, and its effect
+	// can no longer commit. The answers to OpBegin, OpFail and
+	// OpFailBegun say it (and then nothing was written): the core
+	// dead-letters the delivery, unrun and uncounted (at least one copy
+	// must land: the first one's answer may have been lost).
+	DeadLettered bool
 }
 
 // failed is how many of the message's runs failed, by r: counted
@@ -290,6 +319,13 @@ func (r Record) failed() int { return max(r.Failures, 0) + max(r.Running, 0) }
 // as often as [Retry] allows (some of them, typically, by killing their
 // process): it is dead-lettered without running again.
 var ErrExhausted = errors.New("inbox: the message's handler failed as often as allowed")
+
+// ErrDeadLettered: the message was dead-lettered (the inbox holds its
+// tombstone, see [OpTombstone]): an inbox's Handle runs nothing for it,
+// and the core dead-letters the delivery again, unrun. An operator who
+// redrives dead letters clears their tombstones first
+// ([SQLLedger.Redrive]); a tombstone also goes when the inbox prunes it.
+var ErrDeadLettered = errors.New("inbox: the message was dead-lettered (its tombstone is in the inbox)")
 
 // errRefused is a [Decision]'s Err for a move the core refused.
 var errRefused = errors.New("inbox: the message core refused a move (a bug in the adapter)")
@@ -436,11 +472,16 @@ func (d *Delivery) Recorded(rec Record, err error) Decision {
 		case rec.Processed:
 			// Done before (the inbox holds its id); OpBegin wrote nothing.
 			return d.settle(StateAcked, Decision{Verb: VerbAck})
+		case rec.DeadLettered:
+			// Dead-lettered before (its tombstone is in the inbox); OpBegin
+			// wrote nothing. Again, unrun: that dead letter's answer may
+			// have been lost, and this is the copy that must land.
+			return d.deadLetter(true, Decision{Verb: VerbDeadLetter, Err: ErrDeadLettered, Failures: rec.failed(), Report: true})
 		case d.exhausted(rec.failed()):
 			// Its runs failed as often as allowed already, some by
 			// killing their process: not run again.
 			d.began = true
-			return d.deadLetter(true, Decision{Verb: VerbDeadLetter,
+			return d.tombstone(Decision{Verb: VerbDeadLetter,
 				Err: fmt.Errorf("%w: %d failed runs", ErrExhausted, rec.failed()), Failures: rec.failed(), Report: true})
 		}
 		d.began = true
@@ -459,9 +500,15 @@ func (d *Delivery) Recorded(rec Record, err error) Decision {
 			// dead letter replayed would run the effect again).
 			return d.closeThen(OpForget, StateAcked, Decision{Verb: VerbAck})
 		}
+		if rec.DeadLettered {
+			// Another delivery dead-lettered the message while this one
+			// ran (its effect's transaction met the tombstone): nothing
+			// was counted; dead-lettered again, as on arrival.
+			return d.deadLetter(true, Decision{Verb: VerbDeadLetter, Err: ErrDeadLettered, Failures: rec.failed(), Report: true})
+		}
 		n := rec.failed()
 		if d.exhausted(n) {
-			return d.deadLetter(true, Decision{Verb: VerbDeadLetter, Err: d.cause, Failures: n, Report: true})
+			return d.tombstone(Decision{Verb: VerbDeadLetter, Err: d.cause, Failures: n, Report: true})
 		}
 		_, limited := d.policy.Retry.Limit()
 		return d.settle(StateRetrying, Decision{Verb: VerbRequeue, Delay: d.policy.Retry.After(max(n, 1)), Err: d.cause,
@@ -476,12 +523,39 @@ func (d *Delivery) Recorded(rec Record, err error) Decision {
 			n = rec.failed()
 		}
 		return d.settle(StateReleased, Decision{Verb: VerbRelease, Failures: n, Err: d.cause})
+	case StateTombstoning:
+		dec := d.then
+		d.then = Decision{}
+		switch {
+		case err != nil:
+			// Unknown whether the tombstone is there: back after the
+			// delay, uncounted; if it is, the next delivery is
+			// dead-lettered on arrival.
+			return d.settle(StateDeferred, Decision{Verb: VerbRequeue, Delay: d.policy.Retry.After(max(dec.Failures, 1)), Err: dec.Err,
+				Failures: dec.Failures})
+		case rec.Processed:
+			// The effect committed first (a run live elsewhere, or one
+			// whose commit's answer was lost): done, never dead-lettered.
+			return d.closeThen(OpForget, StateAcked, Decision{Verb: VerbAck})
+		}
+		return d.deadLetter(true, dec)
 	case StateClosing:
 		dec := d.then
 		d.then = Decision{}
 		return d.settle(d.thenSt, dec)
 	}
 	return d.refuse(StateRunning)
+}
+
+// tombstone moves d to StateTombstoning, where the message's tombstone is
+// written (OpTombstone) before the dead letter dec.
+func (d *Delivery) tombstone(dec Decision) Decision {
+	if !d.advance(StateTombstoning) {
+		return Decision{Err: errRefused}
+	}
+	d.pending = OpTombstone
+	d.then = dec
+	return Decision{Write: OpTombstone}
 }
 
 // deadLetter moves d to StateDeadLettering with dec (VerbDeadLetter),
@@ -510,7 +584,7 @@ func (d *Delivery) DeadLettered(err error) Decision {
 	if d.state != StateDeadLettering || d.pending != OpNone {
 		return d.refuse(StateDeadLettered)
 	}
-	if err != nil {
+	if err != nil && !plant.ForgetDeadLetter { // a planted bug (internal/plant), false but in a test build
 		n := 0
 		if d.forget {
 			n = d.rec.failed()

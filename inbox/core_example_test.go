@@ -77,3 +77,35 @@ func ExampleRunner() {
 	// dead-lettering dead-letter after 2 failed runs
 	// dead-lettered
 }
+
+// The dead letter's tombstone: on the last allowed failure the core asks
+// the ledger to write the message's tombstone before the dead letter.
+// Here another delivery of the message (one whose ack wait ended, a
+// Kafka zombie's) committed its effect first: the tombstone's answer
+// says so, and the core acks instead of dead-lettering. With a ledger of
+// an inbox (inbox.SQL.Ledger) the tombstone and the effect conflict on
+// the inbox's row of the id, so only one of them commits; an operator
+// clears a dead letter's tombstone with SQLLedger.Redrive before
+// redriving it.
+func ExampleOpTombstone() {
+	k := inbox.Key{ID: "order-42"}
+	d := inbox.NewDelivery(inbox.Policy{Retry: inbox.Retry{MaxDeliveries: 1}})
+	dec := d.Arrive(inbox.Arrival{HasID: true})
+	fmt.Println(d.State(), dec.Verb)
+	dec = d.Returned(inbox.Ending{Err: errors.New("cannot parse")})
+	answers := map[inbox.Op]inbox.Record{
+		inbox.OpFail:      {Failures: 1},
+		inbox.OpTombstone: {Processed: true}, // the effect won
+	}
+	for dec.Write != inbox.OpNone {
+		fmt.Println("write", dec.Write)
+		dec = d.Recorded(answers[dec.Write], nil)
+	}
+	fmt.Println(d.State(), dec.Verb, k.ID)
+	// Output:
+	// running run
+	// write fail
+	// write tombstone
+	// write forget
+	// acked ack order-42
+}

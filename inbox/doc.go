@@ -145,7 +145,13 @@
 // bounded: a run begun by a delivery of the message that is live
 // elsewhere at the same moment (a copy delivered twice at once) is
 // counted as one that died, and so is a shutdown whose excuse the ledger
-// could not write (the database unreachable at that moment).
+// could not write (the database unreachable at that moment). The first
+// can decide a dead letter while that run still works; the dead letter's
+// tombstone ([OpTombstone]), written in the inbox's row of the id before
+// the dead letter, conflicts with the run's effect, so that the two never
+// both commit. Clear a tombstone with [SQLLedger.Redrive] before you
+// redrive its message from the dead-letter destination: until then a
+// delivery of its id is dead-lettered again, unrun.
 //
 // # Formats and upgrades
 //
@@ -155,7 +161,11 @@
 // column's default, so also what an instance of that release writes
 // during a rolling deploy); 2, this release's record of a message in its
 // id space; 3, this release's copy, under the consumer's plain name, of
-// the record of a message with an id space. [SQL.Migrate] adds the column
+// the record of a message with an id space; 4, a dead letter's tombstone
+// ([OpTombstone]: the message was dead-lettered, its effect can no
+// longer commit; [SQLLedger.Redrive] clears it before an operator
+// redrives the message, which the previous release would read as a
+// processed id). [SQL.Migrate] adds the column
 // to a table of the previous release in place. An id recorded before the
 // upgrade stays a duplicate in every id space, and an instance of the
 // previous release running beside this one finds the copy, and waits on

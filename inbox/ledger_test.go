@@ -31,6 +31,6 @@ func TestStoreLedgerConformance(t *testing.T) {
 				return err
 			}
 			return tx.Commit()
-		}}
+		}, Redrive: store.Redrive}
 	})
 }

@@ -208,6 +208,13 @@ const (
 	// any id space; a message with no id space whose row it occupies
 	// takes it over (format 2).
 	formatCopy = 3
+	// formatDeadLettered (4): a tombstone, written by the ledger's
+	// OpTombstone before a dead letter (see [OpTombstone]): the message
+	// is not processed, and its effect can no longer commit (an effect's
+	// insert of the id conflicts with it). The previous release reads it
+	// as processed. [SQLLedger.Redrive] deletes it; [SQL.Prune] too, in
+	// its time.
+	formatDeadLettered = 4
 )
 
 // ledgerFormat is the format of the ledger's rows (format column).
@@ -218,7 +225,7 @@ func schemaFor(t, l string) string {
     consumer     text     NOT NULL, -- the consumer (group), and the id space: see StoredConsumer
     id           text     NOT NULL, -- the message id, as StoredID gives it
     processed_at bigint   NOT NULL, -- Unix microseconds by the database's clock, for Prune
-    format       smallint NOT NULL DEFAULT 1, -- 1: the previous release's row; 2: this one's; 3: this one's copy for the previous
+    format       smallint NOT NULL DEFAULT 1, -- 1: the previous release's row; 2: this one's; 3: this one's copy for the previous; 4: a dead letter's tombstone
     PRIMARY KEY (consumer, id)
 );
 CREATE INDEX IF NOT EXISTS ` + t + `_processed_at ON ` + t + ` (processed_at);
@@ -585,6 +592,10 @@ func readFormat(ctx context.Context, tx *sql.Tx, table, consumer, id string) (in
 //   - Without one, its row is the legacy row: a row of the previous
 //     release or its own makes it a duplicate; another id space's copy is
 //     taken over.
+//
+// A tombstone in its own row (the message was dead-lettered, see
+// [OpTombstone]) gives [ErrDeadLettered]: nothing runs, and the core
+// dead-letters the delivery again.
 func recordOne(ctx context.Context, tx *sql.Tx, engine int32, table, consumer, legacy, id string) (bool, error) {
 	fresh, err := insertOne(ctx, tx, engine, table, consumer, id, formatOwn)
 	if err != nil {
@@ -592,7 +603,12 @@ func recordOne(ctx context.Context, tx *sql.Tx, engine int32, table, consumer, l
 	}
 	if legacy != consumer {
 		if !fresh {
-			return false, nil
+			// A duplicate, or a dead letter's tombstone.
+			format, err := readFormat(ctx, tx, table, consumer, id)
+			if err == nil && format == formatDeadLettered {
+				return false, ErrDeadLettered
+			}
+			return false, err
 		}
 		if fresh, err = insertOne(ctx, tx, engine, table, legacy, id, formatCopy); err != nil || fresh {
 			return fresh, err
@@ -605,6 +621,9 @@ func recordOne(ctx context.Context, tx *sql.Tx, engine int32, table, consumer, l
 	}
 	format, err := readFormat(ctx, tx, table, consumer, id)
 	if err != nil || format != formatCopy {
+		if err == nil && format == formatDeadLettered {
+			return false, ErrDeadLettered
+		}
 		return false, err
 	}
 	return claimCopy(ctx, tx, engine, table, consumer, id)

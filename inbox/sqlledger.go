@@ -92,23 +92,74 @@ func applyLedger(ctx context.Context, tx *sql.Tx, engine int32, t, lt, consumer,
 		}
 		return r, err
 	}
+	// inboxState reads whether the inbox holds the id as processed (as
+	// its own row, not another id space's copy nor a tombstone, or as the
+	// previous release's row under the consumer's plain name: see
+	// recordOne), or holds its tombstone.
+	inboxState := func() (processed, dead bool, err error) {
+		err = tx.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM "+t+" WHERE consumer = $1 AND id = $3 AND format NOT IN ("+
+			strconv.Itoa(formatCopy)+", "+strconv.Itoa(formatDeadLettered)+"))"+
+			" OR EXISTS (SELECT 1 FROM "+t+" WHERE consumer = $2 AND id = $3 AND format = "+strconv.Itoa(formatLegacy)+"),"+
+			" EXISTS (SELECT 1 FROM "+t+" WHERE consumer = $1 AND id = $3 AND format = "+strconv.Itoa(formatDeadLettered)+")",
+			consumer, legacy, id).Scan(&processed, &dead)
+		return processed, dead, err
+	}
 	switch op {
 	case OpBegin, OpFail, OpFailBegun:
-		// Processed: the inbox holds the id as its own (not another id
-		// space's copy), or as the previous release's row under the
-		// consumer's plain name (see recordOne). Then nothing is
-		// written: the core acks (a failed run's commit applied, its
-		// answer lost) and forgets the record.
-		var processed bool
-		err := tx.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM "+t+" WHERE consumer = $1 AND id = $3 AND format <> "+strconv.Itoa(formatCopy)+")"+
-			" OR EXISTS (SELECT 1 FROM "+t+" WHERE consumer = $2 AND id = $3 AND format = "+strconv.Itoa(formatLegacy)+")",
-			consumer, legacy, id).Scan(&processed)
+		// Processed: nothing is written, and the core acks (a failed
+		// run's commit applied, its answer lost) and forgets the record.
+		// Dead-lettered: nothing is written, and the core dead-letters
+		// the delivery again, unrun.
+		processed, dead, err := inboxState()
 		if err != nil {
 			return Record{}, err
 		}
 		if processed {
 			return Record{Processed: true}, nil
 		}
+		if dead {
+			return Record{DeadLettered: true}, nil
+		}
+	case OpTombstone:
+		// The tombstone is the inbox's row of the id: its insert waits
+		// for an effect's transaction that inserted the row and has not
+		// ended, and then finds the row there (the effect won) or not
+		// (this write wins, and the effect's insert, waiting, finds the
+		// tombstone). Another id space's copy of the id (a consumer
+		// without an id space) is taken over, as recordOne does.
+		processed, _, err := inboxState()
+		if err != nil {
+			return Record{}, err
+		}
+		if processed {
+			return Record{Processed: true}, nil
+		}
+		fresh, err := insertOne(ctx, tx, engine, t, consumer, id, formatDeadLettered)
+		if err != nil {
+			return Record{}, err
+		}
+		if !fresh {
+			format, err := readFormat(ctx, tx, t, consumer, id)
+			if err != nil {
+				return Record{}, err
+			}
+			if format == formatCopy {
+				_, err = tx.ExecContext(ctx, "UPDATE "+t+" SET format = "+strconv.Itoa(formatDeadLettered)+", processed_at = "+now+
+					" WHERE consumer = $1 AND id = $2 AND format = "+strconv.Itoa(formatCopy), consumer, id)
+				if err == nil {
+					format, err = readFormat(ctx, tx, t, consumer, id)
+				}
+				if err != nil {
+					return Record{}, err
+				}
+			}
+			if format != formatDeadLettered {
+				return Record{Processed: true}, nil
+			}
+		}
+		r, err := read()
+		r.DeadLettered = true
+		return r, err
 	}
 	switch op {
 	case OpBegin:
@@ -140,4 +191,55 @@ func applyLedger(ctx context.Context, tx *sql.Tx, engine int32, t, lt, consumer,
 		return Record{}, err
 	}
 	return Record{}, fmt.Errorf("unknown op %d", op)
+}
+
+// Redrive clears the tombstone of the dead-lettered message k (see
+// [OpTombstone]) and its ledger record, and reports whether there was a
+// tombstone. Call it for each message before an operator redrives it
+// from the dead-letter destination: until then, a delivery of its id is
+// dead-lettered again, unrun. It never touches the row of a processed
+// message: a redrive of one stays a duplicate. A message without an id
+// gives [ErrNoMessageID].
+func (l *SQLLedger) Redrive(ctx context.Context, k Key) (bool, error) {
+	if l.s.DB == nil {
+		return false, errors.New("inbox: redrive: SQL.DB is nil")
+	}
+	if k.ID == "" {
+		return false, ErrNoMessageID
+	}
+	consumer, err := StoredConsumer(l.consumer, k.IDSpace)
+	if err != nil {
+		return false, err
+	}
+	t, err := l.s.table()
+	if err != nil {
+		return false, err
+	}
+	lt, err := ledgerTable(t)
+	if err != nil {
+		return false, err
+	}
+	id := StoredID(k.ID)
+	tx, err := l.s.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return false, fmt.Errorf("inbox: redrive: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }() // after a commit, a no-op
+	r, err := tx.ExecContext(ctx, "DELETE FROM "+t+" WHERE consumer = $1 AND id = $2 AND format = "+strconv.Itoa(formatDeadLettered), consumer, id)
+	if err != nil {
+		return false, fmt.Errorf("inbox: redrive: %w", err)
+	}
+	n, err := r.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("inbox: redrive: %w", err)
+	}
+	if n == 1 {
+		if _, err := tx.ExecContext(ctx, "DELETE FROM "+lt+" WHERE consumer = $1 AND id = $2", consumer, id); err != nil {
+			return false, fmt.Errorf("inbox: redrive: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return false, fmt.Errorf("inbox: redrive: commit: %w", err)
+	}
+	return n == 1, nil
 }

@@ -49,8 +49,10 @@
 // that killed their process included, is dead-lettered: handed to
 // [Config.DeadLetter], or produced to [Config.DeadLetterTopic], and then
 // its offset committed at once, before anything after it runs (its ledger
-// record is forgotten with the dead letter: delivered again, it would
-// start afresh), and reported through [Config.OnDeadLetter] and a log line;
+// record is forgotten with the dead letter; with an inbox's ledger, its
+// tombstone stays, so that a delivery of it again, a zombie's, is
+// dead-lettered again, unrun: see [inbox.OpTombstone]; clear it with the
+// ledger's Redrive before redriving the record), and reported through [Config.OnDeadLetter] and a log line;
 // one that arrives having failed that often already (it kept killing the
 // members that ran it) is dead-lettered without running. With neither
 // destination, it holds its partition, retried after its growing delay
@@ -438,7 +440,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			for _, fp := range ft.Partitions {
 				if stop != nil {
 					if len(fp.Records) > 0 {
-						c.seek(fp.Records[0]) // not handled: fetched again
+						c.seek(st, topicPartition{ft.Topic, fp.Partition}, fp.Records[0]) // not handled: fetched again
 					}
 					continue
 				}
@@ -543,12 +545,12 @@ func (c *Consumer) processPartition(ctx context.Context, st *runState, topic str
 			}
 			continue
 		case inbox.VerbStop:
-			c.seek(r)
+			c.seek(st, tp, r)
 			return last, fmt.Errorf("idemhttp/kafka: %s offset %d: %w (set Config.DeadLetter or DeadLetterTopic to move such records aside)", m.Source, r.Offset, dec.Err)
 		case inbox.VerbRequeue:
 			// Not committed: delivered again from here, after the delay,
 			// or at once (a shutdown, never counted).
-			c.seek(r)
+			c.seek(st, tp, r)
 			if dec.Delay > 0 && ctx.Err() == nil {
 				if dec.Report || (c.holds() && c.cfg.Retry.Exhausted(dec.Failures)) {
 					c.reportDead(inbox.DeadLetter{Message: m, Deliveries: dec.Failures, Err: dec.Err,
@@ -561,7 +563,7 @@ func (c *Consumer) processPartition(ctx context.Context, st *runState, topic str
 		}
 		// No decision (a refused move: a bug): not committed, delivered
 		// again.
-		c.seek(r)
+		c.seek(st, tp, r)
 		return last, dec.Err
 	}
 	return last, nil
@@ -578,7 +580,7 @@ func (c *Consumer) settleDead(ctx context.Context, st *runState, tp topicPartiti
 	after := st.runner.DeadLettered(ctx, d, key, err)
 	if err != nil {
 		c.report(fmt.Errorf("idemhttp/kafka: %s offset %d: dead-lettering failed, will retry: %w (after: %w)", m.Source, r.Offset, err, dec.Err))
-		c.seek(r)
+		c.seek(st, tp, r)
 		c.pause(st, tp, after.Delay)
 		return false
 	}
@@ -591,16 +593,17 @@ func (c *Consumer) settleDead(ctx context.Context, st *runState, tp topicPartiti
 // partition may go on.
 //
 // The dead letter is done and forgot the message's ledger record (the
-// core forgets a settled message, so that an operator's redrive starts
-// afresh), so r must not be delivered again: run again, it would start
-// from no failures and be dead-lettered a second time, or succeed (an
-// effect and a dead letter). Left to the poll's commit, a later record of the poll
+// core forgets a settled message), so r must not be delivered again: run
+// again, it would start from no failures and be dead-lettered a second
+// time (with an inbox's ledger its tombstone dead-letters it again, unrun;
+// with a MemoryLedger it could succeed: an effect and a dead letter). Left to the poll's commit, a later record of the poll
 // that kills the member (the producer's duplicate of r, with r's id, say)
 // brings r back, again and again: the partition never got past them
 // (internal/msgsim, seed 272). Committing here is the adapter's own
-// settling of a dead letter, as a queue's reject is; keeping the ledger
-// record of a dead-lettered id instead would dead-letter an operator's
-// redrive at once, on every broker.
+// settling of a dead letter, as a queue's reject is. (A zombie's dead
+// letter, which cannot commit, is met by the message's tombstone in the
+// inbox, inbox.OpTombstone: the new owner dead-letters the record again,
+// unrun.)
 //
 // When the commit fails, the partition stops here: sought to the record
 // after r and paused for the first retry delay, with r the last record
@@ -638,8 +641,16 @@ func (c *Consumer) runner() *inbox.Runner {
 	return &inbox.Runner{Policy: p, Ledger: c.cfg.Ledger, Handler: c.callHandler}
 }
 
-// seek makes the next fetch of r's partition start at r.
-func (c *Consumer) seek(r *kgo.Record) {
+// seek makes the next fetch of r's partition start at r, and makes r the
+// start of a window of records that may have been delivered before (see
+// maybeRedelivered): r was. Without the window, a record sought back
+// right after the last one settled ran again with no durable marker, so
+// the core never read its count before running it: a record whose dead
+// letter landed with its answer lost (its count kept, exhausted) ran
+// again, and, succeeding, had both its effect and a dead letter
+// (internal/msgsim, seed 870).
+func (c *Consumer) seek(st *runState, tp topicPartition, r *kgo.Record) {
+	delete(st.next, tp)
 	c.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{
 		r.Topic: {r.Partition: {Epoch: r.LeaderEpoch, Offset: r.Offset}},
 	})

@@ -176,6 +176,9 @@ func recordIDs(ctx context.Context, tx pgx.Tx, consumer, legacy string, ids []st
 //   - Without one, its row is the legacy row: a row of the previous
 //     release or its own makes it a duplicate; another id space's copy is
 //     taken over.
+//
+// A tombstone in its own row (format 4, see [inbox.OpTombstone]) gives
+// [inbox.ErrDeadLettered]: nothing runs.
 func recordOne(ctx context.Context, tx pgx.Tx, consumer, legacy, id string) (bool, error) {
 	var own, copied pgconn.CommandTag
 	if legacy == consumer {
@@ -198,6 +201,14 @@ func recordOne(ctx context.Context, tx pgx.Tx, consumer, legacy, id string) (boo
 			return false, err
 		}
 		if own.RowsAffected() == 0 {
+			// A duplicate, or a dead letter's tombstone.
+			var format int
+			if err := tx.QueryRow(ctx, inboxFormat, consumer, id).Scan(&format); err != nil {
+				return false, err
+			}
+			if format == 4 {
+				return false, inbox.ErrDeadLettered
+			}
 			return false, nil
 		}
 		if copied.RowsAffected() == 1 {
@@ -212,6 +223,9 @@ func recordOne(ctx context.Context, tx pgx.Tx, consumer, legacy, id string) (boo
 	}
 	if legacy != consumer {
 		return format != 1, nil
+	}
+	if format == 4 {
+		return false, inbox.ErrDeadLettered
 	}
 	if format != 3 {
 		return false, nil

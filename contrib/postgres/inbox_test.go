@@ -63,7 +63,7 @@ func TestInboxLedgerConformance(t *testing.T) {
 			h := in.Handle("billing", func(context.Context, *sql.Tx, *inbox.Message) error { return nil })
 			return inboxtest.LedgerFixture{Ledger: in.Ledger("billing"), Process: func(ctx context.Context, k inbox.Key) error {
 				return h(ctx, &inbox.Message{ID: k.ID, IDSpace: k.IDSpace})
-			}}
+			}, Redrive: in.Ledger("billing").Redrive}
 		})
 	})
 	t.Run("pgx", func(t *testing.T) {
@@ -72,7 +72,7 @@ func TestInboxLedgerConformance(t *testing.T) {
 			h := in.Handle("billing", func(context.Context, pgx.Tx, *inbox.Message) error { return nil })
 			return inboxtest.LedgerFixture{Ledger: in.Ledger("billing"), Process: func(ctx context.Context, k inbox.Key) error {
 				return h(ctx, &inbox.Message{ID: k.ID, IDSpace: k.IDSpace})
-			}}
+			}, Redrive: in.Ledger("billing").Redrive}
 		})
 	})
 }

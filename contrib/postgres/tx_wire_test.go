@@ -292,9 +292,10 @@ func TestTxConformanceOtherPools(t *testing.T) {
 					&postgres.TxOptions{SingleTenant: true, MaxStoredBody: app.MaxStoredBody, Logger: discardLogger()})
 				require.NoError(t, err)
 				return &servertest.Target{
-					Mode:    servercore.Transactional,
-					Handler: m.WrapFunc(txApp(app)),
-					Effects: func(key string) int { return len(charges(t, s, key)) },
+					Mode:           servercore.Transactional,
+					Handler:        m.WrapFunc(txApp(app)),
+					Effects:        func(key string) int { return len(charges(t, s, key)) },
+					RefuseComplete: refusingStores(t, s),
 				}
 			})
 		})

@@ -86,9 +86,11 @@ func (d *dbStep) done() {
 // in one begun later. A transaction found aborted is taken for the
 // claim's: PostgreSQL answers no statement in it, so a handler that
 // committed, began again and left the new transaction aborted is not told
-// from one whose statement failed (its claim row, committed with its
-// COMMIT, still holds the key for the TTL). On a pool the check rides
-// with the ROLLBACK, in its round trip.
+// from one whose statement failed here; the look at the key after the
+// rollback then finds its claim row, committed with its COMMIT, by the
+// run's token, and the core keeps the key as for a handler that ended
+// its transaction (servercore.Request.Rechecked). On a pool the check
+// rides with the ROLLBACK, in its round trip.
 func (run *txRun) end(d *dbStep, st *wireStmts) (ended bool) {
 	if run.closed {
 		return false
@@ -219,7 +221,16 @@ func (h *txHandler) claimOnce(d *dbStep, c *txClaim) (*txRun, servercore.Found, 
 		err    error
 	)
 	var held *pgxpool.Conn // the connection, while a panic would strand it
+	// The run, while a panic would strand it: on a DB that is no pool
+	// (it began the transaction through SendBatch and holds its
+	// connection), there is no held connection to close, and the open
+	// transaction kept the connection and the key's lock for ever.
+	var stranded *txRun
 	defer func() {
+		if held == nil && stranded != nil {
+			stranded.rollback(d, m.wire) // a failed rollback closes the connection
+			return
+		}
 		if held != nil {
 			// A panic in the middleware's own code while it holds the
 			// connection (a bug: a decoder's, say): close it rather than
@@ -248,6 +259,7 @@ func (h *txHandler) claimOnce(d *dbStep, c *txClaim) (*txRun, servercore.Found, 
 	} else {
 		run, found, locked, err = h.beginBatch(ctx, c, nil)
 	}
+	stranded = run
 	h.step("claimed")
 	if err == nil && c != nil && found.State == 0 && !m.lookupApart {
 		// Not claimed: read the key's row in the same transaction, and
@@ -259,7 +271,7 @@ func (h *txHandler) claimOnce(d *dbStep, c *txClaim) (*txRun, servercore.Found, 
 		if run != nil {
 			run.rollback(d, m.wire) // ErrTxClosed if the begin failed
 		}
-		held = nil // given back
+		held, stranded = nil, nil // given back
 		switch {
 		case c != nil && serializationFailure(err):
 			// Under REPEATABLE READ and SERIALIZABLE the statement's
@@ -279,7 +291,7 @@ func (h *txHandler) claimOnce(d *dbStep, c *txClaim) (*txRun, servercore.Found, 
 		}
 		return nil, found, err
 	}
-	held = nil // the run's now
+	held, stranded = nil, nil // the run's now
 	run.lent.timeout = m.dbTimeout
 	return run, servercore.Found{State: servercore.Free}, nil
 }
@@ -493,23 +505,25 @@ func (w *wireConn) lookupRow(r *wireResult) (servercore.Row, error) {
 	if v[0] == nil || v[1] == nil {
 		return servercore.Row{}, errBadValue // NOT NULL columns
 	}
-	row := servercore.Row{Exists: true, Completed: v[2] != nil, Fingerprint: string(v[1])}
+	row := servercore.Row{Exists: true, Completed: v[2] != nil, Token: string(v[0]), Fingerprint: string(v[1])}
 	if v[2] != nil {
 		row.Record = append([]byte(nil), v[2]...)
 	}
 	return row, nil
 }
 
-// readRow reads the lookup statement's row.
+// readRow reads the lookup statement's row. The token tells the core
+// whether the row is the request's own claim row (see
+// servercore.Request.Rechecked).
 func readRow(row pgx.Row) (servercore.Row, error) {
-	var held, fp, record []byte
-	switch err := row.Scan(&held, &fp, &record); {
+	var token, fp, record []byte
+	switch err := row.Scan(&token, &fp, &record); {
 	case errors.Is(err, pgx.ErrNoRows):
 		return servercore.Row{}, nil
 	case err != nil:
 		return servercore.Row{}, err
 	}
-	return servercore.Row{Exists: true, Completed: record != nil, Fingerprint: string(fp), Record: record}, nil
+	return servercore.Row{Exists: true, Completed: record != nil, Token: string(token), Fingerprint: string(fp), Record: record}, nil
 }
 
 // recheck looks the key up afresh, in a transaction of its own at READ

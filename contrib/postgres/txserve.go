@@ -182,7 +182,11 @@ func (h *txHandler) settle(ctx context.Context, w http.ResponseWriter, r *http.R
 				hdr = w.Header()
 			}
 			var v servercore.Verdict
-			step, v = q.Rechecked(servercore.Claim{Err: rerr, Found: found, Fingerprint: c.fingerprint, Request: r, Body: c.body}, hdr)
+			// The run's token tells the core whether the row found is the
+			// request's own claim row, which only the handler's own COMMIT
+			// can have committed (then the key is kept, 410, and the
+			// answer is 500, not 409).
+			step, v = q.Rechecked(servercore.Claim{Err: rerr, Found: found, Fingerprint: c.fingerprint, Token: c.Token, Request: r, Body: c.body}, hdr)
 			if step.Phase == servercore.Answered {
 				m.logger.InfoContext(ctx, "idemhttp/postgres: rolled back; the key was taken meanwhile", "key", c.Key, "cause", err)
 				status := 0

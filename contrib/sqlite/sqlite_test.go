@@ -73,6 +73,7 @@ func TestLedgerConformance(t *testing.T) {
 			Process: func(ctx context.Context, k inbox.Key) error {
 				return h(ctx, &inbox.Message{ID: k.ID, IDSpace: k.IDSpace})
 			},
+			Redrive: in.Ledger("billing").Redrive,
 		}
 	})
 }

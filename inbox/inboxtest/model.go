@@ -267,6 +267,7 @@ func (b *Broker) Settled() bool {
 type Store struct {
 	mu        sync.Mutex
 	processed map[string]bool // by stored consumer and id
+	dead      map[string]bool // tombstones (inbox.OpTombstone), by stored consumer and id
 	locked    map[string]*Tx
 	effects   map[string]int // by message id
 	ledger    map[inbox.Key]inbox.Record
@@ -275,7 +276,7 @@ type Store struct {
 
 // NewStore returns an empty store.
 func NewStore() *Store {
-	return &Store{processed: map[string]bool{}, locked: map[string]*Tx{}, effects: map[string]int{}, ledger: map[inbox.Key]inbox.Record{}}
+	return &Store{processed: map[string]bool{}, dead: map[string]bool{}, locked: map[string]*Tx{}, effects: map[string]int{}, ledger: map[inbox.Key]inbox.Record{}}
 }
 
 // ErrLocked: another transaction holds the message's row; try again once
@@ -303,8 +304,9 @@ type Tx struct {
 }
 
 // Begin starts the transaction of the message k: it inserts k's row. It
-// returns dup true when k is processed (nothing to run), and ErrLocked
-// when another transaction holds k's row.
+// returns dup true when k is processed (nothing to run), ErrLocked when
+// another transaction holds k's row, and [inbox.ErrDeadLettered] when the
+// row is k's tombstone.
 func (s *Store) Begin(k inbox.Key) (tx *Tx, dup bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -314,6 +316,9 @@ func (s *Store) Begin(k inbox.Key) (tx *Tx, dup bool, err error) {
 	rk := rowKey(k)
 	if s.processed[rk] {
 		return nil, true, nil
+	}
+	if s.dead[rk] {
+		return nil, false, inbox.ErrDeadLettered
 	}
 	if s.locked[rk] != nil {
 		return nil, false, ErrLocked
@@ -353,6 +358,26 @@ func (tx *Tx) Rollback() {
 	}
 }
 
+// Redrive clears the tombstone of k and its ledger record, as
+// inbox.SQLLedger's Redrive does, and reports whether there was one.
+func (s *Store) Redrive(_ context.Context, k inbox.Key) (bool, error) {
+	if k.ID == "" {
+		return false, inbox.ErrNoMessageID
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.down {
+		return false, ErrDown
+	}
+	rk := rowKey(k)
+	was := s.dead[rk]
+	if was {
+		delete(s.dead, rk)
+		delete(s.ledger, k)
+	}
+	return was, nil
+}
+
 // Effects returns how many times the effect of the message id committed.
 func (s *Store) Effects(id string) int {
 	s.mu.Lock()
@@ -381,12 +406,27 @@ func (l storeLedger) Apply(ctx context.Context, k inbox.Key, op inbox.Op) (inbox
 		return inbox.Record{}, ErrDown
 	}
 	r, ok := s.ledger[k]
+	rk := rowKey(k)
 	switch op {
 	case inbox.OpBegin, inbox.OpFail, inbox.OpFailBegun:
-		if s.processed[rowKey(k)] {
+		if s.processed[rk] {
 			// Processed: nothing written, as inbox.SQLLedger.
 			return inbox.Record{Processed: true}, nil
 		}
+		if s.dead[rk] {
+			return inbox.Record{DeadLettered: true}, nil
+		}
+	case inbox.OpTombstone:
+		// The row of the id, as the effect's: the first to commit wins.
+		switch {
+		case s.processed[rk]:
+			return inbox.Record{Processed: true}, nil
+		case s.locked[rk] != nil:
+			return inbox.Record{}, ErrLocked
+		}
+		s.dead[rk] = true
+		r.DeadLettered = true
+		return r, nil
 	}
 	switch op {
 	case inbox.OpBegin:

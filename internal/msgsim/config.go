@@ -27,6 +27,12 @@ type Config struct {
 	Partitions    int  // the topic's partitions (Kafka)
 	MaxDeliveries int  // Retry.MaxDeliveries: the failed runs a message gets before it is dead-lettered
 	Limit         int  // the processing limit, in seconds
+	// Hold: a queue's consumer holds a failed delivery, unacknowledged,
+	// for its retry delay and then requeues it, as contrib/rabbitmq does
+	// (RabbitMQ has no delayed requeue), outside its prefetch (the
+	// adapter moves to a new subscription); else the broker keeps it for
+	// the delay (JetStream's NakWithDelay, SQS's visibility). Queues only.
+	Hold bool
 
 	// The handlers, in percent of the messages.
 	Poison int // always fails
@@ -42,6 +48,7 @@ type Config struct {
 	Rebalance  int // a partition moved to another consumer while its owner still works on it (Kafka)
 	DBDown     int // the database unreachable for a while
 	CommitFail int // permille of the database's commits that fail: half before they apply, half after (outcome unknown)
+	DLFail     int // percent of the dead letters that fail: half before they land (a reject on a channel that closed, a produce refused), half after (the answer lost)
 }
 
 // ConfigFor draws the world of seed: small (a failure is easier to read
@@ -82,6 +89,10 @@ func ConfigFor(seed uint64) Config {
 	if c.Kafka {
 		c.Partitions = 1 + r.IntN(3)
 	}
+	// Drawn last, so that the fields above keep the values they had
+	// before these were added.
+	c.Hold = !c.Kafka && r.IntN(2) == 0
+	c.DLFail = on(10, 50)
 	return c
 }
 
@@ -163,6 +174,7 @@ func smaller(c Config) []Config {
 		func(d *Config) { d.Hanger = 0 }, func(d *Config) { d.Slow = 0 }, func(d *Config) { d.Shutdowns = 0 },
 		func(d *Config) { d.Expire = 0 }, func(d *Config) { d.Rebalance = 0 }, func(d *Config) { d.DBDown = 0 },
 		func(d *Config) { d.CommitFail = 0 }, func(d *Config) { d.Counting = false },
+		func(d *Config) { d.Hold = false }, func(d *Config) { d.DLFail = 0 },
 	} {
 		edit(f)
 	}

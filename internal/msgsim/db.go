@@ -326,19 +326,22 @@ func (w *world) exec(tx *dbTx, q string, args []driver.NamedValue) (n int64, r *
 		}
 		return 0, &rows{cols: []string{"format"}, vals: [][]driver.Value{{int64(f)}}}, nil, nil
 	case prefix("UPDATE " + inboxTable + " SET format = "):
-		// claimCopy: another id space's copy taken over. No id spaces
-		// here: it never matches.
+		// claimCopy, or a tombstone's: another id space's copy taken
+		// over. No id spaces here: it never matches.
+		to := 0
+		fmt.Sscanf(strings.TrimPrefix(q, "UPDATE "+inboxTable+" SET format = "), "%d", &to)
 		if wait := lock('i'); wait != nil {
 			return 0, nil, wait, nil
 		}
 		if f, ok := inboxRow(); ok && f == 3 {
-			tx.inbox[k] = 2
+			tx.inbox[k] = to
 			return 1, nil, nil, nil
 		}
 		return 0, nil, nil, nil
 	case prefix("SELECT EXISTS (SELECT 1 FROM " + inboxTable + " WHERE consumer = $1 AND id = $3"):
-		// The ledger's OpBegin: is the message processed? Args:
-		// consumer, legacy, id.
+		// The ledger's OpBegin, OpFail, OpFailBegun, OpTombstone: is the
+		// message processed (not a copy, not a tombstone), is it
+		// dead-lettered (a tombstone)? Args: consumer, legacy, id.
 		own := rowKey{argString(args, 0), argString(args, 2)}
 		legacy := rowKey{argString(args, 1), argString(args, 2)}
 		f1, ok1 := db.inbox[own]
@@ -346,8 +349,9 @@ func (w *world) exec(tx *dbTx, q string, args []driver.NamedValue) (n int64, r *
 		if g, ok := tx.inbox[own]; ok {
 			f1, ok1 = g, true
 		}
-		processed := (ok1 && f1 != 3) || (ok2 && f2 == 1)
-		return 0, &rows{cols: []string{"exists"}, vals: [][]driver.Value{{processed}}}, nil, nil
+		processed := (ok1 && f1 != 3 && f1 != 4) || (ok2 && f2 == 1)
+		dead := ok1 && f1 == 4
+		return 0, &rows{cols: []string{"processed", "dead"}, vals: [][]driver.Value{{processed, dead}}}, nil, nil
 	case prefix("INSERT INTO " + ledgerTable + " "):
 		var op inbox.Op
 		switch {
@@ -449,6 +453,9 @@ func (w *world) commit(tx *dbTx) error {
 	}
 	for k, f := range tx.inbox {
 		db.inbox[k] = f
+		if f == 4 {
+			w.logf("%s: tombstone of %s committed", tx.p.name, k.id)
+		}
 	}
 	keys := make([]rowKey, 0, len(tx.ledger))
 	for k := range tx.ledger {

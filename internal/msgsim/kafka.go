@@ -225,7 +225,11 @@ func (p *proc) kafkaLoop() {
 				next[rec.part] = rec.off + 1
 				p.kcommit(map[int]krec{rec.part: rec})
 			default:
+				// Sought back: the record starts a window of records that
+				// may have been delivered before (contrib/kafka's seek), so
+				// that its next run reads its count first (seed 870).
 				stopped[rec.part] = true
+				delete(next, rec.part)
 			}
 		}
 		if len(last) > 0 {
@@ -254,18 +258,41 @@ func (p *proc) kdeliver(rec krec, maybe bool) inbox.Verb {
 	part := w.t.parts[rec.part]
 	if dec.Verb == inbox.VerbDeadLetter {
 		w.checkBudget(r, dec)
-		if ks := w.t.owns(p, rec.part); ks == nil || ks.gen != rec.gen {
-			w.dlZombie[rec.id] = true // not fenced: see knownZombieDead
+		var err error
+		switch w.dlFault() {
+		case dlBefore:
+			err = errDLFailed
+			w.logf("%s dead-letters %s (partition %d, offset %d): the produce failed", p.name, rec.id, rec.part, rec.off)
+		case dlLost:
+			err = errDLFailed
+			part.dead[rec.off] = true
+			w.dead[rec.id]++
+			w.logf("%s dead-letters %s (partition %d, offset %d; %d failed runs: %v): produced, its answer lost", p.name, rec.id, rec.part, rec.off, dec.Failures, dec.Err)
+		default:
+			part.dead[rec.off] = true
+			w.dead[rec.id]++
+			w.dlOK[rec.id] = true
+			w.logf("%s dead-letters %s (partition %d, offset %d; %d failed runs: %v)", p.name, rec.id, rec.part, rec.off, dec.Failures, dec.Err)
 		}
-		part.dead[rec.off] = true
-		w.dead[rec.id]++
-		w.logf("%s dead-letters %s (partition %d, offset %d; %d failed runs: %v)", p.name, rec.id, rec.part, rec.off, dec.Failures, dec.Err)
 		w.mu.Unlock()
 		// Done: the core forgets its record (contrib/kafka's settleDead).
-		after := p.runner.DeadLettered(ctx, core, inbox.Key{ID: rec.id}, nil)
+		// Failed: its record kept, the record sought back and its
+		// partition paused for the core's delay; it comes back exhausted
+		// and is dead-lettered on arrival, unrun.
+		after := p.runner.DeadLettered(ctx, core, inbox.Key{ID: rec.id}, err)
 		w.checkCore(p, r, after, core)
 		w.mu.Lock()
-		return dec.Verb
+		if err == nil {
+			return dec.Verb
+		}
+		if ks := w.t.owns(p, rec.part); ks != nil && ks.gen == rec.gen {
+			ks.pos = rec.off
+			if after.Delay > 0 && p.ctx.Err() == nil {
+				ks.paused = w.now().Add(after.Delay)
+			}
+		}
+		w.logf("%s seeks %s back (partition %d, offset %d) after its failed dead letter, paused %v", p.name, rec.id, rec.part, rec.off, after.Delay)
+		return inbox.VerbNone
 	}
 	// Requeue (or no decision): seek back to the record; after a
 	// delay, its partition paused.

@@ -41,9 +41,11 @@ var (
 // PlantedTags are the build tags of the planted bugs of the consumer
 // side (internal/plant), one bug each.
 var PlantedTags = []string{
-	"idemhttp_bug_countshutdowns", // the message core counts a shutdown's requeue as the handler's failure
-	"idemhttp_bug_splitdedup",     // the inbox records the id in a transaction of its own, outside the effect's
-	"idemhttp_bug_ackfirst",       // the inbox reports success before the effect's commit: an ack before it
+	"idemhttp_bug_countshutdowns",   // the message core counts a shutdown's requeue as the handler's failure
+	"idemhttp_bug_splitdedup",       // the inbox records the id in a transaction of its own, outside the effect's
+	"idemhttp_bug_ackfirst",         // the inbox reports success before the effect's commit: an ack before it
+	"idemhttp_bug_heldreject",       // the RabbitMQ model nacks a delivery held for its delay without requeue: a dead letter
+	"idemhttp_bug_forgetdeadletter", // the message core forgets a message's record after a dead letter that failed
 }
 
 // raceSeeds is how many seeds TestMsgSim runs under the race detector
@@ -65,7 +67,8 @@ func flagSet(name string) bool {
 // always reporting a new row (invariant 1); a requeue dropping the
 // message (2); every dead-lettered message's effect counted as committed
 // (3); the Runner's MaxDeliveries one below the oracle's (5); a requeue
-// due in a thousand hours (liveness). The planted bugs break 4 and 6.
+// due in a thousand hours (liveness). The planted bugs break 4, 5, 6
+// and 7.
 func TestMsgSim(t *testing.T) {
 	Live = *flagLive
 	if *flagSeed != 0 {

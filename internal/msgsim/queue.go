@@ -30,6 +30,7 @@ type qmsg struct {
 	tag        int // the live delivery's tag; 0 when none
 	done       bool
 	deadLetter bool
+	parked     bool // held by its holder, unacknowledged, until due (Config.Hold), outside the holder's prefetch
 }
 
 // qdel is one delivery of a queue's message.
@@ -46,10 +47,13 @@ func (q *queue) publish(id string, now time.Time) {
 	q.msgs = append(q.msgs, &qmsg{seq: len(q.msgs) + 1, id: id, due: now})
 }
 
+// held is how many of p's deliveries take a prefetch slot: a delivery
+// held for its delay (parked) takes none, as contrib/rabbitmq's hold
+// moves to a new subscription for it.
 func (q *queue) held(p *proc) int {
 	n := 0
 	for _, m := range q.flight {
-		if m.holder == p {
+		if m.holder == p && !m.parked {
 			n++
 		}
 	}
@@ -99,7 +103,30 @@ func (q *queue) settle(tag int) (*qmsg, bool) {
 	delete(q.flight, tag)
 	m.holder = nil
 	m.tag = 0
+	m.parked = false
 	return m, true
+}
+
+// park keeps the delivery tag in flight with its holder until due, out of
+// its prefetch: contrib/rabbitmq's hold. False when the tag is stale.
+func (q *queue) park(tag int, due time.Time) (*qmsg, bool) {
+	m, ok := q.flight[tag]
+	if !ok {
+		return nil, false
+	}
+	m.parked = true
+	m.due = due
+	return m, true
+}
+
+// dueParked reports whether p holds a parked delivery due now.
+func (q *queue) dueParked(p *proc, now time.Time) bool {
+	for _, m := range q.flight {
+		if m.holder == p && m.parked && !m.due.After(now) {
+			return true
+		}
+	}
+	return false
 }
 
 func (q *queue) ack(tag int) (*qmsg, bool) {
@@ -175,7 +202,7 @@ func (q *queue) settled() bool {
 func (q *queue) nextDue(now time.Time) (time.Time, bool) {
 	var next time.Time
 	for _, m := range q.msgs {
-		if !m.done && m.holder == nil && m.due.After(now) && (next.IsZero() || m.due.Before(next)) {
+		if !m.done && (m.holder == nil || m.parked) && m.due.After(now) && (next.IsZero() || m.due.Before(next)) {
 			next = m.due
 		}
 	}

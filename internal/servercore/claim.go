@@ -78,6 +78,21 @@ func (c *Config) shouldStore(status int) bool {
 	return c.ShouldStore(status)
 }
 
+// keepsOrPanics is shouldStore for rule 2, which runs while a handler's
+// panic unwinds: a ShouldStore that panics there too is taken as keeping
+// the status (its key then stays completed, not replayable), since a
+// second panic would leave the claim with nobody to finish it, and a
+// retry would run the handler again once its lock timed out. The
+// handler's own panic goes on to net/http.
+func (c *Config) keepsOrPanics(status int) (keeps bool) {
+	defer func() {
+		if recover() != nil {
+			keeps = true
+		}
+	}()
+	return c.shouldStore(status)
+}
+
 // Request is one keyed request's way through the core. Its zero value is
 // not usable: start one with [Config.Start]. It is not safe for
 // concurrent use: the request's goroutine drives it.
@@ -127,14 +142,19 @@ type Found struct {
 	// TxMiddleware request whose record is not written yet), so it
 	// cannot be compared: the answer is 409, never 422.
 	NoFingerprint bool
+	// Token is the claim token of the request that wrote the row found
+	// (a transactional row's: [Row].Token), "" when not known (a
+	// store's claim, which tells its own token itself).
+	Token string
 }
 
 // Row is a transactional claim's look at the key's row: what
 // TxMiddleware's lookup statement read, in a snapshot taken after it
 // tried the key's lock.
 type Row struct {
-	Exists      bool // a live row holds the key
-	Completed   bool // its record is written
+	Exists      bool   // a live row holds the key
+	Completed   bool   // its record is written
+	Token       string // the claim token of the request that wrote it (the key table's token column)
 	Fingerprint string
 	Record      []byte
 }
@@ -158,9 +178,9 @@ func TxFound(locked, claimed bool, row Row) (Found, error) {
 	case claimed:
 		return Found{}, errors.New("the claim row was written without the key's lock")
 	case row.Exists && row.Completed:
-		return Found{State: Completed, Fingerprint: row.Fingerprint, Record: row.Record}, nil
+		return Found{State: Completed, Fingerprint: row.Fingerprint, Record: row.Record, Token: row.Token}, nil
 	case row.Exists:
-		return Found{State: Held, Fingerprint: row.Fingerprint}, nil
+		return Found{State: Held, Fingerprint: row.Fingerprint, Token: row.Token}, nil
 	case !locked:
 		return Found{State: Held, NoFingerprint: true}, nil
 	}
@@ -177,9 +197,9 @@ func RowFound(row Row) Found {
 	case !row.Exists:
 		return Found{State: Free}
 	case row.Completed:
-		return Found{State: Completed, Fingerprint: row.Fingerprint, Record: row.Record}
+		return Found{State: Completed, Fingerprint: row.Fingerprint, Record: row.Record, Token: row.Token}
 	}
-	return Found{State: Held, Fingerprint: row.Fingerprint}
+	return Found{State: Held, Fingerprint: row.Fingerprint, Token: row.Token}
 }
 
 // Claim is the evidence of a claim.
@@ -191,8 +211,13 @@ type Claim struct {
 	// Fingerprint is this request's fingerprint; Request and Body are
 	// the request, for the earlier versions of the default fingerprint.
 	Fingerprint string
-	Request     *http.Request
-	Body        []byte
+	// Token is this request's claim token (Transactional: the token its
+	// claim row was written with), for [Request.Rechecked] to tell the
+	// request's own claim row from another request's; "" when the
+	// shell does not say.
+	Token   string
+	Request *http.Request
+	Body    []byte
 }
 
 // Answer says what the client gets.

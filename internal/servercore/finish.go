@@ -138,7 +138,8 @@ type Plan struct {
 //     status ShouldStore keeps (or hijacked the connection) before it
 //     panicked (a deferred audit log that fails after the answer) ran:
 //     keep its key completed, not replayable, as after a hijack;
-//     released, a retry would run it again.
+//     released, a retry would run it again. A ShouldStore that panics
+//     there too counts as keeping (keepsOrPanics).
 //  3. A handler that returned without writing anything while its
 //     request's context was done gave up (its client left, a deadline
 //     passed): release, in every mode, never a stored empty 200 replayed
@@ -171,7 +172,7 @@ func (q *Request) Returned(ev Handler) Plan {
 	switch {
 	case !streamed && ev.Tx == TxIdle:
 		p = Plan{Do: KeepUnreplayable, Status: ev.Status, Answer: AnswerTxEnded}
-	case ev.Panicked && streamed && (ev.Hijacked || ev.Wrote && ev.Status >= 100 && ev.Status <= 999 && q.cfg.shouldStore(ev.Status)):
+	case ev.Panicked && streamed && (ev.Hijacked || ev.Wrote && ev.Status >= 100 && ev.Status <= 999 && q.cfg.keepsOrPanics(ev.Status)):
 		// It answered (or took the connection) before it panicked: its
 		// effect ran, and its answer may have reached the client.
 		// Released, a retry would run it again.
@@ -394,19 +395,26 @@ func (q *Request) Committed(c Commit) Step {
 // says what next.
 func (q *Request) RolledBack(ended bool) Step {
 	if ended {
-		status := q.plan.Status
-		if q.plan.Reason == ReasonPanic {
-			status = 0
-		}
-		q.plan = Plan{Do: KeepUnreplayable, Status: status, Answer: AnswerTxEnded}
-		q.advance(Marking)
-		return Step{Do: KeepUnreplayable, Status: status}
+		return q.endedItself()
 	}
 	if q.plan.recheck {
 		q.advance(Releasing)
 		return Step{Do: Recheck}
 	}
 	return q.done(Released, q.plan.Answer)
+}
+
+// endedItself keeps the key of a run whose handler ended the claim's
+// transaction itself (rule 1 of Returned, found late): completed, not
+// replayable, answering 500. A panic's status is unknown.
+func (q *Request) endedItself() Step {
+	status := q.plan.Status
+	if q.plan.Reason == ReasonPanic {
+		status = 0
+	}
+	q.plan = Plan{Do: KeepUnreplayable, Status: status, Answer: AnswerTxEnded}
+	q.advance(Marking)
+	return Step{Do: KeepUnreplayable, Status: status}
 }
 
 // Rechecked reports the fresh look at the key after a rollback (what a
@@ -418,7 +426,20 @@ func (q *Request) RolledBack(ended bool) Step {
 // serialization failure, run again while SerializationRetries allow
 // (Again), else 503; otherwise the plan's answer. A failed look (c.Err)
 // answers nothing: the rest stands.
+//
+// A row in progress with the request's own token (c.Found.Token ==
+// c.Token) is no duplicate's: it is the request's own claim row, written
+// in the transaction that just rolled back, so only the handler's own
+// COMMIT (COMMIT AND CHAIN, then a store the database refused, or a
+// statement that failed) can have committed it, and the handler's effect
+// with it. That is a handler that ended its transaction (rule 1 of
+// Returned): keep the key completed, not replayable (KeepUnreplayable,
+// then Marked), and answer 500; never 409, which a client that minted
+// the key would take for another request's (the simulator's seed 9714).
 func (q *Request) Rechecked(c Claim, into http.Header) (Step, Verdict) {
+	if c.Err == nil && c.Found.State == Held && c.Token != "" && c.Found.Token == c.Token {
+		return q.endedItself(), Verdict{}
+	}
 	if c.Err == nil && (c.Found.State == Held || c.Found.State == Completed) {
 		v := q.cfg.judge(c, into)
 		q.advance(Answered)

@@ -509,6 +509,78 @@ func TestTxFound(t *testing.T) {
 	assert.Equal(t, Found{State: Free}, RowFound(Row{}))
 	assert.Equal(t, Found{State: Held, Fingerprint: "fp"}, RowFound(held))
 	assert.Equal(t, Found{State: Completed, Fingerprint: "fp", Record: record}, RowFound(done))
+	// The row's token goes with it, for Rechecked to tell the request's own.
+	assert.Equal(t, Found{State: Held, Fingerprint: "fp", Token: "t"}, RowFound(Row{Exists: true, Fingerprint: "fp", Token: "t"}))
+	f, err := TxFound(false, false, Row{Exists: true, Fingerprint: "fp", Token: "t"})
+	require.NoError(t, err)
+	assert.Equal(t, Found{State: Held, Fingerprint: "fp", Token: "t"}, f)
+}
+
+// TestRecheckOwnRow: a look at the key after a rollback that finds the
+// request's own claim row in progress (its token) finds what the
+// handler's own COMMIT committed: the key is kept, not replayable, and the
+// answer is the ended transaction's 500, whatever the rollback's cause;
+// another request's row, or a row whose token is not known, is a
+// duplicate's: 409 as before (the simulator's bugOwnRow409, seed 9714).
+// Checked to fail with the own-token case removed from Rechecked: the
+// first case answered 409 (Answered) instead of marking.
+func TestRecheckOwnRow(t *testing.T) {
+	const mine = "tx-1"
+	ownRow := Found{State: Held, Fingerprint: "fp", Token: mine}
+	tests := []struct {
+		name   string
+		end    func(q *Request) Step // the run's end, up to the Recheck
+		found  Found
+		token  string // the request's claim token
+		want   Action
+		answer Answer // the client's
+		status int    // the marker's
+		moves  string
+	}{
+		{"commit refused, its own row: marked, 500", func(q *Request) Step { q.Returned(ok201); return q.Committed(CommitRefused) },
+			ownRow, mine, KeepUnreplayable, AnswerTxEnded, 201,
+			"claiming>running running>completing completing>releasing releasing>marking marking>stored"},
+		{"serialization failure at commit, its own row: marked, never again", func(q *Request) Step { q.Returned(ok201); return q.Committed(CommitSerialization) },
+			ownRow, mine, KeepUnreplayable, AnswerTxEnded, 201,
+			"claiming>running running>completing completing>releasing releasing>marking marking>stored"},
+		{"claim lost at commit, its own row: marked", func(q *Request) Step { q.Returned(ok201); return q.Committed(CommitClaimLost) },
+			ownRow, mine, KeepUnreplayable, AnswerTxEnded, 201,
+			"claiming>running running>completing completing>releasing releasing>marking marking>stored"},
+		{"handler error in an aborted transaction, its own row: marked", func(q *Request) Step {
+			q.Returned(Handler{Err: errDown, Wrote: true, Status: 201, Tx: TxAborted})
+			return q.RolledBack(false)
+		}, ownRow, mine, KeepUnreplayable, AnswerTxEnded, 201,
+			"claiming>running running>releasing releasing>releasing releasing>marking marking>stored"},
+		{"commit refused, another request's row: 409", func(q *Request) Step { q.Returned(ok201); return q.Committed(CommitRefused) },
+			ownRow, "tx-2", Done, AnswerInProgress, 201,
+			"claiming>running running>completing completing>releasing releasing>answered"},
+		{"commit refused, a row whose token is unknown: 409", func(q *Request) Step { q.Returned(ok201); return q.Committed(CommitRefused) },
+			Found{State: Held, Fingerprint: "fp"}, "", Done, AnswerInProgress, 201,
+			"claiming>running running>completing completing>releasing releasing>answered"},
+		{"commit refused, its own token on a completed row: the replay", func(q *Request) Step { q.Returned(ok201); return q.Committed(CommitRefused) },
+			Found{State: Completed, Fingerprint: "fp", Record: record, Token: mine}, mine, Done, AnswerReplay, 201,
+			"claiming>running running>completing completing>releasing releasing>answered"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var l moveLog
+			cfg := l.config(Transactional)
+			q := cfg.Start()
+			claimFree(t, &q)
+			stepIs(t, tt.end(&q), Recheck, 0)
+			s, v := q.Rechecked(Claim{Found: tt.found, Fingerprint: "fp", Token: tt.token}, http.Header{})
+			require.Equal(t, tt.want, s.Do)
+			if s.Do == KeepUnreplayable {
+				assert.Equal(t, tt.status, s.Status, "the marker's status")
+				s = q.Marked(nil)
+				stepIs(t, s, Done, Stored)
+				assert.Equal(t, tt.answer, s.Answer)
+			} else {
+				assert.Equal(t, tt.answer, v.Answer)
+			}
+			assert.Equal(t, tt.moves, strings.Join(l.moves, " "))
+		})
+	}
 }
 
 // TestCompleteNeverFreesTheKey: whatever a Streamed Complete answers, in

@@ -200,7 +200,7 @@ func (db *DB) claim(ctx context.Context, pool string, faults Faults, key, token,
 		}
 	}
 	if r, live := db.live(key, now); live {
-		row = servercore.Row{Exists: true, Completed: r.record != nil, Fingerprint: r.fingerprint, Record: r.record}
+		row = servercore.Row{Exists: true, Completed: r.record != nil, Token: r.token, Fingerprint: r.fingerprint, Record: r.record}
 	}
 	tx.endLocked(false)
 	return nil, locked, false, row, nil
@@ -378,7 +378,7 @@ func (db *DB) lookup(ctx context.Context, pool string, faults Faults, key string
 	if !live {
 		return servercore.Row{}, nil
 	}
-	return servercore.Row{Exists: true, Completed: r.record != nil, Fingerprint: r.fingerprint, Record: r.record}, nil
+	return servercore.Row{Exists: true, Completed: r.record != nil, Token: r.token, Fingerprint: r.fingerprint, Record: r.record}, nil
 }
 
 // HandlerTx is the transaction as a [TxServer]'s handler sees it: it

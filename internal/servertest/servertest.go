@@ -49,11 +49,20 @@ const (
 	// with COMMIT AND CHAIN, tells Started, waits to be let go, and
 	// answers 201.
 	DoCommitGoOn = "commit-go-on"
+	// DoCommitChain (Transactional only) makes one effect, commits it
+	// with COMMIT AND CHAIN, and answers 201 at once.
+	DoCommitChain = "commit-chain"
+	// DoCommitAbort (Transactional only) makes one effect, commits it
+	// with COMMIT AND CHAIN, then sends a statement that fails (the new
+	// transaction aborted) and returns its error.
+	DoCommitAbort = "commit-abort"
 	// DoPanic panics.
 	DoPanic = "panic"
 	// DoBig makes one effect and answers 201 with a body larger than the
 	// stored limit (Target.MaxStoredBody).
 	DoBig = "big"
+	// DoSwitch makes one effect and answers 101 Switching Protocols.
+	DoSwitch = "switch"
 )
 
 // App is the business a target serves, and what it saw: the runs of each
@@ -125,6 +134,12 @@ func Answer(w http.ResponseWriter, run string) {
 	_, _ = fmt.Fprintf(w, `{"run":%q}`, run)
 }
 
+// Switch answers 101 Switching Protocols.
+func Switch(w http.ResponseWriter) {
+	w.Header().Set("Upgrade", "example/1")
+	w.WriteHeader(http.StatusSwitchingProtocols)
+}
+
 // Big writes the 201 of a run too large to store.
 func (a *App) Big(w http.ResponseWriter) {
 	w.WriteHeader(http.StatusCreated)
@@ -160,6 +175,10 @@ func (a *App) Streamed() http.Handler {
 			a.Run(r)
 			effect()
 			a.Big(w)
+		case DoSwitch:
+			a.Run(r)
+			effect()
+			Switch(w)
 		default:
 			run := a.Run(r)
 			effect()
@@ -184,7 +203,10 @@ type Target struct {
 	// Effects returns the effects committed for key.
 	Effects func(key string) int
 	// RefuseComplete, when not nil, makes the store refuse its next n
-	// Complete calls (see RefusingStore).
+	// Complete calls (see RefusingStore); Transactional: makes the
+	// database refuse its next n stores of a record (the statement that
+	// writes the response into the claim row fails, and the transaction
+	// rolls back).
 	RefuseComplete func(n int)
 }
 
@@ -435,6 +457,59 @@ var scenarios = []scenario{
 			after := f.send("k", DoCharge)
 			assert.Equal(t, http.StatusGone, after.Status, "%v", after)
 			assert.Equal(t, 1, f.app.Runs("k"))
+			assert.Equal(t, 1, f.tg.Effects("k"), "the part it committed")
+		}},
+
+	// Issue 32 §1.3: a 101 after the effect. Checked to fail (the
+	// modelled transactional shell) with its writer dropping a 101 as
+	// an informational 1xx: the transaction committed and the key was
+	// stored as a 200, which the retry got replayed.
+	{name: "101 Switching Protocols after the effect", run: func(t *testing.T, f *fixture) {
+		got := f.send("k", DoSwitch)
+		if f.transactional() {
+			// It cannot wait for the commit: rolled back, nothing ran.
+			assert.Equal(t, http.StatusInternalServerError, got.Status, "%v", got)
+			assert.Equal(t, created("k#2"), f.send("k", DoCharge))
+		} else {
+			// It ran and took the connection: kept, not replayable.
+			assert.Equal(t, http.StatusSwitchingProtocols, got.Status, "%v", got)
+			assert.Equal(t, http.StatusGone, f.send("k", DoCharge).Status)
+		}
+		assert.Equal(t, 1, f.tg.Effects("k"))
+	}},
+
+	// Issue 32, §1.3 (the simulator's bugOwnRow409, seed 9714): the
+	// look at the key after the rollback finds the request's own claim
+	// row, which the handler's COMMIT committed, and must not take it for
+	// another request's. Checked to fail with Rechecked's own-token case
+	// removed: the first answer was 409, as for a duplicate.
+	{name: "a handler that commits itself, then its store refused: 500, then 410", mode: servercore.Transactional,
+		needs: func(tg *Target) bool { return tg.RefuseComplete != nil },
+		run: func(t *testing.T, f *fixture) {
+			f.tg.RefuseComplete(1)
+			got := f.send("k", DoCommitChain)
+			assert.Equal(t, http.StatusInternalServerError, got.Status, "the ended transaction's answer, never 409: %v", got)
+			assert.Contains(t, got.Body, "TypeTxEnded")
+			after := f.send("k", DoCharge)
+			assert.Equal(t, http.StatusGone, after.Status, "kept, not replayable: %v", after)
+			assert.Equal(t, 1, f.app.Runs("k"), "never a second run")
+			assert.Equal(t, 1, f.tg.Effects("k"), "the part it committed")
+		}},
+
+	// The same look at the key, after a handler's error in the
+	// transaction it began with COMMIT AND CHAIN, which a failed
+	// statement left aborted (the rollback cannot tell it from the
+	// claim's): its own claim row is found, and the key kept. Checked to
+	// fail with Rechecked's own-token case removed: 409, and 409 for the
+	// TTL after.
+	{name: "a handler that commits itself, then fails in an aborted transaction: 500, then 410", mode: servercore.Transactional,
+		run: func(t *testing.T, f *fixture) {
+			got := f.send("k", DoCommitAbort)
+			assert.Equal(t, http.StatusInternalServerError, got.Status, "the ended transaction's answer, never 409: %v", got)
+			assert.Contains(t, got.Body, "TypeTxEnded")
+			after := f.send("k", DoCharge)
+			assert.Equal(t, http.StatusGone, after.Status, "kept, not replayable: %v", after)
+			assert.Equal(t, 1, f.app.Runs("k"), "never a second run")
 			assert.Equal(t, 1, f.tg.Effects("k"), "the part it committed")
 		}},
 

@@ -2,6 +2,7 @@ package servertest_test
 
 import (
 	"net/http"
+	"sync/atomic"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -33,12 +34,19 @@ func TestModelStore(t *testing.T) {
 // TxMiddleware does.
 func TestModelTxServer(t *testing.T) {
 	servertest.Run(t, func(t *testing.T, app *servertest.App) *servertest.Target {
-		db := new(servermodel.DB)
+		var refuse atomic.Int32
+		db := &servermodel.DB{Faults: func(op servermodel.Op, _ string) servermodel.Fault {
+			if op == servermodel.OpComplete && refuse.Add(-1) >= 0 {
+				return servermodel.Refuse
+			}
+			return servermodel.Pass
+		}}
 		s := &servermodel.TxServer{DB: db, MaxStoredBody: app.MaxStoredBody, Handler: modelApp(app)}
 		return &servertest.Target{
-			Mode:    servercore.Transactional,
-			Handler: s,
-			Effects: func(key string) int { return db.EffectsOf(idemserver.ScopedKey("", key)) },
+			Mode:           servercore.Transactional,
+			Handler:        s,
+			Effects:        func(key string) int { return db.EffectsOf(idemserver.ScopedKey("", key)) },
+			RefuseComplete: func(n int) { refuse.Store(int32(n)) },
 		}
 	})
 }
@@ -67,8 +75,16 @@ func modelApp(app *servertest.App) func(w http.ResponseWriter, r *http.Request, 
 		case servertest.DoCommitGoOn:
 			tx.CommitAndChain()
 			app.Hold(r)
+		case servertest.DoCommitChain:
+			tx.CommitAndChain()
+		case servertest.DoCommitAbort:
+			tx.CommitAndChain()
+			return tx.Fail()
 		case servertest.DoBig:
 			app.Big(w)
+			return nil
+		case servertest.DoSwitch:
+			servertest.Switch(w)
 			return nil
 		}
 		servertest.Answer(w, run)

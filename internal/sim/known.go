@@ -2,41 +2,20 @@
 
 package sim
 
-import "net/http"
-
 // Bugs of the client that the simulator found and that are not fixed
 // yet. A failure one of them explains is reported as known (TestSim
 // counts it and passes); each has a test that replays its seed, skipped
 // until the fix, which then must make it pass (remove the bug from here
 // then, and unskip the test).
 //
-// Four are open: the server core's bugOwnRow409, the fleet journal's
-// bugFleetClock and bugFleetExpiredRerun, and the client's
-// bugFleetScanUnleased (in fleetscan.go, with the dimension that found
-// it). Every bug of the
-// client it found is fixed (their tests run unskipped: TestKnownBugClockBack,
-// TestKnownBugCacheOnly, the TestFound ones). A bug found next goes here
-// as a constant, with its test, until its fix.
-
-// bugOwnRow409 (issue 32's server, found at seed 9714): a transactional
-// request whose handler committed its transaction itself (COMMIT AND
-// CHAIN, say) and whose store of the response was then refused by the
-// database (a PostgreSQL error: CommitRefused) is answered 409, "in
-// progress", as a duplicate would be: the fresh look at the key after the
-// rollback (Request.Rechecked) finds the request's own claim row, which
-// the handler's COMMIT committed, and cannot tell it from another
-// request's, for a row carries no token to the core (servercore.Row).
-// The key is then held, fail-closed, for the TTL (409 to every retry, no
-// second run); but the first answer is wrong: it should be the ended
-// transaction's 500, and the key kept not replayable (410). A client that
-// minted the key for the call takes a 409 on its first attempt for the
-// application's own (no other request can hold a key minted for it) and
-// returns it. contrib/postgres's TxMiddleware takes the same steps
-// (txrun.go's commit, then recheck). The fix wants the shells to pass
-// whether the row found is the request's own (its token), which the core
-// would take for the handler's own commit (Marking): a change to the
-// core's Row and to both transactional shells' lookups.
-const bugOwnRow409 = "a refused store after the handler's own COMMIT answers 409 (issue 32, server)"
+// Three are open: the fleet journal's bugFleetClock and
+// bugFleetExpiredRerun, and the client's bugFleetScanUnleased (in
+// fleetscan.go, with the dimension that found it). Every other bug of the
+// client it found is fixed (their tests run unskipped:
+// TestKnownBugClockBack, TestKnownBugCacheOnly, the TestFound ones), and
+// so is the server core's bugOwnRow409 (a refused store after the
+// handler's own COMMIT answered 409: TestFoundOwnRow409). A bug found
+// next goes here as a constant, with its test, until its fix.
 
 // bugFleetClock (the fleet's, issue 32's first phase; met on main before
 // the server's world too, at seeds 17520, 35758, 39186 and 49334 of its
@@ -67,7 +46,7 @@ const bugFleetClock = "the fleet database's clock jumped: entries and leases mis
 const bugFleetExpiredRerun = "a fleet's operation past the retention begun again under a new key (issue 32, first phase)"
 
 // KnownBugs lists them, for the test's summary.
-var KnownBugs = []string{bugOwnRow409, bugFleetClock, bugFleetExpiredRerun}
+var KnownBugs = []string{bugFleetClock, bugFleetExpiredRerun}
 
 // fleetClockKnown is bugFleetClock if it can explain a failure of this
 // world: a fleet whose database's clock jumped.
@@ -111,23 +90,10 @@ func (w *world) notSentKnown(*call) string { return "" }
 func (w *world) doneKnown(int, int) string { return "" }
 
 // statusKnown is the known bug that explains a call of op answered
-// status, which the job cannot have caused, "" if none does.
-func (w *world) statusKnown(op, status int) string {
-	if status != http.StatusConflict {
-		return ""
-	}
-	if w.cfg.Shell != shellTx {
-		return ""
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for k := range w.selfCommitted {
-		if w.opOfStoreKey(k) == op {
-			return bugOwnRow409
-		}
-	}
-	return ""
-}
+// status, which the job cannot have caused, "" if none does. None does
+// since the core tells a request's own claim row from another's after a
+// rollback (bugOwnRow409, fixed: TestFoundOwnRow409).
+func (w *world) statusKnown(op, status int) string { return "" }
 
 func (w *world) lostKnown(int) string { return w.fleetClockKnown() }
 func (w *world) stuckKnown() string   { return "" }

@@ -174,6 +174,9 @@ type serverProc struct {
 	// record, which no store beside the business's database can help
 	// (the non-atomic mode; see crashable).
 	open atomic.Int64
+	// off is the process's own clock's offset from virtual time: its
+	// jumps (server_clock.go).
+	off atomic.Int64
 }
 
 // reqState is a request's, as the server's router sees it.
@@ -526,16 +529,3 @@ func (w *world) crashServer(p *serverProc, where string) {
 
 // pool names p's connections to the database.
 func (p *serverProc) pool() string { return "server-" + strconv.Itoa(p.n) }
-
-// opOfStoreKey returns the operation a handler charged under storeKey,
-// -1 if none did.
-func (w *world) opOfStoreKey(storeKey string) int {
-	w.ledger.mu.Lock()
-	defer w.ledger.mu.Unlock()
-	for _, e := range w.ledger.drawn {
-		if e.storeKey == storeKey {
-			return e.op
-		}
-	}
-	return -1
-}
