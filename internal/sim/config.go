@@ -184,7 +184,7 @@ func ConfigFor(seed uint64) Config {
 	r = rand.New(rand.NewPCG(seed, 0xc11e27))
 	c.OpenFaults = r.IntN(2) == 0
 	if c.OpenFaults {
-		c.OpenErr = 20 + r.IntN(231)
+		c.OpenErr = 50 + r.IntN(351)
 		c.OpenCut = on(10, 50)
 	}
 	c.BodyChange = on(20, 100)
