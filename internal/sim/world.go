@@ -82,7 +82,6 @@ type world struct {
 	outcomes        map[string]int // the calls' outcomes, by class (Result.Outcomes)
 	trace           []string
 	clockBack       bool             // a clock was set back
-	dbJumped        bool             // the fleet database's clock jumped (bugFleetClock)
 	cacheOnly       bool             // a truncation failed (bugCacheOnly)
 	panickedOpening bool             // a journal hook panicked as a call opened (bugPanicSlot)
 	opKeys          map[int][]string // keys the client minted for each unnamed operation, as journaled
@@ -897,9 +896,6 @@ func (w *world) jumpClock() {
 	}
 	if i := w.rng.intn(len(w.machines) + 1); w.fleet != nil && i == len(w.machines) {
 		w.dbOff.Add(int64(d))
-		w.mu.Lock()
-		w.dbJumped = true
-		w.mu.Unlock()
 		w.tracef("the database's clock jumps %v", d)
 	} else {
 		m := w.machines[i%len(w.machines)]
