@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idemhttp/internal/plant"
 )
 
 // This file makes "byte-identical on every attempt" hold for every body.
@@ -568,11 +570,22 @@ func (a *operation) memBody() (io.Reader, error) {
 		a.memReader.Reset(a.mem.b)
 		return &a.memReader, nil
 	}
+	if plant.GetBodyRewind { // a planted bug (internal/plant)
+		if gb, ok := plantGetBodies.Load(a); ok {
+			if rc, err := gb.(func() (io.ReadCloser, error))(); err == nil {
+				return rc, nil
+			}
+		}
+	}
 	if a.mem.str {
 		return strings.NewReader(a.mem.s), nil
 	}
 	return bytes.NewReader(a.mem.b), nil
 }
+
+// plantGetBodies holds each call's GetBody in a build with the planted
+// bug plant.GetBodyRewind; empty in every other.
+var plantGetBodies sync.Map
 
 // rewind is the outgoing request's GetBody, for net/http's own resends
 // (a dead pooled connection) and for its redirects: a body as the next

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/idemkit/idemhttp/internal/contract"
+	"github.com/idemkit/idemhttp/internal/plant"
 )
 
 // ResumeResult is the outcome of resending one pending entry.
@@ -98,7 +99,7 @@ func (c *Client) Resume(ctx context.Context, opts *ResumeOptions) ([]ResumeResul
 		// A journal that prunes by itself (Retain) keeps done entries as
 		// long as it was told, and longer if configured so: pruning here
 		// would override that.
-		if _, ok := j.(retainer); !ok {
+		if _, ok := j.(retainer); !ok || plant.ResumePrunes { // ResumePrunes: a planted bug (internal/plant)
 			if _, err := j.Prune(ctx, now.Add(-c.cfg.pol.retention)); err != nil {
 				return nil, fmt.Errorf("idemhttp: resume: prune: %w", err)
 			}

@@ -347,12 +347,14 @@ func (w *world) respond(rw http.ResponseWriter, e *effect) {
 	rw.Header().Set("Content-Type", "application/json")
 	if w.modes[e.op] == modeSeeOther {
 		rw.Header().Set("Location", "/v1/charges/"+e.charge)
+		body := w.answer(rw.Header(), e)
 		rw.WriteHeader(http.StatusSeeOther)
-		_, _ = rw.Write(e.body)
+		_, _ = rw.Write(body)
 		return
 	}
+	body := w.answer(rw.Header(), e) // a signed Location, gzip (results.go)
 	rw.WriteHeader(http.StatusOK)
-	_, _ = rw.Write(e.body)
+	_, _ = rw.Write(body)
 }
 
 // How the server answers an operation's URL (Config.Redirect): servers

@@ -78,6 +78,13 @@ var PlantedTags = []string{
 	"idemhttp_bug_procdeadline", // a store call's deadline a reading of the process's clock, measured on the runtime's
 	"idemhttp_bug_clockback",    // the process's clock followed back: renewals and a Complete's retries held for the jump
 	"idemhttp_bug_hijackstored", // a hijacked response kept as an empty 200 for replay
+	// Issue 32's client items the first phase left out:
+	"idemhttp_bug_opensettle",        // the journal's open goes on after its settling of the last batch failed
+	"idemhttp_bug_classifiednotsent", // a failed attempt Policy.Classify asked to retry counts as not sent
+	"idemhttp_bug_getbodyrewind",     // a retry's body taken from the caller's GetBody again, unchecked
+	"idemhttp_bug_resultencoding",    // a kept result loses its Content-Encoding
+	"idemhttp_bug_resulturl",         // a kept result's URL-valued headers kept as the server wrote them
+	"idemhttp_bug_resumeprunes",      // Resume without Entries prunes a journal that prunes itself, by the caller's clock
 }
 
 // raceSeeds is how many seeds TestSim runs under the race detector

@@ -95,6 +95,7 @@ type world struct {
 	storeForward    bool         // the streamed store's clock jumped forward
 	faulty          atomic.Bool
 	quietDisk       atomic.Bool
+	opening         atomic.Bool // a journal's open is under way (open.go)
 	clientCrashes   int
 	clockJumps      int
 	serverDownSince time.Time
@@ -385,12 +386,15 @@ func (w *world) serverCrashesLeft() int {
 }
 
 // diskFault is the simulated disk's Fault: ENOSPC and EIO, as the seed
-// says, while faults are on and no open is under way (an open that
-// fails is retried by a real batch job; what the invariants ask is that
-// the journal opens after a crash).
+// says, while faults are on and the disk is not quiet (the checks' reads
+// of a journal just opened; an open, unless Config.OpenFaults: see
+// open.go).
 func (w *world) diskFault(op simdisk.Op) error {
 	if !w.faulty.Load() || w.quietDisk.Load() {
 		return nil
+	}
+	if w.opening.Load() {
+		return w.openFault(op)
 	}
 	switch op.Kind {
 	case simdisk.OpWrite:
@@ -500,12 +504,15 @@ func (w *world) collect(c *call) {
 				w.fail(invUnwanted, c.op, "call %d of op %d: refused for want of an operation id, yet not reported not-sent: %v", c.id, c.op, errText(c.err))
 			}
 			w.opNamed[c.op] = true
+		case w.classifierCaused(c):
+			// The caller's classifier returned the status, or declared
+			// a mismatch: its doing (classifier.go).
 		case c.class == outStatus:
 			w.failKnown(invUnwanted, c.op, w.statusKnown(c.op, c.status), "call %d of op %d: status %d %v", c.id, c.op, c.status, errText(c.err))
 		case c.class == outAmbiguous && unwanted(c.err):
 			w.fail(invUnwanted, c.op, "call %d of op %d: %v", c.id, c.op, errText(c.err))
 		}
-		if c.class.final() {
+		if c.class.final() || w.classifierCaused(c) {
 			w.final[c.op] = true
 		}
 		if (refused || c.class == outNotSent && !c.named) && !p.exiting && !p.dead.Load() {
