@@ -320,8 +320,10 @@ func TestFoundFleetExpiredRerun(t *testing.T) {
 // A fleet's Resume without Entries resends an entry another live worker
 // holds, without its lease; that worker withdraws it (its call panicked
 // before sending), the resend runs, and the next run of the batch begins
-// the operation anew under a new key: two effects (fleetscan.go).
-func TestKnownBugFleetScanUnleased(t *testing.T) {
-	t.Skip("known bug bugFleetScanUnleased: Resume without Entries on a shared journal, issue 32")
+// the operation anew under a new key: two effects (fleetscan.go). Fixed:
+// Resume without Entries claims (ClaimPending) what it resends on a
+// journal a fleet shares. Checked to fail with Resume listing the
+// entries with Pending again: op 0 has 2 effects.
+func TestFoundFleetScanUnleased(t *testing.T) {
 	knownSeed(t, 4158, "ops=2,dups=0,workers=2,steps=6,maxattempts=3,keepresults=false,refetchdone=false,concurrent=false,sdk=63,compact=0,refuse=0,dropreq=0,dropresp=0,resetbefore=0,resetafter=0,deadpooled=0,delay=0,closeidle=0,writeerr=0,syncerr=0,othererr=0,torn=0,dirkeep=false,nodsync=false,clientcrashes=0,servercrashes=1,serverpoint=0,pause=0,clockjumps=2,longsleep=false,clients=0,unnamed=0,sdkkey=false,redirect=0,checkredirect=0,transport=0,stream=0,panic=49,block=0,requireop=false,backoff=false,pace=30,fleet=2,lease=0,dbfault=0,shell=0,instances=2,tenants=0,behave=0,storefault=0,partitions=1,storejumps=0,openfaults=false,openerr=0,opencut=0,bodychange=0,classify=0,gzip=0,acceptgzip=false,signedlocation=false,fleetscan=60")
 }
