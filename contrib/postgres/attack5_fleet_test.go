@@ -181,3 +181,37 @@ func TestAttack5PreviousReleaseDeleteRemovesAnything(t *testing.T) {
 	err := b.Finish(ctx, "leased", idemhttp.Outcome{State: idemhttp.StateDone, Status: 201, Attempts: 1})
 	assert.ErrorIs(t, err, idemhttp.ErrNotFound, "the new worker's send is left without its entry")
 }
+
+// TestAttack5ClearedDoubtComesBack: the docs tell an operator to clear a
+// wrong mark and the doubt with DELETE FROM idemhttp_journal_clock once
+// the entries are resolved. A running worker keeps the latest time it
+// recorded in memory and puts it back as the mark, and as the doubt,
+// the next time it reads the clock: the clear holds only once every
+// worker that recorded the times has restarted. Fail closed (the entries
+// stay refused), so not a double run; the docs now say so. This test is
+// the record of it.
+func TestAttack5ClearedDoubtComesBack(t *testing.T) {
+	ctx := context.Background()
+	s := newSchema(t)
+	a, b, shift := fleet(t, s)
+	shift(2 * time.Hour) // the database's clock ahead, then put right
+	existing, err := a.Begin(ctx, entry("k"))
+	require.NoError(t, err)
+	require.Nil(t, existing)
+	shift(-2 * time.Hour)
+	doubt, err := a.ClockDoubt(ctx)
+	require.NoError(t, err)
+	require.False(t, doubt.IsZero(), "the set-back is seen")
+
+	_, err = s.admin(t).Exec(ctx, "DELETE FROM "+s.name+".idemhttp_journal_clock")
+	require.NoError(t, err)
+	doubt, err = b.ClockDoubt(ctx)
+	require.NoError(t, err)
+	assert.True(t, doubt.IsZero(), "cleared, for a worker that recorded nothing")
+	doubt, err = a.ClockDoubt(ctx)
+	require.NoError(t, err)
+	assert.False(t, doubt.IsZero(), "the worker that recorded the times puts the doubt back")
+	doubt, err = b.ClockDoubt(ctx)
+	require.NoError(t, err)
+	assert.False(t, doubt.IsZero(), "and the whole fleet sees it again")
+}
