@@ -215,3 +215,47 @@ func TestAttack5ClearedDoubtComesBack(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, doubt.IsZero(), "and the whole fleet sees it again")
 }
+
+// TestAttack5PreviousReleaseRerunTakesNoLease: in a rolling deploy, a
+// worker of commit 2d053bb that runs an operation a new worker began (two
+// instances handling one event) finds the pending entry with its Begin,
+// verbatim below, and sends it under its key, but writes no lease: its
+// Begin takes none. The new worker's Delete fence (its own token, no
+// attempt recorded) cannot see that send, so a new worker whose own
+// attempt was refused at the dial withdraws the entry and tells its
+// caller ErrNotSent, and the caller's retry under a new key runs the
+// operation a second time. Accepted limit of the rolling deploy (the old
+// worker writes nothing a fence could read; 2d053bb's workers had the
+// same hole among themselves); the docs now name it. This test is the
+// record of it.
+func TestAttack5PreviousReleaseRerunTakesNoLease(t *testing.T) {
+	ctx := context.Background()
+	s := newSchema(t)
+	pool := s.pool(t, 0)
+	a := postgres.NewJournal(pool, &postgres.JournalOptions{Worker: "new", Lease: time.Minute})
+	e := entry("k")
+	existing, err := a.Begin(ctx, e)
+	require.NoError(t, err)
+	require.Nil(t, existing)
+
+	// 2d053bb's Begin of the same operation under the old worker's own
+	// minted key: the insert conflicts, the read finds the entry.
+	const previousBegin = `
+INSERT INTO idemhttp_journal (key, operation, method, url, header, body, fingerprint, state,
+    created_at, updated_at, attempts, last_status, lease_owner, lease_token, lease_expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', coalesce($8, now()), coalesce($9, now()), $10, $11, $12,
+    CASE WHEN $12::text IS NULL THEN NULL ELSE $14 END,
+    CASE WHEN $12::text IS NULL THEN NULL ELSE now() + $13::interval END)
+ON CONFLICT DO NOTHING
+RETURNING true`
+	var inserted bool
+	err = pool.QueryRow(ctx, previousBegin, "k-old", e.Operation, e.Method, e.URL, []byte(`{}`), e.Body, "fp",
+		nil, nil, 0, 0, "old", time.Minute, "old-token").Scan(&inserted)
+	require.ErrorIs(t, err, pgx.ErrNoRows, "the old Begin conflicts on the operation")
+	var key, state string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT key, state FROM idemhttp_journal WHERE key = $1 OR operation = $2
+ORDER BY operation IS NOT DISTINCT FROM $2 DESC LIMIT 1`, "k-old", e.Operation).Scan(&key, &state))
+	require.Equal(t, "k", key, "the old worker sends the new worker's entry, under its key")
+
+	assert.NoError(t, a.Delete(ctx, "k"), "the new worker's withdrawal cannot see the old worker's send")
+}

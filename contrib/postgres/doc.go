@@ -274,7 +274,9 @@
 // state or lease (an abandoned entry, one nobody holds, one a new worker
 // leased and sent, a done one), so a call of its that stalled before its
 // first attempt past another worker's send can still reopen the operation
-// under a new key; and it ignores
+// under a new key; its Begin takes no lease of an entry it finds and
+// sends, so a new worker's withdrawal (its own lease, nothing recorded)
+// does not see that send and can reopen the operation too; and it ignores
 // the clock's doubt, resending entries a new worker would refuse. Both
 // holes close once every worker runs this release. Migrate before
 // starting new workers; a worker of a release older than the table it

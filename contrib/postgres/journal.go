@@ -1033,8 +1033,12 @@ SELECT count(*) FROM d`
 // and sent, or finished. Its Client does so only for a call that stopped
 // before its first attempt (a PrepareRequest error); should that call
 // stall past its lease while another worker claims and sends the entry,
-// its caller is told nothing ran. Until every worker runs this release,
-// a call of an old worker can reopen an operation under a new key.
+// its caller is told nothing ran. Nor does an old worker's Begin take the
+// lease of a pending entry it finds (an operation it runs again): it
+// sends the entry under its key with this Journal's token still on it, so
+// this Journal's own withdrawal, after a dial refused, removes what the
+// old worker is sending. Until every worker runs this release, a call of
+// either can reopen an operation under a new key.
 func (j *Journal) Delete(ctx context.Context, key string) error {
 	defer j.unsample() // it may have raised the mark
 	return j.fenced(ctx, "delete", key, nil, func() (bool, error) {
