@@ -270,9 +270,13 @@
 // server's time, under the same key (the server answers 429 again, or
 // runs it once: never twice), and it records no not-before of its own.
 // Nothing either writes stops the other from reading a row. An old worker
-// (commit 2d053bb) withdraws as it did: an abandoned entry, or one nobody
-// holds, so a call of its that stalled past another worker's send can
-// still reopen an abandoned operation under a new key; and it ignores
+// (commit 2d053bb) withdraws as it did, by key alone, whatever the entry's
+// state or lease (an abandoned entry, one nobody holds, one a new worker
+// leased and sent, a done one), so a call of its that stalled before its
+// first attempt past another worker's send can still reopen the operation
+// under a new key; its Begin takes no lease of an entry it finds and
+// sends, so a new worker's withdrawal (its own lease, nothing recorded)
+// does not see that send and can reopen the operation too; and it ignores
 // the clock's doubt, resending entries a new worker would refuse. Both
 // holes close once every worker runs this release. Migrate before
 // starting new workers; a worker of a release older than the table it

@@ -258,18 +258,31 @@ LIMIT 1`
 // row, already this Journal's, and writes nothing. With the entry come the
 // journal's clock and high-water mark, which a Client asks for next (see
 // clockSample).
+//
+// Last comes missed: the entry read was one to lease, and the lease
+// matched no row. The row changed between the statement's snapshot and
+// its lock: another worker finished or parked it, or its creator
+// withdrew it (Delete, whose lock the lease waited for). The entry read
+// is then stale, and a withdrawn one must never be sent: its creator told
+// its caller nothing ran, and the caller's retry mints a new key. Begin
+// reads again.
 var takeSQL = sqlNow(`
 WITH e AS (`+existingSQL+`),
+tok AS (SELECT lease_token FROM idemhttp_journal WHERE key = (SELECT key FROM e)),
 took AS (
     UPDATE idemhttp_journal j SET lease_owner = $3, lease_token = $4, lease_expires_at = {now} + $5::interval
     FROM e
     WHERE j.key = e.key AND j.state = 'pending' AND j.fingerprint = $6 AND j.lease_token IS DISTINCT FROM $4
-        AND (j.not_before IS NULL OR j.not_before <= {now}))
-SELECT e.*, {now}, (SELECT high FROM idemhttp_journal_clock WHERE id = 1) FROM e`, 7)
+        AND (j.not_before IS NULL OR j.not_before <= {now})
+    RETURNING j.key)
+SELECT e.*, {now}, (SELECT high FROM idemhttp_journal_clock WHERE id = 1),
+    e.state = 'pending' AND e.fingerprint = $6 AND (SELECT lease_token FROM tok) IS DISTINCT FROM $4
+        AND (e.not_before IS NULL OR e.not_before <= {now}) AND NOT EXISTS (SELECT 1 FROM took)
+FROM e`, 7)
 
 // beginAttempts bounds Begin's retries when the entry it conflicted with
-// vanishes before it can be read (a concurrent Prune or Delete); two would
-// do.
+// vanishes before it can be read (a concurrent Prune or Delete), or
+// changes before it can be leased; two would do.
 const beginAttempts = 5
 
 // Begin implements [idemhttp.Journal.Begin]. The entry stored is what
@@ -385,7 +398,8 @@ func (j *Journal) begin(ctx context.Context, e *idemhttp.Entry, leased bool) (*i
 }
 
 // readBegin reads Begin's pipeline: inserted, with the time it recorded,
-// or the existing entry, or neither when the conflicting entry vanished.
+// or the existing entry, or neither when the conflicting entry vanished
+// or changed before takeSQL could lease it.
 // taken says the second statement is takeSQL, whose clock sample it keeps.
 func (j *Journal) readBegin(br pgx.BatchResults, taken bool) (existing *idemhttp.Entry, stamped time.Time, inserted bool, err error) {
 	switch err := br.QueryRow().Scan(&stamped); {
@@ -395,16 +409,17 @@ func (j *Journal) readBegin(br pgx.BatchResults, taken bool) (existing *idemhttp
 		return nil, time.Time{}, false, err
 	}
 	var (
-		now  time.Time
-		mark *time.Time
+		now    time.Time
+		mark   *time.Time
+		missed bool // takeSQL's: the entry changed before it could be leased
 	)
 	var extra []any
 	if taken {
-		extra = []any{&now, &mark}
+		extra = []any{&now, &mark, &missed}
 	}
 	e, err := scanEntry(br.QueryRow(), true, extra...)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, time.Time{}, false, nil
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && missed) {
+		return nil, time.Time{}, false, nil // read again
 	}
 	if err == nil && taken {
 		j.sample(now, mark)
@@ -1013,9 +1028,17 @@ SELECT count(*) FROM d`
 // sent. The entry's times raise the high-water mark.
 //
 // A worker of the release before this one (commit 2d053bb) sharing the
-// table still withdraws abandoned entries and entries nobody holds: until
-// every worker runs this release, a call of an old worker can still
-// reopen an abandoned operation under a new key.
+// table still withdraws by key alone, whatever the entry's state or lease:
+// an abandoned entry, one nobody holds, and also one a new worker leased
+// and sent, or finished. Its Client does so only for a call that stopped
+// before its first attempt (a PrepareRequest error); should that call
+// stall past its lease while another worker claims and sends the entry,
+// its caller is told nothing ran. Nor does an old worker's Begin take the
+// lease of a pending entry it finds (an operation it runs again): it
+// sends the entry under its key with this Journal's token still on it, so
+// this Journal's own withdrawal, after a dial refused, removes what the
+// old worker is sending. Until every worker runs this release, a call of
+// either can reopen an operation under a new key.
 func (j *Journal) Delete(ctx context.Context, key string) error {
 	defer j.unsample() // it may have raised the mark
 	return j.fenced(ctx, "delete", key, nil, func() (bool, error) {

@@ -122,7 +122,8 @@ func (j *Journal) Now(ctx context.Context) (time.Time, error) {
 // known, and [idemhttp.Client] then neither resends nor reuses an entry,
 // and [Journal.ClaimPending] claims nothing ([idemhttp.ErrClockJump]).
 // Once the entries are resolved by hand, an operator clears a wrong mark
-// with DELETE FROM idemhttp_journal_clock.
+// with DELETE FROM idemhttp_journal_clock, with every worker stopped: a
+// running Journal keeps the latest time it recorded and writes it back.
 func (j *Journal) HighWater(ctx context.Context) (time.Time, error) {
 	if err := ctx.Err(); err != nil {
 		return time.Time{}, err
@@ -268,7 +269,9 @@ func (j *Journal) readClock(ctx context.Context) (doubt, mark *time.Time, now ti
 // ClaimPending, HighWater and ClockDoubt record it when they see the
 // clock below the mark. It only grows; an operator clears it, with the
 // mark, by DELETE FROM idemhttp_journal_clock once the entries are
-// resolved. The error is the database's, or ctx's.
+// resolved, with every worker stopped: a running Journal keeps the latest
+// time it recorded in memory and, finding the clock below it, records
+// the mark and the doubt again. The error is the database's, or ctx's.
 func (j *Journal) ClockDoubt(ctx context.Context) (time.Time, error) {
 	if err := ctx.Err(); err != nil {
 		return time.Time{}, err
