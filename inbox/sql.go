@@ -364,7 +364,12 @@ func (s *SQL) Process(ctx context.Context, consumer, messageID string, fn func(c
 // that error, so the whole batch must be redelivered (a message that must
 // be skipped instead should be handled, e.g. recorded as dead, by fn
 // itself and fn return nil). Any empty id gives [ErrNoMessageID] before
-// anything runs. An empty batch does nothing.
+// anything runs. An empty batch does nothing. A message that was
+// dead-lettered (its tombstone, see [OpTombstone]: its dead letter may
+// have failed, and the message come back) fails the batch before anything
+// runs, with an error wrapping [ErrDeadLettered] that names it: dead-letter
+// that message again (the message core does, through Process) and
+// redeliver the rest; never ack it as a duplicate.
 func (s *SQL) ProcessBatch(ctx context.Context, consumer string, ids []string, fn func(ctx context.Context, tx *sql.Tx, i int) error) (results []Result, err error) {
 	if err := checkConsumer(consumer); err != nil {
 		return nil, err
@@ -449,6 +454,9 @@ func (s *SQL) processBatch(ctx context.Context, consumer, legacy string, ids []s
 	}
 	if err != nil {
 		return nil, fmt.Errorf("inbox: record ids: %w", err)
+	}
+	if err := batchTombstone(ctx, tx, t, consumer, ids, stored, fresh); err != nil {
+		return nil, err
 	}
 	if plant.SplitDedup && len(fresh) > 0 { // a planted bug (internal/plant), false but in a test build
 		if err := tx.Commit(); err != nil {
@@ -577,6 +585,55 @@ func readFormat(ctx context.Context, tx *sql.Tx, table, consumer, id string) (in
 	var format int
 	err := tx.QueryRowContext(ctx, "SELECT format FROM "+table+" WHERE consumer = $1 AND id = $2", consumer, id).Scan(&format)
 	return format, err
+}
+
+// batchTombstone fails a batch of several ids when one of those recorded
+// before holds a dead letter's tombstone (formatDeadLettered, see
+// [OpTombstone]), before anything of the batch runs, with an error
+// wrapping [ErrDeadLettered] that names the message: its dead letter may
+// have failed (the message was requeued, the tombstone stays), and
+// answering it Duplicate would have it acked, neither processed nor
+// dead-lettered. A batch of one reads its tombstone in recordOne.
+func batchTombstone(ctx context.Context, tx *sql.Tx, table, consumer string, ids, stored []string, fresh map[string]bool) error {
+	if len(stored) < 2 {
+		return nil
+	}
+	var seen []string
+	for _, id := range stored {
+		if !fresh[id] {
+			seen = append(seen, id)
+		}
+	}
+	for len(seen) > 0 {
+		chunk := seen[:min(len(seen), 500)]
+		seen = seen[len(chunk):]
+		var q strings.Builder
+		q.WriteString("SELECT id FROM " + table + " WHERE consumer = $1 AND format = " + strconv.Itoa(formatDeadLettered) + " AND id IN (")
+		args := make([]any, 0, len(chunk)+1)
+		args = append(args, consumer)
+		for i, id := range chunk {
+			if i > 0 {
+				q.WriteString(", ")
+			}
+			q.WriteString("$" + strconv.Itoa(i+2))
+			args = append(args, id)
+		}
+		q.WriteString(") LIMIT 1")
+		var id string
+		switch err := tx.QueryRowContext(ctx, q.String(), args...).Scan(&id); {
+		case errors.Is(err, sql.ErrNoRows):
+			continue
+		case err != nil:
+			return fmt.Errorf("inbox: read tombstones: %w", err)
+		}
+		for i, s := range stored {
+			if s == id {
+				return fmt.Errorf("inbox: message %d of the batch (%q): %w", i, ids[i], ErrDeadLettered)
+			}
+		}
+		return fmt.Errorf("inbox: a message of the batch: %w", ErrDeadLettered)
+	}
+	return nil
 }
 
 // recordOne records one message's id (its stored form) under consumer in

@@ -92,6 +92,7 @@ const (
 	inboxInsertAll  = `INSERT INTO idemhttp_inbox (consumer, id, processed_at, format) SELECT $1, unnest($2::text[]), ` + inboxNow + `, 2`
 	inboxFormat     = `SELECT format FROM idemhttp_inbox WHERE consumer = $1 AND id = $2`
 	inboxClaimCopy  = `UPDATE idemhttp_inbox SET format = 2, processed_at = ` + inboxNow + ` WHERE consumer = $1 AND id = ANY($2::text[]) AND format = 3 RETURNING id`
+	inboxTombstone  = `SELECT id FROM idemhttp_inbox WHERE consumer = $1 AND id = ANY($2::text[]) AND format = 4 LIMIT 1`
 )
 
 // errSeenBefore: inboxInsertAll found an id already recorded; the
@@ -160,6 +161,41 @@ func recordIDs(ctx context.Context, tx pgx.Tx, consumer, legacy string, ids []st
 		fresh[id] = true
 	}
 	return fresh, err
+}
+
+// batchTombstone fails a batch of several ids when one of those recorded
+// before holds a dead letter's tombstone (format 4, [inbox.OpTombstone]),
+// before anything of the batch runs, with an error wrapping
+// [inbox.ErrDeadLettered] that names the message: its dead letter may
+// have failed (the message was requeued, the tombstone stays), and
+// answering it Duplicate would have it acked, neither processed nor
+// dead-lettered. A batch of one reads its tombstone in recordOne.
+func batchTombstone(ctx context.Context, tx pgx.Tx, consumer string, ids, stored []string, fresh map[string]bool) error {
+	if len(stored) < 2 {
+		return nil
+	}
+	var seen []string
+	for _, id := range stored {
+		if !fresh[id] {
+			seen = append(seen, id)
+		}
+	}
+	if len(seen) == 0 {
+		return nil
+	}
+	var id string
+	switch err := tx.QueryRow(ctx, inboxTombstone, consumer, seen).Scan(&id); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("idemhttp/postgres: inbox: read tombstones: %w", err)
+	}
+	for i, s := range stored {
+		if s == id {
+			return fmt.Errorf("idemhttp/postgres: inbox: message %d of the batch (%q): %w", i, ids[i], inbox.ErrDeadLettered)
+		}
+	}
+	return fmt.Errorf("idemhttp/postgres: inbox: a message of the batch: %w", inbox.ErrDeadLettered)
 }
 
 // recordOne records one message's id (its stored form) under consumer in
@@ -255,7 +291,11 @@ func claimCopies(ctx context.Context, tx pgx.Tx, consumer string, ids []string) 
 // its first occurrence. When fn fails for any message the whole batch
 // rolls back, ids included, and ProcessBatch returns the error: redeliver
 // the batch. An empty id anywhere gives [inbox.ErrNoMessageID] before
-// anything runs.
+// anything runs. A message that was dead-lettered (its tombstone, see
+// [inbox.OpTombstone]: its dead letter may have failed and the message
+// come back) fails the batch before anything runs, with an error wrapping
+// [inbox.ErrDeadLettered] that names it: dead-letter that message again
+// and redeliver the rest; never ack it as a duplicate.
 func (in *Inbox) ProcessBatch(ctx context.Context, consumer string, ids []string, fn func(ctx context.Context, tx pgx.Tx, i int) error) ([]inbox.Result, error) {
 	if _, err := inbox.StoredConsumer(consumer, ""); err != nil {
 		return nil, err
@@ -319,6 +359,9 @@ func (in *Inbox) processBatch(ctx context.Context, consumer, legacy string, ids 
 	}
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp/postgres: inbox: record ids: %w", err)
+	}
+	if err := batchTombstone(ctx, tx, consumer, ids, stored, fresh); err != nil {
+		return nil, err
 	}
 
 	results := make([]inbox.Result, len(ids))
