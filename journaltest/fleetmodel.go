@@ -396,6 +396,9 @@ func (w *FleetModelWorker) Pending(context.Context) ([]*idemhttp.Entry, error) {
 // this worker, oldest first; it abandons, instead of handing out, those
 // older than the retention it was told, and claims nothing when the
 // clock is more than [idemhttp.ClockTolerance] below the high-water mark.
+// An entry created at or before the fleet's doubt ([FleetModelWorker.ClockDoubt])
+// is handed out all the same: its age is unknown, and the Client refuses
+// to resend it.
 func (w *FleetModelWorker) ClaimPending(_ context.Context, limit int) ([]*idemhttp.Entry, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("claim pending: %w: limit %d", idemhttp.ErrInvalidRequest, limit)

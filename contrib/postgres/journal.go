@@ -877,7 +877,13 @@ RETURNING `+entryColumns("j.", false), 5)
 // the clock is more than [idemhttp.ClockTolerance] below the latest time
 // the journal ever recorded ([Journal.HighWater]), it was set back and no
 // entry's age is known: ClaimPending claims nothing and returns an error
-// wrapping [idemhttp.ErrClockJump].
+// wrapping [idemhttp.ErrClockJump]. Once the clock is past that mark
+// again, the set-back stays the journal's doubt ([Journal.ClockDoubt]):
+// an entry created at or before it is of unknown age, and ClaimPending
+// hands it out all the same, for the Client refuses to resend it
+// ([idemhttp.ErrClockJump], the entry left pending for a person). A
+// sender of its own must check ClockDoubt before it resends a claimed
+// entry.
 //
 // Nor does it hand out a parked entry (one whose [idemhttp.Entry.NotBefore]
 // the server's Retry-After set, when a call parked the operation) before
