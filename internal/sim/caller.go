@@ -10,7 +10,6 @@ import (
 	"hash/fnv"
 	"io"
 	"net/http"
-	"runtime"
 	"strings"
 	"time"
 
@@ -134,9 +133,9 @@ func (w *world) draw(n int, parts ...any) int {
 }
 
 // callback is a callback of the caller's being called for the call in
-// ctx: as the seed says, it panics (only on a batch call's goroutine,
-// which recovers it: a panic on Resume's goroutines would end the
-// process, which the simulation cannot model) or blocks a while (virtual
+// ctx: as the seed says, it panics (a batch call's goroutine recovers
+// it; on one of Resume's, Resume stops its resends and panics again in
+// its caller's goroutine, which recovers it) or blocks a while (virtual
 // time).
 func (w *world) callback(ctx context.Context, where string) {
 	c, _ := ctx.Value(callKey{}).(*call)
@@ -144,7 +143,7 @@ func (w *world) callback(ctx context.Context, where string) {
 		return // after the faulty phase, as every fault, none
 	}
 	n := c.count(where)
-	if !c.resume && w.draw(1000, "panic", c.id, where, n) < w.cfg.Panic {
+	if w.draw(1000, "panic", c.id, where, n) < w.cfg.Panic {
 		c.note("%s panics", where)
 		w.count("callback panics")
 		c.mu.Lock()
@@ -240,9 +239,9 @@ func (pacer) Observe(int, bool) {}
 // which no seed reaches). It gets no context, so no call to tell it
 // apart by: in the faulty phase, with panics on, it panics at one retry
 // number the seed draws, every call that reaches it, and with blocks on
-// it blocks at another; never on Resume's goroutines (see callback).
+// it blocks at another, on Resume's goroutines too (see callback).
 func (w *world) backoff(p *clientProc, retry int) time.Duration {
-	if w.faulty.Load() && !p.dead.Load() && !onResume() {
+	if w.faulty.Load() && !p.dead.Load() {
 		if w.cfg.Panic > 0 && retry == 1+w.draw(3, "backoff panics") {
 			w.count("callback panics")
 			panic(simPanic{"Backoff"})
@@ -253,22 +252,6 @@ func (w *world) backoff(p *clientProc, retry int) time.Duration {
 		}
 	}
 	return time.Duration(retry) * 50 * time.Millisecond
-}
-
-// onResume reports whether the calling goroutine is one of
-// Client.Resume's.
-func onResume() bool {
-	pcs := make([]uintptr, 64)
-	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
-	for {
-		f, more := frames.Next()
-		if strings.HasPrefix(f.Function, "github.com/idemkit/idemhttp.(*Client).Resume") {
-			return true
-		}
-		if !more {
-			return false
-		}
-	}
 }
 
 // note is a line of a call's own for the trace, made on the call's

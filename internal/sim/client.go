@@ -739,6 +739,18 @@ func (w *world) startResume(p *clientProc) {
 	w.tracef("call %d: resume%s", c.id, map[bool]string{true: " of the whole journal"}[p.fj != nil && w.scans(c)])
 	ctx := context.WithValue(p.ctx, callKey{}, c)
 	go func() {
+		defer func() {
+			// A callback's panic on one of Resume's goroutines goes on
+			// in this one, Resume's caller's, once its resends stopped.
+			if r := recover(); r != nil {
+				if _, ok := r.(simPanic); !ok {
+					panic(r) // the client's own: a bug, loudly
+				}
+				c.class = outPanic
+				c.err = fmt.Errorf("%v", r)
+				w.finished(c)
+			}
+		}()
 		opts := &idemhttp.ResumeOptions{Concurrency: 1}
 		if p.fj != nil && !w.scans(c) {
 			es, err := p.rec.claim(ctx, 16)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -26,8 +27,29 @@ type machine struct {
 	clockOff  atomic.Int64  // the machine's clock: virtual time plus this
 	cli       *clientProc   // the process running now, or the last one
 	downSince time.Time
-	haltArmed bool  // a power cut is armed at one of its next disk calls
-	ops       []int // its batch: the operations it calls, in order, duplicates included
+	haltArmed bool         // a power cut is armed at one of its next disk calls
+	ops       []int        // its batch: the operations it calls, in order, duplicates included
+	boots     atomic.Int64 // power cuts so far: the machine's boot is the next one's
+	bootAt    atomic.Int64 // when its boot began, as virtual Unix nanoseconds; 0: the world's start
+}
+
+// uptime is the machine's uptime clock, the journal's evidence of a clock
+// set back: a boot named by the machine and its power cuts, and the
+// virtual time since that boot began. A power cut reboots the machine: a
+// set-back across it cannot be measured, and the journal keeps it as its
+// doubt (ClockDoubt), as a real machine's would.
+func (m *machine) uptime() (string, time.Duration) {
+	since := m.w.t0
+	if at := m.bootAt.Load(); at != 0 {
+		since = time.Unix(0, at)
+	}
+	return "sim-" + strconv.Itoa(m.id) + "-" + strconv.FormatInt(m.boots.Load(), 10), time.Since(since)
+}
+
+// reboot starts the machine's next boot, at a power cut.
+func (m *machine) reboot() {
+	m.boots.Add(1)
+	m.bootAt.Store(time.Now().UnixNano())
 }
 
 // clock is the machine's clock: virtual time, plus the jumps the seed

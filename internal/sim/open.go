@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/idemkit/idemhttp/filejournal"
 	"github.com/idemkit/idemhttp/internal/wal/simdisk"
@@ -47,14 +46,14 @@ func (w *world) openJournal(p *clientProc) *filejournal.Journal {
 	fj, err := filejournal.Open(journalPath, &filejournal.Options{
 		FS:    procFS{d: m.disk, p: p},
 		Clock: m.clock,
-		// The uptime clock: one boot for the world, its time the
-		// bubble's since the world began, as the process's own clock
-		// was, but named the same in every process (the default names
-		// the process's boot by a random id, and its time from the
-		// package's start, outside the bubble: the clock's witness
-		// records then differed from one process to the next, and so
-		// did a seed's trace).
-		Uptime:        func() (string, time.Duration) { return "sim", time.Since(w.t0) },
+		// The uptime clock: the machine's boot, named by the machine
+		// and its power cuts (a process crash keeps it, a power cut
+		// starts the next), its time the bubble's since the boot began
+		// (the default names the process's boot by a random id, and its
+		// time from the package's start, outside the bubble: the clock's
+		// witness records then differed from one process to the next,
+		// and so did a seed's trace).
+		Uptime:        m.uptime,
 		Rand:          rand.NewChaCha8(w.seedBytes(uint64(p.n))),
 		PruneInterval: -1,
 	})

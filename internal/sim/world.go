@@ -937,6 +937,7 @@ func (w *world) powerCut(p *clientProc, when string) {
 	w.count("client power cut")
 	w.tracef("client %d: power cut %s", p.n, when)
 	w.die(p, func() { p.m.disk.Crash(rand.New(rand.NewPCG(w.seed, uint64(0x70f0+w.clientCrashes)))) })
+	p.m.reboot()
 }
 
 // die ends client process p: its files first (disk, which kills them:
