@@ -127,7 +127,8 @@ type operation struct {
 	strReader strings.Reader
 	memUsed   bool
 	stream    *streamed
-	bodyLen   int64 // the body's length as sent, 0 if none, -1 if unknown
+	openBody  *http.Request // proceed: the request whose streamed body the call must close if it stops before sending
+	bodyLen   int64         // the body's length as sent, 0 if none, -1 if unknown
 	probing   bool
 
 	// The first attempt goes out directly (send.go); eng, go-retryablehttp's
