@@ -539,8 +539,7 @@ func (a *operation) proceed(ctx context.Context, req *http.Request, key string, 
 		}
 	}
 	if err != nil {
-		a.closeStreamed()
-		return a.settle(ctx, nil, err)
+		return a.refuse(ctx, err)
 	}
 
 	// The first attempt's body, and GetBody for net/http's own resends and
@@ -549,13 +548,28 @@ func (a *operation) proceed(ctx context.Context, req *http.Request, key string, 
 	out.Body = nil
 	if n := body.len(); n > 0 {
 		a.mem, a.bodyLen = body, int64(n)
-		r, _ := a.memBody() // never fails
-		out.Body, out.GetBody, out.ContentLength = io.NopCloser(r), a.rewind, a.bodyLen
+		out.Body, out.GetBody, out.ContentLength = a.firstMemBody(), a.rewind, a.bodyLen
 	} else if parts.getBody != nil {
 		a.streamFirst(ctx, req, out, parts.getBody)
 	}
 	resp, err := a.finish(a.run(out))
 	return a.settle(ctx, resp, err)
+}
+
+// refuse ends a call that will not send: err says why.
+//
+//go:noinline
+func (a *operation) refuse(ctx context.Context, err error) (*http.Response, error) {
+	a.closeStreamed()
+	return a.settle(ctx, nil, err)
+}
+
+// firstMemBody is the first attempt's body, of a body in memory.
+//
+//go:noinline
+func (a *operation) firstMemBody() io.ReadCloser {
+	r, _ := a.memBody() // never fails
+	return io.NopCloser(r)
 }
 
 // prepareOut gives out, the outgoing request, a header and URL of its own
