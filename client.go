@@ -266,7 +266,7 @@ func (t attemptTransport) roundTripFor(a *operation, r *http.Request) (*http.Res
 		}
 	}
 	resp, err := t.roundTrip(r)
-	if err == nil && resp != nil { // nil: send and http.Client say what is wrong
+	if err == nil && resp != nil && resp.StatusCode >= 300 && resp.StatusCode < 400 { // nil: send and http.Client say what is wrong
 		hideUnparsableLocation(r, resp)
 	}
 	if a != nil && err == nil {
@@ -289,6 +289,8 @@ func (t attemptTransport) roundTripFor(a *operation, r *http.Request) (*http.Res
 // without a Location (net/http issues 17773, 49281): an answer that
 // nothing ran at a target, so the operation stays pending (outcome). The
 // caller loses only a header it could not have followed.
+//
+//go:noinline
 func hideUnparsableLocation(r *http.Request, resp *http.Response) {
 	switch resp.StatusCode {
 	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
@@ -399,16 +401,10 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 	cfg := &c.cfg
 	cfg.inflight.Add(1)
 	defer cfg.inflight.Add(-1)
-	return c.start(req, rs, sdk)
-}
-
-// start begins a call: the checks before anything is written or sent, the
-// key's source, the journal, the body made replayable; then the call
-// state, which runs the rest. (do, start and call are three functions so
-// that each defer is open-coded: a function with many returns pays for
-// its defers at run time.)
-func (c *Client) start(req *http.Request, rs *resend, sdk bool) (*http.Response, error) {
-	cfg := &c.cfg
+	// The call begins: the checks before anything is written or sent, the
+	// key's source, the journal, the body made replayable; then the call
+	// state, which runs the rest (proceed). The returns are few, so that
+	// the defer is open-coded.
 	p := &cfg.pol
 	ctx := req.Context()
 	op, hasOp := operationFromContext(ctx)
