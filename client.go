@@ -265,7 +265,13 @@ func (t attemptTransport) roundTripFor(a *operation, r *http.Request) (*http.Res
 			r = &r2
 		}
 	}
-	resp, err := t.roundTrip(r)
+	var resp *http.Response
+	var err error
+	if t.timeout <= 0 {
+		resp, err = t.rt.RoundTrip(r)
+	} else {
+		resp, err = t.roundTrip(r)
+	}
 	if err == nil && resp != nil && resp.StatusCode >= 300 && resp.StatusCode < 400 { // nil: send and http.Client say what is wrong
 		hideUnparsableLocation(r, resp)
 	}
@@ -306,10 +312,10 @@ func hideUnparsableLocation(r *http.Request, resp *http.Response) {
 	}
 }
 
+// roundTrip is the RoundTrip of an attempt bounded by t.timeout (> 0).
+//
+//go:noinline
 func (t attemptTransport) roundTrip(r *http.Request) (*http.Response, error) {
-	if t.timeout <= 0 {
-		return t.rt.RoundTrip(r)
-	}
 	ctx, cancel := context.WithTimeout(r.Context(), t.timeout)
 	resp, err := t.rt.RoundTrip(r.WithContext(ctx))
 	if err != nil {
@@ -564,8 +570,14 @@ func (a *operation) refuse(ctx context.Context, err error) (*http.Response, erro
 //
 //go:noinline
 func (a *operation) firstMemBody() io.ReadCloser {
-	r, _ := a.memBody() // never fails
-	return io.NopCloser(r)
+	// memBody's first use, with the reader's type known here.
+	a.memUsed = true
+	if a.mem.str {
+		a.strReader.Reset(a.mem.s)
+		return io.NopCloser(&a.strReader)
+	}
+	a.memReader.Reset(a.mem.b)
+	return io.NopCloser(&a.memReader)
 }
 
 // prepareOut gives out, the outgoing request, a header and URL of its own
