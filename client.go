@@ -554,7 +554,10 @@ func (a *operation) proceed(ctx context.Context, req *http.Request, key string, 
 	} else if parts.getBody != nil {
 		a.streamFirst(ctx, req, out, parts.getBody)
 	}
-	resp, err := a.finish(a.run(out))
+	resp, err := a.run(out)
+	if err != nil {
+		resp, err = a.finish(resp, err)
+	}
 	return a.settle(ctx, resp, err)
 }
 

@@ -284,7 +284,9 @@ func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err err
 		// application's answer (the simulator's seed 17790).
 		a.resent = true
 	}
-	err = a.redact(err)
+	if err != nil {
+		err = a.redact(err)
+	}
 	if plant.ResetNotSent && resp == nil && plant.IsReset(err) { // a planted bug (internal/plant)
 		w.writes = 0
 	}
