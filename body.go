@@ -186,20 +186,32 @@ func (c *stringCatcher) Write(p []byte) (int, error) {
 	if c.n+int64(len(p)) > c.max {
 		return 0, errBodyTooLarge
 	}
-	c.spill()
+	if c.str {
+		c.spill()
+	}
 	if c.b == nil && (c.want <= 0 || int64(len(p)) >= c.want) {
 		c.b = append([]byte(nil), p...) // a copy (p is not ours to keep), in one allocation not zeroed first
 	} else {
-		if c.b == nil {
-			c.b = make([]byte, 0, c.want)
-		}
-		c.b = append(c.b, p...) // a copy: p is not ours to keep
+		c.appendMore(p)
 	}
 	c.n += int64(len(p))
 	return len(p), nil
 }
 
+// appendMore is Write of a body that comes in more than one piece: a copy
+// of p appended, p not being ours to keep.
+//
+//go:noinline
+func (c *stringCatcher) appendMore(p []byte) {
+	if c.b == nil {
+		c.b = make([]byte, 0, c.want)
+	}
+	c.b = append(c.b, p...)
+}
+
 // spill turns a string kept so far into bytes, to append to.
+//
+//go:noinline
 func (c *stringCatcher) spill() {
 	if c.str {
 		c.b = append(make([]byte, 0, len(c.s)*2), c.s...)
