@@ -433,13 +433,14 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 		return nil, err
 	}
 	a := &operation{c: c, cfg: cfg, p: p.apply(ctx), operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method), j: j, scope: scope, sdk: sdk}
-	body, getBody, err := replayableBody(req, j != nil, p.maxBody, &a.catcher)
+	a.mem, a.getBody, err = replayableBody(req, j != nil, p.maxBody, &a.catcher)
 	if err != nil {
 		return nil, unsent(err, key, hasOp)
 	}
 	a.req = req // for the call's events until out replaces it
 	a.cctx = callCtx{Context: ctx, a: a}
-	return a.proceed(ctx, req, key, explicit, callParts{body: body, getBody: getBody, hc: hc}, rs)
+	a.hc = hc
+	return a.proceed(ctx, req, key, explicit, rs)
 }
 
 // unsent is a refusal before anything is sent: ErrNotSent only when no
@@ -482,21 +483,14 @@ func (c *Client) journalOf(op string, hasOp bool, key string, explicit bool, rs 
 	return j, scope, nil
 }
 
-// callParts is what start made of a request for proceed: its body, made
-// replayable (replayableBody), and a checked copy of its header, if one
-// was made (callerKey).
-type callParts struct {
-	body    memBody
-	getBody func() (io.ReadCloser, error)
-	hc      headerCopy
-}
-
 // proceed runs a call from its key on: the journal entry, the outgoing
 // request, its attempts, the outcome. key is the caller's, "" if none.
-func (a *operation) proceed(ctx context.Context, req *http.Request, key string, explicit bool, parts callParts, rs *resend) (*http.Response, error) {
+// What do made of the request is in a: its body, made replayable (mem, or
+// getBody for a streamed one), and a checked copy of its header, if one
+// was made (hc, by callerKey).
+func (a *operation) proceed(ctx context.Context, req *http.Request, key string, explicit bool, rs *resend) (*http.Response, error) {
 	cfg, p, keyed := a.cfg, &a.cfg.pol, a.keyed
-	body := parts.body
-	if parts.getBody != nil {
+	if a.getBody != nil {
 		a.openBody = req // a body left open to stream, until sent or closed
 	}
 	// A panic anywhere in the call (a hook's, a caller's callback's, a
@@ -505,7 +499,7 @@ func (a *operation) proceed(ctx context.Context, req *http.Request, key string, 
 	// goes on.
 	defer a.exit(ctx)
 	if keyed {
-		if resp, err, ok := a.open(ctx, req, key, explicit, body.b, rs); !ok {
+		if resp, err, ok := a.open(ctx, req, key, explicit, a.mem.b, rs); !ok {
 			a.closeStreamed()
 			return resp, err
 		}
@@ -524,7 +518,7 @@ func (a *operation) proceed(ctx context.Context, req *http.Request, key string, 
 	if cfg.prepare != nil {
 		err = a.prepareOut(req, out)
 	} else if keyed {
-		hc := parts.hc
+		hc := a.hc
 		if hc.h == nil { // a key in the header of a request that needs none
 			hc = cloneChecked(req.Header, p.keyHeader)
 		}
@@ -548,11 +542,11 @@ func (a *operation) proceed(ctx context.Context, req *http.Request, key string, 
 	// redirects (and, on a retry, the engine's, which rewinds it the same
 	// way: operation.rewind).
 	out.Body = nil
-	if n := body.len(); n > 0 {
-		a.mem, a.bodyLen = body, int64(n)
+	if n := a.mem.len(); n > 0 {
+		a.bodyLen = int64(n)
 		out.Body, out.GetBody, out.ContentLength = a.firstMemBody(), a.rewind, a.bodyLen
-	} else if parts.getBody != nil {
-		a.streamFirst(ctx, req, out, parts.getBody)
+	} else if a.getBody != nil {
+		a.streamFirst(ctx, req, out, a.getBody)
 	}
 	resp, err := a.run(out)
 	if err != nil {

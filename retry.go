@@ -127,8 +127,10 @@ type operation struct {
 	strReader strings.Reader
 	memUsed   bool
 	stream    *streamed
-	openBody  *http.Request // proceed: the request whose streamed body the call must close if it stops before sending
-	bodyLen   int64         // the body's length as sent, 0 if none, -1 if unknown
+	getBody   func() (io.ReadCloser, error) // a streamed body's GetBody (replayableBody), nil if in memory
+	hc        headerCopy                    // do: the header copied by callerKey, if it was
+	openBody  *http.Request                 // proceed: the request whose streamed body the call must close if it stops before sending
+	bodyLen   int64                         // the body's length as sent, 0 if none, -1 if unknown
 	probing   bool
 
 	// The first attempt goes out directly (send.go); eng, go-retryablehttp's
