@@ -546,7 +546,7 @@ func (a *operation) settleEntry(ctx context.Context, to phase, ansResp *http.Res
 	return err, gone
 }
 
-// unwind ends a call that a panic is leaving (deferred by Client.do): a
+// unwind ends a call that a panic is leaving (proceed's deferred exit): a
 // panic in a hook, a caller's callback or a journal frees the call's
 // slots and settles its entry as any end of the call would, with what it
 // saw so far, so that nothing wedges the operation for the life of the
