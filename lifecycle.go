@@ -114,7 +114,7 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 			a.advance(phaseAttempting)
 			return nil, nil, true
 		}
-		resp, err, ok, again := a.openEntry(ctx, req, key, minted, explicit, body, rs)
+		again, resp, err, ok := a.openEntry(ctx, req, key, minted, explicit, body, rs)
 		if !again {
 			return resp, err, ok
 		}
@@ -126,7 +126,7 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 // again: the entry had another key, which another call was sending under.
 //
 //go:noinline
-func (a *operation) openEntry(ctx context.Context, req *http.Request, key string, minted, explicit bool, body []byte, rs *resend) (resp *http.Response, err error, ok, again bool) {
+func (a *operation) openEntry(ctx context.Context, req *http.Request, key string, minted, explicit bool, body []byte, rs *resend) (again bool, resp *http.Response, err error, ok bool) {
 	var e *Entry
 	if rs != nil {
 		e, err = a.reread(ctx, rs.entry)
@@ -135,7 +135,7 @@ func (a *operation) openEntry(ctx context.Context, req *http.Request, key string
 	}
 	if err != nil {
 		resp, err := a.answer(nil, err)
-		return resp, err, false, false
+		return false, resp, err, false
 	}
 	if e.Key != key {
 		// The operation's entry has another key than the one tried:
@@ -145,11 +145,11 @@ func (a *operation) openEntry(ctx context.Context, req *http.Request, key string
 		waited, err := a.hold(ctx, 'k', e.Key)
 		if err != nil {
 			r, e := a.answer(nil, err)
-			return r, e, false, false
+			return false, r, e, false
 		}
 		if waited {
 			a.releaseAll()
-			return nil, nil, false, true
+			return true, nil, nil, false
 		}
 		a.key = e.Key
 	}
@@ -157,11 +157,11 @@ func (a *operation) openEntry(ctx context.Context, req *http.Request, key string
 	a.entry, a.fresh = e, minted && a.created && !shared
 	if !a.created {
 		if resp, err, answered := a.judge(ctx, req, e, rs); answered {
-			return resp, err, false, false
+			return false, resp, err, false
 		}
 	}
 	a.advance(phaseJournaled)
-	return nil, nil, true, false
+	return false, nil, nil, true
 }
 
 // mintKey is NewKey, unless the simulator names the keys its calls mint
