@@ -38,10 +38,11 @@ func TestArchitecture(t *testing.T) {
 		{pkg: "internal/servercore", mayOnly: []string{"internal/fingerprint", "internal/plant"}, mustNots: []string{"github.com/jackc", "github.com/redis", "database/sql"}},
 		{pkg: "internal/servermodel", mayOnly: []string{"idemserver", "internal/servercore", "internal/plant"}},
 		{pkg: "internal/servertest", mayOnly: []string{"idemserver", "internal/servercore"}},
-		{pkg: "idemserver", mayOnly: []string{".", "internal/contract", "internal/fingerprint", "internal/servercore"}},
+		{pkg: "idemserver", mayOnly: []string{".", "internal/contract", "internal/fingerprint", "internal/plant", "internal/serverclock", "internal/servercore"}},
+		{pkg: "internal/serverclock"},
 		{pkg: "idemtest", mayOnly: []string{".", "idemserver", "internal/contract"}},
 		{pkg: "inbox", mayOnly: []string{".", "internal/plant"}},
-		{pkg: "internal/msgsim", mayOnly: []string{"inbox", "internal/shrink"}},
+		{pkg: "internal/msgsim", mayOnly: []string{"inbox", "internal/plant", "internal/shrink"}},
 		{pkg: "internal/shrink"},
 	}
 	for _, r := range rules {

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idemhttp/internal/plant"
 )
 
 // This file makes "byte-identical on every attempt" hold for every body.
@@ -545,15 +547,19 @@ func (v *verifyingBody) fail() (int, error) {
 }
 
 // Close closes the source, and tells the reference that this body can
-// no longer reach the server whole, if it has not already.
+// no longer reach the server whole, the first time it is called.
 func (v *verifyingBody) Close() error {
 	v.mu.Lock()
 	first := !v.isClosed
 	v.isClosed = true
 	v.mu.Unlock()
-	if first {
-		v.ref.closed(v.k)
+	if !first {
+		// Closed already (by the call unwinding a panic, or by
+		// net/http's Client following a redirect): the caller's body is
+		// closed once, as net/http closes a request's body once.
+		return nil
 	}
+	v.ref.closed(v.k)
 	return v.src.Close()
 }
 
@@ -594,11 +600,22 @@ func (a *operation) memBody() (io.Reader, error) {
 		a.memReader.Reset(a.mem.b)
 		return &a.memReader, nil
 	}
+	if plant.GetBodyRewind { // a planted bug (internal/plant)
+		if gb, ok := plantGetBodies.Load(a); ok {
+			if rc, err := gb.(func() (io.ReadCloser, error))(); err == nil {
+				return rc, nil
+			}
+		}
+	}
 	if a.mem.str {
 		return strings.NewReader(a.mem.s), nil
 	}
 	return bytes.NewReader(a.mem.b), nil
 }
+
+// plantGetBodies holds each call's GetBody in a build with the planted
+// bug plant.GetBodyRewind; empty in every other.
+var plantGetBodies sync.Map
 
 // rewind is the outgoing request's GetBody, for net/http's own resends
 // (a dead pooled connection) and for its redirects: a body as the next
@@ -633,6 +650,10 @@ type streamed struct {
 	// handFirst: the engine sends the first attempt too (config.engineFirst,
 	// for tests): its first rewind hands over first.
 	handFirst bool
+	// last is the latest body from getBody: the engine makes an attempt's
+	// body before its hooks run (Pacer.Wait, OnAttempt), so a panic there
+	// leaves it unsent, and only the call can close it.
+	last *verifyingBody
 }
 
 // body is the engine's ReaderFunc for a streamed request: a body from
@@ -654,5 +675,6 @@ func (a *operation) body() (io.Reader, error) {
 	}
 	v := &verifyingBody{}
 	v.reset(a.req.Context(), rc, &a.stream.ref, a.bodyLen, true)
+	a.stream.last = v
 	return v, nil
 }

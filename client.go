@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/idemkit/idemhttp/internal/contract"
+	"github.com/idemkit/idemhttp/internal/plant"
 )
 
 // Client sends HTTP requests so that retrying them is safe: a request that
@@ -437,6 +438,9 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 	if err != nil {
 		return nil, unsent(err, key, hasOp)
 	}
+	if plant.GetBodyRewind && req.GetBody != nil { // a planted bug (internal/plant)
+		plantGetBodies.Store(a, req.GetBody)
+	}
 	a.req = req // for the call's events until out replaces it
 	a.cctx = callCtx{Context: ctx, a: a}
 	a.hc = hc
@@ -658,6 +662,9 @@ func (a *operation) exitSlow(ctx context.Context) {
 	// io.Pipe has its writer freed.
 	if st := a.stream; st != nil {
 		st.first.closeIfOpen()
+		if st.last != nil {
+			st.last.closeIfOpen() // a later attempt's, made before its hooks ran
+		}
 		return
 	}
 	a.closeStreamed()

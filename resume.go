@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idemhttp/idemtrace"
 	"github.com/idemkit/idemhttp/internal/contract"
+	"github.com/idemkit/idemhttp/internal/plant"
 )
 
 // ResumeResult is the outcome of resending one pending entry.
@@ -32,6 +33,13 @@ type ResumeOptions struct {
 	// entries, in this order: for entries a worker claimed from a journal
 	// shared by a fleet. Each is checked as the journal's own would be
 	// (retention, clock); done entries are not pruned first.
+	//
+	// Without Entries, on a journal a fleet shares (one with
+	// ClaimPending, as contrib/postgres's), Resume claims the entries it
+	// resends (ClaimPending, all it can): it resends only entries no live
+	// worker holds, each under its own lease, and leaves those another
+	// worker holds to it. Entries Filter leaves out stay leased to this
+	// worker until their lease ends.
 	Entries []*Entry
 
 	// Concurrency is how many entries are resent at once. 0 means 16; 1
@@ -98,12 +106,17 @@ func (c *Client) Resume(ctx context.Context, opts *ResumeOptions) ([]ResumeResul
 		// A journal that prunes by itself (Retain) keeps done entries as
 		// long as it was told, and longer if configured so: pruning here
 		// would override that.
-		if _, ok := j.(retainer); !ok {
+		if _, ok := j.(retainer); !ok || plant.ResumePrunes { // ResumePrunes: a planted bug (internal/plant)
 			if _, err := j.Prune(ctx, now.Add(-c.cfg.pol.retention)); err != nil {
 				return nil, fmt.Errorf("idemhttp: resume: prune: %w", err)
 			}
 		}
-		if pending, err = j.Pending(ctx); err != nil {
+		if sj, ok := j.(sharedJournal); ok {
+			pending, err = claimAll(ctx, sj)
+		} else {
+			pending, err = j.Pending(ctx)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("idemhttp: resume: %w", err)
 		}
 	}
@@ -215,6 +228,40 @@ func (c *Client) Resume(ctx context.Context, opts *ResumeOptions) ([]ResumeResul
 		return out, stopped
 	}
 	return results, nil
+}
+
+// claimBatch is how many entries Resume claims from a journal a fleet
+// shares at a time.
+const claimBatch = 256
+
+// claimAll claims every pending entry of a journal a fleet shares that no
+// live lease holds (ClaimPending), for Resume without Entries: what
+// Pending lists includes entries other workers hold, and resending one of
+// those without its lease let its holder withdraw it while this resend
+// ran it, and a later run of its operation run it again under a new key
+// (the simulator's seed 4158). The entries this claims are leased to
+// this worker until they are resolved or the lease ends; ClaimPending
+// skips live leases, this worker's own included, so the loop ends.
+func claimAll(ctx context.Context, j sharedJournal) ([]*Entry, error) {
+	var out []*Entry
+	seen := make(map[string]bool)
+	for {
+		batch, err := j.ClaimPending(ctx, claimBatch)
+		if err != nil {
+			return nil, fmt.Errorf("claim pending: %w", err)
+		}
+		added := 0
+		for _, e := range batch {
+			if e != nil && !seen[e.Key] {
+				seen[e.Key] = true
+				out = append(out, e)
+				added++
+			}
+		}
+		if len(batch) < claimBatch || added == 0 {
+			return out, nil
+		}
+	}
 }
 
 // ClockTolerance is how far ahead of the clock a journaled time may be

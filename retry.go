@@ -292,6 +292,11 @@ func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err err
 	if plant.ResetNotSent && resp == nil && plant.IsReset(err) { // a planted bug (internal/plant)
 		w.writes = 0
 	}
+	if plant.ClassifiedNotSent && resp == nil && err != nil && a.p.classify != nil { // a planted bug (internal/plant)
+		if v := a.p.classify(nil, err); v == VerdictRetry || v == VerdictRetryUnsafe {
+			w.writes = 0
+		}
+	}
 	// The lifecycle's evidence: whether this attempt can have reached the
 	// server (wire.go). An answer always did.
 	a.sawAttempt(resp != nil || !w.notSent(a.cfg.traceable))

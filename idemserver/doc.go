@@ -48,6 +48,8 @@
 // [Hooks] report each decision (claims and their outcomes, stored
 // responses, released keys, renewal failures, store errors, refusals) for
 // metrics and traces; idemhttp's contrib/otel module builds on them.
+// Neither they nor the Logger's records carry the idempotency key unless
+// Hooks.RecordKey says so: a log record names a key by its [KeyDigest].
 //
 // Every decision is taken by the server core that contrib/postgres's
 // TxMiddleware shares, so the two answer alike: docs/server.md, at the

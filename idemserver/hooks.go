@@ -30,7 +30,9 @@ import (
 type Hooks struct {
 	// RecordScope puts the principal's scope in [RequestEvent.Scope].
 	RecordScope bool
-	// RecordKey puts the idempotency key in [RequestEvent.Key].
+	// RecordKey puts the idempotency key in [RequestEvent.Key], and in
+	// the middleware's log records (key, beside key_digest), which
+	// otherwise name it only by its [KeyDigest].
 	RecordKey bool
 
 	// OnClaim is called once the store has answered a claim, with its

@@ -16,8 +16,15 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/serverclock"
 	"github.com/idemkit/idemhttp/internal/servercore"
 )
+
+func init() {
+	// The simulator's seam (internal/serverclock): the process's clock
+	// a Middleware's lock arithmetic reads, set back and forward per seed.
+	serverclock.Register(func(mw any, now func() time.Time) { mw.(*Middleware).now = now })
+}
 
 // ReplayedHeader is the response header, set to "true", that marks a
 // replayed response (Stripe's name, which idemhttp's client recognises).
@@ -222,13 +229,26 @@ type Middleware struct {
 	// [MemoryStore] (the default store) is announced at Info level, once
 	// per store, when Wrap first uses it: what it holds, for how long,
 	// and which stores to use past that. Nil means [slog.Default].
+	//
+	// A record names the request's idempotency key by its digest
+	// (key_digest, see [KeyDigest]), never by the key itself, which names
+	// an operation whose stored response it can fetch: the key is logged
+	// (key, beside key_digest) only with Hooks.RecordKey, the one switch
+	// that lets the key out of the middleware, to its hooks and its log
+	// alike. Nor is the principal's scope logged.
 	Logger *slog.Logger
 
 	// Hooks, when not nil, are called at each decision: claims, stored
 	// responses, released keys, renewal failures, store errors and
 	// refusals. Wrap copies the struct, so later changes to it
 	// have no effect on handlers already wrapped. Nil costs nothing.
+	// Hooks.RecordKey also puts the key in Logger's records; a Hooks
+	// with no function set and RecordKey true does only that.
 	Hooks *Hooks
+
+	// now, when set (through internal/serverclock, by the simulator), is
+	// the process's clock the lock arithmetic reads instead of time.Now.
+	now func() time.Time
 }
 
 // ErrMisconfigured is what [Middleware.Wrap] panics with (wrapped, in an
@@ -306,6 +326,7 @@ func (m *Middleware) build(h http.Handler) *handler {
 		fingerprint: m.Fingerprint,
 		writeError:  m.WriteError,
 		logger:      m.Logger,
+		logKeys:     m.Hooks != nil && m.Hooks.RecordKey,
 		hooks:       m.copyHooks(),
 		tokenPrefix: newTokenPrefix(),
 	}
@@ -331,6 +352,9 @@ func (m *Middleware) build(h http.Handler) *handler {
 		mw.lockTimeout = DefaultLockTimeout
 	}
 	mw.renewer = newRenewer(mw, mw.lockTimeout)
+	if m.now != nil {
+		mw.renewer.clock = newSteadyClock(m.now)
+	}
 	if mw.maxBody <= 0 {
 		mw.maxBody = DefaultMaxBodyBytes
 	}
@@ -402,6 +426,7 @@ type handler struct {
 	core        servercore.Config
 	writeError  func(http.ResponseWriter, *http.Request, *Problem)
 	logger      *slog.Logger
+	logKeys     bool   // Hooks.RecordKey: the log names keys, not only their digests
 	hooks       *Hooks // nil: none
 	tokenPrefix string
 	tokens      atomic.Uint64

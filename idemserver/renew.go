@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idemhttp/internal/plant"
 )
 
 // renewer keeps one wrapped handler's claims alive while their handlers
@@ -100,11 +102,53 @@ func (realClock) now() time.Time { return time.Now() }
 
 func (realClock) afterFunc(d time.Duration, f func()) timer { return time.AfterFunc(d, f) }
 
+// steadyClock is a process clock read through a function (the
+// simulator's, set through internal/serverclock), made steady: a reading
+// earlier than the latest one carries on from the latest, so that a clock
+// set back does not hold every renewal due after the latest reading until
+// the clock has caught up again (the claim's lock, measured by the store,
+// runs out meanwhile, and a retry runs the handler beside this one), nor
+// make a Complete after the handler be tried for as long as the clock
+// went back. A clock set forward looks like time passing: renewals come
+// due at once, which costs a renewal each, and a Complete is tried again
+// for a tenth of the lock timeout, then the claim pinned (fail closed).
+//
+// realClock needs none of this: time.Now's readings carry the runtime's
+// monotonic clock, which no setting of the wall clock moves, and the
+// renewer only compares them with each other. steadyClock is for a clock
+// whose readings have no such part, as the simulator's jumps model.
+//
+// Timers are the runtime's: a timer measures a duration, which no setting
+// of the clock moves.
+type steadyClock struct {
+	read   func() time.Time
+	mu     sync.Mutex
+	latest time.Time     // the latest reading returned
+	ahead  time.Duration // added to read(): the set-backs seen so far
+}
+
+func newSteadyClock(read func() time.Time) *steadyClock { return &steadyClock{read: read} }
+
+func (c *steadyClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := c.read().Add(c.ahead)
+	if t.Before(c.latest) && !plant.ClockBack {
+		c.ahead += c.latest.Sub(t)
+		t = c.latest
+	}
+	c.latest = t
+	return t
+}
+
+func (*steadyClock) afterFunc(d time.Duration, f func()) timer { return time.AfterFunc(d, f) }
+
 // renewal is one request's claim in its handler's renewer. The zero value
 // is idle; start registers it once.
 type renewal struct {
 	r          *renewer
 	key, token string
+	idemKey    string // the key as the client sent it, for the log's digest
 	// ctx carries the request's values (not its cancellation) to the
 	// Renew calls the renewer makes on the request's behalf, so that
 	// traces and loggers see them; it lives no longer than the request.
@@ -119,11 +163,11 @@ type renewal struct {
 	inFlight   sync.WaitGroup // an attempt's goroutine, for stop
 }
 
-// start registers the claim on key held by token, whose Claim was sent
-// at claimed.
-func (rn *renewal) start(ctx context.Context, h *handler, key, token string, claimed time.Time) {
+// start registers the claim on key (the store's, scoped: idemKey is the
+// client's) held by token, whose Claim was sent at claimed.
+func (rn *renewal) start(ctx context.Context, h *handler, key, idemKey, token string, claimed time.Time) {
 	r := h.renewer
-	rn.r, rn.key, rn.token, rn.ctx = r, key, token, ctx
+	rn.r, rn.key, rn.idemKey, rn.token, rn.ctx = r, key, idemKey, token, ctx
 	now := r.clock.now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -186,11 +230,11 @@ func (r *renewer) renew(ctx context.Context, rn *renewal, cancel context.CancelF
 	case errors.Is(err, ErrClaimLost):
 		// Nothing to keep: the Complete after the handler will fail too,
 		// and log that the response was not stored.
-		r.h.logger.ErrorContext(rn.ctx, "idemserver: claim lost while the handler ran; a retry may run it again", "error", err)
+		r.h.logger.ErrorContext(rn.ctx, "idemserver: claim lost while the handler ran; a retry may run it again", r.h.logKey(rn.idemKey), "error", err)
 		r.h.hooks.renewFailed(rn.ctx, true, err)
 	case err != nil:
 		// The store may be back before the lock times out: try again soon.
-		r.h.logger.ErrorContext(rn.ctx, "idemserver: renewing the claim failed; trying again", "error", err)
+		r.h.logger.ErrorContext(rn.ctx, "idemserver: renewing the claim failed; trying again", r.h.logKey(rn.idemKey), "error", err)
 		r.h.hooks.renewFailed(rn.ctx, false, err)
 	}
 	now := r.clock.now()

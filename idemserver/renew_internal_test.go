@@ -29,7 +29,7 @@ func TestRenewalStartStopRace(t *testing.T) {
 			defer wg.Done()
 			for i := range 50 {
 				var rn renewal
-				rn.start(ctx, h, "k", "t", time.Now())
+				rn.start(ctx, h, "k", "k", "t", time.Now())
 				// Varied lifetimes, to stop renewals in each phase of
 				// the timer; the wait orders nothing.
 				<-time.After(time.Duration((i+g)%4) * time.Millisecond)

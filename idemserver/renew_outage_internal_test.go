@@ -203,7 +203,7 @@ func outage(t *testing.T, start, length float64, hang bool) (held bool, tries in
 	require.NoError(t, err)
 	require.Equal(t, Claimed, res.State)
 	var rn renewal
-	rn.start(ctx, h, "k", "t", t0)
+	rn.start(ctx, h, "k", "k", "t", t0)
 	for step := 1; step <= 3000; step++ {
 		clk.advance(at(float64(step) / 1000))
 		if !store.held("k", "t", clk.now()) {

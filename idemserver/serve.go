@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemkit/idemhttp/internal/plant"
 	"github.com/idemkit/idemhttp/internal/servercore"
 )
 
@@ -53,7 +54,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if scope = h.principal(r); scope == "" {
 			// One key space for every caller the Principal cannot name
 			// would let one of them replay another's response.
-			h.logger.ErrorContext(r.Context(), "idemserver: Principal returned an empty scope; answered 500 and ran nothing", "key", key)
+			h.logger.ErrorContext(r.Context(), "idemserver: Principal returned an empty scope; answered 500 and ran nothing", h.logKey(key))
 			h.writeError(w, r, problemNoPrincipal())
 			h.hooks.refused(r.Context(), r, "", key, RefusedNoPrincipal, http.StatusInternalServerError, errNoPrincipal)
 			return
@@ -83,7 +84,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case servercore.AnswerRun:
 		h.run(w, r, &q, scope, key, storeKey, token, claimed, start, claimLatency)
 	case servercore.AnswerStoreFull:
-		h.logger.WarnContext(ctx, "idemserver: store full; answered 503", "key", key, "error", v.Err)
+		h.logger.WarnContext(ctx, "idemserver: store full; answered 503", h.logKey(key), "error", v.Err)
 		hdr.Set("Retry-After", h.retryAfter)
 		h.writeError(w, r, problemStoreFull(key))
 		h.hooks.refused(ctx, r, scope, key, RefusedStoreFull, http.StatusServiceUnavailable, v.Err)
@@ -116,18 +117,23 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // connections. The memory store's methods never wait but for its
 // mutexes, so its calls get no deadline: a context with one arms a
 // runtime timer per request, which the renewer's design measured at 7%
-// of a loopback round trip.
+// of a loopback round trip. until is a reading of the renewer's clock,
+// the process's: the deadline is the time left until then on that clock,
+// not until itself, which the runtime would measure on its own.
 func (h *handler) bounded(ctx context.Context, until time.Time) (context.Context, context.CancelFunc) {
 	if _, ok := h.store.(*MemoryStore); ok {
 		return ctx, func() {}
 	}
-	return context.WithDeadline(ctx, until)
+	if plant.ProcDeadline {
+		return context.WithDeadline(ctx, until)
+	}
+	return context.WithTimeout(ctx, until.Sub(h.renewer.clock.now()))
 }
 
 // storeFailed answers 503 when the store cannot say what became of a key:
 // without that, running the handler could run it twice.
 func (h *handler) storeFailed(w http.ResponseWriter, r *http.Request, scope, key string, op StoreOp, err error) {
-	h.logger.ErrorContext(r.Context(), "idemserver: store failed; answered 503", "key", key, "error", err)
+	h.logger.ErrorContext(r.Context(), "idemserver: store failed; answered 503", h.logKey(key), "error", err)
 	w.Header().Set("Retry-After", h.retryAfter)
 	h.writeError(w, r, problemStoreUnavailable(key))
 	h.hooks.storeError(r.Context(), r, scope, key, op, http.StatusServiceUnavailable, err)
@@ -153,7 +159,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, q *servercore.Requ
 		// renewal, so that a request without hooks does not pay for it.
 		ctx = withRenewEvent(ctx, h.hooks.event(r, scope, key))
 	}
-	rec.renewal.start(ctx, h, storeKey, token, claimed)
+	rec.renewal.start(ctx, h, storeKey, key, token, claimed)
 	f := finisher{h: h, r: r, q: q, rec: rec, scope: scope, key: key, storeKey: storeKey, token: token, start: start}
 	returned := false
 	defer func() {
@@ -254,7 +260,7 @@ func (f *finisher) finish(ctx context.Context, ev servercore.Handler) {
 			f.report(ctx, step, plan, op, err)
 			return
 		}
-		h.logger.ErrorContext(ctx, "idemserver: the store failed after the handler; trying again", "op", string(op), "error", err)
+		h.logger.ErrorContext(ctx, "idemserver: the store failed after the handler; trying again", h.logKey(f.key), "op", string(op), "error", err)
 		sleep(clock, step.At.Sub(clock.now()))
 	}
 }
@@ -269,13 +275,13 @@ func (f *finisher) report(ctx context.Context, step servercore.Step, plan server
 	case servercore.Released:
 		h.hooks.released(ctx, r, f.scope, f.key, ReleaseReason(plan.Reason), status, f.start)
 	case servercore.Pinned:
-		h.logger.ErrorContext(ctx, "idemserver: response not stored; its key stays claimed for the TTL, so that a retry gets 409 rather than run again", "status", status, "error", err)
+		h.logger.ErrorContext(ctx, "idemserver: response not stored; its key stays claimed for the TTL, so that a retry gets 409 rather than run again", h.logKey(f.key), "status", status, "error", err)
 		h.hooks.storeError(ctx, r, f.scope, f.key, op, status, err)
 	default: // Unsettled, Lost
 		if op == StoreOpComplete {
-			h.logger.ErrorContext(ctx, "idemserver: response not stored", "status", status, "error", err)
+			h.logger.ErrorContext(ctx, "idemserver: response not stored", h.logKey(f.key), "status", status, "error", err)
 		} else {
-			h.logger.ErrorContext(ctx, "idemserver: release failed; the key stays claimed until its lock times out", "status", status, "error", err)
+			h.logger.ErrorContext(ctx, "idemserver: release failed; the key stays claimed until its lock times out", h.logKey(f.key), "status", status, "error", err)
 		}
 		h.hooks.storeError(ctx, r, f.scope, f.key, op, status, err)
 	}

@@ -58,7 +58,9 @@ type Options struct {
 	// RecordScope puts the principal's scope (idemserver's
 	// Middleware.Principal) on the server span's events, for
 	// [NewServer]. A scope often names a tenant or an account. Off by
-	// default. (RecordKey applies to the server's events too.)
+	// default. (RecordKey applies to the server's events too, and,
+	// through idemserver.Hooks.RecordKey, to the log records of the
+	// middleware the hooks are given to: see idemserver.KeyDigest.)
 	RecordScope bool
 }
 

@@ -28,16 +28,75 @@ func TestMiddlewareConformance(t *testing.T) {
 // the wire (TestTxConformanceOtherPools: through pgx.Batch).
 func TestTxConformance(t *testing.T) {
 	serverURL(t)
-	servertest.Run(t, func(t *testing.T, app *servertest.App) *servertest.Target {
-		s := newTxSchema(t)
-		m := newTx(t, s, 20, &postgres.TxOptions{MaxStoredBody: app.MaxStoredBody, Logger: discardLogger()})
-		return &servertest.Target{
-			Mode:           servercore.Transactional,
-			Handler:        m.WrapFunc(txApp(app)),
-			Effects:        func(key string) int { return len(charges(t, s, key)) },
-			RefuseComplete: refusingStores(t, s),
-		}
+	servertest.Run(t, txTarget)
+}
+
+// TestMiddlewareLogs: idemserver.Middleware on the PostgreSQL Store logs
+// no key in any of the shell suite's scenarios, error paths included.
+// Checked to fail with the store-failed line logging "key", key.
+func TestMiddlewareLogs(t *testing.T) {
+	serverURL(t)
+	servertest.RunLogs(t, func(t *testing.T, app *servertest.App) *servertest.Target {
+		return servertest.Streamed(app, newStore(t, newSchema(t).pool(t, 20)))
 	})
+}
+
+// TestTxLogs: TxMiddleware logs no key in any of the shell suite's
+// scenarios, error paths included (a refused claim and a refused store,
+// handler errors, a transaction the handler ended, too large). Checked
+// to fail with the "begin or claim failed" line logging "key", c.Key,
+// and with the "handler failed" line likewise.
+func TestTxLogs(t *testing.T) {
+	serverURL(t)
+	servertest.RunLogs(t, txTarget)
+}
+
+// txTarget is the shell suite's target of TxMiddleware, logging to
+// app.Logger (discarded if nil).
+func txTarget(t *testing.T, app *servertest.App) *servertest.Target {
+	s := newTxSchema(t)
+	logger := app.Logger
+	if logger == nil {
+		logger = discardLogger()
+	}
+	m := newTx(t, s, 20, &postgres.TxOptions{MaxStoredBody: app.MaxStoredBody, Logger: logger})
+	return &servertest.Target{
+		Mode:           servercore.Transactional,
+		Handler:        m.WrapFunc(txApp(app)),
+		Effects:        func(key string) int { return len(charges(t, s, key)) },
+		RefuseComplete: refusingStores(t, s),
+		RefuseClaim:    refusingClaims(t, s),
+	}
+}
+
+// refusingClaims returns the RefuseClaim of a target on s: the database
+// refuses the next n statements that claim a key (the claim row's INSERT,
+// whose BEFORE trigger fires even when the row then conflicts), with
+// disk_full (53100), as refusingStores does.
+func refusingClaims(t *testing.T, s *testSchema) func(n int) {
+	t.Helper()
+	ctx := context.Background()
+	admin := s.admin(t)
+	_, err := admin.Exec(ctx, strings.ReplaceAll(`
+CREATE SEQUENCE S.refuse_claim_seq;
+CREATE TABLE S.refuse_claim_limit (n bigint NOT NULL);
+INSERT INTO S.refuse_claim_limit VALUES (0);
+CREATE FUNCTION S.refuse_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF nextval('S.refuse_claim_seq') <= (SELECT n FROM S.refuse_claim_limit) THEN
+    RAISE EXCEPTION 'refused by the test' USING ERRCODE = 'disk_full';
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_claim BEFORE INSERT ON S.idemhttp_keys
+FOR EACH ROW EXECUTE FUNCTION S.refuse_claim();`, "S.", s.name+"."))
+	require.NoError(t, err)
+	return func(n int) {
+		_, err := admin.Exec(ctx, strings.ReplaceAll(`SELECT setval('S.refuse_claim_seq', 1, false)`, "S.", s.name+"."))
+		require.NoError(t, err)
+		_, err = admin.Exec(ctx, `UPDATE `+s.name+`.refuse_claim_limit SET n = $1`, n)
+		require.NoError(t, err)
+	}
 }
 
 // refusingStores returns the RefuseComplete of a target on s: the
@@ -108,6 +167,9 @@ func txApp(app *servertest.App) func(w http.ResponseWriter, r *http.Request, tx 
 			return err
 		case servertest.DoBig:
 			app.Big(w)
+			return nil
+		case servertest.DoSwitch:
+			servertest.Switch(w)
 			return nil
 		}
 		servertest.Answer(w, run)

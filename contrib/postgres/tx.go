@@ -200,7 +200,13 @@ type TxOptions struct {
 	WriteError func(w http.ResponseWriter, r *http.Request, p *idemserver.Problem)
 
 	// Logger receives handler errors and database failures at Error
-	// level. Nil means [slog.Default].
+	// level. Nil means [slog.Default]. A record names the request's
+	// idempotency key by its digest (key_digest, see
+	// [idemserver.KeyDigest]), never by the key itself, which names an
+	// operation whose stored response it can fetch: the key is logged
+	// (key, beside key_digest) only with Hooks.RecordKey, the one switch
+	// that lets the key out of the middleware, as on
+	// [idemserver.Middleware]. Nor is the principal's scope logged.
 	Logger *slog.Logger
 
 	// Hooks, when set, are told of every keyed request's claim and of how
@@ -215,6 +221,7 @@ type TxOptions struct {
 	// commit's outcome unknown: 503). OnRefused reports a request whose
 	// Principal gave no scope. Requests without a key report nothing. Nil
 	// costs nothing. The struct is copied by NewTxMiddleware.
+	// Hooks.RecordKey also puts the key in Logger's records.
 	Hooks *idemserver.Hooks
 }
 
@@ -368,6 +375,7 @@ type TxMiddleware struct {
 	hooks       *idemserver.Hooks // a copy of TxOptions.Hooks, nil if none
 	writeError  func(http.ResponseWriter, *http.Request, *idemserver.Problem)
 	logger      *slog.Logger
+	logKeys     bool // Hooks.RecordKey: the log names keys, not only their digests
 	tokenPrefix string
 	tokens      atomic.Uint64
 
@@ -445,6 +453,7 @@ func NewTxMiddleware(ctx context.Context, db DB, opts *TxOptions) (*TxMiddleware
 		hooks:       copyHooks(opts.Hooks),
 		writeError:  opts.WriteError,
 		logger:      opts.Logger,
+		logKeys:     opts.Hooks != nil && opts.Hooks.RecordKey,
 		tokenPrefix: newTokenPrefix(),
 	}
 	if m.methods == nil {
@@ -685,7 +694,7 @@ func (h *txHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// As idemserver does: one key space for every caller the
 			// Principal cannot name would let one replay another's
 			// response.
-			m.logger.ErrorContext(r.Context(), "idemhttp/postgres: Principal returned an empty scope; answered 500 and ran nothing", "key", key)
+			m.logger.ErrorContext(r.Context(), "idemhttp/postgres: Principal returned an empty scope; answered 500 and ran nothing", m.logKey(key))
 			m.writeError(w, r, idemserver.ProblemNoPrincipal())
 			rep := h.reporter(r, &txClaim{TxKey: TxKey{Key: key}})
 			rep.refused(idemserver.RefusedNoPrincipal, http.StatusInternalServerError, errNoPrincipal)

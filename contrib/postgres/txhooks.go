@@ -2,10 +2,12 @@ package postgres
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"time"
 
 	"github.com/idemkit/idemhttp/idemserver"
+	"github.com/idemkit/idemhttp/internal/contract"
 )
 
 // copyHooks copies the caller's hooks, as idemserver.Middleware does, so
@@ -102,3 +104,7 @@ func (rp *txReport) storeError(op idemserver.StoreOp, status int, err error) {
 		rp.hk.OnStoreError(rp.ctx, idemserver.StoreErrorEvent{RequestEvent: rp.ev, Op: op, Status: status, Err: err})
 	}
 }
+
+// logKey returns the attribute a log record names key by: its digest, and
+// the key too with Hooks.RecordKey.
+func (m *TxMiddleware) logKey(key string) slog.Attr { return contract.LogKey(key, m.logKeys) }

@@ -221,7 +221,16 @@ func (h *txHandler) claimOnce(d *dbStep, c *txClaim) (*txRun, servercore.Found, 
 		err    error
 	)
 	var held *pgxpool.Conn // the connection, while a panic would strand it
+	// The run, while a panic would strand it: on a DB that is no pool
+	// (it began the transaction through SendBatch and holds its
+	// connection), there is no held connection to close, and the open
+	// transaction kept the connection and the key's lock for ever.
+	var stranded *txRun
 	defer func() {
+		if held == nil && stranded != nil {
+			stranded.rollback(d, m.wire) // a failed rollback closes the connection
+			return
+		}
 		if held != nil {
 			// A panic in the middleware's own code while it holds the
 			// connection (a bug: a decoder's, say): close it rather than
@@ -250,6 +259,7 @@ func (h *txHandler) claimOnce(d *dbStep, c *txClaim) (*txRun, servercore.Found, 
 	} else {
 		run, found, locked, err = h.beginBatch(ctx, c, nil)
 	}
+	stranded = run
 	h.step("claimed")
 	if err == nil && c != nil && found.State == 0 && !m.lookupApart {
 		// Not claimed: read the key's row in the same transaction, and
@@ -261,7 +271,7 @@ func (h *txHandler) claimOnce(d *dbStep, c *txClaim) (*txRun, servercore.Found, 
 		if run != nil {
 			run.rollback(d, m.wire) // ErrTxClosed if the begin failed
 		}
-		held = nil // given back
+		held, stranded = nil, nil // given back
 		switch {
 		case c != nil && serializationFailure(err):
 			// Under REPEATABLE READ and SERIALIZABLE the statement's
@@ -281,7 +291,7 @@ func (h *txHandler) claimOnce(d *dbStep, c *txClaim) (*txRun, servercore.Found, 
 		}
 		return nil, found, err
 	}
-	held = nil // the run's now
+	held, stranded = nil, nil // the run's now
 	run.lent.timeout = m.dbTimeout
 	return run, servercore.Found{State: servercore.Free}, nil
 }

@@ -72,7 +72,7 @@ func (h *txHandler) serve(w http.ResponseWriter, r *http.Request, c *txClaim) {
 			return
 		}
 		// Run again, as a new run of the key, with the body from the start.
-		m.logger.InfoContext(ctx, "idemhttp/postgres: serialization failure; running the request again", "key", c.Key, "attempt", attempt+1)
+		m.logger.InfoContext(ctx, "idemhttp/postgres: serialization failure; running the request again", m.logKey(c.Key), "attempt", attempt+1)
 		q.Restart()
 		c.Token = m.newToken()
 		r.Body = &bodyReader{b: c.body}
@@ -121,7 +121,7 @@ func (h *txHandler) runOnce(ctx context.Context, w http.ResponseWriter, r *http.
 	returned = true
 	h.step("handler")
 	if herr != nil {
-		h.m.logger.ErrorContext(ctx, "idemhttp/postgres: handler failed", "key", c.Key, "error", herr)
+		h.m.logger.ErrorContext(ctx, "idemhttp/postgres: handler failed", h.m.logKey(c.Key), "error", herr)
 	}
 	plan := q.Returned(servercore.Handler{
 		Err:           herr,
@@ -175,7 +175,7 @@ func (h *txHandler) settle(ctx context.Context, w http.ResponseWriter, r *http.R
 		case servercore.Recheck:
 			found, rerr := h.recheck(d.context(), c)
 			if rerr != nil {
-				m.logger.ErrorContext(ctx, "idemhttp/postgres: looking the key up again after a rollback failed", "key", c.Key, "error", rerr)
+				m.logger.ErrorContext(ctx, "idemhttp/postgres: looking the key up again after a rollback failed", m.logKey(c.Key), "error", rerr)
 			}
 			var hdr http.Header
 			if w != nil {
@@ -188,7 +188,7 @@ func (h *txHandler) settle(ctx context.Context, w http.ResponseWriter, r *http.R
 			// answer is 500, not 409).
 			step, v = q.Rechecked(servercore.Claim{Err: rerr, Found: found, Fingerprint: c.fingerprint, Token: c.Token, Request: r, Body: c.body}, hdr)
 			if step.Phase == servercore.Answered {
-				m.logger.InfoContext(ctx, "idemhttp/postgres: rolled back; the key was taken meanwhile", "key", c.Key, "cause", err)
+				m.logger.InfoContext(ctx, "idemhttp/postgres: rolled back; the key was taken meanwhile", m.logKey(c.Key), "cause", err)
 				status := 0
 				if w != nil {
 					_, status = h.answer(w, r, c, v)
@@ -213,7 +213,7 @@ func (h *txHandler) finish(ctx context.Context, w http.ResponseWriter, r *http.R
 	switch step.Phase {
 	case servercore.Stored:
 		if step.Answer == servercore.AnswerTxEnded {
-			m.logger.ErrorContext(ctx, "idemhttp/postgres: the handler ended the transaction itself; answered 500, the key kept as not replayable", "key", c.Key)
+			m.logger.ErrorContext(ctx, "idemhttp/postgres: the handler ended the transaction itself; answered 500, the key kept as not replayable", m.logKey(c.Key))
 			rep.stored(status, false)
 		} else {
 			rep.stored(status, true)
@@ -221,24 +221,24 @@ func (h *txHandler) finish(ctx context.Context, w http.ResponseWriter, r *http.R
 	case servercore.Released:
 		switch step.Answer {
 		case servercore.AnswerSerialization:
-			m.logger.ErrorContext(ctx, "idemhttp/postgres: serialization failure; rolled back, answered 503", "key", c.Key, "error", err)
+			m.logger.ErrorContext(ctx, "idemhttp/postgres: serialization failure; rolled back, answered 503", m.logKey(c.Key), "error", err)
 			status = http.StatusServiceUnavailable
 		case servercore.AnswerTooLarge:
-			m.logger.ErrorContext(ctx, "idemhttp/postgres: response too large to store; rolled back", "key", c.Key, "limit", m.maxStored)
+			m.logger.ErrorContext(ctx, "idemhttp/postgres: response too large to store; rolled back", m.logKey(c.Key), "limit", m.maxStored)
 		case servercore.AnswerInProgress:
-			m.logger.ErrorContext(ctx, "idemhttp/postgres: claim lost; rolled back", "key", c.Key)
+			m.logger.ErrorContext(ctx, "idemhttp/postgres: claim lost; rolled back", m.logKey(c.Key))
 		case servercore.AnswerRolledBack:
 			if step.Reason != servercore.ReasonPanic && step.Reason != servercore.ReasonCanceled {
-				m.logger.ErrorContext(ctx, "idemhttp/postgres: rolled back", "key", c.Key, "status", status, "error", err)
+				m.logger.ErrorContext(ctx, "idemhttp/postgres: rolled back", m.logKey(c.Key), "status", status, "error", err)
 			}
 		}
 		rep.released(idemserver.ReleaseReason(step.Reason), status)
 	default: // Unsettled
 		if step.Answer == servercore.AnswerTxEnded {
-			m.logger.ErrorContext(ctx, "idemhttp/postgres: the handler ended the transaction itself, and keeping its key failed", "key", c.Key, "error", err)
+			m.logger.ErrorContext(ctx, "idemhttp/postgres: the handler ended the transaction itself, and keeping its key failed", m.logKey(c.Key), "error", err)
 			rep.storeError(idemserver.StoreOpComplete, http.StatusInternalServerError, err)
 		} else {
-			m.logger.ErrorContext(ctx, "idemhttp/postgres: commit outcome unknown; answered 503", "key", c.Key, "error", err)
+			m.logger.ErrorContext(ctx, "idemhttp/postgres: commit outcome unknown; answered 503", m.logKey(c.Key), "error", err)
 			rep.storeError(idemserver.StoreOpComplete, http.StatusServiceUnavailable, err)
 		}
 	}
@@ -291,13 +291,13 @@ func (h *txHandler) answer(w http.ResponseWriter, r *http.Request, c *txClaim, v
 		_, _ = w.Write(v.Body) // a failed write means the client left
 		return idemserver.ClaimReplay, v.Status
 	case servercore.AnswerCorrupt:
-		m.logger.ErrorContext(r.Context(), "idemhttp/postgres: corrupt stored response; answered 503", "key", c.Key, "error", v.Err)
+		m.logger.ErrorContext(r.Context(), "idemhttp/postgres: corrupt stored response; answered 503", m.logKey(c.Key), "error", v.Err)
 		w.Header().Set("Retry-After", m.retryAfter)
 		m.writeError(w, r, idemserver.ProblemStoreUnavailable(c.Key))
 		return idemserver.ClaimReplay, 0
 	}
 	// AnswerStoreFailed (or full, which a database does not say)
-	m.logger.ErrorContext(r.Context(), "idemhttp/postgres: begin or claim failed; answered 503", "key", c.Key, "error", v.Err)
+	m.logger.ErrorContext(r.Context(), "idemhttp/postgres: begin or claim failed; answered 503", m.logKey(c.Key), "error", v.Err)
 	w.Header().Set("Retry-After", m.retryAfter)
 	m.writeError(w, r, idemserver.ProblemStoreUnavailable(c.Key))
 	return "", http.StatusServiceUnavailable

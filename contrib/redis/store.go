@@ -282,7 +282,9 @@ func (s *Store) Claim(ctx context.Context, key string, c idemserver.Claim) (idem
 	}
 	kind, first, rest, err := splitValue(old)
 	if err != nil {
-		return idemserver.ClaimResult{}, fmt.Errorf("idemhttp/redis: claim: key %q: %w", s.prefix+key, err)
+		// The error goes to the middleware's log: it names no key (the
+		// log line names it by its digest, see idemserver.KeyDigest).
+		return idemserver.ClaimResult{}, fmt.Errorf("idemhttp/redis: claim: the key's value: %w", err)
 	}
 	switch {
 	case kind == 'R':

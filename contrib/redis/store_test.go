@@ -2,6 +2,10 @@ package redis_test
 
 import (
 	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,4 +94,30 @@ func TestDefaultPrefix(t *testing.T) {
 	_, err := s.Claim(ctx, key, idemserver.Claim{Token: "t", Fingerprint: "fp", LockTimeout: time.Minute})
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), c.Exists(ctx, idemredis.DefaultPrefix+key).Val())
+}
+
+// TestForeignValueLogsNoKey: a key holding something the store did not
+// write answers 503, and the log line says so without the key (the Redis
+// store's error named it, and went to the log with the request). Checked
+// to fail with the claim's error naming s.prefix+key again.
+func TestForeignValueLogsNoKey(t *testing.T) {
+	const key = "op-7f3a-9c1d-not-for-logs"
+	ctx := context.Background()
+	c := newClient(t, 0)
+	prefix := newPrefix(t, c)
+	require.NoError(t, c.Set(ctx, prefix+idemserver.ScopedKey("", key), "hello", time.Minute).Err())
+	var log strings.Builder
+	h := (&idemserver.Middleware{
+		SingleTenant: true, RetryAfter: -1,
+		Store:  idemredis.NewStore(c, &idemredis.Options{Prefix: prefix}),
+		Logger: slog.New(slog.NewTextHandler(&log, nil)),
+	}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	req := httptest.NewRequest(http.MethodPost, "/charges", strings.NewReader("x"))
+	req.Header.Set("Idempotency-Key", key)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	assert.Equal(t, http.StatusServiceUnavailable, w.Code)
+	assert.Contains(t, log.String(), "not an idemhttp record")
+	assert.Contains(t, log.String(), "key_digest="+idemserver.KeyDigest(key))
+	assert.NotContains(t, log.String(), key)
 }

@@ -39,7 +39,7 @@ func ResultHeader(h http.Header, names, pathAfter []string) http.Header {
 	var out http.Header
 	for _, name := range resultHeaders {
 		v := h.Values(name)
-		if len(v) == 0 {
+		if len(v) == 0 || bugResultEncoding && name == "Content-Encoding" { // bugResultEncoding: a planted bug
 			continue
 		}
 		if out == nil {
@@ -48,6 +48,9 @@ func ResultHeader(h http.Header, names, pathAfter []string) http.Header {
 		vals := make([]string, len(v))
 		for i, s := range v {
 			vals[i] = RedactHeaderURLs(name, s, names, pathAfter)
+			if bugResultURL { // a planted bug
+				vals[i] = s
+			}
 		}
 		out[name] = vals
 	}

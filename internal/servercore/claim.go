@@ -78,6 +78,21 @@ func (c *Config) shouldStore(status int) bool {
 	return c.ShouldStore(status)
 }
 
+// keepsOrPanics is shouldStore for rule 2, which runs while a handler's
+// panic unwinds: a ShouldStore that panics there too is taken as keeping
+// the status (its key then stays completed, not replayable), since a
+// second panic would leave the claim with nobody to finish it, and a
+// retry would run the handler again once its lock timed out. The
+// handler's own panic goes on to net/http.
+func (c *Config) keepsOrPanics(status int) (keeps bool) {
+	defer func() {
+		if recover() != nil {
+			keeps = true
+		}
+	}()
+	return c.shouldStore(status)
+}
+
 // Request is one keyed request's way through the core. Its zero value is
 // not usable: start one with [Config.Start]. It is not safe for
 // concurrent use: the request's goroutine drives it.

@@ -138,7 +138,8 @@ type Plan struct {
 //     status ShouldStore keeps (or hijacked the connection) before it
 //     panicked (a deferred audit log that fails after the answer) ran:
 //     keep its key completed, not replayable, as after a hijack;
-//     released, a retry would run it again.
+//     released, a retry would run it again. A ShouldStore that panics
+//     there too counts as keeping (keepsOrPanics).
 //  3. A handler that returned without writing anything while its
 //     request's context was done gave up (its client left, a deadline
 //     passed): release, in every mode, never a stored empty 200 replayed
@@ -171,7 +172,7 @@ func (q *Request) Returned(ev Handler) Plan {
 	switch {
 	case !streamed && ev.Tx == TxIdle:
 		p = Plan{Do: KeepUnreplayable, Status: ev.Status, Answer: AnswerTxEnded}
-	case ev.Panicked && streamed && (ev.Hijacked || ev.Wrote && ev.Status >= 100 && ev.Status <= 999 && q.cfg.shouldStore(ev.Status)):
+	case ev.Panicked && streamed && (ev.Hijacked || ev.Wrote && ev.Status >= 100 && ev.Status <= 999 && q.cfg.keepsOrPanics(ev.Status)):
 		// It answered (or took the connection) before it panicked: its
 		// effect ran, and its answer may have reached the client.
 		// Released, a retry would run it again.

@@ -17,6 +17,7 @@ package servertest
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -61,6 +62,8 @@ const (
 	// DoBig makes one effect and answers 201 with a body larger than the
 	// stored limit (Target.MaxStoredBody).
 	DoBig = "big"
+	// DoSwitch makes one effect and answers 101 Switching Protocols.
+	DoSwitch = "switch"
 )
 
 // App is the business a target serves, and what it saw: the runs of each
@@ -70,6 +73,9 @@ type App struct {
 	// MaxStoredBody is the limit DoBig passes; the target's shell must be
 	// set to it.
 	MaxStoredBody int
+	// Logger, when not nil, is the logger the target's shell must log
+	// to (RunLogs sets it); nil leaves the shell's default.
+	Logger *slog.Logger
 
 	mu      sync.Mutex
 	runs    map[string]int
@@ -132,6 +138,12 @@ func Answer(w http.ResponseWriter, run string) {
 	_, _ = fmt.Fprintf(w, `{"run":%q}`, run)
 }
 
+// Switch answers 101 Switching Protocols.
+func Switch(w http.ResponseWriter) {
+	w.Header().Set("Upgrade", "example/1")
+	w.WriteHeader(http.StatusSwitchingProtocols)
+}
+
 // Big writes the 201 of a run too large to store.
 func (a *App) Big(w http.ResponseWriter) {
 	w.WriteHeader(http.StatusCreated)
@@ -167,6 +179,10 @@ func (a *App) Streamed() http.Handler {
 			a.Run(r)
 			effect()
 			a.Big(w)
+		case DoSwitch:
+			a.Run(r)
+			effect()
+			Switch(w)
 		default:
 			run := a.Run(r)
 			effect()
@@ -196,6 +212,10 @@ type Target struct {
 	// writes the response into the claim row fails, and the transaction
 	// rolls back).
 	RefuseComplete func(n int)
+	// RefuseClaim, when not nil, makes the store refuse its next n Claim
+	// calls (see RefusingStore); Transactional: makes the database refuse
+	// its next n claims (the statement that claims the key fails).
+	RefuseClaim func(n int)
 }
 
 // Streamed returns the target of idemserver.Middleware on store,
@@ -203,21 +223,32 @@ type Target struct {
 // store is wrapped in a RefusingStore.
 func Streamed(app *App, store idemserver.Store) *Target {
 	rs := &RefusingStore{Store: store}
-	mw := &idemserver.Middleware{Store: rs, SingleTenant: true, MaxStoredBody: app.MaxStoredBody, LockTimeout: 5 * time.Second}
+	mw := &idemserver.Middleware{Store: rs, SingleTenant: true, MaxStoredBody: app.MaxStoredBody, LockTimeout: 5 * time.Second, Logger: app.Logger}
 	return &Target{
 		Mode:           servercore.Streamed,
 		Handler:        mw.Wrap(app.Streamed()),
 		Effects:        app.StreamedEffects,
 		RefuseComplete: func(n int) { rs.Refuse.Store(int32(n)) },
+		RefuseClaim:    func(n int) { rs.RefuseClaim.Store(int32(n)) },
 	}
 }
 
 // RefusingStore is a Store that refuses the next Refuse calls of
-// Complete without passing them on, as a store out of memory or a
-// network blip would, and passes every other call to Store.
+// Complete (and the next RefuseClaim calls of Claim) without passing them
+// on, as a store out of memory or a network blip would, and passes every
+// other call to Store.
 type RefusingStore struct {
 	idemserver.Store
-	Refuse atomic.Int32
+	Refuse      atomic.Int32
+	RefuseClaim atomic.Int32
+}
+
+// Claim refuses, or calls the store's.
+func (s *RefusingStore) Claim(ctx context.Context, key string, c idemserver.Claim) (idemserver.ClaimResult, error) {
+	if s.RefuseClaim.Add(-1) >= 0 {
+		return idemserver.ClaimResult{}, errRefused
+	}
+	return s.Store.Claim(ctx, key, c)
 }
 
 // Complete refuses, or calls the store's.
@@ -268,6 +299,65 @@ func replayed(run string) reply {
 	return r
 }
 
+// SecretKey is the key RunLogs sends: it must appear in no log record.
+const SecretKey = "op-7f3a-9c1d-not-for-logs"
+
+// RunLogs runs the scenarios as Run does, but under SecretKey, with each
+// App's Logger writing to a buffer, and checks that no record of the
+// target's shell carries the key (a key names an operation whose stored
+// response it can fetch): each names it by its digest only
+// (idemserver.KeyDigest), and some do, or the scan saw nothing. A
+// scenario that runs a key of its own (a literal rather than f.k) fails
+// here: its log would go unscanned. Checked to fail with the 101
+// scenario sending "k".
+func RunLogs(t *testing.T, newTarget func(t *testing.T, app *App) *Target) {
+	t.Helper()
+	digest := "key_digest=" + idemserver.KeyDigest(SecretKey)
+	var named atomic.Int64
+	for _, sc := range scenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			log := new(syncBuffer)
+			app := NewApp()
+			app.Logger = slog.New(slog.NewTextHandler(log, nil))
+			tg := newTarget(t, app)
+			if sc.mode != 0 && sc.mode != tg.Mode {
+				t.Skipf("%s only", modeName(sc.mode))
+			}
+			if sc.needs != nil && !sc.needs(tg) {
+				t.Skip("the target cannot make this fault")
+			}
+			sc.run(t, &fixture{t: t, app: app, tg: tg, k: SecretKey})
+			app.mu.Lock()
+			for k := range app.runs {
+				assert.Equal(t, SecretKey, k, "the scenario ran a key of its own (send f.k): its log is not scanned")
+			}
+			app.mu.Unlock()
+			out := log.String()
+			assert.NotContains(t, out, SecretKey, "a log record holds the key")
+			named.Add(int64(strings.Count(out, digest)))
+		})
+	}
+	assert.Positive(t, named.Load(), "no record named the key by its digest: the scan saw no error path")
+}
+
+// syncBuffer is a log destination safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 // Run runs the scenarios against the targets newTarget makes, one per
 // scenario, each with its own App.
 func Run(t *testing.T, newTarget func(t *testing.T, app *App) *Target) {
@@ -282,7 +372,7 @@ func Run(t *testing.T, newTarget func(t *testing.T, app *App) *Target) {
 			if sc.needs != nil && !sc.needs(tg) {
 				t.Skip("the target cannot make this fault")
 			}
-			sc.run(t, &fixture{t: t, app: app, tg: tg})
+			sc.run(t, &fixture{t: t, app: app, tg: tg, k: "k"})
 		})
 	}
 }
@@ -299,6 +389,7 @@ type fixture struct {
 	t   *testing.T
 	app *App
 	tg  *Target
+	k   string // the key the scenario sends
 }
 
 func (f *fixture) send(key, do string) reply {
@@ -336,44 +427,44 @@ type scenario struct {
 // the core it was checked against.
 var scenarios = []scenario{
 	{name: "replay", run: func(t *testing.T, f *fixture) {
-		assert.Equal(t, created("k#1"), f.send("k", DoCharge))
-		assert.Equal(t, replayed("k#1"), f.send("k", DoCharge))
-		assert.Equal(t, 1, f.tg.Effects("k"))
+		assert.Equal(t, created(f.k+"#1"), f.send(f.k, DoCharge))
+		assert.Equal(t, replayed(f.k+"#1"), f.send(f.k, DoCharge))
+		assert.Equal(t, 1, f.tg.Effects(f.k))
 	}},
 
 	{name: "in progress, then the replay", run: func(t *testing.T, f *fixture) {
-		first := f.sendAsync("k", DoHold)
-		f.started("k")
-		got := f.send("k", DoCharge)
+		first := f.sendAsync(f.k, DoHold)
+		f.started(f.k)
+		got := f.send(f.k, DoCharge)
 		assert.Equal(t, http.StatusConflict, got.Status, "%v", got)
-		f.app.let("k")
-		assert.Equal(t, created("k#1"), <-first)
-		assert.Equal(t, replayed("k#1"), f.send("k", DoCharge))
-		assert.Equal(t, 1, f.app.Runs("k"))
-		assert.Equal(t, 1, f.tg.Effects("k"))
+		f.app.let(f.k)
+		assert.Equal(t, created(f.k+"#1"), <-first)
+		assert.Equal(t, replayed(f.k+"#1"), f.send(f.k, DoCharge))
+		assert.Equal(t, 1, f.app.Runs(f.k))
+		assert.Equal(t, 1, f.tg.Effects(f.k))
 	}},
 
 	{name: "another request under the key: 422", run: func(t *testing.T, f *fixture) {
-		assert.Equal(t, created("k#1"), send(f.tg.Handler, context.Background(), "k", DoCharge, "x", ""))
-		assert.Equal(t, http.StatusUnprocessableEntity, send(f.tg.Handler, context.Background(), "k", DoCharge, "y", "").Status)
+		assert.Equal(t, created(f.k+"#1"), send(f.tg.Handler, context.Background(), f.k, DoCharge, "x", ""))
+		assert.Equal(t, http.StatusUnprocessableEntity, send(f.tg.Handler, context.Background(), f.k, DoCharge, "y", "").Status)
 	}},
 
 	// Issue 30, §2.8. Checked to fail with the Content-Type left out of
 	// the fingerprint: the second request got the first's response.
 	{name: "another multipart boundary: 422", run: func(t *testing.T, f *fixture) {
 		body := "--a\r\n\r\n--b\r\n\r\n1\r\n--b--\r\n--a--\r\n"
-		first := send(f.tg.Handler, context.Background(), "k", DoCharge, body, "multipart/form-data; boundary=a")
-		assert.Equal(t, created("k#1"), first)
-		second := send(f.tg.Handler, context.Background(), "k", DoCharge, body, "multipart/form-data; boundary=b")
+		first := send(f.tg.Handler, context.Background(), f.k, DoCharge, body, "multipart/form-data; boundary=a")
+		assert.Equal(t, created(f.k+"#1"), first)
+		second := send(f.tg.Handler, context.Background(), f.k, DoCharge, body, "multipart/form-data; boundary=b")
 		assert.Equal(t, http.StatusUnprocessableEntity, second.Status, "%v", second)
-		same := send(f.tg.Handler, context.Background(), "k", DoCharge, body, "Multipart/Form-Data;boundary=a")
-		assert.Equal(t, replayed("k#1"), same, "the same request, spelt another way")
+		same := send(f.tg.Handler, context.Background(), f.k, DoCharge, body, "Multipart/Form-Data;boundary=a")
+		assert.Equal(t, replayed(f.k+"#1"), same, "the same request, spelt another way")
 	}},
 
 	{name: "server error: released", run: func(t *testing.T, f *fixture) {
-		assert.Equal(t, http.StatusInternalServerError, f.send("k", DoFail).Status)
-		assert.Equal(t, created("k#2"), f.send("k", DoCharge))
-		assert.Equal(t, 1, f.tg.Effects("k"))
+		assert.Equal(t, http.StatusInternalServerError, f.send(f.k, DoFail).Status)
+		assert.Equal(t, created(f.k+"#2"), f.send(f.k, DoCharge))
+		assert.Equal(t, 1, f.tg.Effects(f.k))
 	}},
 
 	// Issue 30, §2.3: the same answer in every mode. Checked to fail
@@ -382,24 +473,36 @@ var scenarios = []scenario{
 	{name: "the client left, nothing written: released, nothing stored", run: func(t *testing.T, f *fixture) {
 		ctx, cancel := context.WithCancel(context.Background())
 		gone := make(chan reply, 1)
-		go func() { gone <- send(f.tg.Handler, ctx, "k", DoGiveUp, "x", "") }()
-		f.started("k")
+		go func() { gone <- send(f.tg.Handler, ctx, f.k, DoGiveUp, "x", "") }()
+		f.started(f.k)
 		cancel()
 		<-gone
-		assert.Equal(t, created("k#2"), f.send("k", DoCharge), "a retry runs")
-		assert.Equal(t, 1, f.tg.Effects("k"))
+		assert.Equal(t, created(f.k+"#2"), f.send(f.k, DoCharge), "a retry runs")
+		assert.Equal(t, 1, f.tg.Effects(f.k))
 	}},
 
+	// A store that cannot say what became of a key: 503, nothing ran,
+	// and the retry runs.
+	{name: "a claim refused: 503, then the retry runs",
+		needs: func(tg *Target) bool { return tg.RefuseClaim != nil },
+		run: func(t *testing.T, f *fixture) {
+			f.tg.RefuseClaim(1)
+			got := f.send(f.k, DoCharge)
+			assert.Equal(t, http.StatusServiceUnavailable, got.Status, "%v", got)
+			assert.Equal(t, created(f.k+"#1"), f.send(f.k, DoCharge))
+			assert.Equal(t, 1, f.tg.Effects(f.k))
+		}},
+
 	{name: "panic: released", run: func(t *testing.T, f *fixture) {
-		f.send("k", DoPanic)
-		assert.Equal(t, created("k#2"), f.send("k", DoCharge))
-		assert.Equal(t, 1, f.tg.Effects("k"))
+		f.send(f.k, DoPanic)
+		assert.Equal(t, created(f.k+"#2"), f.send(f.k, DoCharge))
+		assert.Equal(t, 1, f.tg.Effects(f.k))
 	}},
 
 	// Issue 30, §2.5. Checked to fail (TxMiddleware) with a busy lock
 	// answered 409 before the completed row was read.
 	{name: "many retries of a completed key at once: the replay, never 409", run: func(t *testing.T, f *fixture) {
-		assert.Equal(t, created("k#1"), f.send("k", DoCharge))
+		assert.Equal(t, created(f.k+"#1"), f.send(f.k, DoCharge))
 		const n = 16
 		replies := make(chan reply, n)
 		var start sync.WaitGroup
@@ -407,14 +510,14 @@ var scenarios = []scenario{
 		for range n {
 			go func() {
 				start.Wait()
-				replies <- f.send("k", DoCharge)
+				replies <- f.send(f.k, DoCharge)
 			}()
 		}
 		start.Done()
 		for range n {
-			assert.Equal(t, replayed("k#1"), <-replies)
+			assert.Equal(t, replayed(f.k+"#1"), <-replies)
 		}
-		assert.Equal(t, 1, f.app.Runs("k"))
+		assert.Equal(t, 1, f.app.Runs(f.k))
 	}},
 
 	// Issue 30, §2.6: a store that refuses one Complete does not make
@@ -424,9 +527,9 @@ var scenarios = []scenario{
 		needs: func(tg *Target) bool { return tg.RefuseComplete != nil },
 		run: func(t *testing.T, f *fixture) {
 			f.tg.RefuseComplete(1)
-			assert.Equal(t, created("k#1"), f.send("k", DoCharge))
-			assert.Equal(t, replayed("k#1"), f.send("k", DoCharge))
-			assert.Equal(t, 1, f.app.Runs("k"))
+			assert.Equal(t, created(f.k+"#1"), f.send(f.k, DoCharge))
+			assert.Equal(t, replayed(f.k+"#1"), f.send(f.k, DoCharge))
+			assert.Equal(t, 1, f.app.Runs(f.k))
 		}},
 
 	// Issue 30, §2.1. Checked to fail (TxMiddleware) with the claim
@@ -434,19 +537,37 @@ var scenarios = []scenario{
 	// lock held the key: the duplicate ran, then was replayed.
 	{name: "a handler that commits and goes on: 409 meanwhile, 410 after", mode: servercore.Transactional,
 		run: func(t *testing.T, f *fixture) {
-			first := f.sendAsync("k", DoCommitGoOn)
-			f.started("k")
-			dup := f.send("k", DoCharge)
+			first := f.sendAsync(f.k, DoCommitGoOn)
+			f.started(f.k)
+			dup := f.send(f.k, DoCharge)
 			assert.Equal(t, http.StatusConflict, dup.Status, "%v", dup)
-			f.app.let("k")
+			f.app.let(f.k)
 			got := <-first
 			assert.Equal(t, http.StatusInternalServerError, got.Status, "%v", got)
 			assert.Contains(t, got.Body, "TypeTxEnded")
-			after := f.send("k", DoCharge)
+			after := f.send(f.k, DoCharge)
 			assert.Equal(t, http.StatusGone, after.Status, "%v", after)
-			assert.Equal(t, 1, f.app.Runs("k"))
-			assert.Equal(t, 1, f.tg.Effects("k"), "the part it committed")
+			assert.Equal(t, 1, f.app.Runs(f.k))
+			assert.Equal(t, 1, f.tg.Effects(f.k), "the part it committed")
 		}},
+
+	// Issue 32 §1.3: a 101 after the effect. Checked to fail (the
+	// modelled transactional shell) with its writer dropping a 101 as
+	// an informational 1xx: the transaction committed and the key was
+	// stored as a 200, which the retry got replayed.
+	{name: "101 Switching Protocols after the effect", run: func(t *testing.T, f *fixture) {
+		got := f.send(f.k, DoSwitch)
+		if f.transactional() {
+			// It cannot wait for the commit: rolled back, nothing ran.
+			assert.Equal(t, http.StatusInternalServerError, got.Status, "%v", got)
+			assert.Equal(t, created(f.k+"#2"), f.send(f.k, DoCharge))
+		} else {
+			// It ran and took the connection: kept, not replayable.
+			assert.Equal(t, http.StatusSwitchingProtocols, got.Status, "%v", got)
+			assert.Equal(t, http.StatusGone, f.send(f.k, DoCharge).Status)
+		}
+		assert.Equal(t, 1, f.tg.Effects(f.k))
+	}},
 
 	// Issue 32, §1.3 (the simulator's bugOwnRow409, seed 9714): the
 	// look at the key after the rollback finds the request's own claim
@@ -457,13 +578,13 @@ var scenarios = []scenario{
 		needs: func(tg *Target) bool { return tg.RefuseComplete != nil },
 		run: func(t *testing.T, f *fixture) {
 			f.tg.RefuseComplete(1)
-			got := f.send("k", DoCommitChain)
+			got := f.send(f.k, DoCommitChain)
 			assert.Equal(t, http.StatusInternalServerError, got.Status, "the ended transaction's answer, never 409: %v", got)
 			assert.Contains(t, got.Body, "TypeTxEnded")
-			after := f.send("k", DoCharge)
+			after := f.send(f.k, DoCharge)
 			assert.Equal(t, http.StatusGone, after.Status, "kept, not replayable: %v", after)
-			assert.Equal(t, 1, f.app.Runs("k"), "never a second run")
-			assert.Equal(t, 1, f.tg.Effects("k"), "the part it committed")
+			assert.Equal(t, 1, f.app.Runs(f.k), "never a second run")
+			assert.Equal(t, 1, f.tg.Effects(f.k), "the part it committed")
 		}},
 
 	// The same look at the key, after a handler's error in the
@@ -474,26 +595,26 @@ var scenarios = []scenario{
 	// TTL after.
 	{name: "a handler that commits itself, then fails in an aborted transaction: 500, then 410", mode: servercore.Transactional,
 		run: func(t *testing.T, f *fixture) {
-			got := f.send("k", DoCommitAbort)
+			got := f.send(f.k, DoCommitAbort)
 			assert.Equal(t, http.StatusInternalServerError, got.Status, "the ended transaction's answer, never 409: %v", got)
 			assert.Contains(t, got.Body, "TypeTxEnded")
-			after := f.send("k", DoCharge)
+			after := f.send(f.k, DoCharge)
 			assert.Equal(t, http.StatusGone, after.Status, "kept, not replayable: %v", after)
-			assert.Equal(t, 1, f.app.Runs("k"), "never a second run")
-			assert.Equal(t, 1, f.tg.Effects("k"), "the part it committed")
+			assert.Equal(t, 1, f.app.Runs(f.k), "never a second run")
+			assert.Equal(t, 1, f.tg.Effects(f.k), "the part it committed")
 		}},
 
 	{name: "too large to store", run: func(t *testing.T, f *fixture) {
-		got := f.send("k", DoBig)
+		got := f.send(f.k, DoBig)
 		if f.transactional() {
 			// Nothing was sent: roll back, so that nothing ran.
 			assert.Equal(t, http.StatusInternalServerError, got.Status)
-			assert.Equal(t, created("k#2"), f.send("k", DoCharge))
+			assert.Equal(t, created(f.k+"#2"), f.send(f.k, DoCharge))
 		} else {
 			// Sent whole: it ran, so its key is kept, not replayable.
 			assert.Equal(t, http.StatusCreated, got.Status)
-			assert.Equal(t, http.StatusGone, f.send("k", DoCharge).Status)
+			assert.Equal(t, http.StatusGone, f.send(f.k, DoCharge).Status)
 		}
-		assert.Equal(t, 1, f.tg.Effects("k"))
+		assert.Equal(t, 1, f.tg.Effects(f.k))
 	}},
 }

@@ -23,6 +23,18 @@ func TestMemoryStore(t *testing.T) {
 	})
 }
 
+// TestMemoryStoreLogs: idemserver.Middleware on the memory store logs no
+// key in any scenario, error paths included.
+//
+// Checked to fail with the store-failed line's logKey(key) put back to
+// "key", key (the claim refused), and with the finisher's "response not
+// stored" line logging "key", f.key.
+func TestMemoryStoreLogs(t *testing.T) {
+	servertest.RunLogs(t, func(t *testing.T, app *servertest.App) *servertest.Target {
+		return servertest.Streamed(app, new(idemserver.MemoryStore))
+	})
+}
+
 // TestModelStore: the modelled store answers as the real ones do.
 func TestModelStore(t *testing.T) {
 	servertest.Run(t, func(t *testing.T, app *servertest.App) *servertest.Target {
@@ -34,9 +46,10 @@ func TestModelStore(t *testing.T) {
 // TxMiddleware does.
 func TestModelTxServer(t *testing.T) {
 	servertest.Run(t, func(t *testing.T, app *servertest.App) *servertest.Target {
-		var refuse atomic.Int32
+		var refuse, refuseClaim atomic.Int32
 		db := &servermodel.DB{Faults: func(op servermodel.Op, _ string) servermodel.Fault {
-			if op == servermodel.OpComplete && refuse.Add(-1) >= 0 {
+			if op == servermodel.OpComplete && refuse.Add(-1) >= 0 ||
+				op == servermodel.OpClaim && refuseClaim.Add(-1) >= 0 {
 				return servermodel.Refuse
 			}
 			return servermodel.Pass
@@ -47,6 +60,7 @@ func TestModelTxServer(t *testing.T) {
 			Handler:        s,
 			Effects:        func(key string) int { return db.EffectsOf(idemserver.ScopedKey("", key)) },
 			RefuseComplete: func(n int) { refuse.Store(int32(n)) },
+			RefuseClaim:    func(n int) { refuseClaim.Store(int32(n)) },
 		}
 	})
 }
@@ -82,6 +96,9 @@ func modelApp(app *servertest.App) func(w http.ResponseWriter, r *http.Request, 
 			return tx.Fail()
 		case servertest.DoBig:
 			app.Big(w)
+			return nil
+		case servertest.DoSwitch:
+			servertest.Switch(w)
 			return nil
 		}
 		servertest.Answer(w, run)

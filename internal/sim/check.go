@@ -60,7 +60,7 @@ func (w *world) checkDone(where string, es []*idemhttp.Entry) {
 		if e.State != idemhttp.StateDone {
 			continue
 		}
-		if len(w.ledger.byKey(e.Key)) == 0 {
+		if len(w.ledger.byKey(e.Key)) == 0 && !w.classifierFinal(e.LastStatus) {
 			op := w.opOfKey(e.Key)
 			w.failKnown(invDone, op, w.doneKnown(op, e.LastStatus), "%s holds key %s done (status %d), and the server never ran it", where, e.Key, e.LastStatus)
 		}
@@ -195,7 +195,7 @@ func (w *world) unresolved() map[int]string {
 			continue
 		}
 		last[c.op] = c.class.String() + errText(c.err)
-		if c.class.final() {
+		if c.class.final() || w.classifierCaused(c) {
 			final[c.op] = true
 		}
 	}
@@ -264,7 +264,7 @@ func (w *world) checkEnd() {
 		if c.resume {
 			for _, r := range c.results {
 				if r.Err == nil && r.StatusCode/100 == 2 {
-					success(fmt.Sprintf("call %d (resume)", c.id), w.opOfKey(r.Entry.Key), r.Body)
+					success(fmt.Sprintf("call %d (resume)", c.id), w.opOfKey(r.Entry.Key), decoded(r.Header, r.Body))
 				}
 			}
 			continue

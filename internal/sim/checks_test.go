@@ -5,6 +5,7 @@ package sim
 import (
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -239,4 +240,48 @@ func heldRow(t *testing.T, w *world) string {
 	require.True(t, ok)
 	require.Nil(t, record)
 	return key
+}
+
+// A wrong classifier's own doing is excused, and only that: a done entry
+// whose status the classifier returned as final (or declared a mismatch)
+// needs no effect, one whose status it only asked to retry does (7).
+// Checked to fail with classifierFinal true for every status.
+func TestSimChecksClassifier(t *testing.T) {
+	w, _ := checkWorld()
+	w.cfg.Classify = 100 // a verdict of its own for every kind of answer
+	final, retried := 0, 0
+	for status := 500; status < 600 && (final == 0 || retried == 0); status++ {
+		switch w.verdictFor(strconv.Itoa(status), true) {
+		case idemhttp.VerdictReturn:
+			final = status
+		case idemhttp.VerdictRetry:
+			retried = status
+		}
+	}
+	require.NotZero(t, final)
+	require.NotZero(t, retried)
+	tests := []struct {
+		name   string
+		status int
+		want   string
+	}{
+		{name: "done on a status the classifier returned", status: final},
+		{name: "done on a status the classifier retried", status: retried, want: invDone},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w, _ := checkWorld()
+			w.cfg.Classify = 100
+			w.checkDone("now", []*idemhttp.Entry{{Key: "k-0-1", State: idemhttp.StateDone, LastStatus: tt.status}})
+			var got []string
+			for _, f := range w.failures {
+				got = append(got, f.Inv)
+			}
+			if tt.want == "" {
+				assert.Empty(t, got)
+				return
+			}
+			assert.Contains(t, got, tt.want)
+		})
+	}
 }

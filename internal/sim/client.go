@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -181,6 +180,10 @@ type simJournal interface {
 	HighWater(ctx context.Context) (time.Time, error)
 	Now(ctx context.Context) (time.Time, error)
 	Retain(d time.Duration)
+	// ClockDoubt: without it here, the Client never saw either journal's
+	// doubt (a set-back nobody measured), and a fleet's Resume resent
+	// entries of unknown age (bugFleetClock, seed 37729).
+	ClockDoubt(ctx context.Context) (time.Time, error)
 }
 
 // recJournal is the journal as the client uses it, recording what it was
@@ -374,7 +377,7 @@ const (
 	secretPrepared = "simulated_PREPARED_SECRET"
 )
 
-var secrets = []string{"AUTH_SECRET", "COOKIE_SECRET", "HEADER_SECRET", "PREPARED_SECRET"}
+var secrets = []string{"AUTH_SECRET", "COOKIE_SECRET", "HEADER_SECRET", "PREPARED_SECRET", locationSecret}
 
 // startClient starts a run of the client process on m: it opens the
 // journal, checks it (invariants 5 to 7), and queues the batch; Resume
@@ -391,27 +394,11 @@ func (w *world) startClient(m *machine) *clientProc {
 		p.fj = &fleetJournal{FleetModelWorker: w.fleet.Worker(fmt.Sprintf("m%d", m.id)), w: w, p: p}
 		j = p.fj
 	} else {
-		w.quietDisk.Store(true)
-		fj, err := filejournal.Open(journalPath, &filejournal.Options{
-			FS:    procFS{d: m.disk, p: p},
-			Clock: m.clock,
-			// The uptime clock: one boot for the world, its time the
-			// bubble's since the world began, as the process's own
-			// clock was, but named the same in every process (the
-			// default names the process's boot by a random id, and its
-			// time from the package's start, outside the bubble: the
-			// clock's witness records then differed from one process to
-			// the next, and so did a seed's trace).
-			Uptime:        func() (string, time.Duration) { return "sim", time.Since(w.t0) },
-			Rand:          rand.NewChaCha8(w.seedBytes(uint64(p.n))),
-			PruneInterval: -1,
-		})
-		if err != nil {
-			w.quietDisk.Store(false)
-			w.failKnown(invJournal, -1, w.cacheKnown(), "client %d: the journal does not open after a crash: %v", p.n, err)
-			p.dead.Store(true)
+		fj := w.openJournal(p)
+		if fj == nil {
 			return p
 		}
+		w.quietDisk.Store(true)
 		if err := fj.Verify(context.Background()); err != nil {
 			w.failKnown(invJournal, -1, w.cacheKnown(), "client %d: the journal does not verify: %v", p.n, err)
 		}
@@ -465,6 +452,9 @@ func (w *world) startClient(m *machine) *clientProc {
 		}
 		if w.cfg.Pace > 0 {
 			pol.Pacer = pacer{w: w}
+		}
+		if w.cfg.Classify > 0 {
+			pol.Classify = w.classifier
 		}
 		p.cs = append(p.cs, &idemhttp.Client{
 			HTTPClient:     hc,
@@ -626,7 +616,7 @@ func (w *world) request(ctx context.Context, c *call) *http.Request {
 	if stream {
 		// A body streamed from elsewhere, which GetBody can produce
 		// again (a file, a blob store).
-		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+		req.GetBody = w.getBody(c, body)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", secretAuth)
@@ -637,6 +627,9 @@ func (w *world) request(ctx context.Context, c *call) *http.Request {
 	}
 	if c.key != "" {
 		req.Header.Set("Idempotency-Key", c.key)
+	}
+	if w.cfg.AcceptGzip {
+		req.Header.Set("Accept-Encoding", "gzip") // the job decodes what it reads (readAnswer)
 	}
 	return req
 }
@@ -681,7 +674,7 @@ func (w *world) startCall(p *clientProc) {
 		}
 		resp, err := do(req)
 		if err == nil {
-			c.body, err = io.ReadAll(resp.Body)
+			c.body, err = readAnswer(resp)
 			_ = resp.Body.Close()
 			c.status = resp.StatusCode
 			c.replayed = idemhttp.Replayed(resp)
@@ -716,6 +709,9 @@ func keyText(c *call) string {
 
 func streamText(w *world, c *call) string {
 	if w.draw(100, "stream", c.id) < w.cfg.Stream {
+		if w.draw(100, "bodychange", c.id) < w.cfg.BodyChange {
+			return " streamed, its GetBody changed"
+		}
 		return " streamed"
 	}
 	return ""
@@ -740,11 +736,11 @@ func (w *world) startCompact(p *clientProc) {
 func (w *world) startResume(p *clientProc) {
 	c := w.newCall(p, -1, true)
 	p.resume = c
-	w.tracef("call %d: resume", c.id)
+	w.tracef("call %d: resume%s", c.id, map[bool]string{true: " of the whole journal"}[p.fj != nil && w.scans(c)])
 	ctx := context.WithValue(p.ctx, callKey{}, c)
 	go func() {
 		opts := &idemhttp.ResumeOptions{Concurrency: 1}
-		if p.fj != nil {
+		if p.fj != nil && !w.scans(c) {
 			es, err := p.rec.claim(ctx, 16)
 			if err != nil {
 				c.resumeErr = err

@@ -81,6 +81,24 @@ type Config struct {
 	StoreFault int // permille of the store's calls (the database's statements) refused, out of memory, their answer lost, or hung
 	Partitions int // the store cut off for a while, every call hanging
 	StoreJumps int // jumps of the store's (the database's) clock
+	ProcJumps  int // jumps of a server process's own clock (server_clock.go)
+	Hijack     int // percent of the handler's runs that hijack the connection or switch protocols (hijack.go)
+
+	// What a caller meets besides (issue 32 §1.1/§1.2, the items the
+	// first phase left out: open.go, classifier.go, getbody.go).
+	OpenFaults bool // the journal's open meets the disk's faults: it fails, and the job is restarted to open it again
+	OpenErr    int  // permille of the open's changing calls (writes, syncs, truncations, removals, creates) that fail with EIO or ENOSPC
+	OpenCut    int  // percent of the opens with faults cut by a power cut at one of their disk calls
+	BodyChange int  // percent of the streamed calls whose GetBody gives other bytes than the first body
+	Classify   int  // percent of the kinds of answer (a status, a kind of error) a wrong Policy.Classify gives a verdict of its own
+
+	// Kept results as the caller reads them (issue 31 §1.6, §1.7; results.go).
+	Gzip           int  // percent of the operations whose answers the server gzip-encodes
+	AcceptGzip     bool // the caller asks for gzip itself (Accept-Encoding) and decodes what it reads
+	SignedLocation bool // the server's answers carry Location: a signed URL of the charge, its signature a secret
+
+	// A fleet's workers that also run Resume without Entries (fleetscan.go).
+	FleetScan int // percent of a fleet's Resumes that resend every pending entry of the shared journal, not what the worker claimed
 }
 
 // ConfigFor draws the world of seed: small (a failure is easier to read
@@ -158,6 +176,23 @@ func ConfigFor(seed uint64) Config {
 	c.StoreFault = on(20, 150)
 	c.Partitions = on(1, 2)
 	c.StoreJumps = on(1, 2)
+	// The server process's clock and hijacking handlers, from a stream
+	// of their own (as above).
+	r = rand.New(rand.NewPCG(seed, 0x5e4c10c))
+	c.ProcJumps = on(1, 3)
+	c.Hijack = on(5, 30)
+	r = rand.New(rand.NewPCG(seed, 0xc11e27))
+	c.OpenFaults = r.IntN(2) == 0
+	if c.OpenFaults {
+		c.OpenErr = 50 + r.IntN(351)
+		c.OpenCut = on(10, 50)
+	}
+	c.BodyChange = on(20, 100)
+	c.Classify = on(10, 60)
+	c.Gzip = on(30, 100)
+	c.AcceptGzip = r.IntN(2) == 0
+	c.SignedLocation = r.IntN(2) == 0
+	c.FleetScan = on(20, 80)
 	return c
 }
 

@@ -174,6 +174,9 @@ type serverProc struct {
 	// record, which no store beside the business's database can help
 	// (the non-atomic mode; see crashable).
 	open atomic.Int64
+	// off is the process's own clock's offset from virtual time: its
+	// jumps (server_clock.go).
+	off atomic.Int64
 }
 
 // reqState is a request's, as the server's router sees it.
@@ -344,12 +347,14 @@ func (w *world) respond(rw http.ResponseWriter, e *effect) {
 	rw.Header().Set("Content-Type", "application/json")
 	if w.modes[e.op] == modeSeeOther {
 		rw.Header().Set("Location", "/v1/charges/"+e.charge)
+		body := w.answer(rw.Header(), e)
 		rw.WriteHeader(http.StatusSeeOther)
-		_, _ = rw.Write(e.body)
+		_, _ = rw.Write(body)
 		return
 	}
+	body := w.answer(rw.Header(), e) // a signed Location, gzip (results.go)
 	rw.WriteHeader(http.StatusOK)
-	_, _ = rw.Write(e.body)
+	_, _ = rw.Write(body)
 }
 
 // How the server answers an operation's URL (Config.Redirect): servers

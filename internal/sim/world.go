@@ -82,7 +82,6 @@ type world struct {
 	outcomes        map[string]int // the calls' outcomes, by class (Result.Outcomes)
 	trace           []string
 	clockBack       bool             // a clock was set back
-	dbJumped        bool             // the fleet database's clock jumped (bugFleetClock)
 	cacheOnly       bool             // a truncation failed (bugCacheOnly)
 	panickedOpening bool             // a journal hook panicked as a call opened (bugPanicSlot)
 	opKeys          map[int][]string // keys the client minted for each unnamed operation, as journaled
@@ -92,9 +91,11 @@ type world struct {
 	partitions      int          // partitions of the store so far
 	partUntil       atomic.Int64 // the store is cut off until then (UnixNano), 0 if never
 	storeJumps      int          // jumps of the store's clock so far
+	procJumps       int          // jumps of a server process's clock so far (server_clock.go)
 	storeForward    bool         // the streamed store's clock jumped forward
 	faulty          atomic.Bool
 	quietDisk       atomic.Bool
+	opening         atomic.Bool // a journal's open is under way (open.go)
 	clientCrashes   int
 	clockJumps      int
 	serverDownSince time.Time
@@ -385,12 +386,15 @@ func (w *world) serverCrashesLeft() int {
 }
 
 // diskFault is the simulated disk's Fault: ENOSPC and EIO, as the seed
-// says, while faults are on and no open is under way (an open that
-// fails is retried by a real batch job; what the invariants ask is that
-// the journal opens after a crash).
+// says, while faults are on and the disk is not quiet (the checks' reads
+// of a journal just opened; an open, unless Config.OpenFaults: see
+// open.go).
 func (w *world) diskFault(op simdisk.Op) error {
 	if !w.faulty.Load() || w.quietDisk.Load() {
 		return nil
+	}
+	if w.opening.Load() {
+		return w.openFault(op)
 	}
 	switch op.Kind {
 	case simdisk.OpWrite:
@@ -500,12 +504,15 @@ func (w *world) collect(c *call) {
 				w.fail(invUnwanted, c.op, "call %d of op %d: refused for want of an operation id, yet not reported not-sent: %v", c.id, c.op, errText(c.err))
 			}
 			w.opNamed[c.op] = true
+		case w.classifierCaused(c):
+			// The caller's classifier returned the status, or declared
+			// a mismatch: its doing (classifier.go).
 		case c.class == outStatus:
 			w.failKnown(invUnwanted, c.op, w.statusKnown(c.op, c.status), "call %d of op %d: status %d %v", c.id, c.op, c.status, errText(c.err))
 		case c.class == outAmbiguous && unwanted(c.err):
 			w.fail(invUnwanted, c.op, "call %d of op %d: %v", c.id, c.op, errText(c.err))
 		}
-		if c.class.final() {
+		if c.class.final() || w.classifierCaused(c) {
 			w.final[c.op] = true
 		}
 		if (refused || c.class == outNotSent && !c.named) && !p.exiting && !p.dead.Load() {
@@ -644,6 +651,7 @@ func (w *world) act() bool {
 	jump := w.clockJumps < w.cfg.ClockJumps
 	partition := w.partitions < w.cfg.Partitions
 	storeJump := w.storeJumps < w.cfg.StoreJumps
+	procJump := w.procJumpWeight()
 	if !ready && !busy && w.net.nextDue(now).IsZero() {
 		// Nothing in flight: the batch ran to its end. What is left is
 		// a fault to throw at the next run, or the end of the phase.
@@ -659,6 +667,9 @@ func (w *world) act() bool {
 		}
 		if storeJump {
 			idle = append(idle, action{1, "store clock jump", w.jumpStoreClock})
+		}
+		if procJump > 0 {
+			idle = append(idle, action{1, "server clock jump", w.jumpProcClock})
 		}
 		if len(idle) == 0 || w.rng.intn(len(idle)+1) == 0 {
 			return false
@@ -680,6 +691,9 @@ func (w *world) act() bool {
 	}
 	if storeJump {
 		add(1, "store clock jump", w.jumpStoreClock)
+	}
+	if procJump > 0 {
+		add(procJump, "server clock jump", w.jumpProcClock)
 	}
 	if idle := w.net.idleConns(); len(idle) > 0 {
 		add(w.cfg.CloseIdle, "close idle", func() { w.closeIdle(idle[w.rng.intn(len(idle))]) })
@@ -882,9 +896,6 @@ func (w *world) jumpClock() {
 	}
 	if i := w.rng.intn(len(w.machines) + 1); w.fleet != nil && i == len(w.machines) {
 		w.dbOff.Add(int64(d))
-		w.mu.Lock()
-		w.dbJumped = true
-		w.mu.Unlock()
 		w.tracef("the database's clock jumps %v", d)
 	} else {
 		m := w.machines[i%len(w.machines)]
