@@ -79,22 +79,40 @@ func replayableBody(req *http.Request, needBytes bool, maxBody int64, c *stringC
 		m := c.body()
 		*c = stringCatcher{} // keep nothing of the body here
 		if err != nil {
-			if errors.Is(err, errBodyTooLarge) {
-				return memBody{}, nil, fmt.Errorf("idemhttp: %w: body larger than MaxBodyBytes (%d)", ErrNotReplayable, maxBody)
-			}
-			return memBody{}, nil, fmt.Errorf("idemhttp: %w: read body: %w", ErrInvalidRequest, err)
+			m, err = memBody{}, readBodyErr(err, maxBody)
 		}
-		return m, nil, nil
+		return m, nil, err
 	}
+	m, err := readBody(req.Body, req.ContentLength, maxBody)
+	return m, nil, err
+}
+
+// readBodyErr is the error of a body that could not be read whole: too
+// large (errBodyTooLarge), or the reader's error.
+//
+//go:noinline
+func readBodyErr(err error, maxBody int64) error {
+	if errors.Is(err, errBodyTooLarge) {
+		return fmt.Errorf("idemhttp: %w: body larger than MaxBodyBytes (%d)", ErrNotReplayable, maxBody)
+	}
+	return fmt.Errorf("idemhttp: %w: read body: %w", ErrInvalidRequest, err)
+}
+
+// readBody reads body, of length n (0 or less: unknown), into memory, up
+// to maxBody bytes: replayableBody's way for a body without WriteTo, or
+// whose bytes the journal needs.
+//
+//go:noinline
+func readBody(body io.Reader, n, maxBody int64) (memBody, error) {
 	// Sized from Content-Length (+1 so reaching EOF needs no growth):
 	// bytes.Buffer.ReadFrom would double a 1 KiB buffer to keep 512 bytes
 	// free, for every request.
 	size := 512
-	if req.ContentLength > 0 && req.ContentLength <= maxBody {
-		size = int(req.ContentLength) + 1
+	if n > 0 && n <= maxBody {
+		size = int(n) + 1
 	}
 	buf := make([]byte, 0, size)
-	r := io.LimitReader(req.Body, maxBody+1)
+	r := io.LimitReader(body, maxBody+1)
 	for {
 		n, err := r.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
@@ -102,19 +120,19 @@ func replayableBody(req *http.Request, needBytes bool, maxBody int64, c *stringC
 			break
 		}
 		if err != nil {
-			return memBody{}, nil, fmt.Errorf("idemhttp: %w: read body: %w", ErrInvalidRequest, err)
+			return memBody{}, fmt.Errorf("idemhttp: %w: read body: %w", ErrInvalidRequest, err)
 		}
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
 		}
 	}
 	if int64(len(buf)) > maxBody {
-		return memBody{}, nil, fmt.Errorf("idemhttp: %w: body larger than MaxBodyBytes (%d)", ErrNotReplayable, maxBody)
+		return memBody{}, fmt.Errorf("idemhttp: %w: body larger than MaxBodyBytes (%d)", ErrNotReplayable, maxBody)
 	}
 	if len(buf) == 0 {
-		return memBody{}, nil, nil
+		return memBody{}, nil
 	}
-	return memBody{b: buf}, nil, nil
+	return memBody{b: buf}, nil
 }
 
 // memBody is a request body held in memory, which every attempt sends
@@ -170,20 +188,32 @@ func (c *stringCatcher) Write(p []byte) (int, error) {
 	if c.n+int64(len(p)) > c.max {
 		return 0, errBodyTooLarge
 	}
-	c.spill()
+	if c.str {
+		c.spill()
+	}
 	if c.b == nil && (c.want <= 0 || int64(len(p)) >= c.want) {
 		c.b = append([]byte(nil), p...) // a copy (p is not ours to keep), in one allocation not zeroed first
 	} else {
-		if c.b == nil {
-			c.b = make([]byte, 0, c.want)
-		}
-		c.b = append(c.b, p...) // a copy: p is not ours to keep
+		c.appendMore(p)
 	}
 	c.n += int64(len(p))
 	return len(p), nil
 }
 
+// appendMore is Write of a body that comes in more than one piece: a copy
+// of p appended, p not being ours to keep.
+//
+//go:noinline
+func (c *stringCatcher) appendMore(p []byte) {
+	if c.b == nil {
+		c.b = make([]byte, 0, c.want)
+	}
+	c.b = append(c.b, p...)
+}
+
 // spill turns a string kept so far into bytes, to append to.
+//
+//go:noinline
 func (c *stringCatcher) spill() {
 	if c.str {
 		c.b = append(make([]byte, 0, len(c.s)*2), c.s...)

@@ -266,8 +266,14 @@ func (t attemptTransport) roundTripFor(a *operation, r *http.Request) (*http.Res
 			r = &r2
 		}
 	}
-	resp, err := t.roundTrip(r)
-	if err == nil && resp != nil { // nil: send and http.Client say what is wrong
+	var resp *http.Response
+	var err error
+	if t.timeout <= 0 {
+		resp, err = t.rt.RoundTrip(r)
+	} else {
+		resp, err = t.roundTrip(r)
+	}
+	if err == nil && resp != nil && resp.StatusCode >= 300 && resp.StatusCode < 400 { // nil: send and http.Client say what is wrong
 		hideUnparsableLocation(r, resp)
 	}
 	if a != nil && err == nil {
@@ -290,6 +296,8 @@ func (t attemptTransport) roundTripFor(a *operation, r *http.Request) (*http.Res
 // without a Location (net/http issues 17773, 49281): an answer that
 // nothing ran at a target, so the operation stays pending (outcome). The
 // caller loses only a header it could not have followed.
+//
+//go:noinline
 func hideUnparsableLocation(r *http.Request, resp *http.Response) {
 	switch resp.StatusCode {
 	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
@@ -305,10 +313,10 @@ func hideUnparsableLocation(r *http.Request, resp *http.Response) {
 	}
 }
 
+// roundTrip is the RoundTrip of an attempt bounded by t.timeout (> 0).
+//
+//go:noinline
 func (t attemptTransport) roundTrip(r *http.Request) (*http.Response, error) {
-	if t.timeout <= 0 {
-		return t.rt.RoundTrip(r)
-	}
 	ctx, cancel := context.WithTimeout(r.Context(), t.timeout)
 	resp, err := t.rt.RoundTrip(r.WithContext(ctx))
 	if err != nil {
@@ -400,127 +408,103 @@ func (c *Client) do(req *http.Request, rs *resend, sdk bool) (*http.Response, er
 	cfg := &c.cfg
 	cfg.inflight.Add(1)
 	defer cfg.inflight.Add(-1)
-	return c.start(req, rs, sdk)
-}
-
-// start begins a call: the checks before anything is written or sent, the
-// key's source, the journal, the body made replayable; then the call
-// state, which runs the rest. (do, start and call are three functions so
-// that each defer is open-coded: a function with many returns pays for
-// its defers at run time.)
-func (c *Client) start(req *http.Request, rs *resend, sdk bool) (*http.Response, error) {
-	cfg := &c.cfg
+	// The call begins: the checks before anything is written or sent, the
+	// key's source, the journal, the body made replayable; then the call
+	// state, which runs the rest (proceed). The returns are few, so that
+	// the defer is open-coded.
 	p := &cfg.pol
 	ctx := req.Context()
 	op, hasOp := operationFromContext(ctx)
 	// A call that will send a key without PrepareRequest gets its header
 	// copied in the same pass that looks for the caller's key.
-	key, explicit, hc, err := callerKey(ctx, req.Header, p.keyHeader, cfg.prepare == nil && (hasOp || p.needsKey(req.Method)))
+	needs := hasOp || p.needsKey(req.Method)
+	key, explicit, hc, err := callerKey(ctx, req.Header, p.keyHeader, cfg.prepare == nil && needs)
+	keyed := key != "" || needs
+	var j Journal
+	var scope any = cfg // the slots of a call without c.Journal are this Client's
+	if err == nil {
+		if err = ctx.Err(); err != nil {
+			err = unsent(err, key, hasOp) // nothing sent, nothing journaled
+		} else if keyed && (hasOp || cfg.journal != nil) {
+			j, scope, err = c.journalOf(op, hasOp, key, explicit, rs)
+		}
+	}
 	if err != nil {
 		closeBody(req)
 		return nil, err
 	}
-	// A refusal before anything is sent is ErrNotSent only when no
-	// earlier call can have used the operation's key: the call brings no
-	// key and names no operation of its own.
-	unsent := func(err error) error {
-		if key == "" && !hasOp {
-			return &notSentError{err}
-		}
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		closeBody(req)
-		return nil, unsent(err) // nothing sent, nothing journaled
-	}
-	if hasOp {
-		if err := contract.ValidateOperation(op); err != nil {
-			closeBody(req)
-			return nil, err
-		}
-	}
-	keyed := key != "" || hasOp || p.needsKey(req.Method)
-
-	var j Journal
-	var scope any = cfg // the slots of a call without c.Journal are this Client's
-	if keyed {
-		j = cfg.journal
-		if j != nil {
-			scope = cfg.scope
-		} else if hasOp {
-			j = cfg.mem
-		}
-		if j != nil && !hasOp && !explicit && rs == nil && !p.allowUnnamed {
-			// Fail closed by default: a rerun of the same work would mint
-			// a new key (a key in the header may be an SDK's, minted per
-			// call). WithKey names the operation by a key of the caller's
-			// own; Resume's resends name what the journal holds.
-			closeBody(req)
-			return nil, unsent(fmt.Errorf("idemhttp: %w: a call journaled without an operation id: name it with WithOperation(ctx, id) "+
-				"(or give its key with WithKey), so that a rerun of the same work reuses its key; or set Policy.AllowUnnamed", ErrInvalidRequest))
-		}
-	}
 	a := &operation{c: c, cfg: cfg, p: p.apply(ctx), operation: op, keyed: keyed, safe: keyed || idempotentMethod(req.Method), j: j, scope: scope, sdk: sdk}
-	body, getBody, err := replayableBody(req, j != nil, p.maxBody, &a.catcher)
+	a.mem, a.getBody, err = replayableBody(req, j != nil, p.maxBody, &a.catcher)
 	if err != nil {
-		return nil, unsent(err)
+		return nil, unsent(err, key, hasOp)
 	}
 	if plant.GetBodyRewind && req.GetBody != nil { // a planted bug (internal/plant)
 		plantGetBodies.Store(a, req.GetBody)
 	}
 	a.req = req // for the call's events until out replaces it
 	a.cctx = callCtx{Context: ctx, a: a}
-	return a.proceed(ctx, req, key, explicit, callParts{body: body, getBody: getBody, hc: hc}, rs)
+	a.hc = hc
+	return a.proceed(ctx, req, key, explicit, rs)
 }
 
-// callParts is what start made of a request for proceed: its body, made
-// replayable (replayableBody), and a checked copy of its header, if one
-// was made (callerKey).
-type callParts struct {
-	body    memBody
-	getBody func() (io.ReadCloser, error)
-	hc      headerCopy
+// unsent is a refusal before anything is sent: ErrNotSent only when no
+// earlier call can have used the operation's key, the call bringing no
+// key and naming no operation of its own.
+//
+//go:noinline
+func unsent(err error, key string, hasOp bool) error {
+	if key == "" && !hasOp {
+		return &notSentError{err}
+	}
+	return err
+}
+
+// journalOf returns the journal of a keyed call that names an operation
+// or whose Client has a Journal, and the scope of its slots; or the
+// refusal of an operation id that is not valid, or of a journaled call
+// without a name.
+//
+//go:noinline
+func (c *Client) journalOf(op string, hasOp bool, key string, explicit bool, rs *resend) (Journal, any, error) {
+	cfg, p := &c.cfg, &c.cfg.pol
+	if hasOp {
+		if err := contract.ValidateOperation(op); err != nil {
+			return nil, nil, err
+		}
+	}
+	j, scope := cfg.journal, cfg.scope
+	if j == nil {
+		j, scope = cfg.mem, cfg // an operation without c.Journal: this Client's slots
+	}
+	if cfg.journal != nil && !hasOp && !explicit && rs == nil && !p.allowUnnamed {
+		// Fail closed by default: a rerun of the same work would mint
+		// a new key (a key in the header may be an SDK's, minted per
+		// call). WithKey names the operation by a key of the caller's
+		// own; Resume's resends name what the journal holds.
+		return nil, nil, unsent(fmt.Errorf("idemhttp: %w: a call journaled without an operation id: name it with WithOperation(ctx, id) "+
+			"(or give its key with WithKey), so that a rerun of the same work reuses its key; or set Policy.AllowUnnamed", ErrInvalidRequest), key, hasOp)
+	}
+	return j, scope, nil
 }
 
 // proceed runs a call from its key on: the journal entry, the outgoing
 // request, its attempts, the outcome. key is the caller's, "" if none.
-func (a *operation) proceed(ctx context.Context, req *http.Request, key string, explicit bool, parts callParts, rs *resend) (*http.Response, error) {
+// What do made of the request is in a: its body, made replayable (mem, or
+// getBody for a streamed one), and a checked copy of its header, if one
+// was made (hc, by callerKey).
+func (a *operation) proceed(ctx context.Context, req *http.Request, key string, explicit bool, rs *resend) (*http.Response, error) {
 	cfg, p, keyed := a.cfg, &a.cfg.pol, a.keyed
-	body, getBody := parts.body, parts.getBody
-	// closeStreamed closes a body left open to stream (an in-memory one
-	// is closed already) when the call stops before sending it.
-	bodyClosed := false
-	closeStreamed := func() {
-		if getBody != nil && !bodyClosed {
-			bodyClosed = true
-			closeBody(req)
-		}
+	if a.getBody != nil {
+		a.openBody = req // a body left open to stream, until sent or closed
 	}
 	// A panic anywhere in the call (a hook's, a caller's callback's, a
 	// journal's) ends it as any call ends: the slots freed, an entry it
-	// created and never sent withdrawn. The panic goes on.
-	defer a.unwind(ctx)
-	defer func() {
-		if a.settled || getBody == nil || bodyClosed {
-			return // a call that ended: its body is closed or the transport's
-		}
-		// A panic (OnCallStart, PrepareRequest, OnAttempt, Pacer.Wait):
-		// a streamed body is still the call's, or the transport's if it
-		// had it, and net/http closes a request's body on every path:
-		// close it unless the transport did, so that a caller streaming
-		// through an io.Pipe has its writer freed.
-		if st := a.stream; st != nil {
-			st.first.closeIfOpen()
-			if st.last != nil {
-				st.last.closeIfOpen() // a later attempt's, made before its hooks ran
-			}
-			return
-		}
-		closeStreamed()
-	}()
+	// created and never sent withdrawn, a streamed body closed. The panic
+	// goes on.
+	defer a.exit(ctx)
 	if keyed {
-		if resp, err, ok := a.open(ctx, req, key, explicit, body.b, rs); !ok {
-			closeStreamed()
+		if resp, err, ok := a.open(ctx, req, key, explicit, a.mem.b, rs); !ok {
+			a.closeStreamed()
 			return resp, err
 		}
 	} else {
@@ -533,14 +517,12 @@ func (a *operation) proceed(ctx context.Context, req *http.Request, key string, 
 	// The header is checked as net/http would (unsendable) after
 	// PrepareRequest, or as it is copied (cloneChecked): the key header
 	// added is a token with a valid key.
+	var err error
 	checked, why := false, ""
-	switch {
-	case cfg.prepare != nil:
-		out.Header = cloneWithoutFold(req.Header, p.keyHeader, true)
-		u := *req.URL
-		out.URL = &u
-	case keyed:
-		hc := parts.hc
+	if cfg.prepare != nil {
+		err = a.prepareOut(req, out)
+	} else if keyed {
+		hc := a.hc
 		if hc.h == nil { // a key in the header of a request that needs none
 			hc = cloneChecked(req.Header, p.keyHeader)
 		}
@@ -548,49 +530,144 @@ func (a *operation) proceed(ctx context.Context, req *http.Request, key string, 
 		if !cfg.keyToken {
 			why = cmp.Or(why, badField(p.keyHeader, nil))
 		}
-	}
-	if keyed {
 		a.keyVal[0] = contract.FormatKeyHeader(key, p.quoteKey)
 		out.Header[p.keyHeader] = a.keyVal[:]
 	}
-	if cfg.prepare != nil {
-		if err := cfg.prepare(out); err != nil {
-			closeStreamed()
-			return a.settle(ctx, nil, fmt.Errorf("idemhttp: prepare request: %w", err))
-		}
-		if out.Header == nil {
-			out.Header = make(http.Header)
-		}
-		if keyed && !keyHeaderIs(out.Header, p.keyHeader, a.keyVal[0]) {
-			// The key is the journal's and the call's, not the callback's:
-			// sent under another (or none), a resend under the journaled
-			// key would be a second operation to the server.
-			closeStreamed()
-			return a.settle(ctx, nil, fmt.Errorf("idemhttp: %w: PrepareRequest changed the %s header; the client sets it", ErrInvalidRequest, p.keyHeader))
+	if err == nil {
+		if why := unsendable(out, checked, why); why != "" {
+			err = errUnsendable(why)
 		}
 	}
-	if why := unsendable(out, checked, why); why != "" {
-		closeStreamed()
-		return a.settle(ctx, nil, fmt.Errorf("idemhttp: %w: net/http would not send it: %s", ErrInvalidRequest, why))
+	if err != nil {
+		return a.refuse(ctx, err)
 	}
 
 	// The first attempt's body, and GetBody for net/http's own resends and
 	// redirects (and, on a retry, the engine's, which rewinds it the same
 	// way: operation.rewind).
 	out.Body = nil
-	switch {
-	case body.len() > 0:
-		a.mem, a.bodyLen = body, int64(body.len())
-		r, _ := a.memBody() // never fails
-		out.Body, out.GetBody, out.ContentLength = io.NopCloser(r), a.rewind, a.bodyLen
-	case getBody != nil:
-		st := &streamed{getBody: getBody}
-		st.first.reset(ctx, req.Body, &st.ref, req.ContentLength, false)
-		a.stream, a.bodyLen = st, req.ContentLength
-		out.Body, out.GetBody = &st.first, a.rewind
+	if n := a.mem.len(); n > 0 {
+		a.bodyLen = int64(n)
+		out.Body, out.GetBody, out.ContentLength = a.firstMemBody(), a.rewind, a.bodyLen
+	} else if a.getBody != nil {
+		a.streamFirst(ctx, req, out, a.getBody)
 	}
-	resp, err := a.finish(a.run(out))
+	resp, err := a.run(out)
+	if err != nil {
+		resp, err = a.finish(resp, err)
+	}
 	return a.settle(ctx, resp, err)
+}
+
+// refuse ends a call that will not send: err says why.
+//
+//go:noinline
+func (a *operation) refuse(ctx context.Context, err error) (*http.Response, error) {
+	a.closeStreamed()
+	return a.settle(ctx, nil, err)
+}
+
+// firstMemBody is the first attempt's body, of a body in memory.
+//
+//go:noinline
+func (a *operation) firstMemBody() io.ReadCloser {
+	// memBody's first use, with the reader's type known here.
+	a.memUsed = true
+	if a.mem.str {
+		a.strReader.Reset(a.mem.s)
+		return io.NopCloser(&a.strReader)
+	}
+	a.memReader.Reset(a.mem.b)
+	return io.NopCloser(&a.memReader)
+}
+
+// prepareOut gives out, the outgoing request, a header and URL of its own
+// and the key header, and runs PrepareRequest on it: what proceed does
+// for a Client with PrepareRequest. The error is the call's.
+//
+//go:noinline
+func (a *operation) prepareOut(req, out *http.Request) error {
+	cfg, p := a.cfg, &a.cfg.pol
+	out.Header = cloneWithoutFold(req.Header, p.keyHeader, true)
+	u := *req.URL
+	out.URL = &u
+	if a.keyed {
+		a.keyVal[0] = contract.FormatKeyHeader(a.key, p.quoteKey)
+		out.Header[p.keyHeader] = a.keyVal[:]
+	}
+	if err := cfg.prepare(out); err != nil {
+		return fmt.Errorf("idemhttp: prepare request: %w", err)
+	}
+	if out.Header == nil {
+		out.Header = make(http.Header)
+	}
+	if a.keyed && !keyHeaderIs(out.Header, p.keyHeader, a.keyVal[0]) {
+		// The key is the journal's and the call's, not the callback's:
+		// sent under another (or none), a resend under the journaled
+		// key would be a second operation to the server.
+		return fmt.Errorf("idemhttp: %w: PrepareRequest changed the %s header; the client sets it", ErrInvalidRequest, p.keyHeader)
+	}
+	return nil
+}
+
+// errUnsendable is the error of a request net/http would not send.
+//
+//go:noinline
+func errUnsendable(why string) error {
+	return fmt.Errorf("idemhttp: %w: net/http would not send it: %s", ErrInvalidRequest, why)
+}
+
+// streamFirst makes out's body the first pass over the caller's streamed
+// body (req.Body), with GetBody for the passes after it.
+//
+//go:noinline
+func (a *operation) streamFirst(ctx context.Context, req, out *http.Request, getBody func() (io.ReadCloser, error)) {
+	st := &streamed{getBody: getBody}
+	st.first.reset(ctx, req.Body, &st.ref, req.ContentLength, false)
+	a.stream, a.bodyLen = st, req.ContentLength
+	out.Body, out.GetBody = &st.first, a.rewind
+}
+
+// closeStreamed closes a body left open to stream (an in-memory one is
+// closed already) when the call stops before sending it.
+func (a *operation) closeStreamed() {
+	if r := a.openBody; r != nil {
+		a.openBody = nil
+		closeBody(r)
+	}
+}
+
+// exit is proceed's deferred end: nothing to do for a call that settled
+// and returned its response; a panic's leftovers otherwise (exitSlow).
+func (a *operation) exit(ctx context.Context) {
+	if r := a.lastResp; a.settled && (r == nil || r.Body == nil || a.returned) {
+		return
+	}
+	a.exitSlow(ctx)
+}
+
+// exitSlow is exit for a call that a panic is leaving (or whose last
+// response is not returned): unwind, after a streamed body is closed.
+//
+//go:noinline
+func (a *operation) exitSlow(ctx context.Context) {
+	defer a.unwind(ctx)
+	if a.settled || a.openBody == nil {
+		return // a call that ended: its body is closed or the transport's
+	}
+	// A panic (OnCallStart, PrepareRequest, OnAttempt, Pacer.Wait): a
+	// streamed body is still the call's, or the transport's if it had
+	// it, and net/http closes a request's body on every path: close it
+	// unless the transport did, so that a caller streaming through an
+	// io.Pipe has its writer freed.
+	if st := a.stream; st != nil {
+		st.first.closeIfOpen()
+		if st.last != nil {
+			st.last.closeIfOpen() // a later attempt's, made before its hooks ran
+		}
+		return
+	}
+	a.closeStreamed()
 }
 
 // StandardClient returns an [http.Client] that sends every request

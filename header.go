@@ -37,27 +37,50 @@ func callerKey(ctx context.Context, h http.Header, name string, clone bool) (key
 			}
 			continue
 		}
-		for _, v := range vv {
-			kv, err := contract.ParseKeyHeader(v)
-			if err != nil {
-				return "", false, headerCopy{}, err
-			}
-			if key != "" && kv != key {
-				return "", false, headerCopy{}, fmt.Errorf("idemhttp: %w: the request carries two %s values, %q and %q", ErrKeyConflict, name, key, kv)
-			}
-			key = kv
+		if key, err = headerKey(key, name, vv); err != nil {
+			return "", false, headerCopy{}, err
 		}
 	}
 	if k, ok := keyFromContext(ctx); ok {
-		if err := contract.ValidateKey(k); err != nil {
+		if err := contextKey(key, k); err != nil {
 			return "", false, headerCopy{}, err
-		}
-		if key != "" && key != k {
-			return "", false, headerCopy{}, fmt.Errorf("idemhttp: %w: header has %q, WithKey has %q", ErrKeyConflict, key, k)
 		}
 		return k, true, hc, nil
 	}
 	return key, false, hc, nil
+}
+
+// headerKey is callerKey's reading of the values vv of the key header
+// name: the key they carry, key being the one found so far ("" if none),
+// or why they cannot be sent.
+//
+//go:noinline
+func headerKey(key, name string, vv []string) (string, error) {
+	for _, v := range vv {
+		kv, err := contract.ParseKeyHeader(v)
+		if err != nil {
+			return "", err
+		}
+		if key != "" && kv != key {
+			return "", fmt.Errorf("idemhttp: %w: the request carries two %s values, %q and %q", ErrKeyConflict, name, key, kv)
+		}
+		key = kv
+	}
+	return key, nil
+}
+
+// contextKey checks the key k of WithKey against the header's key (""
+// if none).
+//
+//go:noinline
+func contextKey(key, k string) error {
+	if err := contract.ValidateKey(k); err != nil {
+		return err
+	}
+	if key != "" && key != k {
+		return fmt.Errorf("idemhttp: %w: header has %q, WithKey has %q", ErrKeyConflict, key, k)
+	}
+	return nil
 }
 
 // headerCopy is a copy of a request's header without its key header

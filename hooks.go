@@ -55,10 +55,16 @@ func engineRequestHook(_ retryablehttp.Logger, r *http.Request, _ int) {
 
 // attemptDone reports an attempt's outcome.
 func (a *operation) attemptDone(resp *http.Response, err error, class idemtrace.ErrorClass) {
-	h := &a.cfg.hooks
-	if h.OnAttemptDone == nil {
-		return
+	if a.cfg.hooks.OnAttemptDone != nil {
+		a.attemptDoneHook(resp, err, class)
 	}
+}
+
+// attemptDoneHook is attemptDone for a Client with OnAttemptDone.
+//
+//go:noinline
+func (a *operation) attemptDoneHook(resp *http.Response, err error, class idemtrace.ErrorClass) {
+	h := &a.cfg.hooks
 	ev := idemtrace.AttemptDoneEvent{CallEvent: a.call(), Attempt: a.attempts, Err: err, Class: class}
 	if !a.attemptStart.IsZero() {
 		ev.Latency = time.Since(a.attemptStart)
@@ -71,10 +77,17 @@ func (a *operation) attemptDone(resp *http.Response, err error, class idemtrace.
 
 // callStart reports the call's start and returns the call's context.
 func (a *operation) callStart(ctx context.Context) context.Context {
-	h := &a.cfg.hooks
-	if h.OnCallStart == nil && h.OnCallDone == nil {
+	if h := &a.cfg.hooks; h.OnCallStart == nil && h.OnCallDone == nil {
 		return ctx
 	}
+	return a.callStartHook(ctx)
+}
+
+// callStartHook is callStart for a Client with OnCallStart or OnCallDone.
+//
+//go:noinline
+func (a *operation) callStartHook(ctx context.Context) context.Context {
+	h := &a.cfg.hooks
 	a.callStarted = time.Now()
 	if h.OnCallStart != nil {
 		if nc := h.OnCallStart(ctx, a.call()); nc != nil {
@@ -86,18 +99,23 @@ func (a *operation) callStart(ctx context.Context) context.Context {
 
 // end reports the call's result and returns it unchanged.
 func (a *operation) end(resp *http.Response, err error) (*http.Response, error) {
-	h := &a.cfg.hooks
-	if h.OnCallDone == nil {
-		a.returned = true
-		return resp, err
+	if a.cfg.hooks.OnCallDone != nil {
+		a.endHook(resp, err)
 	}
+	a.returned = true
+	return resp, err
+}
+
+// endHook is end's report for a Client with OnCallDone.
+//
+//go:noinline
+func (a *operation) endHook(resp *http.Response, err error) {
+	h := &a.cfg.hooks
 	ev := idemtrace.CallDoneEvent{CallEvent: a.call(), Attempts: a.attempts, Status: a.lastStatus, Err: err, Duration: time.Since(a.callStarted)}
 	if resp != nil {
 		ev.Status, ev.Replayed = resp.StatusCode, Replayed(resp)
 	}
 	h.OnCallDone(a.hookCtx(), ev)
-	a.returned = true
-	return resp, err
 }
 
 // journalEvent reports a journal operation.

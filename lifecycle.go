@@ -114,43 +114,54 @@ func (a *operation) open(ctx context.Context, req *http.Request, want string, ex
 			a.advance(phaseAttempting)
 			return nil, nil, true
 		}
-
-		var e *Entry
-		if rs != nil {
-			e, err = a.reread(ctx, rs.entry)
-		} else {
-			e, err = a.begin(ctx, req, key, explicit, body)
+		again, resp, err, ok := a.openEntry(ctx, req, key, minted, explicit, body, rs)
+		if !again {
+			return resp, err, ok
 		}
-		if err != nil {
-			resp, err := a.answer(nil, err)
-			return resp, err, false
-		}
-		if e.Key != key {
-			// The operation's entry has another key than the one tried:
-			// hold that one instead. Having to wait for it means another
-			// call was sending under it: begin again, to see what it left.
-			a.releaseKey(key)
-			waited, err := a.hold(ctx, 'k', e.Key)
-			if err != nil {
-				r, e := a.answer(nil, err)
-				return r, e, false
-			}
-			if waited {
-				a.releaseAll()
-				continue
-			}
-			a.key = e.Key
-		}
-		_, shared := a.j.(sharedJournal)
-		a.entry, a.fresh = e, minted && a.created && !shared
-		if !a.created {
-			if resp, err, answered := a.judge(ctx, req, e, rs); answered {
-				return resp, err, false
-			}
-		}
-		a.advance(phaseJournaled)
-		return nil, nil, true
 	}
+}
+
+// openEntry is open's part for a call with a journal: it begins (or, for
+// a resend, rereads) the journal entry of key. again asks open to begin
+// again: the entry had another key, which another call was sending under.
+//
+//go:noinline
+func (a *operation) openEntry(ctx context.Context, req *http.Request, key string, minted, explicit bool, body []byte, rs *resend) (again bool, resp *http.Response, err error, ok bool) {
+	var e *Entry
+	if rs != nil {
+		e, err = a.reread(ctx, rs.entry)
+	} else {
+		e, err = a.begin(ctx, req, key, explicit, body)
+	}
+	if err != nil {
+		resp, err := a.answer(nil, err)
+		return false, resp, err, false
+	}
+	if e.Key != key {
+		// The operation's entry has another key than the one tried:
+		// hold that one instead. Having to wait for it means another
+		// call was sending under it: begin again, to see what it left.
+		a.releaseKey(key)
+		waited, err := a.hold(ctx, 'k', e.Key)
+		if err != nil {
+			r, e := a.answer(nil, err)
+			return false, r, e, false
+		}
+		if waited {
+			a.releaseAll()
+			return true, nil, nil, false
+		}
+		a.key = e.Key
+	}
+	_, shared := a.j.(sharedJournal)
+	a.entry, a.fresh = e, minted && a.created && !shared
+	if !a.created {
+		if resp, err, answered := a.judge(ctx, req, e, rs); answered {
+			return false, resp, err, false
+		}
+	}
+	a.advance(phaseJournaled)
+	return false, nil, nil, true
 }
 
 // mintKey is NewKey, unless the simulator names the keys its calls mint
@@ -494,21 +505,7 @@ func (a *operation) settle(ctx context.Context, resp *http.Response, err error) 
 	a.advance(to)
 	gone := true // nothing of the call is left in a journal that Resume would send
 	if a.entry != nil {
-		switch to {
-		case phaseDone:
-			var r *Result
-			if ansResp != nil && a.p.keepResults > 0 {
-				r = keepResult(ansResp, a.p.keepResults, a.p.redactQuery, a.p.redactPath)
-			}
-			a.writeFinish(ctx, StateDone, r)
-		case phasePending:
-			err = a.finishPending(ctx, err)
-		case phaseWithdrawn:
-			var held *heldElsewhereError
-			if gone, held = a.withdraw(ctx); held != nil && err != nil {
-				held.err, err = err, held
-			}
-		}
+		err, gone = a.settleEntry(ctx, to, ansResp, err)
 	}
 	if err != nil && !a.reached && gone && (!a.keyed || a.fresh) {
 		// Nothing left, on the wire nor in the journal, under a key minted
@@ -522,7 +519,34 @@ func (a *operation) settle(ctx context.Context, resp *http.Response, err error) 
 	return a.end(resp, err)
 }
 
-// unwind ends a call that a panic is leaving (deferred by Client.do): a
+// settleEntry writes the call's outcome, to, to its journal entry:
+// settle's part for a call with one. ansResp is the answer the outcome
+// was decided on; err, the call's error, is returned as the call returns
+// it; gone reports that nothing of the call is left in the journal that
+// Resume would send.
+//
+//go:noinline
+func (a *operation) settleEntry(ctx context.Context, to phase, ansResp *http.Response, err error) (_ error, gone bool) {
+	gone = true
+	switch to {
+	case phaseDone:
+		var r *Result
+		if ansResp != nil && a.p.keepResults > 0 {
+			r = keepResult(ansResp, a.p.keepResults, a.p.redactQuery, a.p.redactPath)
+		}
+		a.writeFinish(ctx, StateDone, r)
+	case phasePending:
+		err = a.finishPending(ctx, err)
+	case phaseWithdrawn:
+		var held *heldElsewhereError
+		if gone, held = a.withdraw(ctx); held != nil && err != nil {
+			held.err, err = err, held
+		}
+	}
+	return err, gone
+}
+
+// unwind ends a call that a panic is leaving (proceed's deferred exit): a
 // panic in a hook, a caller's callback or a journal frees the call's
 // slots and settles its entry as any end of the call would, with what it
 // saw so far, so that nothing wedges the operation for the life of the

@@ -127,7 +127,10 @@ type operation struct {
 	strReader strings.Reader
 	memUsed   bool
 	stream    *streamed
-	bodyLen   int64 // the body's length as sent, 0 if none, -1 if unknown
+	getBody   func() (io.ReadCloser, error) // a streamed body's GetBody (replayableBody), nil if in memory
+	hc        headerCopy                    // do: the header copied by callerKey, if it was
+	openBody  *http.Request                 // proceed: the request whose streamed body the call must close if it stops before sending
+	bodyLen   int64                         // the body's length as sent, 0 if none, -1 if unknown
 	probing   bool
 
 	// The first attempt goes out directly (send.go); eng, go-retryablehttp's
@@ -266,24 +269,11 @@ func ResponseInfo(resp *http.Response) (info Info, ok bool) {
 func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
 	a.attempts++
 	a.waiting = false
-	if refused := a.paceErr; refused != nil {
-		// The Pacer refused the attempt, which was never handed to the
-		// transport (handOver): it left nothing, and is no attempt.
-		a.paceErr = nil
-		a.attempts--
-		a.wire.take()
-		a.sawAttempt(false)
-		if ctxErr := ctx.Err(); ctxErr != nil {
-			return false, a.stopped(ctxErr)
-		}
-		return false, a.giveUpJoin(ErrPacerRefused, refused, nil)
+	if a.paceErr != nil {
+		return a.paceRefused(ctx)
 	}
-	if pc := a.p.pacer; pc != nil {
-		status := 0
-		if resp != nil {
-			status = resp.StatusCode
-		}
-		pc.Observe(status, resp != nil && (status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != ""))
+	if a.p.pacer != nil {
+		a.observe(resp)
 	}
 	w := a.wire.take()
 	if w.writes > 1 || !a.cfg.traceable || w.writes == 0 {
@@ -296,7 +286,9 @@ func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err err
 		// application's answer (the simulator's seed 17790).
 		a.resent = true
 	}
-	err = a.redact(err)
+	if err != nil {
+		err = a.redact(err)
+	}
 	if plant.ResetNotSent && resp == nil && plant.IsReset(err) { // a planted bug (internal/plant)
 		w.writes = 0
 	}
@@ -309,54 +301,10 @@ func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err err
 	// server (wire.go). An answer always did.
 	a.sawAttempt(resp != nil || !w.notSent(a.cfg.traceable))
 	if a.stream != nil && a.stream.ref.differed() {
-		// The body from GetBody was not the one sent before: it was cut
-		// short (see body.go), and it must not go out under this key.
-		var last *http.Response // the answer, for the error to carry
-		if err == nil {
-			a.lastStatus, last = resp.StatusCode, resp
-			a.attemptDone(resp, nil, idemtrace.ClassNone)
-		} else {
-			a.lastStatus, a.lastErr = 0, err
-			a.attemptDone(nil, err, idemtrace.ClassUnknown)
-		}
-		return false, a.giveUp(ErrBodyChanged, last)
+		return a.bodyChanged(resp, err)
 	}
 	if err != nil {
-		a.lastStatus, a.lastErr = 0, err
-		if resp != nil {
-			// net/http returns a response with an error only when
-			// CheckRedirect refused to follow it: the same request would
-			// get the same redirect. The engine hands err back.
-			a.attemptDone(nil, err, idemtrace.ClassPermanent)
-			return false, nil
-		}
-		if ctxErr := ctx.Err(); ctxErr != nil {
-			a.attemptDone(nil, err, idemtrace.ClassCanceled)
-			return false, a.stopped(ctxErr)
-		}
-		class := a.classify(err, w)
-		a.attemptDone(nil, err, errClassNames[class])
-		if class == errUnknown {
-			a.unknown = true
-		}
-		if c, ok := a.p.classifyError(err, class, a.safe); ok {
-			if c == errPermanent {
-				return false, nil // the engine hands err back
-			}
-			return a.retry(ctx, idemtrace.ReasonClassified, nil, isTimeout(err))
-		}
-		switch class {
-		case errPermanent:
-			return false, nil // the engine hands err back
-		case errNotSent:
-			return a.retry(ctx, idemtrace.ReasonNotSent, nil, false)
-		}
-		if !a.safe {
-			// A POST without a key may have run: resending could run it
-			// twice. Hand the error back as net/http would.
-			return false, nil
-		}
-		return a.retry(ctx, idemtrace.ReasonUnknownOutcome, nil, isTimeout(err))
+		return a.checkError(ctx, resp, err, w)
 	}
 
 	a.lastStatus, a.lastErr = resp.StatusCode, nil
@@ -398,6 +346,93 @@ func (a *operation) checkRetry(ctx context.Context, resp *http.Response, err err
 		a.rewriteGone(resp)
 	}
 	return false, nil
+}
+
+// paceRefused is checkRetry of an attempt the Pacer refused, which was
+// never handed to the transport (handOver): it left nothing, and is no
+// attempt.
+//
+//go:noinline
+func (a *operation) paceRefused(ctx context.Context) (bool, error) {
+	refused := a.paceErr
+	a.paceErr = nil
+	a.attempts--
+	a.wire.take()
+	a.sawAttempt(false)
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return false, a.stopped(ctxErr)
+	}
+	return false, a.giveUpJoin(ErrPacerRefused, refused, nil)
+}
+
+// observe tells the Pacer how the attempt was answered (0: not at all).
+//
+//go:noinline
+func (a *operation) observe(resp *http.Response) {
+	status := 0
+	if resp != nil {
+		status = resp.StatusCode
+	}
+	a.p.pacer.Observe(status, resp != nil && (status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != ""))
+}
+
+// bodyChanged is checkRetry of an attempt whose body from GetBody was not
+// the one sent before: it was cut short (see body.go), and it must not go
+// out under this key.
+//
+//go:noinline
+func (a *operation) bodyChanged(resp *http.Response, err error) (bool, error) {
+	var last *http.Response // the answer, for the error to carry
+	if err == nil {
+		a.lastStatus, last = resp.StatusCode, resp
+		a.attemptDone(resp, nil, idemtrace.ClassNone)
+	} else {
+		a.lastStatus, a.lastErr = 0, err
+		a.attemptDone(nil, err, idemtrace.ClassUnknown)
+	}
+	return false, a.giveUp(ErrBodyChanged, last)
+}
+
+// checkError is checkRetry of an attempt that failed with err (redacted),
+// w being its wire evidence.
+//
+//go:noinline
+func (a *operation) checkError(ctx context.Context, resp *http.Response, err error, w attemptWire) (bool, error) {
+	a.lastStatus, a.lastErr = 0, err
+	if resp != nil {
+		// net/http returns a response with an error only when
+		// CheckRedirect refused to follow it: the same request would
+		// get the same redirect. The engine hands err back.
+		a.attemptDone(nil, err, idemtrace.ClassPermanent)
+		return false, nil
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		a.attemptDone(nil, err, idemtrace.ClassCanceled)
+		return false, a.stopped(ctxErr)
+	}
+	class := a.classify(err, w)
+	a.attemptDone(nil, err, errClassNames[class])
+	if class == errUnknown {
+		a.unknown = true
+	}
+	if c, ok := a.p.classifyError(err, class, a.safe); ok {
+		if c == errPermanent {
+			return false, nil // the engine hands err back
+		}
+		return a.retry(ctx, idemtrace.ReasonClassified, nil, isTimeout(err))
+	}
+	switch class {
+	case errPermanent:
+		return false, nil // the engine hands err back
+	case errNotSent:
+		return a.retry(ctx, idemtrace.ReasonNotSent, nil, false)
+	}
+	if !a.safe {
+		// A POST without a key may have run: resending could run it
+		// twice. Hand the error back as net/http would.
+		return false, nil
+	}
+	return a.retry(ctx, idemtrace.ReasonUnknownOutcome, nil, isTimeout(err))
 }
 
 // rewriteGone reports a 404 to a retried DELETE, whose earlier attempt's

@@ -98,16 +98,26 @@ func (a *operation) run(out *http.Request) (*http.Response, error) {
 	resp, doErr := a.send(out)
 	ctx := out.Context()
 	retry, checkErr := a.checkRetry(ctx, resp, doErr)
+	if !retry && doErr == nil && checkErr == nil {
+		return resp, nil
+	}
+	return a.afterFirst(out, resp, doErr, checkErr, retry)
+}
+
+// afterFirst is run after a first attempt that did not simply succeed:
+// its error handed back, or the retries, retry being checkRetry's
+// decision and checkErr its error.
+//
+//go:noinline
+func (a *operation) afterFirst(out *http.Request, resp *http.Response, doErr, checkErr error, retry bool) (*http.Response, error) {
 	if !retry {
-		if doErr == nil && checkErr == nil {
-			return resp, nil
-		}
 		err := checkErr
 		if err == nil {
 			err = doErr
 		}
 		return engineErrorHandler(resp, err, 1)
 	}
+	ctx := out.Context()
 	// What the engine does between two attempts: drain the response (4 KiB
 	// at most, after wait's own bounded drain), wait, and prepare the next
 	// attempt on a shallow copy of the request, since net/http's write loop
@@ -186,8 +196,23 @@ func (a *operation) send(req *http.Request) (*http.Response, error) {
 	if !a.cfg.traceable {
 		sent = req.Header.Clone()
 	}
+	resp, err := a.cfg.at.roundTripFor(a, req)
+	if err != nil || resp == nil || resp.Body == nil {
+		return a.sendOdd(req, resp, err, sent)
+	}
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		return a.redirected(req, resp, sent)
+	}
+	return resp, nil
+}
+
+// sendOdd is send's answer to what the RoundTripper returned other than a
+// response with a body: its error, or what http.Client makes of a nil
+// response or body (sent as for redirected).
+//
+//go:noinline
+func (a *operation) sendOdd(req *http.Request, resp *http.Response, err error, sent http.Header) (*http.Response, error) {
 	rt := a.cfg.at
-	resp, err := rt.roundTripFor(a, req)
 	if err != nil {
 		if tlsErr, ok := err.(tls.RecordHeaderError); ok && string(tlsErr.RecordHeader[:]) == "HTTP/" {
 			err = http.ErrSchemeMismatch // as http.Client says it
@@ -198,13 +223,24 @@ func (a *operation) send(req *http.Request) (*http.Response, error) {
 		return nil, &url.Error{Op: urlErrorOp(req.Method), URL: req.URL.String(),
 			Err: fmt.Errorf("http: RoundTripper implementation (%T) returned a nil *Response with a nil error", rt)}
 	}
-	if resp.Body == nil {
-		if resp.ContentLength > 0 && req.Method != http.MethodHead {
-			return nil, &url.Error{Op: urlErrorOp(req.Method), URL: req.URL.String(),
-				Err: fmt.Errorf("http: RoundTripper implementation (%T) returned a *Response with content length %d but a nil Body", rt, resp.ContentLength)}
-		}
-		resp.Body = io.NopCloser(strings.NewReader(""))
+	if resp.ContentLength > 0 && req.Method != http.MethodHead {
+		return nil, &url.Error{Op: urlErrorOp(req.Method), URL: req.URL.String(),
+			Err: fmt.Errorf("http: RoundTripper implementation (%T) returned a *Response with content length %d but a nil Body", rt, resp.ContentLength)}
 	}
+	resp.Body = io.NopCloser(strings.NewReader(""))
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		return a.redirected(req, resp, sent)
+	}
+	return resp, nil
+}
+
+// redirected hands a 3xx to http.Client, which follows it if it is a
+// redirect it follows (301, 302, 303, 307, 308), from the response send
+// has (operation.replay), with the header as the first hop got it
+// (sent, nil if req's own).
+//
+//go:noinline
+func (a *operation) redirected(req *http.Request, resp *http.Response, sent http.Header) (*http.Response, error) {
 	switch resp.StatusCode {
 	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
 		if sent != nil {
@@ -213,7 +249,7 @@ func (a *operation) send(req *http.Request) (*http.Response, error) {
 			req = &r
 		}
 		a.replay = resp
-		resp, err := hc.Do(req)
+		resp, err := a.cfg.hc.Do(req)
 		a.replay = nil // taken by its first RoundTrip; never left for another attempt
 		return resp, err
 	}

@@ -144,7 +144,7 @@ func unsendable(r *http.Request, checked bool, why string) string {
 	if !checked {
 		why = badHeader(r.Header)
 	}
-	if why == "" {
+	if why == "" && len(r.Trailer) > 0 {
 		why = badHeader(r.Trailer)
 	}
 	if why != "" {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Counts, per request, the instructions and the simulated cache misses of
-# each client of BenchmarkDo and each arm of BenchmarkICache (root
-# package), with valgrind's cachegrind: the client, net/http, the loopback
+# each client of BenchmarkDo (root package) and each arm of BenchmarkICache
+# (internal/icache), with valgrind's cachegrind: the client, net/http, the loopback
 # server and the runtime together, as one round trip runs them.
 #
 #   bash bench/icache.sh                 # every arm, from the repository root
@@ -26,16 +26,17 @@ command -v valgrind >/dev/null || { echo "icache.sh: valgrind not found (apt-get
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 go test -c -o "$dir/root.test" .
+go test -c -o "$dir/icache.test" ./internal/icache
 
 arms=("$@")
 [ ${#arms[@]} -gt 0 ] || arms=(raw raw+key raw+key+trace retryablehttp retryablehttp+key idemhttp raw+key+hot raw+key+cold)
 
 # totals ARM N prints "Ir I1mr D1 DL" of a run of N requests through ARM.
 totals() {
-	local bench=BenchmarkDo
-	case $1 in raw+key+hot | raw+key+cold) bench=BenchmarkICache ;; esac
+	local bench=BenchmarkDo bin=root.test
+	case $1 in raw+key+hot | raw+key+cold) bench=BenchmarkICache bin=icache.test ;; esac
 	GOGC=off GODEBUG=asyncpreemptoff=1 GOMAXPROCS=1 valgrind --tool=cachegrind --cache-sim=yes \
-		--cachegrind-out-file="$dir/cg.out" "$dir/root.test" -test.run '^$' \
+		--cachegrind-out-file="$dir/cg.out" "$dir/$bin" -test.run '^$' \
 		-test.bench "^$bench\$/^${1//+/\\+}\$" -test.benchtime="${2}x" >/dev/null 2>"$dir/err"
 	grep -q 'I1  misses' "$dir/err" || { cat "$dir/err" >&2; exit 1; }
 	awk '{gsub(",", "")}

@@ -1,14 +1,20 @@
-package idemhttp
+package icache
 
 //go:generate go run coldcode_gen.go
 
 import (
+	"bytes"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idemhttp"
 )
 
-// What BenchmarkDoInterleaved's ratios are made of, beyond instructions.
+// What the root package's BenchmarkDoInterleaved's ratios are made of, beyond instructions.
 //
 // A loopback round trip runs about 120 k instructions (client, server and
 // runtime together), far more code than a core's 32 KiB instruction
@@ -16,7 +22,7 @@ import (
 // client adds to a call costs its instructions plus one fetch of every
 // cache line of code it runs, and the lines cost more than the
 // instructions (bench/README.md, "Where the client's loopback gap
-// goes"). BenchmarkDoStub's instruction counts, taken in a hot loop,
+// goes"). The root package's BenchmarkDoStub's instruction counts, taken in a hot loop,
 // see only the first. BenchmarkICache measures both on the machine it
 // runs on: raw+key after running coldFuncs small functions once each
 // ("cold": their ~24 KiB of code is fetched on every call) and after
@@ -97,4 +103,69 @@ func BenchmarkICache(b *testing.B) {
 			}
 		})
 	}
+}
+
+// The helpers below are the root package's (bench_test.go), copied so
+// that raw+key here sends the same request as BenchmarkDo's raw+key.
+
+// benchPayload is BenchmarkDo's request body: 1 KiB of JSON.
+var benchPayload = bytes.Repeat([]byte(`{"k":"v"},`), 103)[:1024]
+
+type doFunc func(*http.Request) (*http.Response, error)
+
+// newChargeServer is BenchmarkDo's loopback server: it reads the request
+// and answers a small charge object.
+func newChargeServer(b *testing.B) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"id":"ch_1","status":"succeeded"}`))
+	}))
+	b.Cleanup(srv.Close)
+	return srv
+}
+
+// newBenchHTTP returns an http.Client with a transport of its own.
+func newBenchHTTP(b *testing.B) *http.Client {
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	b.Cleanup(hc.CloseIdleConnections)
+	return hc
+}
+
+// sendCharge sends the benchmark's request to url through do and reads
+// the answer to the end.
+func sendCharge(b *testing.B, url string, do doFunc) {
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(benchPayload))
+	if err != nil {
+		b.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+}
+
+// rawKeyDo sends through hc with a fresh Idempotency-Key set on each
+// request: net/http plus one header.
+func rawKeyDo(hc *http.Client) doFunc {
+	return func(r *http.Request) (*http.Response, error) {
+		r.Header.Set("Idempotency-Key", idemhttp.NewKey())
+		return hc.Do(r)
+	}
+}
+
+// median returns the median of xs (which it sorts).
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	n := len(xs)
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
 }
