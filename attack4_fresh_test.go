@@ -93,7 +93,6 @@ type wrappedJournal struct{ Journal }
 // interfaces), or slots kept by the journal itself. Checked as a pin:
 // without the skip it fails (A gets 409, the entry is done with 409).
 func TestTwoClientsOnOneJournalThroughWrappers(t *testing.T) {
-	t.Skip("attack4: two Clients sharing one journal through distinct wrappers do not share the senders' slots: a fresh-key 409 is recorded as done")
 	srv := newKeyedServer()
 	hs := httptest.NewServer(srv)
 	defer hs.Close()
@@ -154,7 +153,6 @@ func (fleetWrapper) ClaimPending() {}
 // patience). The lead's call. Without the skip it fails: 409 after one
 // attempt.
 func TestFresh409InAFleetThroughAWrapper(t *testing.T) {
-	t.Skip("attack4: a fleet journal behind a wrapper that forwards the documented optional methods loses the fleet's fresh-key rule (seed 1013 again)")
 	srv, n := conflictOnce(t)
 	c := &Client{Journal: fleetWrapper{sharedRecJournal{newRecJournal()}}, Policy: &Policy{MaxAttempts: 3, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}}
 	resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(WithOperation(context.Background(), "op-409")))
@@ -194,7 +192,6 @@ func conflictOnce(t *testing.T) (*httptest.Server, *atomic.Int32) {
 // skip it fails: A's error is ErrNotSent while the server ran the
 // operation.
 func TestTwoClientsThroughWrappersWithdrawWhatTheOtherSends(t *testing.T) {
-	t.Skip("attack4: two Clients sharing one journal through distinct wrappers: one withdraws (ErrNotSent) the entry the other is sending")
 	srv := newKeyedServer()
 	hs := httptest.NewServer(srv)
 	defer hs.Close()

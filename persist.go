@@ -418,7 +418,7 @@ type journalClock interface {
 // stamp returns the time to write into an entry or outcome for j: zero
 // for a journal with its own clock, which stamps it, else the client's.
 func (c *Client) stamp(j Journal) time.Time {
-	if _, ok := j.(journalClock); ok {
+	if _, ok := journalAs[journalClock](c.cfg.identity(j)); ok {
 		return time.Time{}
 	}
 	return c.cfg.now()
@@ -427,7 +427,7 @@ func (c *Client) stamp(j Journal) time.Time {
 // journalNow returns the time by which j's entries are aged: j's own
 // clock when it keeps one, else the client's.
 func (c *Client) journalNow(ctx context.Context, j Journal) (time.Time, error) {
-	if jc, ok := j.(journalClock); ok {
+	if jc, ok := journalAs[journalClock](c.cfg.identity(j)); ok {
 		t, err := jc.Now(ctx)
 		if err != nil {
 			return time.Time{}, fmt.Errorf("clock: %w", err)
