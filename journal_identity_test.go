@@ -74,7 +74,8 @@ func (i innerHigh) HighWater(context.Context) (time.Time, error) { return i.at, 
 // (the wrapped rows unknown, scoped by the wrapper), with the cycle check
 // removed (the cycle row unknown only by the depth bound: it still
 // passes, which is why the bound exists), and with the recover removed
-// (the test panics).
+// (the test panics), and with the depth bound removed (the deep chain
+// known).
 func TestResolveJournal(t *testing.T) {
 	r := newRecJournal()
 	own := new(int)
