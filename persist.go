@@ -204,16 +204,23 @@ type Journal interface {
 	// they describe operations whose outcome nobody knows yet.
 	Prune(ctx context.Context, cutoff time.Time) (int, error)
 
-	// Delete removes the pending or abandoned entry for key, or returns an
-	// error wrapping [ErrNotFound] for an unknown key, and one wrapping
-	// [ErrFenced], removing nothing, for a done entry (only Prune forgets
-	// those, after the retention) or one another process has taken since
-	// this one wrote it (a journal shared by a fleet: its lease live or
-	// not, since that process may have sent it). A Client calls it only to withdraw an entry its own call
-	// created and that provably never reached the wire, so that Resume
-	// never sends a request its caller was told did not go out; an
-	// operator may call it for an entry a person has resolved. Like Begin,
-	// it is durable on return.
+	// Delete withdraws the pending entry for key, or returns an error
+	// wrapping [ErrNotFound] for an unknown key, and one wrapping
+	// [ErrFenced], removing nothing, for a final entry, done or abandoned
+	// (only Prune forgets done ones, after the retention; an abandoned one
+	// keeps its operation's key until a person resolves it), or for one
+	// another process has taken since this one wrote it (a journal shared
+	// by a fleet: its lease live or not, since that process may have sent
+	// it; and one with an attempt recorded). A Client calls it only to withdraw an
+	// entry its own call created and that provably never reached the
+	// wire, so that Resume never sends a request its caller was told did
+	// not go out. An abandoned entry is never withdrawn: another sender
+	// may have sent it before it was abandoned, and removing it would let
+	// a rerun of its operation begin afresh under a new key (issue 32's
+	// bugFleetExpiredRerun). Removing an entry a person has resolved is an
+	// operator's act, with the journal's own method for it
+	// (filejournal.Journal.Forget, the PostgreSQL journal's Forget). Like
+	// Begin, Delete is durable on return.
 	Delete(ctx context.Context, key string) error
 }
 
@@ -316,8 +323,8 @@ func (m *memJournal) Delete(_ context.Context, key string) error {
 	if !ok {
 		return fmt.Errorf("delete %s: %w", key, ErrNotFound)
 	}
-	if e.State == StateDone {
-		return fmt.Errorf("delete %s: %w: the entry is done", key, ErrFenced)
+	if e.State != StatePending {
+		return fmt.Errorf("delete %s: %w: the entry is %s", key, ErrFenced, e.State)
 	}
 	delete(m.byKey, key)
 	if e.Operation != "" && m.byOp[e.Operation] == key {

@@ -2,6 +2,7 @@ package filejournal_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -103,4 +104,43 @@ func ExampleJournal_HighWater() {
 	// Output:
 	// mark at or after the deleted entry's time: true
 	// clock behind the journal: true
+}
+
+// An abandoned entry (past the server's retention: its operation may have
+// run) keeps its operation's key: a Client's withdrawal (Delete) never
+// removes it, so a rerun cannot begin the operation afresh under a new
+// key. Once a person has resolved it, the operator removes it with
+// Forget.
+func ExampleJournal_Forget() {
+	dir, err := os.MkdirTemp("", "journal")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	j, err := filejournal.Open(filepath.Join(dir, "journal"), nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer j.Close()
+
+	const key = "0b7e5c1a-8d2f-4e6a-9c3b-1f2e3d4c5b6a"
+	if _, err := j.Begin(ctx, &idemhttp.Entry{Operation: "invoice-42", Key: key, Method: http.MethodPost, URL: "https://api.example.com/v1/charges"}); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := j.Finish(ctx, key, idemhttp.Outcome{State: idemhttp.StateAbandoned, Attempts: 1}); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("withdrawal refused:", errors.Is(j.Delete(ctx, key), idemhttp.ErrFenced))
+	fmt.Println("forgotten:", j.Forget(ctx, key) == nil)
+	_, err = j.Lookup(ctx, "invoice-42")
+	fmt.Println("operation gone:", errors.Is(err, idemhttp.ErrNotFound))
+	// Output:
+	// withdrawal refused: true
+	// forgotten: true
+	// operation gone: true
 }

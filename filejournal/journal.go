@@ -1250,15 +1250,36 @@ func (j *Journal) Prune(ctx context.Context, cutoff time.Time) (int, error) {
 	return n, nil
 }
 
-// Delete implements [idemhttp.Journal.Delete]: it removes the pending or
-// abandoned entry for key, durably. It returns an error wrapping
+// Delete implements [idemhttp.Journal.Delete]: it withdraws the pending
+// entry for key, durably. It returns an error wrapping
 // [idemhttp.ErrNotFound] for an unknown key, and one wrapping
-// [idemhttp.ErrFenced] for a done entry, which only Prune removes.
+// [idemhttp.ErrFenced] for a final entry: a done one, which only Prune
+// removes, or an abandoned one, which keeps its operation's key until a
+// person resolves it and removes it with [Journal.Forget].
 //
 // Deleting a pending entry forgets an operation whose outcome is unknown:
 // rerunning it mints a new key and may run it twice, unless it provably
 // never reached the wire (the only case in which a Client deletes one).
 func (j *Journal) Delete(ctx context.Context, key string) error {
+	return j.delete(ctx, "delete", key, func(e *entry) bool { return e.state == journalStatePending })
+}
+
+// Forget removes the pending or abandoned entry for key, durably: an
+// operator's act (idemctl prune -include-pending), for an entry a person
+// has resolved. It returns an error wrapping [idemhttp.ErrNotFound] for
+// an unknown key, and one wrapping [idemhttp.ErrFenced] for a done entry,
+// which only Prune removes.
+//
+// Forgetting an entry forgets an operation whose outcome is unknown (or,
+// abandoned, that may have run): rerunning it mints a new key and may run
+// it twice. A Client never calls it.
+func (j *Journal) Forget(ctx context.Context, key string) error {
+	return j.delete(ctx, "forget", key, func(e *entry) bool { return e.state != journalStateDone })
+}
+
+// delete removes key's entry if doomed says so; an entry it keeps is
+// ErrFenced.
+func (j *Journal) delete(ctx context.Context, what, key string, doomed func(*entry) bool) error {
 	err := ctx.Err()
 	n := 0
 	var le *entry
@@ -1268,21 +1289,21 @@ func (j *Journal) Delete(ctx context.Context, key string) error {
 		err = j.log.Writable()
 		j.mu.Unlock()
 		if err == nil && le != nil {
-			n, err = j.removeChunk([]*entry{le}, func(e *entry) bool { return e.state != journalStateDone })
+			n, err = j.removeChunk([]*entry{le}, doomed)
 		}
 	}
 	if err == nil && n == 0 {
 		err = idemhttp.ErrNotFound
 		if le != nil {
 			j.mu.Lock()
-			if cur := j.byKey.get(key); cur != nil && cur.state == journalStateDone {
-				err = idemhttp.ErrFenced
+			if cur := j.byKey.get(key); cur != nil && !cur.gone && !cur.deleting && !cur.unsynced {
+				err = fmt.Errorf("%w: the entry is %s", idemhttp.ErrFenced, journalStateOf(cur.state))
 			}
 			j.mu.Unlock()
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("idemhttp: journal delete %s: %w", key, err)
+		return fmt.Errorf("idemhttp: journal %s %s: %w", what, key, err)
 	}
 	return nil
 }

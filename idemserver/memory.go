@@ -287,13 +287,23 @@ func (s *MemoryStore) Claim(_ context.Context, key string, c Claim) (ClaimResult
 	}
 	// Expired records count until swept, and the key's own shard had none
 	// to spare: sweep every shard, at most once a second, and try again.
-	if next := s.nextPrune.Load(); now.UnixNano() >= next && s.nextPrune.CompareAndSwap(next, now.Add(time.Second).UnixNano()) {
+	if next := s.nextPrune.Load(); s.mayPrune(now.UnixNano(), next) && s.nextPrune.CompareAndSwap(next, now.Add(time.Second).UnixNano()) {
 		s.prune(now)
 		if res, ok = s.claim(key, c, now); ok {
 			return res, nil
 		}
 	}
 	return ClaimResult{}, ErrStoreFull
+}
+
+// mayPrune says whether a full store may sweep every shard at now (Unix
+// nanoseconds), the gate being next: at most once a second, and at once
+// when the clock was set back (next lies more than the gate's second
+// ahead), for the gate is a wall-clock reading and records claimed after
+// a set-back expire on the set-back clock: without it, a full store would
+// answer ErrStoreFull for as long as the clock went back.
+func (s *MemoryStore) mayPrune(now, next int64) bool {
+	return now >= next || next-now > int64(time.Second)
 }
 
 // claim is Claim within key's shard; ok is false when the store is full.

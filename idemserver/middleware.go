@@ -16,8 +16,15 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/serverclock"
 	"github.com/idemkit/idemhttp/internal/servercore"
 )
+
+func init() {
+	// The simulator's seam (internal/serverclock): the process's clock
+	// a Middleware's lock arithmetic reads, set back and forward per seed.
+	serverclock.Register(func(mw any, now func() time.Time) { mw.(*Middleware).now = now })
+}
 
 // ReplayedHeader is the response header, set to "true", that marks a
 // replayed response (Stripe's name, which idemhttp's client recognises).
@@ -229,6 +236,10 @@ type Middleware struct {
 	// refusals. Wrap copies the struct, so later changes to it
 	// have no effect on handlers already wrapped. Nil costs nothing.
 	Hooks *Hooks
+
+	// now, when set (through internal/serverclock, by the simulator), is
+	// the process's clock the lock arithmetic reads instead of time.Now.
+	now func() time.Time
 }
 
 // ErrMisconfigured is what [Middleware.Wrap] panics with (wrapped, in an
@@ -331,6 +342,9 @@ func (m *Middleware) build(h http.Handler) *handler {
 		mw.lockTimeout = DefaultLockTimeout
 	}
 	mw.renewer = newRenewer(mw, mw.lockTimeout)
+	if m.now != nil {
+		mw.renewer.clock = newSteadyClock(m.now)
+	}
 	if mw.maxBody <= 0 {
 		mw.maxBody = DefaultMaxBodyBytes
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idemhttp/internal/plant"
 )
 
 // renewer keeps one wrapped handler's claims alive while their handlers
@@ -99,6 +101,47 @@ type realClock struct{}
 func (realClock) now() time.Time { return time.Now() }
 
 func (realClock) afterFunc(d time.Duration, f func()) timer { return time.AfterFunc(d, f) }
+
+// steadyClock is a process clock read through a function (the
+// simulator's, set through internal/serverclock), made steady: a reading
+// earlier than the latest one carries on from the latest, so that a clock
+// set back does not hold every renewal due after the latest reading until
+// the clock has caught up again (the claim's lock, measured by the store,
+// runs out meanwhile, and a retry runs the handler beside this one), nor
+// make a Complete after the handler be tried for as long as the clock
+// went back. A clock set forward looks like time passing: renewals come
+// due at once, which costs a renewal each, and a Complete is tried again
+// for a tenth of the lock timeout, then the claim pinned (fail closed).
+//
+// realClock needs none of this: time.Now's readings carry the runtime's
+// monotonic clock, which no setting of the wall clock moves, and the
+// renewer only compares them with each other. steadyClock is for a clock
+// whose readings have no such part, as the simulator's jumps model.
+//
+// Timers are the runtime's: a timer measures a duration, which no setting
+// of the clock moves.
+type steadyClock struct {
+	read   func() time.Time
+	mu     sync.Mutex
+	latest time.Time     // the latest reading returned
+	ahead  time.Duration // added to read(): the set-backs seen so far
+}
+
+func newSteadyClock(read func() time.Time) *steadyClock { return &steadyClock{read: read} }
+
+func (c *steadyClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := c.read().Add(c.ahead)
+	if t.Before(c.latest) && !plant.ClockBack {
+		c.ahead += c.latest.Sub(t)
+		t = c.latest
+	}
+	c.latest = t
+	return t
+}
+
+func (*steadyClock) afterFunc(d time.Duration, f func()) timer { return time.AfterFunc(d, f) }
 
 // renewal is one request's claim in its handler's renewer. The zero value
 // is idle; start registers it once.

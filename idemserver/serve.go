@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemkit/idemhttp/internal/plant"
 	"github.com/idemkit/idemhttp/internal/servercore"
 )
 
@@ -116,12 +117,17 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // connections. The memory store's methods never wait but for its
 // mutexes, so its calls get no deadline: a context with one arms a
 // runtime timer per request, which the renewer's design measured at 7%
-// of a loopback round trip.
+// of a loopback round trip. until is a reading of the renewer's clock,
+// the process's: the deadline is the time left until then on that clock,
+// not until itself, which the runtime would measure on its own.
 func (h *handler) bounded(ctx context.Context, until time.Time) (context.Context, context.CancelFunc) {
 	if _, ok := h.store.(*MemoryStore); ok {
 		return ctx, func() {}
 	}
-	return context.WithDeadline(ctx, until)
+	if plant.ProcDeadline {
+		return context.WithDeadline(ctx, until)
+	}
+	return context.WithTimeout(ctx, until.Sub(h.renewer.clock.now()))
 }
 
 // storeFailed answers 503 when the store cannot say what became of a key:

@@ -41,3 +41,25 @@ func ExampleFleetModel() {
 	// a's late outcome is fenced: true
 	// and so is its withdrawal: true
 }
+
+// The fleet's database clock set back (a failover to a host whose clock
+// is behind): the journal keeps the set-back as its doubt, for good, so
+// entries written before it stay of unknown age after a downtime carries
+// the clock past the high-water mark again.
+func ExampleFleetModelWorker_ClockDoubt() {
+	ctx := context.Background()
+	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	fleet := journaltest.NewFleetModel(&journaltest.FleetModelOptions{Clock: func() time.Time { return now }})
+	w := fleet.Worker("a")
+	_, _ = w.Begin(ctx, &idemhttp.Entry{Operation: "invoice-42", Key: "k1", Method: http.MethodPost, URL: "https://api.example.com/v1/charges"})
+
+	fleet.Shift(-2 * time.Hour) // the failover
+	_, err := w.ClaimPending(ctx, 10)
+	fmt.Println("claim refused:", errors.Is(err, idemhttp.ErrClockJump))
+	fleet.Shift(3 * time.Hour) // a downtime: the clock passes the mark
+	doubt, _ := w.ClockDoubt(ctx)
+	fmt.Println("doubt:", doubt.Format(time.RFC3339))
+	// Output:
+	// claim refused: true
+	// doubt: 2025-03-01T12:00:00Z
+}

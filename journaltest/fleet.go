@@ -43,13 +43,25 @@ import (
 //     than [idemhttp.ClockTolerance] below the latest time the journal
 //     recorded (it was set back), it claims nothing and returns an error
 //     wrapping [idemhttp.ErrClockJump];
+//   - it is a [ClockDoubter]: a clock it finds more than
+//     [idemhttp.ClockTolerance] below the high-water mark makes the mark
+//     the fleet's doubt, for good (entries created up to it are of
+//     unknown age, however far the clock moves on), so that a Client
+//     never resends them when a downtime carries the clock past the mark;
 //   - ClaimPending never hands out a parked entry (one with an
 //     [idemhttp.Entry.NotBefore]) before that time by the fleet's clock;
 //   - Renew extends the worker's own lease, and is refused once another
 //     worker holds the entry or it is final;
-//   - Delete is refused for an entry another worker has claimed or begun
-//     since this one wrote it, live lease or not (that worker may have
-//     sent it).
+//   - Delete withdraws only a pending entry this worker holds (its lease,
+//     live or not: nobody took it since) with no attempt recorded, and is
+//     refused for anything else: an entry another worker has claimed or
+//     begun since this one wrote it (that worker may have sent it), one
+//     nobody holds (enqueued, or its lease cleared), one with an attempt
+//     recorded, and a final one, done or abandoned (an abandoned entry
+//     keeps its operation's key: another worker may have sent it before it
+//     was abandoned);
+//   - Forget, when the journal has it ([Forgetter]), is the operator's
+//     removal of a pending or abandoned entry a person has resolved.
 type FleetJournal interface {
 	idemhttp.Journal
 	Clock
@@ -94,6 +106,7 @@ func RunFleet(t *testing.T, open func(t *testing.T) *Fleet) {
 		{"BeginTakesTheLease", testBeginTakesTheLease},
 		{"DeleteFenced", testDeleteFenced},
 		{"DeleteRacingClaim", testDeleteRacingClaim},
+		{"NoWithdrawalAfterAbandon", testNoWithdrawalAfterAbandon},
 		{"ClaimConcurrentOnce", testClaimConcurrent},
 		{"SanitizedEveryWayIn", testSanitizedEveryWayIn},
 		{"OneClockStamps", testOneClockStamps},
@@ -101,6 +114,7 @@ func RunFleet(t *testing.T, open func(t *testing.T) *Fleet) {
 		{"WorkerAheadOfClock", testWorkerAhead},
 		{"ClockSetBack", testClockSetBack},
 		{"ClaimSkipsParked", testClaimSkipsParked},
+		{"ClockSetBackThenCarriedPast", testClockSetBackThenCarriedPast},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -272,9 +286,10 @@ func testBeginTakesTheLease(t *testing.T, f *Fleet) {
 // withdraws "its" entry: refused, whatever B's lease and the entry's state
 // say, or the caller's retry would mint a new key and run the operation
 // twice. An entry that another caller began (found by operation) is
-// likewise no longer the creator's to withdraw. What stays allowed: a
-// worker withdrawing its own entry that nobody else took, and an entry
-// enqueued and never claimed.
+// likewise no longer the creator's to withdraw, nor is an entry
+// enqueued and never claimed (nobody's: no call of this worker began it).
+// What stays allowed: a worker withdrawing its own entry that nobody else
+// took; an operator's Forget of the enqueued one ([Forgetter]).
 func testDeleteFenced(t *testing.T, f *Fleet) {
 	ctx := context.Background()
 	_, err := f.A.Begin(ctx, fleetEntry("k"))
@@ -306,11 +321,66 @@ func testDeleteFenced(t *testing.T, f *Fleet) {
 	f.Shift(past(f))
 	assert.NoError(t, f.A.Delete(ctx, "own"), "its own entry, which nobody else took")
 	enqueue(t, f.A, fleetEntry("queued"))
-	assert.NoError(t, f.B.Delete(ctx, "queued"), "enqueued and never claimed")
-	for _, k := range []string{"own", "queued"} {
+	assert.ErrorIs(t, f.B.Delete(ctx, "queued"), idemhttp.ErrFenced, "enqueued: no call of B's began it")
+	assert.Equal(t, idemhttp.StatePending, state(t, f.A, "queued"))
+	gone := []string{"own"}
+	if fg, ok := f.B.(Forgetter); ok {
+		assert.NoError(t, fg.Forget(ctx, "queued"), "an operator removes it")
+		gone = append(gone, "queued")
+	}
+	for _, k := range gone {
 		_, err := f.A.Get(ctx, k)
 		assert.ErrorIs(t, err, idemhttp.ErrNotFound, k)
 	}
+}
+
+// testNoWithdrawalAfterAbandon: issue 32's bugFleetExpiredRerun (seed
+// 626964). A's call begins an entry and stalls (a Pacer refusing for a
+// day) past its lease; B claims it and sends it (its answer lost: it stays
+// pending, with the attempt recorded); a day on, C's claim finds it past
+// the retention and abandons it, which ends every lease. A's call, which
+// sent nothing, then withdraws "its" entry: refused, for B may have run
+// it, and without the entry a later run of the batch would begin the
+// operation afresh under a new key. The operation keeps its key:
+// A's rerun finds the abandoned entry. And an entry that A holds again
+// (its Begin took it back) with B's attempt recorded is not A's to
+// withdraw either. Checked to fail with the FleetModel's Delete allowing
+// abandoned entries (as it did), and with its attempts rule removed.
+func testNoWithdrawalAfterAbandon(t *testing.T, f *Fleet) {
+	ctx := context.Background()
+	_, err := f.A.Begin(ctx, fleetEntry("k"))
+	require.NoError(t, err)
+	f.Shift(past(f))
+	require.Equal(t, []string{"k"}, claim(t, f.B, 10))
+	require.NoError(t, f.B.Finish(ctx, "k", idemhttp.Outcome{State: idemhttp.StatePending, Attempts: 1}))
+	if r, ok := f.B.(Retainer); ok {
+		r.Retain(f.Retention) // as B's Client does at its first use
+	}
+	f.Shift(f.Retention + time.Hour)
+	assert.Empty(t, claim(t, f.B, 10), "past the retention: abandoned, not claimed")
+	require.Equal(t, idemhttp.StateAbandoned, state(t, f.A, "k"))
+	assert.ErrorIs(t, f.A.Delete(ctx, "k"), idemhttp.ErrFenced, "A's withdrawal of an entry B sent")
+	rerun := fleetEntry("k-rerun") // the rerun's own candidate key for op-k
+	rerun.Operation, rerun.Body = "op-k", fleetEntry("k").Body
+	existing, err := f.A.Begin(ctx, rerun)
+	require.NoError(t, err)
+	if assert.NotNil(t, existing, "the operation keeps its key") {
+		assert.Equal(t, "k", existing.Key)
+		assert.Equal(t, idemhttp.StateAbandoned, existing.State)
+	}
+
+	// Pending, back in A's hands, with B's attempt recorded.
+	_, err = f.A.Begin(ctx, fleetEntry("s"))
+	require.NoError(t, err)
+	f.Shift(past(f))
+	require.Equal(t, []string{"s"}, claim(t, f.B, 10))
+	require.NoError(t, f.B.Finish(ctx, "s", idemhttp.Outcome{State: idemhttp.StatePending, Attempts: 1}))
+	f.Shift(past(f))
+	existing, err = f.A.Begin(ctx, fleetEntry("s"))
+	require.NoError(t, err)
+	require.NotNil(t, existing)
+	assert.ErrorIs(t, f.A.Delete(ctx, "s"), idemhttp.ErrFenced, "B's attempt is recorded")
+	assert.Equal(t, idemhttp.StatePending, state(t, f.A, "s"))
 }
 
 // testDeleteRacingClaim: A withdraws its entries, whose leases expired,
@@ -677,4 +747,50 @@ func testClaimSkipsParked(t *testing.T, f *Fleet) {
 	assert.Empty(t, claim(t, f.B, 10), "the lease expired, the park has not")
 	f.Shift(f.Lease)
 	assert.ElementsMatch(t, []string{"later", "parked"}, claim(t, f.B, 10), "claimed at their time")
+}
+
+// testClockSetBackThenCarriedPast: issue 32's bugFleetClock (seed 37729).
+// The fleet's clock is set back two hours (a failover to a host whose
+// clock is behind), a worker sees it (its claim is refused), and then
+// three hours of downtime carry the clock past the high-water mark. A
+// pending entry four hours from expiry when the clock was right is past
+// the retention by now (five hours went by), but by the clock only three
+// did: it looks within it. The set-back must outlive the moment it
+// showed: the journal keeps it as its doubt, and a Client does not resend
+// the entry ([idemhttp.ErrClockJump]). Checked to fail with the
+// FleetModel's nowLocked not recording the doubt, and with the PostgreSQL
+// journal's readClockSQL not writing it.
+func testClockSetBackThenCarriedPast(t *testing.T, f *Fleet) {
+	ctx := context.Background()
+	cd, ok := f.B.(ClockDoubter)
+	require.True(t, ok, "a fleet journal is a ClockDoubter")
+	now, err := f.A.Now(ctx)
+	require.NoError(t, err)
+	c, api, url := fleetClient(t, f.B, f.Retention)
+	stale := fleetEntry("stale")
+	stale.URL = url
+	stale.Created = now.Add(-f.Retention + 4*time.Hour).Truncate(time.Millisecond) // four hours from expiry
+	enqueue(t, f.A, stale)
+	f.Shift(2 * time.Hour)
+	_, err = f.A.Begin(ctx, fleetEntry("latest"))
+	require.NoError(t, err)
+	doubt, err := cd.ClockDoubt(ctx)
+	require.NoError(t, err)
+	assert.True(t, doubt.IsZero(), "no set-back yet: %v", doubt)
+	f.Shift(-2 * time.Hour) // the clock is set back
+	_, err = f.B.ClaimPending(ctx, 10)
+	require.ErrorIs(t, err, idemhttp.ErrClockJump, "the set-back shows")
+	f.Shift(3 * time.Hour) // downtime: the clock passes the mark
+
+	doubt, err = cd.ClockDoubt(ctx)
+	require.NoError(t, err)
+	assert.False(t, doubt.Before(now.Add(2*time.Hour-time.Second)), "the doubt is the mark when the set-back showed: %v", doubt)
+	res, err := c.Resume(ctx, nil)
+	require.NoError(t, err)
+	require.NotEmpty(t, res, "the claim hands the entries out, for their Client to report")
+	for _, r := range res {
+		assert.ErrorIs(t, r.Err, idemhttp.ErrClockJump, "%s", r.Entry.Key)
+	}
+	assert.Zero(t, api.count(stale.Body), "an entry of unknown age was resent")
+	assert.NotEqual(t, idemhttp.StateDone, state(t, f.B, "stale"), "left for a person")
 }

@@ -41,6 +41,7 @@ type FleetModel struct {
 	byKey  map[string]*modelRow
 	byOp   map[string]string
 	high   time.Time
+	doubt  time.Time // the mark when the clock was found set back below it: see ClockDoubt
 	tokens int
 	seq    uint64 // rows inserted, for the order of rows created at one instant
 }
@@ -118,12 +119,20 @@ func (m *FleetModel) Entries() []*idemhttp.Entry {
 	return out
 }
 
+// nowLocked reads the clock, and notes a set-back it shows: a clock more
+// than idemhttp.ClockTolerance below the high-water mark makes the mark
+// the doubt (see ClockDoubt), for good. Every call that reads the clock
+// looks, as the PostgreSQL journal's do.
 func (m *FleetModel) nowLocked() time.Time {
 	now := time.Now()
 	if m.clock != nil {
 		now = m.clock()
 	}
-	return now.Add(m.skew).Round(0)
+	now = now.Add(m.skew).Round(0)
+	if m.high.After(now.Add(idemhttp.ClockTolerance)) && m.high.After(m.doubt) {
+		m.doubt = m.high
+	}
+	return now
 }
 
 func (m *FleetModel) raiseLocked(ts ...time.Time) {
@@ -176,6 +185,8 @@ var (
 	_ FleetJournal = (*FleetModelWorker)(nil)
 	_ ClockJournal = (*FleetModelWorker)(nil)
 	_ Retainer     = (*FleetModelWorker)(nil)
+	_ Forgetter    = (*FleetModelWorker)(nil)
+	_ ClockDoubter = (*FleetModelWorker)(nil)
 )
 
 func cloneEntry(e *idemhttp.Entry) *idemhttp.Entry {
@@ -217,6 +228,22 @@ func (w *FleetModelWorker) HighWater(context.Context) (time.Time, error) {
 	w.m.mu.Lock()
 	defer w.m.mu.Unlock()
 	return w.m.high, nil
+}
+
+// ClockDoubt returns the latest time the journal held when its clock was
+// found set back below it (the high-water mark then), the zero Time if it
+// never was: an entry created at or before it is of unknown age for good,
+// whatever the clock says since (a clock set back and then carried past
+// the mark by a day's downtime makes such an entry look younger than it
+// is). A Client resends, reuses and refetches none of them
+// ([idemhttp.ErrClockJump]); ClaimPending still hands them out (its
+// Client reports each) or abandons them past the retention. It only
+// grows, and is the fleet's: every worker sees it.
+func (w *FleetModelWorker) ClockDoubt(context.Context) (time.Time, error) {
+	w.m.mu.Lock()
+	defer w.m.mu.Unlock()
+	w.m.nowLocked() // a set-back showing now counts
+	return w.m.doubt, nil
 }
 
 // Retain tells the worker its Client's retention: ClaimPending then
@@ -425,8 +452,14 @@ func (w *FleetModelWorker) Prune(_ context.Context, cutoff time.Time) (int, erro
 	return n, nil
 }
 
-// Delete removes an abandoned entry, or a pending one no other worker
-// has begun or claimed since this one wrote it (its lease live or not).
+// Delete withdraws a pending entry this worker holds and nobody sent: its
+// lease is this worker's (live or not: nobody took it since) and no
+// attempt is recorded. Anything else is refused with ErrFenced: a final
+// entry (done, or abandoned: another sender may have sent it before it
+// was abandoned, and without the entry a rerun of its operation would
+// begin afresh under a new key, issue 32's bugFleetExpiredRerun), one
+// another worker has begun or claimed since, one nobody holds (enqueued,
+// or its lease cleared), and one with an attempt recorded.
 func (w *FleetModelWorker) Delete(_ context.Context, key string) error {
 	m := w.m
 	m.mu.Lock()
@@ -435,10 +468,33 @@ func (w *FleetModelWorker) Delete(_ context.Context, key string) error {
 	switch {
 	case !ok:
 		return fmt.Errorf("journal delete %s: %w", key, idemhttp.ErrNotFound)
+	case r.e.State != idemhttp.StatePending:
+		return fmt.Errorf("journal delete %s: %w: the entry is %s", key, idemhttp.ErrFenced, r.e.State)
+	case r.token != w.token:
+		return fmt.Errorf("journal delete %s: %w: the entry is not this worker's", key, idemhttp.ErrFenced)
+	case r.e.Attempts > 0:
+		return fmt.Errorf("journal delete %s: %w: %d attempts are recorded", key, idemhttp.ErrFenced, r.e.Attempts)
+	}
+	m.dropLocked(key, r)
+	return nil
+}
+
+// Forget removes a pending entry no other worker's live lease holds, or
+// an abandoned one: an operator's act, for an entry a person has resolved
+// (see [Forgetter]). A done entry is refused with ErrFenced: only Prune
+// removes it.
+func (w *FleetModelWorker) Forget(_ context.Context, key string) error {
+	m := w.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.byKey[key]
+	switch {
+	case !ok:
+		return fmt.Errorf("journal forget %s: %w", key, idemhttp.ErrNotFound)
 	case r.e.State == idemhttp.StateDone:
-		return fmt.Errorf("journal delete %s: %w: the entry is done", key, idemhttp.ErrFenced)
-	case r.e.State == idemhttp.StatePending && r.token != "" && r.token != w.token:
-		return fmt.Errorf("journal delete %s: %w: another worker took it", key, idemhttp.ErrFenced)
+		return fmt.Errorf("journal forget %s: %w: the entry is done", key, idemhttp.ErrFenced)
+	case r.e.State == idemhttp.StatePending && r.token != "" && r.token != w.token && r.until.After(m.nowLocked()):
+		return fmt.Errorf("journal forget %s: %w: another worker's lease holds it", key, idemhttp.ErrFenced)
 	}
 	m.dropLocked(key, r)
 	return nil

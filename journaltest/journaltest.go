@@ -81,6 +81,28 @@ type (
 		Now(ctx context.Context) (time.Time, error)
 	}
 
+	// ClockDoubter is a journal that keeps, for good, the times it held
+	// when it found its clock set back by an amount nobody measured
+	// (filejournal.Journal's; a fleet journal's, which finds its
+	// database's clock below the high-water mark): an entry created at or
+	// before ClockDoubt's time is of unknown age, and a Client resends,
+	// reuses and refetches none of them (idemhttp.ErrClockJump), however
+	// far the clock has moved since. The zero Time means none.
+	ClockDoubter interface {
+		ClockDoubt(ctx context.Context) (time.Time, error)
+	}
+
+	// Forgetter is a journal with an operator's removal of entries a
+	// person has resolved (idemctl prune -include-pending): Forget removes
+	// a pending (no live lease of another worker's holding it) or
+	// abandoned entry, and refuses a done one (idemhttp.ErrFenced; only
+	// Prune removes those) and an unknown key (idemhttp.ErrNotFound). A
+	// Client never calls it: its withdrawals are Delete, which never
+	// removes an abandoned entry.
+	Forgetter interface {
+		Forget(ctx context.Context, key string) error
+	}
+
 	// Retainer is a journal that prunes done entries by itself: a Client
 	// calls Retain once, at its first use, with its Policy.Retention, and
 	// the journal never prunes a done entry younger than the longest
@@ -442,9 +464,14 @@ func testPrune(t *testing.T, j idemhttp.Journal) {
 	assert.Zero(t, n, "a second prune finds nothing")
 }
 
-// testDelete: Delete removes a pending or abandoned entry and its
-// operation, so the operation can begin afresh, refuses a done one (final:
-// only Prune forgets it, after the retention), and reports an unknown key.
+// testDelete: Delete withdraws a pending entry and its operation, so the
+// operation can begin afresh; it refuses a done one (final: only Prune
+// forgets it, after the retention) and an abandoned one (final too: its
+// operation keeps the key, or a rerun would begin it afresh under a new
+// key though it may have run: issue 32's bugFleetExpiredRerun, seed
+// 626964), and reports an unknown key. A [Forgetter]'s Forget, the
+// operator's act, removes the abandoned entry. Checked to fail with the
+// FleetModel's Delete allowing abandoned entries again.
 func testDelete(t *testing.T, j idemhttp.Journal) {
 	ctx := context.Background()
 	begin(t, j, entry("k-pending", "op-pending", at(1)))
@@ -453,14 +480,26 @@ func testDelete(t *testing.T, j idemhttp.Journal) {
 	require.NoError(t, j.Finish(ctx, "k-done", idemhttp.Outcome{State: idemhttp.StateDone, Status: 200, Attempts: 1, At: at(3)}))
 	require.NoError(t, j.Finish(ctx, "k-abandoned", idemhttp.Outcome{State: idemhttp.StateAbandoned, Status: 503, Attempts: 1, At: at(3)}))
 
-	assert.ErrorIs(t, j.Delete(ctx, "k-done"), idemhttp.ErrFenced, "a done entry is final")
-	got, err := j.Get(ctx, "k-done")
-	require.NoError(t, err, "the done entry is still there")
-	assert.Equal(t, idemhttp.StateDone, got.State)
-	for _, k := range []string{"k-pending", "k-abandoned"} {
-		require.NoError(t, j.Delete(ctx, k), k)
-		_, err := j.Get(ctx, k)
-		assert.ErrorIs(t, err, idemhttp.ErrNotFound, k)
+	for _, k := range []string{"k-done", "k-abandoned"} {
+		assert.ErrorIs(t, j.Delete(ctx, k), idemhttp.ErrFenced, "%s: a final entry is never withdrawn", k)
+		got, err := j.Get(ctx, k)
+		require.NoError(t, err, "%s is still there", k)
+		assert.NotEqual(t, idemhttp.StatePending, got.State, k)
+	}
+	existing, err := j.Begin(ctx, entry("k-abandoned-again", "op-abandoned", at(4)))
+	require.NoError(t, err)
+	if assert.NotNil(t, existing, "an abandoned operation keeps its key") {
+		assert.Equal(t, "k-abandoned", existing.Key)
+	}
+	require.NoError(t, j.Delete(ctx, "k-pending"))
+	_, err = j.Get(ctx, "k-pending")
+	assert.ErrorIs(t, err, idemhttp.ErrNotFound)
+	if f, ok := j.(Forgetter); ok {
+		assert.ErrorIs(t, f.Forget(ctx, "k-done"), idemhttp.ErrFenced, "only Prune removes a done entry")
+		require.NoError(t, f.Forget(ctx, "k-abandoned"), "the operator removes what a person resolved")
+		_, err := j.Get(ctx, "k-abandoned")
+		assert.ErrorIs(t, err, idemhttp.ErrNotFound)
+		assert.ErrorIs(t, f.Forget(ctx, "never"), idemhttp.ErrNotFound)
 	}
 	pending, err := j.Pending(ctx)
 	require.NoError(t, err)
@@ -468,7 +507,7 @@ func testDelete(t *testing.T, j idemhttp.Journal) {
 	assert.ErrorIs(t, j.Delete(ctx, "k-pending"), idemhttp.ErrNotFound, "deleted twice")
 	assert.ErrorIs(t, j.Delete(ctx, "never"), idemhttp.ErrNotFound)
 
-	existing, err := j.Begin(ctx, entry("k-again", "op-pending", at(4)))
+	existing, err = j.Begin(ctx, entry("k-again", "op-pending", at(4)))
 	require.NoError(t, err)
 	assert.Nil(t, existing, "a deleted operation begins afresh")
 }

@@ -106,7 +106,7 @@ func pruneCommand(_ context.Context, args []string, e env) error {
 		if en.State == idemhttp.StateDone {
 			continue
 		}
-		if err := fj.Delete(context.Background(), en.Key); err != nil {
+		if err := fj.Forget(context.Background(), en.Key); err != nil {
 			return describeJournalErr(*path, err)
 		}
 		n++

@@ -184,3 +184,24 @@ func TestPrunedPendingSkippedAsFailed(t *testing.T) {
 	assert.Equal(t, resultOK, res[opID(1)].Result)
 	assert.Equal(t, map[string]int{opID(1): 1}, srv.Snapshot(), "the pruned operation is not sent")
 }
+
+// prune -include-pending removes abandoned entries too: an operator's
+// act, through filejournal.Journal.Forget, since Delete (the client's
+// withdrawal) refuses an abandoned entry (issue 32's bugFleetExpiredRerun).
+// Checked to fail with prune calling Delete again.
+func TestPruneIncludePendingRemovesAbandoned(t *testing.T) {
+	dir := t.TempDir()
+	journal := filepath.Join(dir, "journal")
+	writeJournal(t, journal, idemhttp.StateAbandoned, idemhttp.StatePending)
+
+	kept := runIn("prune", "-journal", journal, "-older", "0s")
+	require.Equal(t, exitOK, kept.code, kept.stderr)
+	assert.Contains(t, kept.stderr, "kept 2 pending or abandoned")
+	assert.Len(t, operations(t, journal), 2)
+
+	all := runIn("prune", "-journal", journal, "-older", "0s", "-include-pending")
+
+	require.Equal(t, exitOK, all.code, all.stderr)
+	left := runIn("pending", "-all", "-json", "-journal", journal)
+	assert.Empty(t, left.stdout)
+}

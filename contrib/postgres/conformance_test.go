@@ -15,6 +15,7 @@ var (
 	_ journaltest.FleetJournal = (*postgres.Journal)(nil)
 	_ journaltest.ClockJournal = (*postgres.Journal)(nil)
 	_ journaltest.Clock        = (*postgres.Journal)(nil)
+	_ journaltest.Forgetter    = (*postgres.Journal)(nil)
 )
 
 func TestStoreConformance(t *testing.T) {

@@ -183,10 +183,14 @@
 //     refused with a [*LeaseLostError] ([ErrLeaseLost]): the holder's
 //     outcome counts.
 //   - [Journal.Delete], with which a Client withdraws an entry its own call
-//     began and never sent, refuses a done entry, and a pending one that
-//     another worker has claimed or begun since, live lease or not: that
-//     worker may have sent it, and withdrawing it would make the caller's
-//     retry mint a new key and run the operation twice.
+//     began and never sent, removes only a pending entry this Journal
+//     holds with no attempt recorded. It refuses a done or abandoned
+//     entry, and a pending one that another worker has claimed or begun
+//     since, live lease or not, or that nobody holds: another worker may
+//     have sent it (an abandoned entry too, before it was abandoned), and
+//     withdrawing it would make a rerun mint a new key and run the
+//     operation twice. [Journal.Forget] is the operator's removal of an
+//     entry a person has resolved.
 //   - [Journal.Renew] extends only this worker's own lease.
 //
 // Every worker that sends an entry holds it first: [Journal.ClaimPending]
@@ -223,7 +227,15 @@
 // raised by each process at most every few seconds (a write to one row in
 // every transaction would serialise the fleet's commits), so a jump is
 // seen by every worker once it exceeds [idemhttp.ClockTolerance] by those
-// seconds.
+// seconds. A set-back shows only while the clock is below the mark; a
+// downtime carries it past, and entries then look younger than they are.
+// So a worker that sees it records the mark as the fleet's doubt
+// ([Journal.ClockDoubt], in idemhttp_journal_clock.doubt), for good: the
+// entries created up to it are of unknown age, and a Client resends,
+// reuses and refetches none of them, however far the clock moves on.
+// Nothing tells how far a set-back went when nobody looked while the
+// clock was below the mark (no write, no claim, no resend in the window):
+// then the jump goes unseen.
 //
 // A done outcome's [idemhttp.Result] (a bounded copy of the final
 // response: the headers a caller reads, never Set-Cookie, with the URLs
@@ -244,8 +256,8 @@
 // # Upgrading the journal
 //
 // The journal's format is the idemhttp_journal table of [Schema]'s version
-// (the comment at its top; version 4 adds not_before, version 3 result
-// and idemhttp_journal_clock) plus the result column's own encoding, which
+// (the comment at its top; version 7 adds idemhttp_journal_clock.doubt,
+// version 4 not_before, version 3 result and idemhttp_journal_clock) plus the result column's own encoding, which
 // starts with a version byte. [Migrate] upgrades an older table in place,
 // with ADD COLUMN IF NOT EXISTS: rows written before read as they were
 // (no kept result, no not-before), and resume and replay as before. A
@@ -257,7 +269,12 @@
 // not_before, so it may claim and resend a parked entry before the
 // server's time, under the same key (the server answers 429 again, or
 // runs it once: never twice), and it records no not-before of its own.
-// Nothing either writes stops the other from reading a row. Migrate before
+// Nothing either writes stops the other from reading a row. An old worker
+// (commit 2d053bb) withdraws as it did: an abandoned entry, or one nobody
+// holds, so a call of its that stalled past another worker's send can
+// still reopen an abandoned operation under a new key; and it ignores
+// the clock's doubt, resending entries a new worker would refuse. Both
+// holes close once every worker runs this release. Migrate before
 // starting new workers; a worker of a release older than the table it
 // meets sees columns it does not read, and writes rows the new one reads.
 //

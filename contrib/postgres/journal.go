@@ -634,14 +634,15 @@ var errUnchanged = errors.New("unchanged")
 // changed in between) and may go again.
 func (j *Journal) explain(ctx context.Context, op, key string, o *idemhttp.Outcome) error {
 	var (
-		state  string
-		owner  *string
-		mine   bool // this Journal's token is on the entry
-		other  bool // another Journal's token is on it
-		leased bool // another's live lease holds it
+		state    string
+		owner    *string
+		mine     bool // this Journal's token is on the entry
+		other    bool // another Journal's token is on it
+		leased   bool // another's live lease holds it
+		attempts int
 	)
 	err := retry(ctx, func() error {
-		return j.db.QueryRow(ctx, explainSQL, key, j.token, j.now()).Scan(&state, &owner, &mine, &other, &leased)
+		return j.db.QueryRow(ctx, explainSQL, key, j.token, j.now()).Scan(&state, &owner, &mine, &other, &leased, &attempts)
 	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -678,9 +679,20 @@ func (j *Journal) explain(ctx context.Context, op, key string, o *idemhttp.Outco
 		}
 	case "delete":
 		switch {
+		case !pending:
+			return final()
+		case other:
+			return lost()
+		case !mine:
+			return fmt.Errorf("idemhttp/postgres: journal delete %s: %w: no worker holds the entry: it is not this one's to withdraw", key, idemhttp.ErrFenced)
+		case attempts > 0:
+			return fmt.Errorf("idemhttp/postgres: journal delete %s: %w: %d attempts are recorded", key, idemhttp.ErrFenced, attempts)
+		}
+	case "forget":
+		switch {
 		case state == string(idemhttp.StateDone):
 			return final()
-		case pending && other:
+		case pending && leased:
 			return lost()
 		}
 	}
@@ -688,11 +700,11 @@ func (j *Journal) explain(ctx context.Context, op, key string, o *idemhttp.Outco
 }
 
 // explainSQL reads what explain needs of key's row: its state and lease
-// owner, and whether this Journal's token ($2), another's, or another's
-// live lease is on it.
+// owner, whether this Journal's token ($2), another's, or another's
+// live lease is on it, and its attempts.
 var explainSQL = sqlNow(`
 SELECT state, lease_owner, lease_token IS NOT DISTINCT FROM $2, lease_token IS NOT NULL AND lease_token <> $2,
-    lease_token IS NOT NULL AND lease_token <> $2 AND coalesce(lease_expires_at > {now}, false)
+    lease_token IS NOT NULL AND lease_token <> $2 AND coalesce(lease_expires_at > {now}, false), attempts
 FROM idemhttp_journal WHERE key = $1`, 3)
 
 // releaseSQL ends the lease of key $1, pending and held by token $2, and
@@ -985,33 +997,72 @@ SELECT count(*) FROM d`, cutoff, j.seenMark()).Scan(&n)
 	return n, nil
 }
 
-// deleteSQL removes a pending entry that no other Journal has leased (it
-// is this one's, or was enqueued and never claimed), or an abandoned one.
+// deleteSQL withdraws a pending entry this Journal holds ($3, its token:
+// it began it, or took it back since, and nobody took it after) with no
+// attempt recorded. Not an abandoned one, nor one nobody holds (issue 32's
+// bugFleetExpiredRerun: a call's withdrawal after another worker sent the
+// entry and a third abandoned it, which ended every lease, let a rerun
+// begin the operation afresh under a new key).
 var deleteSQL = `
 WITH d AS (DELETE FROM idemhttp_journal
-    WHERE key = $1 AND (state = 'abandoned' OR (state = 'pending' AND (lease_token IS NULL OR lease_token = $3)))
+    WHERE key = $1 AND state = 'pending' AND lease_token = $3 AND attempts = 0
     RETURNING greatest(created_at, updated_at) AS t)` + raiseFromDeleted + `
 SELECT count(*) FROM d`
 
-// Delete implements [idemhttp.Journal.Delete]: it removes key's pending or
-// abandoned entry, or returns an error wrapping [idemhttp.ErrNotFound].
+// Delete implements [idemhttp.Journal.Delete]: it withdraws key's pending
+// entry, or returns an error wrapping [idemhttp.ErrNotFound].
 //
-// It is fenced: a done entry is refused (only Prune forgets those, after
-// the retention), and so is a pending entry that another Journal has
-// claimed or begun since this one wrote it, live lease or expired, with a
-// [*LeaseLostError] (errors.Is [ErrLeaseLost] and [idemhttp.ErrFenced]):
-// that worker may have sent it, and withdrawing it would make the
-// caller's retry a second operation. A Client deletes only an entry its
-// own call began and provably never sent. An operator clearing a stuck
-// entry another worker held marks it abandoned first ([Journal.Finish],
-// allowed once that lease expired), then deletes it. The entry's times
-// raise the high-water mark.
+// It is fenced, and removes only an entry this Journal holds and nobody
+// sent: a final entry is refused, done (only Prune forgets those, after
+// the retention) or abandoned (it keeps its operation's key: another
+// worker may have sent it before it was abandoned; [Journal.Forget]
+// removes it once a person resolved it), and so is a pending entry that
+// another Journal has claimed or begun since this one wrote it, live lease
+// or expired, with a [*LeaseLostError] (errors.Is [ErrLeaseLost] and
+// [idemhttp.ErrFenced]): that worker may have sent it, and withdrawing it
+// would make the caller's retry a second operation; and so is one nobody
+// holds (enqueued, or its lease released) or with an attempt recorded. A
+// Client deletes only an entry its own call began and provably never
+// sent. The entry's times raise the high-water mark.
+//
+// A worker of the release before this one (commit 2d053bb) sharing the
+// table still withdraws abandoned entries and entries nobody holds: until
+// every worker runs this release, a call of an old worker can still
+// reopen an abandoned operation under a new key.
 func (j *Journal) Delete(ctx context.Context, key string) error {
 	defer j.unsample() // it may have raised the mark
 	return j.fenced(ctx, "delete", key, nil, func() (bool, error) {
 		var n int
 		err := retry(ctx, func() error {
 			return j.db.QueryRow(ctx, deleteSQL, key, j.seenMark(), j.token).Scan(&n)
+		})
+		return n == 1, err
+	})
+}
+
+// forgetSQL removes an abandoned entry, or a pending one no other
+// Journal's live lease holds.
+var forgetSQL = sqlNow(`
+WITH d AS (DELETE FROM idemhttp_journal
+    WHERE key = $1 AND (state = 'abandoned' OR (state = 'pending' AND (lease_token IS NULL OR lease_token = $3
+        OR lease_expires_at IS NULL OR lease_expires_at <= {now})))
+    RETURNING greatest(created_at, updated_at) AS t)`+raiseFromDeleted+`
+SELECT count(*) FROM d`, 4)
+
+// Forget removes key's abandoned entry, or its pending one that no other
+// Journal's live lease holds (a [*LeaseLostError] then): an operator's
+// act, for an entry a person has resolved (see journaltest.Forgetter).
+// It returns an error wrapping [idemhttp.ErrNotFound] for an unknown key,
+// and one wrapping [idemhttp.ErrFenced] for a done entry, which only
+// Prune removes. A Client never calls it. Forgetting an entry forgets an
+// operation whose outcome is unknown, or that may have run: a rerun of it
+// mints a new key. The entry's times raise the high-water mark.
+func (j *Journal) Forget(ctx context.Context, key string) error {
+	defer j.unsample() // it may have raised the mark
+	return j.fenced(ctx, "forget", key, nil, func() (bool, error) {
+		var n int
+		err := retry(ctx, func() error {
+			return j.db.QueryRow(ctx, forgetSQL, key, j.seenMark(), j.token, j.now()).Scan(&n)
 		})
 		return n == 1, err
 	})

@@ -136,11 +136,22 @@ func (j *Journal) HighWater(ctx context.Context) (time.Time, error) {
 		}
 	}
 	j.mu.Lock()
-	defer j.mu.Unlock()
-	if j.seen.After(j.stored) {
-		return j.seen, nil
+	mark := j.stored
+	if j.seen.After(mark) {
+		mark = j.seen
 	}
-	return j.stored, nil
+	j.mu.Unlock()
+	// A clock found below the mark is recorded as the fleet's doubt (see
+	// ClockDoubt), so that the set-back outlives the moment it shows: a
+	// Client reads HighWater before every resend.
+	if !mark.IsZero() {
+		if now, err := j.Now(ctx); err == nil && mark.After(now.Add(idemhttp.ClockTolerance)) {
+			if _, _, _, err := j.readClock(ctx); err != nil {
+				return time.Time{}, fmt.Errorf("idemhttp/postgres: journal high water: %w", err)
+			}
+		}
+	}
+	return mark, nil
 }
 
 // storedMark reads the mark in idemhttp_journal_clock (none if no row)
@@ -204,15 +215,9 @@ func (j *Journal) recorded(ctx context.Context, t time.Time) {
 
 // clockBack returns an error wrapping [idemhttp.ErrClockJump] when the
 // journal's clock is more than [idemhttp.ClockTolerance] below the
-// high-water mark, nil otherwise.
+// high-water mark, nil otherwise; it records the doubt (see ClockDoubt).
 func (j *Journal) clockBack(ctx context.Context) error {
-	var mark *time.Time
-	var now time.Time
-	err := retry(ctx, func() error {
-		return j.db.QueryRow(ctx, sqlNow(`
-SELECT greatest((SELECT high FROM idemhttp_journal_clock WHERE id = 1), $1::timestamptz), {now}`, 2),
-			j.seenMark(), j.now()).Scan(&mark, &now)
-	})
+	_, mark, now, err := j.readClock(ctx)
 	if err != nil {
 		return fmt.Errorf("idemhttp/postgres: claim pending: %w", err)
 	}
@@ -221,4 +226,59 @@ SELECT greatest((SELECT high FROM idemhttp_journal_clock WHERE id = 1), $1::time
 			idemhttp.ErrClockJump, mark.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
 	}
 	return nil
+}
+
+// readClockSQL reads the stored doubt, the mark (the stored one or $1,
+// this Journal's own) and the journal's clock; when the clock is more than
+// the tolerance ($3) below the mark, it records the mark as the doubt, in
+// the same statement, so that the set-back is kept whoever saw it.
+var readClockSQL = sqlNow(`
+WITH r AS (SELECT (SELECT doubt FROM idemhttp_journal_clock WHERE id = 1) AS doubt,
+        greatest((SELECT high FROM idemhttp_journal_clock WHERE id = 1), $1::timestamptz) AS high,
+        {now} AS now),
+w AS (INSERT INTO idemhttp_journal_clock AS c (id, high, doubt)
+    SELECT 1, r.high, r.high FROM r WHERE r.high > r.now + $3::interval
+    ON CONFLICT (id) DO UPDATE SET high = greatest(c.high, excluded.high), doubt = greatest(c.doubt, excluded.doubt)
+    RETURNING c.doubt)
+SELECT coalesce((SELECT doubt FROM w), r.doubt), r.high, r.now FROM r`, 2)
+
+// readClock reads the doubt, the mark and the journal's clock, and
+// records a set-back it shows (see readClockSQL).
+func (j *Journal) readClock(ctx context.Context) (doubt, mark *time.Time, now time.Time, err error) {
+	err = retry(ctx, func() error {
+		return j.db.QueryRow(ctx, readClockSQL, j.seenMark(), j.now(), idemhttp.ClockTolerance).Scan(&doubt, &mark, &now)
+	})
+	return doubt, mark, now, err
+}
+
+// ClockDoubt returns the latest time the journal held when its clock was
+// found more than [idemhttp.ClockTolerance] below the high-water mark
+// (set back: a database restored or failed over to a host whose clock is
+// behind), the zero Time if it never was (see journaltest.ClockDoubter).
+// An entry created at or before it is of unknown age for good, whatever
+// the clock says since: a clock set back and then carried past the mark
+// by a day's downtime makes such an entry look younger than it is, and
+// resending it could reach a server that forgot its key (issue 32's
+// bugFleetClock). An [idemhttp.Client] resends, reuses and refetches none
+// of those entries ([idemhttp.ErrClockJump]); a person resolves them
+// ([Journal.Forget], or Resume with given entries once they are known to
+// be within the server's retention).
+//
+// The doubt is kept in idemhttp_journal_clock.doubt, for the whole fleet;
+// ClaimPending, HighWater and ClockDoubt record it when they see the
+// clock below the mark. It only grows; an operator clears it, with the
+// mark, by DELETE FROM idemhttp_journal_clock once the entries are
+// resolved. The error is the database's, or ctx's.
+func (j *Journal) ClockDoubt(ctx context.Context) (time.Time, error) {
+	if err := ctx.Err(); err != nil {
+		return time.Time{}, err
+	}
+	doubt, _, _, err := j.readClock(ctx)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("idemhttp/postgres: journal clock doubt: %w", err)
+	}
+	if doubt == nil {
+		return time.Time{}, nil
+	}
+	return *doubt, nil
 }

@@ -124,7 +124,8 @@ func (g *goldenServer) sentBodies() map[string]string {
 // bodies, and sends nothing for the done and abandoned ones. Checked to
 // fail with Migrate's ALTER TABLE ... ADD COLUMN result removed (every
 // read of an old table fails), and with entryColumns reading a column the
-// old table lacks and Migrate does not add.
+// old table lacks and Migrate does not add, and with Migrate's ADD COLUMN
+// doubt removed (ClockDoubt fails on the old table).
 func TestJournalBaselineGolden(t *testing.T) {
 	ctx := context.Background()
 	s, latest := loadGolden(t)
@@ -140,6 +141,9 @@ func TestJournalBaselineGolden(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, mark.IsZero(), "Migrate starts the high-water mark from the old table's times")
 	assert.False(t, mark.After(latest), "mark %v, latest %v", mark, latest)
+	doubt, err := j.ClockDoubt(ctx)
+	require.NoError(t, err, "the clock table has its doubt column after Migrate")
+	assert.True(t, doubt.IsZero(), "an old table holds no doubt: %v", doubt)
 
 	// Every entry reads back as the previous release wrote it.
 	var keys []string

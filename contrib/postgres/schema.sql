@@ -1,9 +1,10 @@
--- Schema of github.com/idemkit/idemhttp/contrib/postgres, version 6: version 1
+-- Schema of github.com/idemkit/idemhttp/contrib/postgres, version 7: version 1
 -- plus idemhttp_journal.lease_token and the idemhttp_recovery table (version
 -- 2), plus idemhttp_journal.result and the idemhttp_journal_clock table
 -- (version 3), plus idemhttp_journal.not_before (version 4), plus the
 -- idemhttp_schema table (version 5), plus idemhttp_inbox.format and the
--- idemhttp_inbox_ledger table (version 6). Applying it to an older database
+-- idemhttp_inbox_ledger table (version 6), plus idemhttp_journal_clock.doubt
+-- (version 7). Applying it to an older database
 -- upgrades it in place (TestBaseline applies it to the tables of the release
 -- at commit 2d053bb, in testdata/baseline).
 --
@@ -97,6 +98,11 @@ SELECT 1, s.high FROM (
     WHERE NOT EXISTS (SELECT 1 FROM idemhttp_journal_clock)) s
 WHERE s.high IS NOT NULL
 ON CONFLICT (id) DO NOTHING;
+-- doubt is the mark when a Journal found the clock set back below it
+-- (Journal.ClockDoubt): entries created at or before it are of unknown age,
+-- for good. NULL for none, as an older table's row reads. Added in version
+-- 7; a worker of an older release ignores it.
+ALTER TABLE idemhttp_journal_clock ADD COLUMN IF NOT EXISTS doubt timestamptz;
 
 -- One key per operation. NULLs are distinct, so entries without an
 -- operation never conflict here.

@@ -109,6 +109,9 @@ func txApp(app *servertest.App) func(w http.ResponseWriter, r *http.Request, tx 
 		case servertest.DoBig:
 			app.Big(w)
 			return nil
+		case servertest.DoSwitch:
+			servertest.Switch(w)
+			return nil
 		}
 		servertest.Answer(w, run)
 		return nil

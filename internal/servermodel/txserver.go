@@ -155,6 +155,7 @@ func (s *TxServer) run(w http.ResponseWriter, r *http.Request, tx *Tx, q *server
 		Wrote:         buf.wrote,
 		Status:        buf.finalStatus(),
 		Overflow:      buf.overflow,
+		Hijacked:      buf.switched,
 		ClientGone:    r.Context().Err() != nil,
 		Tx:            tx.txState(),
 	})
@@ -277,11 +278,18 @@ type bufWriter struct {
 	limit    int
 	overflow bool
 	wrote    bool
+	switched bool // the handler answered 101 Switching Protocols, as contrib/postgres's txWriter records
 }
 
 func (b *bufWriter) Header() http.Header { return b.header }
 
 func (b *bufWriter) WriteHeader(code int) {
+	// 101 cannot wait for the commit: the request is rolled back, as
+	// TxMiddleware's (the connection cannot be hijacked either: this
+	// writer is no http.Hijacker).
+	if code == http.StatusSwitchingProtocols {
+		b.switched = true
+	}
 	if b.wrote || (code >= 100 && code <= 199) {
 		return
 	}

@@ -61,6 +61,8 @@ const (
 	// DoBig makes one effect and answers 201 with a body larger than the
 	// stored limit (Target.MaxStoredBody).
 	DoBig = "big"
+	// DoSwitch makes one effect and answers 101 Switching Protocols.
+	DoSwitch = "switch"
 )
 
 // App is the business a target serves, and what it saw: the runs of each
@@ -132,6 +134,12 @@ func Answer(w http.ResponseWriter, run string) {
 	_, _ = fmt.Fprintf(w, `{"run":%q}`, run)
 }
 
+// Switch answers 101 Switching Protocols.
+func Switch(w http.ResponseWriter) {
+	w.Header().Set("Upgrade", "example/1")
+	w.WriteHeader(http.StatusSwitchingProtocols)
+}
+
 // Big writes the 201 of a run too large to store.
 func (a *App) Big(w http.ResponseWriter) {
 	w.WriteHeader(http.StatusCreated)
@@ -167,6 +175,10 @@ func (a *App) Streamed() http.Handler {
 			a.Run(r)
 			effect()
 			a.Big(w)
+		case DoSwitch:
+			a.Run(r)
+			effect()
+			Switch(w)
 		default:
 			run := a.Run(r)
 			effect()
@@ -447,6 +459,24 @@ var scenarios = []scenario{
 			assert.Equal(t, 1, f.app.Runs("k"))
 			assert.Equal(t, 1, f.tg.Effects("k"), "the part it committed")
 		}},
+
+	// Issue 32 §1.3: a 101 after the effect. Checked to fail (the
+	// modelled transactional shell) with its writer dropping a 101 as
+	// an informational 1xx: the transaction committed and the key was
+	// stored as a 200, which the retry got replayed.
+	{name: "101 Switching Protocols after the effect", run: func(t *testing.T, f *fixture) {
+		got := f.send("k", DoSwitch)
+		if f.transactional() {
+			// It cannot wait for the commit: rolled back, nothing ran.
+			assert.Equal(t, http.StatusInternalServerError, got.Status, "%v", got)
+			assert.Equal(t, created("k#2"), f.send("k", DoCharge))
+		} else {
+			// It ran and took the connection: kept, not replayable.
+			assert.Equal(t, http.StatusSwitchingProtocols, got.Status, "%v", got)
+			assert.Equal(t, http.StatusGone, f.send("k", DoCharge).Status)
+		}
+		assert.Equal(t, 1, f.tg.Effects("k"))
+	}},
 
 	// Issue 32, §1.3 (the simulator's bugOwnRow409, seed 9714): the
 	// look at the key after the rollback finds the request's own claim

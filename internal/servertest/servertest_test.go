@@ -83,6 +83,9 @@ func modelApp(app *servertest.App) func(w http.ResponseWriter, r *http.Request, 
 		case servertest.DoBig:
 			app.Big(w)
 			return nil
+		case servertest.DoSwitch:
+			servertest.Switch(w)
+			return nil
 		}
 		servertest.Answer(w, run)
 		return nil

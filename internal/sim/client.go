@@ -181,6 +181,10 @@ type simJournal interface {
 	HighWater(ctx context.Context) (time.Time, error)
 	Now(ctx context.Context) (time.Time, error)
 	Retain(d time.Duration)
+	// ClockDoubt: without it here, the Client never saw either journal's
+	// doubt (a set-back nobody measured), and a fleet's Resume resent
+	// entries of unknown age (bugFleetClock, seed 37729).
+	ClockDoubt(ctx context.Context) (time.Time, error)
 }
 
 // recJournal is the journal as the client uses it, recording what it was

@@ -81,6 +81,8 @@ type Config struct {
 	StoreFault int // permille of the store's calls (the database's statements) refused, out of memory, their answer lost, or hung
 	Partitions int // the store cut off for a while, every call hanging
 	StoreJumps int // jumps of the store's (the database's) clock
+	ProcJumps  int // jumps of a server process's own clock (server_clock.go)
+	Hijack     int // percent of the handler's runs that hijack the connection or switch protocols (hijack.go)
 }
 
 // ConfigFor draws the world of seed: small (a failure is easier to read
@@ -158,6 +160,11 @@ func ConfigFor(seed uint64) Config {
 	c.StoreFault = on(20, 150)
 	c.Partitions = on(1, 2)
 	c.StoreJumps = on(1, 2)
+	// The server process's clock and hijacking handlers, from a stream
+	// of their own (as above).
+	r = rand.New(rand.NewPCG(seed, 0x5e4c10c))
+	c.ProcJumps = on(1, 3)
+	c.Hijack = on(5, 30)
 	return c
 }
 

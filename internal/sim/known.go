@@ -8,63 +8,26 @@ package sim
 // until the fix, which then must make it pass (remove the bug from here
 // then, and unskip the test).
 //
-// Two are open: the fleet journal's bugFleetClock and
-// bugFleetExpiredRerun. Every bug of the client it found is fixed (their
-// tests run unskipped: TestKnownBugClockBack, TestKnownBugCacheOnly, the
-// TestFound ones), and so is the server core's bugOwnRow409 (a refused
-// store after the handler's own COMMIT answered 409: TestFoundOwnRow409).
-// A bug found next goes here as a constant, with its test, until its fix.
-
-// bugFleetClock (the fleet's, issue 32's first phase; met on main before
-// the server's world too, at seeds 17520, 35758, 39186 and 49334 of its
-// first 50,000): the fleet database's clock jumping (a failover to a host
-// whose clock is off) makes the fleet journal misjudge its entries' and
-// leases' ages, for good. Set back, then a day's downtime: a pending entry
-// older than the server's retention looks younger, and a worker's Resume
-// resends it under a key the server has forgotten, which runs it again
-// (invariant 1); a lease taken before the jump holds its entry for as
-// long as the jump, past the recovery (invariant 4). Set forward by more
-// than a day: an entry whose request ran is abandoned as past the
-// retention (ErrKeyExpired) and then gone, and a rerun of its operation
-// mints a new key and runs it again (seed 24093). The file journal's
-// clock measures a jump against the uptime clock (filejournal/clock.go:
-// TestKnownBugClockBack); the fleet's has no such evidence
-// (journaltest.FleetModel, and contrib/postgres's Journal on now()). About
-// one seed in 15,000.
-const bugFleetClock = "the fleet database's clock jumped: entries and leases misjudged (issue 32, first phase)"
-
-// bugFleetExpiredRerun (the fleet's, met once in the first million seeds,
-// at 626964): in a fleet, an operation whose request ran is left pending
-// (its answer lost), a day passes, and its entry is reported past the
-// retention (ErrKeyExpired), as it must be; but a later run of the batch
-// begins the operation anew under a new key, and it runs twice. A file
-// journal keeps the entry abandoned and the operation's key with it; the
-// fleet's (journaltest.FleetModel) lets a Begin of the operation start
-// afresh. Classified by its evidence: a fleet, and a day gone by.
-const bugFleetExpiredRerun = "a fleet's operation past the retention begun again under a new key (issue 32, first phase)"
+// None is open. Every bug of the client it found is fixed (their tests
+// run unskipped: TestKnownBugClockBack, TestKnownBugCacheOnly, the
+// TestFound ones), and so are the server core's bugOwnRow409 (a refused
+// store after the handler's own COMMIT answered 409: TestFoundOwnRow409)
+// and the fleet journal's bugFleetClock and bugFleetExpiredRerun (a clock
+// set back then carried past the high-water mark, and a withdrawal of an
+// abandoned entry: TestFoundFleetClock, TestFoundFleetExpiredRerun). A
+// bug found next goes here as a constant, with its test, until its fix.
 
 // KnownBugs lists them, for the test's summary.
-var KnownBugs = []string{bugFleetClock, bugFleetExpiredRerun}
-
-// fleetClockKnown is bugFleetClock if it can explain a failure of this
-// world: a fleet whose database's clock jumped.
-func (w *world) fleetClockKnown() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.fleet != nil && w.dbJumped {
-		return bugFleetClock
-	}
-	if w.fleet != nil && w.stats["a day passes"] > 0 {
-		return bugFleetExpiredRerun
-	}
-	return ""
-}
+var KnownBugs = []string{}
 
 // onceKnown is the known bug that explains an operation with more than
 // one effect, "" if none does. None does since the journal measures a
 // clock set back, or keeps that it cannot (bugClockBack, fixed:
-// TestKnownBugClockBack).
-func (w *world) onceKnown(int) string { return w.fleetClockKnown() }
+// TestKnownBugClockBack), and the fleet journal keeps a set-back as its
+// doubt and never lets a withdrawal remove an abandoned entry
+// (bugFleetClock and bugFleetExpiredRerun, fixed: TestFoundFleetClock,
+// TestFoundFleetExpiredRerun).
+func (w *world) onceKnown(int) string { return "" }
 
 // cacheKnown is the known bug that explains a journal that does not
 // open, verify or keep an acknowledged Begin, "" if none does. None
@@ -88,5 +51,5 @@ func (w *world) doneKnown(int, int) string { return "" }
 // rollback (bugOwnRow409, fixed: TestFoundOwnRow409).
 func (w *world) statusKnown(op, status int) string { return "" }
 
-func (w *world) lostKnown(int) string { return w.fleetClockKnown() }
+func (w *world) lostKnown(int) string { return "" }
 func (w *world) stuckKnown() string   { return "" }

@@ -285,13 +285,17 @@ func TestFoundUntracedFresh409(t *testing.T) {
 }
 
 // The fleet database's clock set back, then a day's downtime: a worker's
-// Resume resends a pending entry older than the server's retention, under
-// a key the server has forgotten, and the operation runs twice; and set
-// forward by more than a day: an entry whose request ran is abandoned,
-// then gone, and a rerun mints a new key (see bugFleetClock). Met on main
-// before the server's world as well. Checked to fail without its Skip.
-func TestKnownBugFleetClock(t *testing.T) {
-	t.Skip("known bug bugFleetClock: the fleet journal's clock, issue 32's first phase")
+// Resume resent a pending entry older than the server's retention, under
+// a key the server had forgotten, and the operation ran twice; and set
+// forward by more than a day: an entry whose request ran was abandoned,
+// then withdrawn by a call that never sent it, and a rerun minted a new
+// key (bugFleetClock, met on main before the server's world as well).
+// Fixed: the fleet journal keeps a set-back it sees as its doubt, for good
+// (journaltest's ClockSetBackThenCarriedPast), and the simulator's
+// journals show it to the Client (simJournal.ClockDoubt); the forward half
+// by bugFleetExpiredRerun's fix. Checked to fail with the FleetModel's
+// nowLocked not recording the doubt ("back").
+func TestFoundFleetClock(t *testing.T) {
 	t.Run("back", func(t *testing.T) {
 		knownSeed(t, 37729, "ops=2,dups=2,workers=2,steps=72,maxattempts=2,keepresults=false,refetchdone=false,concurrent=true,sdk=0,compact=0,refuse=0,dropreq=0,dropresp=3,resetbefore=0,resetafter=0,deadpooled=0,delay=40,closeidle=0,writeerr=0,syncerr=0,othererr=0,torn=0,dirkeep=false,nodsync=false,clientcrashes=1,servercrashes=0,serverpoint=0,pause=57,clockjumps=1,longsleep=true,clients=0,unnamed=0,sdkkey=false,redirect=0,checkredirect=0,transport=0,stream=0,panic=0,block=0,requireop=false,backoff=false,pace=0,fleet=3,lease=59,dbfault=0,shell=0,instances=2,tenants=2,behave=0,storefault=0,partitions=0,storejumps=0")
 	})
@@ -301,10 +305,14 @@ func TestKnownBugFleetClock(t *testing.T) {
 }
 
 // A fleet's operation whose request ran, its answer lost; a day passes;
-// its entry is reported past the retention, and a later run begins the
-// operation under a new key, which runs it again (see
-// bugFleetExpiredRerun). Checked to fail without its Skip.
-func TestKnownBugFleetExpiredRerun(t *testing.T) {
-	t.Skip("known bug bugFleetExpiredRerun: the fleet journal's, issue 32's first phase")
+// its entry is reported past the retention and abandoned; then a call
+// that began the entry, stalled at its Pacer and sent nothing withdrew
+// it, and a later run began the operation under a new key, which ran it
+// again (bugFleetExpiredRerun, met once in the first million seeds).
+// Fixed: a withdrawal (Journal.Delete) never removes an abandoned entry,
+// and in a fleet only one its worker holds with no attempt recorded
+// (journaltest's NoWithdrawalAfterAbandon). Checked to fail with the
+// FleetModel's Delete allowing abandoned entries.
+func TestFoundFleetExpiredRerun(t *testing.T) {
 	knownSeed(t, 626964, "ops=2,dups=1,workers=2,steps=71,maxattempts=2,keepresults=false,refetchdone=false,concurrent=false,sdk=0,compact=0,refuse=39,dropreq=0,dropresp=16,resetbefore=9,resetafter=11,deadpooled=15,delay=5,closeidle=0,writeerr=0,syncerr=0,othererr=0,torn=0,dirkeep=false,nodsync=false,clientcrashes=2,servercrashes=1,serverpoint=0,pause=18,clockjumps=0,longsleep=true,clients=2,unnamed=0,sdkkey=false,redirect=0,checkredirect=0,transport=0,stream=0,panic=0,block=25,requireop=false,backoff=true,pace=30,fleet=3,lease=38,dbfault=0,shell=0,instances=0,tenants=0,behave=34,storefault=0,partitions=0,storejumps=0")
 }

@@ -174,6 +174,9 @@ type serverProc struct {
 	// record, which no store beside the business's database can help
 	// (the non-atomic mode; see crashable).
 	open atomic.Int64
+	// off is the process's own clock's offset from virtual time: its
+	// jumps (server_clock.go).
+	off atomic.Int64
 }
 
 // reqState is a request's, as the server's router sees it.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp/idemserver"
+	"github.com/idemkit/idemhttp/internal/serverclock"
 	"github.com/idemkit/idemhttp/internal/servermodel"
 )
 
@@ -34,6 +35,7 @@ func (w *world) streamedShell(p *serverProc) http.Handler {
 		MaxStoredBody: maxStored,
 		Logger:        slog.New(slog.DiscardHandler),
 	}
+	serverclock.Set(mw, p.now) // the process's own clock, which jumps (server_clock.go)
 	if w.cfg.Tenants >= 2 {
 		mw.Principal = principal
 	} else {
@@ -43,7 +45,9 @@ func (w *world) streamedShell(p *serverProc) http.Handler {
 }
 
 // storeView is the store as server process p reaches it: a dead
-// process's calls fail (its connections went with it).
+// process's calls fail (its connections went with it), and so does a
+// call whose context is done before it begins, as go-redis's and pgx's
+// do (the model itself waits on a context only when it hangs).
 type storeView struct {
 	s *servermodel.Store
 	p *serverProc
@@ -55,12 +59,18 @@ func (v storeView) Claim(ctx context.Context, key string, c idemserver.Claim) (i
 	if v.p.dead.Load() {
 		return idemserver.ClaimResult{}, errServerGone
 	}
+	if err := ctx.Err(); err != nil {
+		return idemserver.ClaimResult{}, err // a network store's client sends nothing then
+	}
 	return v.s.Claim(ctx, key, c)
 }
 
 func (v storeView) Renew(ctx context.Context, key, token string, lockTimeout time.Duration) error {
 	if v.p.dead.Load() {
 		return errServerGone
+	}
+	if err := ctx.Err(); err != nil {
+		return err // a network store's client sends nothing then
 	}
 	return v.s.Renew(ctx, key, token, lockTimeout)
 }
@@ -69,12 +79,18 @@ func (v storeView) Complete(ctx context.Context, key, token string, data []byte,
 	if v.p.dead.Load() {
 		return errServerGone
 	}
+	if err := ctx.Err(); err != nil {
+		return err // a network store's client sends nothing then
+	}
 	return v.s.Complete(ctx, key, token, data, ttl)
 }
 
 func (v storeView) Release(ctx context.Context, key, token string) error {
 	if v.p.dead.Load() {
 		return errServerGone
+	}
+	if err := ctx.Err(); err != nil {
+		return err // a network store's client sends nothing then
 	}
 	return v.s.Release(ctx, key, token)
 }
@@ -121,5 +137,8 @@ func (p *serverProc) streamCharge(rw http.ResponseWriter, r *http.Request) {
 		big(e) // sent whole; the key kept, not replayable (410)
 	}
 	w.ledger.database().Write(storeKey, e.charge)
+	if b == behCharge && w.hijacks(name) && p.hijackRespond(rw, e) {
+		return // hijack.go
+	}
 	w.respond(rw, e)
 }

@@ -115,6 +115,16 @@ func (p *serverProc) txCharge(rw http.ResponseWriter, r *http.Request, tx *serve
 	case behGiveUp:
 		<-r.Context().Done() // its client left: a timeout, a reset, or the process's end
 		return nil
+	case behCharge:
+		if w.hijacks(name) { // hijack.go
+			if w.draw(2, "hijack how", name) == 0 {
+				p.switchProtocols(rw, e)
+				return nil
+			}
+			if p.hijackRespond(rw, e) {
+				return nil
+			}
+		}
 	}
 	w.respond(rw, e)
 	return nil

@@ -82,7 +82,6 @@ type world struct {
 	outcomes        map[string]int // the calls' outcomes, by class (Result.Outcomes)
 	trace           []string
 	clockBack       bool             // a clock was set back
-	dbJumped        bool             // the fleet database's clock jumped (bugFleetClock)
 	cacheOnly       bool             // a truncation failed (bugCacheOnly)
 	panickedOpening bool             // a journal hook panicked as a call opened (bugPanicSlot)
 	opKeys          map[int][]string // keys the client minted for each unnamed operation, as journaled
@@ -92,6 +91,7 @@ type world struct {
 	partitions      int          // partitions of the store so far
 	partUntil       atomic.Int64 // the store is cut off until then (UnixNano), 0 if never
 	storeJumps      int          // jumps of the store's clock so far
+	procJumps       int          // jumps of a server process's clock so far (server_clock.go)
 	storeForward    bool         // the streamed store's clock jumped forward
 	faulty          atomic.Bool
 	quietDisk       atomic.Bool
@@ -644,6 +644,7 @@ func (w *world) act() bool {
 	jump := w.clockJumps < w.cfg.ClockJumps
 	partition := w.partitions < w.cfg.Partitions
 	storeJump := w.storeJumps < w.cfg.StoreJumps
+	procJump := w.procJumpWeight()
 	if !ready && !busy && w.net.nextDue(now).IsZero() {
 		// Nothing in flight: the batch ran to its end. What is left is
 		// a fault to throw at the next run, or the end of the phase.
@@ -659,6 +660,9 @@ func (w *world) act() bool {
 		}
 		if storeJump {
 			idle = append(idle, action{1, "store clock jump", w.jumpStoreClock})
+		}
+		if procJump > 0 {
+			idle = append(idle, action{1, "server clock jump", w.jumpProcClock})
 		}
 		if len(idle) == 0 || w.rng.intn(len(idle)+1) == 0 {
 			return false
@@ -680,6 +684,9 @@ func (w *world) act() bool {
 	}
 	if storeJump {
 		add(1, "store clock jump", w.jumpStoreClock)
+	}
+	if procJump > 0 {
+		add(procJump, "server clock jump", w.jumpProcClock)
 	}
 	if idle := w.net.idleConns(); len(idle) > 0 {
 		add(w.cfg.CloseIdle, "close idle", func() { w.closeIdle(idle[w.rng.intn(len(idle))]) })
@@ -882,9 +889,6 @@ func (w *world) jumpClock() {
 	}
 	if i := w.rng.intn(len(w.machines) + 1); w.fleet != nil && i == len(w.machines) {
 		w.dbOff.Add(int64(d))
-		w.mu.Lock()
-		w.dbJumped = true
-		w.mu.Unlock()
 		w.tracef("the database's clock jumps %v", d)
 	} else {
 		m := w.machines[i%len(w.machines)]
