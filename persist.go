@@ -143,12 +143,11 @@ type Outcome struct {
 // minted for the call is taken for another sender's request in progress
 // and retried, waited out for at most Policy.InProgressPatience, rather
 // than returned at once as the application's own conflict; and a call
-// that provably sent nothing keeps
-// its entry pending (for Resume, or a rerun of the operation under its
-// key) rather than withdrawing it, and its error does not match
-// [ErrNotSent]. A wrapper that embeds one of those journals' concrete types
-// (struct{ *filejournal.Journal }) keeps the declaration, and the identity,
-// of the journal it embeds.
+// that provably sent nothing keeps its entry pending (for Resume, or a
+// rerun of the operation under its key) rather than withdrawing it, and
+// its error does not match [ErrNotSent]. A wrapper that embeds one of
+// those journals' concrete types (struct{ *filejournal.Journal }) keeps
+// the declaration, and the identity, of the journal it embeds.
 //
 // [github.com/idemkit/idemhttp/filejournal.Journal] is the embedded
 // default; the journaltest package holds the conformance suite every
