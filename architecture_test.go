@@ -33,7 +33,7 @@ func TestArchitecture(t *testing.T) {
 		{pkg: "internal/wal", mustNots: []string{"net/http", "net/url"}},
 		{pkg: "internal/wal/simdisk", mayOnly: []string{"internal/wal"}, mustNots: []string{"net/http", "net/url"}},
 		{pkg: "filejournal", mayOnly: []string{".", "internal/contract", "internal/wal"}},
-		{pkg: "journaltest", mayOnly: []string{".", "internal/plant"}},
+		{pkg: "journaltest", mayOnly: []string{".", "internal/contract", "internal/plant"}},
 		{pkg: "internal/fingerprint"},
 		{pkg: "internal/servercore", mayOnly: []string{"internal/fingerprint", "internal/plant"}, mustNots: []string{"github.com/jackc", "github.com/redis", "database/sql"}},
 		{pkg: "internal/servermodel", mayOnly: []string{"idemserver", "internal/servercore", "internal/plant"}},

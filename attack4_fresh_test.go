@@ -87,13 +87,13 @@ type wrappedJournal struct{ Journal }
 // status 409, although it ran once and succeeded (201). A rerun of the
 // operation is then told it ended in a conflict.
 //
-// Not fixed: the client cannot tell that two journal values are one
-// journal. A fix needs an identity a wrapper can forward (an optional
-// Unwrap() Journal, say, used for the slots' scope and for the optional
-// interfaces), or slots kept by the journal itself. Checked as a pin:
-// without the skip it fails (A gets 409, the entry is done with 409).
+// Fixed (journal_identity.go): a wrapper reveals the journal it wraps
+// with Unwrap() Journal, which scopes the slots; without it, as here, the
+// journal is not known to be one process's, and a 409 to a minted key's
+// first attempt is waited out as a request in progress, never taken for
+// the application's answer. Checked to fail with the fix reverted, and
+// with oneProcess always true: A gets 409, the entry is done with 409.
 func TestTwoClientsOnOneJournalThroughWrappers(t *testing.T) {
-	t.Skip("attack4: two Clients sharing one journal through distinct wrappers do not share the senders' slots: a fresh-key 409 is recorded as done")
 	srv := newKeyedServer()
 	hs := httptest.NewServer(srv)
 	defer hs.Close()
@@ -147,14 +147,13 @@ func (fleetWrapper) ClaimPending() {}
 // recorded done. The rule fails open: an unknown journal counts as one
 // process's.
 //
-// Not fixed: either the doc names ClaimPending among the optional methods
-// (a documentation fix, still fail-open for a wrapper that forgets it), or
-// a minted key counts as fresh only with a journal known to be one
-// process's (fail closed: a bare 409 then waits for the in-progress
-// patience). The lead's call. Without the skip it fails: 409 after one
-// attempt.
+// Fixed the fail-closed way: a minted key counts as fresh only with a
+// journal known to be one process's (contract.Senders, which the fleet's
+// journal, like contrib/postgres's, declares false, and which the wrapper
+// here promotes from the journal it embeds); a bare 409 otherwise waits
+// for the in-progress patience. Checked to fail with the fix reverted, and
+// with oneProcess always true: 409 after one attempt.
 func TestFresh409InAFleetThroughAWrapper(t *testing.T) {
-	t.Skip("attack4: a fleet journal behind a wrapper that forwards the documented optional methods loses the fleet's fresh-key rule (seed 1013 again)")
 	srv, n := conflictOnce(t)
 	c := &Client{Journal: fleetWrapper{sharedRecJournal{newRecJournal()}}, Policy: &Policy{MaxAttempts: 3, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}}
 	resp, err := c.Do(post(t, srv.URL, chargeBody).WithContext(WithOperation(context.Background(), "op-409")))
@@ -190,11 +189,14 @@ func conflictOnce(t *testing.T) (*httptest.Server, *atomic.Int32) {
 // ran the operation under the old key: the caller's rerun runs it a
 // second time.
 //
-// Not fixed, as TestTwoClientsOnOneJournalThroughWrappers. Without the
-// skip it fails: A's error is ErrNotSent while the server ran the
-// operation.
+// Fixed as TestTwoClientsOnOneJournalThroughWrappers: the wrappers have
+// no Unwrap, so the journal is not known to the client, and A keeps the
+// entry pending instead of withdrawing it; its error is not ErrNotSent.
+// Checked to fail with the fix reverted (A's error ErrNotSent while the
+// server ran the operation), and with withdrawal allowed for any journal
+// (mayWithdraw true: A deleted the entry, B's outcome was lost, and the
+// rerun ran the operation a second time).
 func TestTwoClientsThroughWrappersWithdrawWhatTheOtherSends(t *testing.T) {
-	t.Skip("attack4: two Clients sharing one journal through distinct wrappers: one withdraws (ErrNotSent) the entry the other is sending")
 	srv := newKeyedServer()
 	hs := httptest.NewServer(srv)
 	defer hs.Close()
@@ -224,4 +226,11 @@ func TestTwoClientsThroughWrappersWithdrawWhatTheOtherSends(t *testing.T) {
 	runs := srv.runs
 	srv.mu.Unlock()
 	assert.False(t, errors.Is(err, ErrNotSent) && runs > 0, "A said not sent (rerun under a new key) while B's resend ran it %d time(s)", runs)
+	// Nor may A withdraw the entry B sends under, told or not: a rerun of
+	// the operation would begin it anew under a new key.
+	_, err = (&Client{Journal: &wrappedJournal{j}, Policy: fast()}).Do(post(t, hs.URL, chargeBody).WithContext(WithOperation(context.Background(), "op-shared")))
+	assert.ErrorIs(t, err, ErrAlreadyDone, "the rerun sees B's outcome")
+	srv.mu.Lock()
+	assert.Equal(t, 1, srv.runs, "the operation ran once")
+	srv.mu.Unlock()
 }

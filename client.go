@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -128,10 +127,13 @@ type config struct {
 	// HTTP/2 over a connection without TLS.
 	traceable, h2c bool
 	// scope is the scope of the senders' slots of calls with c.Journal
-	// (lifecycle.go): the journal itself, so that Clients sharing it share
-	// its slots, or the config, a scope of this Client's own, for a
-	// journal whose value cannot be a map key.
-	scope any
+	// (lifecycle.go): the journal itself, reached through the caller's
+	// wrappers (Unwrap), so that Clients sharing it share its slots, or
+	// the config, a scope of this Client's own, for a journal whose value
+	// cannot be a map key. jid and memID are what the client knows of
+	// c.Journal and of mem (journal_identity.go).
+	scope      any
+	jid, memID journalIdentity
 	// onPhase, for tests, sees every move of every call's lifecycle.
 	onPhase func(from, to phase)
 }
@@ -173,16 +175,7 @@ func (c *Client) init() {
 		}
 		cfg.mem = newMemJournal(cfg.pol.retention)
 		cfg.journal = c.Journal
-		cfg.scope = cfg
-		if c.Journal != nil && reflect.ValueOf(c.Journal).Comparable() {
-			cfg.scope = c.Journal
-		}
-		if r, ok := c.Journal.(retainer); ok {
-			// Policy.Retention is the one retention setting: a journal that
-			// prunes by itself must not drop a done entry the client would
-			// still reuse the key of.
-			r.Retain(cfg.pol.retention)
-		}
+		cfg.resolveJournals(c.Journal) // journal_identity.go
 		cfg.logger = c.Logger
 		if hooksSet(c.Hooks) {
 			cfg.hooks = *c.Hooks

@@ -114,7 +114,11 @@ var (
 	// DNS failures, failed TLS handshakes, a request net/http refused
 	// locally; see docs/lifecycle.md). Only then is trying the operation
 	// again under a new key safe. Errors of calls that may have sent do
-	// not match it, whatever their cause; nor do refusals about an
+	// not match it, whatever their cause; nor do those of calls through
+	// a journal the client does not know to be one process's (a caller's
+	// own, or one behind a wrapper without Unwrap: see [Journal]), which
+	// keep their entry pending, since a sender the client cannot see may
+	// be using the key; nor do refusals about an
 	// operation that an earlier call may have run ([ErrAlreadyDone],
 	// [ErrKeyExpired], [ErrClockJump], [ErrKeyConflict], a journal's own
 	// failure).

@@ -153,8 +153,7 @@ func (a *operation) openEntry(ctx context.Context, req *http.Request, key string
 		}
 		a.key = e.Key
 	}
-	_, shared := a.j.(sharedJournal)
-	a.entry, a.fresh = e, minted && a.created && !shared
+	a.entry, a.fresh = e, minted && a.created && a.oneProcess()
 	if !a.created {
 		if resp, err, answered := a.judge(ctx, req, e, rs); answered {
 			return false, resp, err, false
@@ -326,8 +325,8 @@ type clockDoubter interface {
 
 // journalClockDoubt returns j's ClockDoubt if it has one, else the zero
 // Time.
-func journalClockDoubt(ctx context.Context, j Journal) (time.Time, error) {
-	cd, ok := j.(clockDoubter)
+func journalClockDoubt(ctx context.Context, j *journalIdentity) (time.Time, error) {
+	cd, ok := journalAs[clockDoubter](j)
 	if !ok {
 		return time.Time{}, nil
 	}
@@ -356,7 +355,7 @@ func (a *operation) age(ctx context.Context, e *Entry, rs *resend) (now time.Tim
 		mark = rs.mark
 	}
 	if mark.IsZero() {
-		if mark, err = journalHighWater(ctx, a.j); err != nil {
+		if mark, err = journalHighWater(ctx, a.cfg.identity(a.j)); err != nil {
 			return now, false, fmt.Errorf("idemhttp: journal: %w", err)
 		}
 	}
@@ -367,7 +366,7 @@ func (a *operation) age(ctx context.Context, e *Entry, rs *resend) (now time.Tim
 	// An entry from before a set-back the journal found and could not
 	// measure (clockDoubter) is of unknown age for good, whatever the
 	// clock says since.
-	doubt, err := journalClockDoubt(ctx, a.j)
+	doubt, err := journalClockDoubt(ctx, a.cfg.identity(a.j))
 	if err != nil {
 		return now, false, fmt.Errorf("idemhttp: journal: %w", err)
 	}
@@ -536,7 +535,8 @@ func (a *operation) settleEntry(ctx context.Context, to phase, ansResp *http.Res
 		}
 		a.writeFinish(ctx, StateDone, r)
 	case phasePending:
-		err = a.finishPending(ctx, err)
+		gone = false
+		err = a.keptUnsent(a.finishPending(ctx, err))
 	case phaseWithdrawn:
 		var held *heldElsewhereError
 		if gone, held = a.withdraw(ctx); held != nil && err != nil {
@@ -592,10 +592,12 @@ var errPanicked = errors.New("idemhttp: the call panicked")
 // created), then the answer.
 func (a *operation) outcome(resp *http.Response, err error) phase {
 	if !a.reached {
-		if a.created || a.entry == nil {
+		if a.entry == nil || a.created && a.mayWithdraw() {
 			return phaseWithdrawn
 		}
-		return phasePending // an earlier call or run may have sent it
+		// An earlier call or run may have sent it; or the journal's other
+		// senders are out of the client's sight (journal_identity.go).
+		return phasePending
 	}
 	switch {
 	case err == nil && resp != nil && resp.StatusCode >= 300 && resp.StatusCode < 400 && !plant.RedirectDone:

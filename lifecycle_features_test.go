@@ -902,6 +902,12 @@ type sharedRecJournal struct{ *recJournal }
 
 func (sharedRecJournal) ClaimPending(context.Context, int) ([]*Entry, error) { return nil, nil }
 
+// JournalSenders declares what contrib/postgres's Journal declares: a
+// fleet's, whose store is the journal.
+func (s sharedRecJournal) JournalSenders() contract.Senders {
+	return contract.Senders{Store: s.recJournal}
+}
+
 // A 409 to the first attempt under a key the call minted is the
 // application's answer only while nobody else can know the key. In a
 // fleet, another worker's Begin of the same operation finds the entry the

@@ -113,12 +113,42 @@ type Outcome struct {
 // Client uses the optional methods a journal has (see package journaltest,
 // which asserts them): HighWater (the latest time ever recorded, to see a
 // clock set back), Now (a clock of its own, which ages its entries: a
-// fleet's shared database's), Retain (the client's Policy.Retention, for a
-// journal that prunes by itself), PendingCount (for Client.Stats) and
-// ClaimPending (a journal a fleet shares: a key minted for a call may be
-// sent by another worker the moment Begin returns, so a 409 to its first
-// attempt may be that worker's request in progress). A wrapper that does
-// not forward them turns those rules off.
+// fleet's shared database's), ClockDoubt (entries of unknown age), Retain
+// (the client's Policy.Retention, for a journal that prunes by itself),
+// PendingCount (for Client.Stats) and ClaimPending (a journal a fleet
+// shares).
+//
+// # Wrappers
+//
+// A journal that wraps another (a caller's metrics or tracing decorator)
+// should reveal it with a method
+//
+//	Unwrap() Journal
+//
+// as errors.Unwrap and http.ResponseController do. A Client resolves the
+// chain once, when it is first used (a bounded walk: a cycle, or an Unwrap
+// that panics, ends it), and looks there for the optional methods the
+// wrapper does not have itself (a wrapper's own method wins), and for the
+// journal's identity: every Client of a process that reaches one journal,
+// through whatever wrappers, then shares the rule "one sender per
+// operation and per key at a time" (docs/lifecycle.md).
+//
+// The project's own journals (filejournal's, contrib/postgres's, the
+// Client's in-memory one) declare who may send under their keys: one
+// process (a file journal is locked against a second opener) or a fleet
+// (whose writes are fenced by lease). Any other journal, a caller's own or
+// one behind a wrapper without Unwrap, is treated as shared with senders
+// the client cannot see, and the client fails closed, at a cost: a bare
+// 409 (one whose body says nothing) to the first attempt under a key
+// minted for the call is taken for another sender's request in progress
+// and retried, waited out for at most Policy.InProgressPatience, rather
+// than returned at once as the application's own conflict; and a call
+// that provably sent nothing keeps its entry pending (for Resume, or a
+// rerun of the operation under its key) rather than withdrawing it, and
+// its error does not match [ErrNotSent]. A wrapper that embeds one of
+// those journals' concrete types (struct{ *filejournal.Journal }) keeps
+// the declaration, and the identity, of the journal it embeds.
+//
 // [github.com/idemkit/idemhttp/filejournal.Journal] is the embedded
 // default; the journaltest package holds the conformance suite every
 // implementation must pass.
@@ -409,7 +439,10 @@ type retainer interface {
 // returns, another worker's Begin of the same operation may find the
 // entry, take its lease and send under its key. A key minted for a call
 // is then no longer the call's alone: a 409 to its first attempt may be
-// that worker's request in progress, not the application's answer.
+// that worker's request in progress, not the application's answer. A
+// journal whose declaration says one process (journal_identity.go) but
+// that has ClaimPending anywhere along its chain is taken for shared:
+// the evidence that fails closed wins.
 type sharedJournal interface {
 	ClaimPending(ctx context.Context, limit int) ([]*Entry, error)
 }
@@ -425,7 +458,7 @@ type journalClock interface {
 // stamp returns the time to write into an entry or outcome for j: zero
 // for a journal with its own clock, which stamps it, else the client's.
 func (c *Client) stamp(j Journal) time.Time {
-	if _, ok := j.(journalClock); ok {
+	if _, ok := journalAs[journalClock](c.cfg.identity(j)); ok {
 		return time.Time{}
 	}
 	return c.cfg.now()
@@ -434,7 +467,7 @@ func (c *Client) stamp(j Journal) time.Time {
 // journalNow returns the time by which j's entries are aged: j's own
 // clock when it keeps one, else the client's.
 func (c *Client) journalNow(ctx context.Context, j Journal) (time.Time, error) {
-	if jc, ok := j.(journalClock); ok {
+	if jc, ok := journalAs[journalClock](c.cfg.identity(j)); ok {
 		t, err := jc.Now(ctx)
 		if err != nil {
 			return time.Time{}, fmt.Errorf("clock: %w", err)

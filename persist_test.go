@@ -29,6 +29,14 @@ type recJournal struct {
 
 func newRecJournal() *recJournal { return &recJournal{memJournal: newMemJournal(24 * time.Hour)} }
 
+// JournalSenders declares the journal one process's, as the memJournal
+// it embeds does, with the recJournal as its store: the tests' wrappers
+// that embed it (valueJournal, fencingJournal...) promote it, as a
+// caller's wrapper embedding *filejournal.Journal does.
+func (r *recJournal) JournalSenders() contract.Senders {
+	return contract.Senders{Store: r, OneProcess: true}
+}
+
 func (r *recJournal) log(ev string) {
 	r.mu.Lock()
 	r.events = append(r.events, ev)

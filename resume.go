@@ -106,12 +106,12 @@ func (c *Client) Resume(ctx context.Context, opts *ResumeOptions) ([]ResumeResul
 		// A journal that prunes by itself (Retain) keeps done entries as
 		// long as it was told, and longer if configured so: pruning here
 		// would override that.
-		if _, ok := j.(retainer); !ok || plant.ResumePrunes { // ResumePrunes: a planted bug (internal/plant)
+		if _, ok := journalAs[retainer](c.cfg.identity(j)); !ok || plant.ResumePrunes { // ResumePrunes: a planted bug (internal/plant)
 			if _, err := j.Prune(ctx, now.Add(-c.cfg.pol.retention)); err != nil {
 				return nil, fmt.Errorf("idemhttp: resume: prune: %w", err)
 			}
 		}
-		if sj, ok := j.(sharedJournal); ok {
+		if sj, ok := journalAs[sharedJournal](c.cfg.identity(j)); ok {
 			pending, err = claimAll(ctx, sj)
 		} else {
 			pending, err = j.Pending(ctx)
@@ -126,7 +126,7 @@ func (c *Client) Resume(ctx context.Context, opts *ResumeOptions) ([]ResumeResul
 	// miss a jump once the newer entries are pruned: a pending entry 25 h
 	// old would look 23 h old after the clock went back 2 h, and be
 	// resent under a key a server with 24 h retention has forgotten.
-	newest, err := journalHighWater(ctx, j)
+	newest, err := journalHighWater(ctx, c.cfg.identity(j))
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: resume: %w", err)
 	}
@@ -272,8 +272,8 @@ const ClockTolerance = time.Minute
 
 // journalHighWater returns j's high-water mark if it has one (HighWater),
 // else the zero Time.
-func journalHighWater(ctx context.Context, j Journal) (time.Time, error) {
-	cj, ok := j.(clockJournal)
+func journalHighWater(ctx context.Context, j *journalIdentity) (time.Time, error) {
+	cj, ok := journalAs[clockJournal](j)
 	if !ok {
 		return time.Time{}, nil
 	}

@@ -19,7 +19,8 @@ import (
 // meanwhile, nor withdraws or finishes the entry it sends under. The
 // table is the process's (slots), not a Client's: two Clients sharing a
 // journal share its slots, since the entries they protect are the same.
-// A slot's scope is the journal value, or a Client of its own for the
+// A slot's scope is the journal value, reached through the caller's
+// wrappers (journal_identity.go), or a Client of its own for the
 // in-memory journal and for calls without a journal (see config.scope).
 // A second call waits for the first rather than being answered locally:
 // once the first is done, the second sees its outcome (a done operation's
@@ -84,8 +85,10 @@ func (s *senders) acquire(ctx context.Context, id slotID) (waited bool, err erro
 	}
 }
 
-// waiters returns how many goroutines wait for a slot of scope.
+// waiters returns how many goroutines wait for a slot of scope (a
+// journal, through its wrappers, or a scope).
 func (s *senders) waiters(scope any) int {
+	scope = scopeOf(scope)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
@@ -97,8 +100,10 @@ func (s *senders) waiters(scope any) int {
 	return n
 }
 
-// held returns how many slots of scope are held, for tests.
+// held returns how many slots of scope (as for waiters) are held, for
+// tests.
 func (s *senders) held(scope any) int {
+	scope = scopeOf(scope)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0

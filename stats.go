@@ -43,7 +43,7 @@ func (c *Client) Stats() Stats {
 	if cfg.journal != nil {
 		j = cfg.journal
 	}
-	if pc, ok := j.(pendingCounter); ok {
+	if pc, ok := journalAs[pendingCounter](cfg.identity(j)); ok {
 		s.JournalPending = pc.PendingCount()
 	}
 	return s

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/contract"
 	"github.com/idemkit/idemhttp/internal/wal"
 )
 
@@ -434,6 +435,16 @@ type Journal struct {
 }
 
 var _ idemhttp.Journal = (*Journal)(nil)
+
+// JournalSenders declares to [idemhttp.Client] that the journal is one
+// process's: its file is locked against every other opener, so that only
+// the Clients of this process, which share their senders' slots on it
+// (through any wrappers that implement Unwrap, see [idemhttp.Journal]),
+// send under its keys. The result's type is internal to idemhttp: only
+// the project's own journals declare it.
+func (j *Journal) JournalSenders() contract.Senders {
+	return contract.Senders{Store: j, OneProcess: true}
+}
 
 // pending is what a batch not yet on disk stores and deletes.
 type pending struct {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/contract"
 	"github.com/idemkit/idemhttp/internal/plant"
 )
 
@@ -205,6 +206,13 @@ func earliest(t, now time.Time) time.Time {
 		return now
 	}
 	return t
+}
+
+// JournalSenders declares to [idemhttp.Client] what contrib/postgres's
+// Journal declares: one worker of a fleet, whose other workers are fenced
+// by leases.
+func (w *FleetModelWorker) JournalSenders() contract.Senders {
+	return contract.Senders{Store: w}
 }
 
 // Now returns the model's clock: the fleet's.

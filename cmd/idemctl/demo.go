@@ -363,6 +363,10 @@ type crashJournal struct {
 	idemhttp.Journal
 }
 
+// Unwrap returns the journal c wraps, so that the client keeps that
+// journal's rules (a file journal's: one process's) through c.
+func (c crashJournal) Unwrap() idemhttp.Journal { return c.Journal }
+
 // Finish writes nothing for a killed charge: the outcome is lost.
 func (c crashJournal) Finish(ctx context.Context, key string, o idemhttp.Outcome) error {
 	if dyingOf(ctx) != nil {

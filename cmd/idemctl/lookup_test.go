@@ -48,6 +48,9 @@ func (c *countingJournal) Lookup(ctx context.Context, operation string) (*idemht
 
 var errDiskFull = errors.New("disk full (injected)")
 
+// Unwrap returns the journal c wraps, as a caller's wrapper should.
+func (c *countingJournal) Unwrap() idemhttp.Journal { return c.batchJournal }
+
 func (c *countingJournal) Finish(ctx context.Context, key string, o idemhttp.Outcome) error {
 	if c.finishFails {
 		return errDiskFull

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idemhttp"
+	"github.com/idemkit/idemhttp/internal/contract"
 )
 
 // DefaultLease is how long an entry stays reserved for the worker that
@@ -94,6 +95,18 @@ func (e *LeaseLostError) Error() string {
 func (e *LeaseLostError) Unwrap() error { return ErrLeaseLost }
 
 var _ idemhttp.Journal = (*Journal)(nil)
+
+// JournalSenders declares to [idemhttp.Client] that the journal is
+// shared by a fleet: the Clients of this process share their senders'
+// slots on it (through any wrappers that implement Unwrap, see
+// [idemhttp.Journal]), and other processes' writes are fenced by leases.
+// A key minted for a call is not the call's alone (another worker may
+// send under it the moment Begin returns), so a 409 to its first attempt
+// is waited out as a request in progress. The result's type is internal
+// to idemhttp: only the project's own journals declare it.
+func (j *Journal) JournalSenders() contract.Senders {
+	return contract.Senders{Store: j}
+}
 
 // Journal is an [idemhttp.Journal] in the idemhttp_journal table, shared by
 // a fleet of worker processes that work through one batch. Every write is

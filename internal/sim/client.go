@@ -307,6 +307,12 @@ func (r *recJournal) claim(ctx context.Context, limit int) ([]*idemhttp.Entry, e
 
 var _ idemhttp.Journal = (*recJournal)(nil)
 
+// Unwrap returns the journal r records the calls to, as a caller's
+// wrapper does (see idemhttp.Journal): the Client finds through it the
+// journal's declaration of its senders (filejournal's, one process's; the
+// fleet worker's) and the optional methods r does not forward itself.
+func (r *recJournal) Unwrap() idemhttp.Journal { return r.simJournal }
+
 // acks is what the journals acknowledged, for invariant 5.
 type acks struct {
 	mu sync.Mutex
