@@ -58,9 +58,18 @@ type Client struct {
 
 	// Logger receives one Info record per retry (method, redacted URL,
 	// key, attempt, delay, reason). Bodies, header values and the values
-	// of secret query parameters ([Policy.RedactQuery]) are never logged.
-	// nil means silent.
+	// of secret query parameters ([Policy.RedactQuery]) are never logged,
+	// nor is the idempotency key itself unless LogKeys: a record names it
+	// by its digest, key_digest ([KeyDigest]), the same the server's logs
+	// carry. nil means silent.
 	Logger *slog.Logger
+
+	// LogKeys puts the idempotency key itself in Logger's records (key,
+	// beside key_digest). A key names an operation whose stored response
+	// a server replays to whoever sends it with the caller's credentials:
+	// keep it out of logs that others read. Hooks receive the key either
+	// way (they are the caller's own code).
+	LogKeys bool
 
 	// Hooks, when set, are called at each decision of every call:
 	// attempts, retries, give-ups, budget refusals, journal writes. See
@@ -109,6 +118,7 @@ type config struct {
 	mem     *memJournal
 	journal Journal
 	logger  *slog.Logger
+	logKeys bool            // Client.LogKeys
 	hooks   idemtrace.Hooks // a copy of *Client.Hooks; every field nil when unset
 	prepare func(*http.Request) error
 	secrets []string         // canonical names of the caller's secret headers
@@ -176,7 +186,7 @@ func (c *Client) init() {
 		cfg.mem = newMemJournal(cfg.pol.retention)
 		cfg.journal = c.Journal
 		cfg.resolveJournals(c.Journal) // journal_identity.go
-		cfg.logger = c.Logger
+		cfg.logger, cfg.logKeys = c.Logger, c.LogKeys
 		if hooksSet(c.Hooks) {
 			cfg.hooks = *c.Hooks
 		}

@@ -925,9 +925,9 @@ func TestLoggerRecordsRetriesWithoutSecrets(t *testing.T) {
 	resp.Body.Close()
 	out := buf.String()
 	assert.Contains(t, out, `"msg":"idemhttp: retrying"`)
-	assert.Contains(t, out, srv.Hits()[0].Key)
+	assert.Contains(t, out, `"key_digest":"`+KeyDigest(srv.Hits()[0].Key)+`"`)
 	assert.Contains(t, out, `"reason":"unavailable"`)
-	for _, secret := range []string{"hunter2", "sk_live_secret", "internal detail", "amount"} {
+	for _, secret := range []string{"hunter2", "sk_live_secret", "internal detail", "amount", srv.Hits()[0].Key} {
 		assert.NotContains(t, out, secret)
 	}
 }

@@ -690,7 +690,7 @@ func (c *Client) notifyRetry(ctx context.Context, a *operation, reason idemtrace
 			slog.String("reason", string(ev.Reason)),
 		}
 		if ev.Key != "" {
-			attrs = append(attrs, slog.String("key", ev.Key))
+			attrs = append(attrs, contract.LogKey(ev.Key, a.c.cfg.logKeys))
 		}
 		if ev.Status != 0 {
 			attrs = append(attrs, slog.Int("status", ev.Status))
