@@ -43,46 +43,59 @@ type slotID struct {
 	id    string
 }
 
-// slot is a held slot: done, made by the first goroutine to wait for it
-// (most slots are never waited for), is closed when its holder releases
-// it.
+// slot is a held slot and the goroutines waiting for it, in the order
+// they came (most slots are never waited for). A release hands the slot
+// to the first of them: a waiter that came later never goes first, so
+// that which call sends first, and whether it waited, depends only on
+// when each asked (the simulator's same seed, same trace: two calls woken
+// at once by one release took it in the scheduler's order).
 type slot struct {
-	done    chan struct{}
-	waiting int // goroutines waiting for it, for tests
+	queue []*slotWaiter
+}
+
+// slotWaiter is one goroutine waiting for a slot: ch is closed when the
+// slot is handed to it (granted, set under the table's lock first).
+type slotWaiter struct {
+	ch      chan struct{}
+	granted bool
 }
 
 // acquire takes id's slot, waiting for its holder to release it, until ctx
 // ends. It reports whether it waited.
 func (s *senders) acquire(ctx context.Context, id slotID) (waited bool, err error) {
-	for {
-		s.mu.Lock()
-		if s.busy == nil {
-			s.busy = make(map[slotID]*slot)
-		}
-		sl, ok := s.busy[id]
-		if !ok {
-			s.busy[id] = &slot{}
-			s.mu.Unlock()
-			return waited, nil
-		}
-		if sl.done == nil {
-			sl.done = make(chan struct{})
-		}
-		done := sl.done
-		sl.waiting++
+	s.mu.Lock()
+	if s.busy == nil {
+		s.busy = make(map[slotID]*slot)
+	}
+	sl, ok := s.busy[id]
+	if !ok {
+		s.busy[id] = &slot{}
 		s.mu.Unlock()
-		waited = true
-		select {
-		case <-done:
-		case <-ctx.Done():
-		}
-		s.mu.Lock()
-		sl.waiting--
+		return false, nil
+	}
+	w := &slotWaiter{ch: make(chan struct{})}
+	sl.queue = append(sl.queue, w)
+	s.mu.Unlock()
+	select {
+	case <-w.ch:
+		return true, nil
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	if w.granted {
+		// Handed over as ctx ended: pass it on, as its holder would.
 		s.mu.Unlock()
-		if err := ctx.Err(); err != nil {
-			return waited, err
+		s.release(id)
+		return true, ctx.Err()
+	}
+	for i, q := range sl.queue {
+		if q == w {
+			sl.queue = append(sl.queue[:i], sl.queue[i+1:]...)
+			break
 		}
 	}
+	s.mu.Unlock()
+	return true, ctx.Err()
 }
 
 // waiters returns how many goroutines wait for a slot of scope (a
@@ -94,7 +107,7 @@ func (s *senders) waiters(scope any) int {
 	n := 0
 	for id, sl := range s.busy {
 		if id.scope == scope {
-			n += sl.waiting
+			n += len(sl.queue)
 		}
 	}
 	return n
@@ -115,19 +128,21 @@ func (s *senders) held(scope any) int {
 	return n
 }
 
-// release frees id's slot.
+// release frees id's slot: hands it to its first waiter, if any.
 func (s *senders) release(id slotID) {
 	s.mu.Lock()
 	sl := s.busy[id]
-	delete(s.busy, id)
-	var done chan struct{}
-	if sl != nil {
-		done = sl.done // read under the lock: a waiter makes it so
+	if sl == nil || len(sl.queue) == 0 {
+		delete(s.busy, id)
+		s.mu.Unlock()
+		return
 	}
+	w := sl.queue[0]
+	sl.queue[0] = nil
+	sl.queue = sl.queue[1:]
+	w.granted = true
 	s.mu.Unlock()
-	if done != nil {
-		close(done)
-	}
+	close(w.ch)
 }
 
 // hold takes the slot of id, an operation id (kind 'o') or a key ('k'),
