@@ -147,7 +147,9 @@ type Outcome struct {
 // rerun of the operation under its key) rather than withdrawing it, and
 // its error does not match [ErrNotSent]. A wrapper that embeds one of
 // those journals' concrete types (struct{ *filejournal.Journal }) keeps
-// the declaration, and the identity, of the journal it embeds.
+// the declaration, and the identity, of the journal it embeds, unless it
+// also has Unwrap: only the journal the chain ends at declares, since it
+// is the one that holds the entries.
 //
 // [github.com/idemkit/idemhttp/filejournal.Journal] is the embedded
 // default; the journaltest package holds the conformance suite every
