@@ -33,7 +33,7 @@ func TestAttack6SpanErrorsCarryNoKey(t *testing.T) {
 		for _, s := range r.spans.Ended() {
 			for _, ev := range s.Events() {
 				for _, kv := range ev.Attributes {
-					v := kv.Value.Emit()
+					v := kv.Value.String()
 					found = found || strings.Contains(v, key)
 					if kv.Key == "exception.message" {
 						exceptions = true
