@@ -3,6 +3,7 @@ package idemhttp
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -70,6 +71,37 @@ func TestAttack6DeclarationOfAnOuterWrapperDoesNotCoverTheInnerJournal(t *testin
 		id := resolveJournal(j, nil)
 		assert.True(t, id.known)
 		assert.True(t, id.oneProcess)
-		assert.Equal(t, r, id.scope, "the scope is the innermost journal's")
+		assert.Same(t, r, id.scope, "the scope is the innermost journal's (Same: Equal compares two empty journals deeply)")
 	}
+}
+
+// rotatingJournal's Unwrap returns the journal it forwards to now: a
+// caller's wrapper that switches journals (a rotation, a failover).
+type rotatingJournal struct {
+	Journal
+	cur atomic.Pointer[recJournal]
+}
+
+func (r *rotatingJournal) Unwrap() Journal { return r.cur.Load() }
+
+// Two Clients that share one wrapper share its slots only if its Unwrap
+// is stable: each Client resolves the chain once, when first used, so
+// one made before a switch keeps the old journal's scope while its calls
+// go through the wrapper to whatever it forwards to. Two Clients then
+// hold different slots for the same entries, and one may resend
+// (Resume) an entry the other created and is about to withdraw: the
+// withdrawal race of the simulator's seed 4158. Not fixed: the Journal
+// doc should say that Unwrap must return the same journal for the
+// wrapper's life (or the client re-resolve per call, at a cost).
+func TestAttack6UnwrapThatChangesSplitsTheSlots(t *testing.T) {
+	t.Skip("attack6: a wrapper whose Unwrap changes over time gives two Clients different slot scopes for one journal; document Unwrap as stable")
+	a, b := newRecJournal(), newRecJournal()
+	w := &rotatingJournal{Journal: a}
+	w.cur.Store(a)
+	c1 := &Client{Journal: w}
+	c1.init()
+	w.cur.Store(b)
+	c2 := &Client{Journal: w}
+	c2.init()
+	assert.True(t, c1.cfg.scope == c2.cfg.scope, "one wrapper, one scope of slots")
 }
