@@ -91,8 +91,9 @@ func (r *rotatingJournal) Unwrap() Journal { return r.cur.Load() }
 // hold different slots for the same entries, and one may resend
 // (Resume) an entry the other created and is about to withdraw: the
 // withdrawal race of the simulator's seed 4158. Not fixed: the Journal
-// doc should say that Unwrap must return the same journal for the
-// wrapper's life (or the client re-resolve per call, at a cost).
+// doc (persist.go, docs/lifecycle.md) now says that Unwrap must return
+// the same journal for the wrapper's life; enforcing it would mean
+// resolving per call, at a cost.
 func TestAttack6UnwrapThatChangesSplitsTheSlots(t *testing.T) {
 	t.Skip("attack6: a wrapper whose Unwrap changes over time gives two Clients different slot scopes for one journal; document Unwrap as stable")
 	a, b := newRecJournal(), newRecJournal()

@@ -125,8 +125,9 @@ type Outcome struct {
 //
 //	Unwrap() Journal
 //
-// as errors.Unwrap and http.ResponseController do. A Client resolves the
-// chain once, when it is first used (a bounded walk: a cycle, or an Unwrap
+// as errors.Unwrap and http.ResponseController do, and return the same
+// journal for the wrapper's life. A Client resolves the chain once, when
+// it is first used (a bounded walk: a cycle, or an Unwrap
 // that panics, ends it), and looks there for the optional methods the
 // wrapper does not have itself (a wrapper's own method wins), and for the
 // journal's identity: every Client of a process that reaches one journal,
