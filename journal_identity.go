@@ -77,20 +77,26 @@ func resolveJournal(j Journal, own any) (id journalIdentity) {
 				return // a cycle, or too deep to tell: the end is not seen
 			}
 			id.chain = append(id.chain, cur)
-			if d, ok := cur.(sendersDeclarer); ok && decl == nil {
-				s := d.JournalSenders()
-				decl = &s
-			}
 			u, ok := cur.(journalUnwrapper)
-			if !ok {
+			var next Journal
+			if ok {
+				next = u.Unwrap()
+			}
+			if next == nil {
+				// The end of the walk: the journal that holds the
+				// entries. Only its declaration counts: a wrapper
+				// that embeds a journal of the project's (and so
+				// promotes its declaration) but unwraps to another
+				// journal speaks for a journal that does not hold
+				// them (attack6).
+				if d, ok := cur.(sendersDeclarer); ok {
+					s := d.JournalSenders()
+					decl = &s
+				}
 				complete = true
 				return
 			}
-			cur = u.Unwrap()
-			if cur == nil {
-				complete = true
-				return
-			}
+			cur = next
 		}
 	}()
 	if decl != nil && complete && decl.Store != nil && reflect.ValueOf(decl.Store).Comparable() {

@@ -648,7 +648,7 @@ func (a *operation) writeFinish(ctx context.Context, s State, r *Result) error {
 		if errors.Is(err, ErrFenced) {
 			level, msg = slog.LevelInfo, "idemhttp: journal entry finished or held by another sender; left to it"
 		}
-		c.cfg.logger.LogAttrs(ctx, level, msg, contract.LogKey(e.Key, c.cfg.logKeys), slog.String("state", string(s)), slog.String("error", err.Error()))
+		c.cfg.logger.LogAttrs(ctx, level, msg, contract.LogKey(e.Key, c.cfg.logKeys), slog.String("state", string(s)), c.errAttr(err, e.Key))
 	}
 	return err
 }
@@ -688,7 +688,7 @@ func (a *operation) withdraw(ctx context.Context) (gone bool, held *heldElsewher
 		if err2 != nil {
 			msg = "idemhttp: journal: could not withdraw an entry that was never sent, nor mark it abandoned; it stays pending"
 		}
-		c.cfg.logger.LogAttrs(ctx, slog.LevelError, msg, contract.LogKey(e.Key, c.cfg.logKeys), slog.String("error", errors.Join(err, err2).Error()))
+		c.cfg.logger.LogAttrs(ctx, slog.LevelError, msg, contract.LogKey(e.Key, c.cfg.logKeys), c.errAttr(errors.Join(err, err2), e.Key))
 	}
 	return err2 == nil, nil
 }
@@ -723,6 +723,13 @@ func (a *operation) writeAbandoned(ctx context.Context, e *Entry) {
 	err := a.j.Finish(context.WithoutCancel(ctx), e.Key, Outcome{State: StateAbandoned, Status: e.LastStatus, At: c.stamp(a.j)})
 	c.journalEvent(ctx, idemtrace.JournalEvent{Op: idemtrace.JournalFinish, Key: e.Key, Operation: e.Operation, State: string(StateAbandoned), Err: err}, time.Time{})
 	if err != nil && !errors.Is(err, ErrFenced) && c.cfg.logger != nil {
-		c.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemhttp: journal: could not mark an expired entry abandoned", contract.LogKey(e.Key, c.cfg.logKeys), slog.String("error", err.Error()))
+		c.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idemhttp: journal: could not mark an expired entry abandoned", contract.LogKey(e.Key, c.cfg.logKeys), c.errAttr(err, e.Key))
 	}
+}
+
+// errAttr is the error attribute of a log record about key: err's text,
+// the key in it named by its digest unless LogKeys (the journals' errors
+// name the key they were given).
+func (c *Client) errAttr(err error, key string) slog.Attr {
+	return slog.String("error", contract.RedactKey(err.Error(), key, c.cfg.logKeys))
 }

@@ -125,8 +125,9 @@ type Outcome struct {
 //
 //	Unwrap() Journal
 //
-// as errors.Unwrap and http.ResponseController do. A Client resolves the
-// chain once, when it is first used (a bounded walk: a cycle, or an Unwrap
+// as errors.Unwrap and http.ResponseController do, and return the same
+// journal for the wrapper's life. A Client resolves the chain once, when
+// it is first used (a bounded walk: a cycle, or an Unwrap
 // that panics, ends it), and looks there for the optional methods the
 // wrapper does not have itself (a wrapper's own method wins), and for the
 // journal's identity: every Client of a process that reaches one journal,
@@ -147,7 +148,9 @@ type Outcome struct {
 // rerun of the operation under its key) rather than withdrawing it, and
 // its error does not match [ErrNotSent]. A wrapper that embeds one of
 // those journals' concrete types (struct{ *filejournal.Journal }) keeps
-// the declaration, and the identity, of the journal it embeds.
+// the declaration, and the identity, of the journal it embeds, unless it
+// also has Unwrap: only the journal the chain ends at declares, since it
+// is the one that holds the entries.
 //
 // [github.com/idemkit/idemhttp/filejournal.Journal] is the embedded
 // default; the journaltest package holds the conformance suite every

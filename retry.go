@@ -696,7 +696,7 @@ func (c *Client) notifyRetry(ctx context.Context, a *operation, reason idemtrace
 			attrs = append(attrs, slog.Int("status", ev.Status))
 		}
 		if ev.Err != nil {
-			attrs = append(attrs, slog.String("error", ev.Err.Error()))
+			attrs = append(attrs, c.errAttr(ev.Err, ev.Key))
 		}
 		logger.LogAttrs(ctx, slog.LevelInfo, "idemhttp: retrying", attrs...)
 	}

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"reflect"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idemhttp"
@@ -325,7 +327,7 @@ func (in *Instrumentation) attemptDone(ctx context.Context, ev idemtrace.Attempt
 	}
 	if ev.Err != nil {
 		c.attempt.SetAttributes(ErrorClassAttr.String(string(ev.Class)))
-		c.attempt.RecordError(ev.Err)
+		in.recordError(c.attempt, ev.Err, ev.Key)
 	}
 }
 
@@ -379,7 +381,7 @@ func (in *Instrumentation) callDone(ctx context.Context, ev idemtrace.CallDoneEv
 		c.span.SetAttributes(semconv.HTTPResponseStatusCode(ev.Status))
 	}
 	if ev.Err != nil {
-		c.span.RecordError(ev.Err)
+		in.recordError(c.span, ev.Err, ev.Key)
 		c.span.SetStatus(codes.Error, "call failed")
 	}
 	c.span.End()
@@ -419,4 +421,28 @@ func GiveUpReason(reason error) string {
 		return "canceled"
 	}
 	return "other"
+}
+
+// recordError records err on sp as RecordError does (an exception event
+// with its type and message), but without RecordKey the message names
+// the idempotency key by its digest (idemhttp.KeyDigest): the client's
+// errors name their key ("gave up after 2 attempts (key ...)"), and the
+// key is kept off spans unless RecordKey.
+func (in *Instrumentation) recordError(sp trace.Span, err error, key string) {
+	msg := err.Error()
+	if in.opts.RecordKey || key == "" || !strings.Contains(msg, key) {
+		sp.RecordError(err)
+		return
+	}
+	msg = strings.ReplaceAll(msg, key, "key_digest:"+idemhttp.KeyDigest(key))
+	sp.AddEvent(semconv.ExceptionEventName, trace.WithAttributes(semconv.ExceptionType(typeName(err)), semconv.ExceptionMessage(msg)))
+}
+
+// typeName names err's type as the SDK's RecordError does.
+func typeName(err error) string {
+	t := reflect.TypeOf(err)
+	if t.PkgPath() == "" && t.Name() == "" {
+		return t.String()
+	}
+	return t.PkgPath() + "." + t.Name()
 }

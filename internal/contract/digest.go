@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
+	"strings"
 )
 
 // KeyDigestLen is the length of a [KeyDigest], in hex digits: 48 bits,
@@ -37,4 +38,16 @@ func LogKey(key string, raw bool) slog.Attr {
 		return d
 	}
 	return slog.Attr{Value: slog.GroupValue(d, slog.String("key", key))}
+}
+
+// RedactKey returns s, an error's text for a log record or a span, with
+// every occurrence of key replaced by its digest ("key_digest:" and
+// [KeyDigest]), unless raw (the caller opted in to keys in its logs):
+// the journals and the client name the key in their errors, and a record
+// that names the key by its digest must not carry it in its error.
+func RedactKey(s, key string, raw bool) string {
+	if raw || key == "" {
+		return s
+	}
+	return strings.ReplaceAll(s, key, "key_digest:"+KeyDigest(key))
 }
