@@ -267,7 +267,15 @@ func TestHeartbeatKeepsSlowMessage(t *testing.T) {
 			cancel2()
 			require.ErrorIs(t, testenv.Wait(t, errc), context.Canceled)
 			require.ErrorIs(t, testenv.Wait(t, errc2), context.Canceled)
-			assert.Equal(t, tt.wantCalls, calls.Load())
+			if tt.heartbeat >= 0 {
+				assert.Equal(t, tt.wantCalls, calls.Load())
+				return
+			}
+			// Without the heartbeat, at least one redelivery while the
+			// first handler still runs; a busy machine may see AckWait
+			// end once more before the second run's ack lands (a CI
+			// run: 3).
+			assert.GreaterOrEqual(t, calls.Load(), tt.wantCalls)
 		})
 	}
 }
