@@ -3,13 +3,11 @@ package sqlite_test
 import (
 	"context"
 	"database/sql"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idemhttp/contrib/sqlite"
 	"github.com/idemkit/idemhttp/inbox"
 )
 
@@ -32,23 +30,11 @@ import (
 // batchTombstone returning nil: the batch answered Duplicate for m-1.
 func TestAttack5BatchAcksATombstoneWhoseDeadLetterFailed(t *testing.T) {
 	ctx := context.Background()
-	db, err := sqlite.Open(filepath.Join(t.TempDir(), "inbox.db"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	in := &inbox.SQL{DB: db}
-	require.NoError(t, in.Migrate(ctx))
-
-	l := in.Ledger("billing")
-	k := inbox.Key{ID: "m-1"}
-	_, err = l.Apply(ctx, k, inbox.OpBegin)
-	require.NoError(t, err)
-	_, err = l.Apply(ctx, k, inbox.OpFailBegun)
-	require.NoError(t, err)
-	rec, err := l.Apply(ctx, k, inbox.OpTombstone) // then the dead letter fails: requeued
-	require.NoError(t, err)
+	in := migratedInbox(t)
+	rec := tombstone(t, in, "billing", "m-1") // then the dead letter fails: requeued
 	require.True(t, rec.DeadLettered)
 
-	_, err = in.Process(ctx, "billing", "m-1", func(context.Context, *sql.Tx) error { return nil })
+	_, err := in.Process(ctx, "billing", "m-1", func(context.Context, *sql.Tx) error { return nil })
 	require.ErrorIs(t, err, inbox.ErrDeadLettered, "a batch of one: the tombstone is read")
 
 	var ran []int

@@ -4,13 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idemhttp/contrib/sqlite"
 	"github.com/idemkit/idemhttp/inbox"
 )
 
@@ -21,18 +19,8 @@ import (
 // chunk only (the batch answered Duplicate for m-550 and was acked).
 func TestAttack6TombstoneBeyondTheFirstChunk(t *testing.T) {
 	ctx := context.Background()
-	db, err := sqlite.Open(filepath.Join(t.TempDir(), "inbox.db"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	in := &inbox.SQL{DB: db}
-	require.NoError(t, in.Migrate(ctx))
-
-	l := in.Ledger("billing")
-	k := inbox.Key{ID: "m-550"}
-	for _, op := range []inbox.Op{inbox.OpBegin, inbox.OpFailBegun, inbox.OpTombstone} {
-		_, err = l.Apply(ctx, k, op)
-		require.NoError(t, err)
-	}
+	in := migratedInbox(t)
+	tombstone(t, in, "billing", "m-550")
 	var ids, others []string
 	for i := range 600 {
 		ids = append(ids, fmt.Sprintf("m-%d", i))
@@ -40,7 +28,7 @@ func TestAttack6TombstoneBeyondTheFirstChunk(t *testing.T) {
 			others = append(others, fmt.Sprintf("m-%d", i))
 		}
 	}
-	_, err = in.ProcessBatch(ctx, "billing", others, func(context.Context, *sql.Tx, int) error { return nil })
+	_, err := in.ProcessBatch(ctx, "billing", others, func(context.Context, *sql.Tx, int) error { return nil })
 	require.NoError(t, err)
 
 	ran := 0
