@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idemhttp"
 	"github.com/idemkit/idemhttp/internal/contract"
+	"github.com/idemkit/idemhttp/internal/wal"
 )
 
 // HighWater returns the latest time the journal has ever recorded (the
@@ -74,14 +75,15 @@ func (j *Journal) HighWater(ctx context.Context) (time.Time, error) {
 // returns it as it is, and every entry created at or before that time
 // has an unknown age from then on, for good ([Journal.ClockDoubt]).
 //
-// Now writes to the file, and waits for the write, when it finds a jump
-// the file does not hold yet; an error is that write's.
+// Now writes to the file, and waits for the disk, when the journal has
+// found a jump the file does not durably hold yet (as every call that
+// reads the clock does); an error is that write's.
 func (j *Journal) Now(ctx context.Context) (time.Time, error) {
 	if err := ctx.Err(); err != nil {
 		return time.Time{}, err
 	}
-	t := j.now()
-	if err := j.persistClock(ctx); err != nil {
+	t, err := j.nowKept(ctx)
+	if err != nil {
 		return time.Time{}, fmt.Errorf("idemhttp: journal clock: %w", err)
 	}
 	return t, nil
@@ -106,7 +108,9 @@ func (j *Journal) ClockDoubt(ctx context.Context) (time.Time, error) {
 	if err := j.log.Writable(); errors.Is(err, ErrClosed) {
 		return time.Time{}, fmt.Errorf("idemhttp: journal clock doubt: %w", err)
 	}
-	j.now() // a jump found now counts
+	if _, err := j.nowKept(ctx); err != nil { // a jump found now counts
+		return time.Time{}, fmt.Errorf("idemhttp: journal clock doubt: %w", err)
+	}
 	j.clockMu.Lock()
 	defer j.clockMu.Unlock()
 	if j.clk.doubt.IsZero() {
@@ -116,7 +120,9 @@ func (j *Journal) ClockDoubt(ctx context.Context) (time.Time, error) {
 }
 
 // now reads the journal's clock (see Now), and notes a jump found.
-func (j *Journal) now() time.Time {
+// unkept reports a jump found, by this reading or an earlier one, that
+// is not on disk yet: see nowKept.
+func (j *Journal) now() (t time.Time, unkept bool) {
 	j.clockMu.Lock()
 	defer j.clockMu.Unlock()
 	// Both clocks read under the lock: readings in the order of the
@@ -127,7 +133,20 @@ func (j *Journal) now() time.Time {
 	if changed {
 		j.clkGen++
 	}
-	return t
+	return t, j.clkGen != j.clkKept
+}
+
+// nowKept reads the journal's clock, as now, and keeps a jump found
+// (keepClock) before it returns: what every call that reads the clock
+// does before it goes on.
+func (j *Journal) nowKept(ctx context.Context) (time.Time, error) {
+	t, unkept := j.now()
+	if unkept {
+		if err := j.keepClock(ctx); err != nil {
+			return time.Time{}, err
+		}
+	}
+	return t, nil
 }
 
 // raiseLocked raises the high-water mark to t if t is later. Only the
@@ -287,59 +306,91 @@ func (r *journalReader) uint63() int64 {
 	return int64(v)
 }
 
-// persistClock writes a witness record and waits for it when the clock
-// holds a jump the file does not (see Now). Read-only: nothing.
-func (j *Journal) persistClock(ctx context.Context) error {
+// keepClock makes the jumps the clock found durable, and waits for the
+// disk: it appends a witness record of the clock's state when none was
+// appended since the last jump was found, and waits for the batch that
+// holds it. A call that reads the clock calls it before it returns (see
+// nowKept), so a jump found is on disk before anything the call reports
+// rests on it: a witness that rode with a Finish's write-behind record
+// was lost with that record in a power cut, and after the reboot (no
+// uptime evidence left) the clock, carried past the high-water mark by
+// the downtime, made entries look younger than they were, and Resume
+// resent a key the server had forgotten (the simulator's seed 55588).
+// Read-only: nothing.
+func (j *Journal) keepClock(ctx context.Context) error {
 	if j.readOnly {
 		return nil
 	}
 	for {
 		j.mu.Lock()
-		rec, gen := j.clockRecord(true)
-		if rec == nil {
+		j.clockMu.Lock()
+		gen, kept, b := j.clkGen, j.clkKept, j.clkBatch
+		var rec []byte
+		if gen != j.clkWritten {
+			rec = appendWitness(nil, &j.clk)
+		}
+		j.clockMu.Unlock()
+		if gen == kept {
 			j.mu.Unlock()
 			return nil
 		}
-		b, _, retry, err := j.appendLocked(false, len(rec), 0, func(buf []byte) []byte { return append(buf, rec...) })
-		if retry {
-			continue
+		if rec != nil {
+			var retry bool
+			var err error
+			b, _, retry, err = j.appendLocked(false, len(rec), 0, func(buf []byte) []byte { return append(buf, rec...) })
+			if retry {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			j.clockWritten(gen, b)
 		}
-		if err != nil {
-			return err
-		}
-		j.clockWritten(gen)
 		j.mu.Unlock()
 		select {
 		case <-b.Done():
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		return b.Err()
+		if err := b.Err(); err != nil {
+			return err
+		}
+		j.clockMu.Lock()
+		j.clkKept = max(j.clkKept, gen)
+		j.clockMu.Unlock()
+		return nil
 	}
 }
 
-// clockRecord returns the witness record the next batch must carry, and
-// the generation of the clock state it holds: one when a jump was found
-// since the last one written (or, unless jumpsOnly, when the process
-// has written none yet and an uptime clock gives it an anchor worth
-// keeping: see uptimeFunc), nil otherwise. Called with mu held; the
-// caller calls clockWritten once the record is appended.
-func (j *Journal) clockRecord(jumpsOnly bool) ([]byte, uint64) {
+// clockRecord returns the witness record a batch may carry, and the
+// generation of the clock state it holds, or nil: with jumps, one when a
+// jump was found since the last one appended; with anchor, one when the
+// process has appended none yet and an uptime clock gives it an anchor
+// worth keeping (see uptimeFunc). A write-behind batch (a Finish's)
+// passes anchor alone: it carries no jump, since nobody waits for it
+// (keepClock writes a jump of its own instead), and no anchor while a
+// jump is unwritten, since its record would hold the jump too. Called
+// with mu held; the caller calls clockWritten once the record is
+// appended.
+func (j *Journal) clockRecord(anchor, jumps bool) ([]byte, uint64) {
 	j.clockMu.Lock()
 	defer j.clockMu.Unlock()
-	due := j.clkGen != j.clkWritten || !jumpsOnly && j.witnessDue && j.clk.boot != (bootID{})
+	jumped := j.clkGen != j.clkWritten
+	due := jumps && jumped || anchor && j.witnessDue && j.clk.boot != (bootID{}) && (jumps || !jumped)
 	if !due {
 		return nil, 0
 	}
 	return appendWitness(nil, &j.clk), j.clkGen
 }
 
-// clockWritten notes that a witness record of generation gen is in a
-// batch. Called with mu held.
-func (j *Journal) clockWritten(gen uint64) {
+// clockWritten notes that a witness record of generation gen is in batch
+// b. Called with mu held.
+func (j *Journal) clockWritten(gen uint64, b *wal.Batch) {
 	j.clockMu.Lock()
 	defer j.clockMu.Unlock()
-	j.clkWritten = max(j.clkWritten, gen)
+	if gen > j.clkWritten || j.clkBatch == nil {
+		j.clkWritten, j.clkBatch = gen, b
+	}
 	j.witnessDue = false
 }
 

@@ -347,7 +347,11 @@ type Stats struct {
 //     back by more than [idemhttp.ClockTolerance], whether or not anything
 //     was running to see it, never makes an entry look younger than the
 //     time since it was created, by more than that: Resume and RefetchDone
-//     judge the server's retention by the time that really passed.
+//     judge the server's retention by the time that really passed. A jump
+//     found is on disk before the call that found it returns, so it
+//     outlives the boot too; one the boot ended before the journal read
+//     the clock (every call reads it, and the pruner hourly) is lost with
+//     the boot, as below.
 //   - A clock found more than that below the latest time the journal holds,
 //     with no such evidence of how far it went back (after a reboot),
 //     makes every entry created before, for good, of unknown age
@@ -396,9 +400,11 @@ type Journal struct {
 	uptime     func() (bootID, time.Duration) // called with clockMu held
 	clockMu    sync.Mutex
 	clk        clockState
-	clkGen     uint64 // counts the jumps found (clk.read's changes)
-	clkWritten uint64 // the generation of the last witness record appended
-	witnessDue bool   // this process has written no witness record yet
+	clkGen     uint64     // counts the jumps found (clk.read's changes)
+	clkWritten uint64     // the generation of the last witness record appended
+	clkBatch   *wal.Batch // the batch that holds it
+	clkKept    uint64     // the generation of the last witness record on disk (keepClock)
+	witnessDue bool       // this process has written no witness record yet
 
 	// While a compaction runs, the entries published after its snapshot
 	// (their offsets move with the batches it copies), and those deleted
@@ -638,8 +644,7 @@ func Open(path string, opts *Options) (*Journal, error) {
 	j.witnessDue = true
 	// A clock set back while no process had the journal open is found
 	// now, and kept before anything is written under it.
-	j.now()
-	if err := j.persistClock(context.Background()); err != nil {
+	if _, err := j.nowKept(context.Background()); err != nil {
 		_ = log.Close()
 		return nil, fmt.Errorf("idemhttp: open journal %s: keep the clock's jump: %w", path, err)
 	}
@@ -717,7 +722,9 @@ func (j *Journal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry
 		return nil, err
 	}
 	if e.Created.IsZero() {
-		rec.Created = j.now()
+		if rec.Created, err = j.nowKept(ctx); err != nil {
+			return nil, fmt.Errorf("idemhttp: journal begin %s: keep the clock's jump: %w", e.Key, err)
+		}
 		if e.Updated.IsZero() {
 			rec.Updated = rec.Created
 		}
@@ -748,7 +755,7 @@ func (j *Journal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry
 		if found == nil {
 			// The clock's witness goes with it, when due: after it,
 			// so that off is the begin record's.
-			w, gen := j.clockRecord(false)
+			w, gen := j.clockRecord(true, true)
 			b, off, retry, err := j.appendLocked(false, len(encoded)+len(w), 1, func(buf []byte) []byte { return append(append(buf, encoded...), w...) })
 			if retry {
 				continue
@@ -757,7 +764,7 @@ func (j *Journal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.Entry
 				return nil, fmt.Errorf("idemhttp: journal begin %s: %w", e.Key, err)
 			}
 			if w != nil {
-				j.clockWritten(gen)
+				j.clockWritten(gen, b)
 			}
 			j.indexBeginLocked(rec, b, off, len(encoded))
 			j.mu.Unlock()
@@ -943,7 +950,9 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 	state, _ := journalStateByte(o.State)
 	at := o.At
 	if at.IsZero() {
-		at = j.now()
+		if at, err = j.nowKept(ctx); err != nil {
+			return fmt.Errorf("idemhttp: journal finish %s: keep the clock's jump: %w", key, err)
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -986,8 +995,8 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 		attempts := le.attempts + o.Attempts
 		// Lazy: the record waits for the next Begin's commit (or the
 		// bound) instead of starting one nobody waits for.
-		w, gen := j.clockRecord(false)
-		_, _, retry, err := j.appendLocked(true, finishMax(key)+len(w), 1, func(buf []byte) []byte {
+		w, gen := j.clockRecord(true, false)
+		b, _, retry, err := j.appendLocked(true, finishMax(key)+len(w), 1, func(buf []byte) []byte {
 			return append(appendFinish(buf, key, state, status, attempts, when), w...)
 		})
 		if retry {
@@ -997,7 +1006,7 @@ func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) er
 			return fmt.Errorf("idemhttp: journal finish %s: %w", key, err)
 		}
 		if w != nil {
-			j.clockWritten(gen)
+			j.clockWritten(gen, b)
 		}
 		if was, now := le.state == journalStatePending, state == journalStatePending; was != now {
 			if now {
@@ -1399,8 +1408,9 @@ func (j *Journal) removeChunk(les []*entry, doomed func(*entry) bool) (int, erro
 		// latest times, so the high-water mark (HighWater) must not go
 		// with them. (Without it, a clock set forward, then back while
 		// only pruning ran, went unnoticed.) Not counted in Writes.
-		now := j.now().Round(0)
-		w, gen := j.clockRecord(false)
+		now, _ := j.now() // a jump found is in this batch, waited for
+		now = now.Round(0)
+		w, gen := j.clockRecord(true, true)
 		b, _, retry, err := j.appendLocked(false, clockMax+need+len(w), len(keep), func(buf []byte) []byte {
 			buf = appendClock(buf, now)
 			for _, le := range keep {
@@ -1415,7 +1425,7 @@ func (j *Journal) removeChunk(les []*entry, doomed func(*entry) bool) (int, erro
 			return 0, err
 		}
 		if w != nil {
-			j.clockWritten(gen)
+			j.clockWritten(gen, b)
 		}
 		for _, le := range keep {
 			le.deleting = true

@@ -40,7 +40,9 @@ func startPruner(j *Journal, every time.Duration) *pruner {
 			// operation a rerun would then send again under a new key;
 			// nothing here can tell that clock from a correct one.
 			retention := cmp.Or(time.Duration(j.retention.Load()), defaultRetention)
-			_, _ = j.Prune(ctx, j.now().Add(-max(retention, j.keepDone)))
+			if now, err := j.nowKept(ctx); err == nil {
+				_, _ = j.Prune(ctx, now.Add(-max(retention, j.keepDone)))
+			}
 		}
 	}()
 	return p
