@@ -91,6 +91,23 @@ func (m *FleetModel) Shift(d time.Duration) {
 // Lease returns how long the model's leases last.
 func (m *FleetModel) Lease() time.Duration { return m.lease }
 
+// LeasesLeft returns how long, by the model's clock, until the last lease
+// held on a pending entry ends; zero when none is held. A clock set back
+// since a lease was taken lengthens it by the jump: a test that waits for
+// a dead worker's entries to be free waits this long, not one Lease.
+func (m *FleetModel) LeasesLeft() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.nowLocked()
+	var left time.Duration
+	for _, r := range m.byKey {
+		if r.e.State == idemhttp.StatePending && r.token != "" {
+			left = max(left, r.until.Sub(now))
+		}
+	}
+	return left
+}
+
 // Worker returns a new worker's view of the journal, with a lease token
 // of its own: a worker process's journal. name is for the leases' owner
 // only, as in the real journal; two workers of one name are two workers.

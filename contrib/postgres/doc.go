@@ -165,9 +165,13 @@
 // keys, and the server either replays the stored response or runs the
 // operation for the first time. A worker that outlives its lease and sends
 // at the same time as its successor is safe too (one of them gets a 409 or
-// a replay): correctness rests on the keys. Do not call
-// [idemhttp.Client.Resume] without Entries in a fleet: it resends every
-// pending entry, including those other workers hold.
+// a replay): correctness rests on the keys. Leases are reckoned by the
+// database's clock: one set back by d (a failover to a host whose clock is
+// behind) lengthens the leases it finds by d, so a dead worker's entries
+// wait that much longer for another: a delay, never a second send.
+// [idemhttp.Client.Resume] without Entries in a fleet claims what it
+// resends (ClaimPending, all it can), so it skips the entries other
+// workers hold.
 //
 // # Fencing: nobody undoes another worker's entry
 //

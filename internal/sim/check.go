@@ -244,13 +244,13 @@ func (w *world) checkEnd() {
 			for _, e := range es {
 				keys = append(keys, e.key+"="+e.charge)
 			}
-			w.failKnown(invOnce, op, w.onceKnown(op), "op %d has %d effects: %s", op, len(es), strings.Join(keys, ", "))
+			w.failOnce(invOnce, op, "op %d has %d effects: %s", op, len(es), strings.Join(keys, ", "))
 		}
 	}
 	success := func(who string, op int, body []byte) {
 		es := w.ledger.of(op)
 		if len(es) != 1 {
-			w.failKnown(invSuccess, op, w.onceKnown(op), "%s reported op %d successful, and it has %d effects", who, op, len(es))
+			w.failOnce(invSuccess, op, "%s reported op %d successful, and it has %d effects", who, op, len(es))
 			return
 		}
 		if string(body) != string(es[0].body) {
@@ -276,13 +276,13 @@ func (w *world) checkEnd() {
 			// The server says it ran, and kept no response: it has its
 			// effect, once.
 			if es := w.ledger.of(c.op); len(es) != 1 {
-				w.failKnown(invSuccess, c.op, w.onceKnown(c.op), "call %d got 410 for op %d (it ran, its response not kept), and it has %d effects", c.id, c.op, len(es))
+				w.failOnce(invSuccess, c.op, "call %d got 410 for op %d (it ran, its response not kept), and it has %d effects", c.id, c.op, len(es))
 			}
 		case outDone:
 			var done *idemhttp.DoneError
 			if errors.As(c.err, &done) && (done.Status/100 == 2 || done.Status == http.StatusGone) {
 				if es := w.ledger.of(c.op); len(es) != 1 {
-					w.failKnown(invSuccess, c.op, w.onceKnown(c.op), "call %d: op %d is done with status %d, and it has %d effects", c.id, c.op, done.Status, len(es))
+					w.failOnce(invSuccess, c.op, "call %d: op %d is done with status %d, and it has %d effects", c.id, c.op, done.Status, len(es))
 				}
 			}
 		case outNotSent:

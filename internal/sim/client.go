@@ -218,7 +218,12 @@ func (r *recJournal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.En
 			r.w.mintedKey(c.op, e.Key)
 		}
 	}
+	r.w.mu.Lock()
+	r.p.m.begun = append(r.p.m.begun, e.Key)
+	r.w.mu.Unlock()
+	read := r.p.m.readsClock() // the Client leaves Created for the journal to stamp
 	existing, err := r.simJournal.Begin(ctx, e)
+	read(err)
 	if err == nil && existing == nil && !r.p.dead.Load() {
 		r.w.acks.begun(e.Key, r.p.n)
 	}
@@ -237,9 +242,30 @@ func (r *recJournal) Finish(ctx context.Context, key string, o idemhttp.Outcome)
 	if o.State == idemhttp.StateDone {
 		r.w.acks.finished(key)
 	}
+	read := r.p.m.readsClock() // and the outcome's time
 	err := r.simJournal.Finish(ctx, key, o)
+	read(err)
 	r.fenced(ctx, err)
 	return err
+}
+
+// Now is the journal's clock, by which the Client judges ages: a call
+// that reads the clock (machine.readsClock). It takes no turn: it
+// writes only when the clock jumped, and no seed's trace has a Now race
+// a write.
+func (r *recJournal) Now(ctx context.Context) (time.Time, error) {
+	read := r.p.m.readsClock()
+	t, err := r.simJournal.Now(ctx)
+	read(err)
+	return t, err
+}
+
+// ClockDoubt reads the clock too.
+func (r *recJournal) ClockDoubt(ctx context.Context) (time.Time, error) {
+	read := r.p.m.readsClock()
+	t, err := r.simJournal.ClockDoubt(ctx)
+	read(err)
+	return t, err
 }
 
 func (r *recJournal) Delete(ctx context.Context, key string) error {

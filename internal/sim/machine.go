@@ -31,6 +31,29 @@ type machine struct {
 	ops       []int        // its batch: the operations it calls, in order, duplicates included
 	boots     atomic.Int64 // power cuts so far: the machine's boot is the next one's
 	bootAt    atomic.Int64 // when its boot began, as virtual Unix nanoseconds; 0: the world's start
+
+	// Its clock's set-backs, and whether the journal kept them: backs
+	// counts them, kept is how many had been made when the latest call
+	// into the journal that reads the clock began, of those that
+	// returned without error (readsClock): the journal keeps a jump its
+	// clock found on disk before such a call returns. A power cut while
+	// backs > kept loses a set-back (world.lostSetBack).
+	backs, kept atomic.Int64
+	begun       []string // keys Begun on it, by any of its processes (world.mu)
+}
+
+// readsClock notes that a call into m's journal that reads its clock
+// begins; call the function it returns with the call's error.
+func (m *machine) readsClock() func(error) {
+	s := m.backs.Load()
+	return func(err error) {
+		for err == nil {
+			k := m.kept.Load()
+			if k >= s || m.kept.CompareAndSwap(k, s) {
+				return
+			}
+		}
+	}
 }
 
 // uptime is the machine's uptime clock, the journal's evidence of a clock

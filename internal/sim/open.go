@@ -43,6 +43,7 @@ func (w *world) openJournal(p *clientProc) *filejournal.Journal {
 		m.haltArmed = true
 	}
 	before := w.diskFaults()
+	read := m.readsClock() // the open reads the clock, and keeps a jump it measures
 	fj, err := filejournal.Open(journalPath, &filejournal.Options{
 		FS:    procFS{d: m.disk, p: p},
 		Clock: m.clock,
@@ -57,6 +58,7 @@ func (w *world) openJournal(p *clientProc) *filejournal.Journal {
 		Rand:          rand.NewChaCha8(w.seedBytes(uint64(p.n))),
 		PruneInterval: -1,
 	})
+	read(err)
 	if err == nil {
 		return fj
 	}

@@ -38,7 +38,7 @@ func breaks(r *Result, inv string) bool {
 func Unknown(r *Result) []Failure {
 	var out []Failure
 	for _, f := range r.Failures {
-		if f.Known == "" {
+		if f.Known == "" && f.Limit == "" {
 			out = append(out, f)
 		}
 	}

@@ -151,6 +151,7 @@ func TestSim(t *testing.T) {
 		mu       sync.Mutex
 		failed   []*Result
 		known    = map[string]int{}
+		limits   = map[string]int{}
 		faults   = map[string]int{}
 		outcomes = map[string]int{}
 		mismatch []string
@@ -216,6 +217,9 @@ func TestSim(t *testing.T) {
 						if f.Known != "" {
 							known[f.Known]++
 						}
+						if f.Limit != "" {
+							limits[f.Limit]++
+						}
 					}
 					if *flagKnown != "" {
 						for _, f := range res.Failures {
@@ -248,6 +252,9 @@ func TestSim(t *testing.T) {
 	t.Logf("invariants checked: %s", strings.Join(Invariants, "; "))
 	if len(known) > 0 {
 		t.Logf("known bugs of the client met (failures they explain; see known.go): %s", summary(known))
+	}
+	if len(limits) > 0 {
+		t.Logf("documented limits met (failures no code can prevent, not bugs; see docs/simulation.md): %s", summary(limits))
 	}
 	for _, m := range mismatch {
 		if len(planted) == 0 {
@@ -334,6 +341,8 @@ func replay(t *testing.T, seed uint64, config string) {
 		switch {
 		case f.Known != "":
 			t.Logf("known bug: %s", f)
+		case f.Limit != "":
+			t.Logf("documented limit: %s", f)
 		case len(planted) > 0:
 			t.Logf("planted bug %s: %s", strings.Join(planted, "+"), f)
 		default:
