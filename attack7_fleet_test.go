@@ -18,7 +18,9 @@ import (
 
 // Two workers' Resumes without Entries, at once, on one fleet journal of
 // more entries than one claim batch: each entry is resent by one of them
-// only (each under its own claim), and every entry is resolved.
+// only (each under its own claim), and every entry is resolved. A
+// regression test: it passed as written (claimAll's paging and the
+// model's claims hold).
 func TestAttack7TwoResumesOnAFleet(t *testing.T) {
 	var (
 		mu   sync.Mutex

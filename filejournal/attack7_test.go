@@ -16,7 +16,7 @@ import (
 	"github.com/idemkit/idemhttp/internal/wal/simdisk"
 )
 
-// keptOff opens what a power cut now would leave of d, after a reboot,
+// attack7KeptClock opens what a power cut now would leave of d, after a reboot,
 // read-only, and returns the clock state the file holds.
 func attack7KeptClock(t *testing.T, d *simdisk.Disk, m *machine) clockState {
 	t.Helper()
@@ -38,7 +38,7 @@ func attack7KeptClock(t *testing.T, d *simdisk.Disk, m *machine) clockState {
 // durable: a power cut right after it keeps them. The Finishes are
 // write-behind with a bound of an hour: no call may wait for them (the
 // test would time out), and none may carry a jump (a power cut would lose
-// it).
+// it). Checked to fail with nowKept not calling keepClock.
 func TestAttack7EveryClockReaderKeepsTheJumps(t *testing.T) {
 	ctx := context.Background()
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -118,7 +118,8 @@ func TestAttack7EveryClockReaderKeepsTheJumps(t *testing.T) {
 }
 
 // A power cut at every disk call of a call that finds a jump: the call
-// either fails, or the jump survives the cut (torn writes too).
+// either fails, or the jump survives the cut (torn writes too). Checked
+// to fail with nowKept not calling keepClock.
 func TestAttack7PowerCutAroundTheKeep(t *testing.T) {
 	ctx := context.Background()
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
