@@ -91,6 +91,15 @@ func (m *FleetModel) Shift(d time.Duration) {
 // Lease returns how long the model's leases last.
 func (m *FleetModel) Lease() time.Duration { return m.lease }
 
+// Doubt returns the fleet's clock doubt as it stands (see
+// [FleetModelWorker.ClockDoubt]), without reading the clock: for a test's
+// checks after a run.
+func (m *FleetModel) Doubt() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.doubt
+}
+
 // LeasesLeft returns how long, by the model's clock, until the last lease
 // held on a pending entry ends; zero when none is held. A clock set back
 // since a lease was taken lengthens it by the jump: a test that waits for

@@ -219,7 +219,13 @@ func (r *recJournal) Begin(ctx context.Context, e *idemhttp.Entry) (*idemhttp.En
 		}
 	}
 	r.w.mu.Lock()
-	r.p.m.begun = append(r.p.m.begun, e.Key)
+	if _, ok := r.w.begun[e.Key]; !ok {
+		if r.w.begun == nil {
+			r.w.begun = map[string]begin{}
+		}
+		r.w.clockSeq++
+		r.w.begun[e.Key] = begin{at: time.Now(), seq: r.w.clockSeq, m: r.p.m}
+	}
 	r.w.mu.Unlock()
 	read := r.p.m.readsClock() // the Client leaves Created for the journal to stamp
 	existing, err := r.simJournal.Begin(ctx, e)

@@ -39,7 +39,7 @@ type machine struct {
 	// clock found on disk before such a call returns. A power cut while
 	// backs > kept loses a set-back (world.lostSetBack).
 	backs, kept atomic.Int64
-	begun       []string // keys Begun on it, by any of its processes (world.mu)
+	jumps       []clockJump // its clock's jumps, in order (world.mu)
 }
 
 // readsClock notes that a call into m's journal that reads its clock

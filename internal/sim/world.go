@@ -81,7 +81,9 @@ type world struct {
 	stats           map[string]int
 	outcomes        map[string]int // the calls' outcomes, by class (Result.Outcomes)
 	trace           []string
-	lostBack        map[string]bool  // keys Begun on a machine before a power cut lost a set-back of its clock (lostSetBack)
+	begun           map[string]begin // where and when each key was first Begun (onceLimit)
+	dbJumps         []clockJump      // the fleet database's clock's jumps (onceLimit)
+	clockSeq        int              // orders jumps and first Begins, which one virtual instant may hold both
 	cacheOnly       bool             // a truncation failed (bugCacheOnly)
 	panickedOpening bool             // a journal hook panicked as a call opened (bugPanicSlot)
 	opKeys          map[int][]string // keys the client minted for each unnamed operation, as journaled
@@ -899,10 +901,18 @@ func (w *world) jumpClock() {
 		w.count("clock back")
 	}
 	if i := w.rng.intn(len(w.machines) + 1); w.fleet != nil && i == len(w.machines) {
+		w.mu.Lock()
+		w.clockSeq++
+		w.dbJumps = append(w.dbJumps, clockJump{at: time.Now(), seq: w.clockSeq, d: d})
+		w.mu.Unlock()
 		w.dbOff.Add(int64(d))
 		w.tracef("the database's clock jumps %v", d)
 	} else {
 		m := w.machines[i%len(w.machines)]
+		w.mu.Lock()
+		w.clockSeq++
+		m.jumps = append(m.jumps, clockJump{at: time.Now(), seq: w.clockSeq, d: d})
+		w.mu.Unlock()
 		if d < 0 {
 			m.backs.Add(1)
 		}
@@ -950,46 +960,125 @@ func (w *world) powerCut(p *clientProc, when string) {
 	p.m.reboot()
 }
 
+// clockJump is a jump of a clock that ages entries (a client machine's,
+// or the fleet database's): when (virtual time), by how much, and, for a
+// machine's set-back, whether a power cut lost it before its journal
+// kept it (lostSetBack).
+type clockJump struct {
+	at   time.Time
+	seq  int // its place among the jumps and first Begins (world.clockSeq)
+	d    time.Duration
+	lost bool
+}
+
+// retention is how long the world's clients take the server to keep a
+// key: Policy.Retention's default, which they keep.
+const retention = 24 * time.Hour
+
+// begin is where and when a key was first Begun: what onceLimit ages it
+// from.
+type begin struct {
+	at  time.Time
+	seq int // see clockJump
+	m   *machine
+}
+
 // lostSetBack notes that a power cut ended m's boot after its clock was
 // set back and before its journal kept the jump (no call that reads the
-// clock returned since: see machine.readsClock). Across the reboot
-// nothing on the machine can tell how far the clock went back: once the
-// clock has passed the journal's high-water mark again, its entries look
-// younger than they are, for good (docs/journal-format.md, "Not
-// detected"). A resend of one of the keys Begun on m so far, under which
-// the server has forgotten the key, is that limit, not a bug (onceLimit).
+// clock returned since: see machine.readsClock): the set-backs after the
+// last one kept are lost. Across the reboot nothing on the machine can
+// tell how far the clock went back: once the clock has passed the
+// journal's high-water mark again, entries Begun before those set-backs
+// look younger than they are by that much, for good
+// (docs/journal-format.md, "Not detected"). onceLimit reckons with it.
 func (w *world) lostSetBack(m *machine) {
 	w.count("clock set-back lost at a power cut")
 	w.tracef("%v: its clock's set-back was not kept when the power went", m)
+	kept := m.kept.Load()
 	w.mu.Lock()
-	if w.lostBack == nil {
-		w.lostBack = map[string]bool{}
-	}
-	for _, k := range m.begun {
-		w.lostBack[k] = true
+	n := int64(0)
+	for i := range m.jumps {
+		if m.jumps[i].d < 0 {
+			if n++; n > kept {
+				m.jumps[i].lost = true
+			}
+		}
 	}
 	w.mu.Unlock()
 	m.kept.Store(m.backs.Load())
 }
 
 // onceLimit is the documented limit that explains an operation with
-// more than one effect, "" if none does: every effect is under one key,
-// journaled on a machine before a power cut lost a set-back of its clock
-// (lostSetBack), so that the journal, after the reboot, judged the key
-// younger than the server's retention when the server had forgotten it.
-// Effects under two keys are never explained: that is a rerun under a
-// fresh key, which no clock excuses.
+// more than one effect, "" if none does: a clock set back where nothing
+// could see it, so that the key looked younger than the server's
+// retention when the server had forgotten it. Every effect is under one
+// key, and at each effect after the first, the key's age as its journal
+// judged it (the time since its Begin, plus the clock's forward jumps
+// since, which a journal follows, minus the set-backs since that nothing
+// saw; those it measured cancel out) was within the retention. The
+// set-backs nothing saw: on a client machine, those a power cut lost
+// before its journal kept them (lostSetBack); in a fleet, the database's,
+// provided the fleet journal never found one (its doubt, which covers
+// every entry older than a set-back it saw, is below the key's entry:
+// contrib/postgres's doc, "nobody looked while the clock was below the
+// mark"). Effects under two keys are never explained: that is a rerun
+// under a fresh key, which no clock excuses; nor is a resend the
+// arithmetic does not account for.
 func (w *world) onceLimit(op int) string {
 	es := w.ledger.of(op)
 	if len(es) < 2 {
 		return ""
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	for _, e := range es {
-		if e.key != es[0].key || !w.lostBack[e.key] {
+		if e.key != es[0].key {
 			return ""
 		}
+	}
+	key := es[0].key
+	var created time.Time // the key's entry's Created, in a fleet
+	if w.fleet != nil {
+		for _, e := range w.fleet.Entries() {
+			if e.Key == key {
+				created = e.Created
+			}
+		}
+		if created.IsZero() || !w.fleet.Doubt().Before(created) {
+			return ""
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	b, ok := w.begun[key]
+	if !ok {
+		return ""
+	}
+	jumps := b.m.jumps
+	if w.fleet != nil {
+		jumps = w.dbJumps
+	}
+	for _, e := range es[1:] {
+		var unseen, forward time.Duration
+		for _, j := range jumps {
+			// After the Begin (its created time has what came
+			// before), and strictly before the effect (a jump at its
+			// instant may have come after the resend's judgement: not
+			// counting it never excuses more).
+			if j.seq < b.seq || !j.at.Before(e.at) {
+				continue
+			}
+			switch {
+			case j.d > 0:
+				forward += j.d
+			case j.lost || w.fleet != nil:
+				unseen -= j.d
+			}
+		}
+		if unseen == 0 || e.at.Sub(b.at)+forward-unseen > retention+idemhttp.ClockTolerance {
+			return ""
+		}
+	}
+	if w.fleet != nil {
+		return "the database's clock set back while nothing read it, then carried past the high-water mark: nothing tells that clock from a right one"
 	}
 	return "the clock set back, then a power cut before the journal kept the jump: across the reboot nothing tells that clock from a right one"
 }
