@@ -941,7 +941,12 @@ func (j *Journal) unindexLocked(le *entry) {
 //
 // The new state is visible at once to this journal's readers; its record
 // is written behind, within [WriteBehind] (see [Journal]).
-// Finish does not wait for the disk, so ctx is only checked on entry.
+// Finish does not wait for the disk, so ctx is only checked on entry;
+// except when, stamping the time (o.At zero), it finds the clock jumped:
+// it then keeps the jump on disk first, waits for that one sync, and
+// returns ctx's error should it end meanwhile (see [Journal.Now]). A
+// result (o.Result) or parked time (o.NotBefore) is written and waited
+// for.
 func (j *Journal) Finish(ctx context.Context, key string, o idemhttp.Outcome) error {
 	o, err := o.Sanitized()
 	if err != nil {
