@@ -595,7 +595,7 @@ func readFormat(ctx context.Context, tx *sql.Tx, table, consumer, id string) (in
 // answering it Duplicate would have it acked, neither processed nor
 // dead-lettered. A batch of one reads its tombstone in recordOne.
 func batchTombstone(ctx context.Context, tx *sql.Tx, table, consumer string, ids, stored []string, fresh map[string]bool) error {
-	if len(stored) < 2 {
+	if len(stored) < 2 || plant.BatchNoTombstone { // a planted bug (internal/plant), false but in a test build
 		return nil
 	}
 	var seen []string

@@ -33,6 +33,22 @@ type Config struct {
 	// adapter moves to a new subscription); else the broker keeps it for
 	// the delay (JetStream's NakWithDelay, SQS's visibility). Queues only.
 	Hold bool
+	// Batch: the consumers take their deliveries in batches (every
+	// delivery they hold, when two or more) through inbox.SQL's
+	// ProcessBatch, one transaction for the batch, and ack them all once
+	// it commits; a batch that fails (a handler's error, a tombstone's
+	// ErrDeadLettered, a commit that failed) goes through the message
+	// core one delivery at a time (inbox.Runner over Handle), which
+	// counts failures and dead-letters. Queues only (a Kafka member
+	// processes a partition's records in order, one at a time).
+	Batch bool
+	// LateDups: the producer's duplicates (Dups) are published at this
+	// driver step (at the end of the faults if that comes first),
+	// together, instead of right after their originals: a producer's
+	// retry, or an outbox's relay after its crash, minutes later, when
+	// the original may have been processed or dead-lettered. 0: with
+	// their originals.
+	LateDups int
 
 	// The handlers, in percent of the messages.
 	Poison int // always fails
@@ -93,6 +109,8 @@ func ConfigFor(seed uint64) Config {
 	// before these were added.
 	c.Hold = !c.Kafka && r.IntN(2) == 0
 	c.DLFail = on(10, 50)
+	c.Batch = !c.Kafka && r.IntN(2) == 0
+	c.LateDups = on(10, 150)
 	return c
 }
 
@@ -174,7 +192,7 @@ func smaller(c Config) []Config {
 		func(d *Config) { d.Hanger = 0 }, func(d *Config) { d.Slow = 0 }, func(d *Config) { d.Shutdowns = 0 },
 		func(d *Config) { d.Expire = 0 }, func(d *Config) { d.Rebalance = 0 }, func(d *Config) { d.DBDown = 0 },
 		func(d *Config) { d.CommitFail = 0 }, func(d *Config) { d.Counting = false },
-		func(d *Config) { d.Hold = false }, func(d *Config) { d.DLFail = 0 },
+		func(d *Config) { d.Hold = false }, func(d *Config) { d.DLFail = 0 }, func(d *Config) { d.Batch = false }, func(d *Config) { d.LateDups = 0 },
 	} {
 		edit(f)
 	}

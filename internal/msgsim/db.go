@@ -87,8 +87,21 @@ type dbTx struct {
 	effects  []string
 	ops      []ledgerOp
 	done     bool
+	aborted  bool // a statement failed in it: every later one fails (PostgreSQL's aborted transaction)
 	released chan struct{}
 }
+
+// errUniqueViolation is a plain insert's unique violation, spelt as
+// PostgreSQL's drivers spell it (SQLSTATE 23505), which
+// inbox.IsUniqueViolation reads.
+type errUniqueViolation struct{}
+
+func (errUniqueViolation) Error() string {
+	return "msgsim: duplicate key value violates unique constraint"
+}
+func (errUniqueViolation) SQLState() string { return "23505" }
+
+var errAborted = errors.New("msgsim: current transaction is aborted, commands ignored until end of transaction block")
 
 var (
 	errDown     = errors.New("msgsim: the database is unreachable")
@@ -267,6 +280,8 @@ func (w *world) exec(tx *dbTx, q string, args []driver.NamedValue) (n int64, r *
 	switch {
 	case tx.done:
 		return 0, nil, nil, errTxGone
+	case tx.aborted:
+		return 0, nil, nil, errAborted
 	case db.down:
 		w.logf("%s: %s: database unreachable", tx.p.name, shortSQL(q))
 		return 0, nil, nil, errDown
@@ -301,7 +316,111 @@ func (w *world) exec(tx *dbTx, q string, args []driver.NamedValue) (n int64, r *
 		return l, ok
 	}
 	prefix := func(s string) bool { return strings.HasPrefix(q, s) }
+	// A batch's statements name their ids in args[1:] (consumer first).
+	batchKeys := func() []rowKey {
+		ks := make([]rowKey, 0, len(args))
+		for i := 1; i < len(args); i++ {
+			ks = append(ks, rowKey{argString(args, 0), argString(args, i)})
+		}
+		return ks
+	}
+	// lockAll takes the row lock of each of ks in order (as the engine
+	// does, keeping those taken when it must wait for one).
+	lockAll := func(ks []rowKey) <-chan struct{} {
+		for _, bk := range ks {
+			lk := lockKey{'i', bk}
+			if h := db.locks[lk]; h != nil && h != tx {
+				return h.released
+			}
+			if db.locks[lk] == nil {
+				db.locks[lk] = tx
+				tx.locks = append(tx.locks, lk)
+			}
+		}
+		return nil
+	}
+	rowOf := func(bk rowKey) (int, bool) {
+		if f, ok := tx.inbox[bk]; ok {
+			return f, true
+		}
+		f, ok := db.inbox[bk]
+		return f, ok
+	}
+	idRows := func(ids []string) *rows {
+		r := &rows{cols: []string{"id"}}
+		for _, id := range ids {
+			r.vals = append(r.vals, []driver.Value{id})
+		}
+		return r
+	}
 	switch {
+	case prefix("INSERT INTO " + inboxTable + " (consumer, id, processed_at, format) SELECT $1, column1, "):
+		// ProcessBatch's insert of several ids (insertRows): plain (a
+		// unique violation when any id is there, the transaction
+		// aborted), or ON CONFLICT DO NOTHING RETURNING id (the ids it
+		// inserted).
+		if !strings.HasSuffix(q, ") AS ids WHERE true") && !strings.HasSuffix(q, ") AS ids WHERE true ON CONFLICT DO NOTHING RETURNING id") {
+			w.failf(invSQL, "", "a batch insert not modelled: %q", q)
+			return 0, nil, nil, errUnknown
+		}
+		format := 0
+		if i := strings.Index(q, " FROM (VALUES "); i >= 0 {
+			if j := strings.LastIndex(q[:i], ", "); j >= 0 {
+				fmt.Sscanf(q[j+2:i], "%d", &format)
+			}
+		}
+		ks := batchKeys()
+		if wait := lockAll(ks); wait != nil {
+			w.logf("%s: batch insert waits for another transaction", tx.p.name)
+			return 0, nil, wait, nil
+		}
+		returning := strings.HasSuffix(q, "RETURNING id")
+		var fresh []string
+		for _, bk := range ks {
+			if _, ok := rowOf(bk); ok {
+				if !returning {
+					tx.aborted = true
+					w.logf("%s: batch insert: %s there already (unique violation)", tx.p.name, bk.id)
+					return 0, nil, nil, errUniqueViolation{}
+				}
+				continue
+			}
+			fresh = append(fresh, bk.id)
+		}
+		for _, id := range fresh {
+			tx.inbox[rowKey{argString(args, 0), id}] = format
+		}
+		w.logf("%s: batch insert %v: new %v", tx.p.name, ks, fresh)
+		if returning {
+			return int64(len(fresh)), idRows(fresh), nil, nil
+		}
+		return int64(len(fresh)), nil, nil, nil
+	case prefix("SELECT id FROM "+inboxTable+" WHERE consumer = $1 AND format = 4 AND id IN (") && strings.HasSuffix(q, ") LIMIT 1"):
+		// ProcessBatch's tombstone check (batchTombstone): a plain
+		// select, it never waits.
+		for _, bk := range batchKeys() {
+			if f, ok := rowOf(bk); ok && f == 4 {
+				w.logf("%s: batch reads the tombstone of %s", tx.p.name, bk.id)
+				return 0, idRows([]string{bk.id}), nil, nil
+			}
+		}
+		return 0, idRows(nil), nil, nil
+	case prefix("UPDATE "+inboxTable+" SET format = ") && strings.Contains(q, " WHERE consumer = $1 AND format = 3 AND id IN (") && strings.HasSuffix(q, ") RETURNING id"):
+		// insertReturning's take-over of other id spaces' copies.
+		ks := batchKeys()
+		if wait := lockAll(ks); wait != nil {
+			return 0, nil, wait, nil
+		}
+		to := 0
+		fmt.Sscanf(strings.TrimPrefix(q, "UPDATE "+inboxTable+" SET format = "), "%d", &to)
+		var taken []string
+		for _, bk := range ks {
+			if f, ok := rowOf(bk); ok && f == 3 {
+				tx.inbox[bk] = to
+				taken = append(taken, bk.id)
+			}
+		}
+		return int64(len(taken)), idRows(taken), nil, nil
 	case prefix("INSERT INTO " + inboxTable + " (consumer, id, processed_at, format) VALUES ($1, $2, "):
 		// recordOne's insert: ON CONFLICT DO NOTHING, the format last.
 		format := 0
@@ -438,6 +557,10 @@ func (w *world) commit(tx *dbTx) error {
 	db := w.db
 	if tx.done {
 		return errTxGone
+	}
+	if tx.aborted {
+		w.end(tx)
+		return errAborted
 	}
 	if db.down {
 		w.end(tx)

@@ -46,6 +46,7 @@ var PlantedTags = []string{
 	"idemhttp_bug_ackfirst",         // the inbox reports success before the effect's commit: an ack before it
 	"idemhttp_bug_heldreject",       // the RabbitMQ model nacks a delivery held for its delay without requeue: a dead letter
 	"idemhttp_bug_forgetdeadletter", // the message core forgets a message's record after a dead letter that failed
+	"idemhttp_bug_batchnotombstone", // the inbox's batch of several ids reads no tombstone: a dead-lettered id acked as a duplicate
 }
 
 // raceSeeds is how many seeds TestMsgSim runs under the race detector

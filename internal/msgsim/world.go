@@ -198,6 +198,7 @@ type proc struct {
 	exited bool // under w.mu
 	db     *sql.DB
 	runner *inbox.Runner
+	in     *inbox.SQL
 	handle inbox.Handler
 	n      int // deliveries so far (the main goroutine's)
 
@@ -405,6 +406,7 @@ func (w *world) start(slot int) *proc {
 		killed: make(chan struct{}), kparts: map[int]*kstate{}}
 	p.db = openDB(p)
 	in := &inbox.SQL{DB: p.db}
+	p.in = in
 	p.handle = in.Handle("group", p.effect)
 	lim := time.Duration(w.cfg.Limit) * time.Second
 	p.runner = &inbox.Runner{
@@ -584,9 +586,90 @@ func (p *proc) loop() {
 			continue
 		}
 		p.mu.Lock()
+		if w.cfg.Batch {
+			// First deliveries go as a batch; a delivery with any
+			// evidence of an earlier one goes through the core alone, so
+			// that a message that kills or hangs its batch gets counted
+			// (a batch's failures are nobody's).
+			var batch, rest []qdel
+			for _, d := range p.held {
+				if d.count == 1 {
+					batch = append(batch, d)
+				} else {
+					rest = append(rest, d)
+				}
+			}
+			if len(batch) >= 2 {
+				p.held = rest
+				p.mu.Unlock()
+				p.deliverBatch(batch)
+				continue
+			}
+		}
 		d := p.held[0]
 		p.held = p.held[1:]
 		p.mu.Unlock()
+		p.deliver(d)
+	}
+}
+
+// deliverBatch runs the deliveries ds, two or more, as one batch through
+// inbox.SQL's ProcessBatch (Config.Batch): one transaction, bounded by
+// the processing limit, and every delivery acked once it commits (a
+// duplicate too). A batch that fails goes through the message core one
+// delivery at a time (deliver): the core counts the failures and
+// dead-letters, and a tombstone's ErrDeadLettered there has its message
+// dead-lettered again. A shutdown's deliveries go back through the core
+// too (deliver's Stopping).
+func (p *proc) deliverBatch(ds []qdel) {
+	w := p.w
+	p.n++
+	// The batch's own run: its turns' name; not a run of the core's, so
+	// not in w.runs (the ledger never hears of it, and the budget counts
+	// only the core's runs).
+	r := &runRec{id: p.name + "#" + strconv.Itoa(p.n), msg: "batch"}
+	ids := make([]string, len(ds))
+	msgs := make([]*inbox.Message, len(ds))
+	for i, d := range ds {
+		ids[i] = d.id
+		msgs[i] = &inbox.Message{ID: d.id, Source: "queue", Redelivered: d.redelivered}
+	}
+	w.logf("%s runs %v as a batch", p.name, ids)
+	w.stat("batch")
+	ctx, cancel := context.WithTimeout(context.WithValue(p.ctx, runKey, r), time.Duration(w.cfg.Limit)*time.Second)
+	_, err := p.in.ProcessBatch(ctx, "group", ids, func(ctx context.Context, tx *sql.Tx, i int) error {
+		w.mu.Lock()
+		w.handled[ids[i]]++
+		n := w.handled[ids[i]]
+		w.mu.Unlock()
+		return p.effect(context.WithValue(ctx, nKey, n), tx, msgs[i])
+	})
+	cancel()
+	if err == nil {
+		if w.turn(context.Background(), p, r, "settle") != nil {
+			return
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		for _, d := range ds {
+			if _, ok := w.q.ack(d.tag); !ok {
+				w.logf("%s acks %s: stale tag %d", p.name, d.id, d.tag)
+				continue
+			}
+			w.acked[d.id]++
+			w.logf("%s acks %s (tag %d, batch)", p.name, d.id, d.tag)
+			if w.db.effects[d.id] == 0 {
+				w.failf(invAcked, d.id, "%s acked %s (in a batch), whose effect has not committed", p.name, d.id)
+			}
+		}
+		return
+	}
+	w.logf("%s: the batch failed (%v): one by one through the core", p.name, err)
+	w.stat("batch failed")
+	for _, d := range ds {
+		if p.isDead() {
+			return
+		}
 		p.deliver(d)
 	}
 }
@@ -1128,11 +1211,12 @@ func (w *world) run() {
 	}
 	for _, id := range w.ids {
 		w.publish(id, now)
-		if w.dup[id] {
+		if w.dup[id] && w.cfg.LateDups <= 0 {
 			w.publish(id, now)
 		}
 	}
 	w.mu.Unlock()
+	late := w.cfg.LateDups > 0
 	w.slots = make([]*proc, max(w.cfg.Consumers, 1))
 	w.gens = make([]int, len(w.slots))
 	for i := range w.slots {
@@ -1144,6 +1228,18 @@ func (w *world) run() {
 		synctest.Wait()
 		w.step.Store(int64(step))
 		w.restart()
+		if late && (step >= w.cfg.LateDups || step >= w.cfg.Steps) {
+			// Config.LateDups: the producer's duplicates, now.
+			late = false
+			w.mu.Lock()
+			for _, id := range w.ids {
+				if w.dup[id] {
+					w.publish(id, w.now())
+					w.logf("the producer publishes %s again", id)
+				}
+			}
+			w.mu.Unlock()
+		}
 		if w.faulty && step >= w.cfg.Steps {
 			w.faulty = false
 			recoveryFrom = w.now()
