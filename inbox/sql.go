@@ -839,6 +839,9 @@ func (s *SQL) Handle(consumer string, fn func(ctx context.Context, tx *sql.Tx, m
 		if err != nil {
 			return err
 		}
+		if plant.DropSpace { // a planted bug (internal/plant), false but in a test build
+			c = consumer
+		}
 		_, err = s.processBatch(ctx, c, consumer, []string{m.ID}, func(ctx context.Context, tx *sql.Tx, _ int) error {
 			return fn(ctx, tx, m)
 		})

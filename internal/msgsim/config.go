@@ -49,6 +49,15 @@ type Config struct {
 	// the original may have been processed or dead-lettered. 0: with
 	// their originals.
 	LateDups int
+	// Spaces: how many messages a second queue publishes (id space "b",
+	// Message.IDSpace) with the id of one of the first queue's messages
+	// (no id space): one inbox, colliding ids, and each must run. Queues
+	// only.
+	Spaces int
+	// NoIDs: how many messages carry no id. The core's documented answer
+	// (Policy.NoID's default) is a dead letter, reported, never run.
+	// Queues only.
+	NoIDs int
 
 	// The handlers, in percent of the messages.
 	Poison int // always fails
@@ -111,6 +120,10 @@ func ConfigFor(seed uint64) Config {
 	c.DLFail = on(10, 50)
 	c.Batch = !c.Kafka && r.IntN(2) == 0
 	c.LateDups = on(10, 150)
+	if !c.Kafka {
+		c.Spaces = min(on(1, 4), c.Messages)
+		c.NoIDs = on(1, 2)
+	}
 	return c
 }
 
@@ -180,8 +193,14 @@ func smaller(c Config) []Config {
 		}
 	}
 	edit(func(d *Config) { d.Steps /= 2 })
-	edit(func(d *Config) { d.Messages = max(d.Messages/2, 1); d.Dups = min(d.Dups, d.Messages) })
-	edit(func(d *Config) { d.Messages = max(d.Messages-1, 1); d.Dups = min(d.Dups, d.Messages) })
+	edit(func(d *Config) {
+		d.Messages = max(d.Messages/2, 1)
+		d.Dups, d.Spaces = min(d.Dups, d.Messages), min(d.Spaces, d.Messages)
+	})
+	edit(func(d *Config) {
+		d.Messages = max(d.Messages-1, 1)
+		d.Dups, d.Spaces = min(d.Dups, d.Messages), min(d.Spaces, d.Messages)
+	})
 	edit(func(d *Config) { d.Dups = max(d.Dups-1, 0) })
 	edit(func(d *Config) { d.Consumers = max(d.Consumers-1, 1) })
 	edit(func(d *Config) { d.Prefetch = max(d.Prefetch-1, 1) })
@@ -193,6 +212,7 @@ func smaller(c Config) []Config {
 		func(d *Config) { d.Expire = 0 }, func(d *Config) { d.Rebalance = 0 }, func(d *Config) { d.DBDown = 0 },
 		func(d *Config) { d.CommitFail = 0 }, func(d *Config) { d.Counting = false },
 		func(d *Config) { d.Hold = false }, func(d *Config) { d.DLFail = 0 }, func(d *Config) { d.Batch = false }, func(d *Config) { d.LateDups = 0 },
+		func(d *Config) { d.Spaces = 0 }, func(d *Config) { d.NoIDs = 0 },
 	} {
 		edit(f)
 	}

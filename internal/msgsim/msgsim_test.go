@@ -47,6 +47,7 @@ var PlantedTags = []string{
 	"idemhttp_bug_heldreject",       // the RabbitMQ model nacks a delivery held for its delay without requeue: a dead letter
 	"idemhttp_bug_forgetdeadletter", // the message core forgets a message's record after a dead letter that failed
 	"idemhttp_bug_batchnotombstone", // the inbox's batch of several ids reads no tombstone: a dead-lettered id acked as a duplicate
+	"idemhttp_bug_dropspace",        // the inbox's Handle drops the id space from the stored key: two queues' colliding ids taken for one
 }
 
 // raceSeeds is how many seeds TestMsgSim runs under the race detector
@@ -67,9 +68,9 @@ func flagSet(name string) bool {
 // Checked to fail, within 3 seeds each, with: the modelled inbox insert
 // always reporting a new row (invariant 1); a requeue dropping the
 // message (2); every dead-lettered message's effect counted as committed
-// (3); the Runner's MaxDeliveries one below the oracle's (5); a requeue
-// due in a thousand hours (liveness). The planted bugs break 4, 5, 6
-// and 7.
+// (3); the Runner's MaxDeliveries one below the oracle's (5); a message
+// without an id delivered with Arrival.HasID true (8); a requeue due in a
+// thousand hours (liveness). The planted bugs break 4, 5, 6 and 7.
 func TestMsgSim(t *testing.T) {
 	Live = *flagLive
 	if *flagSeed != 0 {

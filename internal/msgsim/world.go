@@ -34,6 +34,7 @@ const (
 	invBudget   = "5 no dead letter before the failed runs the policy allows"
 	invCounted  = "6 only failed runs counted: never a shutdown's requeue, a success or a run that never began"
 	invForgot   = "7 a message's ledger record forgotten only once it is settled: its effect committed, or its dead letter known to have landed"
+	invNoID     = "8 a message without an id never runs and is never acked: it is dead-lettered (Policy.NoID's default)"
 	invLive     = "liveness: every message settled once the faults stop"
 	invCore     = "the core refused no move"
 	invSQL      = "every statement modelled"
@@ -42,7 +43,7 @@ const (
 )
 
 // Invariants lists the invariants every seed checks.
-var Invariants = []string{invOnce, invLost, invBoth, invAcked, invBudget, invCounted, invForgot, invLive, invCore, invSQL, invLeak}
+var Invariants = []string{invOnce, invLost, invBoth, invAcked, invBudget, invCounted, invForgot, invNoID, invLive, invCore, invSQL, invLeak}
 
 // Failure is an invariant a run broke.
 type Failure struct {
@@ -279,7 +280,60 @@ func newWorld(seed uint64, cfg Config) *world {
 		w.dup[w.ids[br.IntN(len(w.ids))]] = true
 		_ = i
 	}
+	// Config.Spaces: the second queue's messages, each with the id of one
+	// of the first's; Config.NoIDs: messages without an id (they never
+	// run: healthy).
+	for i := range min(cfg.Spaces, cfg.Messages) {
+		id := spaceB + ":" + w.ids[i]
+		w.behaviour[id] = w.behaviour[w.ids[br.IntN(cfg.Messages)]]
+		w.ids = append(w.ids, id)
+	}
+	for i := range cfg.NoIDs {
+		id := fmt.Sprintf("n%02d", i)
+		w.behaviour[id] = healthy
+		w.ids = append(w.ids, id)
+	}
 	return w
+}
+
+// spaceB is the id space of the second queue's messages (Config.Spaces).
+const spaceB = "b"
+
+// The world names each message by a key of its own: its id ("m03"), its
+// id space and id ("b:m03", Config.Spaces), or "n00" for a message
+// without an id (Config.NoIDs). msgOf splits a key into what the broker
+// carries.
+func msgOf(key string) (space, id string) {
+	switch {
+	case strings.HasPrefix(key, spaceB+":"):
+		return spaceB, key[len(spaceB)+1:]
+	case strings.HasPrefix(key, "n"):
+		return "", ""
+	}
+	return "", key
+}
+
+// keyOf is the world's key of the message m.
+func keyOf(m *inbox.Message) string {
+	if m.IDSpace != "" {
+		return m.IDSpace + ":" + m.ID
+	}
+	return m.ID
+}
+
+// rowOf is the inbox's and the ledger's row of the message key.
+func rowOf(key string) rowKey {
+	space, id := msgOf(key)
+	c, _ := inbox.StoredConsumer("group", space)
+	return rowKey{c, id}
+}
+
+// keyOfRow is the world's key of the message of the ledger's row k.
+func keyOfRow(k rowKey) string {
+	if space, ok := strings.CutPrefix(k.consumer, "group\x1f"); ok {
+		return space + ":" + k.id
+	}
+	return k.id
 }
 
 func (w *world) now() time.Time { return time.Now() }
@@ -454,8 +508,11 @@ func (p *proc) handler(ctx context.Context, m *inbox.Message) error {
 	lim := time.Duration(w.cfg.Limit) * time.Second
 	w.mu.Lock()
 	r.live, r.ran, r.started = true, true, w.now()
-	w.handled[m.ID]++
-	n := w.handled[m.ID]
+	w.handled[keyOf(m)]++
+	n := w.handled[keyOf(m)]
+	if m.ID == "" {
+		w.failLocked(invNoID, r.msg, "%s, without an id, runs (%s)", r.msg, r.id)
+	}
 	w.mu.Unlock()
 	hctx := context.WithValue(ctx, nKey, n)
 	if w.cfg.Kafka {
@@ -501,15 +558,16 @@ func (p *proc) effect(ctx context.Context, tx *sql.Tx, m *inbox.Message) error {
 	w := p.w
 	r := runFrom(ctx)
 	n, _ := ctx.Value(nKey).(int)
-	b := w.behaviour[m.ID]
+	key := keyOf(m)
+	b := w.behaviour[key]
 	if b == killer {
 		if err := w.turn(ctx, p, r, "kill"); err != nil {
 			return err
 		}
-		w.crash(p, "killed by "+m.ID)
+		w.crash(p, "killed by "+key)
 		return errKilled
 	}
-	if _, err := tx.ExecContext(ctx, effectSQL, m.ID); err != nil {
+	if _, err := tx.ExecContext(ctx, effectSQL, key); err != nil {
 		return err
 	}
 	lim := time.Duration(w.cfg.Limit) * time.Second
@@ -593,7 +651,9 @@ func (p *proc) loop() {
 			// (a batch's failures are nobody's).
 			var batch, rest []qdel
 			for _, d := range p.held {
-				if d.count == 1 {
+				// (ProcessBatch takes ids of one consumer column: a
+				// batch is of the first queue's messages, with ids.)
+				if space, id := msgOf(d.id); d.count == 1 && space == "" && id != "" {
 					batch = append(batch, d)
 				} else {
 					rest = append(rest, d)
@@ -745,7 +805,8 @@ func (p *proc) newRun(msg string) *runRec {
 func (p *proc) deliver(d qdel) {
 	w := p.w
 	r := p.newRun(d.id)
-	m := &inbox.Message{ID: d.id, Source: "queue", Redelivered: d.redelivered}
+	space, id := msgOf(d.id)
+	m := &inbox.Message{ID: id, IDSpace: space, Source: "queue", Redelivered: d.redelivered}
 	evidence := d.redelivered
 	if w.cfg.Counting {
 		// A quorum queue's count: it also counts the requeues of
@@ -754,9 +815,9 @@ func (p *proc) deliver(d qdel) {
 		m.Header = map[string][]string{"x-delivery-count": {strconv.Itoa(d.count - 1)}}
 		evidence = d.count > 1
 	}
-	arrival := inbox.Arrival{HasID: true, Stopping: p.ctx.Err() != nil, MaybeRedelivered: evidence}
+	arrival := inbox.Arrival{HasID: id != "", Stopping: p.ctx.Err() != nil, MaybeRedelivered: evidence}
 	ctx := context.WithValue(p.ctx, runKey, r)
-	dec, core := p.runner.Deliver(ctx, m, inbox.Key{ID: d.id}, arrival, inbox.Hooks{Release: func() { p.release(r, d) }})
+	dec, core := p.runner.Deliver(ctx, m, inbox.Key{IDSpace: space, ID: id}, arrival, inbox.Hooks{Release: func() { p.release(r, d) }})
 	if err := w.turn(context.Background(), p, r, "settle"); err != nil {
 		return
 	}
@@ -770,6 +831,9 @@ func (p *proc) deliver(d qdel) {
 	now := w.now()
 	switch dec.Verb {
 	case inbox.VerbAck:
+		if id == "" {
+			w.failf(invNoID, d.id, "%s acked %s, a message without an id", p.name, d.id)
+		}
 		if _, ok := w.q.ack(d.tag); ok {
 			w.acked[d.id]++
 			w.logf("%s acks %s (tag %d)", p.name, d.id, d.tag)
@@ -864,7 +928,8 @@ func (p *proc) deadLetter(ctx context.Context, r *runRec, d qdel, dec inbox.Deci
 		w.logf("%s dead-letters %s: stale tag %d, its record kept", p.name, d.id, d.tag)
 	}
 	w.mu.Unlock()
-	after := p.runner.DeadLettered(ctx, core, inbox.Key{ID: d.id}, err)
+	space, id := msgOf(d.id)
+	after := p.runner.DeadLettered(ctx, core, inbox.Key{IDSpace: space, ID: id}, err)
 	w.checkCore(p, r, after, core)
 }
 
@@ -906,7 +971,7 @@ func (w *world) checkCore(p *proc, r *runRec, dec inbox.Decision, core *inbox.De
 // a commit, whatever the commit answered). w.mu is held.
 func (w *world) ledgerApplied(tx *dbTx, o ledgerOp) {
 	r := tx.run
-	id := o.key.id
+	id := keyOfRow(o.key)
 	if r == nil {
 		return
 	}
@@ -973,11 +1038,18 @@ func (w *world) budget(r *runRec) int {
 // checkBudget fails the seed when r's message is dead-lettered before its
 // handler's runs failed as often as the policy allows. w.mu is held.
 func (w *world) checkBudget(r *runRec, dec inbox.Decision) {
+	if errors.Is(dec.Err, inbox.ErrNoMessageID) {
+		// Config.NoIDs: dead-lettered on arrival, as the policy says.
+		if _, id := msgOf(r.msg); id != "" {
+			w.failLocked(invBudget, r.msg, "%s dead-lettered for want of an id, but it has one: %v", r.msg, dec.Err)
+		}
+		return
+	}
 	if errors.Is(dec.Err, inbox.ErrDeadLettered) {
 		// A message dead-lettered before, again (its tombstone's answer):
 		// the budget was checked at the first dead letter. The tombstone
 		// must be there.
-		if w.db.inbox[rowKey{"group", r.msg}] != 4 {
+		if w.db.inbox[rowOf(r.msg)] != 4 {
 			w.failLocked(invBudget, r.msg, "%s dead-lettered as dead-lettered before, but the inbox holds no tombstone of it", r.msg)
 		}
 		return
