@@ -59,6 +59,12 @@ type Config struct {
 	// Queues only.
 	NoIDs int
 
+	// Redrive: the weight of an operator's redrive among the faults: a
+	// dead letter taken from the dead-letter destination, its tombstone
+	// cleared with SQLLedger.Redrive (retried until it succeeds), then
+	// published again to the queue. Queues only.
+	Redrive int
+
 	// The handlers, in percent of the messages.
 	Poison int // always fails
 	Flaky  int // fails on its first two runs, then commits
@@ -123,6 +129,7 @@ func ConfigFor(seed uint64) Config {
 	if !c.Kafka {
 		c.Spaces = min(on(1, 4), c.Messages)
 		c.NoIDs = on(1, 2)
+		c.Redrive = on(2, 6)
 	}
 	return c
 }
@@ -212,7 +219,7 @@ func smaller(c Config) []Config {
 		func(d *Config) { d.Expire = 0 }, func(d *Config) { d.Rebalance = 0 }, func(d *Config) { d.DBDown = 0 },
 		func(d *Config) { d.CommitFail = 0 }, func(d *Config) { d.Counting = false },
 		func(d *Config) { d.Hold = false }, func(d *Config) { d.DLFail = 0 }, func(d *Config) { d.Batch = false }, func(d *Config) { d.LateDups = 0 },
-		func(d *Config) { d.Spaces = 0 }, func(d *Config) { d.NoIDs = 0 },
+		func(d *Config) { d.Spaces = 0 }, func(d *Config) { d.NoIDs = 0 }, func(d *Config) { d.Redrive = 0 },
 	} {
 		edit(f)
 	}

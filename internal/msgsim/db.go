@@ -300,7 +300,7 @@ func (w *world) exec(tx *dbTx, q string, args []driver.NamedValue) (n int64, r *
 	}
 	inboxRow := func() (int, bool) {
 		if f, ok := tx.inbox[k]; ok {
-			return f, true
+			return f, f >= 0
 		}
 		f, ok := db.inbox[k]
 		return f, ok
@@ -341,7 +341,7 @@ func (w *world) exec(tx *dbTx, q string, args []driver.NamedValue) (n int64, r *
 	}
 	rowOf := func(bk rowKey) (int, bool) {
 		if f, ok := tx.inbox[bk]; ok {
-			return f, true
+			return f, f >= 0
 		}
 		f, ok := db.inbox[bk]
 		return f, ok
@@ -438,6 +438,16 @@ func (w *world) exec(tx *dbTx, q string, args []driver.NamedValue) (n int64, r *
 		tx.inbox[k] = format
 		w.logf("%s: inbox insert %s", tx.p.name, k.id)
 		return 1, nil, nil, nil
+	case prefix("DELETE FROM " + inboxTable + " WHERE consumer = $1 AND id = $2 AND format = 4"):
+		// SQLLedger.Redrive clears the tombstone (-1: deleted at commit).
+		if wait := lock('i'); wait != nil {
+			return 0, nil, wait, nil
+		}
+		if f, ok := inboxRow(); ok && f == 4 {
+			tx.inbox[k] = -1
+			return 1, nil, nil, nil
+		}
+		return 0, nil, nil, nil
 	case prefix("SELECT format FROM " + inboxTable + " WHERE consumer = $1 AND id = $2"):
 		f, ok := inboxRow()
 		if !ok {
@@ -466,7 +476,7 @@ func (w *world) exec(tx *dbTx, q string, args []driver.NamedValue) (n int64, r *
 		f1, ok1 := db.inbox[own]
 		f2, ok2 := db.inbox[legacy]
 		if g, ok := tx.inbox[own]; ok {
-			f1, ok1 = g, true
+			f1, ok1 = g, g >= 0
 		}
 		processed := (ok1 && f1 != 3 && f1 != 4) || (ok2 && f2 == 1)
 		dead := ok1 && f1 == 4
@@ -574,11 +584,28 @@ func (w *world) commit(tx *dbTx) error {
 		w.logf("%s: commit failed (not applied)", tx.p.name)
 		return errCommit
 	}
-	for k, f := range tx.inbox {
-		db.inbox[k] = f
-		if f == 4 {
-			w.logf("%s: tombstone of %s committed", tx.p.name, k.id)
+	ks := make([]rowKey, 0, len(tx.inbox))
+	for k := range tx.inbox {
+		ks = append(ks, k)
+	}
+	sort.Slice(ks, func(i, j int) bool { return ks[i].consumer+"/"+ks[i].id < ks[j].consumer+"/"+ks[j].id })
+	for _, k := range ks {
+		f := tx.inbox[k]
+		key := keyOfRow(k)
+		switch {
+		case f < 0:
+			// The operator's redrive: its tombstone cleared.
+			delete(db.inbox, k)
+			if rd := w.redriven[key]; rd != nil {
+				rd.tombs = w.tombs[key]
+			}
+			w.logf("%s: tombstone of %s cleared", tx.p.name, key)
+			continue
+		case f == 4:
+			w.tombs[key]++
+			w.logf("%s: tombstone of %s committed", tx.p.name, key)
 		}
+		db.inbox[k] = f
 	}
 	keys := make([]rowKey, 0, len(tx.ledger))
 	for k := range tx.ledger {

@@ -41,13 +41,14 @@ var (
 // PlantedTags are the build tags of the planted bugs of the consumer
 // side (internal/plant), one bug each.
 var PlantedTags = []string{
-	"idemhttp_bug_countshutdowns",   // the message core counts a shutdown's requeue as the handler's failure
-	"idemhttp_bug_splitdedup",       // the inbox records the id in a transaction of its own, outside the effect's
-	"idemhttp_bug_ackfirst",         // the inbox reports success before the effect's commit: an ack before it
-	"idemhttp_bug_heldreject",       // the RabbitMQ model nacks a delivery held for its delay without requeue: a dead letter
-	"idemhttp_bug_forgetdeadletter", // the message core forgets a message's record after a dead letter that failed
-	"idemhttp_bug_batchnotombstone", // the inbox's batch of several ids reads no tombstone: a dead-lettered id acked as a duplicate
-	"idemhttp_bug_dropspace",        // the inbox's Handle drops the id space from the stored key: two queues' colliding ids taken for one
+	"idemhttp_bug_countshutdowns",        // the message core counts a shutdown's requeue as the handler's failure
+	"idemhttp_bug_splitdedup",            // the inbox records the id in a transaction of its own, outside the effect's
+	"idemhttp_bug_ackfirst",              // the inbox reports success before the effect's commit: an ack before it
+	"idemhttp_bug_heldreject",            // the RabbitMQ model nacks a delivery held for its delay without requeue: a dead letter
+	"idemhttp_bug_forgetdeadletter",      // the message core forgets a message's record after a dead letter that failed
+	"idemhttp_bug_batchnotombstone",      // the inbox's batch of several ids reads no tombstone: a dead-lettered id acked as a duplicate
+	"idemhttp_bug_dropspace",             // the inbox's Handle drops the id space from the stored key: two queues' colliding ids taken for one
+	"idemhttp_bug_redrivekeepstombstone", // the ledger's Redrive forgets the record but keeps the tombstone: the redriven message dead-lettered again
 }
 
 // raceSeeds is how many seeds TestMsgSim runs under the race detector
@@ -69,7 +70,8 @@ func flagSet(name string) bool {
 // always reporting a new row (invariant 1); a requeue dropping the
 // message (2); every dead-lettered message's effect counted as committed
 // (3); the Runner's MaxDeliveries one below the oracle's (5); a message
-// without an id delivered with Arrival.HasID true (8); a requeue due in a
+// without an id delivered with Arrival.HasID true (8); the operator's
+// redrive not publishing the dead letter again (9); a requeue due in a
 // thousand hours (liveness). The planted bugs break 4, 5, 6 and 7.
 func TestMsgSim(t *testing.T) {
 	Live = *flagLive

@@ -35,6 +35,7 @@ const (
 	invCounted  = "6 only failed runs counted: never a shutdown's requeue, a success or a run that never began"
 	invForgot   = "7 a message's ledger record forgotten only once it is settled: its effect committed, or its dead letter known to have landed"
 	invNoID     = "8 a message without an id never runs and is never acked: it is dead-lettered (Policy.NoID's default)"
+	invRedrive  = "9 a redriven message runs again: its effect once, or a dead letter after runs that failed; never the tombstone its redrive cleared"
 	invLive     = "liveness: every message settled once the faults stop"
 	invCore     = "the core refused no move"
 	invSQL      = "every statement modelled"
@@ -43,7 +44,7 @@ const (
 )
 
 // Invariants lists the invariants every seed checks.
-var Invariants = []string{invOnce, invLost, invBoth, invAcked, invBudget, invCounted, invForgot, invNoID, invLive, invCore, invSQL, invLeak}
+var Invariants = []string{invOnce, invLost, invBoth, invAcked, invBudget, invCounted, invForgot, invNoID, invRedrive, invLive, invCore, invSQL, invLeak}
 
 // Failure is an invariant a run broke.
 type Failure struct {
@@ -123,6 +124,7 @@ func (o outcome) real() bool { return o == outFailed || o == outLimit || o == ou
 // runRec is one delivery's run through the message core, for the oracle.
 type runRec struct {
 	id      string // process#n
+	seq     int    // the world's count of runs when it began
 	msg     string
 	epoch   int  // the ledger's epoch of msg when it began (see world.epoch)
 	begun   bool // its OpBegin applied, and no OpFailBegun or OpExcuse since
@@ -169,6 +171,12 @@ type world struct {
 	dlOK      map[string]bool // a dead letter of the message landed, and the shell was told so
 	crashes   int
 	faulty    bool
+
+	// The operator's redrives (Config.Redrive).
+	operator  *proc          // its process (its database pool), made at the first redrive
+	operating bool           // a redrive is under way
+	tombs     map[string]int // per message: tombstones committed so far
+	redriven  map[string]*redriveRec
 	tearing   atomic.Bool // the teardown: nothing more is traced (its processes end at once, in any order)
 	t0        time.Time
 	step      atomic.Int64
@@ -177,6 +185,14 @@ type world struct {
 	trace    []string
 	failures []Failure
 	stats    map[string]int
+}
+
+// redriveRec is the last redrive of a message (Config.Redrive).
+type redriveRec struct {
+	tombs     int  // w.tombs when its tombstone was cleared (or, when it cleared none, when the redrive began)
+	seq       int  // the runs begun before it was published again
+	published bool // published again: its runs from now on are the redrive's
+	deadAfter int  // dead letters of runs begun after it was published
 }
 
 // turnReq is a goroutine waiting for its turn.
@@ -254,7 +270,7 @@ func newWorld(seed uint64, cfg Config) *world {
 		q:         newQueue(),
 		behaviour: map[string]behaviour{}, dup: map[string]bool{}, pending: map[string]*turnReq{},
 		epoch: map[string]int{}, handled: map[string]int{}, acked: map[string]int{}, dead: map[string]int{},
-		dlOK:  map[string]bool{},
+		dlOK: map[string]bool{}, tombs: map[string]int{}, redriven: map[string]*redriveRec{},
 		stats: map[string]int{},
 	}
 	br := rand.New(rand.NewPCG(seed, 3))
@@ -796,7 +812,7 @@ func (p *proc) newRun(msg string) *runRec {
 	w := p.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	r := &runRec{id: p.name + "#" + strconv.Itoa(p.n), msg: msg, epoch: w.epoch[msg]}
+	r := &runRec{id: p.name + "#" + strconv.Itoa(p.n), seq: len(w.runs) + 1, msg: msg, epoch: w.epoch[msg]}
 	w.runs = append(w.runs, r)
 	return r
 }
@@ -916,6 +932,9 @@ func (p *proc) deadLetter(ctx context.Context, r *runRec, d qdel, dec inbox.Deci
 		w.logf("%s dead-letters %s: failed before it landed, returned", p.name, d.id)
 	} else if _, ok := w.q.deadLetter(d.tag); ok {
 		w.dead[d.id]++
+		if rd := w.redriven[d.id]; rd != nil && rd.published && r.seq > rd.seq {
+			rd.deadAfter++
+		}
 		if fail == dlLost {
 			err = errDLFailed
 			w.logf("%s dead-letters %s (%d failed runs: %v): landed, its answer lost", p.name, d.id, dec.Failures, dec.Err)
@@ -972,6 +991,12 @@ func (w *world) checkCore(p *proc, r *runRec, dec inbox.Decision, core *inbox.De
 func (w *world) ledgerApplied(tx *dbTx, o ledgerOp) {
 	r := tx.run
 	id := keyOfRow(o.key)
+	if tx.p == w.operator && o.op == inbox.OpForget {
+		// The operator's redrive forgets the ledger's record: a new
+		// epoch, the dead letter in hand.
+		w.epoch[id]++
+		return
+	}
 	if r == nil {
 		return
 	}
@@ -1049,8 +1074,14 @@ func (w *world) checkBudget(r *runRec, dec inbox.Decision) {
 		// A message dead-lettered before, again (its tombstone's answer):
 		// the budget was checked at the first dead letter. The tombstone
 		// must be there.
-		if w.db.inbox[rowOf(r.msg)] != 4 {
+		rd := w.redriven[r.msg]
+		// (A redrive that began after this run did may have cleared the
+		// tombstone the run met.)
+		if w.db.inbox[rowOf(r.msg)] != 4 && (rd == nil || rd.published && r.seq > rd.seq) {
 			w.failLocked(invBudget, r.msg, "%s dead-lettered as dead-lettered before, but the inbox holds no tombstone of it", r.msg)
+		}
+		if rd != nil && rd.published && r.seq > rd.seq && w.tombs[r.msg] == rd.tombs {
+			w.failLocked(invRedrive, r.msg, "%s, redriven, dead-lettered again (%s) by a tombstone from before its redrive", r.msg, r.id)
 		}
 		return
 	}
@@ -1161,6 +1192,11 @@ func (w *world) fault() bool {
 		choices = append(choices, choice{w.cfg.Rebalance, w.rebalance})
 	} else {
 		choices = append(choices, choice{w.cfg.Expire, w.expire})
+		if w.cfg.Redrive > 0 {
+			// Last, so that the other faults' draws are as they were
+			// in a world without redrives.
+			choices = append(choices, choice{w.cfg.Redrive, w.redrive})
+		}
 	}
 	total := 0
 	for _, c := range choices {
@@ -1177,6 +1213,73 @@ func (w *world) fault() bool {
 		x -= max(c.weight, 0)
 	}
 	return false
+}
+
+// redrive starts an operator's redrive of a dead letter taken from the
+// dead-letter destination (Config.Redrive): one at a time, of a message
+// with an id.
+func (w *world) redrive() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.operating {
+		return false
+	}
+	var with []int
+	for i, id := range w.q.dead {
+		if _, mid := msgOf(id); mid != "" {
+			with = append(with, i)
+		}
+	}
+	if len(with) == 0 {
+		return false
+	}
+	i := with[w.rng.IntN(len(with))]
+	key := w.q.dead[i]
+	w.q.dead = append(w.q.dead[:i:i], w.q.dead[i+1:]...)
+	if w.operator == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		op := &proc{w: w, slot: -1, name: "op", ctx: ctx, cancel: cancel, killed: make(chan struct{})}
+		op.db = openDB(op)
+		op.in = &inbox.SQL{DB: op.db}
+		w.operator = op
+	}
+	w.operating = true
+	w.redriven[key] = &redriveRec{tombs: w.tombs[key]}
+	w.logf("the operator redrives %s", key)
+	w.stat("redrive")
+	go w.operate(key)
+	return true
+}
+
+// operate is the operator's redrive of key: SQLLedger.Redrive until it
+// succeeds (the database may be down, a commit may fail), then the dead
+// letter published again.
+func (w *world) operate(key string) {
+	op := w.operator
+	space, id := msgOf(key)
+	l := op.in.Ledger("group")
+	for {
+		cleared, err := l.Redrive(op.ctx, inbox.Key{IDSpace: space, ID: id})
+		if err == nil {
+			w.logf("the operator's redrive of %s: tombstone cleared %v", key, cleared)
+			break
+		}
+		if op.ctx.Err() != nil {
+			return // the teardown
+		}
+		w.logf("the operator's redrive of %s failed (%v): again in a second", key, err)
+		time.Sleep(time.Second)
+	}
+	if w.turn(op.ctx, op, nil, "publish") != nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	rd := w.redriven[key]
+	rd.published, rd.seq = true, len(w.runs)
+	w.q.publish(key, w.now())
+	w.operating = false
+	w.logf("the operator publishes %s again", key)
 }
 
 // expire ends the ack wait of a delivery in flight.
@@ -1229,6 +1332,9 @@ func (w *world) settled() bool {
 			return false
 		}
 	} else if !w.q.settled() {
+		return false
+	}
+	if w.operating {
 		return false
 	}
 	for k := range w.pending {
@@ -1367,6 +1473,16 @@ func (w *world) check() {
 	defer w.mu.Unlock()
 	for _, id := range w.ids {
 		eff, dead := w.db.effects[id], w.dead[id]
+		if rd := w.redriven[id]; rd != nil && rd.published {
+			// Config.Redrive: what its runs since the redrive did.
+			switch {
+			case eff == 0 && rd.deadAfter == 0:
+				w.failLocked(invRedrive, id, "%s (%s), redriven, neither ran to its effect nor was dead-lettered again", id, w.behaviour[id])
+			case eff > 0 && rd.deadAfter > 0:
+				w.failLocked(invBoth, id, "%s (%s), redriven, has its effect and was dead-lettered again", id, w.behaviour[id])
+			}
+			continue
+		}
 		switch {
 		case eff == 0 && dead == 0:
 			w.failLocked(invLost, id, "%s (%s) lost: no effect, no dead letter", id, w.behaviour[id])
@@ -1384,6 +1500,9 @@ func (w *world) teardown() {
 	w.faulty = false
 	for _, p := range w.slots {
 		p.cancel()
+	}
+	if w.operator != nil {
+		w.operator.cancel()
 	}
 	for i := 0; i < 100000; i++ {
 		synctest.Wait()
@@ -1405,6 +1524,9 @@ func (w *world) teardown() {
 	// Hung handlers of dead processes sleep out their hang.
 	time.Sleep(3 * time.Duration(w.cfg.Limit+1) * time.Second)
 	synctest.Wait()
+	if w.operator != nil {
+		_ = w.operator.db.Close()
+	}
 	w.mu.Lock()
 	left := len(w.pending)
 	w.mu.Unlock()
