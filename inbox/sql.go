@@ -898,8 +898,12 @@ func (s *SQL) prune(ctx context.Context, engine int32, table, column string, old
 	q := "DELETE FROM " + table + " WHERE (consumer, id) IN (SELECT consumer, id FROM " + table +
 		" WHERE " + column + " < " + nowMicros(engine) + " - $1 LIMIT 1000)"
 	var total int64
+	age := olderThan.Microseconds()
+	if plant.PruneMillis { // a planted bug (internal/plant), false but in a test build
+		age = olderThan.Milliseconds()
+	}
 	for {
-		r, err := s.DB.ExecContext(ctx, q, olderThan.Microseconds())
+		r, err := s.DB.ExecContext(ctx, q, age)
 		if err != nil {
 			return total, fmt.Errorf("inbox: prune %s: %w", table, err)
 		}

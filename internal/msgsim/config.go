@@ -64,6 +64,13 @@ type Config struct {
 	// cleared with SQLLedger.Redrive (retried until it succeeds), then
 	// published again to the queue. Queues only.
 	Redrive int
+	// Prune: the weight of a run of inbox.SQL's Prune among the faults,
+	// at the age the docs require: older than the broker's redelivery
+	// horizon (the oldest row, in the inbox or the ledger, of a message
+	// the broker may still deliver: a copy not settled, a producer's
+	// duplicate not yet published, a dead letter the operator may
+	// redrive), and up to a minute more. Queues only.
+	Prune int
 
 	// The handlers, in percent of the messages.
 	Poison int // always fails
@@ -130,6 +137,7 @@ func ConfigFor(seed uint64) Config {
 		c.Spaces = min(on(1, 4), c.Messages)
 		c.NoIDs = on(1, 2)
 		c.Redrive = on(2, 6)
+		c.Prune = on(1, 4)
 	}
 	return c
 }
@@ -220,6 +228,7 @@ func smaller(c Config) []Config {
 		func(d *Config) { d.CommitFail = 0 }, func(d *Config) { d.Counting = false },
 		func(d *Config) { d.Hold = false }, func(d *Config) { d.DLFail = 0 }, func(d *Config) { d.Batch = false }, func(d *Config) { d.LateDups = 0 },
 		func(d *Config) { d.Spaces = 0 }, func(d *Config) { d.NoIDs = 0 }, func(d *Config) { d.Redrive = 0 },
+		func(d *Config) { d.Prune = 0 },
 	} {
 		edit(f)
 	}

@@ -11,6 +11,7 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/idemkit/idemhttp/inbox"
 )
@@ -53,17 +54,20 @@ type ledgerRow struct{ failures, running int }
 // database is the modelled database's committed state; world.mu guards
 // it.
 type database struct {
-	inbox   map[rowKey]int // format
-	ledger  map[rowKey]ledgerRow
-	effects map[string]int // committed effects by message id
-	locks   map[lockKey]*dbTx
-	open    map[*dbTx]bool
-	down    bool
-	txSeq   int
+	inbox    map[rowKey]int // format
+	ledger   map[rowKey]ledgerRow
+	inboxAt  map[rowKey]int64 // processed_at, the database's clock in Unix microseconds
+	ledgerAt map[rowKey]int64 // updated_at
+	effects  map[string]int   // committed effects by message id
+	locks    map[lockKey]*dbTx
+	open     map[*dbTx]bool
+	down     bool
+	txSeq    int
 }
 
 func newDatabase() *database {
 	return &database{inbox: map[rowKey]int{}, ledger: map[rowKey]ledgerRow{}, effects: map[string]int{},
+		inboxAt: map[rowKey]int64{}, ledgerAt: map[rowKey]int64{},
 		locks: map[lockKey]*dbTx{}, open: map[*dbTx]bool{}}
 }
 
@@ -82,8 +86,10 @@ type dbTx struct {
 	run      *runRec // the run whose transaction it is; nil for none
 	kind     string  // the turn kind of its commit
 	locks    []lockKey
-	inbox    map[rowKey]int
+	inbox    map[rowKey]int        // -1: deleted
 	ledger   map[rowKey]*ledgerRow // nil value: deleted
+	at       map[rowKey]int64      // the inbox rows' processed_at it wrote
+	lat      map[rowKey]int64      // the ledger rows' updated_at it wrote
 	effects  []string
 	ops      []ledgerOp
 	done     bool
@@ -168,7 +174,7 @@ func (c *conn) BeginTx(ctx context.Context, _ driver.TxOptions) (driver.Tx, erro
 	}
 	w.db.txSeq++
 	tx := &dbTx{n: w.db.txSeq, p: c.p, run: runFrom(ctx), kind: kindFrom(ctx), inbox: map[rowKey]int{},
-		ledger: map[rowKey]*ledgerRow{}, released: make(chan struct{})}
+		ledger: map[rowKey]*ledgerRow{}, at: map[rowKey]int64{}, lat: map[rowKey]int64{}, released: make(chan struct{})}
 	w.db.open[tx] = true
 	c.tx = tx
 	return txHandle{c: c, tx: tx}, nil
@@ -222,6 +228,21 @@ func (c *conn) QueryContext(ctx context.Context, q string, args []driver.NamedVa
 // (outside any turn) for a row another transaction holds.
 func (c *conn) statement(ctx context.Context, q string, args []driver.NamedValue) (int64, *rows, error) {
 	w := c.p.w
+	if c.tx == nil && strings.HasPrefix(q, "DELETE FROM ") && strings.Contains(q, " WHERE (consumer, id) IN (SELECT consumer, id FROM ") {
+		// SQL.Prune's statements, each a transaction of its own
+		// (autocommit): its commit takes a turn as any other.
+		if _, err := c.BeginTx(ctx, driver.TxOptions{}); err != nil {
+			return 0, nil, err
+		}
+		tx := c.tx
+		n, r, err := c.statement(ctx, q, args)
+		c.tx = nil
+		if err != nil {
+			w.rollback(tx)
+			return 0, nil, err
+		}
+		return n, r, w.commit(tx)
+	}
 	if c.tx == nil {
 		w.failf(invSQL, "", "a statement outside a transaction: %q", q)
 		return 0, nil, errNotInTx
@@ -316,6 +337,7 @@ func (w *world) exec(tx *dbTx, q string, args []driver.NamedValue) (n int64, r *
 		return l, ok
 	}
 	prefix := func(s string) bool { return strings.HasPrefix(q, s) }
+	now := w.now().UnixMicro() // the database's clock
 	// A batch's statements name their ids in args[1:] (consumer first).
 	batchKeys := func() []rowKey {
 		ks := make([]rowKey, 0, len(args))
@@ -389,6 +411,7 @@ func (w *world) exec(tx *dbTx, q string, args []driver.NamedValue) (n int64, r *
 		}
 		for _, id := range fresh {
 			tx.inbox[rowKey{argString(args, 0), id}] = format
+			tx.at[rowKey{argString(args, 0), id}] = now
 		}
 		w.logf("%s: batch insert %v: new %v", tx.p.name, ks, fresh)
 		if returning {
@@ -417,6 +440,7 @@ func (w *world) exec(tx *dbTx, q string, args []driver.NamedValue) (n int64, r *
 		for _, bk := range ks {
 			if f, ok := rowOf(bk); ok && f == 3 {
 				tx.inbox[bk] = to
+				tx.at[bk] = now
 				taken = append(taken, bk.id)
 			}
 		}
@@ -436,8 +460,53 @@ func (w *world) exec(tx *dbTx, q string, args []driver.NamedValue) (n int64, r *
 			return 0, nil, nil, nil
 		}
 		tx.inbox[k] = format
+		tx.at[k] = now
 		w.logf("%s: inbox insert %s", tx.p.name, k.id)
 		return 1, nil, nil, nil
+	case prefix("DELETE FROM "+inboxTable+" WHERE (consumer, id) IN (SELECT consumer, id FROM "+inboxTable+" WHERE processed_at < ") && strings.HasSuffix(q, " - $1 LIMIT 1000)"),
+		prefix("DELETE FROM "+ledgerTable+" WHERE (consumer, id) IN (SELECT consumer, id FROM "+ledgerTable+" WHERE updated_at < ") && strings.HasSuffix(q, " - $1 LIMIT 1000)"):
+		// SQL.Prune: the rows older than $1 microseconds by the
+		// database's clock, a thousand at most; each row another
+		// transaction holds is waited for.
+		age, _ := args[0].Value.(int64)
+		ledger := prefix("DELETE FROM " + ledgerTable)
+		at := db.inboxAt
+		if ledger {
+			at = db.ledgerAt
+		}
+		var ks []rowKey
+		for k, t := range at {
+			if t < now-age {
+				ks = append(ks, k)
+			}
+		}
+		sort.Slice(ks, func(i, j int) bool { return ks[i].consumer+"/"+ks[i].id < ks[j].consumer+"/"+ks[j].id })
+		ks = ks[:min(len(ks), 1000)]
+		table := byte('i')
+		if ledger {
+			table = 'l'
+		}
+		for _, pk := range ks {
+			lk := lockKey{table, pk}
+			if h := db.locks[lk]; h != nil && h != tx {
+				return 0, nil, h.released, nil
+			}
+		}
+		for _, pk := range ks {
+			lk := lockKey{table, pk}
+			if db.locks[lk] == nil {
+				db.locks[lk] = tx
+				tx.locks = append(tx.locks, lk)
+			}
+			if ledger {
+				tx.ledger[pk] = nil
+				tx.ops = append(tx.ops, ledgerOp{inbox.OpForget, pk})
+			} else {
+				tx.inbox[pk] = -1
+			}
+		}
+		w.logf("%s: prune of %s older than %v: %d rows", tx.p.name, map[bool]string{false: "the inbox", true: "the ledger"}[ledger], time.Duration(age)*time.Microsecond, len(ks))
+		return int64(len(ks)), nil, nil, nil
 	case prefix("DELETE FROM " + inboxTable + " WHERE consumer = $1 AND id = $2 AND format = 4"):
 		// SQLLedger.Redrive clears the tombstone (-1: deleted at commit).
 		if wait := lock('i'); wait != nil {
@@ -464,6 +533,7 @@ func (w *world) exec(tx *dbTx, q string, args []driver.NamedValue) (n int64, r *
 		}
 		if f, ok := inboxRow(); ok && f == 3 {
 			tx.inbox[k] = to
+			tx.at[k] = now
 			return 1, nil, nil, nil
 		}
 		return 0, nil, nil, nil
@@ -508,6 +578,7 @@ func (w *world) exec(tx *dbTx, q string, args []driver.NamedValue) (n int64, r *
 			l.running = max(l.running-1, 0)
 		}
 		tx.ledger[k] = &l
+		tx.lat[k] = now
 		tx.ops = append(tx.ops, ledgerOp{op, k})
 		return 1, nil, nil, nil
 	case prefix("SELECT failures, running FROM " + ledgerTable + " WHERE consumer = $1 AND id = $2"):
@@ -526,6 +597,7 @@ func (w *world) exec(tx *dbTx, q string, args []driver.NamedValue) (n int64, r *
 		}
 		l.running = max(l.running-1, 0)
 		tx.ledger[k] = &l
+		tx.lat[k] = now
 		tx.ops = append(tx.ops, ledgerOp{inbox.OpExcuse, k})
 		return 1, nil, nil, nil
 	case prefix("DELETE FROM " + ledgerTable + " WHERE consumer = $1 AND id = $2"):
@@ -593,9 +665,15 @@ func (w *world) commit(tx *dbTx) error {
 		f := tx.inbox[k]
 		key := keyOfRow(k)
 		switch {
+		case f < 0 && tx.p == w.pruner:
+			delete(db.inbox, k)
+			delete(db.inboxAt, k)
+			w.pruned(k)
+			continue
 		case f < 0:
 			// The operator's redrive: its tombstone cleared.
 			delete(db.inbox, k)
+			delete(db.inboxAt, k)
 			if rd := w.redriven[key]; rd != nil {
 				rd.tombs = w.tombs[key]
 			}
@@ -606,6 +684,7 @@ func (w *world) commit(tx *dbTx) error {
 			w.logf("%s: tombstone of %s committed", tx.p.name, key)
 		}
 		db.inbox[k] = f
+		db.inboxAt[k] = tx.at[k]
 	}
 	keys := make([]rowKey, 0, len(tx.ledger))
 	for k := range tx.ledger {
@@ -615,8 +694,10 @@ func (w *world) commit(tx *dbTx) error {
 	for _, k := range keys {
 		if l := tx.ledger[k]; l == nil {
 			delete(db.ledger, k)
+			delete(db.ledgerAt, k)
 		} else {
 			db.ledger[k] = *l
+			db.ledgerAt[k] = tx.lat[k]
 		}
 	}
 	for _, id := range tx.effects {

@@ -49,6 +49,7 @@ var PlantedTags = []string{
 	"idemhttp_bug_batchnotombstone",      // the inbox's batch of several ids reads no tombstone: a dead-lettered id acked as a duplicate
 	"idemhttp_bug_dropspace",             // the inbox's Handle drops the id space from the stored key: two queues' colliding ids taken for one
 	"idemhttp_bug_redrivekeepstombstone", // the ledger's Redrive forgets the record but keeps the tombstone: the redriven message dead-lettered again
+	"idemhttp_bug_prunemillis",           // the inbox's Prune passes its age in milliseconds: ids a thousand times younger pruned
 }
 
 // raceSeeds is how many seeds TestMsgSim runs under the race detector
@@ -71,7 +72,8 @@ func flagSet(name string) bool {
 // message (2); every dead-lettered message's effect counted as committed
 // (3); the Runner's MaxDeliveries one below the oracle's (5); a message
 // without an id delivered with Arrival.HasID true (8); the operator's
-// redrive not publishing the dead letter again (9); a requeue due in a
+// redrive not publishing the dead letter again (9); the pruner's age not
+// counting the broker's redelivery horizon (10); a requeue due in a
 // thousand hours (liveness). The planted bugs break 4, 5, 6 and 7.
 func TestMsgSim(t *testing.T) {
 	Live = *flagLive

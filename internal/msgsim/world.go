@@ -36,6 +36,7 @@ const (
 	invForgot   = "7 a message's ledger record forgotten only once it is settled: its effect committed, or its dead letter known to have landed"
 	invNoID     = "8 a message without an id never runs and is never acked: it is dead-lettered (Policy.NoID's default)"
 	invRedrive  = "9 a redriven message runs again: its effect once, or a dead letter after runs that failed; never the tombstone its redrive cleared"
+	invPrune    = "10 a prune at the age the docs require deletes no row of a message the broker may still deliver"
 	invLive     = "liveness: every message settled once the faults stop"
 	invCore     = "the core refused no move"
 	invSQL      = "every statement modelled"
@@ -44,7 +45,7 @@ const (
 )
 
 // Invariants lists the invariants every seed checks.
-var Invariants = []string{invOnce, invLost, invBoth, invAcked, invBudget, invCounted, invForgot, invNoID, invRedrive, invLive, invCore, invSQL, invLeak}
+var Invariants = []string{invOnce, invLost, invBoth, invAcked, invBudget, invCounted, invForgot, invNoID, invRedrive, invPrune, invLive, invCore, invSQL, invLeak}
 
 // Failure is an invariant a run broke.
 type Failure struct {
@@ -177,9 +178,14 @@ type world struct {
 	operating bool           // a redrive is under way
 	tombs     map[string]int // per message: tombstones committed so far
 	redriven  map[string]*redriveRec
-	tearing   atomic.Bool // the teardown: nothing more is traced (its processes end at once, in any order)
-	t0        time.Time
-	step      atomic.Int64
+
+	// The pruner (Config.Prune).
+	pruner  *proc       // its process (its database pool), made at the first prune
+	pruning bool        // a prune is under way
+	late    bool        // the producer's late duplicates (Config.LateDups) are still to come
+	tearing atomic.Bool // the teardown: nothing more is traced (its processes end at once, in any order)
+	t0      time.Time
+	step    atomic.Int64
 
 	tmu      sync.Mutex // the trace, the failures and the statistics
 	trace    []string
@@ -991,9 +997,9 @@ func (w *world) checkCore(p *proc, r *runRec, dec inbox.Decision, core *inbox.De
 func (w *world) ledgerApplied(tx *dbTx, o ledgerOp) {
 	r := tx.run
 	id := keyOfRow(o.key)
-	if tx.p == w.operator && o.op == inbox.OpForget {
-		// The operator's redrive forgets the ledger's record: a new
-		// epoch, the dead letter in hand.
+	if (tx.p == w.operator || tx.p == w.pruner) && o.op == inbox.OpForget {
+		// The operator's redrive forgets the ledger's record (the dead
+		// letter in hand), or a prune does: a new epoch.
 		w.epoch[id]++
 		return
 	}
@@ -1192,10 +1198,13 @@ func (w *world) fault() bool {
 		choices = append(choices, choice{w.cfg.Rebalance, w.rebalance})
 	} else {
 		choices = append(choices, choice{w.cfg.Expire, w.expire})
+		// Last, so that the other faults' draws are as they were in a
+		// world without them.
 		if w.cfg.Redrive > 0 {
-			// Last, so that the other faults' draws are as they were
-			// in a world without redrives.
 			choices = append(choices, choice{w.cfg.Redrive, w.redrive})
+		}
+		if w.cfg.Prune > 0 {
+			choices = append(choices, choice{w.cfg.Prune, w.prune})
 		}
 	}
 	total := 0
@@ -1282,6 +1291,90 @@ func (w *world) operate(key string) {
 	w.logf("the operator publishes %s again", key)
 }
 
+// deliverable reports whether the broker may still deliver a copy of the
+// message key: a copy not settled, a producer's duplicate still to come,
+// a dead letter the operator may redrive (or is redriving). w.mu is
+// held.
+func (w *world) deliverable(key string) bool {
+	if w.late && w.dup[key] {
+		return true
+	}
+	for _, m := range w.q.msgs {
+		if m.id == key && !m.done {
+			return true
+		}
+	}
+	if w.cfg.Redrive > 0 {
+		if rd := w.redriven[key]; rd != nil && !rd.published {
+			return true
+		}
+		for _, id := range w.q.dead {
+			if id == key {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// horizon is the broker's redelivery horizon now: the age of the oldest
+// row, in the inbox or the ledger, of a message it may still deliver
+// (zero for none). w.mu is held.
+func (w *world) horizon() time.Duration {
+	now := w.now().UnixMicro()
+	oldest := now
+	for _, at := range []map[rowKey]int64{w.db.inboxAt, w.db.ledgerAt} {
+		for k, t := range at {
+			if t < oldest && w.deliverable(keyOfRow(k)) {
+				oldest = t
+			}
+		}
+	}
+	return time.Duration(now-oldest) * time.Microsecond
+}
+
+// prune starts a run of inbox.SQL's Prune (Config.Prune) at the age the
+// docs require: older than the broker's redelivery horizon, and up to a
+// minute more.
+func (w *world) prune() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.pruning {
+		return false
+	}
+	if w.pruner == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		pr := &proc{w: w, slot: -1, name: "pruner", ctx: ctx, cancel: cancel, killed: make(chan struct{})}
+		pr.db = openDB(pr)
+		// The minimum the world's short lives need: the age is the docs'.
+		pr.in = &inbox.SQL{DB: pr.db, MinRetention: time.Microsecond}
+		w.pruner = pr
+	}
+	age := w.horizon() + time.Millisecond + time.Duration(w.rng.IntN(60000))*time.Millisecond
+	w.pruning = true
+	w.logf("the pruner prunes what is older than %v", age)
+	w.stat("prune")
+	go func() {
+		n, err := w.pruner.in.Prune(w.pruner.ctx, age)
+		w.mu.Lock()
+		w.pruning = false
+		w.mu.Unlock()
+		w.logf("the pruner pruned %d ids (%v)", n, err)
+	}()
+	return true
+}
+
+// pruned checks a row the pruner deleted from the inbox (at its commit).
+// w.mu is held.
+func (w *world) pruned(k rowKey) {
+	key := keyOfRow(k)
+	w.stat("pruned")
+	w.logf("pruner: %s's row pruned", key)
+	if w.deliverable(key) {
+		w.failLocked(invPrune, key, "the row of %s pruned, but the broker may still deliver it", key)
+	}
+}
+
 // expire ends the ack wait of a delivery in flight.
 func (w *world) expire() bool {
 	w.mu.Lock()
@@ -1334,7 +1427,7 @@ func (w *world) settled() bool {
 	} else if !w.q.settled() {
 		return false
 	}
-	if w.operating {
+	if w.operating || w.pruning {
 		return false
 	}
 	for k := range w.pending {
@@ -1394,7 +1487,7 @@ func (w *world) run() {
 		}
 	}
 	w.mu.Unlock()
-	late := w.cfg.LateDups > 0
+	w.late = w.cfg.LateDups > 0
 	w.slots = make([]*proc, max(w.cfg.Consumers, 1))
 	w.gens = make([]int, len(w.slots))
 	for i := range w.slots {
@@ -1406,10 +1499,10 @@ func (w *world) run() {
 		synctest.Wait()
 		w.step.Store(int64(step))
 		w.restart()
-		if late && (step >= w.cfg.LateDups || step >= w.cfg.Steps) {
+		if w.late && (step >= w.cfg.LateDups || step >= w.cfg.Steps) {
 			// Config.LateDups: the producer's duplicates, now.
-			late = false
 			w.mu.Lock()
+			w.late = false
 			for _, id := range w.ids {
 				if w.dup[id] {
 					w.publish(id, w.now())
@@ -1504,6 +1597,9 @@ func (w *world) teardown() {
 	if w.operator != nil {
 		w.operator.cancel()
 	}
+	if w.pruner != nil {
+		w.pruner.cancel()
+	}
 	for i := 0; i < 100000; i++ {
 		synctest.Wait()
 		w.mu.Lock()
@@ -1526,6 +1622,9 @@ func (w *world) teardown() {
 	synctest.Wait()
 	if w.operator != nil {
 		_ = w.operator.db.Close()
+	}
+	if w.pruner != nil {
+		_ = w.pruner.db.Close()
 	}
 	w.mu.Lock()
 	left := len(w.pending)
