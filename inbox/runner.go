@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idemhttp/internal/plant"
 )
 
 // DefaultLedgerTimeout bounds a ledger write a [Runner] makes once the
@@ -68,6 +70,9 @@ func (r *Runner) Deliver(ctx context.Context, m *Message, k Key, a Arrival, hook
 			r.Ledger = &r.own
 		}
 	})
+	if plant.NoBeat { // a planted bug (internal/plant), false but in a test build
+		hooks.Beat = nil
+	}
 	d := NewDelivery(r.Policy)
 	dec := r.apply(ctx, d, k, d.Arrive(a))
 	if dec.Verb != VerbRun {

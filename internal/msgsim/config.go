@@ -71,6 +71,14 @@ type Config struct {
 	// duplicate not yet published, a dead letter the operator may
 	// redrive), and up to a minute more. Queues only.
 	Prune int
+	// AckWait: the broker's ack wait, in seconds (JetStream's AckWait,
+	// SQS's visibility timeout): a delivery not acked, and not renewed
+	// for that long, is ready for anyone. The Runner beats every third of
+	// it while a handler runs (Runner.Every: JetStream's AckProgress, an
+	// SQS visibility extension), which renews it. 0: no ack wait (the
+	// Expire fault alone ends one). Queues that hold no failed delivery
+	// (Hold off: RabbitMQ has no ack wait).
+	AckWait int
 
 	// The handlers, in percent of the messages.
 	Poison int // always fails
@@ -138,6 +146,9 @@ func ConfigFor(seed uint64) Config {
 		c.NoIDs = on(1, 2)
 		c.Redrive = on(2, 6)
 		c.Prune = on(1, 4)
+		if !c.Hold {
+			c.AckWait = on(2, 8)
+		}
 	}
 	return c
 }
@@ -228,7 +239,7 @@ func smaller(c Config) []Config {
 		func(d *Config) { d.CommitFail = 0 }, func(d *Config) { d.Counting = false },
 		func(d *Config) { d.Hold = false }, func(d *Config) { d.DLFail = 0 }, func(d *Config) { d.Batch = false }, func(d *Config) { d.LateDups = 0 },
 		func(d *Config) { d.Spaces = 0 }, func(d *Config) { d.NoIDs = 0 }, func(d *Config) { d.Redrive = 0 },
-		func(d *Config) { d.Prune = 0 },
+		func(d *Config) { d.Prune = 0 }, func(d *Config) { d.AckWait = 0 },
 	} {
 		edit(f)
 	}

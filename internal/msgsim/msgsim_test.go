@@ -73,8 +73,8 @@ func flagSet(name string) bool {
 // (3); the Runner's MaxDeliveries one below the oracle's (5); a message
 // without an id delivered with Arrival.HasID true (8); the operator's
 // redrive not publishing the dead letter again (9); the pruner's age not
-// counting the broker's redelivery horizon (10); a requeue due in a
-// thousand hours (liveness). The planted bugs break 4, 5, 6 and 7.
+// counting the broker's redelivery horizon (10); the beat hook's renewal
+// a no-op (11); a requeue due in a thousand hours (liveness). The planted bugs break 4, 5, 6 and 7.
 func TestMsgSim(t *testing.T) {
 	Live = *flagLive
 	if *flagSeed != 0 {

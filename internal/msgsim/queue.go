@@ -30,7 +30,8 @@ type qmsg struct {
 	tag        int // the live delivery's tag; 0 when none
 	done       bool
 	deadLetter bool
-	parked     bool // held by its holder, unacknowledged, until due (Config.Hold), outside the holder's prefetch
+	parked     bool      // held by its holder, unacknowledged, until due (Config.Hold), outside the holder's prefetch
+	ackBy      time.Time // its live delivery's ack wait ends then (Config.AckWait); zero for none
 }
 
 // qdel is one delivery of a queue's message.
@@ -104,6 +105,7 @@ func (q *queue) settle(tag int) (*qmsg, bool) {
 	m.holder = nil
 	m.tag = 0
 	m.parked = false
+	m.ackBy = time.Time{}
 	return m, true
 }
 

@@ -37,6 +37,7 @@ const (
 	invNoID     = "8 a message without an id never runs and is never acked: it is dead-lettered (Policy.NoID's default)"
 	invRedrive  = "9 a redriven message runs again: its effect once, or a dead letter after runs that failed; never the tombstone its redrive cleared"
 	invPrune    = "10 a prune at the age the docs require deletes no row of a message the broker may still deliver"
+	invBeat     = "11 a delivery whose handler runs stays with its consumer: its beats renew the ack wait"
 	invLive     = "liveness: every message settled once the faults stop"
 	invCore     = "the core refused no move"
 	invSQL      = "every statement modelled"
@@ -45,7 +46,7 @@ const (
 )
 
 // Invariants lists the invariants every seed checks.
-var Invariants = []string{invOnce, invLost, invBoth, invAcked, invBudget, invCounted, invForgot, invNoID, invRedrive, invPrune, invLive, invCore, invSQL, invLeak}
+var Invariants = []string{invOnce, invLost, invBoth, invAcked, invBudget, invCounted, invForgot, invNoID, invRedrive, invPrune, invBeat, invLive, invCore, invSQL, invLeak}
 
 // Failure is an invariant a run broke.
 type Failure struct {
@@ -126,6 +127,7 @@ func (o outcome) real() bool { return o == outFailed || o == outLimit || o == ou
 type runRec struct {
 	id      string // process#n
 	seq     int    // the world's count of runs when it began
+	tag     int    // its queue delivery's tag (0 for Kafka's)
 	msg     string
 	epoch   int  // the ledger's epoch of msg when it began (see world.epoch)
 	begun   bool // its OpBegin applied, and no OpFailBegun or OpExcuse since
@@ -491,6 +493,11 @@ func (w *world) start(slot int) *proc {
 		Handler: p.handler,
 		Limit:   lim,
 	}
+	if w.cfg.AckWait > 0 {
+		// A beat every third of the ack wait (off any other timer's
+		// instant by its nanoseconds).
+		p.runner.Every = ackBeat(w.cfg.AckWait)
+	}
 	if w.cfg.Kafka {
 		// Kafka's adapter: no release at the limit (a partition's record
 		// cannot go to another member): the limit is the handler's own,
@@ -656,6 +663,11 @@ func (p *proc) loop() {
 			w.mu.Lock()
 			p.requeueParked(false)
 			ds := w.q.take(p, w.cfg.Prefetch, w.now())
+			if w.cfg.AckWait > 0 {
+				for _, d := range ds {
+					w.q.flight[d.tag].ackBy = w.now().Add(time.Duration(w.cfg.AckWait) * time.Second)
+				}
+			}
 			w.mu.Unlock()
 			for _, d := range ds {
 				w.logf("%s takes %s (delivery %d, tag %d)", p.name, d.id, d.count, d.tag)
@@ -827,6 +839,7 @@ func (p *proc) newRun(msg string) *runRec {
 func (p *proc) deliver(d qdel) {
 	w := p.w
 	r := p.newRun(d.id)
+	r.tag = d.tag
 	space, id := msgOf(d.id)
 	m := &inbox.Message{ID: id, IDSpace: space, Source: "queue", Redelivered: d.redelivered}
 	evidence := d.redelivered
@@ -839,7 +852,7 @@ func (p *proc) deliver(d qdel) {
 	}
 	arrival := inbox.Arrival{HasID: id != "", Stopping: p.ctx.Err() != nil, MaybeRedelivered: evidence}
 	ctx := context.WithValue(p.ctx, runKey, r)
-	dec, core := p.runner.Deliver(ctx, m, inbox.Key{IDSpace: space, ID: id}, arrival, inbox.Hooks{Release: func() { p.release(r, d) }})
+	dec, core := p.runner.Deliver(ctx, m, inbox.Key{IDSpace: space, ID: id}, arrival, inbox.Hooks{Release: func() { p.release(r, d) }, Beat: func() { p.beat(d) }})
 	if err := w.turn(context.Background(), p, r, "settle"); err != nil {
 		return
 	}
@@ -892,6 +905,54 @@ func (p *proc) deliver(d qdel) {
 		if core.State() != inbox.StateReleased {
 			_, _ = w.q.requeue(d.tag, now)
 		}
+	}
+}
+
+// beat is the Runner's Beat hook (Config.AckWait): the delivery's ack
+// wait starts again (JetStream's AckProgress, an SQS visibility
+// extension). It runs at its ticker's instant, outside any turn: it
+// only moves a deadline that the driver reads between steps.
+func (p *proc) beat(d qdel) {
+	w := p.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if m, ok := w.q.flight[d.tag]; ok && w.cfg.AckWait > 0 && !p.isDead() {
+		m.ackBy = w.now().Add(time.Duration(w.cfg.AckWait) * time.Second)
+	}
+	w.stat("beat")
+}
+
+// ackBeat is the Runner's beat interval for an ack wait of seconds: a
+// third of it, off any other timer's instant by its nanoseconds.
+func ackBeat(seconds int) time.Duration { return time.Duration(seconds)*time.Second/3 + 7919 }
+
+// ackWaits ends the ack wait of every delivery in flight not renewed in
+// time (Config.AckWait): ready for anyone, its holder's tag stale. A
+// handler that runs beats every third of the ack wait, so the ack wait
+// of its delivery ends only before its first beat (it began its ack wait
+// when it was taken, ahead of its run or of its ledger writes), or past
+// its processing limit.
+func (w *world) ackWaits() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := w.now()
+	// (At its processing limit the Runner stops beating and releases the
+	// delivery: past it, the ack wait may end first.)
+	lim := time.Duration(w.cfg.Limit) * time.Second
+	every := ackBeat(w.cfg.AckWait)
+	for _, tag := range w.q.tagsOf(nil) {
+		m := w.q.flight[tag]
+		if m.ackBy.IsZero() || m.ackBy.After(now) || m.parked {
+			continue
+		}
+		for _, r := range w.runs {
+			if r.live && r.tag == tag && now.Sub(r.started) > every && now.Sub(r.started) < lim {
+				w.failLocked(invBeat, m.id, "the ack wait of %s ended while %s's handler had run for %v and beats every %v", m.id, r.id, now.Sub(r.started).Round(time.Millisecond), every)
+			}
+		}
+		w.q.expire(tag, now)
+		w.logf("the ack wait of %s (tag %d, held by %s) runs out: ready for anyone", m.id, tag, m.holderName())
+		w.stat("ack wait ran out")
 	}
 }
 
@@ -1499,6 +1560,9 @@ func (w *world) run() {
 		synctest.Wait()
 		w.step.Store(int64(step))
 		w.restart()
+		if w.cfg.AckWait > 0 {
+			w.ackWaits()
+		}
 		if w.late && (step >= w.cfg.LateDups || step >= w.cfg.Steps) {
 			// Config.LateDups: the producer's duplicates, now.
 			w.mu.Lock()
