@@ -50,6 +50,7 @@ var PlantedTags = []string{
 	"idemhttp_bug_dropspace",             // the inbox's Handle drops the id space from the stored key: two queues' colliding ids taken for one
 	"idemhttp_bug_redrivekeepstombstone", // the ledger's Redrive forgets the record but keeps the tombstone: the redriven message dead-lettered again
 	"idemhttp_bug_prunemillis",           // the inbox's Prune passes its age in milliseconds: ids a thousand times younger pruned
+	"idemhttp_bug_nobeat",                // the Runner never beats: a slow handler's delivery goes to another consumer at its ack wait
 }
 
 // raceSeeds is how many seeds TestMsgSim runs under the race detector
