@@ -184,6 +184,7 @@ type world struct {
 	// The pruner (Config.Prune).
 	pruner  *proc       // its process (its database pool), made at the first prune
 	pruning bool        // a prune is under way
+	prunes  int         // prunes so far
 	late    bool        // the producer's late duplicates (Config.LateDups) are still to come
 	tearing atomic.Bool // the teardown: nothing more is traced (its processes end at once, in any order)
 	t0      time.Time
@@ -730,7 +731,10 @@ func (p *proc) deliverBatch(ds []qdel) {
 	}
 	w.logf("%s runs %v as a batch", p.name, ids)
 	w.stat("batch")
-	ctx, cancel := context.WithTimeout(context.WithValue(p.ctx, runKey, r), time.Duration(w.cfg.Limit)*time.Second)
+	// (Its deadline off any other timer's instant, another batch's begun
+	// at the same instant included, by a nanosecond part of its own.)
+	lim := time.Duration(w.cfg.Limit)*time.Second + w.dur(r.id, "batch", time.Microsecond)
+	ctx, cancel := context.WithTimeout(context.WithValue(p.ctx, runKey, r), lim)
 	_, err := p.in.ProcessBatch(ctx, "group", ids, func(ctx context.Context, tx *sql.Tx, i int) error {
 		w.mu.Lock()
 		w.handled[ids[i]]++
@@ -1338,7 +1342,7 @@ func (w *world) operate(key string) {
 			return // the teardown
 		}
 		w.logf("the operator's redrive of %s failed (%v): again in a second", key, err)
-		time.Sleep(time.Second)
+		time.Sleep(time.Second + w.dur("op", key, time.Microsecond))
 	}
 	if w.turn(op.ctx, op, nil, "publish") != nil {
 		return
@@ -1380,11 +1384,16 @@ func (w *world) deliverable(key string) bool {
 
 // horizon is the broker's redelivery horizon now: the age of the oldest
 // row, in the inbox or the ledger, of a message it may still deliver
-// (zero for none). w.mu is held.
+// (zero for none), committed or written by a transaction still open
+// (which stamps it at its statement, not at its commit). w.mu is held.
 func (w *world) horizon() time.Duration {
 	now := w.now().UnixMicro()
 	oldest := now
-	for _, at := range []map[rowKey]int64{w.db.inboxAt, w.db.ledgerAt} {
+	ats := []map[rowKey]int64{w.db.inboxAt, w.db.ledgerAt}
+	for tx := range w.db.open {
+		ats = append(ats, tx.at, tx.lat)
+	}
+	for _, at := range ats {
 		for k, t := range at {
 			if t < oldest && w.deliverable(keyOfRow(k)) {
 				oldest = t
@@ -1411,19 +1420,31 @@ func (w *world) prune() bool {
 		pr.in = &inbox.SQL{DB: pr.db, MinRetention: time.Microsecond}
 		w.pruner = pr
 	}
-	age := w.horizon() + time.Millisecond + time.Duration(w.rng.IntN(60000))*time.Millisecond
+	// The horizon now, and as much as the prune may take: its statements
+	// run within pruneFor (then they fail), and no message becomes
+	// deliverable again meanwhile (a dead letter the operator may
+	// redrive, a duplicate to come, count as deliverable already), so
+	// the horizon then is no longer than this age.
+	age := w.horizon() + pruneFor + time.Millisecond + time.Duration(w.rng.IntN(60000))*time.Millisecond
 	w.pruning = true
+	w.prunes++
+	n := w.prunes
 	w.logf("the pruner prunes what is older than %v", age)
 	w.stat("prune")
 	go func() {
-		n, err := w.pruner.in.Prune(w.pruner.ctx, age)
+		ctx, cancel := context.WithTimeout(w.pruner.ctx, pruneFor-w.dur(w.pruner.name+strconv.Itoa(n), "prune", time.Microsecond))
+		pruned, err := w.pruner.in.Prune(ctx, age)
+		cancel()
 		w.mu.Lock()
 		w.pruning = false
 		w.mu.Unlock()
-		w.logf("the pruner pruned %d ids (%v)", n, err)
+		w.logf("the pruner pruned %d ids (%v)", pruned, err)
 	}()
 	return true
 }
+
+// pruneFor bounds a prune's statements.
+const pruneFor = 2 * time.Second
 
 // pruned checks a row the pruner deleted from the inbox (at its commit).
 // w.mu is held.
