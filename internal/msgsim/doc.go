@@ -20,7 +20,14 @@
 // ack waits that end while a handler runs (another consumer gets the
 // message), rebalances that move a partition while its owner still
 // works, a database that is unreachable or fails a commit (before it
-// applies, or after: the answer lost).
+// applies, or after: the answer lost). Queue worlds may also run their
+// deliveries in batches (inbox.SQL's ProcessBatch), take a second queue's
+// messages whose ids collide with the first's (Message.IDSpace), carry
+// messages without an id, have an operator redrive dead letters
+// (SQLLedger.Redrive, then published again), prune the inbox at the age
+// the docs require (inbox.SQL's Prune), and give each delivery an ack
+// wait that the Runner's beats renew; the producer's duplicates may come
+// late, once their originals are settled.
 //
 // One driver goroutine takes one step at a time: it lets one waiting
 // turn go (every statement, commit and call to the broker waits for
