@@ -658,7 +658,7 @@ func (w *world) act() bool {
 	crashServer := len(srvs) > 0 && w.serverCrashesLeft() > 0
 	crashSrv := func() { w.crashServer(srvs[w.rng.intn(len(srvs))], "a step of the driver") }
 	jump := w.clockJumps < w.cfg.ClockJumps
-	partition := w.partitions < w.cfg.Partitions
+	partition := w.partitions < w.cfg.Partitions && w.partitionDue()
 	storeJump := w.storeJumps < w.cfg.StoreJumps
 	procJump := w.procJumpWeight()
 	if !ready && !busy && w.net.nextDue(now).IsZero() {
