@@ -4,14 +4,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 
 	"github.com/idemkit/idemhttp/idemserver"
+	"github.com/idemkit/idemhttp/internal/storeharness"
 )
 
 // TestLogsNameTheKeyByDigestOnEveryPath: every path of the middleware that
@@ -58,7 +57,7 @@ func TestLogsNameTheKeyByDigestOnEveryPath(t *testing.T) {
 	for _, tt := range tests {
 		for _, record := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/RecordKey=%v", tt.name, record), func(t *testing.T) {
-				var log syncLog
+				var log storeharness.SyncBuffer
 				mw := &idemserver.Middleware{
 					RetryAfter: -1, LockTimeout: 100 * time.Millisecond,
 					Logger: slog.New(slog.NewTextHandler(&log, nil)),
@@ -84,22 +83,4 @@ func TestLogsNameTheKeyByDigestOnEveryPath(t *testing.T) {
 			})
 		}
 	}
-}
-
-// syncLog is a log destination safe for concurrent writers.
-type syncLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncLog) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncLog) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

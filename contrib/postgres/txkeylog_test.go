@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/idemkit/idemhttp/contrib/postgres"
 	"github.com/idemkit/idemhttp/idemserver"
+	"github.com/idemkit/idemhttp/internal/storeharness"
 )
 
 // TestTxLogsTheKeyOnlyWithRecordKey: TxMiddleware's log names a key by
@@ -30,7 +30,7 @@ func TestTxLogsTheKeyOnlyWithRecordKey(t *testing.T) {
 	const key = "op-7f3a-9c1d-not-for-logs"
 	for _, record := range []bool{false, true} {
 		t.Run(fmt.Sprintf("RecordKey=%v", record), func(t *testing.T) {
-			var log lockedLog
+			var log storeharness.SyncBuffer
 			m := newTx(t, newTxSchema(t), 4, &postgres.TxOptions{
 				Principal: func(r *http.Request) string { return r.Header.Get("X-Tenant") },
 				Logger:    slog.New(slog.NewTextHandler(&log, nil)),
@@ -59,22 +59,4 @@ func TestTxLogsTheKeyOnlyWithRecordKey(t *testing.T) {
 			}
 		})
 	}
-}
-
-// lockedLog is a log destination safe for concurrent writers.
-type lockedLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *lockedLog) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *lockedLog) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
